@@ -1,0 +1,66 @@
+//! The `elm` command line. Each subcommand group lives in its own file and
+//! exposes `XArgs` (clap) + `run_x(args) -> Result<()>`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub mod elm_cmds;
+pub mod model_cmds;
+pub mod solve;
+
+/// Equilibrium Language Models: solvers, models, compression, evaluation.
+#[derive(Parser, Debug)]
+#[command(name = "elm", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Solve a canonical fixed-point problem with one solver.
+    Solve(solve::SolveArgs),
+    /// Run every solver on one problem and plot residual-vs-iteration curves.
+    Study(solve::StudyArgs),
+    /// Download and verify the default SmolLM2-135M-Instruct GGUF.
+    Fetch(model_cmds::FetchArgs),
+    /// Generate text with a model (dense or ELM).
+    Generate(model_cmds::GenerateArgs),
+    /// Print prompt token ids and the top-K logits at the last position.
+    Logits(model_cmds::LogitsArgs),
+    /// Perplexity of a model on a text or jsonl file.
+    Perplexity(model_cmds::PerplexityArgs),
+    /// Measure memory bandwidth, sgemm peak, prefill and decode speed.
+    Bench(model_cmds::BenchArgs),
+    /// Replace layers [l, l+M) of a model by a fixed-point module.
+    Compress(elm_cmds::CompressArgs),
+    /// Train a fixed-point module (CE + distillation, SJFB).
+    Train(elm_cmds::TrainArgs),
+    /// Evaluate a dense or ELM model on a task (GSM8K).
+    Eval(elm_cmds::EvalArgs),
+}
+
+/// Parses arguments, runs the subcommand, maps errors to exit code 1.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Solve(a) => solve::run_solve(a),
+        Command::Study(a) => solve::run_study(a),
+        Command::Fetch(a) => model_cmds::run_fetch(a),
+        Command::Generate(a) => model_cmds::run_generate(a),
+        Command::Logits(a) => model_cmds::run_logits(a),
+        Command::Perplexity(a) => model_cmds::run_perplexity(a),
+        Command::Bench(a) => model_cmds::run_bench(a),
+        Command::Compress(a) => elm_cmds::run_compress(a),
+        Command::Train(a) => elm_cmds::run_train(a),
+        Command::Eval(a) => elm_cmds::run_eval(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

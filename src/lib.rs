@@ -1,0 +1,30 @@
+//! # elm — Equilibrium Language Models
+//!
+//! Layers, lowest first; a module imports only modules before it in this list:
+//! `error` → `solver`, `autograd` → `nn`, `grad`, `train` → `io` → `model` → `cuda`
+//! → `elm` → `eval` → `cli`.
+
+// Link the system OpenBLAS that ndarray's `blas` feature calls into.
+extern crate blas_src;
+
+pub mod error;
+pub use error::{ElmError, Result};
+
+pub mod autograd;
+pub mod grad;
+pub mod io;
+pub mod model;
+pub mod nn;
+pub mod solver;
+pub mod train;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_stub/mod.rs"]
+pub mod cuda;
+
+pub mod elm;
+pub mod eval;
+
+pub mod cli;
