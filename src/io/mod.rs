@@ -19,7 +19,9 @@ pub mod gguf;
 pub mod gguf_model;
 
 pub use gguf::GgufFile;
-pub use gguf_model::{config_from_gguf, load_gguf_weights, permute_rope_rows, unpermute_rope_rows};
+pub use gguf_model::{
+    config_from_gguf, load_gguf_weights, permute_rope_rows, save_gguf_model, unpermute_rope_rows,
+};
 
 /// Opens a GGUF file and loads it as dense f32 HF-layout weights.
 pub fn load_gguf_model(path: impl AsRef<Path>) -> Result<ModelWeights> {
