@@ -170,7 +170,7 @@ fn tiny_vocab_gguf(pre: &str, model: &str, merges: &[&str], add_bos: bool) -> st
         tokens.push(m.replace(' ', ""));
     }
     let mut types = vec![3i32, 3];
-    types.extend(std::iter::repeat(1).take(tokens.len() - 2));
+    types.extend(std::iter::repeat_n(1, tokens.len() - 2));
     let dir = temp_dir("tinytok");
     let path = dir.join("tok.gguf");
     let s = |x: &str| GgufValue::String(x.into());

@@ -45,8 +45,11 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| ElmError::InvalidArgument(format!("{}: not a file path", path.display())))?;
+    // Unique per process and call, so concurrent writers never share a temp file.
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(
-        ".{}.tmp{}",
+        ".{}.tmp{}-{n}",
         name.to_string_lossy(),
         std::process::id()
     ));
