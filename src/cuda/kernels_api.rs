@@ -68,7 +68,7 @@ pub fn rope(
     theta: f32,
     style: RopeStyle,
 ) -> Result<()> {
-    if head_dim % 2 != 0 {
+    if !head_dim.is_multiple_of(2) {
         return Err(ElmError::shape("rope", "head_dim must be even"));
     }
     check_len("rope", "x", x.len(), rows * n_heads * head_dim)?;
@@ -140,7 +140,7 @@ pub fn embedding(
     tokens: &[u32],
     out: &mut GpuBuffer<f32>,
 ) -> Result<()> {
-    if dim == 0 || table.len() % dim != 0 {
+    if dim == 0 || !table.len().is_multiple_of(dim) {
         return Err(ElmError::shape(
             "embedding",
             format!("table of {} elements is not [V, {dim}]", table.len()),
@@ -259,7 +259,7 @@ pub fn attention_decode(
         rows * n_heads * head_dim,
     )?;
     let per_slot = n_kv_heads * max_seq * head_dim;
-    if per_slot == 0 || k_cache.len() % per_slot != 0 || v_cache.len() != k_cache.len() {
+    if per_slot == 0 || !k_cache.len().is_multiple_of(per_slot) || v_cache.len() != k_cache.len() {
         return Err(ElmError::shape(
             "attention_decode",
             format!(
@@ -305,7 +305,7 @@ pub fn attention_decode(
 }
 
 fn check_heads(op: &str, n_heads: usize, n_kv_heads: usize) -> Result<()> {
-    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+    if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
         return Err(ElmError::shape(
             op,
             format!("{n_kv_heads} KV heads do not divide {n_heads} query heads"),
@@ -327,7 +327,7 @@ pub fn softmax(
             "softmax temperature {temperature} must be finite and > 0"
         )));
     }
-    if rows == 0 || x.len() % rows != 0 {
+    if rows == 0 || !x.len().is_multiple_of(rows) {
         return Err(ElmError::shape("softmax", "x is not [rows, cols]"));
     }
     let cols = x.len() / rows;
@@ -349,7 +349,7 @@ pub fn argmax(
     out: &mut GpuBuffer<u32>,
     rows: usize,
 ) -> Result<()> {
-    if rows == 0 || x.len() % rows != 0 {
+    if rows == 0 || !x.len().is_multiple_of(rows) {
         return Err(ElmError::shape("argmax", "x is not [rows, cols]"));
     }
     check_len("argmax", "out", out.len(), rows)?;
@@ -371,7 +371,7 @@ pub fn sample(
     out: &mut GpuBuffer<u32>,
     rows: usize,
 ) -> Result<()> {
-    if rows == 0 || probs.len() % rows != 0 {
+    if rows == 0 || !probs.len().is_multiple_of(rows) {
         return Err(ElmError::shape("sample", "probs is not [rows, cols]"));
     }
     check_len("sample", "uniforms", uniforms.len(), rows)?;

@@ -8,9 +8,20 @@
 //!
 //! `src/cuda_stub/mod.rs` is the twin compiled without the feature: same public API, every
 //! constructor returns "built without the `cuda` feature".
+//!
+//! Pieces:
+//! - [`is_available`], [`device_count`]: probing (cached per process).
+//! - [`CudaDevice`]: context + one stream + cuBLAS handle; kernels are compiled by NVRTC once per
+//!   process (PTX cache) and loaded into a device's context on first use.
+//! - [`GpuBuffer`]: an owned device allocation (`upload`, `zeros`, `write`, `download`).
+//! - [`kernels_api`]: shape-checked wrappers of every kernel (the GPU tests call these).
+//! - [`CudaModel`]: the inference path (`prefill(&[Vec<u32>])`, `decode(&[u32])`, `reset()`).
+//! - [`bench`]: prefill/decode throughput, driven by `scripts/gpu-bench.sh`.
+//! - [`DeviceSpec`]: parses `--device cpu|cuda|cuda:N`.
 
 pub mod bench;
 mod device;
+mod device_spec;
 pub mod kernels_api;
 mod model;
 mod sources;
@@ -18,6 +29,7 @@ mod sources;
 pub use device::{
     compile_all_kernels, device_count, is_available, CudaDevice, GpuBuffer, GpuScalar,
 };
+pub use device_spec::DeviceSpec;
 pub use kernels_api::RopeStyle;
 pub use model::CudaModel;
 pub use sources::{kernel_sources, source_of, KernelSource, KERNEL_SOURCES};

@@ -317,7 +317,7 @@ impl CudaModel {
         let mut last_rows = Vec::with_capacity(tokens.len());
         for (b, seq) in tokens.iter().enumerate() {
             flat.extend_from_slice(seq);
-            slots.extend(std::iter::repeat(b as u32).take(seq.len()));
+            slots.extend(std::iter::repeat_n(b as u32, seq.len()));
             positions.extend(0..seq.len() as u32);
             last_rows.push((flat.len() - 1) as u32);
         }

@@ -12,8 +12,12 @@ use crate::model::{ModelConfig, ModelWeights};
 
 #[path = "../cuda/bench.rs"]
 pub mod bench;
+#[path = "../cuda/device_spec.rs"]
+mod device_spec;
 #[path = "../cuda/sources.rs"]
 mod sources;
+
+pub use device_spec::DeviceSpec;
 
 pub use sources::{kernel_sources, source_of, KernelSource, KERNEL_SOURCES};
 
