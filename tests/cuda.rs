@@ -184,6 +184,50 @@ fn cuda_model_new_without_gpu_is_a_typed_error() {
     ));
 }
 
+/// Bad weights / sizes are reported as typed errors before any device work (so also here).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_model_new_rejects_bad_weights_and_sizes() {
+    let good = test_weights(&ModelConfig::tiny(Arch::Qwen2), 3);
+    let mut bad = good.clone();
+    bad.layers[1].wq = Array2::zeros((5, 7));
+    match CudaModel::new(&bad, 0, 1, 8) {
+        Err(ElmError::Tensor { name, msg }) => {
+            assert_eq!(name, "layers.1.wq");
+            assert!(msg.contains("expected [32, 32]"), "{msg}");
+        }
+        other => panic!("expected a Tensor error, got {other:?}"),
+    }
+    let mut bad = good.clone();
+    bad.layers[0].bk = Some(Array1::zeros(3));
+    assert!(matches!(
+        CudaModel::new(&bad, 0, 1, 8),
+        Err(ElmError::Tensor { name, .. }) if name == "layers.0.bk"
+    ));
+    let mut bad = good.clone();
+    bad.layers.pop();
+    assert!(matches!(
+        CudaModel::new(&bad, 0, 1, 8),
+        Err(ElmError::Config { field, .. }) if field == "num_layers"
+    ));
+    assert!(matches!(
+        CudaModel::new(&good, 0, 0, 8),
+        Err(ElmError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        CudaModel::new(&good, 0, 1, 1_000_000),
+        Err(ElmError::InvalidArgument(m)) if m.contains("max_seq")
+    ));
+}
+
+#[test]
+fn cuda_types_are_send() {
+    fn send<T: Send>() {}
+    send::<CudaModel>();
+    send::<cuda::CudaDevice>();
+    send::<cuda::GpuBuffer<f32>>();
+}
+
 #[test]
 fn kernel_sources_are_embedded_and_match_kernels_dir() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");

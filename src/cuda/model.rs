@@ -183,16 +183,16 @@ fn validate_weights(w: &ModelWeights) -> Result<()> {
 
 impl CudaModel {
     /// Uploads `weights` to device `ordinal` and allocates a KV cache for `max_batch` sequences of
-    /// up to `max_seq` tokens. Without a driver: `ElmError::Cuda("no CUDA driver found ...")`.
+    /// up to `max_seq` tokens. Malformed weights give `ElmError::Tensor`/`Config` naming the field,
+    /// bad sizes `InvalidArgument`; then, without a driver, `ElmError::Cuda("no CUDA driver found ...")`.
     pub fn new(
         weights: &ModelWeights,
         ordinal: usize,
         max_batch: usize,
         max_seq: usize,
     ) -> Result<Self> {
-        // Probe before anything else so a driverless machine gets the driver error, not a
-        // complaint about the arguments.
-        device_count()?;
+        // Arguments first (typed errors naming the tensor / argument, testable without a GPU),
+        // then the driver probe.
         validate_weights(weights)?;
         let cfg = weights.config.clone();
         if max_batch == 0 {
@@ -204,6 +204,7 @@ impl CudaModel {
                 "max_seq {max_seq} must be in 1..={max_attn_len} (attention keeps scores in shared memory)"
             )));
         }
+        device_count()?;
         let dev = CudaDevice::new(ordinal)?;
         let kvd = cfg.num_kv_heads * cfg.head_dim;
         let cache_len = max_batch * kvd * max_seq;
