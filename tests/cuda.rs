@@ -1062,3 +1062,71 @@ fn gpu_smollm2_logits_and_greedy_match_cpu() {
     ];
     check_model_vs_cpu("SmolLM2-135M", &w, &prompts, 8, 5e-4);
 }
+
+/// The GPU path against the crate's CPU inference path (`model::Transformer`, KV-cached):
+/// prefill with different prompt lengths, then greedy decode fed with the CPU's tokens.
+fn check_vs_transformer(
+    name: &str,
+    w: &ModelWeights,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    tol: f64,
+) {
+    let cpu = elm::model::Transformer::new(w.clone()).expect("Transformer::new");
+    let max_seq = prompts.iter().map(Vec::len).max().unwrap() + steps;
+    let mut cache = cpu.new_cache(prompts.len(), max_seq).unwrap();
+    let mut gpu = CudaModel::new(w, 0, prompts.len(), max_seq).expect("CudaModel::new");
+    let mut want = cpu.prefill(prompts, &mut cache).unwrap();
+    let mut got = gpu.prefill(prompts).unwrap();
+    for step in 0..=steps {
+        let mut next = Vec::new();
+        for b in 0..prompts.len() {
+            let (g, c) = (got.row(b).to_vec(), want.row(b).to_vec());
+            assert_close(
+                &format!("{name} vs Transformer seq {b} step {step}"),
+                &g,
+                &c,
+                tol,
+            );
+            assert_eq!(
+                argmax(&g),
+                argmax(&c),
+                "{name}: greedy differs, seq {b} step {step}"
+            );
+            next.push(argmax(&c));
+        }
+        if step == steps {
+            break;
+        }
+        want = cpu.decode_step(&next, &mut cache).unwrap();
+        got = gpu.decode(&next).unwrap();
+    }
+}
+
+#[test]
+fn gpu_matches_model_transformer() {
+    if gpu("gpu_matches_model_transformer").is_none() {
+        return;
+    }
+    let prompts = vec![vec![3u32, 9, 27, 1, 50], vec![7u32, 7], vec![60u32]];
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let w = test_weights(&ModelConfig::tiny(arch), 40 + arch as u64);
+        check_vs_transformer(&format!("tiny {arch:?}"), &w, &prompts, 8, 1e-4);
+    }
+    let path = elm::model::default_model_path();
+    if path.exists() {
+        let (w, _tok) = elm::model::load_pretrained(&path).expect("load SmolLM2");
+        let prompts = vec![vec![1u32, 9690, 198, 2683, 314, 253], vec![1u32, 30, 31]];
+        check_vs_transformer("SmolLM2-135M", &w, &prompts, 16, 5e-4);
+    } else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "{} missing in CI",
+            path.display()
+        );
+        eprintln!(
+            "SKIP SmolLM2 part of gpu_matches_model_transformer: {} not found",
+            path.display()
+        );
+    }
+}
