@@ -198,7 +198,7 @@ impl CudaModel {
         if max_batch == 0 {
             return Err(ElmError::InvalidArgument("max_batch must be > 0".into()));
         }
-        let max_attn_len = MAX_ATTN_SMEM_BYTES / 4 - cfg.head_dim;
+        let max_attn_len = (MAX_ATTN_SMEM_BYTES / 4).saturating_sub(cfg.head_dim);
         if max_seq == 0 || max_seq > max_attn_len {
             return Err(ElmError::InvalidArgument(format!(
                 "max_seq {max_seq} must be in 1..={max_attn_len} (attention keeps scores in shared memory)"
