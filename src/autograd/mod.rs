@@ -312,6 +312,17 @@ impl<T: AdFloat> Tape<T> {
         self.push_op(inputs, value, 0, move |g, _needs| vjp(g))
     }
 
+    /// Drops the tape's reference to an intermediate value during backward
+    /// (leaves and the backward root stay; nothing is freed under `retain_values`).
+    fn free_value(&mut self, i: usize, out: Var) {
+        if self.retain_values || i == out.0 || self.nodes[i].kind != NodeKind::Op {
+            return;
+        }
+        if let Some(v) = self.nodes[i].value.take() {
+            self.sub_live(array_bytes(&v));
+        }
+    }
+
     /// Backward from a scalar (one-element) loss with seed 1.
     pub fn backward(&mut self, loss: Var) -> Result<Gradients<T>> {
         let shape = self.try_value(loss)?.shape().to_vec();
@@ -351,7 +362,12 @@ impl<T: AdFloat> Tape<T> {
         self.add_live(array_bytes(&seed));
         pending[out.0] = Some(seed);
         for i in (0..=out.0).rev() {
-            let Some(g) = pending[i].take() else { continue };
+            let Some(g) = pending[i].take() else {
+                // Off the gradient path: only later VJPs (already run, or holding their own
+                // `Arc`) could need this value, so the tape's reference can go.
+                self.free_value(i, out);
+                continue;
+            };
             let g_bytes = array_bytes(&g);
             let var = Var(i);
             if self.retained_grads.contains(&var) && self.nodes[i].kind == NodeKind::Op {
@@ -424,11 +440,7 @@ impl<T: AdFloat> Tape<T> {
                 }
             }
             // Every consumer of node i has index > i and has been processed: free its value.
-            if !self.retain_values && i != out.0 {
-                if let Some(v) = self.nodes[i].value.take() {
-                    self.sub_live(array_bytes(&v));
-                }
-            }
+            self.free_value(i, out);
         }
         // Returned gradients leave the tape's accounting.
         let returned: usize = result.grads.values().map(array_bytes).sum();
