@@ -38,17 +38,21 @@ fn gradcheck_elementwise_broadcast() {
         |t, v| t.mul(v[0], v[1]),
         &[a.clone(), a.mapv(|x| x + 0.5)],
     );
-    check("scale", |t, v| Ok(t.scale(v[0], 1.7)), &[a.clone()]);
+    check(
+        "scale",
+        |t, v| Ok(t.scale(v[0], 1.7)),
+        std::slice::from_ref(&a),
+    );
     check(
         "add_scalar_neg",
         |t, v| {
             let y = t.add_scalar(v[0], 0.3);
             Ok(t.neg(y))
         },
-        &[a.clone()],
+        std::slice::from_ref(&a),
     );
-    check("tanh", |t, v| Ok(t.tanh(v[0])), &[a.clone()]);
-    check("exp", |t, v| Ok(t.exp(v[0])), &[a.clone()]);
+    check("tanh", |t, v| Ok(t.tanh(v[0])), std::slice::from_ref(&a));
+    check("exp", |t, v| Ok(t.exp(v[0])), std::slice::from_ref(&a));
     check("silu", |t, v| Ok(t.silu(v[0])), &[a.mapv(|x| 3.0 * x)]);
     check(
         "softmax",
@@ -61,10 +65,18 @@ fn gradcheck_elementwise_broadcast() {
 fn gradcheck_reductions_and_shapes() {
     let mut rng = StdRng::seed_from_u64(2);
     let a = rand_arr(&mut rng, &[2, 3, 4]);
-    check("sum", |t, v| Ok(t.sum(v[0])), &[a.clone()]);
-    check("mean", |t, v| Ok(t.mean(v[0])), &[a.clone()]);
-    check("sum_axis1", |t, v| t.sum_axis(v[0], 1), &[a.clone()]);
-    check("sum_squares", |t, v| Ok(t.sum_squares(v[0])), &[a.clone()]);
+    check("sum", |t, v| Ok(t.sum(v[0])), std::slice::from_ref(&a));
+    check("mean", |t, v| Ok(t.mean(v[0])), std::slice::from_ref(&a));
+    check(
+        "sum_axis1",
+        |t, v| t.sum_axis(v[0], 1),
+        std::slice::from_ref(&a),
+    );
+    check(
+        "sum_squares",
+        |t, v| Ok(t.sum_squares(v[0])),
+        std::slice::from_ref(&a),
+    );
     check(
         "reshape",
         |t, v| {
@@ -74,7 +86,7 @@ fn gradcheck_reductions_and_shapes() {
             }));
             t.mul(r, w)
         },
-        &[a.clone()],
+        std::slice::from_ref(&a),
     );
     let b = rand_arr(&mut rng, &[2, 3, 2]);
     check(
@@ -85,7 +97,11 @@ fn gradcheck_reductions_and_shapes() {
         },
         &[a.clone(), b],
     );
-    check("slice_last", |t, v| t.slice_last(v[0], 1, 3), &[a.clone()]);
+    check(
+        "slice_last",
+        |t, v| t.slice_last(v[0], 1, 3),
+        std::slice::from_ref(&a),
+    );
 }
 
 #[test]
