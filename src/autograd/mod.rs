@@ -8,6 +8,11 @@
 //! as soon as it has run, and the value of an intermediate node is dropped once every
 //! consumer has been processed; [`Tape::peak_bytes`] reports the high-water mark.
 //!
+//! Reading a freed intermediate with [`Tape::value`] after backward panics (use
+//! [`Tape::try_value`], read it before backward, or set [`Tape::retain_values`]).
+//! [`Tape::vjp_retain`] instead runs a VJP without consuming or freeing anything, so one
+//! recorded graph serves many seeds (adjoint iterations of implicit layers).
+//!
 //! Gradients only flow where needed: a node requires a gradient iff one of its inputs
 //! does, and every built-in VJP skips the input gradients nobody asked for, so frozen
 //! layers (constants) pass gradients to their inputs without computing weight gradients.
