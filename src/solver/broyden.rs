@@ -1,7 +1,8 @@
 //! "Good" Broyden on `g(z) = f(z) − z = 0` with a limited-memory inverse Jacobian.
 //!
-//! `H ≈ (∂g/∂z)⁻¹` is kept as `H = −β I + Σ_j u_j v_jᵀ` with at most `L` pairs per row (a ring
-//! buffer: the oldest pair is overwritten, so memory is `2·L·D` per row whatever `max_iter` is).
+//! `H ≈ (∂g/∂z)⁻¹` is kept as `H = −β I + Σ_j u_j v_jᵀ` with at most `L` pairs per row; when the
+//! memory is full the row restarts from `H = −β I`, so memory is `2·L·D` per row whatever
+//! `max_iter` is.
 //! Step: `z ← z − H g`. After each accepted step, with `s = z_new − z_old`, `y = g_new − g_old`,
 //! the good-Broyden inverse update (Sherman–Morrison form) appends
 //! `u = (s − H y) / (sᵀ H y)`, `v = Hᵀ s`.
@@ -165,6 +166,12 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
                 self.count[row] = 0;
                 self.head[row] = 0;
             } else {
+                if self.count[row] == l {
+                    // Memory full: restart from H = −βI (overwriting the oldest pair instead
+                    // leaves an H no secant condition supports and diverges on hard problems).
+                    self.count[row] = 0;
+                    self.head[row] = 0;
+                }
                 self.apply_h(row, Which::Y, false, Which::Hy);
                 self.apply_h(row, Which::S, true, Which::Hts);
                 let denom: f64 = self.s.iter().zip(&self.hy).map(|(a, b)| a * b).sum();
