@@ -268,26 +268,6 @@ pub trait FixedPointSolver<T: SolverFloat> {
     }
 }
 
-/// f64 dot product of two equally long slices (accumulated in f64 whatever `T` is).
-#[inline]
-pub(crate) fn dot_f64<T: SolverFloat>(a: &[T], b: &[T]) -> f64 {
-    debug_assert_eq!(a.len(), b.len());
-    // Four accumulators let the compiler vectorise despite strict FP ordering.
-    let mut acc = [0.0f64; 4];
-    let chunks = a.len() / 4;
-    for i in 0..chunks {
-        for j in 0..4 {
-            let k = 4 * i + j;
-            acc[j] += a[k].to_f64().unwrap_or(f64::NAN) * b[k].to_f64().unwrap_or(f64::NAN);
-        }
-    }
-    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    for k in 4 * chunks..a.len() {
-        s += a[k].to_f64().unwrap_or(f64::NAN) * b[k].to_f64().unwrap_or(f64::NAN);
-    }
-    s
-}
-
 #[inline]
 pub(crate) fn cast<T: SolverFloat>(x: f64) -> T {
     T::from(x).unwrap_or_else(T::nan)
