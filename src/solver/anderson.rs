@@ -210,10 +210,21 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
         if n > 0 {
             if self.solve_small(row, n) {
                 // z ← z + β g − Σ_j γ_j w_j,  w_j = Δz_j + β Δg_j
+                // Two columns per pass halves the read/write traffic on z.
                 for i in 0..d {
                     z[i] = z[i] + beta * self.g[i];
                 }
-                for j in 0..n {
+                let mut j = 0;
+                while j + 1 < n {
+                    let (ga, gb): (T, T) = (cast(self.gamma[j]), cast(self.gamma[j + 1]));
+                    let wa = &self.w[hist + j * d..hist + (j + 1) * d];
+                    let wb = &self.w[hist + (j + 1) * d..hist + (j + 2) * d];
+                    for i in 0..d {
+                        z[i] = z[i] - (ga * wa[i] + gb * wb[i]);
+                    }
+                    j += 2;
+                }
+                if j < n {
                     let gj: T = cast(self.gamma[j]);
                     let wj = &self.w[hist + j * d..hist + (j + 1) * d];
                     for i in 0..d {
@@ -240,17 +251,17 @@ fn dot2_f64<T: SolverFloat>(a: &[T], b: &[T], c: &[T]) -> (f64, f64) {
     let n4 = a.len() / 4 * 4;
     for k in (0..n4).step_by(4) {
         for l in 0..4 {
-            let x = a[k + l].to_f64().unwrap_or(f64::NAN);
-            s1[l] += x * b[k + l].to_f64().unwrap_or(f64::NAN);
-            s2[l] += x * c[k + l].to_f64().unwrap_or(f64::NAN);
+            let x = a[k + l].widen();
+            s1[l] += x * b[k + l].widen();
+            s2[l] += x * c[k + l].widen();
         }
     }
     let mut r1 = (s1[0] + s1[1]) + (s1[2] + s1[3]);
     let mut r2 = (s2[0] + s2[1]) + (s2[2] + s2[3]);
     for k in n4..a.len() {
-        let x = a[k].to_f64().unwrap_or(f64::NAN);
-        r1 += x * b[k].to_f64().unwrap_or(f64::NAN);
-        r2 += x * c[k].to_f64().unwrap_or(f64::NAN);
+        let x = a[k].widen();
+        r1 += x * b[k].widen();
+        r2 += x * c[k].widen();
     }
     (r1, r2)
 }

@@ -80,17 +80,30 @@ pub trait SolverFloat:
     + std::fmt::Display
     + 'static
 {
+    /// Exact widening to f64 (a plain `as` cast, so hot loops vectorise).
+    fn widen(self) -> f64;
+    /// Rounding from f64.
+    fn narrow(x: f64) -> Self;
 }
-impl<T> SolverFloat for T where
-    T: num_traits::Float
-        + ndarray::LinalgScalar
-        + ndarray::ScalarOperand
-        + Send
-        + Sync
-        + Debug
-        + std::fmt::Display
-        + 'static
-{
+impl SolverFloat for f32 {
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        self as f64
+    }
+    #[inline(always)]
+    fn narrow(x: f64) -> Self {
+        x as f32
+    }
+}
+impl SolverFloat for f64 {
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn narrow(x: f64) -> Self {
+        x
+    }
 }
 
 /// A batched map `f` whose fixed points are sought. Rows may be independent systems.
@@ -270,5 +283,5 @@ pub trait FixedPointSolver<T: SolverFloat> {
 
 #[inline]
 pub(crate) fn cast<T: SolverFloat>(x: f64) -> T {
-    T::from(x).unwrap_or_else(T::nan)
+    T::narrow(x)
 }
