@@ -372,7 +372,7 @@ fn picard_diverges_on_expanding_map_and_returns_best_iterate() {
         "best iterate's residual must be the trace minimum"
     );
     // Recompute the residual of the returned state independently.
-    let fz = p.a.dot(&sol.z.row(0)) + &p.b.row(0);
+    let fz = p.a.dot(&sol.z.row(0)) + p.b.row(0);
     let r = (&fz - &sol.z.row(0)).mapv(|v| v * v).sum().sqrt();
     assert!(
         (r - row.residual).abs() <= 1e-9 * r.max(1.0),

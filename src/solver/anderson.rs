@@ -99,7 +99,7 @@ impl<T: SolverFloat> AndersonRule<T> {
                     s -= a[i * n + k] * a[j * n + k];
                 }
                 if i == j {
-                    if !(s > 0.0) {
+                    if s.is_nan() || s <= 0.0 {
                         return false;
                     }
                     a[i * n + i] = s.sqrt();

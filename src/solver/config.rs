@@ -52,7 +52,7 @@ impl StopCriteria {
         if self.max_iter == 0 {
             return Err(ElmError::config("stop.max_iter", "must be >= 1"));
         }
-        if !(self.divergence_factor > 1.0) {
+        if self.divergence_factor.is_nan() || self.divergence_factor <= 1.0 {
             return Err(ElmError::config(
                 "stop.divergence_factor",
                 format!("must be > 1 (or inf), got {}", self.divergence_factor),
@@ -201,7 +201,7 @@ impl AndersonConfig {
                 format!("must be finite and >= 0, got {}", self.lambda),
             ));
         }
-        if !(self.max_condition > 1.0) {
+        if self.max_condition.is_nan() || self.max_condition <= 1.0 {
             return Err(ElmError::config("max_condition", "must be > 1"));
         }
         self.stop.validate()

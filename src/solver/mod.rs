@@ -47,6 +47,9 @@
 //! Canonical test problems (linear contraction, tanh layer, `cos z = z`, Poisson/Jacobi) live in
 //! [`problems`].
 
+// Numeric kernels index several equally long slices in lockstep; explicit indices read clearer.
+#![allow(clippy::needless_range_loop)]
+
 mod anderson;
 mod broyden;
 mod config;
