@@ -223,12 +223,20 @@ fn tanh_batch_converges_in_f64_and_f32() {
         let diff = (&sol32.z.mapv(|v| v as f64) - &sol.z)
             .iter()
             .fold(0.0f64, |m, v| m.max(v.abs()));
-        // Contraction bound: ‖z32 − z*‖ ≤ res32/(1 − 0.95) plus f32 rounding of W.
         println!("tanh f32 {name}: max |z32 - z64| = {diff:.3e}");
-        assert!(
-            diff < 2e-3,
-            "tanh f32 vs f64 ({name}): max abs diff {diff:.3e}"
-        );
+        // Per row, both are within residual/(1 − 0.95) of the fixed point (contraction bound);
+        // 1e-4 allows for W and the injection being rounded to f32.
+        for b in 0..64 {
+            let d = (&sol32.z.row(b).mapv(|v| v as f64) - &sol.z.row(b))
+                .mapv(|v| v * v)
+                .sum()
+                .sqrt();
+            let bound = (sol32.rows[b].residual + sol.rows[b].residual) / 0.05 + 1e-4;
+            assert!(
+                d <= bound,
+                "tanh f32 vs f64 ({name}) row {b}: ‖diff‖ {d:.3e} > bound {bound:.3e}"
+            );
+        }
     }
 }
 
