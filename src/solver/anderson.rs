@@ -1,0 +1,290 @@
+//! Anderson acceleration (type II, Walker & Ni 2011) with per-row history.
+//!
+//! With residuals `g_k = f(z_k) − z_k` and the last `m` differences `ΔZ = [z_{i+1} − z_i]`,
+//! `ΔG = [g_{i+1} − g_i]` of one row, each step solves the ridge least-squares problem
+//! `γ = argmin ‖g_k − ΔG γ‖² + λ s ‖γ‖²` (s = mean diagonal of `ΔGᵀΔG`) and mixes
+//! `z_{k+1} = z_k − ΔZ γ + β (g_k − ΔG γ)`.
+//! The first step (no history yet) is a damped Picard step, so mixing starts at the 2nd map
+//! evaluation. The Gram matrix `ΔGᵀΔG` is kept in f64 and updated incrementally (one new
+//! row/column per step, `m` dot products of length D); the `m × m` system is solved by Cholesky in
+//! f64. When Cholesky fails or the estimated condition number exceeds `max_condition`, that row's
+//! history is dropped (restart) and a Picard step is taken.
+
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
+
+use super::engine::{run_fixed_point, IterationRule};
+use super::{
+    cast, AndersonConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
+};
+use crate::error::Result;
+
+/// Anderson-accelerated fixed-point solver.
+#[derive(Clone, Debug)]
+pub struct Anderson {
+    pub config: AndersonConfig,
+}
+
+impl Anderson {
+    pub fn new(config: AndersonConfig) -> Self {
+        Anderson { config }
+    }
+}
+
+/// Per-batch buffers, allocated once in `init`.
+struct AndersonRule<T> {
+    m: usize,
+    lambda: f64,
+    beta: T,
+    max_condition: f64,
+    dim: usize,
+    /// `[B, m, D]` mixing directions `w_j = Δz_j + β Δg_j`.
+    w: Vec<T>,
+    /// `[B, m, D]` history of residual differences.
+    dg: Vec<T>,
+    /// `[B, m, m]` Gram matrix of `dg` (f64).
+    gram: Vec<f64>,
+    /// `[B, D]` previous iterate and residual.
+    z_prev: Vec<T>,
+    g_prev: Vec<T>,
+    has_prev: Vec<bool>,
+    count: Vec<usize>,
+    head: Vec<usize>,
+    /// Scratch: current residual `[D]`, system `[m, m]`, rhs/γ `[m]`.
+    g: Vec<T>,
+    chol: Vec<f64>,
+    gamma: Vec<f64>,
+    /// Restarts per row (diagnostics).
+    restarts: Vec<usize>,
+}
+
+impl<T: SolverFloat> AndersonRule<T> {
+    fn new(cfg: &AndersonConfig) -> Self {
+        AndersonRule {
+            m: cfg.m,
+            lambda: cfg.lambda,
+            beta: cast(cfg.beta),
+            max_condition: cfg.max_condition,
+            dim: 0,
+            w: Vec::new(),
+            dg: Vec::new(),
+            gram: Vec::new(),
+            z_prev: Vec::new(),
+            g_prev: Vec::new(),
+            has_prev: Vec::new(),
+            count: Vec::new(),
+            head: Vec::new(),
+            g: Vec::new(),
+            chol: Vec::new(),
+            gamma: Vec::new(),
+            restarts: Vec::new(),
+        }
+    }
+
+    /// Solves `(G + λ s I) γ = rhs` for the first `n` history slots of `row` into `self.gamma`.
+    /// Returns false when the system is singular or too ill-conditioned.
+    fn solve_small(&mut self, row: usize, n: usize) -> bool {
+        let m = self.m;
+        let gram = &self.gram[row * m * m..(row + 1) * m * m];
+        let mean_diag = (0..n).map(|i| gram[i * m + i]).sum::<f64>() / n as f64;
+        if !(mean_diag > 0.0 && mean_diag.is_finite()) {
+            return false;
+        }
+        let ridge = self.lambda * mean_diag;
+        // Cholesky A = L Lᵀ, L stored in the lower triangle of `chol` (row-major n×n).
+        let a = &mut self.chol;
+        for i in 0..n {
+            for j in 0..=i {
+                let mut s = gram[i * m + j] + if i == j { ridge } else { 0.0 };
+                for k in 0..j {
+                    s -= a[i * n + k] * a[j * n + k];
+                }
+                if i == j {
+                    if s.is_nan() || s <= 0.0 {
+                        return false;
+                    }
+                    a[i * n + i] = s.sqrt();
+                } else {
+                    a[i * n + j] = s / a[j * n + j];
+                }
+            }
+        }
+        // cond(A) ≥ (max L_ii / min L_ii)²: a cheap lower bound used as the conditioning check.
+        let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+        for i in 0..n {
+            lo = lo.min(a[i * n + i]);
+            hi = hi.max(a[i * n + i]);
+        }
+        if (hi / lo).powi(2) > self.max_condition {
+            return false;
+        }
+        // Forward then backward substitution, in place in gamma (holding rhs on entry).
+        let x = &mut self.gamma;
+        for i in 0..n {
+            let mut s = x[i];
+            for k in 0..i {
+                s -= a[i * n + k] * x[k];
+            }
+            x[i] = s / a[i * n + i];
+        }
+        for i in (0..n).rev() {
+            let mut s = x[i];
+            for k in i + 1..n {
+                s -= a[k * n + i] * x[k];
+            }
+            x[i] = s / a[i * n + i];
+        }
+        x[..n].iter().all(|v| v.is_finite())
+    }
+}
+
+impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
+    fn init(&mut self, batch: usize, dim: usize) {
+        let m = self.m;
+        self.dim = dim;
+        self.w = vec![T::zero(); batch * m * dim];
+        self.dg = vec![T::zero(); batch * m * dim];
+        self.gram = vec![0.0; batch * m * m];
+        self.z_prev = vec![T::zero(); batch * dim];
+        self.g_prev = vec![T::zero(); batch * dim];
+        self.has_prev = vec![false; batch];
+        self.count = vec![0; batch];
+        self.head = vec![0; batch];
+        self.g = vec![T::zero(); dim];
+        self.chol = vec![0.0; m * m];
+        self.gamma = vec![0.0; m];
+        self.restarts = vec![0; batch];
+    }
+
+    fn step(&mut self, row: usize, mut z: ArrayViewMut1<T>, fz: ArrayView1<T>, _res: f64) {
+        let (m, d) = (self.m, self.dim);
+        let beta = self.beta;
+        let z = z.as_slice_mut().expect("solver rows are contiguous");
+        let fz = fz.as_slice().expect("solver rows are contiguous");
+        let hist = row * m * d;
+        let has_prev = self.has_prev[row];
+        let slot = self.head[row];
+        let off = hist + slot * d;
+        {
+            // One fused pass: residual, new history column, and the (z, g) anchor.
+            let zp = &mut self.z_prev[row * d..(row + 1) * d];
+            let gp = &mut self.g_prev[row * d..(row + 1) * d];
+            let g = &mut self.g[..];
+            if has_prev {
+                let dg = &mut self.dg[off..off + d];
+                let w = &mut self.w[off..off + d];
+                for i in 0..d {
+                    let gi = fz[i] - z[i];
+                    let dgi = gi - gp[i];
+                    dg[i] = dgi;
+                    w[i] = (z[i] - zp[i]) + beta * dgi;
+                    g[i] = gi;
+                    zp[i] = z[i];
+                    gp[i] = gi;
+                }
+            } else {
+                for i in 0..d {
+                    let gi = fz[i] - z[i];
+                    g[i] = gi;
+                    zp[i] = z[i];
+                    gp[i] = gi;
+                }
+            }
+        }
+        self.has_prev[row] = true;
+        if has_prev {
+            self.count[row] = (self.count[row] + 1).min(m);
+            self.head[row] = (slot + 1) % m;
+            // Incremental Gram update (only the new slot's row/column changes) fused with the
+            // right-hand side ΔGᵀ g: one pass over each stored column.
+            let gram = &mut self.gram[row * m * m..(row + 1) * m * m];
+            let new = &self.dg[off..off + d];
+            for j in 0..self.count[row] {
+                let other = &self.dg[hist + j * d..hist + (j + 1) * d];
+                let (vg, vr) = dot2_f64(other, new, &self.g);
+                gram[slot * m + j] = vg;
+                gram[j * m + slot] = vg;
+                self.gamma[j] = vr;
+            }
+        }
+        let n = self.count[row];
+        if n > 0 {
+            if self.solve_small(row, n) {
+                // z ← z + β g − Σ_j γ_j w_j,  w_j = Δz_j + β Δg_j
+                // Two columns per pass halves the read/write traffic on z.
+                for i in 0..d {
+                    z[i] = z[i] + beta * self.g[i];
+                }
+                let mut j = 0;
+                while j + 1 < n {
+                    let (ga, gb): (T, T) = (cast(self.gamma[j]), cast(self.gamma[j + 1]));
+                    let wa = &self.w[hist + j * d..hist + (j + 1) * d];
+                    let wb = &self.w[hist + (j + 1) * d..hist + (j + 2) * d];
+                    for i in 0..d {
+                        z[i] = z[i] - (ga * wa[i] + gb * wb[i]);
+                    }
+                    j += 2;
+                }
+                if j < n {
+                    let gj: T = cast(self.gamma[j]);
+                    let wj = &self.w[hist + j * d..hist + (j + 1) * d];
+                    for i in 0..d {
+                        z[i] = z[i] - gj * wj[i];
+                    }
+                }
+                return;
+            }
+            // Singular / ill-conditioned: restart this row's history, keep (z, g) as anchor.
+            self.restarts[row] += 1;
+            self.count[row] = 0;
+            self.head[row] = 0;
+        }
+        for i in 0..d {
+            z[i] = z[i] + beta * self.g[i];
+        }
+    }
+}
+
+/// `(a·b, a·c)` accumulated in f64, one pass over `a`.
+#[inline]
+fn dot2_f64<T: SolverFloat>(a: &[T], b: &[T], c: &[T]) -> (f64, f64) {
+    let (mut s1, mut s2) = ([0.0f64; 4], [0.0f64; 4]);
+    let n4 = a.len() / 4 * 4;
+    for k in (0..n4).step_by(4) {
+        for l in 0..4 {
+            let x = a[k + l].widen();
+            s1[l] += x * b[k + l].widen();
+            s2[l] += x * c[k + l].widen();
+        }
+    }
+    let mut r1 = (s1[0] + s1[1]) + (s1[2] + s1[3]);
+    let mut r2 = (s2[0] + s2[1]) + (s2[2] + s2[3]);
+    for k in n4..a.len() {
+        let x = a[k].widen();
+        r1 += x * b[k].widen();
+        r2 += x * c[k].widen();
+    }
+    (r1, r2)
+}
+
+impl<T: SolverFloat> FixedPointSolver<T> for Anderson {
+    fn name(&self) -> &'static str {
+        "anderson"
+    }
+    fn solve_observed(
+        &self,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        observer: &mut dyn Observer<T>,
+    ) -> Result<Solution<T>> {
+        self.config.validate()?;
+        let mut rule = AndersonRule::<T>::new(&self.config);
+        run_fixed_point(
+            &mut rule,
+            &self.config.stop,
+            &self.config.output,
+            map,
+            z0,
+            observer,
+        )
+    }
+}

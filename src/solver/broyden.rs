@@ -1,0 +1,270 @@
+//! "Good" Broyden on `g(z) = f(z) − z = 0` with a limited-memory inverse Jacobian.
+//!
+//! `H ≈ (∂g/∂z)⁻¹` is kept as `H = −β I + Σ_j u_j v_jᵀ` with at most `L` pairs per row; when the
+//! memory is full the row restarts from `H = −β I`, so memory is `2·L·D` per row whatever
+//! `max_iter` is.
+//! Step: `z ← z − H g`. After each accepted step, with `s = z_new − z_old`, `y = g_new − g_old`,
+//! the good-Broyden inverse update (Sherman–Morrison form) appends
+//! `u = (s − H y) / (sᵀ H y)`, `v = Hᵀ s`.
+//! Backtracking (optional): when the new residual exceeds `backtrack_growth ×` the last accepted
+//! one, the step is halved (no Jacobian update) up to `max_backtracks` times; each halving costs
+//! one map evaluation. If it still grows, the point is accepted and the memory cleared.
+
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
+
+use super::engine::{run_fixed_point, IterationRule};
+use super::{
+    cast, BroydenConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
+};
+use crate::error::Result;
+
+/// Limited-memory good-Broyden solver.
+#[derive(Clone, Debug)]
+pub struct Broyden {
+    pub config: BroydenConfig,
+}
+
+impl Broyden {
+    pub fn new(config: BroydenConfig) -> Self {
+        Broyden { config }
+    }
+}
+
+struct BroydenRule<T> {
+    cfg: BroydenConfig,
+    beta: f64,
+    dim: usize,
+    /// `[B, L, D]` low-rank factors of H.
+    u: Vec<T>,
+    v: Vec<T>,
+    /// `[B, D]` last accepted iterate and its residual.
+    z_prev: Vec<T>,
+    g_prev: Vec<T>,
+    res_prev: Vec<f64>,
+    has_prev: Vec<bool>,
+    backtracks: Vec<usize>,
+    count: Vec<usize>,
+    head: Vec<usize>,
+    /// Scratch `[D]` (f64 for accuracy of the small-memory products) and `[L]`.
+    g: Vec<f64>,
+    s: Vec<f64>,
+    y: Vec<f64>,
+    hy: Vec<f64>,
+    hts: Vec<f64>,
+    hg: Vec<f64>,
+    coef: Vec<f64>,
+}
+
+/// f64 dot of a T slice with an f64 slice.
+#[inline]
+fn dot_mixed<T: SolverFloat>(a: &[T], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x.widen() * y).sum()
+}
+
+impl<T: SolverFloat> BroydenRule<T> {
+    /// `hg = −β g` (H with empty memory).
+    fn set_hg_initial(&mut self) {
+        for (h, g) in self.hg.iter_mut().zip(&self.g) {
+            *h = -self.beta * g;
+        }
+    }
+
+    /// `hy = H y` and `hg = H g` in one sweep over the stored pairs.
+    fn apply_h_to_y_and_g(&mut self, row: usize) {
+        let (l, d, n) = (self.cfg.memory, self.dim, self.count[row]);
+        let base = row * l * d;
+        for i in 0..d {
+            self.hy[i] = -self.beta * self.y[i];
+            self.hg[i] = -self.beta * self.g[i];
+        }
+        for j in 0..n {
+            let vj = &self.v[base + j * d..base + (j + 1) * d];
+            let (mut cy, mut cg) = (0.0, 0.0);
+            for i in 0..d {
+                let x = vj[i].widen();
+                cy += x * self.y[i];
+                cg += x * self.g[i];
+            }
+            let uj = &self.u[base + j * d..base + (j + 1) * d];
+            for i in 0..d {
+                let x = uj[i].widen();
+                self.hy[i] += cy * x;
+                self.hg[i] += cg * x;
+            }
+        }
+    }
+
+    /// `hts = Hᵀ s = −β s + Σ_j v_j (u_j · s)` for `row`.
+    fn apply_ht_to_s(&mut self, row: usize) {
+        let (l, d, n) = (self.cfg.memory, self.dim, self.count[row]);
+        let base = row * l * d;
+        for j in 0..n {
+            self.coef[j] = dot_mixed(&self.u[base + j * d..base + (j + 1) * d], &self.s);
+        }
+        for i in 0..d {
+            self.hts[i] = -self.beta * self.s[i];
+        }
+        for j in 0..n {
+            let c = self.coef[j];
+            let vj = &self.v[base + j * d..base + (j + 1) * d];
+            for i in 0..d {
+                self.hts[i] += c * vj[i].widen();
+            }
+        }
+    }
+}
+
+impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
+    fn init(&mut self, batch: usize, dim: usize) {
+        let l = self.cfg.memory;
+        self.dim = dim;
+        self.u = vec![T::zero(); batch * l * dim];
+        self.v = vec![T::zero(); batch * l * dim];
+        self.z_prev = vec![T::zero(); batch * dim];
+        self.g_prev = vec![T::zero(); batch * dim];
+        self.res_prev = vec![f64::INFINITY; batch];
+        self.has_prev = vec![false; batch];
+        self.backtracks = vec![0; batch];
+        self.count = vec![0; batch];
+        self.head = vec![0; batch];
+        for buf in [
+            &mut self.g,
+            &mut self.s,
+            &mut self.y,
+            &mut self.hy,
+            &mut self.hts,
+            &mut self.hg,
+        ] {
+            *buf = vec![0.0; dim];
+        }
+        self.coef = vec![0.0; l];
+    }
+
+    fn step(&mut self, row: usize, mut z: ArrayViewMut1<T>, fz: ArrayView1<T>, res: f64) {
+        let (l, d) = (self.cfg.memory, self.dim);
+        let z = z.as_slice_mut().expect("solver rows are contiguous");
+        let fz = fz.as_slice().expect("solver rows are contiguous");
+        let r = row * d..(row + 1) * d;
+
+        if self.has_prev[row] {
+            let grew = res > self.cfg.backtrack_growth * self.res_prev[row];
+            if self.cfg.backtrack && grew && self.backtracks[row] < self.cfg.max_backtracks {
+                // Halve the step back towards the last accepted point; no Jacobian update.
+                self.backtracks[row] += 1;
+                let zp = &self.z_prev[r];
+                let half: T = cast(0.5);
+                for i in 0..d {
+                    z[i] = zp[i] + half * (z[i] - zp[i]);
+                }
+                return;
+            }
+            let gave_up = self.cfg.backtrack && grew;
+            self.backtracks[row] = 0;
+            for i in 0..d {
+                let zi = z[i].widen();
+                let gi = fz[i].widen() - zi;
+                self.g[i] = gi;
+                self.s[i] = zi - self.z_prev[r.start + i].widen();
+                self.y[i] = gi - self.g_prev[r.start + i].widen();
+            }
+            if gave_up {
+                // The model of the Jacobian failed: forget it.
+                self.count[row] = 0;
+                self.head[row] = 0;
+            } else {
+                if self.count[row] == l {
+                    // Memory full: restart from H = −βI (overwriting the oldest pair instead
+                    // leaves an H no secant condition supports and diverges on hard problems).
+                    self.count[row] = 0;
+                    self.head[row] = 0;
+                }
+                self.apply_h_to_y_and_g(row);
+                self.apply_ht_to_s(row);
+                let denom: f64 = self.s.iter().zip(&self.hy).map(|(a, b)| a * b).sum();
+                let s2: f64 = self.s.iter().map(|a| a * a).sum();
+                let hy2: f64 = self.hy.iter().map(|a| a * a).sum();
+                if denom.is_finite() && denom.abs() > 1e-12 * (s2 * hy2).sqrt() && s2 > 0.0 {
+                    let slot = self.head[row];
+                    let off = row * l * d + slot * d;
+                    for i in 0..d {
+                        self.u[off + i] = cast((self.s[i] - self.hy[i]) / denom);
+                        self.v[off + i] = cast(self.hts[i]);
+                    }
+                    self.head[row] = (slot + 1) % l;
+                    self.count[row] = (self.count[row] + 1).min(l);
+                    // H_new g = H g + u (vᵀ g): no extra sweep over the memory.
+                    let c: f64 = self.hts.iter().zip(&self.g).map(|(a, b)| a * b).sum();
+                    for i in 0..d {
+                        self.hg[i] += (self.s[i] - self.hy[i]) / denom * c;
+                    }
+                } else {
+                    self.count[row] = 0;
+                    self.head[row] = 0;
+                    self.set_hg_initial();
+                }
+            }
+            if gave_up {
+                self.set_hg_initial();
+            }
+        } else {
+            for i in 0..d {
+                self.g[i] = fz[i].widen() - z[i].widen();
+            }
+            self.set_hg_initial();
+        }
+        // Accept the current point.
+        self.z_prev[r.clone()].copy_from_slice(z);
+        for i in 0..d {
+            self.g_prev[r.start + i] = cast(self.g[i]);
+        }
+        self.res_prev[row] = res;
+        self.has_prev[row] = true;
+        // z ← z − H g
+        for i in 0..d {
+            z[i] = cast(z[i].widen() - self.hg[i]);
+        }
+    }
+}
+
+impl<T: SolverFloat> FixedPointSolver<T> for Broyden {
+    fn name(&self) -> &'static str {
+        "broyden"
+    }
+    fn solve_observed(
+        &self,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        observer: &mut dyn Observer<T>,
+    ) -> Result<Solution<T>> {
+        self.config.validate()?;
+        let mut rule = BroydenRule::<T> {
+            cfg: self.config.clone(),
+            beta: self.config.beta,
+            dim: 0,
+            u: Vec::new(),
+            v: Vec::new(),
+            z_prev: Vec::new(),
+            g_prev: Vec::new(),
+            res_prev: Vec::new(),
+            has_prev: Vec::new(),
+            backtracks: Vec::new(),
+            count: Vec::new(),
+            head: Vec::new(),
+            g: Vec::new(),
+            s: Vec::new(),
+            y: Vec::new(),
+            hy: Vec::new(),
+            hts: Vec::new(),
+            hg: Vec::new(),
+            coef: Vec::new(),
+        };
+        run_fixed_point(
+            &mut rule,
+            &self.config.stop,
+            &self.config.output,
+            map,
+            z0,
+            observer,
+        )
+    }
+}
