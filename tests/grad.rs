@@ -93,7 +93,7 @@ fn exact_grads(p: &Problem) -> Exact {
         let col = su.view().insert_axis(Axis(1));
         ex.dw = ex.dw + col.dot(&z.row(r).insert_axis(Axis(0)));
         ex.du = ex.du + col.dot(&p.x.row(r).insert_axis(Axis(0)));
-        ex.db = ex.db + &su;
+        ex.db += &su;
         ex.dx.row_mut(r).assign(&p.u.t().dot(&su));
     }
     ex
@@ -586,4 +586,70 @@ fn bad_inputs_give_typed_errors() {
         fwd.as_ref(),
     );
     assert!(r.is_err());
+}
+
+#[test]
+fn token_shaped_state_matches_row_problem() {
+    // State [1, T=3, D] (one sequence of 3 tokens): the solver sees one row of width 3·D; the
+    // gradient must equal the dense exact one of the same 3 tokens treated as rows.
+    let p = problem(15, 0.85);
+    let ex = flat(&exact_grads(&p));
+    let mut tape = Tape::<f64>::new();
+    let w = tape.param(p.w.clone().into_dyn());
+    let u = tape.param(p.u.clone().into_dyn());
+    let b = tape.param(p.b.clone().into_dyn());
+    let x = tape.param(
+        p.x.clone()
+            .into_shape_with_order((1, B, DX))
+            .unwrap()
+            .into_dyn(),
+    );
+    let c = tape.constant(
+        p.c.clone()
+            .into_shape_with_order((1, B, D))
+            .unwrap()
+            .into_dyn(),
+    );
+    for solver in [SolverConfig::picard(), SolverConfig::broyden()] {
+        let rule = GradientRule::implicit(solver, 1e-12, 500);
+        let fwd = SolverConfig::anderson()
+            .with_stop(elm::solver::StopCriteria {
+                rel_tol: 1e-13,
+                max_iter: 500,
+                ..Default::default()
+            })
+            .build::<f64>();
+        let mut t2 = Tape::<f64>::new();
+        let (w2, u2, b2, x2, c2) = (
+            t2.param(tape.value(w).clone()),
+            t2.param(tape.value(u).clone()),
+            t2.param(tape.value(b).clone()),
+            t2.param(tape.value(x).clone()),
+            t2.constant(tape.value(c).clone()),
+        );
+        let (z, rep) = implicit_forward(
+            &mut t2,
+            &TanhDeq,
+            x2,
+            &[w2, u2, b2],
+            &ArrayD::zeros(vec![1, B, D]),
+            &rule,
+            fwd.as_ref(),
+        )
+        .unwrap();
+        assert_eq!(t2.value(z).shape(), &[1, B, D]);
+        assert_eq!(rep.forward_rows.as_ref().unwrap().len(), 1);
+        let zc = t2.mul(z, c2).unwrap();
+        let loss = t2.sum(zc);
+        let mut g = t2.backward(loss).unwrap();
+        let got: Vec<f64> = [w2, u2, b2, x2]
+            .iter()
+            .flat_map(|&v| g.take(v).unwrap().into_iter())
+            .collect();
+        let (rel, max_abs) = rel_err(&got, &ex);
+        assert!(
+            rel < 1e-6,
+            "[1, T, D] state: rel {rel:e}, max abs {max_abs:e}"
+        );
+    }
 }
