@@ -1,7 +1,8 @@
 //! "Good" Broyden on `g(z) = f(z) − z = 0` with a limited-memory inverse Jacobian.
 //!
-//! `H ≈ (∂g/∂z)⁻¹` is kept as `H = −β I + Σ_j u_j v_jᵀ` with at most `L` pairs per row (a ring
-//! buffer: the oldest pair is overwritten, so memory is `2·L·D` per row whatever `max_iter` is).
+//! `H ≈ (∂g/∂z)⁻¹` is kept as `H = −β I + Σ_j u_j v_jᵀ` with at most `L` pairs per row; when the
+//! memory is full the row restarts from `H = −β I`, so memory is `2·L·D` per row whatever
+//! `max_iter` is.
 //! Step: `z ← z − H g`. After each accepted step, with `s = z_new − z_old`, `y = g_new − g_old`,
 //! the good-Broyden inverse update (Sherman–Morrison form) appends
 //! `u = (s − H y) / (sᵀ H y)`, `v = Hᵀ s`.
@@ -56,10 +57,7 @@ struct BroydenRule<T> {
 /// f64 dot of a T slice with an f64 slice.
 #[inline]
 fn dot_mixed<T: SolverFloat>(a: &[T], b: &[f64]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| x.to_f64().unwrap_or(f64::NAN) * y)
-        .sum()
+    a.iter().zip(b).map(|(x, y)| x.widen() * y).sum()
 }
 
 impl<T: SolverFloat> BroydenRule<T> {
@@ -93,7 +91,7 @@ impl<T: SolverFloat> BroydenRule<T> {
             let c = self.coef[j];
             let lj = &left[base + j * d..base + (j + 1) * d];
             for i in 0..d {
-                out[i] += c * lj[i].to_f64().unwrap_or(f64::NAN);
+                out[i] += c * lj[i].widen();
             }
         }
     }
@@ -154,17 +152,23 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
             let gave_up = self.cfg.backtrack && grew;
             self.backtracks[row] = 0;
             for i in 0..d {
-                let zi = z[i].to_f64().unwrap_or(f64::NAN);
-                let gi = fz[i].to_f64().unwrap_or(f64::NAN) - zi;
+                let zi = z[i].widen();
+                let gi = fz[i].widen() - zi;
                 self.g[i] = gi;
-                self.s[i] = zi - self.z_prev[r.start + i].to_f64().unwrap_or(f64::NAN);
-                self.y[i] = gi - self.g_prev[r.start + i].to_f64().unwrap_or(f64::NAN);
+                self.s[i] = zi - self.z_prev[r.start + i].widen();
+                self.y[i] = gi - self.g_prev[r.start + i].widen();
             }
             if gave_up {
                 // The model of the Jacobian failed: forget it.
                 self.count[row] = 0;
                 self.head[row] = 0;
             } else {
+                if self.count[row] == l {
+                    // Memory full: restart from H = −βI (overwriting the oldest pair instead
+                    // leaves an H no secant condition supports and diverges on hard problems).
+                    self.count[row] = 0;
+                    self.head[row] = 0;
+                }
                 self.apply_h(row, Which::Y, false, Which::Hy);
                 self.apply_h(row, Which::S, true, Which::Hts);
                 let denom: f64 = self.s.iter().zip(&self.hy).map(|(a, b)| a * b).sum();
@@ -186,7 +190,7 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
             }
         } else {
             for i in 0..d {
-                self.g[i] = fz[i].to_f64().unwrap_or(f64::NAN) - z[i].to_f64().unwrap_or(f64::NAN);
+                self.g[i] = fz[i].widen() - z[i].widen();
             }
         }
         // Accept the current point.
@@ -199,7 +203,7 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
         // z ← z − H g
         self.apply_h(row, Which::G, false, Which::Hy);
         for i in 0..d {
-            z[i] = cast(z[i].to_f64().unwrap_or(f64::NAN) - self.hy[i]);
+            z[i] = cast(z[i].widen() - self.hy[i]);
         }
     }
 }
