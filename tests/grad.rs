@@ -244,6 +244,10 @@ fn implicit_gradient_matches_dense_solve_for_every_backward_solver() {
         );
         assert!(got.report.forward_converged());
         assert_eq!(back.solver, name);
+        assert!(
+            back.replayed_graph,
+            "built-in ops should allow recording f once"
+        );
     }
 }
 
@@ -652,4 +656,72 @@ fn token_shaped_state_matches_row_problem() {
             "[1, T, D] state: rel {rel:e}, max abs {max_abs:e}"
         );
     }
+}
+
+/// Same map with tanh as a run-once custom op: its graph cannot be replayed by `vjp_retain`,
+/// so the implicit backward must fall back to one scratch forward per VJP.
+#[derive(Clone)]
+struct TanhDeqCustomOp;
+
+impl ImplicitLayer<f64> for TanhDeqCustomOp {
+    fn forward(&self, t: &mut Tape<f64>, z: Var, x: Var, p: &[Var]) -> elm::Result<Var> {
+        let wz = t.matmul_t(z, p[0], None)?;
+        let ux = t.matmul_t(x, p[1], Some(p[2]))?;
+        let s = t.add(wz, ux)?;
+        let y = t.value(s).mapv(f64::tanh);
+        let dy = y.mapv(|v| 1.0 - v * v);
+        Ok(t.custom(
+            &[s],
+            y,
+            Box::new(move |g: &ArrayD<f64>| Ok(vec![Some(g * &dy)])),
+        ))
+    }
+}
+
+#[test]
+fn implicit_gradient_with_non_replayable_layer() {
+    let p = problem(16, 0.9);
+    let ex = flat(&exact_grads(&p));
+    let mut tape = Tape::<f64>::new();
+    let w = tape.param(p.w.clone().into_dyn());
+    let u = tape.param(p.u.clone().into_dyn());
+    let b = tape.param(p.b.clone().into_dyn());
+    let x = tape.param(p.x.clone().into_dyn());
+    let c = tape.constant(p.c.clone().into_dyn());
+    let rule = GradientRule::implicit(SolverConfig::anderson(), 1e-12, 500);
+    let fwd = SolverConfig::anderson()
+        .with_stop(elm::solver::StopCriteria {
+            rel_tol: 1e-13,
+            max_iter: 500,
+            ..Default::default()
+        })
+        .build::<f64>();
+    let (z, rep) = implicit_forward(
+        &mut tape,
+        &TanhDeqCustomOp,
+        x,
+        &[w, u, b],
+        &ArrayD::zeros(vec![B, D]),
+        &rule,
+        fwd.as_ref(),
+    )
+    .unwrap();
+    let zc = tape.mul(z, c).unwrap();
+    let loss = tape.sum(zc);
+    let mut g = tape.backward(loss).unwrap();
+    let got: Vec<f64> = [w, u, b, x]
+        .iter()
+        .flat_map(|&v| g.take(v).unwrap().into_iter())
+        .collect();
+    let (rel, max_abs) = rel_err(&got, &ex);
+    assert!(
+        rel < 1e-6,
+        "custom-op layer: rel {rel:e}, max abs {max_abs:e}"
+    );
+    let back = rep.backward.get().unwrap();
+    assert!(back.converged());
+    assert!(
+        !back.replayed_graph,
+        "a run-once custom op cannot be replayed"
+    );
 }

@@ -10,8 +10,14 @@ use serde::Serialize;
 
 use super::rule::GradientRule;
 use crate::autograd::{AdFloat, Tape, Var};
-use crate::solver::{FixedPointMap, FixedPointSolver, RowOutcome, RowStatus, SolverConfig};
+use crate::solver::{
+    FixedPointMap, FixedPointSolver, RowOutcome, RowStatus, SolverConfig, SolverFloat,
+};
 use crate::{ElmError, Result};
+
+/// Scalars the gradient rules run on: tape scalars that the solvers also accept (`f32`, `f64`).
+pub trait GradFloat: AdFloat + SolverFloat {}
+impl<T: AdFloat + SolverFloat> GradFloat for T {}
 
 /// A fixed-point layer `z ↦ f(z, x; θ)`. Implement [`ImplicitLayer::forward`] once; everything
 /// else (solver map, gradient rules) is derived from it.
@@ -64,6 +70,9 @@ pub struct BackwardReport {
     pub fallback_rows: usize,
     /// Peak bytes of the scratch tapes used for the VJPs.
     pub scratch_peak_bytes: usize,
+    /// True when `f` was recorded once and replayed for every adjoint VJP (`vjp_retain`); false
+    /// when the layer's graph is not replayable and each VJP re-ran the forward.
+    pub replayed_graph: bool,
 }
 
 impl BackwardReport {
@@ -160,14 +169,14 @@ fn to_rows<T: AdFloat>(a: &ArrayD<T>, b: usize, d: usize) -> Result<ArrayView2<'
 }
 
 /// The layer's `f` at fixed `x, θ` as a solver map on `[B, D]` rows (evaluates every row).
-struct LayerMap<'a, T: AdFloat, L: ImplicitLayer<T>> {
+struct LayerMap<'a, T: GradFloat, L: ImplicitLayer<T>> {
     layer: &'a L,
     x: Arc<ArrayD<T>>,
     params: Vec<Arc<ArrayD<T>>>,
     shape: Vec<usize>,
 }
 
-impl<T: AdFloat, L: ImplicitLayer<T>> FixedPointMap<T> for LayerMap<'_, T, L> {
+impl<T: GradFloat, L: ImplicitLayer<T>> FixedPointMap<T> for LayerMap<'_, T, L> {
     fn dim(&self) -> usize {
         self.shape[1..].iter().product()
     }
@@ -198,7 +207,7 @@ impl<T: AdFloat, L: ImplicitLayer<T>> FixedPointMap<T> for LayerMap<'_, T, L> {
 }
 
 /// Runs the forward solver on the layer's map from `z0`; returns `z*` (state shape) + the solution.
-fn solve_forward<T: AdFloat, L: ImplicitLayer<T>>(
+fn solve_forward<T: GradFloat, L: ImplicitLayer<T>>(
     layer: &L,
     x: Arc<ArrayD<T>>,
     params: Vec<Arc<ArrayD<T>>>,
@@ -225,7 +234,7 @@ fn solve_forward<T: AdFloat, L: ImplicitLayer<T>>(
 /// [`implicit_forward_with_rng`] with the `stochastic_jfb` draws taken from a fresh
 /// `StdRng::seed_from_u64(seed)`: every call draws the same `(m, n)`. For training use
 /// [`ImplicitDriver`], which keeps one seeded stream across calls.
-pub fn implicit_forward<T: AdFloat, L: ImplicitLayer<T> + Clone + 'static>(
+pub fn implicit_forward<T: GradFloat, L: ImplicitLayer<T> + Clone + 'static>(
     tape: &mut Tape<T>,
     layer: &L,
     x: Var,
@@ -246,7 +255,7 @@ pub fn implicit_forward<T: AdFloat, L: ImplicitLayer<T> + Clone + 'static>(
 /// returns it as a Var whose backward implements `rule`, plus a [`GradReport`].
 /// `x` and `params` may be params or constants; gradients reach those that require them.
 #[allow(clippy::too_many_arguments)]
-pub fn implicit_forward_with_rng<T: AdFloat, L: ImplicitLayer<T> + Clone + 'static>(
+pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'static>(
     tape: &mut Tape<T>,
     layer: &L,
     x: Var,
@@ -375,7 +384,7 @@ fn fill_forward(report: &mut GradReport, rows: Vec<RowOutcome>, evals: usize) {
 }
 
 /// Everything the IFT backward needs, captured at forward time.
-struct AdjointCtx<T: AdFloat, L> {
+struct AdjointCtx<T: GradFloat, L> {
     layer: L,
     z_star: Arc<ArrayD<T>>,
     x: Arc<ArrayD<T>>,
@@ -386,7 +395,7 @@ struct AdjointCtx<T: AdFloat, L> {
     slot: BackwardSlot,
 }
 
-impl<T: AdFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
+impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
     /// `f(z*, x, θ)` on a scratch tape; `z` differentiable iff `z_grad`, x/θ per `xp_grad`.
     fn scratch(&self, z_grad: bool, xp_grad: bool) -> Result<(Tape<T>, Var, Vec<Var>, Var)> {
         let mut t = Tape::<T>::new();
@@ -416,20 +425,39 @@ impl<T: AdFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
         let g_std = g.as_standard_layout().into_owned();
         let g_rows = to_rows(&g_std, b, d)?.to_owned();
         let mut scratch_peak = 0usize;
-        // Adjoint map u ↦ Jᵀu + g, one scratch forward+backward per evaluation (backward consumes a tape).
+        // Adjoint map u ↦ Jᵀu + g. f is recorded once on a scratch tape (only z differentiable)
+        // and replayed with `vjp_retain`; a layer whose graph cannot be replayed (a run-once
+        // custom op) gets a fresh scratch forward + consuming backward per evaluation instead.
         let solver = self.solver.build::<T>();
+        let mut retained = Some(self.scratch(true, false)?);
         let solve = {
             let mut map = crate::solver::FnMap::new(
                 d,
                 |u: ArrayView2<T>, _active: &[bool], mut out: ArrayViewMut2<T>| -> Result<()> {
-                    let (mut t, zv, _, y) = self.scratch(true, false)?;
                     let seed = u
                         .to_owned()
                         .into_shape_with_order(IxDyn(&shape))
                         .map_err(|e| ElmError::shape("adjoint", e.to_string()))?;
-                    let mut grads = t.backward_from(y, seed)?;
-                    scratch_peak = scratch_peak.max(t.peak_bytes());
-                    match grads.take(zv) {
+                    let mut replayed = None;
+                    if let Some((t, zv, _, y)) = retained.as_mut() {
+                        match t.vjp_retain(*y, seed.clone()) {
+                            Ok(mut grads) => {
+                                scratch_peak = scratch_peak.max(t.peak_bytes());
+                                replayed = Some(grads.take(*zv));
+                            }
+                            Err(_) => retained = None,
+                        }
+                    }
+                    let jtu = match replayed {
+                        Some(j) => j,
+                        None => {
+                            let (mut t, zv, _, y) = self.scratch(true, false)?;
+                            let mut grads = t.backward_from(y, seed)?;
+                            scratch_peak = scratch_peak.max(t.peak_bytes());
+                            grads.take(zv)
+                        }
+                    };
+                    match jtu {
                         Some(jtu) => {
                             let jtu = jtu.as_standard_layout().into_owned();
                             out.assign(&to_rows(&jtu, b, d)?);
@@ -474,6 +502,7 @@ impl<T: AdFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
                     rows: sol.rows,
                     fallback_rows: fallback,
                     scratch_peak_bytes: scratch_peak,
+                    replayed_graph: retained.is_some(),
                 }
             }
             Err(e) => {
@@ -490,6 +519,7 @@ impl<T: AdFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
                     rows: Vec::new(),
                     fallback_rows: b,
                     scratch_peak_bytes: scratch_peak,
+                    replayed_graph: retained.is_some(),
                 }
             }
         };
@@ -512,13 +542,13 @@ impl<T: AdFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
 
 /// Runs a [`GradientRule`] across training steps with one seeded RNG stream, so `stochastic_jfb`
 /// draws fresh, reproducible `(m, n)` at each call.
-pub struct ImplicitDriver<T: AdFloat> {
+pub struct ImplicitDriver<T: GradFloat> {
     rule: GradientRule,
     forward: Box<dyn FixedPointSolver<T>>,
     rng: StdRng,
 }
 
-impl<T: AdFloat> ImplicitDriver<T> {
+impl<T: GradFloat> ImplicitDriver<T> {
     /// A driver for `rule` with the forward solver built from `forward` (validated). The RNG is
     /// seeded from the rule's seed (0 for rules without one).
     pub fn new(rule: GradientRule, forward: &SolverConfig) -> Result<Self> {
