@@ -58,7 +58,7 @@ pub struct BackwardReport {
     pub solver: &'static str,
     /// Largest per-row adjoint iteration count (VJP evaluations).
     pub iterations: usize,
-    /// Batched VJP evaluations of the adjoint solve (+1 for the final parameter VJP is not counted).
+    /// Batched VJP evaluations of the adjoint solve (the final VJP w.r.t. x and θ is not counted).
     pub vjp_evals: usize,
     /// Largest per-row absolute adjoint residual `‖Jᵀu + g − u‖₂`.
     pub residual: f64,
@@ -141,10 +141,18 @@ fn batch_dims(shape: &[usize]) -> Result<(usize, usize)> {
     Ok((shape[0], shape[1..].iter().product()))
 }
 
+/// `max` that propagates NaN (a NaN residual must not be hidden by the fold).
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
 /// Row-wise max of `‖a[b] − c[b]‖₂` (f64), for states of shape `[B, ...]`.
 fn max_row_diff<T: AdFloat>(a: &ArrayD<T>, c: &ArrayD<T>) -> f64 {
-    let (b, _) = (a.shape()[0], 0);
-    (0..b)
+    (0..a.shape()[0])
         .map(|i| {
             a.index_axis(Axis(0), i)
                 .iter()
@@ -156,7 +164,7 @@ fn max_row_diff<T: AdFloat>(a: &ArrayD<T>, c: &ArrayD<T>) -> f64 {
                 .sum::<f64>()
                 .sqrt()
         })
-        .fold(0.0, f64::max)
+        .fold(0.0, nan_max)
 }
 
 fn to_rows<T: AdFloat>(a: &ArrayD<T>, b: usize, d: usize) -> Result<ArrayView2<'_, T>> {
@@ -378,7 +386,7 @@ fn check_state_shape<T>(y: &ArrayD<T>, want: &[usize]) -> Result<()> {
 
 fn fill_forward(report: &mut GradReport, rows: Vec<RowOutcome>, evals: usize) {
     report.forward_iterations = rows.iter().map(|r| r.iterations).max().unwrap_or(0);
-    report.forward_residual = rows.iter().map(|r| r.residual).fold(0.0, f64::max);
+    report.forward_residual = rows.iter().map(|r| r.residual).fold(0.0, nan_max);
     report.nograd_evals = evals;
     report.forward_rows = Some(rows);
 }
@@ -487,7 +495,7 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
                         .iter()
                         .filter(|r| r.status != RowStatus::Converged)
                         .map(|r| r.residual)
-                        .fold(0.0, f64::max);
+                        .fold(0.0, nan_max);
                     eprintln!(
                         "warning: elm::grad implicit backward ({}) did not converge on {fallback}/{b} rows (worst residual {worst:.3e}); using the JFB gradient for those rows",
                         solver.name()
@@ -498,7 +506,7 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
                     iterations: sol.max_iterations(),
                     vjp_evals: sol.map_evals,
                     residual: sol.max_residual(),
-                    rel_residual: sol.rows.iter().map(|r| r.rel_residual).fold(0.0, f64::max),
+                    rel_residual: sol.rows.iter().map(|r| r.rel_residual).fold(0.0, nan_max),
                     rows: sol.rows,
                     fallback_rows: fallback,
                     scratch_peak_bytes: scratch_peak,
