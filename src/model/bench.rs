@@ -25,9 +25,9 @@ pub fn read_bandwidth_gbs(bytes: usize, reps: usize) -> f64 {
         let s: f64 = data
             .par_chunks(1 << 16)
             .map(|c| {
-                // 8 independent accumulators so the sum is load-bound, not latency-bound.
-                let mut acc = [0.0f32; 8];
-                for block in c.chunks_exact(8) {
+                // 32 independent accumulators so the sum is load-bound, not latency-bound.
+                let mut acc = [0.0f32; 32];
+                for block in c.chunks_exact(32) {
                     for (a, &v) in acc.iter_mut().zip(block) {
                         *a += v;
                     }
