@@ -12,6 +12,7 @@ pub mod generate;
 pub mod kv_cache;
 pub mod load;
 pub mod ops;
+pub mod tape;
 pub mod transformer;
 pub mod weights;
 
