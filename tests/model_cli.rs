@@ -110,7 +110,7 @@ fn bad_arguments_fail_with_typed_messages() {
     assert!(err.contains("/nonexistent/model.gguf"), "{err}");
     let (ok, _, err) = elm(&["generate", "--prompt", "hi", "--device", "tpu"]);
     assert!(!ok);
-    assert!(err.contains("--device"), "{err}");
+    assert!(err.contains("device") && err.contains("tpu"), "{err}");
     let (ok, _, err) = elm(&[
         "perplexity",
         "--file",
@@ -119,4 +119,23 @@ fn bad_arguments_fail_with_typed_messages() {
         "/nonexistent.gguf",
     ]);
     assert!(!ok && err.contains("nonexistent"), "{err}");
+}
+
+#[test]
+fn generate_on_cuda_without_the_feature_is_a_cuda_error() {
+    if cfg!(feature = "cuda") {
+        return; // exercised by the GPU tests of the cuda module
+    }
+    let Some(path) = model_path() else { return };
+    let (ok, _, err) = elm(&[
+        "generate",
+        "--model",
+        path.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--device",
+        "cuda:0",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("cuda"), "{err}");
 }
