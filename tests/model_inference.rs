@@ -440,3 +440,25 @@ fn training_path_equals_inference_path() {
         }
     }
 }
+
+#[test]
+fn sequence_nll_matches_naive_log_softmax() {
+    let m = tiny(Arch::Qwen2, 41);
+    let seq: Vec<u32> = vec![5, 9, 13, 2, 60, 61, 7, 7, 30];
+    let (nll, count) = m.sequence_nll(&seq).unwrap();
+    let logits = naive_logits(&m.weights, &seq);
+    let want: f64 = (1..seq.len())
+        .map(|t| {
+            let row = logits.row(t - 1);
+            let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
+            lse - row[seq[t] as usize]
+        })
+        .sum();
+    assert_eq!(count, seq.len() - 1);
+    assert!(
+        (nll - want).abs() < 1e-4 * want.abs(),
+        "nll {nll} vs naive {want} (abs diff {:.3e})",
+        (nll - want).abs()
+    );
+    assert!(m.sequence_nll(&[1]).is_err());
+}

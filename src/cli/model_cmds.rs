@@ -159,6 +159,11 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         .tokens
         .iter()
         .map(|ids| {
+            // The stop token (e.g. `<|im_end|>`) ends the text; it is not part of it.
+            let ids = match ids.split_last() {
+                Some((last, rest)) if config.stop_token_ids.contains(last) => rest,
+                _ => &ids[..],
+            };
             let text = tok.decode(ids)?;
             Ok(truncate_at_stop(text, &args.stop))
         })
@@ -209,7 +214,7 @@ fn generate_streaming<D: Decoder>(
     let mut seq0: Vec<u32> = Vec::new();
     let mut stdout = std::io::stdout();
     generate(model, prompts, config, Some(&detok), |b, t| {
-        if !stream || b != 0 {
+        if !stream || b != 0 || config.stop_token_ids.contains(&t) {
             return;
         }
         seq0.push(t);
@@ -387,19 +392,9 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
     let start = Instant::now();
     let (mut nll, mut scored) = (0.0f64, 0usize);
     for w in &windows {
-        let logits = model.forward_logits(&[w.to_vec()])?;
-        for t in 0..w.len() - 1 {
-            let row = logits.slice(ndarray::s![0, t, ..]);
-            let max = row.fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-            let lse = row
-                .iter()
-                .map(|&v| (v as f64 - max).exp())
-                .sum::<f64>()
-                .ln()
-                + max;
-            nll += lse - row[w[t + 1] as usize] as f64;
-            scored += 1;
-        }
+        let (sum, count) = model.sequence_nll(w)?;
+        nll += sum;
+        scored += count;
         pb.inc(1);
     }
     pb.finish_and_clear();
