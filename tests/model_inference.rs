@@ -141,7 +141,7 @@ fn forward_logits_match_naive_f64_reference() {
     for arch in [Arch::Llama, Arch::Qwen2] {
         let m = tiny(arch, 7);
         for p in prompts() {
-            let got = m.forward_logits(&[p.clone()]).unwrap();
+            let got = m.forward_logits(std::slice::from_ref(&p)).unwrap();
             let want = naive_logits(&m.weights, &p);
             assert_close(
                 &format!("{arch:?} forward_logits"),
@@ -194,7 +194,7 @@ fn batched_prefill_and_decode_equal_unbatched() {
         assert_eq!(cache.lens(), &[10, 5, 8]);
         for (b, p) in ps.iter().enumerate() {
             let mut single = m.new_cache(1, 16).unwrap();
-            let mut l = m.prefill(&[p.clone()], &mut single).unwrap();
+            let mut l = m.prefill(std::slice::from_ref(p), &mut single).unwrap();
             for step in 0..=3 {
                 let want = f64v(l.view());
                 assert_close(
@@ -216,7 +216,7 @@ fn chunked_prefill_equals_single_prefill() {
     let m = tiny(Arch::Qwen2, 17);
     let seq: Vec<u32> = (0..12).map(|i| (i * 7 % 64) as u32).collect();
     let mut one = m.new_cache(1, 12).unwrap();
-    let want = m.prefill(&[seq.clone()], &mut one).unwrap();
+    let want = m.prefill(std::slice::from_ref(&seq), &mut one).unwrap();
     let mut two = m.new_cache(1, 12).unwrap();
     m.prefill(&[seq[..5].to_vec()], &mut two).unwrap();
     let got = m.prefill(&[seq[5..].to_vec()], &mut two).unwrap();

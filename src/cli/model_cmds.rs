@@ -296,7 +296,7 @@ pub fn run_logits(args: LogitsArgs) -> Result<()> {
     let (model, tok) = load(&path)?;
     let ids = encode_prompt(&tok, &args.prompt, args.chat)?;
     let mut cache = model.new_cache(1, ids.len())?;
-    let logits = model.prefill(&[ids.clone()], &mut cache)?;
+    let logits = model.prefill(std::slice::from_ref(&ids), &mut cache)?;
     let row = logits.row(0);
     let mut order: Vec<usize> = (0..row.len()).collect();
     let k = args.top.min(row.len());

@@ -130,7 +130,7 @@ pub fn bench_prefill(model: &Transformer, prompt_len: usize, reps: usize) -> Res
     for _ in 0..reps.max(1) {
         cache.reset();
         let start = Instant::now();
-        std::hint::black_box(model.prefill(&[tokens.clone()], &mut cache)?);
+        std::hint::black_box(model.prefill(std::slice::from_ref(&tokens), &mut cache)?);
         best = best.min(start.elapsed().as_secs_f64());
     }
     Ok(prompt_len as f64 / best)
