@@ -462,3 +462,28 @@ fn sequence_nll_matches_naive_log_softmax() {
     );
     assert!(m.sequence_nll(&[1]).is_err());
 }
+
+/// Batch-1 linear layers split over rayon when OpenBLAS is single-threaded (the CLI
+/// default); both paths agree with an f64 product.
+#[test]
+fn single_row_linear_matches_f64_for_both_blas_thread_settings() {
+    use elm::model::ops::{blas_threads, linear_into, set_blas_threads};
+    let w = Array2::from_shape_fn((700, 33), |(i, j)| {
+        ((i * 13 + j * 7) % 17) as f32 * 0.1 - 0.8
+    });
+    let x = Array2::from_shape_fn((1, 33), |(_, j)| (j as f32 * 0.3).sin());
+    let want = f64v(x.view()).dot(&f64v(w.view()).t());
+    let before = blas_threads();
+    for threads in [1, 2] {
+        set_blas_threads(threads);
+        let mut y = Array2::zeros((1, 700));
+        linear_into(x.view(), &w, None, y.view_mut());
+        assert_close(
+            &format!("linear, {threads} BLAS threads"),
+            y.view(),
+            want.view(),
+            1e-6,
+        );
+    }
+    set_blas_threads(before);
+}

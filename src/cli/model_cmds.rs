@@ -16,6 +16,13 @@ use crate::cuda::{CudaModel, DeviceSpec};
 use crate::model::generate::{generate, Decoder, Generation, SamplingConfig};
 use crate::model::{default_model_path, load_pretrained, models_dir, ModelWeights, Transformer};
 
+/// Single-threaded OpenBLAS unless the user chose (see [`crate::model::ops::set_blas_threads`]).
+fn default_blas_threads() {
+    if std::env::var_os("OPENBLAS_NUM_THREADS").is_none() {
+        crate::model::ops::set_blas_threads(1);
+    }
+}
+
 fn print_json(value: &serde_json::Value) {
     println!("{value}");
 }
@@ -123,6 +130,7 @@ pub struct GenerateArgs {
 }
 
 pub fn run_generate(args: GenerateArgs) -> Result<()> {
+    default_blas_threads();
     let device: DeviceSpec = args.device.parse()?;
     if args.batch == 0 {
         return Err(ElmError::config("--batch", "must be >= 1"));
@@ -292,6 +300,7 @@ pub struct LogitsArgs {
 }
 
 pub fn run_logits(args: LogitsArgs) -> Result<()> {
+    default_blas_threads();
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let (model, tok) = load(&path)?;
     let ids = encode_prompt(&tok, &args.prompt, args.chat)?;
@@ -370,6 +379,7 @@ pub fn read_text_file(path: &Path) -> Result<String> {
 }
 
 pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
+    default_blas_threads();
     if args.context < 2 {
         return Err(ElmError::config("--context", "must be >= 2"));
     }
@@ -436,6 +446,7 @@ pub struct BenchArgs {
 }
 
 pub fn run_bench(args: BenchArgs) -> Result<()> {
+    default_blas_threads();
     if args.prompt_len == 0 || args.decode_steps == 0 {
         return Err(ElmError::config(
             "--prompt-len/--decode-steps",
