@@ -10,28 +10,16 @@ use serde_json::json;
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
 use crate::model::bench;
-use crate::model::generate::{generate, SamplingConfig};
-use crate::model::{default_model_path, load_pretrained, models_dir, Transformer};
+use ndarray::Array2;
 
-/// Where to run the model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Device {
-    Cpu,
-    Cuda(usize),
-}
+use crate::cuda::{CudaModel, DeviceSpec};
+use crate::model::generate::{generate, Decoder, Generation, SamplingConfig};
+use crate::model::{default_model_path, load_pretrained, models_dir, ModelWeights, Transformer};
 
-/// Parses `cpu`, `cuda` or `cuda:N`.
-pub fn parse_device(s: &str) -> Result<Device> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda(0)),
-        _ => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(Device::Cuda)
-            .ok_or_else(|| {
-                ElmError::config("--device", format!("`{s}`: expected cpu, cuda or cuda:N"))
-            }),
+/// Single-threaded OpenBLAS unless the user chose (see [`crate::model::ops::set_blas_threads`]).
+fn default_blas_threads() {
+    if std::env::var_os("OPENBLAS_NUM_THREADS").is_none() {
+        crate::model::ops::set_blas_threads(1);
     }
 }
 
@@ -142,17 +130,15 @@ pub struct GenerateArgs {
 }
 
 pub fn run_generate(args: GenerateArgs) -> Result<()> {
-    let device = parse_device(&args.device)?;
+    default_blas_threads();
+    let device: DeviceSpec = args.device.parse()?;
     if args.batch == 0 {
         return Err(ElmError::config("--batch", "must be >= 1"));
     }
-    if let Device::Cuda(n) = device {
-        return Err(ElmError::Unsupported(format!(
-            "--device cuda:{n}: the CUDA model is not wired into `elm generate` yet"
-        )));
-    }
     let path = args.model.clone().unwrap_or_else(default_model_path);
-    let (model, tok) = load(&path)?;
+    let pb = spinner(&format!("loading {}", path.display()));
+    let (weights, tok) = load_pretrained(&path)?;
+    pb.finish_and_clear();
     let prompt = encode_prompt(&tok, &args.prompt, args.chat)?;
     let config = SamplingConfig {
         max_new_tokens: args.max_new_tokens,
@@ -163,35 +149,34 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         stop_token_ids: tok.eos_id().into_iter().collect(),
         stop_strings: args.stop.clone(),
     };
-    let prompts = vec![prompt.clone(); args.batch];
-    let detok = |ids: &[u32]| tok.decode(ids);
-    // Stream sequence 0: print the newly completed text after each token (a token may
-    // end inside a UTF-8 character; wait until the replacement char disappears).
-    let mut shown = 0usize;
-    let mut seq0: Vec<u32> = Vec::new();
-    let stream = !args.json;
-    let mut stdout = std::io::stdout();
-    let out = generate(&model, &prompts, &config, Some(&detok), |b, t| {
-        if !stream || b != 0 {
-            return;
+    let prompts = vec![prompt; args.batch];
+    let out = match device {
+        DeviceSpec::Cpu => {
+            let model = Transformer::new(weights)?;
+            generate_streaming(&model, &prompts, &config, &tok, !args.json)?
         }
-        seq0.push(t);
-        if let Ok(text) = tok.decode(&seq0) {
-            if !text.ends_with('\u{FFFD}') && text.len() > shown && text.is_char_boundary(shown) {
-                let _ = write!(stdout, "{}", &text[shown..]);
-                let _ = stdout.flush();
-                shown = text.len();
-            }
+        DeviceSpec::Cuda(ordinal) => {
+            let model = CudaDecoder {
+                weights: &weights,
+                ordinal,
+            };
+            generate_streaming(&model, &prompts, &config, &tok, !args.json)?
         }
-    })?;
+    };
     let texts: Vec<String> = out
         .tokens
         .iter()
         .map(|ids| {
+            // The stop token (e.g. `<|im_end|>`) ends the text; it is not part of it.
+            let ids = match ids.split_last() {
+                Some((last, rest)) if config.stop_token_ids.contains(last) => rest,
+                _ => &ids[..],
+            };
             let text = tok.decode(ids)?;
             Ok(truncate_at_stop(text, &args.stop))
         })
         .collect::<Result<_>>()?;
+    // The first token of each sequence comes from the prefill logits.
     let decode_tokens = out.new_tokens.saturating_sub(args.batch);
     let prefill_tok_s = out.prompt_tokens as f64 / out.prefill_secs.max(1e-12);
     let decode_tok_s = if out.decode_secs > 0.0 {
@@ -208,6 +193,7 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
             "prefill_tok_s": prefill_tok_s,
             "decode_tok_s": decode_tok_s,
             "finish_reasons": out.finish,
+            "device": args.device,
         }));
     } else {
         println!();
@@ -220,6 +206,72 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Runs [`generate`], printing sequence 0's text as it grows when `stream` is set
+/// (a token may end inside a UTF-8 character: wait until no replacement char trails).
+fn generate_streaming<D: Decoder>(
+    model: &D,
+    prompts: &[Vec<u32>],
+    config: &SamplingConfig,
+    tok: &Tokenizer,
+    stream: bool,
+) -> Result<Generation> {
+    let detok = |ids: &[u32]| tok.decode(ids);
+    let mut shown = 0usize;
+    let mut seq0: Vec<u32> = Vec::new();
+    let mut stdout = std::io::stdout();
+    generate(model, prompts, config, Some(&detok), |b, t| {
+        if !stream || b != 0 || config.stop_token_ids.contains(&t) {
+            return;
+        }
+        seq0.push(t);
+        if let Ok(text) = tok.decode(&seq0) {
+            if !text.ends_with('\u{FFFD}') && text.len() > shown && text.is_char_boundary(shown) {
+                let _ = write!(stdout, "{}", &text[shown..]);
+                let _ = stdout.flush();
+                shown = text.len();
+            }
+        }
+    })
+}
+
+/// The GPU model behind the shared sampling loop: the state is the [`CudaModel`]
+/// itself, sized for the batch. Finished sequences are still decoded (their rows are
+/// ignored); the cache is large enough for that.
+struct CudaDecoder<'a> {
+    weights: &'a ModelWeights,
+    ordinal: usize,
+}
+
+impl Decoder for CudaDecoder<'_> {
+    type State = CudaModel;
+    fn vocab_size(&self) -> usize {
+        self.weights.config.vocab_size
+    }
+    fn new_state(&self, batch: usize, max_seq: usize) -> Result<CudaModel> {
+        CudaModel::new(self.weights, self.ordinal, batch, max_seq)
+    }
+    fn prefill(&self, tokens: &[Vec<u32>], state: &mut CudaModel) -> Result<Array2<f32>> {
+        state.prefill(tokens)
+    }
+    fn decode_step(
+        &self,
+        tokens: &[u32],
+        _active: &[bool],
+        state: &mut CudaModel,
+        logits: &mut Array2<f32>,
+    ) -> Result<()> {
+        let next = state.decode(tokens)?;
+        if next.dim() != logits.dim() {
+            return Err(ElmError::shape(
+                "cuda decode",
+                format!("logits {:?}, expected {:?}", next.dim(), logits.dim()),
+            ));
+        }
+        logits.assign(&next);
+        Ok(())
+    }
 }
 
 /// Cuts `text` at the first occurrence of any stop string.
@@ -248,11 +300,12 @@ pub struct LogitsArgs {
 }
 
 pub fn run_logits(args: LogitsArgs) -> Result<()> {
+    default_blas_threads();
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let (model, tok) = load(&path)?;
     let ids = encode_prompt(&tok, &args.prompt, args.chat)?;
     let mut cache = model.new_cache(1, ids.len())?;
-    let logits = model.prefill(&[ids.clone()], &mut cache)?;
+    let logits = model.prefill(std::slice::from_ref(&ids), &mut cache)?;
     let row = logits.row(0);
     let mut order: Vec<usize> = (0..row.len()).collect();
     let k = args.top.min(row.len());
@@ -326,6 +379,7 @@ pub fn read_text_file(path: &Path) -> Result<String> {
 }
 
 pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
+    default_blas_threads();
     if args.context < 2 {
         return Err(ElmError::config("--context", "must be >= 2"));
     }
@@ -348,19 +402,9 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
     let start = Instant::now();
     let (mut nll, mut scored) = (0.0f64, 0usize);
     for w in &windows {
-        let logits = model.forward_logits(&[w.to_vec()])?;
-        for t in 0..w.len() - 1 {
-            let row = logits.slice(ndarray::s![0, t, ..]);
-            let max = row.fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-            let lse = row
-                .iter()
-                .map(|&v| (v as f64 - max).exp())
-                .sum::<f64>()
-                .ln()
-                + max;
-            nll += lse - row[w[t + 1] as usize] as f64;
-            scored += 1;
-        }
+        let (sum, count) = model.sequence_nll(w)?;
+        nll += sum;
+        scored += count;
         pb.inc(1);
     }
     pb.finish_and_clear();
@@ -402,6 +446,7 @@ pub struct BenchArgs {
 }
 
 pub fn run_bench(args: BenchArgs) -> Result<()> {
+    default_blas_threads();
     if args.prompt_len == 0 || args.decode_steps == 0 {
         return Err(ElmError::config(
             "--prompt-len/--decode-steps",
