@@ -1,1 +1,16 @@
-//! (filled in by its issue)
+//! The ELM method: replace layers `[l, l+M)` of a dense decoder by one weight-tied
+//! fixed-point module `z* = f(z*, h)`, train it by distillation + CE, and run inference with
+//! any fixed-point solver and a one-step (or multi-step) KV cache.
+//!
+//! - [`config`]: typed configs ([`ElmConfig`], [`TrainConfig`], [`LambdaSchedule`]).
+//! - [`accounting`]: dense vs ELM parameter and KV-byte reports.
+//! - [`data`]: GSM8K / jsonl / text loaders, chat-formatted sequences, resumable batch order.
+//! - [`checkpoint`]: atomic safetensors + JSON writing.
+
+pub mod accounting;
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+
+pub use accounting::{kv_report, param_report, KvReport, ParamReport};
+pub use config::{ElmConfig, LambdaSchedule, TrainConfig};
