@@ -75,3 +75,73 @@ impl LayerWeights {
             + self.w_down.len()
     }
 }
+
+impl ModelWeights {
+    /// Seeded random weights for tests and examples (any config, e.g. [`ModelConfig::tiny`]).
+    ///
+    /// Linear weights ~ N(0, 1/in) so activations keep unit scale through depth;
+    /// norm gains ~ 1 + N(0, 0.1²) and biases ~ N(0, 0.1²) so that no parameter is
+    /// trivially the identity (tests then exercise every term of the math).
+    pub fn random(config: &ModelConfig, seed: u64) -> Self {
+        use rand::{rngs::StdRng, SeedableRng};
+        use rand_distr::{Distribution, Normal};
+
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut normal = |shape: (usize, usize), std: f32| -> Array2<f32> {
+            let dist = Normal::new(0.0f32, std).expect("finite std");
+            Array2::from_shape_simple_fn(shape, || dist.sample(&mut rng))
+        };
+        let (c, i, v) = (
+            config.hidden_size,
+            config.intermediate_size,
+            config.vocab_size,
+        );
+        let (hd, kvd) = (
+            config.num_heads * config.head_dim,
+            config.num_kv_heads * config.head_dim,
+        );
+        let inv_sqrt = |n: usize| 1.0 / (n as f32).sqrt();
+        let gain = |a: Array2<f32>| a.into_shape_with_order(c).expect("[1, C]") + 1.0;
+        let vector = |a: Array2<f32>| {
+            let n = a.len();
+            a.into_shape_with_order(n).expect("[1, N]")
+        };
+
+        let embed = normal((v, c), 1.0);
+        let mut layers = Vec::with_capacity(config.num_layers);
+        for _ in 0..config.num_layers {
+            let bias = config.attention_bias;
+            layers.push(LayerWeights {
+                attn_norm: gain(normal((1, c), 0.1)),
+                wq: normal((hd, c), inv_sqrt(c)),
+                wk: normal((kvd, c), inv_sqrt(c)),
+                wv: normal((kvd, c), inv_sqrt(c)),
+                wo: normal((c, hd), inv_sqrt(hd)),
+                bq: bias.then(|| vector(normal((1, hd), 0.1))),
+                bk: bias.then(|| vector(normal((1, kvd), 0.1))),
+                bv: bias.then(|| vector(normal((1, kvd), 0.1))),
+                mlp_norm: gain(normal((1, c), 0.1)),
+                w_gate: normal((i, c), inv_sqrt(c)),
+                w_up: normal((i, c), inv_sqrt(c)),
+                w_down: normal((c, i), inv_sqrt(i)),
+            });
+        }
+        let final_norm = gain(normal((1, c), 0.1));
+        let lm_head = (!config.tie_word_embeddings).then(|| normal((v, c), inv_sqrt(c)));
+        ModelWeights {
+            config: config.clone(),
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+        }
+    }
+
+    /// Number of scalar parameters (the LM head counted once when tied).
+    pub fn num_params(&self) -> usize {
+        self.embed.len()
+            + self.layers.iter().map(|l| l.num_params()).sum::<usize>()
+            + self.final_norm.len()
+            + self.lm_head.as_ref().map_or(0, |w| w.len())
+    }
+}
