@@ -8,9 +8,12 @@
 //! - [`checkpoint`]: atomic safetensors + JSON writing.
 
 pub mod accounting;
+pub mod block;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod module;
 
 pub use accounting::{kv_report, param_report, KvReport, ParamReport};
 pub use config::{ElmConfig, LambdaSchedule, TrainConfig};
+pub use module::{load_module, save_module, ElmModule, ModuleMeta};
