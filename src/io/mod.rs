@@ -1,1 +1,55 @@
-//! (filled in by its issue)
+//! Checkpoint loading and tokenizers.
+//!
+//! - [`gguf`]: GGUF v2/v3 reader (memory-mapped) + dequantization (F32, F16, BF16,
+//!   Q8_0, Q4_0, Q4_1) + a small writer.
+//! - [`load_gguf_model`]: a llama.cpp Llama/Qwen2 GGUF → dense f32 [`ModelWeights`]
+//!   in HF layout (Q/K rows un-permuted back to half-split RoPE order).
+//!
+//! Every loader is strict: missing, unexpected or mis-shaped tensors and unknown
+//! config keys that would change the math are typed [`ElmError`]s naming the culprit.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use crate::error::{ElmError, Result};
+use crate::model::ModelWeights;
+
+pub mod gguf;
+pub mod gguf_model;
+
+pub use gguf::GgufFile;
+pub use gguf_model::{config_from_gguf, load_gguf_weights, permute_rope_rows, unpermute_rope_rows};
+
+/// Opens a GGUF file and loads it as dense f32 HF-layout weights.
+pub fn load_gguf_model(path: impl AsRef<Path>) -> Result<ModelWeights> {
+    let gguf = GgufFile::open(path)?;
+    load_gguf_weights(&gguf)
+}
+
+/// Writes `bytes` to `path` atomically: a temp file in the same directory, fsync, rename.
+/// A crash leaves either the old file or the new one, never a torn one.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| ElmError::InvalidArgument(format!("{}: not a file path", path.display())))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    result.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        ElmError::io(path, e)
+    })
+}

@@ -1,1 +1,31 @@
-//! (filled in by its issue)
+//! Training utilities: [`AdamW`] (decoupled weight decay with exclusions for norms/biases),
+//! global-norm gradient clipping ([`ParamGrads::clip_global_norm`]), the warmup + cosine
+//! [`ScheduleConfig`], and the [`ParamStore`] of named f32 tensors the tape registers each step.
+//! Optimiser state and parameters save to safetensors (+ JSON), written atomically.
+//!
+//! One training step:
+//! ```ignore
+//! let mut tape = Tape::<f32>::new();
+//! let vars = store.register(&mut tape);           // trainable → param, frozen → constant
+//! let loss = my_forward(&mut tape, &vars)?;        // builds the graph
+//! let mut grads = tape.backward(loss)?;
+//! let mut grads = store.collect_grads(&vars, &mut grads)?;
+//! grads.clip_global_norm(1.0)?;
+//! opt.step(&mut store, &grads, schedule.lr_at(step))?;
+//! ```
+
+mod adamw;
+mod params;
+mod schedule;
+pub mod tensor_file;
+
+pub use adamw::{AdamW, AdamWConfig};
+pub use params::{ParamGrads, ParamStore};
+// pub use tape_glue::ParamVars;  (enabled once the autograd tape is merged)
+pub use schedule::ScheduleConfig;
+
+/// The crate's seeded RNG constructor (every random choice in training goes through a seed).
+pub fn seeded_rng(seed: u64) -> rand::rngs::StdRng {
+    use rand::SeedableRng;
+    rand::rngs::StdRng::seed_from_u64(seed)
+}

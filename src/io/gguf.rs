@@ -1,0 +1,875 @@
+//! GGUF v2/v3 reader (memory-mapped) and a small writer for tests and tools.
+//!
+//! File layout (little-endian):
+//! `magic "GGUF" | version u32 | n_tensors u64 | n_kv u64 | n_kv × (key, type u32, value)
+//!  | n_tensors × (name, n_dims u32, ne[n_dims] u64, ggml_type u32, offset u64) | pad | data`.
+//! The data section starts at the first multiple of `general.alignment` (default 32)
+//! after the tensor table; each tensor's `offset` is relative to it.
+//!
+//! **Dimension order.** GGUF lists dims fastest-varying first: `ne[0]` is the
+//! contiguous axis. A PyTorch/HF/numpy `[rows, cols]` matrix is stored with
+//! `ne = [cols, rows]`. [`TensorInfo::ne`] keeps the GGUF order; [`TensorInfo::shape`]
+//! and every `ndarray` this module returns use the reversed (numpy/HF) order.
+//!
+//! Dequantization matches `gguf.quants.dequantize` of the PyPI `gguf` package
+//! bit-for-bit (same f16→f32 conversion, same operation order, no FMA).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+use ndarray::{Array2, ArrayD, IxDyn};
+use rayon::prelude::*;
+
+use crate::error::{ElmError, Result};
+
+/// The GGUF magic, `"GGUF"` read as a little-endian u32.
+pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+/// Default data alignment when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+
+/// Tensor element encodings (`ggml_type`). Only those we can dequantize are named;
+/// everything else is kept as [`GgmlType::Other`] so that the error can name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    BF16,
+    /// Any other ggml type id (K-quants, IQ*, integer types, ...): readable metadata,
+    /// unsupported data.
+    Other(u32),
+}
+
+impl GgmlType {
+    pub fn from_id(id: u32) -> Self {
+        match id {
+            0 => GgmlType::F32,
+            1 => GgmlType::F16,
+            2 => GgmlType::Q4_0,
+            3 => GgmlType::Q4_1,
+            8 => GgmlType::Q8_0,
+            30 => GgmlType::BF16,
+            other => GgmlType::Other(other),
+        }
+    }
+
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q8_0 => 8,
+            GgmlType::BF16 => 30,
+            GgmlType::Other(id) => id,
+        }
+    }
+
+    /// ggml's name for the type (as in `gguf.GGMLQuantizationType`).
+    pub fn name(self) -> String {
+        let known = match self {
+            GgmlType::F32 => "F32",
+            GgmlType::F16 => "F16",
+            GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q8_0 => "Q8_0",
+            GgmlType::BF16 => "BF16",
+            GgmlType::Other(id) => {
+                let name = match id {
+                    6 => "Q5_0",
+                    7 => "Q5_1",
+                    9 => "Q8_1",
+                    10 => "Q2_K",
+                    11 => "Q3_K",
+                    12 => "Q4_K",
+                    13 => "Q5_K",
+                    14 => "Q6_K",
+                    15 => "Q8_K",
+                    24 => "I8",
+                    25 => "I16",
+                    26 => "I32",
+                    27 => "I64",
+                    28 => "F64",
+                    _ => return format!("ggml type {id}"),
+                };
+                return name.to_string();
+            }
+        };
+        known.to_string()
+    }
+
+    /// `(elements per block, bytes per block)`, or `None` for unsupported types.
+    pub fn block_layout(self) -> Option<(usize, usize)> {
+        match self {
+            GgmlType::F32 => Some((1, 4)),
+            GgmlType::F16 | GgmlType::BF16 => Some((1, 2)),
+            GgmlType::Q4_0 => Some((32, 2 + 16)),
+            GgmlType::Q4_1 => Some((32, 2 + 2 + 16)),
+            GgmlType::Q8_0 => Some((32, 2 + 32)),
+            GgmlType::Other(_) => None,
+        }
+    }
+}
+
+/// A metadata value. Arrays hold values of a single element type.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GgufValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    String(String),
+    Array(Vec<GgufValue>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl GgufValue {
+    /// The GGUF value-type id (`gguf.GGUFValueType`).
+    pub fn type_id(&self) -> u32 {
+        match self {
+            GgufValue::U8(_) => 0,
+            GgufValue::I8(_) => 1,
+            GgufValue::U16(_) => 2,
+            GgufValue::I16(_) => 3,
+            GgufValue::U32(_) => 4,
+            GgufValue::I32(_) => 5,
+            GgufValue::F32(_) => 6,
+            GgufValue::Bool(_) => 7,
+            GgufValue::String(_) => 8,
+            GgufValue::Array(_) => 9,
+            GgufValue::U64(_) => 10,
+            GgufValue::I64(_) => 11,
+            GgufValue::F64(_) => 12,
+        }
+    }
+
+    /// Any integer type as i128 (so u64 and i64 both fit); `None` otherwise.
+    pub fn as_int(&self) -> Option<i128> {
+        Some(match *self {
+            GgufValue::U8(v) => v as i128,
+            GgufValue::I8(v) => v as i128,
+            GgufValue::U16(v) => v as i128,
+            GgufValue::I16(v) => v as i128,
+            GgufValue::U32(v) => v as i128,
+            GgufValue::I32(v) => v as i128,
+            GgufValue::U64(v) => v as i128,
+            GgufValue::I64(v) => v as i128,
+            _ => return None,
+        })
+    }
+
+    /// Any float or integer type as f64.
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            GgufValue::F32(v) => Some(v as f64),
+            GgufValue::F64(v) => Some(v),
+            _ => self.as_int().map(|v| v as f64),
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            GgufValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            GgufValue::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[GgufValue]> {
+        match self {
+            GgufValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// One entry of the tensor table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Dims in GGUF order: `ne[0]` is the contiguous (fastest) axis.
+    pub ne: Vec<u64>,
+    pub ggml_type: GgmlType,
+    /// Byte offset relative to the start of the data section.
+    pub offset: u64,
+}
+
+impl TensorInfo {
+    /// Dims in numpy/HF order (`ne` reversed): a `[rows, cols]` matrix has `ne = [cols, rows]`.
+    pub fn shape(&self) -> Vec<usize> {
+        self.ne.iter().rev().map(|&d| d as usize).collect()
+    }
+
+    pub fn num_elements(&self) -> u64 {
+        self.ne.iter().product()
+    }
+
+    /// Size of the tensor's data in bytes, or `None` if the type is unsupported.
+    pub fn num_bytes(&self) -> Option<u64> {
+        let (block, bytes) = self.ggml_type.block_layout()?;
+        Some(self.num_elements() / block as u64 * bytes as u64)
+    }
+}
+
+/// An opened, validated GGUF file. Tensor data stays memory-mapped until requested.
+pub struct GgufFile {
+    path: PathBuf,
+    mmap: Mmap,
+    version: u32,
+    metadata: Vec<(String, GgufValue)>,
+    metadata_index: HashMap<String, usize>,
+    tensors: Vec<TensorInfo>,
+    tensor_index: HashMap<String, usize>,
+    alignment: u64,
+    data_start: u64,
+}
+
+/// Bounds-checked little-endian cursor over the mapped bytes; every read failure is a
+/// `Format` error naming the file, so a truncated or corrupt file never panics.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+}
+
+impl<'a> Cursor<'a> {
+    fn err(&self, msg: impl Into<String>) -> ElmError {
+        ElmError::format(self.path, msg)
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len());
+        match end {
+            Some(end) => {
+                let s = &self.bytes[self.pos..end];
+                self.pos = end;
+                Ok(s)
+            }
+            None => Err(self.err(format!(
+                "truncated: needs {n} bytes for {what} at offset {}, file has {}",
+                self.pos,
+                self.bytes.len()
+            ))),
+        }
+    }
+
+    fn u8(&mut self, what: &str) -> Result<u8> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &str) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.take(2, what)?.try_into().unwrap()))
+    }
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
+    }
+
+    /// Checks that `count` items of at least `min_size` bytes can fit in what is left,
+    /// so a corrupt count cannot trigger a huge allocation.
+    fn check_count(&self, count: u64, min_size: usize, what: &str) -> Result<usize> {
+        let left = (self.bytes.len() - self.pos) as u64;
+        if count.saturating_mul(min_size as u64) > left {
+            return Err(self.err(format!(
+                "corrupt {what}: count {count} cannot fit in the {left} bytes left"
+            )));
+        }
+        Ok(count as usize)
+    }
+
+    fn string(&mut self, what: &str) -> Result<String> {
+        let len = self.u64(what)?;
+        let len = self.check_count(len, 1, what)?;
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| self.err(format!("{what} is not valid UTF-8")))
+    }
+
+    fn value(&mut self, type_id: u32, what: &str, depth: usize) -> Result<GgufValue> {
+        Ok(match type_id {
+            0 => GgufValue::U8(self.u8(what)?),
+            1 => GgufValue::I8(self.u8(what)? as i8),
+            2 => GgufValue::U16(self.u16(what)?),
+            3 => GgufValue::I16(self.u16(what)? as i16),
+            4 => GgufValue::U32(self.u32(what)?),
+            5 => GgufValue::I32(self.u32(what)? as i32),
+            6 => GgufValue::F32(f32::from_bits(self.u32(what)?)),
+            7 => match self.u8(what)? {
+                0 => GgufValue::Bool(false),
+                1 => GgufValue::Bool(true),
+                b => return Err(self.err(format!("{what}: bool byte {b} is not 0 or 1"))),
+            },
+            8 => GgufValue::String(self.string(what)?),
+            9 => {
+                if depth > 0 {
+                    // Nested arrays are legal GGUF but unused by any model we load; a
+                    // depth cap keeps corrupt files from recursing without bound.
+                    if depth > 4 {
+                        return Err(self.err(format!("{what}: arrays nested too deeply")));
+                    }
+                }
+                let elem_type = self.u32(what)?;
+                let count = self.u64(what)?;
+                let min_size = match elem_type {
+                    0 | 1 | 7 => 1,
+                    2 | 3 => 2,
+                    4..=6 => 4,
+                    8 | 9 | 10..=12 => 8,
+                    t => return Err(self.err(format!("{what}: unknown array element type {t}"))),
+                };
+                let count = self.check_count(count, min_size, what)?;
+                let mut items = Vec::with_capacity(count);
+                for _ in 0..count {
+                    items.push(self.value(elem_type, what, depth + 1)?);
+                }
+                GgufValue::Array(items)
+            }
+            10 => GgufValue::U64(self.u64(what)?),
+            11 => GgufValue::I64(self.u64(what)? as i64),
+            12 => GgufValue::F64(f64::from_bits(self.u64(what)?)),
+            t => return Err(self.err(format!("{what}: unknown value type {t}"))),
+        })
+    }
+}
+
+impl GgufFile {
+    /// Memory-maps and parses a GGUF v2/v3 file: header, metadata, tensor table.
+    /// Checks every tensor's data range lies inside the file; no tensor data is read.
+    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|e| ElmError::io(&path, e))?;
+        // SAFETY: the map is read-only; we never hand out references that outlive it.
+        // A concurrent writer truncating the file is outside our contract (as for any mmap reader).
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ElmError::io(&path, e))?;
+
+        let mut cur = Cursor {
+            bytes: &mmap,
+            pos: 0,
+            path: &path,
+        };
+        let magic = cur.take(4, "magic")?;
+        if magic != GGUF_MAGIC {
+            return Err(ElmError::format(
+                &path,
+                format!("wrong magic {magic:02x?}: not a GGUF file (expected \"GGUF\")"),
+            ));
+        }
+        let version = cur.u32("version")?;
+        if !(version == 2 || version == 3) {
+            return Err(ElmError::format(
+                &path,
+                format!("unsupported GGUF version {version} (supported: 2, 3)"),
+            ));
+        }
+        let n_tensors = cur.u64("tensor count")?;
+        let n_kv = cur.u64("metadata count")?;
+        // A key is >= 8 bytes (length) + 4 (type) + 1; a tensor entry >= 8+4+4+8.
+        let n_kv = cur.check_count(n_kv, 13, "metadata count")?;
+        let n_tensors = cur.check_count(n_tensors, 24, "tensor count")?;
+
+        let mut metadata = Vec::with_capacity(n_kv);
+        let mut metadata_index = HashMap::with_capacity(n_kv);
+        for i in 0..n_kv {
+            let key = cur.string(&format!("metadata key #{i}"))?;
+            let type_id = cur.u32(&format!("type of metadata `{key}`"))?;
+            let value = cur.value(type_id, &format!("metadata `{key}`"), 0)?;
+            if metadata_index.insert(key.clone(), metadata.len()).is_some() {
+                return Err(ElmError::format(
+                    &path,
+                    format!("duplicate metadata key `{key}`"),
+                ));
+            }
+            metadata.push((key, value));
+        }
+
+        let alignment = match metadata_index.get("general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(&i) => match metadata[i].1.as_int() {
+                Some(a) if a > 0 && (a as u64).is_power_of_two() => a as u64,
+                _ => {
+                    return Err(ElmError::format(
+                        &path,
+                        format!(
+                            "general.alignment {:?} is not a positive power of two",
+                            metadata[i].1
+                        ),
+                    ))
+                }
+            },
+        };
+
+        let mut tensors = Vec::with_capacity(n_tensors);
+        let mut tensor_index = HashMap::with_capacity(n_tensors);
+        for i in 0..n_tensors {
+            let name = cur.string(&format!("tensor name #{i}"))?;
+            let n_dims = cur.u32(&format!("n_dims of tensor `{name}`"))?;
+            if n_dims == 0 || n_dims > 4 {
+                return Err(ElmError::format(
+                    &path,
+                    format!("tensor `{name}` has {n_dims} dims (GGUF allows 1..=4)"),
+                ));
+            }
+            let mut ne = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                ne.push(cur.u64(&format!("dims of tensor `{name}`"))?);
+            }
+            let ggml_type = GgmlType::from_id(cur.u32(&format!("type of tensor `{name}`"))?);
+            let offset = cur.u64(&format!("offset of tensor `{name}`"))?;
+            if tensor_index.insert(name.clone(), tensors.len()).is_some() {
+                return Err(ElmError::format(
+                    &path,
+                    format!("duplicate tensor `{name}`"),
+                ));
+            }
+            tensors.push(TensorInfo {
+                name,
+                ne,
+                ggml_type,
+                offset,
+            });
+        }
+        let data_start = (cur.pos as u64).div_ceil(alignment) * alignment;
+        let file_len = mmap.len() as u64;
+
+        for t in &tensors {
+            let n =
+                t.ne.iter()
+                    .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+                    .ok_or_else(|| {
+                        ElmError::format(&path, format!("tensor `{}`: dims overflow", t.name))
+                    })?;
+            if t.offset % alignment != 0 {
+                return Err(ElmError::format(
+                    &path,
+                    format!(
+                        "tensor `{}`: offset {} not aligned to {alignment}",
+                        t.name, t.offset
+                    ),
+                ));
+            }
+            // Unsupported types are reported when their data is requested, not here, so
+            // that metadata of any GGUF can still be inspected.
+            if let Some((block, bytes)) = t.ggml_type.block_layout() {
+                if n % block as u64 != 0 {
+                    return Err(ElmError::format(
+                        &path,
+                        format!(
+                            "tensor `{}`: {n} elements is not a multiple of the {} block size {block}",
+                            t.name,
+                            t.ggml_type.name()
+                        ),
+                    ));
+                }
+                let size = n / block as u64 * bytes as u64;
+                let end = data_start
+                    .checked_add(t.offset)
+                    .and_then(|s| s.checked_add(size));
+                if end.is_none_or(|end| end > file_len) {
+                    return Err(ElmError::format(
+                        &path,
+                        format!(
+                            "truncated: tensor `{}` needs bytes {}..{} but the file has {file_len}",
+                            t.name,
+                            data_start.saturating_add(t.offset),
+                            data_start.saturating_add(t.offset).saturating_add(size)
+                        ),
+                    ));
+                }
+            }
+        }
+
+        Ok(GgufFile {
+            path,
+            mmap,
+            version,
+            metadata,
+            metadata_index,
+            tensors,
+            tensor_index,
+            alignment,
+            data_start,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+    /// Absolute byte offset of the data section.
+    pub fn data_start(&self) -> u64 {
+        self.data_start
+    }
+
+    /// All metadata in file order.
+    pub fn metadata(&self) -> &[(String, GgufValue)] {
+        &self.metadata
+    }
+
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.metadata_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    fn require(&self, key: &str) -> Result<&GgufValue> {
+        self.get(key)
+            .ok_or_else(|| ElmError::format(&self.path, format!("missing metadata key `{key}`")))
+    }
+
+    fn wrong_type(&self, key: &str, want: &str, got: &GgufValue) -> ElmError {
+        ElmError::format(
+            &self.path,
+            format!(
+                "metadata `{key}` should be {want}, found value type {}",
+                got.type_id()
+            ),
+        )
+    }
+
+    /// A non-negative integer value (any integer type).
+    pub fn get_usize(&self, key: &str) -> Result<usize> {
+        let v = self.require(key)?;
+        match v.as_int() {
+            Some(i) if i >= 0 && i <= usize::MAX as i128 => Ok(i as usize),
+            Some(i) => Err(ElmError::format(
+                &self.path,
+                format!("metadata `{key}` = {i} is out of range"),
+            )),
+            None => Err(self.wrong_type(key, "an integer", v)),
+        }
+    }
+
+    /// A float value (f32/f64, or an integer).
+    pub fn get_f64(&self, key: &str) -> Result<f64> {
+        let v = self.require(key)?;
+        v.as_f64()
+            .ok_or_else(|| self.wrong_type(key, "a number", v))
+    }
+
+    pub fn get_str(&self, key: &str) -> Result<&str> {
+        let v = self.require(key)?;
+        v.as_str()
+            .ok_or_else(|| self.wrong_type(key, "a string", v))
+    }
+
+    pub fn get_bool(&self, key: &str) -> Result<bool> {
+        let v = self.require(key)?;
+        v.as_bool().ok_or_else(|| self.wrong_type(key, "a bool", v))
+    }
+
+    /// An array of strings (e.g. `tokenizer.ggml.tokens`).
+    pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
+        let v = self.require(key)?;
+        let arr = v
+            .as_array()
+            .ok_or_else(|| self.wrong_type(key, "an array", v))?;
+        arr.iter()
+            .map(|x| {
+                x.as_str()
+                    .ok_or_else(|| self.wrong_type(key, "an array of strings", x))
+            })
+            .collect()
+    }
+
+    /// An array of integers (e.g. `tokenizer.ggml.token_type`).
+    pub fn get_int_array(&self, key: &str) -> Result<Vec<i64>> {
+        let v = self.require(key)?;
+        let arr = v
+            .as_array()
+            .ok_or_else(|| self.wrong_type(key, "an array", v))?;
+        arr.iter()
+            .map(|x| {
+                x.as_int()
+                    .map(|i| i as i64)
+                    .ok_or_else(|| self.wrong_type(key, "an array of integers", x))
+            })
+            .collect()
+    }
+
+    /// Tensor table in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    fn info_or_missing(&self, name: &str) -> Result<&TensorInfo> {
+        self.tensor_info(name)
+            .ok_or_else(|| ElmError::tensor(name, format!("missing from {}", self.path.display())))
+    }
+
+    /// Raw (still quantized) bytes of a tensor.
+    pub fn tensor_bytes(&self, name: &str) -> Result<&[u8]> {
+        let info = self.info_or_missing(name)?;
+        let size = info.num_bytes().ok_or_else(|| self.unsupported(info))?;
+        let start = (self.data_start + info.offset) as usize;
+        Ok(&self.mmap[start..start + size as usize])
+    }
+
+    fn unsupported(&self, info: &TensorInfo) -> ElmError {
+        ElmError::Unsupported(format!(
+            "tensor `{}` in {} has type {} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+            info.name,
+            self.path.display(),
+            info.ggml_type.name()
+        ))
+    }
+
+    /// Dequantizes a tensor to f32 in numpy/HF dim order (`ne` reversed).
+    pub fn tensor_f32(&self, name: &str) -> Result<ArrayD<f32>> {
+        let info = self.info_or_missing(name)?;
+        let bytes = self.tensor_bytes(name)?;
+        let data = dequantize(info.ggml_type, bytes, info.num_elements() as usize)
+            .map_err(|_| self.unsupported(info))?;
+        Ok(ArrayD::from_shape_vec(IxDyn(&info.shape()), data).expect("size checked at open"))
+    }
+
+    /// A 2-D tensor as `[rows, cols]` = `[ne[1], ne[0]]`.
+    pub fn tensor_f32_2d(&self, name: &str) -> Result<Array2<f32>> {
+        let info = self.info_or_missing(name)?;
+        if info.ne.len() != 2 {
+            return Err(ElmError::tensor(
+                name,
+                format!("expected 2 dims, found shape {:?}", info.shape()),
+            ));
+        }
+        Ok(self
+            .tensor_f32(name)?
+            .into_dimensionality()
+            .expect("2 dims checked"))
+    }
+}
+
+/// Blocks dequantized per rayon task: large enough to amortise scheduling.
+const BLOCKS_PER_TASK: usize = 1024;
+
+/// Dequantizes `n` elements of type `ty` from `bytes` (exactly `n / block * block_bytes`
+/// long). Errors with `Unsupported` for types without a dequantizer.
+pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
+    let (block, block_bytes) = ty
+        .block_layout()
+        .ok_or_else(|| ElmError::Unsupported(format!("dequantize {}", ty.name())))?;
+    if n % block != 0 || bytes.len() != n / block * block_bytes {
+        return Err(ElmError::InvalidArgument(format!(
+            "dequantize {}: {} bytes for {n} elements",
+            ty.name(),
+            bytes.len()
+        )));
+    }
+    let mut out = vec![0f32; n];
+    let elems_per_task = block * BLOCKS_PER_TASK;
+    out.par_chunks_mut(elems_per_task)
+        .zip(bytes.par_chunks(block_bytes * BLOCKS_PER_TASK))
+        .for_each(|(dst, src)| match ty {
+            GgmlType::F32 => {
+                for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                    *d = f32::from_le_bytes(s.try_into().unwrap());
+                }
+            }
+            GgmlType::F16 => {
+                for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = f16::from_le_bytes([s[0], s[1]]).to_f32();
+                }
+            }
+            GgmlType::BF16 => {
+                for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = bf16::from_le_bytes([s[0], s[1]]).to_f32();
+                }
+            }
+            GgmlType::Q8_0 => {
+                for (d, s) in dst.chunks_exact_mut(32).zip(src.chunks_exact(block_bytes)) {
+                    dequant_q8_0(s, d)
+                }
+            }
+            GgmlType::Q4_0 => {
+                for (d, s) in dst.chunks_exact_mut(32).zip(src.chunks_exact(block_bytes)) {
+                    dequant_q4_0(s, d)
+                }
+            }
+            GgmlType::Q4_1 => {
+                for (d, s) in dst.chunks_exact_mut(32).zip(src.chunks_exact(block_bytes)) {
+                    dequant_q4_1(s, d)
+                }
+            }
+            GgmlType::Other(_) => unreachable!("rejected above"),
+        });
+    Ok(out)
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Q8_0 block: `d: f16 | q: i8[32]`; `x = q * d`.
+fn dequant_q8_0(block: &[u8], out: &mut [f32]) {
+    let d = f16_at(block, 0);
+    for (o, &q) in out.iter_mut().zip(&block[2..34]) {
+        *o = (q as i8) as f32 * d;
+    }
+}
+
+/// Q4_0 block: `d: f16 | qs: u8[16]`; element `j < 16` is the low nibble of `qs[j]`,
+/// element `j + 16` its high nibble; `x = (q - 8) * d`.
+fn dequant_q4_0(block: &[u8], out: &mut [f32]) {
+    let d = f16_at(block, 0);
+    let (lo, hi) = out.split_at_mut(16);
+    for (j, &q) in block[2..18].iter().enumerate() {
+        lo[j] = d * ((q & 0x0F) as i32 - 8) as f32;
+        hi[j] = d * ((q >> 4) as i32 - 8) as f32;
+    }
+}
+
+/// Q4_1 block: `d: f16 | m: f16 | qs: u8[16]`; nibble order as Q4_0; `x = d * q + m`
+/// (two roundings, as numpy does; Rust never contracts this into an FMA).
+fn dequant_q4_1(block: &[u8], out: &mut [f32]) {
+    let d = f16_at(block, 0);
+    let m = f16_at(block, 2);
+    let (lo, hi) = out.split_at_mut(16);
+    for (j, &q) in block[4..20].iter().enumerate() {
+        lo[j] = d * (q & 0x0F) as f32 + m;
+        hi[j] = d * (q >> 4) as f32 + m;
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Writer (for tests, fixtures and tools; writes GGUF v3).
+// ---------------------------------------------------------------------------------
+
+/// A tensor to write: name, dims in **numpy/HF order** (reversed into `ne` on disk),
+/// type, and its raw encoded bytes.
+#[derive(Clone, Debug)]
+pub struct GgufTensorData {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub ggml_type: GgmlType,
+    pub data: Vec<u8>,
+}
+
+impl GgufTensorData {
+    /// An F32 tensor from values in row-major (numpy) order.
+    pub fn f32(name: &str, shape: &[usize], values: &[f32]) -> Self {
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            values.len(),
+            "tensor {name}"
+        );
+        GgufTensorData {
+            name: name.to_string(),
+            shape: shape.to_vec(),
+            ggml_type: GgmlType::F32,
+            data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        }
+    }
+}
+
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn write_value(out: &mut Vec<u8>, v: &GgufValue) {
+    match v {
+        GgufValue::U8(x) => out.push(*x),
+        GgufValue::I8(x) => out.push(*x as u8),
+        GgufValue::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::Bool(x) => out.push(*x as u8),
+        GgufValue::String(s) => write_str(out, s),
+        GgufValue::Array(items) => {
+            // An empty array is written as an array of u8.
+            let elem = items.first().map_or(0, |x| x.type_id());
+            out.extend_from_slice(&elem.to_le_bytes());
+            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+            for x in items {
+                write_value(out, x);
+            }
+        }
+        GgufValue::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        GgufValue::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+    }
+}
+
+/// Serializes a GGUF v3 file to bytes with the given alignment (`general.alignment`
+/// is written into the metadata only if the caller includes it).
+pub fn gguf_to_bytes(
+    metadata: &[(String, GgufValue)],
+    tensors: &[GgufTensorData],
+    alignment: u64,
+) -> Vec<u8> {
+    let align = |x: u64| x.div_ceil(alignment) * alignment;
+    let mut out = Vec::new();
+    out.extend_from_slice(&GGUF_MAGIC);
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    for (k, v) in metadata {
+        write_str(&mut out, k);
+        out.extend_from_slice(&v.type_id().to_le_bytes());
+        write_value(&mut out, v);
+    }
+    let mut offset = 0u64;
+    for t in tensors {
+        write_str(&mut out, &t.name);
+        out.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
+        for &d in t.shape.iter().rev() {
+            out.extend_from_slice(&(d as u64).to_le_bytes());
+        }
+        out.extend_from_slice(&t.ggml_type.id().to_le_bytes());
+        out.extend_from_slice(&offset.to_le_bytes());
+        offset = align(offset + t.data.len() as u64);
+    }
+    out.resize(align(out.len() as u64) as usize, 0);
+    for t in tensors {
+        out.extend_from_slice(&t.data);
+        out.resize(align(out.len() as u64) as usize, 0);
+    }
+    out
+}
+
+/// Writes a GGUF v3 file atomically (temp file in the same directory, then rename).
+pub fn write_gguf(
+    path: impl AsRef<Path>,
+    metadata: &[(String, GgufValue)],
+    tensors: &[GgufTensorData],
+) -> Result<()> {
+    let path = path.as_ref();
+    let alignment = metadata
+        .iter()
+        .find(|(k, _)| k == "general.alignment")
+        .and_then(|(_, v)| v.as_int())
+        .map_or(DEFAULT_ALIGNMENT, |a| a as u64);
+    let bytes = gguf_to_bytes(metadata, tensors, alignment);
+    super::write_atomic(path, &bytes)
+}
+
+/// Convenience: `(key, value)` pair for [`write_gguf`] metadata.
+pub fn kv(key: &str, value: GgufValue) -> (String, GgufValue) {
+    (key.to_string(), value)
+}

@@ -1,0 +1,275 @@
+//! GGUF → [`ModelWeights`] (HF layout) for Llama and Qwen2 files written by llama.cpp's
+//! `convert_hf_to_gguf.py`.
+//!
+//! Tensor names (`blk.{i}.*`) map to HF names as in llama.cpp's tensor map. Llama
+//! files store the Q/K projection rows permuted for ggml's *interleaved* RoPE
+//! (pairs `(2i, 2i+1)`); we undo that so the weights use HF's *half-split* RoPE
+//! (pairs `(i, i + D/2)`). Qwen2 files use NeoX (half-split) RoPE and are not permuted.
+
+use std::collections::HashSet;
+
+use ndarray::{Array1, Array2, Axis};
+
+use super::gguf::GgufFile;
+use crate::error::{ElmError, Result};
+use crate::model::{Arch, LayerWeights, ModelConfig, ModelWeights};
+
+/// Reads the model hyper-parameters from `{arch}.*` / `tokenizer.ggml.*` metadata.
+///
+/// Rejects metadata that would change the math we implement (RoPE scaling, partial
+/// rotary dims, unequal K/V head sizes) with a `Config` error naming the key.
+pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
+    let arch_name = gguf.get_str("general.architecture")?;
+    let arch = match arch_name {
+        "llama" => Arch::Llama,
+        "qwen2" => Arch::Qwen2,
+        other => {
+            return Err(ElmError::Unsupported(format!(
+                "{}: general.architecture `{other}` (supported: llama, qwen2)",
+                gguf.path().display()
+            )))
+        }
+    };
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let hidden_size = gguf.get_usize(&key("embedding_length"))?;
+    let num_heads = gguf.get_usize(&key("attention.head_count"))?;
+    let num_kv_heads = match gguf.get(&key("attention.head_count_kv")) {
+        Some(_) => gguf.get_usize(&key("attention.head_count_kv"))?,
+        None => num_heads,
+    };
+    if num_heads == 0 {
+        return Err(ElmError::config(key("attention.head_count"), "must be > 0"));
+    }
+    let head_dim = match gguf.get(&key("attention.key_length")) {
+        Some(_) => gguf.get_usize(&key("attention.key_length"))?,
+        None => hidden_size / num_heads,
+    };
+    if let Some(v) = gguf.get(&key("attention.value_length")) {
+        if v.as_int() != Some(head_dim as i128) {
+            return Err(ElmError::config(
+                key("attention.value_length"),
+                format!("{v:?} differs from key_length {head_dim}; unsupported"),
+            ));
+        }
+    }
+    if let Some(v) = gguf.get(&key("rope.dimension_count")) {
+        if v.as_int() != Some(head_dim as i128) {
+            return Err(ElmError::config(
+                key("rope.dimension_count"),
+                format!("{v:?} != head_dim {head_dim}: partial rotary embeddings are unsupported"),
+            ));
+        }
+    }
+    if let Some(v) = gguf.get(&key("rope.scaling.type")) {
+        if v.as_str() != Some("none") {
+            return Err(ElmError::config(
+                key("rope.scaling.type"),
+                format!("{v:?}: RoPE scaling is unsupported"),
+            ));
+        }
+    }
+    let vocab_size = match gguf.get(&key("vocab_size")) {
+        Some(_) => gguf.get_usize(&key("vocab_size"))?,
+        None => gguf.get_str_array("tokenizer.ggml.tokens")?.len(),
+    };
+    let opt_id = |k: &str| -> Result<Option<u32>> {
+        match gguf.get(k) {
+            None => Ok(None),
+            Some(_) => Ok(Some(gguf.get_usize(k)? as u32)),
+        }
+    };
+    let config = ModelConfig {
+        arch,
+        vocab_size,
+        hidden_size,
+        intermediate_size: gguf.get_usize(&key("feed_forward_length"))?,
+        num_layers: gguf.get_usize(&key("block_count"))?,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        rope_theta: match gguf.get(&key("rope.freq_base")) {
+            Some(_) => gguf.get_f64(&key("rope.freq_base"))? as f32,
+            None => 10000.0,
+        },
+        rms_norm_eps: gguf.get_f64(&key("attention.layer_norm_rms_epsilon"))? as f32,
+        max_position_embeddings: gguf.get_usize(&key("context_length"))?,
+        tie_word_embeddings: gguf.tensor_info("output.weight").is_none(),
+        attention_bias: gguf.tensor_info("blk.0.attn_q.bias").is_some(),
+        bos_token_id: opt_id("tokenizer.ggml.bos_token_id")?,
+        eos_token_id: opt_id("tokenizer.ggml.eos_token_id")?,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// Inverse of llama.cpp's `permute` (convert_hf_to_gguf.py): GGUF interleaved-RoPE
+/// row order → HF half-split order, for a `[n_head * D, C]` Q or K weight (or a
+/// `[n_head * D, 1]` bias).
+///
+/// Within each head, GGUF row `2i + s` holds HF row `s * D/2 + i` (`s ∈ {0, 1}`).
+pub fn unpermute_rope_rows(w: &Array2<f32>, n_head: usize) -> Array2<f32> {
+    let rows = w.nrows();
+    assert!(
+        rows % n_head == 0 && (rows / n_head) % 2 == 0,
+        "rows {rows}, heads {n_head}"
+    );
+    let d = rows / n_head;
+    let half = d / 2;
+    let order: Vec<usize> = (0..rows)
+        .map(|hf_row| {
+            let (h, r) = (hf_row / d, hf_row % d);
+            let (s, i) = (r / half, r % half);
+            h * d + 2 * i + s
+        })
+        .collect();
+    w.select(Axis(0), &order)
+}
+
+/// llama.cpp's `permute`: HF half-split row order → GGUF interleaved order
+/// (inverse of [`unpermute_rope_rows`]).
+pub fn permute_rope_rows(w: &Array2<f32>, n_head: usize) -> Array2<f32> {
+    let rows = w.nrows();
+    assert!(
+        rows % n_head == 0 && (rows / n_head) % 2 == 0,
+        "rows {rows}, heads {n_head}"
+    );
+    let d = rows / n_head;
+    let half = d / 2;
+    let order: Vec<usize> = (0..rows)
+        .map(|gguf_row| {
+            let (h, r) = (gguf_row / d, gguf_row % d);
+            let (i, s) = (r / 2, r % 2);
+            h * d + s * half + i
+        })
+        .collect();
+    w.select(Axis(0), &order)
+}
+
+/// Pulls tensors out of a GGUF file by name, checking shapes, and remembers which
+/// names were used so that leftovers can be reported as unexpected.
+struct Taker<'a> {
+    gguf: &'a GgufFile,
+    used: HashSet<String>,
+}
+
+impl Taker<'_> {
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Array2<f32>> {
+        let info = self.gguf.tensor_info(name).ok_or_else(|| {
+            ElmError::tensor(name, format!("missing from {}", self.gguf.path().display()))
+        })?;
+        if info.shape() != [rows, cols] {
+            return Err(ElmError::tensor(
+                name,
+                format!(
+                    "shape {:?} (HF order; GGUF ne {:?}) but the config implies [{rows}, {cols}]",
+                    info.shape(),
+                    info.ne
+                ),
+            ));
+        }
+        self.used.insert(name.to_string());
+        self.gguf.tensor_f32_2d(name)
+    }
+
+    fn vector(&mut self, name: &str, len: usize) -> Result<Array1<f32>> {
+        let info = self.gguf.tensor_info(name).ok_or_else(|| {
+            ElmError::tensor(name, format!("missing from {}", self.gguf.path().display()))
+        })?;
+        if info.shape() != [len] {
+            return Err(ElmError::tensor(
+                name,
+                format!("shape {:?} but the config implies [{len}]", info.shape()),
+            ));
+        }
+        self.used.insert(name.to_string());
+        let v = self.gguf.tensor_f32(name)?;
+        Ok(v.into_dimensionality().expect("1 dim checked"))
+    }
+}
+
+/// Loads every weight of a Llama/Qwen2 GGUF into dense f32 HF-layout [`ModelWeights`].
+///
+/// Strict: every tensor in the file must be used; a missing, unexpected or mis-shaped
+/// tensor is a `Tensor` error naming it.
+pub fn load_gguf_weights(gguf: &GgufFile) -> Result<ModelWeights> {
+    let config = config_from_gguf(gguf)?;
+    let (c, i_dim, v) = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.vocab_size,
+    );
+    let (h, kv, d) = (config.num_heads, config.num_kv_heads, config.head_dim);
+    let permuted = config.arch == Arch::Llama;
+    let mut t = Taker {
+        gguf,
+        used: HashSet::new(),
+    };
+
+    let embed = t.matrix("token_embd.weight", v, c)?;
+    let final_norm = t.vector("output_norm.weight", c)?;
+    let lm_head = if config.tie_word_embeddings {
+        None
+    } else {
+        Some(t.matrix("output.weight", v, c)?)
+    };
+
+    let mut layers = Vec::with_capacity(config.num_layers);
+    for l in 0..config.num_layers {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        let mut wq = t.matrix(&n("attn_q.weight"), h * d, c)?;
+        let mut wk = t.matrix(&n("attn_k.weight"), kv * d, c)?;
+        if permuted {
+            wq = unpermute_rope_rows(&wq, h);
+            wk = unpermute_rope_rows(&wk, kv);
+        }
+        let (bq, bk, bv) = if config.attention_bias {
+            let mut bq = t.vector(&n("attn_q.bias"), h * d)?;
+            let mut bk = t.vector(&n("attn_k.bias"), kv * d)?;
+            if permuted {
+                let col = |b: Array1<f32>| b.insert_axis(Axis(1));
+                bq = unpermute_rope_rows(&col(bq), h).remove_axis(Axis(1));
+                bk = unpermute_rope_rows(&col(bk), kv).remove_axis(Axis(1));
+            }
+            (
+                Some(bq),
+                Some(bk),
+                Some(t.vector(&n("attn_v.bias"), kv * d)?),
+            )
+        } else {
+            (None, None, None)
+        };
+        layers.push(LayerWeights {
+            attn_norm: t.vector(&n("attn_norm.weight"), c)?,
+            wq,
+            wk,
+            wv: t.matrix(&n("attn_v.weight"), kv * d, c)?,
+            wo: t.matrix(&n("attn_output.weight"), c, h * d)?,
+            bq,
+            bk,
+            bv,
+            mlp_norm: t.vector(&n("ffn_norm.weight"), c)?,
+            w_gate: t.matrix(&n("ffn_gate.weight"), i_dim, c)?,
+            w_up: t.matrix(&n("ffn_up.weight"), i_dim, c)?,
+            w_down: t.matrix(&n("ffn_down.weight"), c, i_dim)?,
+        });
+    }
+
+    if let Some(extra) = gguf.tensors().iter().find(|x| !t.used.contains(&x.name)) {
+        return Err(ElmError::tensor(
+            &extra.name,
+            format!(
+                "unexpected tensor in {} (not part of a {:?} model with this config)",
+                gguf.path().display(),
+                config.arch
+            ),
+        ));
+    }
+
+    Ok(ModelWeights {
+        config,
+        embed,
+        layers,
+        final_norm,
+        lm_head,
+    })
+}

@@ -1,0 +1,459 @@
+//! Tests for `elm::train`: AdamW vs closed-form / hand-written f64 references, clipping,
+//! schedule values at key steps, state round-trips and typed errors on bad files.
+
+use elm::train::{AdamW, AdamWConfig, ParamGrads, ParamStore, ScheduleConfig};
+use elm::ElmError;
+use ndarray::{arr1, arr2, ArrayD, IxDyn};
+
+fn tmpdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("elm-train-test-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn assert_close(what: &str, got: f64, want: f64, rel: f64) {
+    let diff = (got - want).abs();
+    let r = diff / want.abs().max(1e-12);
+    assert!(
+        r <= rel || diff <= 1e-12,
+        "{what}: got {got}, want {want}, abs diff {diff:e}, rel diff {r:e}"
+    );
+}
+
+/// Textbook AdamW (Loshchilov & Hutter, decoupled, PyTorch form) for one scalar, in f64,
+/// written independently of the library code.
+fn reference_adamw(
+    p0: f64,
+    grads: &[f64],
+    lr: &[f64],
+    b1: f64,
+    b2: f64,
+    eps: f64,
+    wd: f64,
+) -> Vec<f64> {
+    let (mut p, mut m, mut v) = (p0, 0.0, 0.0);
+    let mut out = vec![];
+    for (t, (&g, &lr)) in grads.iter().zip(lr).enumerate() {
+        let t = (t + 1) as i32;
+        p *= 1.0 - lr * wd;
+        m = b1 * m + (1.0 - b1) * g;
+        v = b2 * v + (1.0 - b2) * g * g;
+        let mhat = m / (1.0 - b1.powi(t));
+        let vhat = v / (1.0 - b2.powi(t));
+        p -= lr * mhat / (vhat.sqrt() + eps);
+        out.push(p);
+    }
+    out
+}
+
+fn store_with(names: &[(&str, ArrayD<f32>)]) -> ParamStore {
+    let mut s = ParamStore::new();
+    for (n, v) in names {
+        s.insert(*n, v.clone(), true).unwrap();
+    }
+    s
+}
+
+#[test]
+fn adamw_constant_gradient_matches_closed_form() {
+    // With a constant gradient g, bias correction makes m̂ = g and v̂ = g² exactly, so each step
+    // moves p by −lr·g/(|g|+ε) (no decay) — a closed form independent of β1, β2.
+    let cfg = AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        ..Default::default()
+    };
+    let mut opt = AdamW::new(cfg).unwrap();
+    let mut store = store_with(&[("w", arr2(&[[1.0f32, -2.0], [0.5, 3.0]]).into_dyn())]);
+    let g = arr2(&[[0.3f32, -0.7], [2.0, 1e-3]]).into_dyn();
+    let lr = 0.01;
+    for t in 1..=3 {
+        opt.step(&mut store, &ParamGrads::new(vec![Some(g.clone())]), lr)
+            .unwrap();
+        let w = store.get("w").unwrap();
+        for ((&p, &p0), &gi) in w.iter().zip([1.0f64, -2.0, 0.5, 3.0].iter()).zip(g.iter()) {
+            let gi = gi as f64;
+            let want = p0 - t as f64 * lr * gi / (gi.abs() + 1e-8);
+            assert_close(&format!("step {t}"), p as f64, want, 1e-6);
+        }
+    }
+    assert_eq!(opt.steps_of("w"), 3);
+}
+
+#[test]
+fn adamw_three_steps_vs_reference_with_and_without_decay() {
+    let grads = [[0.5f64, -1.5, 0.25], [-0.2, 0.8, 0.0], [1.0, -0.1, 3.0]];
+    let lrs = [1e-2, 5e-3, 2e-2];
+    let (b1, b2, eps, wd) = (0.9, 0.95, 1e-6, 0.1);
+    let cfg = AdamWConfig {
+        beta1: b1,
+        beta2: b2,
+        eps,
+        weight_decay: wd,
+        ..Default::default()
+    };
+    let mut opt = AdamW::new(cfg).unwrap();
+    // "w" (rank 2) decays; "b" (rank 1) and "ln.norm_w" (rank 2, name pattern) do not.
+    let p0 = [0.7f64, -0.4, 1.2];
+    let mat =
+        ArrayD::from_shape_vec(IxDyn(&[1, 3]), p0.iter().map(|&x| x as f32).collect()).unwrap();
+    let mut store = store_with(&[
+        ("w", mat.clone()),
+        ("b", arr1(&[0.7f32, -0.4, 1.2]).into_dyn()),
+        ("ln.norm_w", mat.clone()),
+    ]);
+    for (s, g) in grads.iter().enumerate() {
+        let ga =
+            ArrayD::from_shape_vec(IxDyn(&[1, 3]), g.iter().map(|&x| x as f32).collect()).unwrap();
+        let gb = ga.clone().into_shape_with_order(IxDyn(&[3])).unwrap();
+        let pg = ParamGrads::new(vec![Some(ga.clone()), Some(gb), Some(ga)]);
+        opt.step(&mut store, &pg, lrs[s]).unwrap();
+    }
+    for j in 0..3 {
+        let gj: Vec<f64> = grads.iter().map(|g| g[j]).collect();
+        let with_wd = reference_adamw(p0[j], &gj, &lrs, b1, b2, eps, wd)[2];
+        let no_wd = reference_adamw(p0[j], &gj, &lrs, b1, b2, eps, 0.0)[2];
+        assert!(
+            (with_wd - no_wd).abs() > 1e-4,
+            "test must distinguish decay from none"
+        );
+        assert_close(
+            "w (decayed)",
+            store.get("w").unwrap()[[0, j]] as f64,
+            with_wd,
+            1e-5,
+        );
+        assert_close(
+            "b (rank-1, excluded)",
+            store.get("b").unwrap()[[j]] as f64,
+            no_wd,
+            1e-5,
+        );
+        assert_close(
+            "ln.norm_w (pattern, excluded)",
+            store.get("ln.norm_w").unwrap()[[0, j]] as f64,
+            no_wd,
+            1e-5,
+        );
+    }
+}
+
+#[test]
+fn adamw_skips_missing_grads_and_frozen_params() {
+    let mut store = ParamStore::new();
+    store.insert("a", arr1(&[1.0f32]).into_dyn(), true).unwrap();
+    store
+        .insert("frozen", arr1(&[2.0f32]).into_dyn(), false)
+        .unwrap();
+    let mut opt = AdamW::new(AdamWConfig::default()).unwrap();
+    let g = Some(arr1(&[1.0f32]).into_dyn());
+    opt.step(&mut store, &ParamGrads::new(vec![None, g]), 0.1)
+        .unwrap();
+    assert_eq!(store.get("a").unwrap()[[0]], 1.0);
+    assert_eq!(store.get("frozen").unwrap()[[0]], 2.0);
+    assert_eq!(opt.steps_of("a"), 0);
+    // Non-finite gradient → typed error, nothing modified.
+    let bad = ParamGrads::new(vec![Some(arr1(&[f32::NAN]).into_dyn()), None]);
+    assert!(matches!(
+        opt.step(&mut store, &bad, 0.1),
+        Err(ElmError::NonFinite(_))
+    ));
+    assert_eq!(store.get("a").unwrap()[[0]], 1.0);
+    // Wrong gradient shape → typed error.
+    let wrong = ParamGrads::new(vec![Some(arr1(&[1.0f32, 2.0]).into_dyn()), None]);
+    assert!(matches!(
+        opt.step(&mut store, &wrong, 0.1),
+        Err(ElmError::Tensor { .. })
+    ));
+}
+
+#[test]
+fn global_norm_clipping() {
+    // Norm of ([3], [4, 0]) is 5; clipping to 1 scales by 1/(5+1e-6).
+    let mut g = ParamGrads::new(vec![
+        Some(arr1(&[3.0f32]).into_dyn()),
+        None,
+        Some(arr1(&[4.0f32, 0.0]).into_dyn()),
+    ]);
+    let n = g.clip_global_norm(1.0).unwrap();
+    assert_close("norm", n, 5.0, 1e-7);
+    let c = 1.0 / (5.0 + 1e-6);
+    assert_close(
+        "g0",
+        g.grads[0].as_ref().unwrap()[[0]] as f64,
+        3.0 * c,
+        1e-6,
+    );
+    assert_close(
+        "g2",
+        g.grads[2].as_ref().unwrap()[[0]] as f64,
+        4.0 * c,
+        1e-6,
+    );
+    assert_close("clipped norm", g.global_norm(), 1.0, 1e-6);
+    // Below the threshold: untouched.
+    let mut h = ParamGrads::new(vec![Some(arr1(&[0.3f32, 0.4]).into_dyn())]);
+    assert_close("norm", h.clip_global_norm(1.0).unwrap(), 0.5, 1e-7);
+    assert_eq!(h.grads[0].as_ref().unwrap()[[0]], 0.3);
+    // NaN → typed error; bad threshold → config error.
+    let mut bad = ParamGrads::new(vec![Some(arr1(&[f32::NAN]).into_dyn())]);
+    assert!(matches!(
+        bad.clip_global_norm(1.0),
+        Err(ElmError::NonFinite(_))
+    ));
+    assert!(matches!(
+        h.clip_global_norm(0.0),
+        Err(ElmError::Config { .. })
+    ));
+}
+
+#[test]
+fn schedule_values_at_key_steps() {
+    let s = ScheduleConfig {
+        peak_lr: 2e-4,
+        warmup_steps: 10,
+        total_steps: 110,
+        final_lr_frac: 0.01,
+    };
+    s.validate().unwrap();
+    assert_close("s=0", s.lr_at(0), 2e-4 / 10.0, 1e-12);
+    assert_close("s=4", s.lr_at(4), 2e-4 * 5.0 / 10.0, 1e-12);
+    assert_close("s=W-1", s.lr_at(9), 2e-4, 1e-12);
+    assert_close("s=W", s.lr_at(10), 2e-4, 1e-12);
+    // Half-way through the cosine: cos(π/2) = 0 → floor + half the range.
+    assert_close("mid", s.lr_at(60), 2e-4 * (0.01 + 0.99 * 0.5), 1e-12);
+    // A quarter: ½(1 + cos(π/4)).
+    let q = 0.5 * (1.0 + (std::f64::consts::PI / 4.0).cos());
+    assert_close("quarter", s.lr_at(35), 2e-4 * (0.01 + 0.99 * q), 1e-12);
+    assert_close("end", s.lr_at(110), 2e-6, 1e-12);
+    assert_close("after end", s.lr_at(1000), 2e-6, 1e-12);
+    // Monotone non-increasing after warmup.
+    for k in 10..120 {
+        assert!(s.lr_at(k + 1) <= s.lr_at(k) + 1e-18);
+    }
+    let f = ScheduleConfig::warmup_cosine(1.0, 200, 0.1, 0.0);
+    assert_eq!(f.warmup_steps, 20);
+    assert_close(
+        "no warmup",
+        ScheduleConfig {
+            peak_lr: 1.0,
+            warmup_steps: 0,
+            total_steps: 5,
+            final_lr_frac: 0.0,
+        }
+        .lr_at(0),
+        1.0,
+        1e-12,
+    );
+    assert!(ScheduleConfig {
+        peak_lr: 1.0,
+        warmup_steps: 6,
+        total_steps: 5,
+        final_lr_frac: 0.0
+    }
+    .validate()
+    .is_err());
+    assert!(ScheduleConfig {
+        peak_lr: 1.0,
+        warmup_steps: 0,
+        total_steps: 5,
+        final_lr_frac: 1.5
+    }
+    .validate()
+    .is_err());
+}
+
+#[test]
+fn configs_reject_unknown_keys_and_bad_values() {
+    let ok: AdamWConfig =
+        serde_json::from_str(r#"{"beta1":0.9,"beta2":0.95,"weight_decay":0.02}"#).unwrap();
+    assert_eq!(ok.eps, 1e-8);
+    assert!(ok.no_decay_rank1);
+    assert!(serde_json::from_str::<AdamWConfig>(r#"{"beta1":0.9,"betta2":0.95}"#).is_err());
+    assert!(serde_json::from_str::<ScheduleConfig>(
+        r#"{"peak_lr":1,"warmup_steps":1,"total_steps":2,"floor":0}"#
+    )
+    .is_err());
+    assert!(matches!(
+        AdamW::new(AdamWConfig {
+            beta1: 1.0,
+            ..Default::default()
+        }),
+        Err(ElmError::Config { .. })
+    ));
+    assert!(matches!(
+        AdamW::new(AdamWConfig {
+            eps: 0.0,
+            ..Default::default()
+        }),
+        Err(ElmError::Config { .. })
+    ));
+}
+
+#[test]
+fn optimizer_state_round_trip_continues_identically() {
+    let dir = tmpdir("state");
+    let path = dir.join("opt.safetensors");
+    let cfg = AdamWConfig {
+        beta1: 0.8,
+        beta2: 0.9,
+        eps: 1e-7,
+        weight_decay: 0.05,
+        ..Default::default()
+    };
+    let mut store = store_with(&[
+        ("w", arr2(&[[0.1f32, 0.2], [0.3, 0.4]]).into_dyn()),
+        ("b", arr1(&[0.5f32, -0.5]).into_dyn()),
+    ]);
+    let grads = |k: f32| {
+        ParamGrads::new(vec![
+            Some(arr2(&[[k, -k], [0.5 * k, 2.0]]).into_dyn()),
+            Some(arr1(&[k * k, 1.0 - k]).into_dyn()),
+        ])
+    };
+    let mut opt = AdamW::new(cfg.clone()).unwrap();
+    opt.step(&mut store, &grads(0.3), 0.01).unwrap();
+    opt.step(&mut store, &grads(-0.7), 0.01).unwrap();
+    opt.save(&path).unwrap();
+    store.save(dir.join("params.safetensors")).unwrap();
+    assert!(dir.join("opt.json").exists());
+
+    let mut loaded = AdamW::load(&path).unwrap();
+    let mut store2 = ParamStore::load(dir.join("params.safetensors")).unwrap();
+    loaded.check_against(&store2).unwrap();
+    assert_eq!(loaded.config(), &cfg);
+    assert_eq!(loaded.steps_of("w"), 2);
+    assert_eq!(store2.names(), store.names());
+    opt.step(&mut store, &grads(1.1), 0.02).unwrap();
+    loaded.step(&mut store2, &grads(1.1), 0.02).unwrap();
+    for n in ["w", "b"] {
+        assert_eq!(
+            store.get(n).unwrap(),
+            store2.get(n).unwrap(),
+            "param {n} after resume"
+        );
+        assert_eq!(
+            opt.moments_of(n).unwrap().1,
+            loaded.moments_of(n).unwrap().1,
+            "v of {n}"
+        );
+    }
+    // No temp files left behind.
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn corrupt_or_missing_state_files_give_typed_errors() {
+    let dir = tmpdir("corrupt");
+    let path = dir.join("opt.safetensors");
+    // Missing entirely → Io naming the json path.
+    match AdamW::load(&path) {
+        Err(ElmError::Io { path: p, .. }) => assert!(p.ends_with("opt.json")),
+        other => panic!("expected Io error, got {other:?}"),
+    }
+    let mut store = store_with(&[("w", arr2(&[[1.0f32, 2.0]]).into_dyn())]);
+    let mut opt = AdamW::new(AdamWConfig::default()).unwrap();
+    opt.step(
+        &mut store,
+        &ParamGrads::new(vec![Some(arr2(&[[1.0f32, 1.0]]).into_dyn())]),
+        0.1,
+    )
+    .unwrap();
+    opt.save(&path).unwrap();
+    let good = std::fs::read(&path).unwrap();
+    // Truncated safetensors → Format naming the file.
+    std::fs::write(&path, &good[..good.len() - 3]).unwrap();
+    match AdamW::load(&path) {
+        Err(ElmError::Format { path: p, .. }) => assert!(p.ends_with("opt.safetensors")),
+        other => panic!("expected Format error, got {other:?}"),
+    }
+    // Garbage header.
+    std::fs::write(&path, b"\xff\xff\xff\xff\xff\xff\xff\x7fgarbage").unwrap();
+    assert!(matches!(AdamW::load(&path), Err(ElmError::Format { .. })));
+    std::fs::write(&path, &good).unwrap();
+    AdamW::load(&path).unwrap();
+    // JSON with an unknown key → Json error.
+    let jp = dir.join("opt.json");
+    let text = std::fs::read_to_string(&jp).unwrap();
+    std::fs::write(&jp, text.replacen('{', "{\"surprise\": 1,", 1)).unwrap();
+    assert!(matches!(AdamW::load(&path), Err(ElmError::Json { .. })));
+    std::fs::write(&jp, "{not json").unwrap();
+    assert!(matches!(AdamW::load(&path), Err(ElmError::Json { .. })));
+    // State for a parameter with another shape → Tensor error on check.
+    std::fs::write(&jp, &text).unwrap();
+    let loaded = AdamW::load(&path).unwrap();
+    let other = store_with(&[("w", arr2(&[[1.0f32], [2.0]]).into_dyn())]);
+    assert!(matches!(
+        loaded.check_against(&other),
+        Err(ElmError::Tensor { .. })
+    ));
+    // ParamStore: missing file and truncated file.
+    assert!(matches!(
+        ParamStore::load(dir.join("nope.safetensors")),
+        Err(ElmError::Io { .. })
+    ));
+    let sp = dir.join("p.safetensors");
+    store.save(&sp).unwrap();
+    let b = std::fs::read(&sp).unwrap();
+    std::fs::write(&sp, &b[..b.len() / 2]).unwrap();
+    assert!(matches!(
+        ParamStore::load(&sp),
+        Err(ElmError::Format { .. })
+    ));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn param_store_round_trip_keeps_order_and_frozen_flags() {
+    let dir = tmpdir("store");
+    let mut s = ParamStore::new();
+    s.insert("z.last", arr1(&[1.0f32, 2.0, 3.0]).into_dyn(), true)
+        .unwrap();
+    s.insert("a.first", arr2(&[[4.0f32, 5.0]]).into_dyn(), false)
+        .unwrap();
+    s.insert("m.mid", ArrayD::from_elem(IxDyn(&[2, 1, 2]), 0.25f32), true)
+        .unwrap();
+    assert!(matches!(
+        s.insert("a.first", arr1(&[0.0f32]).into_dyn(), true),
+        Err(ElmError::Tensor { .. })
+    ));
+    assert!(matches!(
+        s.insert("nan", arr1(&[f32::NAN]).into_dyn(), true),
+        Err(ElmError::NonFinite(_))
+    ));
+    let p = dir.join("s.safetensors");
+    s.save(&p).unwrap();
+    let l = ParamStore::load(&p).unwrap();
+    assert_eq!(l.names(), s.names());
+    for i in 0..3 {
+        assert_eq!(l.value(i), s.value(i));
+        assert_eq!(l.is_trainable(i), s.is_trainable(i));
+    }
+    let mut t = s.clone();
+    t.value_mut(0).fill(9.0);
+    t.load_values_from(&p).unwrap();
+    assert_eq!(t.value(0), s.value(0));
+    let mut wrong = ParamStore::new();
+    wrong
+        .insert("z.last", arr1(&[1.0f32]).into_dyn(), true)
+        .unwrap();
+    wrong
+        .insert("a.first", arr1(&[1.0f32]).into_dyn(), true)
+        .unwrap();
+    wrong
+        .insert("m.mid", arr1(&[1.0f32]).into_dyn(), true)
+        .unwrap();
+    assert!(matches!(
+        wrong.load_values_from(&p),
+        Err(ElmError::Tensor { .. })
+    ));
+    std::fs::remove_dir_all(&dir).ok();
+}
