@@ -1,1 +1,294 @@
-//! (filled in by its issue)
+//! Generic, batched fixed-point solvers: find `z*` with `z* = f(z*)` for each row of a `[B, D]` batch.
+//!
+//! Nothing here knows about models. A problem is a [`FixedPointMap`]: it evaluates `f` on the rows of
+//! a `[B, D]` state that are still *active*. A solver ([`FixedPointSolver`]) iterates one map
+//! evaluation per iteration and decides, per row, when to stop:
+//!
+//! * [`Picard`]: damped iteration `z ← (1−β) z + β f(z)`.
+//! * [`Anderson`]: type-II Anderson acceleration with history `m`, ridge `λ` and mixing `β`.
+//! * [`Broyden`]: "good" Broyden with a limited-memory (`L` pairs) inverse-Jacobian and optional
+//!   backtracking when the residual grows.
+//!
+//! ## Stop criteria (shared by every solver)
+//!
+//! With residual `g(z) = f(z) − z`, after each map evaluation every active row computes, in f64,
+//!
+//! * `abs = ‖f(z) − z‖₂` and `rel = ‖f(z) − z‖₂ / (‖f(z)‖₂ + rel_eps)`.
+//!
+//! The row is **Converged** when `abs ≤ abs_tol` (if `abs_tol > 0`) or `rel ≤ rel_tol` (if
+//! `rel_tol > 0`); **NonFinite** when `f(z)` or the residual contains NaN/∞; **Diverged** when
+//! `abs > divergence_factor · max(abs₀, 1e-30)` (`abs₀` = first residual); **MaxIter** when it has
+//! used `max_iter` map evaluations. A row that stops is *frozen*: its state never changes again and
+//! the map sees it as inactive. One bad row never fails the batch. See [`StopCriteria`].
+//!
+//! The returned state per row is the iterate with the lowest residual (`return_best`, default) or
+//! the last evaluated iterate; both are points at which `f` was evaluated, so the reported residual
+//! belongs to the returned state.
+//!
+//! ## Precision
+//! States may be `f32` or `f64` ([`SolverFloat`]). Residual norms, Anderson's Gram matrix and least
+//! squares, and Broyden's inner products are accumulated in `f64`.
+//!
+//! ## Solve your own fixed point in a few lines
+//! ```
+//! use elm::solver::{FixedPointSolver, RowFnMap, SolverConfig, RowStatus};
+//! use ndarray::Array2;
+//!
+//! // z = cos(z), four independent scalar systems solved as one batch.
+//! let mut map = RowFnMap::new(1, |z: ndarray::ArrayView1<f64>, mut out: ndarray::ArrayViewMut1<f64>| {
+//!     out[0] = z[0].cos();
+//! });
+//! let solver = SolverConfig::anderson().build::<f64>();
+//! let sol = solver.solve(&mut map, Array2::zeros((4, 1)).view()).unwrap();
+//! assert!(sol.rows.iter().all(|r| r.status == RowStatus::Converged));
+//! assert!((sol.z[[0, 0]] - 0.739_085_133_215_160_6).abs() < 1e-5);
+//! ```
+//!
+//! Canonical test problems (linear contraction, tanh layer, `cos z = z`, Poisson/Jacobi) live in
+//! [`problems`].
+
+mod anderson;
+mod broyden;
+mod config;
+mod engine;
+mod picard;
+pub mod problems;
+
+pub use anderson::Anderson;
+pub use broyden::Broyden;
+pub use config::{
+    AndersonConfig, BroydenConfig, OutputOptions, PicardConfig, SolverConfig, StopCriteria,
+};
+pub use engine::{run_fixed_point, IterationRule};
+pub use picard::Picard;
+
+use std::fmt::Debug;
+
+use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+
+/// Scalar type of solver states: `f32` or `f64`.
+pub trait SolverFloat:
+    num_traits::Float
+    + ndarray::LinalgScalar
+    + ndarray::ScalarOperand
+    + Send
+    + Sync
+    + Debug
+    + std::fmt::Display
+    + 'static
+{
+}
+impl<T> SolverFloat for T where
+    T: num_traits::Float
+        + ndarray::LinalgScalar
+        + ndarray::ScalarOperand
+        + Send
+        + Sync
+        + Debug
+        + std::fmt::Display
+        + 'static
+{
+}
+
+/// A batched map `f` whose fixed points are sought. Rows may be independent systems.
+pub trait FixedPointMap<T: SolverFloat> {
+    /// State width D.
+    fn dim(&self) -> usize;
+    /// `out[b] = f(z[b])` for every row b with `active[b]`; rows not active may be left untouched.
+    /// z, out: `[B, D]`.
+    fn eval(&mut self, z: ArrayView2<T>, active: &[bool], out: ArrayViewMut2<T>) -> Result<()>;
+}
+
+/// A [`FixedPointMap`] from a closure over the whole batch: `f(z [B, D], active [B], out [B, D])`.
+pub struct FnMap<F> {
+    dim: usize,
+    f: F,
+}
+
+impl<F> FnMap<F> {
+    /// Wraps `f` as a map on states of width `dim`.
+    pub fn new(dim: usize, f: F) -> Self {
+        FnMap { dim, f }
+    }
+}
+
+impl<T, F> FixedPointMap<T> for FnMap<F>
+where
+    T: SolverFloat,
+    F: FnMut(ArrayView2<T>, &[bool], ArrayViewMut2<T>) -> Result<()>,
+{
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn eval(&mut self, z: ArrayView2<T>, active: &[bool], out: ArrayViewMut2<T>) -> Result<()> {
+        (self.f)(z, active, out)
+    }
+}
+
+/// A [`FixedPointMap`] from an infallible per-row closure `f(z_row [D], out_row [D])`, called only
+/// on active rows.
+pub struct RowFnMap<F> {
+    dim: usize,
+    f: F,
+}
+
+impl<F> RowFnMap<F> {
+    /// Wraps the per-row `f` as a map on states of width `dim`.
+    pub fn new(dim: usize, f: F) -> Self {
+        RowFnMap { dim, f }
+    }
+}
+
+impl<T, F> FixedPointMap<T> for RowFnMap<F>
+where
+    T: SolverFloat,
+    F: FnMut(ArrayView1<T>, ArrayViewMut1<T>),
+{
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn eval(&mut self, z: ArrayView2<T>, active: &[bool], mut out: ArrayViewMut2<T>) -> Result<()> {
+        for (b, &is_active) in active.iter().enumerate() {
+            if is_active {
+                (self.f)(z.row(b), out.row_mut(b));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a row stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RowStatus {
+    /// Reached `abs_tol` or `rel_tol`.
+    Converged,
+    /// Used `max_iter` map evaluations without converging.
+    MaxIter,
+    /// Residual grew beyond `divergence_factor` × the first residual.
+    Diverged,
+    /// `f(z)` produced NaN or ∞ for this row.
+    NonFinite,
+}
+
+/// Outcome of one row of the batch.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RowOutcome {
+    /// Why the row stopped.
+    pub status: RowStatus,
+    /// Map evaluations spent on this row (the first evaluation at `z0` counts).
+    pub iterations: usize,
+    /// `‖f(z) − z‖₂` at the returned state.
+    pub residual: f64,
+    /// `‖f(z) − z‖₂ / (‖f(z)‖₂ + rel_eps)` at the returned state.
+    pub rel_residual: f64,
+    /// Absolute residual after every map evaluation, when `OutputOptions::trace` is set.
+    pub trace: Option<Vec<f64>>,
+    /// Estimated spectral radius of `∂f/∂z` at the returned state, when requested.
+    pub spectral_radius: Option<f64>,
+}
+
+/// Result of a batched solve.
+#[derive(Clone, Debug)]
+pub struct Solution<T> {
+    /// `[B, D]`: best (lowest residual) or last iterate per row, per [`OutputOptions::return_best`].
+    pub z: Array2<T>,
+    /// One outcome per row.
+    pub rows: Vec<RowOutcome>,
+    /// Batched map calls made by the iteration (each call evaluates all active rows).
+    pub map_evals: usize,
+    /// Extra batched map calls spent on spectral-radius estimation (not in `map_evals`).
+    pub spectral_map_evals: usize,
+}
+
+impl<T> Solution<T> {
+    /// True when every row converged.
+    pub fn all_converged(&self) -> bool {
+        self.rows.iter().all(|r| r.status == RowStatus::Converged)
+    }
+    /// Largest per-row absolute residual.
+    pub fn max_residual(&self) -> f64 {
+        self.rows.iter().map(|r| r.residual).fold(0.0, f64::max)
+    }
+    /// Largest per-row iteration count.
+    pub fn max_iterations(&self) -> usize {
+        self.rows.iter().map(|r| r.iterations).max().unwrap_or(0)
+    }
+}
+
+/// What an [`Observer`] sees after every batched map evaluation.
+pub struct IterationInfo<'a, T> {
+    /// Batched map evaluations so far (1 after the first).
+    pub map_evals: usize,
+    /// Current iterate `[B, D]` (after the update of this iteration).
+    pub z: ArrayView2<'a, T>,
+    /// Latest absolute residual per row (frozen rows keep their final value).
+    pub residuals: &'a [f64],
+    /// Latest relative residual per row.
+    pub rel_residuals: &'a [f64],
+    /// Rows still iterating.
+    pub active: &'a [bool],
+}
+
+/// Sees every iteration of a solve (logging, plotting, tracing).
+pub trait Observer<T> {
+    /// Called once after each batched map evaluation and update.
+    fn observe(&mut self, info: &IterationInfo<'_, T>);
+}
+
+impl<T, F: FnMut(&IterationInfo<'_, T>)> Observer<T> for F {
+    fn observe(&mut self, info: &IterationInfo<'_, T>) {
+        self(info)
+    }
+}
+
+/// An observer that does nothing.
+pub struct NoObserver;
+impl<T> Observer<T> for NoObserver {
+    fn observe(&mut self, _: &IterationInfo<'_, T>) {}
+}
+
+/// A batched fixed-point solver.
+pub trait FixedPointSolver<T: SolverFloat> {
+    /// Short name (`picard`, `anderson`, `broyden`).
+    fn name(&self) -> &'static str;
+    /// Solves `z = f(z)` from `z0 [B, D]`, calling `observer` after every iteration.
+    fn solve_observed(
+        &self,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        observer: &mut dyn Observer<T>,
+    ) -> Result<Solution<T>>;
+    /// Solves `z = f(z)` from `z0 [B, D]`.
+    fn solve(&self, map: &mut dyn FixedPointMap<T>, z0: ArrayView2<T>) -> Result<Solution<T>> {
+        self.solve_observed(map, z0, &mut NoObserver)
+    }
+}
+
+/// f64 dot product of two equally long slices (accumulated in f64 whatever `T` is).
+#[inline]
+pub(crate) fn dot_f64<T: SolverFloat>(a: &[T], b: &[T]) -> f64 {
+    debug_assert_eq!(a.len(), b.len());
+    // Four accumulators let the compiler vectorise despite strict FP ordering.
+    let mut acc = [0.0f64; 4];
+    let chunks = a.len() / 4;
+    for i in 0..chunks {
+        for j in 0..4 {
+            let k = 4 * i + j;
+            acc[j] += a[k].to_f64().unwrap_or(f64::NAN) * b[k].to_f64().unwrap_or(f64::NAN);
+        }
+    }
+    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for k in 4 * chunks..a.len() {
+        s += a[k].to_f64().unwrap_or(f64::NAN) * b[k].to_f64().unwrap_or(f64::NAN);
+    }
+    s
+}
+
+#[inline]
+pub(crate) fn cast<T: SolverFloat>(x: f64) -> T {
+    T::from(x).unwrap_or_else(T::nan)
+}

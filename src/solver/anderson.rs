@@ -1,0 +1,244 @@
+//! Anderson acceleration (type II, Walker & Ni 2011) with per-row history.
+//!
+//! With residuals `g_k = f(z_k) − z_k` and the last `m` differences `ΔZ = [z_{i+1} − z_i]`,
+//! `ΔG = [g_{i+1} − g_i]` of one row, each step solves the ridge least-squares problem
+//! `γ = argmin ‖g_k − ΔG γ‖² + λ s ‖γ‖²` (s = mean diagonal of `ΔGᵀΔG`) and mixes
+//! `z_{k+1} = z_k − ΔZ γ + β (g_k − ΔG γ)`.
+//! The first step (no history yet) is a damped Picard step, so mixing starts at the 2nd map
+//! evaluation. The Gram matrix `ΔGᵀΔG` is kept in f64 and updated incrementally (one new
+//! row/column per step, `m` dot products of length D); the `m × m` system is solved by Cholesky in
+//! f64. When Cholesky fails or the estimated condition number exceeds `max_condition`, that row's
+//! history is dropped (restart) and a Picard step is taken.
+
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
+
+use super::engine::{run_fixed_point, IterationRule};
+use super::{
+    cast, dot_f64, AndersonConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
+};
+use crate::error::Result;
+
+/// Anderson-accelerated fixed-point solver.
+#[derive(Clone, Debug)]
+pub struct Anderson {
+    pub config: AndersonConfig,
+}
+
+impl Anderson {
+    pub fn new(config: AndersonConfig) -> Self {
+        Anderson { config }
+    }
+}
+
+/// Per-batch buffers, allocated once in `init`.
+struct AndersonRule<T> {
+    m: usize,
+    lambda: f64,
+    beta: T,
+    max_condition: f64,
+    dim: usize,
+    /// `[B, m, D]` history of iterate differences.
+    dz: Vec<T>,
+    /// `[B, m, D]` history of residual differences.
+    dg: Vec<T>,
+    /// `[B, m, m]` Gram matrix of `dg` (f64).
+    gram: Vec<f64>,
+    /// `[B, D]` previous iterate and residual.
+    z_prev: Vec<T>,
+    g_prev: Vec<T>,
+    has_prev: Vec<bool>,
+    count: Vec<usize>,
+    head: Vec<usize>,
+    /// Scratch: current residual `[D]`, system `[m, m]`, rhs/γ `[m]`.
+    g: Vec<T>,
+    chol: Vec<f64>,
+    gamma: Vec<f64>,
+    /// Restarts per row (diagnostics).
+    restarts: Vec<usize>,
+}
+
+impl<T: SolverFloat> AndersonRule<T> {
+    fn new(cfg: &AndersonConfig) -> Self {
+        AndersonRule {
+            m: cfg.m,
+            lambda: cfg.lambda,
+            beta: cast(cfg.beta),
+            max_condition: cfg.max_condition,
+            dim: 0,
+            dz: Vec::new(),
+            dg: Vec::new(),
+            gram: Vec::new(),
+            z_prev: Vec::new(),
+            g_prev: Vec::new(),
+            has_prev: Vec::new(),
+            count: Vec::new(),
+            head: Vec::new(),
+            g: Vec::new(),
+            chol: Vec::new(),
+            gamma: Vec::new(),
+            restarts: Vec::new(),
+        }
+    }
+
+    /// Solves `(G + λ s I) γ = rhs` for the first `n` history slots of `row` into `self.gamma`.
+    /// Returns false when the system is singular or too ill-conditioned.
+    fn solve_small(&mut self, row: usize, n: usize) -> bool {
+        let m = self.m;
+        let gram = &self.gram[row * m * m..(row + 1) * m * m];
+        let mean_diag = (0..n).map(|i| gram[i * m + i]).sum::<f64>() / n as f64;
+        if !(mean_diag > 0.0 && mean_diag.is_finite()) {
+            return false;
+        }
+        let ridge = self.lambda * mean_diag;
+        // Cholesky A = L Lᵀ, L stored in the lower triangle of `chol` (row-major n×n).
+        let a = &mut self.chol;
+        for i in 0..n {
+            for j in 0..=i {
+                let mut s = gram[i * m + j] + if i == j { ridge } else { 0.0 };
+                for k in 0..j {
+                    s -= a[i * n + k] * a[j * n + k];
+                }
+                if i == j {
+                    if !(s > 0.0) {
+                        return false;
+                    }
+                    a[i * n + i] = s.sqrt();
+                } else {
+                    a[i * n + j] = s / a[j * n + j];
+                }
+            }
+        }
+        // cond(A) ≥ (max L_ii / min L_ii)²: a cheap lower bound used as the conditioning check.
+        let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+        for i in 0..n {
+            lo = lo.min(a[i * n + i]);
+            hi = hi.max(a[i * n + i]);
+        }
+        if (hi / lo).powi(2) > self.max_condition {
+            return false;
+        }
+        // Forward then backward substitution, in place in gamma (holding rhs on entry).
+        let x = &mut self.gamma;
+        for i in 0..n {
+            let mut s = x[i];
+            for k in 0..i {
+                s -= a[i * n + k] * x[k];
+            }
+            x[i] = s / a[i * n + i];
+        }
+        for i in (0..n).rev() {
+            let mut s = x[i];
+            for k in i + 1..n {
+                s -= a[k * n + i] * x[k];
+            }
+            x[i] = s / a[i * n + i];
+        }
+        x[..n].iter().all(|v| v.is_finite())
+    }
+}
+
+impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
+    fn init(&mut self, batch: usize, dim: usize) {
+        let m = self.m;
+        self.dim = dim;
+        self.dz = vec![T::zero(); batch * m * dim];
+        self.dg = vec![T::zero(); batch * m * dim];
+        self.gram = vec![0.0; batch * m * m];
+        self.z_prev = vec![T::zero(); batch * dim];
+        self.g_prev = vec![T::zero(); batch * dim];
+        self.has_prev = vec![false; batch];
+        self.count = vec![0; batch];
+        self.head = vec![0; batch];
+        self.g = vec![T::zero(); dim];
+        self.chol = vec![0.0; m * m];
+        self.gamma = vec![0.0; m];
+        self.restarts = vec![0; batch];
+    }
+
+    fn step(&mut self, row: usize, mut z: ArrayViewMut1<T>, fz: ArrayView1<T>, _res: f64) {
+        let (m, d) = (self.m, self.dim);
+        let z = z.as_slice_mut().expect("solver rows are contiguous");
+        let fz = fz.as_slice().expect("solver rows are contiguous");
+        for i in 0..d {
+            self.g[i] = fz[i] - z[i];
+        }
+        let zp = &mut self.z_prev[row * d..(row + 1) * d];
+        let gp = &mut self.g_prev[row * d..(row + 1) * d];
+        let hist = row * m * d;
+        if self.has_prev[row] {
+            let slot = self.head[row];
+            let off = hist + slot * d;
+            for i in 0..d {
+                self.dz[off + i] = z[i] - zp[i];
+                self.dg[off + i] = self.g[i] - gp[i];
+            }
+            self.count[row] = (self.count[row] + 1).min(m);
+            self.head[row] = (slot + 1) % m;
+            // Incremental Gram update: only the new slot's row/column changes.
+            let gram = &mut self.gram[row * m * m..(row + 1) * m * m];
+            let new = &self.dg[off..off + d];
+            for j in 0..self.count[row] {
+                let other = &self.dg[hist + j * d..hist + (j + 1) * d];
+                let v = dot_f64(new, other);
+                gram[slot * m + j] = v;
+                gram[j * m + slot] = v;
+            }
+        }
+        zp.copy_from_slice(z);
+        gp.copy_from_slice(&self.g);
+        self.has_prev[row] = true;
+
+        let n = self.count[row];
+        let beta = self.beta;
+        if n > 0 {
+            for j in 0..n {
+                self.gamma[j] = dot_f64(&self.dg[hist + j * d..hist + (j + 1) * d], &self.g);
+            }
+            if self.solve_small(row, n) {
+                // z ← z + β g − Σ_j γ_j (Δz_j + β Δg_j)
+                for i in 0..d {
+                    z[i] = z[i] + beta * self.g[i];
+                }
+                for j in 0..n {
+                    let gj: T = cast(self.gamma[j]);
+                    let dzj = &self.dz[hist + j * d..hist + (j + 1) * d];
+                    let dgj = &self.dg[hist + j * d..hist + (j + 1) * d];
+                    for i in 0..d {
+                        z[i] = z[i] - gj * (dzj[i] + beta * dgj[i]);
+                    }
+                }
+                return;
+            }
+            // Singular / ill-conditioned: restart this row's history, keep (z, g) as anchor.
+            self.restarts[row] += 1;
+            self.count[row] = 0;
+            self.head[row] = 0;
+        }
+        for i in 0..d {
+            z[i] = z[i] + beta * self.g[i];
+        }
+    }
+}
+
+impl<T: SolverFloat> FixedPointSolver<T> for Anderson {
+    fn name(&self) -> &'static str {
+        "anderson"
+    }
+    fn solve_observed(
+        &self,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        observer: &mut dyn Observer<T>,
+    ) -> Result<Solution<T>> {
+        self.config.validate()?;
+        let mut rule = AndersonRule::<T>::new(&self.config);
+        run_fixed_point(
+            &mut rule,
+            &self.config.stop,
+            &self.config.output,
+            map,
+            z0,
+            observer,
+        )
+    }
+}

@@ -1,0 +1,247 @@
+//! "Good" Broyden on `g(z) = f(z) − z = 0` with a limited-memory inverse Jacobian.
+//!
+//! `H ≈ (∂g/∂z)⁻¹` is kept as `H = −β I + Σ_j u_j v_jᵀ` with at most `L` pairs per row (a ring
+//! buffer: the oldest pair is overwritten, so memory is `2·L·D` per row whatever `max_iter` is).
+//! Step: `z ← z − H g`. After each accepted step, with `s = z_new − z_old`, `y = g_new − g_old`,
+//! the good-Broyden inverse update (Sherman–Morrison form) appends
+//! `u = (s − H y) / (sᵀ H y)`, `v = Hᵀ s`.
+//! Backtracking (optional): when the new residual exceeds `backtrack_growth ×` the last accepted
+//! one, the step is halved (no Jacobian update) up to `max_backtracks` times; each halving costs
+//! one map evaluation. If it still grows, the point is accepted and the memory cleared.
+
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
+
+use super::engine::{run_fixed_point, IterationRule};
+use super::{
+    cast, BroydenConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
+};
+use crate::error::Result;
+
+/// Limited-memory good-Broyden solver.
+#[derive(Clone, Debug)]
+pub struct Broyden {
+    pub config: BroydenConfig,
+}
+
+impl Broyden {
+    pub fn new(config: BroydenConfig) -> Self {
+        Broyden { config }
+    }
+}
+
+struct BroydenRule<T> {
+    cfg: BroydenConfig,
+    beta: f64,
+    dim: usize,
+    /// `[B, L, D]` low-rank factors of H.
+    u: Vec<T>,
+    v: Vec<T>,
+    /// `[B, D]` last accepted iterate and its residual.
+    z_prev: Vec<T>,
+    g_prev: Vec<T>,
+    res_prev: Vec<f64>,
+    has_prev: Vec<bool>,
+    backtracks: Vec<usize>,
+    count: Vec<usize>,
+    head: Vec<usize>,
+    /// Scratch `[D]` (f64 for accuracy of the small-memory products) and `[L]`.
+    g: Vec<f64>,
+    s: Vec<f64>,
+    y: Vec<f64>,
+    hy: Vec<f64>,
+    hts: Vec<f64>,
+    coef: Vec<f64>,
+}
+
+/// f64 dot of a T slice with an f64 slice.
+#[inline]
+fn dot_mixed<T: SolverFloat>(a: &[T], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| x.to_f64().unwrap_or(f64::NAN) * y)
+        .sum()
+}
+
+impl<T: SolverFloat> BroydenRule<T> {
+    /// `out = H x` (transpose = false) or `Hᵀ x` for `row`, with `n` stored pairs.
+    fn apply_h(&mut self, row: usize, x_is: Which, transpose: bool, out_is: Which) {
+        let (l, d, n) = (self.cfg.memory, self.dim, self.count[row]);
+        let base = row * l * d;
+        let (left, right) = if transpose {
+            (&self.v, &self.u)
+        } else {
+            (&self.u, &self.v)
+        };
+        let x = match x_is {
+            Which::G => &self.g,
+            Which::S => &self.s,
+            Which::Y => &self.y,
+            _ => unreachable!(),
+        };
+        for j in 0..n {
+            self.coef[j] = dot_mixed(&right[base + j * d..base + (j + 1) * d], x);
+        }
+        let out = match out_is {
+            Which::Hy => &mut self.hy,
+            Which::Hts => &mut self.hts,
+            _ => unreachable!(),
+        };
+        for i in 0..d {
+            out[i] = -self.beta * x[i];
+        }
+        for j in 0..n {
+            let c = self.coef[j];
+            let lj = &left[base + j * d..base + (j + 1) * d];
+            for i in 0..d {
+                out[i] += c * lj[i].to_f64().unwrap_or(f64::NAN);
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Which {
+    G,
+    S,
+    Y,
+    Hy,
+    Hts,
+}
+
+impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
+    fn init(&mut self, batch: usize, dim: usize) {
+        let l = self.cfg.memory;
+        self.dim = dim;
+        self.u = vec![T::zero(); batch * l * dim];
+        self.v = vec![T::zero(); batch * l * dim];
+        self.z_prev = vec![T::zero(); batch * dim];
+        self.g_prev = vec![T::zero(); batch * dim];
+        self.res_prev = vec![f64::INFINITY; batch];
+        self.has_prev = vec![false; batch];
+        self.backtracks = vec![0; batch];
+        self.count = vec![0; batch];
+        self.head = vec![0; batch];
+        for buf in [
+            &mut self.g,
+            &mut self.s,
+            &mut self.y,
+            &mut self.hy,
+            &mut self.hts,
+        ] {
+            *buf = vec![0.0; dim];
+        }
+        self.coef = vec![0.0; l];
+    }
+
+    fn step(&mut self, row: usize, mut z: ArrayViewMut1<T>, fz: ArrayView1<T>, res: f64) {
+        let (l, d) = (self.cfg.memory, self.dim);
+        let z = z.as_slice_mut().expect("solver rows are contiguous");
+        let fz = fz.as_slice().expect("solver rows are contiguous");
+        let r = row * d..(row + 1) * d;
+
+        if self.has_prev[row] {
+            let grew = res > self.cfg.backtrack_growth * self.res_prev[row];
+            if self.cfg.backtrack && grew && self.backtracks[row] < self.cfg.max_backtracks {
+                // Halve the step back towards the last accepted point; no Jacobian update.
+                self.backtracks[row] += 1;
+                let zp = &self.z_prev[r];
+                let half: T = cast(0.5);
+                for i in 0..d {
+                    z[i] = zp[i] + half * (z[i] - zp[i]);
+                }
+                return;
+            }
+            let gave_up = self.cfg.backtrack && grew;
+            self.backtracks[row] = 0;
+            for i in 0..d {
+                let zi = z[i].to_f64().unwrap_or(f64::NAN);
+                let gi = fz[i].to_f64().unwrap_or(f64::NAN) - zi;
+                self.g[i] = gi;
+                self.s[i] = zi - self.z_prev[r.start + i].to_f64().unwrap_or(f64::NAN);
+                self.y[i] = gi - self.g_prev[r.start + i].to_f64().unwrap_or(f64::NAN);
+            }
+            if gave_up {
+                // The model of the Jacobian failed: forget it.
+                self.count[row] = 0;
+                self.head[row] = 0;
+            } else {
+                self.apply_h(row, Which::Y, false, Which::Hy);
+                self.apply_h(row, Which::S, true, Which::Hts);
+                let denom: f64 = self.s.iter().zip(&self.hy).map(|(a, b)| a * b).sum();
+                let s2: f64 = self.s.iter().map(|a| a * a).sum();
+                let hy2: f64 = self.hy.iter().map(|a| a * a).sum();
+                if denom.is_finite() && denom.abs() > 1e-12 * (s2 * hy2).sqrt() && s2 > 0.0 {
+                    let slot = self.head[row];
+                    let off = row * l * d + slot * d;
+                    for i in 0..d {
+                        self.u[off + i] = cast((self.s[i] - self.hy[i]) / denom);
+                        self.v[off + i] = cast(self.hts[i]);
+                    }
+                    self.head[row] = (slot + 1) % l;
+                    self.count[row] = (self.count[row] + 1).min(l);
+                } else {
+                    self.count[row] = 0;
+                    self.head[row] = 0;
+                }
+            }
+        } else {
+            for i in 0..d {
+                self.g[i] = fz[i].to_f64().unwrap_or(f64::NAN) - z[i].to_f64().unwrap_or(f64::NAN);
+            }
+        }
+        // Accept the current point.
+        self.z_prev[r.clone()].copy_from_slice(z);
+        for i in 0..d {
+            self.g_prev[r.start + i] = cast(self.g[i]);
+        }
+        self.res_prev[row] = res;
+        self.has_prev[row] = true;
+        // z ← z − H g
+        self.apply_h(row, Which::G, false, Which::Hy);
+        for i in 0..d {
+            z[i] = cast(z[i].to_f64().unwrap_or(f64::NAN) - self.hy[i]);
+        }
+    }
+}
+
+impl<T: SolverFloat> FixedPointSolver<T> for Broyden {
+    fn name(&self) -> &'static str {
+        "broyden"
+    }
+    fn solve_observed(
+        &self,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        observer: &mut dyn Observer<T>,
+    ) -> Result<Solution<T>> {
+        self.config.validate()?;
+        let mut rule = BroydenRule::<T> {
+            cfg: self.config.clone(),
+            beta: self.config.beta,
+            dim: 0,
+            u: Vec::new(),
+            v: Vec::new(),
+            z_prev: Vec::new(),
+            g_prev: Vec::new(),
+            res_prev: Vec::new(),
+            has_prev: Vec::new(),
+            backtracks: Vec::new(),
+            count: Vec::new(),
+            head: Vec::new(),
+            g: Vec::new(),
+            s: Vec::new(),
+            y: Vec::new(),
+            hy: Vec::new(),
+            hts: Vec::new(),
+            coef: Vec::new(),
+        };
+        run_fixed_point(
+            &mut rule,
+            &self.config.stop,
+            &self.config.output,
+            map,
+            z0,
+            observer,
+        )
+    }
+}

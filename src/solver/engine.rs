@@ -1,0 +1,278 @@
+//! The shared iteration skeleton: init → (evaluate → terminate? → step)* → report.
+//!
+//! Every solver is an [`IterationRule`] (how to move one row given `z` and `f(z)`); the loop,
+//! per-row stopping, freezing, best-iterate tracking, traces, observers and the spectral-radius
+//! estimate live here once.
+
+use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut1};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
+
+use super::{
+    cast, FixedPointMap, IterationInfo, Observer, OutputOptions, RowOutcome, RowStatus, Solution,
+    SolverFloat, StopCriteria,
+};
+use crate::error::{ElmError, Result};
+
+/// How a solver moves one row. State is per row; the driver calls `step` only for rows that are
+/// still active, after they passed the stop test.
+pub trait IterationRule<T: SolverFloat> {
+    /// Allocates all per-row buffers for a batch of `batch` rows of width `dim` (called once per
+    /// solve, so `step` never allocates).
+    fn init(&mut self, batch: usize, dim: usize);
+    /// Overwrites `z` (the point where `fz = f(z)` was evaluated, `residual = ‖fz − z‖₂`) with the
+    /// next iterate of row `row`. `z`, `fz`: `[D]`, contiguous.
+    fn step(&mut self, row: usize, z: ArrayViewMut1<T>, fz: ArrayView1<T>, residual: f64);
+}
+
+/// Runs `rule` on `map` from `z0 [B, D]` until every row stops (see [`crate::solver`] for the stop
+/// criteria).
+pub fn run_fixed_point<T: SolverFloat>(
+    rule: &mut dyn IterationRule<T>,
+    stop: &StopCriteria,
+    output: &OutputOptions,
+    map: &mut dyn FixedPointMap<T>,
+    z0: ArrayView2<T>,
+    observer: &mut dyn Observer<T>,
+) -> Result<Solution<T>> {
+    stop.validate()?;
+    let (batch, dim) = z0.dim();
+    if dim != map.dim() {
+        return Err(ElmError::shape(
+            "fixed-point solve",
+            format!("z0 is [{batch}, {dim}] but the map has dim {}", map.dim()),
+        ));
+    }
+    // Owned, standard-layout buffers: rows are contiguous slices for the rules.
+    let mut z = z0.as_standard_layout().into_owned();
+    let mut fz = Array2::<T>::zeros((batch, dim));
+    let mut best_z = if output.return_best {
+        z.clone()
+    } else {
+        Array2::zeros((0, dim))
+    };
+    let mut best_res = vec![f64::INFINITY; batch];
+    let mut best_rel = vec![f64::NAN; batch];
+    let mut res = vec![f64::NAN; batch];
+    let mut rel = vec![f64::NAN; batch];
+    let mut first_res = vec![f64::NAN; batch];
+    let mut iterations = vec![0usize; batch];
+    let mut status: Vec<Option<RowStatus>> = vec![None; batch];
+    let mut active = vec![true; batch];
+    let mut traces: Vec<Vec<f64>> = if output.trace {
+        vec![Vec::with_capacity(stop.max_iter.min(4096)); batch]
+    } else {
+        Vec::new()
+    };
+    rule.init(batch, dim);
+
+    let mut map_evals = 0usize;
+    let mut n_active = batch;
+    while n_active > 0 {
+        map.eval(z.view(), &active, fz.view_mut())?;
+        map_evals += 1;
+        for b in 0..batch {
+            if !active[b] {
+                continue;
+            }
+            iterations[b] += 1;
+            let (abs, rel_b) = residual_norms(z.row(b), fz.row(b), stop.rel_eps);
+            res[b] = abs;
+            rel[b] = rel_b;
+            if output.trace {
+                traces[b].push(abs);
+            }
+            let verdict = if !abs.is_finite() || !rel_b.is_finite() {
+                Some(RowStatus::NonFinite)
+            } else {
+                if first_res[b].is_nan() {
+                    first_res[b] = abs;
+                }
+                if output.return_best && abs < best_res[b] {
+                    best_res[b] = abs;
+                    best_rel[b] = rel_b;
+                    best_z.row_mut(b).assign(&z.row(b));
+                }
+                if (stop.abs_tol > 0.0 && abs <= stop.abs_tol)
+                    || (stop.rel_tol > 0.0 && rel_b <= stop.rel_tol)
+                {
+                    Some(RowStatus::Converged)
+                } else if abs > stop.divergence_factor * first_res[b].max(1e-30) {
+                    Some(RowStatus::Diverged)
+                } else if iterations[b] >= stop.max_iter {
+                    Some(RowStatus::MaxIter)
+                } else {
+                    None
+                }
+            };
+            match verdict {
+                Some(s) => {
+                    // Freeze: z keeps the last evaluated iterate, the map sees the row inactive.
+                    status[b] = Some(s);
+                    active[b] = false;
+                    n_active -= 1;
+                }
+                None => rule.step(b, z.row_mut(b), fz.row(b), abs),
+            }
+        }
+        observer.observe(&IterationInfo {
+            map_evals,
+            z: z.view(),
+            residuals: &res,
+            rel_residuals: &rel,
+            active: &active,
+        });
+    }
+
+    if output.return_best {
+        for b in 0..batch {
+            if best_res[b].is_finite() {
+                z.row_mut(b).assign(&best_z.row(b));
+                res[b] = best_res[b];
+                rel[b] = best_rel[b];
+            }
+        }
+    }
+
+    let mut spectral = vec![None; batch];
+    let mut spectral_map_evals = 0;
+    if output.spectral_radius_iters > 0 {
+        let eligible: Vec<bool> = (0..batch).map(|b| res[b].is_finite()).collect();
+        spectral_map_evals = estimate_spectral_radius(
+            map,
+            z.view(),
+            &eligible,
+            output.spectral_radius_iters,
+            output.seed,
+            &mut spectral,
+        )?;
+    }
+
+    let rows = (0..batch)
+        .map(|b| RowOutcome {
+            status: status[b].unwrap_or(RowStatus::MaxIter),
+            iterations: iterations[b],
+            residual: res[b],
+            rel_residual: rel[b],
+            trace: if output.trace {
+                Some(std::mem::take(&mut traces[b]))
+            } else {
+                None
+            },
+            spectral_radius: spectral[b],
+        })
+        .collect();
+    Ok(Solution {
+        z,
+        rows,
+        map_evals,
+        spectral_map_evals,
+    })
+}
+
+/// `(‖fz − z‖₂, ‖fz − z‖₂ / (‖fz‖₂ + eps))`, accumulated in f64.
+fn residual_norms<T: SolverFloat>(z: ArrayView1<T>, fz: ArrayView1<T>, eps: f64) -> (f64, f64) {
+    let mut r2 = 0.0f64;
+    let mut f2 = 0.0f64;
+    for (&zi, &fi) in z.iter().zip(fz.iter()) {
+        let f = fi.to_f64().unwrap_or(f64::NAN);
+        let d = f - zi.to_f64().unwrap_or(f64::NAN);
+        r2 += d * d;
+        f2 += f * f;
+    }
+    let abs = r2.sqrt();
+    (abs, abs / (f2.sqrt() + eps))
+}
+
+/// Per-row spectral radius of `J = ∂f/∂z` at `z` by power iteration on finite differences
+/// `J v ≈ (f(z + ε v) − f(z)) / ε`: the estimate is the geometric mean of `‖J v_k‖` over the last
+/// half of the steps (robust to ± or complex-pair dominant eigenvalues). Returns map evaluations.
+fn estimate_spectral_radius<T: SolverFloat>(
+    map: &mut dyn FixedPointMap<T>,
+    z: ArrayView2<T>,
+    eligible: &[bool],
+    steps: usize,
+    seed: u64,
+    out: &mut [Option<f64>],
+) -> Result<usize> {
+    let (batch, dim) = z.dim();
+    let mut active = eligible.to_vec();
+    if !active.iter().any(|&a| a) {
+        return Ok(0);
+    }
+    let mut f0 = Array2::<T>::zeros((batch, dim));
+    map.eval(z, &active, f0.view_mut())?;
+    let mut evals = 1;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut v = Array2::<f64>::zeros((batch, dim));
+    for x in v.iter_mut() {
+        *x = StandardNormal.sample(&mut rng);
+    }
+    for mut row in v.rows_mut() {
+        let n = row.dot(&row).sqrt();
+        row.mapv_inplace(|x| x / n);
+    }
+    // Forward differences: step ~ sqrt(machine eps) relative to the state's scale.
+    let sqrt_eps = T::epsilon().to_f64().unwrap_or(1e-16).sqrt();
+    let eps: Vec<f64> = (0..batch)
+        .map(|b| {
+            let zn = z
+                .row(b)
+                .iter()
+                .map(|x| x.to_f64().unwrap_or(0.0).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            sqrt_eps * (1.0 + zn)
+        })
+        .collect();
+    let mut zp = Array2::<T>::zeros((batch, dim));
+    let mut fp = Array2::<T>::zeros((batch, dim));
+    let mut log_sum = vec![0.0f64; batch];
+    let mut log_count = vec![0usize; batch];
+    for k in 0..steps {
+        for b in 0..batch {
+            if active[b] {
+                for i in 0..dim {
+                    zp[[b, i]] = z[[b, i]] + cast::<T>(eps[b] * v[[b, i]]);
+                }
+            }
+        }
+        map.eval(zp.view(), &active, fp.view_mut())?;
+        evals += 1;
+        for b in 0..batch {
+            if !active[b] {
+                continue;
+            }
+            let mut n2 = 0.0;
+            for i in 0..dim {
+                // Use the perturbation actually applied (after rounding to T).
+                let w = (fp[[b, i]].to_f64().unwrap_or(f64::NAN)
+                    - f0[[b, i]].to_f64().unwrap_or(f64::NAN))
+                    / eps[b];
+                v[[b, i]] = w;
+                n2 += w * w;
+            }
+            let n = n2.sqrt();
+            if !n.is_finite() {
+                active[b] = false;
+                continue;
+            }
+            if n == 0.0 {
+                out[b] = Some(0.0);
+                active[b] = false;
+                continue;
+            }
+            v.row_mut(b).mapv_inplace(|x| x / n);
+            if k >= steps / 2 {
+                log_sum[b] += n.ln();
+                log_count[b] += 1;
+            }
+            out[b] = Some((log_sum[b] / log_count[b].max(1) as f64).exp());
+        }
+        if !active.iter().any(|&a| a) {
+            break;
+        }
+    }
+    Ok(evals)
+}
