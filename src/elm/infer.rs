@@ -179,7 +179,12 @@ pub struct ElmSession<'m> {
 
 impl<'m> ElmSession<'m> {
     /// Allocates caches for `batch` sequences of at most `max_seq` tokens.
-    pub fn new(model: &'m ElmModel, cfg: InferenceConfig, batch: usize, max_seq: usize) -> Result<Self> {
+    pub fn new(
+        model: &'m ElmModel,
+        cfg: InferenceConfig,
+        batch: usize,
+        max_seq: usize,
+    ) -> Result<Self> {
         cfg.validate()?;
         if batch == 0 || max_seq == 0 {
             return Err(ElmError::InvalidArgument(
@@ -226,7 +231,11 @@ impl<'m> ElmSession<'m> {
     }
     /// Exact bytes allocated for K/V (dense layers + fixed-point caches).
     pub fn kv_bytes(&self) -> usize {
-        self.dense_kv.iter().chain(&self.fp_kv).map(|k| k.bytes()).sum()
+        self.dense_kv
+            .iter()
+            .chain(&self.fp_kv)
+            .map(|k| k.bytes())
+            .sum()
     }
     /// Number of fixed-point caches (1 in one-step mode).
     pub fn fp_caches(&self) -> usize {
@@ -269,6 +278,30 @@ impl<'m> ElmSession<'m> {
         self.forward(&seqs, &toks, false)
     }
 
+    /// One new token for each sequence with `active[b]` (others untouched); logits `[B, V]`
+    /// (zero rows for inactive sequences).
+    pub fn decode_step_masked(&mut self, tokens: &[u32], active: &[bool]) -> Result<Array2<f32>> {
+        if tokens.len() != self.batch || active.len() != self.batch {
+            return Err(ElmError::InvalidArgument(format!(
+                "decode_step_masked: {} tokens / {} flags for batch {}",
+                tokens.len(),
+                active.len(),
+                self.batch
+            )));
+        }
+        let seqs: Vec<usize> = (0..self.batch).filter(|&b| active[b]).collect();
+        let mut logits = Array2::zeros((self.batch, self.model.config().vocab_size));
+        if seqs.is_empty() {
+            return Ok(logits);
+        }
+        let toks: Vec<&[u32]> = seqs.iter().map(|&b| &tokens[b..b + 1]).collect();
+        let out = self.forward(&seqs, &toks, false)?;
+        for (ri, &b) in seqs.iter().enumerate() {
+            logits.row_mut(b).assign(&out.row(ri));
+        }
+        Ok(logits)
+    }
+
     /// Runs `tokens[r]` (all the same length T) of sequences `seqs[r]` through the model,
     /// committing every cache; returns logits of each row's last token `[R, V]`.
     fn forward(&mut self, seqs: &[usize], tokens: &[&[u32]], prefill: bool) -> Result<Array2<f32>> {
@@ -285,7 +318,8 @@ impl<'m> ElmSession<'m> {
                         mc.vocab_size
                     )));
                 }
-                x.slice_mut(s![ri, ti, ..]).assign(&w.embed.row(tok as usize));
+                x.slice_mut(s![ri, ti, ..])
+                    .assign(&w.embed.row(tok as usize));
             }
         }
         let (front, back) = match &self.model.elm {
@@ -325,13 +359,22 @@ impl<'m> ElmSession<'m> {
             seqs,
         )?;
         for (ri, &b) in seqs.iter().enumerate() {
-            self.dense_kv[slot].append(b, out.k.slice(s![ri, .., ..]), out.v.slice(s![ri, .., ..]))?;
+            self.dense_kv[slot].append(
+                b,
+                out.k.slice(s![ri, .., ..]),
+                out.v.slice(s![ri, .., ..]),
+            )?;
         }
         Ok(out.y)
     }
 
     /// Solves `z = f(z, h)` for each row, commits the final iterate's K/V, returns `f(z*)`.
-    fn solve_fixed_point(&mut self, h: Array3<f32>, seqs: &[usize], prefill: bool) -> Result<Array3<f32>> {
+    fn solve_fixed_point(
+        &mut self,
+        h: Array3<f32>,
+        seqs: &[usize],
+        prefill: bool,
+    ) -> Result<Array3<f32>> {
         let model = self.model;
         let (_, module) = model.elm.as_ref().expect("elm model");
         let mc = &model.weights.config;
@@ -354,7 +397,11 @@ impl<'m> ElmSession<'m> {
         };
         let sol = solver.solve(&mut map, z0.view())?;
         // Final evaluation at z*: its K/V are what the cache keeps; its output goes on.
-        let zs = sol.z.view().into_shape_with_order((r, t, c)).expect("[R,T,C]");
+        let zs = sol
+            .z
+            .view()
+            .into_shape_with_order((r, t, c))
+            .expect("[R,T,C]");
         let u = inject3(module, zs, h2.view(), t, c);
         let all: Vec<bool> = vec![true; r];
         let store_idx: Vec<usize> = (0..r).map(|ri| map.store_for(ri)).collect();
@@ -500,7 +547,12 @@ impl FixedPointMap<f32> for FpMap<'_> {
     fn dim(&self) -> usize {
         self.t * self.cfg.hidden_size
     }
-    fn eval(&mut self, z: ArrayView2<f32>, active: &[bool], mut out: ArrayViewMut2<f32>) -> Result<()> {
+    fn eval(
+        &mut self,
+        z: ArrayView2<f32>,
+        active: &[bool],
+        mut out: ArrayViewMut2<f32>,
+    ) -> Result<()> {
         let (r, c, t) = (z.nrows(), self.cfg.hidden_size, self.t);
         let z3 = z
             .to_shape((r, t, c))
@@ -510,8 +562,56 @@ impl FixedPointMap<f32> for FpMap<'_> {
             .map(|ri| if active[ri] { self.store_for(ri) } else { 0 })
             .collect();
         self.eval_rows(u.view(), active, &store_idx, |ri, y| {
-            out.row_mut(ri)
-                .assign(&y.to_shape(t * c).expect("[T*C]"));
+            out.row_mut(ri).assign(&y.to_shape(t * c).expect("[T*C]"));
         })
+    }
+}
+
+/// Index of the largest logit (first on ties).
+pub fn argmax(row: ndarray::ArrayView1<f32>) -> u32 {
+    let mut best = (0usize, f32::NEG_INFINITY);
+    for (i, &v) in row.iter().enumerate() {
+        if v > best.1 {
+            best = (i, v);
+        }
+    }
+    best.0 as u32
+}
+
+/// Greedy batched generation: prefill every prompt, then decode until each sequence emitted a
+/// token in `stop_ids` (kept in the output) or `max_new` tokens. Finished sequences are not
+/// evaluated any more. Returns the new tokens per sequence.
+pub fn generate_greedy(
+    session: &mut ElmSession<'_>,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    stop_ids: &[u32],
+) -> Result<Vec<Vec<u32>>> {
+    let b = prompts.len();
+    let mut out = vec![Vec::new(); b];
+    if max_new == 0 {
+        return Ok(out);
+    }
+    let logits = session.prefill(prompts)?;
+    let mut next: Vec<u32> = (0..b).map(|i| argmax(logits.row(i))).collect();
+    let mut active = vec![true; b];
+    loop {
+        for i in 0..b {
+            if active[i] {
+                out[i].push(next[i]);
+                if stop_ids.contains(&next[i]) || out[i].len() >= max_new {
+                    active[i] = false;
+                }
+            }
+        }
+        if !active.iter().any(|&a| a) {
+            return Ok(out);
+        }
+        let logits = session.decode_step_masked(&next, &active)?;
+        for i in 0..b {
+            if active[i] {
+                next[i] = argmax(logits.row(i));
+            }
+        }
     }
 }

@@ -12,6 +12,7 @@ pub mod block;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod infer;
 pub mod module;
 
 pub use accounting::{kv_report, param_report, KvReport, ParamReport};
