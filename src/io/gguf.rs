@@ -289,7 +289,7 @@ impl<'a> Cursor<'a> {
         let left = (self.bytes.len() - self.pos) as u64;
         if count.saturating_mul(min_size as u64) > left {
             return Err(self.err(format!(
-                "corrupt {what}: count {count} cannot fit in the {left} bytes left"
+                "truncated or corrupt {what}: count {count} cannot fit in the {left} bytes left"
             )));
         }
         Ok(count as usize)

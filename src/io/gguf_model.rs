@@ -273,3 +273,99 @@ pub fn load_gguf_weights(gguf: &GgufFile) -> Result<ModelWeights> {
         lm_head,
     })
 }
+
+/// Writes dense weights as an F32 GGUF v3 in llama.cpp's layout (tensor names,
+/// `{arch}.*` metadata, Q/K rows permuted for Llama): the inverse of
+/// [`load_gguf_weights`]. Used for tiny test models and tools; atomic.
+pub fn save_gguf_model(weights: &ModelWeights, path: impl AsRef<std::path::Path>) -> Result<()> {
+    use super::gguf::{kv, write_gguf, GgufTensorData, GgufValue as V};
+    let cfg = &weights.config;
+    cfg.validate()?;
+    let arch = match cfg.arch {
+        Arch::Llama => "llama",
+        Arch::Qwen2 => "qwen2",
+    };
+    let permuted = cfg.arch == Arch::Llama;
+    let k = |s: &str| format!("{arch}.{s}");
+    let mut meta = vec![
+        kv("general.architecture", V::String(arch.into())),
+        kv(&k("vocab_size"), V::U32(cfg.vocab_size as u32)),
+        kv(
+            &k("context_length"),
+            V::U32(cfg.max_position_embeddings as u32),
+        ),
+        kv(&k("embedding_length"), V::U32(cfg.hidden_size as u32)),
+        kv(
+            &k("feed_forward_length"),
+            V::U32(cfg.intermediate_size as u32),
+        ),
+        kv(&k("block_count"), V::U32(cfg.num_layers as u32)),
+        kv(&k("attention.head_count"), V::U32(cfg.num_heads as u32)),
+        kv(
+            &k("attention.head_count_kv"),
+            V::U32(cfg.num_kv_heads as u32),
+        ),
+        kv(&k("attention.key_length"), V::U32(cfg.head_dim as u32)),
+        kv(&k("attention.value_length"), V::U32(cfg.head_dim as u32)),
+        kv(&k("rope.dimension_count"), V::U32(cfg.head_dim as u32)),
+        kv(&k("rope.freq_base"), V::F32(cfg.rope_theta)),
+        kv(
+            &k("attention.layer_norm_rms_epsilon"),
+            V::F32(cfg.rms_norm_eps),
+        ),
+    ];
+    if let Some(id) = cfg.bos_token_id {
+        meta.push(kv("tokenizer.ggml.bos_token_id", V::U32(id)));
+    }
+    if let Some(id) = cfg.eos_token_id {
+        meta.push(kv("tokenizer.ggml.eos_token_id", V::U32(id)));
+    }
+
+    let mat = |name: String, w: &Array2<f32>| {
+        let w = w.as_standard_layout();
+        GgufTensorData::f32(&name, w.shape(), w.as_slice().expect("standard layout"))
+    };
+    let vec1 = |name: String, v: &Array1<f32>| GgufTensorData::f32(&name, &[v.len()], &v.to_vec());
+    let rope_rows = |w: &Array2<f32>, heads: usize| {
+        if permuted {
+            permute_rope_rows(w, heads)
+        } else {
+            w.clone()
+        }
+    };
+    let rope_vec = |b: &Array1<f32>, heads: usize| {
+        rope_rows(&b.clone().insert_axis(Axis(1)), heads).remove_axis(Axis(1))
+    };
+    let mut tensors = vec![
+        mat("token_embd.weight".into(), &weights.embed),
+        vec1("output_norm.weight".into(), &weights.final_norm),
+    ];
+    if let Some(head) = &weights.lm_head {
+        tensors.push(mat("output.weight".into(), head));
+    }
+    for (l, lw) in weights.layers.iter().enumerate() {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        tensors.push(vec1(n("attn_norm.weight"), &lw.attn_norm));
+        tensors.push(mat(n("attn_q.weight"), &rope_rows(&lw.wq, cfg.num_heads)));
+        tensors.push(mat(
+            n("attn_k.weight"),
+            &rope_rows(&lw.wk, cfg.num_kv_heads),
+        ));
+        tensors.push(mat(n("attn_v.weight"), &lw.wv));
+        tensors.push(mat(n("attn_output.weight"), &lw.wo));
+        if let Some(b) = &lw.bq {
+            tensors.push(vec1(n("attn_q.bias"), &rope_vec(b, cfg.num_heads)));
+        }
+        if let Some(b) = &lw.bk {
+            tensors.push(vec1(n("attn_k.bias"), &rope_vec(b, cfg.num_kv_heads)));
+        }
+        if let Some(b) = &lw.bv {
+            tensors.push(vec1(n("attn_v.bias"), b));
+        }
+        tensors.push(vec1(n("ffn_norm.weight"), &lw.mlp_norm));
+        tensors.push(mat(n("ffn_gate.weight"), &lw.w_gate));
+        tensors.push(mat(n("ffn_up.weight"), &lw.w_up));
+        tensors.push(mat(n("ffn_down.weight"), &lw.w_down));
+    }
+    write_gguf(path, &meta, &tensors)
+}

@@ -4,6 +4,7 @@
 //!   Q8_0, Q4_0, Q4_1) + a small writer.
 //! - [`load_gguf_model`]: a llama.cpp Llama/Qwen2 GGUF → dense f32 [`ModelWeights`]
 //!   in HF layout (Q/K rows un-permuted back to half-split RoPE order).
+//! - [`load_hf_model`] / [`save_hf_model`]: HF `config.json` + (sharded) safetensors.
 //!
 //! Every loader is strict: missing, unexpected or mis-shaped tensors and unknown
 //! config keys that would change the math are typed [`ElmError`]s naming the culprit.
@@ -17,9 +18,13 @@ use crate::model::ModelWeights;
 
 pub mod gguf;
 pub mod gguf_model;
+pub mod hf;
 
 pub use gguf::GgufFile;
-pub use gguf_model::{config_from_gguf, load_gguf_weights, permute_rope_rows, unpermute_rope_rows};
+pub use gguf_model::{
+    config_from_gguf, load_gguf_weights, permute_rope_rows, save_gguf_model, unpermute_rope_rows,
+};
+pub use hf::{config_from_hf_json, load_hf_model, read_hf_config, save_hf_model};
 
 /// Opens a GGUF file and loads it as dense f32 HF-layout weights.
 pub fn load_gguf_model(path: impl AsRef<Path>) -> Result<ModelWeights> {

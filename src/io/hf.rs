@@ -1,0 +1,676 @@
+//! Hugging Face checkpoint directories: `config.json` + `model.safetensors`, or sharded
+//! `*.safetensors` listed in `model.safetensors.index.json`.
+//!
+//! Loading is strict: every tensor must be used, none may be missing, and every shape
+//! is checked against the config. F32/F16/BF16 are converted to f32.
+//!
+//! `config.json` keys are sorted into three groups:
+//! - mapped into [`ModelConfig`] (see [`config_from_hf_json`]);
+//! - [`HARMLESS_KEYS`]: bookkeeping that cannot change the forward pass, ignored;
+//! - keys that *would* change the math are accepted only at their neutral value
+//!   (`hidden_act = "silu"`, `rope_scaling = null`, `use_sliding_window = false`, ...);
+//!   anything else, and any unknown key, is a `Config` error naming the key.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use ndarray::{Array1, Array2};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use serde_json::{json, Map, Value};
+
+use super::write_atomic;
+use crate::error::{ElmError, Result};
+use crate::model::{Arch, LayerWeights, ModelConfig, ModelWeights};
+
+/// `config.json` keys that do not affect the forward pass and are ignored.
+pub const HARMLESS_KEYS: &[&str] = &[
+    "_name_or_path",
+    "architectures",
+    "auto_map",
+    "torch_dtype",
+    "dtype",
+    "transformers_version",
+    "initializer_range",
+    "use_cache",
+    "pad_token_id",
+    "model_type",
+    "is_llama_config",
+    "pretraining_tp",
+    "max_window_layers",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "tokenizer_class",
+];
+
+fn json_err(path: &Path, msg: impl Into<String>) -> ElmError {
+    ElmError::Json {
+        what: path.display().to_string(),
+        msg: msg.into(),
+    }
+}
+
+/// Maps an HF `config.json` object to a [`ModelConfig`].
+pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
+    let obj = value
+        .as_object()
+        .ok_or_else(|| ElmError::config("config.json", "top level must be a JSON object"))?;
+    let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
+    let usize_key = |k: &str| -> Result<Option<usize>> {
+        match get(k) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
+                ElmError::config(k, format!("expected a non-negative integer, found {v}"))
+            }),
+        }
+    };
+    let need = |k: &str| -> Result<usize> {
+        usize_key(k)?.ok_or_else(|| ElmError::config(k, "missing from config.json"))
+    };
+    let f32_key = |k: &str| -> Result<Option<f32>> {
+        match get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| ElmError::config(k, format!("expected a number, found {v}"))),
+        }
+    };
+    let bool_key = |k: &str| -> Result<Option<bool>> {
+        match get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| ElmError::config(k, format!("expected a bool, found {v}"))),
+        }
+    };
+    // A token id may be an int or (Llama-3 style) a list; we keep the first.
+    let token_id = |k: &str| -> Result<Option<u32>> {
+        match get(k) {
+            None => Ok(None),
+            Some(Value::Array(a)) if a.is_empty() => Ok(None),
+            Some(Value::Array(a)) => a[0].as_u64().map(|x| Some(x as u32)).ok_or_else(|| {
+                ElmError::config(k, format!("expected integer ids, found {}", a[0]))
+            }),
+            Some(v) => v
+                .as_u64()
+                .map(|x| Some(x as u32))
+                .ok_or_else(|| ElmError::config(k, format!("expected an integer id, found {v}"))),
+        }
+    };
+
+    let arch = match get("model_type").and_then(Value::as_str) {
+        Some("llama") => Arch::Llama,
+        Some("qwen2") => Arch::Qwen2,
+        Some(other) => {
+            return Err(ElmError::config(
+                "model_type",
+                format!("`{other}` is unsupported (llama, qwen2)"),
+            ))
+        }
+        None => return Err(ElmError::config("model_type", "missing from config.json")),
+    };
+
+    let mapped: &[&str] = &[
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rope_theta",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "attention_bias",
+        "bos_token_id",
+        "eos_token_id",
+    ];
+    // Keys that change the math, accepted only at their neutral value.
+    for (key, v) in obj {
+        let k = key.as_str();
+        if mapped.contains(&k) || HARMLESS_KEYS.contains(&k) {
+            continue;
+        }
+        let neutral = match k {
+            "hidden_act" => v.as_str() == Some("silu"),
+            "rope_scaling" | "quantization_config" => v.is_null(),
+            "rope_parameters" => v.is_null() || rope_parameters_neutral(v),
+            "use_sliding_window" | "mlp_bias" | "rope_interleaved" => v.as_bool() == Some(false),
+            // Only active when use_sliding_window is true (checked above).
+            "sliding_window" => {
+                v.is_null() || obj.get("use_sliding_window").and_then(Value::as_bool) == Some(false)
+            }
+            "attention_dropout" | "hidden_dropout" => v.as_f64() == Some(0.0),
+            "layer_types" => v
+                .as_array()
+                .is_some_and(|a| a.iter().all(|x| x.as_str() == Some("full_attention"))),
+            _ => {
+                return Err(ElmError::config(
+                    k,
+                    "unknown config.json key (not mapped, not in the harmless allow-list)",
+                ))
+            }
+        };
+        if !neutral {
+            return Err(ElmError::config(
+                k,
+                format!("value {v} changes the model math and is unsupported"),
+            ));
+        }
+    }
+
+    let hidden_size = need("hidden_size")?;
+    let num_heads = need("num_attention_heads")?;
+    if num_heads == 0 {
+        return Err(ElmError::config("num_attention_heads", "must be > 0"));
+    }
+    let rope_theta = match f32_key("rope_theta")? {
+        Some(t) => t,
+        None => get("rope_parameters")
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(Value::as_f64)
+            .map_or(10000.0, |t| t as f32),
+    };
+    let config = ModelConfig {
+        arch,
+        vocab_size: need("vocab_size")?,
+        hidden_size,
+        intermediate_size: need("intermediate_size")?,
+        num_layers: need("num_hidden_layers")?,
+        num_heads,
+        num_kv_heads: usize_key("num_key_value_heads")?.unwrap_or(num_heads),
+        head_dim: usize_key("head_dim")?.unwrap_or(hidden_size / num_heads),
+        rope_theta,
+        rms_norm_eps: f32_key("rms_norm_eps")?.unwrap_or(1e-6),
+        max_position_embeddings: need("max_position_embeddings")?,
+        tie_word_embeddings: bool_key("tie_word_embeddings")?.unwrap_or(false),
+        // Qwen2 always has q/k/v biases; Llama has them only with attention_bias.
+        attention_bias: match arch {
+            Arch::Qwen2 => true,
+            Arch::Llama => bool_key("attention_bias")?.unwrap_or(false),
+        },
+        bos_token_id: token_id("bos_token_id")?,
+        eos_token_id: token_id("eos_token_id")?,
+    };
+    if arch == Arch::Qwen2 && bool_key("attention_bias")? == Some(false) {
+        return Err(ElmError::config(
+            "attention_bias",
+            "Qwen2 always uses q/k/v biases",
+        ));
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+/// `rope_parameters` (newer transformers) is neutral when it only says "default" RoPE.
+fn rope_parameters_neutral(v: &Value) -> bool {
+    v.as_object().is_some_and(|m| {
+        m.iter().all(|(k, x)| match k.as_str() {
+            "rope_type" | "type" => x.as_str() == Some("default"),
+            "rope_theta" => x.is_number(),
+            _ => false,
+        })
+    })
+}
+
+/// The `config.json` we write for a [`ModelConfig`] (readable by transformers).
+pub fn config_to_hf_json(c: &ModelConfig) -> Value {
+    let (model_type, class) = match c.arch {
+        Arch::Llama => ("llama", "LlamaForCausalLM"),
+        Arch::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
+    };
+    let mut v = json!({
+        "architectures": [class],
+        "model_type": model_type,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "rope_theta": c.rope_theta,
+        "rope_scaling": null,
+        "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": c.eos_token_id,
+        "torch_dtype": "float32",
+    });
+    if c.arch == Arch::Llama {
+        v["attention_bias"] = json!(c.attention_bias);
+    }
+    v
+}
+
+/// The HF tensor names of a model with this config, with their `[shape]`.
+fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (cd, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+    let (hd, kvd) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    let mut out = vec![
+        ("model.embed_tokens.weight".to_string(), vec![v, cd]),
+        ("model.norm.weight".to_string(), vec![cd]),
+    ];
+    if !c.tie_word_embeddings {
+        out.push(("lm_head.weight".to_string(), vec![v, cd]));
+    }
+    for l in 0..c.num_layers {
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        out.push((p("input_layernorm.weight"), vec![cd]));
+        out.push((p("self_attn.q_proj.weight"), vec![hd, cd]));
+        out.push((p("self_attn.k_proj.weight"), vec![kvd, cd]));
+        out.push((p("self_attn.v_proj.weight"), vec![kvd, cd]));
+        out.push((p("self_attn.o_proj.weight"), vec![cd, hd]));
+        if c.attention_bias {
+            out.push((p("self_attn.q_proj.bias"), vec![hd]));
+            out.push((p("self_attn.k_proj.bias"), vec![kvd]));
+            out.push((p("self_attn.v_proj.bias"), vec![kvd]));
+        }
+        out.push((p("post_attention_layernorm.weight"), vec![cd]));
+        out.push((p("mlp.gate_proj.weight"), vec![i, cd]));
+        out.push((p("mlp.up_proj.weight"), vec![i, cd]));
+        out.push((p("mlp.down_proj.weight"), vec![cd, i]));
+    }
+    out
+}
+
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+}
+
+fn open_shard(path: &Path) -> Result<Shard> {
+    let file = fs::File::open(path).map_err(|e| ElmError::io(path, e))?;
+    // SAFETY: read-only map, dropped before returning from the loader.
+    let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ElmError::io(path, e))?;
+    Ok(Shard {
+        path: path.to_path_buf(),
+        mmap,
+    })
+}
+
+/// Converts one safetensors tensor to f32 values (row-major).
+fn view_to_f32(name: &str, view: &TensorView<'_>) -> Result<Vec<f32>> {
+    let data = view.data();
+    Ok(match view.dtype() {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        other => {
+            return Err(ElmError::Unsupported(format!(
+                "tensor `{name}` has dtype {other:?} (supported: F32, F16, BF16)"
+            )))
+        }
+    })
+}
+
+/// Reads and parses `dir/config.json`.
+pub fn read_hf_config(dir: &Path) -> Result<ModelConfig> {
+    let path = dir.join("config.json");
+    let text = fs::read_to_string(&path).map_err(|e| ElmError::io(&path, e))?;
+    let value: Value = serde_json::from_str(&text).map_err(|e| json_err(&path, e.to_string()))?;
+    config_from_hf_json(&value)
+}
+
+/// The safetensors files of a checkpoint directory: `model.safetensors`, or the shards
+/// named in `model.safetensors.index.json` (the index's `weight_map` is checked
+/// against the shards' contents).
+fn shard_paths(dir: &Path) -> Result<(Vec<PathBuf>, Option<(PathBuf, BTreeMap<String, String>)>)> {
+    let single = dir.join("model.safetensors");
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text = fs::read_to_string(&index).map_err(|e| ElmError::io(&index, e))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| json_err(&index, e.to_string()))?;
+        let map = v
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| json_err(&index, "missing object `weight_map`"))?;
+        let mut weight_map = BTreeMap::new();
+        for (name, file) in map {
+            let file = file
+                .as_str()
+                .ok_or_else(|| json_err(&index, format!("weight_map[`{name}`] is not a string")))?;
+            if file.contains('/') || file.contains('\\') || file.starts_with('.') {
+                return Err(json_err(
+                    &index,
+                    format!("shard name `{file}` must be a plain file name"),
+                ));
+            }
+            weight_map.insert(name.clone(), file.to_string());
+        }
+        let mut files: Vec<PathBuf> = weight_map.values().map(|f| dir.join(f)).collect();
+        files.sort();
+        files.dedup();
+        Ok((files, Some((index, weight_map))))
+    } else if single.is_file() {
+        Ok((vec![single], None))
+    } else {
+        Err(ElmError::format(
+            dir,
+            "no model.safetensors or model.safetensors.index.json in checkpoint directory",
+        ))
+    }
+}
+
+/// Loads an HF Llama/Qwen2 checkpoint directory into dense f32 weights.
+pub fn load_hf_model(dir: impl AsRef<Path>) -> Result<ModelWeights> {
+    let dir = dir.as_ref();
+    let config = read_hf_config(dir)?;
+    let (files, index) = shard_paths(dir)?;
+    let shards = files
+        .iter()
+        .map(|p| open_shard(p))
+        .collect::<Result<Vec<_>>>()?;
+    let parsed = shards
+        .iter()
+        .map(|s| {
+            SafeTensors::deserialize(&s.mmap)
+                .map_err(|e| ElmError::format(&s.path, format!("invalid safetensors: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+
+    // name -> shard index; duplicates across shards are an error.
+    let mut location: HashMap<String, usize> = HashMap::new();
+    for (si, st) in parsed.iter().enumerate() {
+        for name in st.names() {
+            if let Some(prev) = location.insert(name.clone(), si) {
+                return Err(ElmError::tensor(
+                    name,
+                    format!(
+                        "present in both {} and {}",
+                        shards[prev].path.display(),
+                        shards[si].path.display()
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some((index_path, weight_map)) = &index {
+        for (name, file) in weight_map {
+            let actual = location.get(name).map(|&si| &shards[si].path);
+            if actual != Some(&dir.join(file)) {
+                return Err(ElmError::tensor(
+                    name,
+                    format!(
+                        "{} says it is in {file}, but it is not there",
+                        index_path.display()
+                    ),
+                ));
+            }
+        }
+        if let Some(name) = location.keys().find(|n| !weight_map.contains_key(*n)) {
+            return Err(ElmError::tensor(
+                name,
+                format!("not listed in {}", index_path.display()),
+            ));
+        }
+    }
+
+    let expected = expected_tensors(&config);
+    let expected_names: HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+    // A tied checkpoint may still carry lm_head.weight; accept it only if it is an
+    // exact copy of the embedding (otherwise tying would silently change the model).
+    let tied_copy = config.tie_word_embeddings && location.contains_key("lm_head.weight");
+    let mut sorted_names: Vec<&String> = location.keys().collect();
+    sorted_names.sort();
+    for name in sorted_names {
+        if !expected_names.contains(name.as_str()) && !(tied_copy && name == "lm_head.weight") {
+            return Err(ElmError::tensor(
+                name,
+                format!(
+                    "unexpected tensor in {} (not part of a {:?} model with this config)",
+                    shards[location[name]].path.display(),
+                    config.arch
+                ),
+            ));
+        }
+    }
+
+    let mut tensors: HashMap<String, Vec<f32>> = HashMap::with_capacity(expected.len());
+    for (name, shape) in &expected {
+        let si = *location.get(name).ok_or_else(|| {
+            ElmError::tensor(name, format!("missing from checkpoint {}", dir.display()))
+        })?;
+        let view = parsed[si]
+            .tensor(name)
+            .map_err(|e| ElmError::tensor(name, e.to_string()))?;
+        if view.shape() != &shape[..] {
+            return Err(ElmError::tensor(
+                name,
+                format!(
+                    "shape {:?} in {} but the config implies {shape:?}",
+                    view.shape(),
+                    shards[si].path.display()
+                ),
+            ));
+        }
+        tensors.insert(name.clone(), view_to_f32(name, &view)?);
+    }
+    if tied_copy {
+        let view = parsed[location["lm_head.weight"]]
+            .tensor("lm_head.weight")
+            .map_err(|e| ElmError::tensor("lm_head.weight", e.to_string()))?;
+        let head = view_to_f32("lm_head.weight", &view)?;
+        if head != tensors["model.embed_tokens.weight"] {
+            return Err(ElmError::tensor(
+                "lm_head.weight",
+                "tie_word_embeddings is true but lm_head.weight differs from the embedding",
+            ));
+        }
+    }
+
+    let shapes: HashMap<&str, &Vec<usize>> =
+        expected.iter().map(|(n, s)| (n.as_str(), s)).collect();
+    let mut take2 = |name: String| -> Array2<f32> {
+        let s = shapes[name.as_str()];
+        Array2::from_shape_vec((s[0], s[1]), tensors.remove(&name).expect("checked"))
+            .expect("shape checked")
+    };
+    let embed = take2("model.embed_tokens.weight".into());
+    let lm_head = (!config.tie_word_embeddings).then(|| take2("lm_head.weight".into()));
+    let mut layers = Vec::with_capacity(config.num_layers);
+    for l in 0..config.num_layers {
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        layers.push(LayerWeights {
+            attn_norm: Array1::zeros(0),
+            wq: take2(p("self_attn.q_proj.weight")),
+            wk: take2(p("self_attn.k_proj.weight")),
+            wv: take2(p("self_attn.v_proj.weight")),
+            wo: take2(p("self_attn.o_proj.weight")),
+            bq: None,
+            bk: None,
+            bv: None,
+            mlp_norm: Array1::zeros(0),
+            w_gate: take2(p("mlp.gate_proj.weight")),
+            w_up: take2(p("mlp.up_proj.weight")),
+            w_down: take2(p("mlp.down_proj.weight")),
+        });
+    }
+    let mut take1 = |name: String| Array1::from_vec(tensors.remove(&name).expect("checked"));
+    for (l, layer) in layers.iter_mut().enumerate() {
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        layer.attn_norm = take1(p("input_layernorm.weight"));
+        layer.mlp_norm = take1(p("post_attention_layernorm.weight"));
+        if config.attention_bias {
+            layer.bq = Some(take1(p("self_attn.q_proj.bias")));
+            layer.bk = Some(take1(p("self_attn.k_proj.bias")));
+            layer.bv = Some(take1(p("self_attn.v_proj.bias")));
+        }
+    }
+    let final_norm = take1("model.norm.weight".into());
+
+    Ok(ModelWeights {
+        config,
+        embed,
+        layers,
+        final_norm,
+        lm_head,
+    })
+}
+
+/// Writes `config.json` + `model.safetensors` (F32) into `dir` (created if needed).
+/// Each file is written to a temp file and renamed, so readers never see a torn file.
+pub fn save_hf_model(weights: &ModelWeights, dir: impl AsRef<Path>) -> Result<()> {
+    let dir = dir.as_ref();
+    weights.config.validate()?;
+    fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
+    check_shapes(weights)?;
+
+    let mut named: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut push = |name: String, shape: &[usize], values: Vec<f32>| {
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        named.push((name, shape.to_vec(), bytes));
+    };
+    let m2 = |a: &Array2<f32>| a.as_standard_layout().iter().copied().collect::<Vec<f32>>();
+    push(
+        "model.embed_tokens.weight".into(),
+        weights.embed.shape(),
+        m2(&weights.embed),
+    );
+    push(
+        "model.norm.weight".into(),
+        weights.final_norm.shape(),
+        weights.final_norm.to_vec(),
+    );
+    if let Some(h) = &weights.lm_head {
+        push("lm_head.weight".into(), h.shape(), m2(h));
+    }
+    for (l, lw) in weights.layers.iter().enumerate() {
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        push(
+            p("input_layernorm.weight"),
+            lw.attn_norm.shape(),
+            lw.attn_norm.to_vec(),
+        );
+        push(p("self_attn.q_proj.weight"), lw.wq.shape(), m2(&lw.wq));
+        push(p("self_attn.k_proj.weight"), lw.wk.shape(), m2(&lw.wk));
+        push(p("self_attn.v_proj.weight"), lw.wv.shape(), m2(&lw.wv));
+        push(p("self_attn.o_proj.weight"), lw.wo.shape(), m2(&lw.wo));
+        for (b, n) in [(&lw.bq, "q"), (&lw.bk, "k"), (&lw.bv, "v")] {
+            if let Some(b) = b {
+                push(
+                    p(&format!("self_attn.{n}_proj.bias")),
+                    b.shape(),
+                    b.to_vec(),
+                );
+            }
+        }
+        push(
+            p("post_attention_layernorm.weight"),
+            lw.mlp_norm.shape(),
+            lw.mlp_norm.to_vec(),
+        );
+        push(p("mlp.gate_proj.weight"), lw.w_gate.shape(), m2(&lw.w_gate));
+        push(p("mlp.up_proj.weight"), lw.w_up.shape(), m2(&lw.w_up));
+        push(p("mlp.down_proj.weight"), lw.w_down.shape(), m2(&lw.w_down));
+    }
+    let views = named
+        .iter()
+        .map(|(n, s, b)| {
+            TensorView::new(Dtype::F32, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| ElmError::tensor(n, e.to_string()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut meta = std::collections::HashMap::new();
+    meta.insert("format".to_string(), "pt".to_string());
+    let bytes = safetensors::serialize(views, &Some(meta))
+        .map_err(|e| ElmError::format(dir.join("model.safetensors"), e.to_string()))?;
+    write_atomic(&dir.join("model.safetensors"), &bytes)?;
+
+    let config = serde_json::to_string_pretty(&config_to_hf_json(&weights.config))
+        .map_err(|e| json_err(&dir.join("config.json"), e.to_string()))?;
+    write_atomic(&dir.join("config.json"), config.as_bytes())
+}
+
+/// Checks that in-memory weights agree with their config before writing them.
+fn check_shapes(w: &ModelWeights) -> Result<()> {
+    let c = &w.config;
+    if w.layers.len() != c.num_layers {
+        return Err(ElmError::config(
+            "num_layers",
+            format!(
+                "config says {} but weights have {} layers",
+                c.num_layers,
+                w.layers.len()
+            ),
+        ));
+    }
+    if w.lm_head.is_some() == c.tie_word_embeddings {
+        return Err(ElmError::config(
+            "tie_word_embeddings",
+            "lm_head must be None exactly when embeddings are tied",
+        ));
+    }
+    let mut actual: Vec<(String, Vec<usize>)> = vec![
+        ("model.embed_tokens.weight".into(), w.embed.shape().to_vec()),
+        ("model.norm.weight".into(), w.final_norm.shape().to_vec()),
+    ];
+    if let Some(h) = &w.lm_head {
+        actual.push(("lm_head.weight".into(), h.shape().to_vec()));
+    }
+    for (l, lw) in w.layers.iter().enumerate() {
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        actual.push((p("input_layernorm.weight"), lw.attn_norm.shape().to_vec()));
+        actual.push((p("self_attn.q_proj.weight"), lw.wq.shape().to_vec()));
+        actual.push((p("self_attn.k_proj.weight"), lw.wk.shape().to_vec()));
+        actual.push((p("self_attn.v_proj.weight"), lw.wv.shape().to_vec()));
+        actual.push((p("self_attn.o_proj.weight"), lw.wo.shape().to_vec()));
+        for (b, n) in [(&lw.bq, "q"), (&lw.bk, "k"), (&lw.bv, "v")] {
+            if let Some(b) = b {
+                actual.push((p(&format!("self_attn.{n}_proj.bias")), b.shape().to_vec()));
+            }
+        }
+        actual.push((
+            p("post_attention_layernorm.weight"),
+            lw.mlp_norm.shape().to_vec(),
+        ));
+        actual.push((p("mlp.gate_proj.weight"), lw.w_gate.shape().to_vec()));
+        actual.push((p("mlp.up_proj.weight"), lw.w_up.shape().to_vec()));
+        actual.push((p("mlp.down_proj.weight"), lw.w_down.shape().to_vec()));
+    }
+    let expected: Map<String, Value> = expected_tensors(c)
+        .into_iter()
+        .map(|(n, s)| (n, json!(s)))
+        .collect();
+    if actual.len() != expected.len() {
+        return Err(ElmError::config(
+            "attention_bias",
+            "q/k/v biases present/absent inconsistently with the config",
+        ));
+    }
+    for (name, shape) in actual {
+        match expected.get(&name) {
+            Some(s) if *s == json!(shape) => {}
+            Some(s) => {
+                return Err(ElmError::tensor(
+                    &name,
+                    format!("shape {shape:?} but the config implies {s}"),
+                ))
+            }
+            None => {
+                return Err(ElmError::tensor(
+                    &name,
+                    "not part of a model with this config",
+                ))
+            }
+        }
+    }
+    Ok(())
+}
