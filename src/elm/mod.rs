@@ -12,9 +12,26 @@ pub mod block;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod forward;
 pub mod infer;
 pub mod module;
 
 pub use accounting::{kv_report, param_report, KvReport, ParamReport};
 pub use config::{ElmConfig, LambdaSchedule, TrainConfig};
 pub use module::{load_module, save_module, ElmModule, ModuleMeta};
+
+use std::path::Path;
+
+/// Loads a dense model from a `.gguf` file or an HF directory (config.json + safetensors).
+pub fn load_dense_model(path: &Path) -> crate::Result<crate::model::ModelWeights> {
+    if path.is_dir() {
+        crate::io::load_hf_model(path)
+    } else if path.exists() {
+        crate::io::load_gguf_model(path)
+    } else {
+        Err(crate::ElmError::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "model not found"),
+        ))
+    }
+}
