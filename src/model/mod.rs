@@ -2,6 +2,7 @@
 //! autograd tape, and a fast cached inference path.
 
 pub mod config;
+pub mod tape;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};

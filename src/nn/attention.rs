@@ -1,0 +1,188 @@
+//! Causal grouped-query attention, fused forward/backward, with an optional KV prefix.
+//!
+//! Query head `h` reads KV head `h / (H / KV)`. With `S = P + T` keys (a prefix of `P`
+//! cached positions followed by the `T` current ones), query `t` attends to keys
+//! `s ≤ P + t`. Scores are scaled by `1/sqrt(D)`.
+
+use ndarray::{s, Array2, Array4, ArrayD, Ix4};
+
+use crate::autograd::ops::standard;
+use crate::autograd::{AdFloat, Tape, Var};
+use crate::error::{ElmError, Result};
+
+/// Softmax probabilities kept for backward: `[B, H, T, S]`.
+#[derive(Clone, Debug)]
+pub struct AttentionCache<T> {
+    pub probs: Array4<T>,
+}
+
+#[allow(clippy::type_complexity)]
+fn dims<T4: AdFloat>(
+    q: &ArrayD<T4>,
+    k: &ArrayD<T4>,
+    v: &ArrayD<T4>,
+) -> Result<(usize, usize, usize, usize, usize, usize)> {
+    let bad = || {
+        ElmError::shape(
+            "attention",
+            format!(
+                "need q [B,T,H,D], k/v [B,S,KV,D] with S ≥ T and KV | H; got q {:?}, k {:?}, v {:?}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            ),
+        )
+    };
+    if q.ndim() != 4 || k.ndim() != 4 || k.shape() != v.shape() {
+        return Err(bad());
+    }
+    let (b, t, h, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let (bk, s, kv, dk) = (k.shape()[0], k.shape()[1], k.shape()[2], k.shape()[3]);
+    if b != bk || d != dk || s < t || kv == 0 || h % kv != 0 {
+        return Err(bad());
+    }
+    Ok((b, t, h, d, s, kv))
+}
+
+/// `q: [B, T, H, D]`, `k, v: [B, S, KV, D]` → `(out: [B, T, H, D], cache)`.
+pub fn forward<T4: AdFloat>(
+    q: &ArrayD<T4>,
+    k: &ArrayD<T4>,
+    v: &ArrayD<T4>,
+) -> Result<(ArrayD<T4>, AttentionCache<T4>)> {
+    let (b, t, h, d, s_len, kv) = dims(q, k, v)?;
+    let group = h / kv;
+    let prefix = s_len - t;
+    let scale = T4::one() / T4::of(d as f64).sqrt();
+    let q4 = q.view().into_dimensionality::<Ix4>().unwrap();
+    let k4 = k.view().into_dimensionality::<Ix4>().unwrap();
+    let v4 = v.view().into_dimensionality::<Ix4>().unwrap();
+    let mut out = Array4::<T4>::zeros((b, t, h, d));
+    let mut probs = Array4::<T4>::zeros((b, h, t, s_len));
+    for bi in 0..b {
+        for hi in 0..h {
+            let kvh = hi / group;
+            let qh = q4.slice(s![bi, .., hi, ..]).to_owned(); // [T, D]
+            let kh = k4.slice(s![bi, .., kvh, ..]).to_owned(); // [S, D]
+            let vh = v4.slice(s![bi, .., kvh, ..]).to_owned(); // [S, D]
+            let mut sc: Array2<T4> = qh.dot(&kh.t()) * scale; // [T, S]
+            for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
+                let last = prefix + ti; // last visible key
+                let m = row
+                    .slice(s![..=last])
+                    .fold(T4::neg_infinity(), |a, &x| a.max(x));
+                let mut sum = T4::zero();
+                for (si, x) in row.iter_mut().enumerate() {
+                    *x = if si <= last {
+                        (*x - m).exp()
+                    } else {
+                        T4::zero()
+                    };
+                    sum += *x;
+                }
+                row.mapv_inplace(|x| x / sum);
+            }
+            out.slice_mut(s![bi, .., hi, ..]).assign(&sc.dot(&vh));
+            probs.slice_mut(s![bi, hi, .., ..]).assign(&sc);
+        }
+    }
+    Ok((out.into_dyn(), AttentionCache { probs }))
+}
+
+/// Returns `(dq, dk, dv)` for upstream `dout: [B, T, H, D]`.
+pub fn backward<T4: AdFloat>(
+    q: &ArrayD<T4>,
+    k: &ArrayD<T4>,
+    v: &ArrayD<T4>,
+    cache: &AttentionCache<T4>,
+    dout: &ArrayD<T4>,
+) -> (ArrayD<T4>, ArrayD<T4>, ArrayD<T4>) {
+    let (b, t, h, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let (s_len, kv) = (k.shape()[1], k.shape()[2]);
+    let group = h / kv;
+    let scale = T4::one() / T4::of(d as f64).sqrt();
+    let q4 = q.view().into_dimensionality::<Ix4>().unwrap();
+    let k4 = k.view().into_dimensionality::<Ix4>().unwrap();
+    let v4 = v.view().into_dimensionality::<Ix4>().unwrap();
+    let dout = standard(dout.clone());
+    let do4 = dout.view().into_dimensionality::<Ix4>().unwrap();
+    let mut dq = Array4::<T4>::zeros((b, t, h, d));
+    let mut dk = Array4::<T4>::zeros((b, s_len, kv, d));
+    let mut dv = Array4::<T4>::zeros((b, s_len, kv, d));
+    for bi in 0..b {
+        for hi in 0..h {
+            let kvh = hi / group;
+            let p = cache.probs.slice(s![bi, hi, .., ..]); // [T, S]
+            let qh = q4.slice(s![bi, .., hi, ..]).to_owned();
+            let kh = k4.slice(s![bi, .., kvh, ..]).to_owned();
+            let vh = v4.slice(s![bi, .., kvh, ..]).to_owned();
+            let doh = do4.slice(s![bi, .., hi, ..]).to_owned(); // [T, D]
+                                                                // out = P V → dV += Pᵀ dO, dP = dO Vᵀ.
+            let mut dvh = dv.slice_mut(s![bi, .., kvh, ..]);
+            dvh += &p.t().dot(&doh);
+            let mut ds = doh.dot(&vh.t()); // [T, S]
+                                           // Softmax VJP per row; masked entries have p = 0 and get 0.
+            for (mut dsr, pr) in ds.rows_mut().into_iter().zip(p.rows()) {
+                let dot: T4 = dsr.iter().zip(pr.iter()).map(|(&a, &b)| a * b).sum();
+                dsr.zip_mut_with(&pr, |x, &pi| *x = pi * (*x - dot) * scale);
+            }
+            dq.slice_mut(s![bi, .., hi, ..]).assign(&ds.dot(&kh));
+            let mut dkh = dk.slice_mut(s![bi, .., kvh, ..]);
+            dkh += &ds.t().dot(&qh);
+        }
+    }
+    (dq.into_dyn(), dk.into_dyn(), dv.into_dyn())
+}
+
+/// Tape op: causal GQA. `q: [B, T, H, D]`, `k, v: [B, T, KV, D]` for the current tokens,
+/// plus an optional `(k_prefix, v_prefix): [B, P, KV, D]` (earlier positions, e.g. a KV
+/// cache or learned prefix) placed before them; gradients flow into the prefix too.
+pub fn attention<T: AdFloat>(
+    tape: &mut Tape<T>,
+    q: Var,
+    k: Var,
+    v: Var,
+    kv_prefix: Option<(Var, Var)>,
+) -> Result<Var> {
+    let (k_all, v_all) = match kv_prefix {
+        None => (k, v),
+        Some((kp, vp)) => (concat_time(tape, kp, k)?, concat_time(tape, vp, v)?),
+    };
+    let (qs, ks, vs) = (tape.shared(q), tape.shared(k_all), tape.shared(v_all));
+    let (out, cache) = forward(&qs, &ks, &vs)?;
+    let bytes = cache.probs.len() * std::mem::size_of::<T>();
+    Ok(
+        tape.push_op(&[q, k_all, v_all], out, bytes, move |dy, needs| {
+            let (dq, dk, dv) = backward(&qs, &ks, &vs, &cache, dy);
+            Ok(vec![
+                needs[0].then_some(dq),
+                needs[1].then_some(dk),
+                needs[2].then_some(dv),
+            ])
+        }),
+    )
+}
+
+/// Concatenates `[B, P, KV, D]` and `[B, T, KV, D]` along time (axis 1).
+pub fn concat_time<T: AdFloat>(tape: &mut Tape<T>, a: Var, b: Var) -> Result<Var> {
+    let (av, bv) = (tape.shared(a), tape.shared(b));
+    let ok = av.ndim() == 4 && bv.ndim() == 4 && {
+        let (sa, sb) = (av.shape(), bv.shape());
+        sa[0] == sb[0] && sa[2] == sb[2] && sa[3] == sb[3]
+    };
+    if !ok {
+        return Err(ElmError::shape(
+            "attention kv prefix",
+            format!("prefix {:?} vs current {:?}", av.shape(), bv.shape()),
+        ));
+    }
+    let p = av.shape()[1];
+    let y = ndarray::concatenate(ndarray::Axis(1), &[av.view(), bv.view()]).unwrap();
+    drop((av, bv));
+    Ok(tape.push_op(&[a, b], standard(y), 0, move |g, needs| {
+        Ok(vec![
+            needs[0].then(|| g.slice(s![.., ..p, .., ..]).to_owned().into_dyn()),
+            needs[1].then(|| g.slice(s![.., p.., .., ..]).to_owned().into_dyn()),
+        ])
+    }))
+}
