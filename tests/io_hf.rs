@@ -310,6 +310,20 @@ fn missing_unexpected_misshaped_and_unsupported_tensors_are_named() {
     assert!(matches!(e, ElmError::Unsupported(_)), "{e}");
     expect(e, &["model.norm.weight", "I32"]);
 
+    // config.json disagrees with the tensors: more layers, wider MLP.
+    for (key, value, culprit) in [
+        ("num_hidden_layers", 3, "model.layers.2."),
+        ("intermediate_size", 64, "mlp.gate_proj.weight"),
+    ] {
+        let dir = saved_tiny("hf-config-mismatch");
+        let p = dir.join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        cfg[key] = json!(value);
+        std::fs::write(&p, cfg.to_string()).unwrap();
+        expect(load_hf_model(&dir).unwrap_err(), &[culprit]);
+    }
+
     // Tied checkpoints may carry lm_head.weight only as an exact copy of the embedding.
     let dir = saved_tiny("hf-tied-copy");
     rewrite(&dir, |l| {

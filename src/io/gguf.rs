@@ -319,12 +319,10 @@ impl<'a> Cursor<'a> {
             },
             8 => GgufValue::String(self.string(what)?),
             9 => {
-                if depth > 0 {
-                    // Nested arrays are legal GGUF but unused by any model we load; a
-                    // depth cap keeps corrupt files from recursing without bound.
-                    if depth > 4 {
-                        return Err(self.err(format!("{what}: arrays nested too deeply")));
-                    }
+                // Nested arrays are legal GGUF but unused by any model we load; a
+                // depth cap keeps corrupt files from recursing without bound.
+                if depth > 4 {
+                    return Err(self.err(format!("{what}: arrays nested too deeply")));
                 }
                 let elem_type = self.u32(what)?;
                 let count = self.u64(what)?;
@@ -332,7 +330,7 @@ impl<'a> Cursor<'a> {
                     0 | 1 | 7 => 1,
                     2 | 3 => 2,
                     4..=6 => 4,
-                    8 | 9 | 10..=12 => 8,
+                    8..=12 => 8,
                     t => return Err(self.err(format!("{what}: unknown array element type {t}"))),
                 };
                 let count = self.check_count(count, min_size, what)?;
@@ -672,7 +670,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
     let (block, block_bytes) = ty
         .block_layout()
         .ok_or_else(|| ElmError::Unsupported(format!("dequantize {}", ty.name())))?;
-    if n % block != 0 || bytes.len() != n / block * block_bytes {
+    if !n.is_multiple_of(block) || bytes.len() != n / block * block_bytes {
         return Err(ElmError::InvalidArgument(format!(
             "dequantize {}: {} bytes for {n} elements",
             ty.name(),

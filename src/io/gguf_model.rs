@@ -110,7 +110,7 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
 pub fn unpermute_rope_rows(w: &Array2<f32>, n_head: usize) -> Array2<f32> {
     let rows = w.nrows();
     assert!(
-        rows % n_head == 0 && (rows / n_head) % 2 == 0,
+        n_head > 0 && rows.is_multiple_of(n_head) && (rows / n_head).is_multiple_of(2),
         "rows {rows}, heads {n_head}"
     );
     let d = rows / n_head;
@@ -130,7 +130,7 @@ pub fn unpermute_rope_rows(w: &Array2<f32>, n_head: usize) -> Array2<f32> {
 pub fn permute_rope_rows(w: &Array2<f32>, n_head: usize) -> Array2<f32> {
     let rows = w.nrows();
     assert!(
-        rows % n_head == 0 && (rows / n_head) % 2 == 0,
+        n_head > 0 && rows.is_multiple_of(n_head) && (rows / n_head).is_multiple_of(2),
         "rows {rows}, heads {n_head}"
     );
     let d = rows / n_head;

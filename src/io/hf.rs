@@ -298,18 +298,19 @@ fn open_shard(path: &Path) -> Result<Shard> {
 
 /// Converts one safetensors tensor to f32 values (row-major).
 fn view_to_f32(name: &str, view: &TensorView<'_>) -> Result<Vec<f32>> {
+    use rayon::prelude::*;
     let data = view.data();
     Ok(match view.dtype() {
         Dtype::F32 => data
-            .chunks_exact(4)
+            .par_chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect(),
         Dtype::F16 => data
-            .chunks_exact(2)
+            .par_chunks_exact(2)
             .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
         Dtype::BF16 => data
-            .chunks_exact(2)
+            .par_chunks_exact(2)
             .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
         other => {
@@ -331,7 +332,10 @@ pub fn read_hf_config(dir: &Path) -> Result<ModelConfig> {
 /// The safetensors files of a checkpoint directory: `model.safetensors`, or the shards
 /// named in `model.safetensors.index.json` (the index's `weight_map` is checked
 /// against the shards' contents).
-fn shard_paths(dir: &Path) -> Result<(Vec<PathBuf>, Option<(PathBuf, BTreeMap<String, String>)>)> {
+/// `(index path, tensor name -> shard file name)` of a sharded checkpoint.
+type ShardIndex = (PathBuf, BTreeMap<String, String>);
+
+fn shard_paths(dir: &Path) -> Result<(Vec<PathBuf>, Option<ShardIndex>)> {
     let single = dir.join("model.safetensors");
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
@@ -430,7 +434,8 @@ pub fn load_hf_model(dir: impl AsRef<Path>) -> Result<ModelWeights> {
     let mut sorted_names: Vec<&String> = location.keys().collect();
     sorted_names.sort();
     for name in sorted_names {
-        if !expected_names.contains(name.as_str()) && !(tied_copy && name == "lm_head.weight") {
+        let tolerated = tied_copy && name == "lm_head.weight";
+        if !expected_names.contains(name.as_str()) && !tolerated {
             return Err(ElmError::tensor(
                 name,
                 format!(

@@ -5,6 +5,8 @@
 //! - [`load_gguf_model`]: a llama.cpp Llama/Qwen2 GGUF → dense f32 [`ModelWeights`]
 //!   in HF layout (Q/K rows un-permuted back to half-split RoPE order).
 //! - [`load_hf_model`] / [`save_hf_model`]: HF `config.json` + (sharded) safetensors.
+//! - [`tokenizer::Tokenizer`]: byte-level BPE from a GGUF or an HF `tokenizer.json`,
+//!   ChatML prompts.
 //!
 //! Every loader is strict: missing, unexpected or mis-shaped tensors and unknown
 //! config keys that would change the math are typed [`ElmError`]s naming the culprit.
@@ -19,6 +21,7 @@ use crate::model::ModelWeights;
 pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
+pub mod tokenizer;
 
 pub use gguf::GgufFile;
 pub use gguf_model::{
@@ -42,8 +45,11 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| ElmError::InvalidArgument(format!("{}: not a file path", path.display())))?;
+    // Unique per process and call, so concurrent writers never share a temp file.
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(
-        ".{}.tmp{}",
+        ".{}.tmp{}-{n}",
         name.to_string_lossy(),
         std::process::id()
     ));

@@ -1,0 +1,341 @@
+//! Tokenizers: a thin wrapper over the `tokenizers` crate, built either from an HF
+//! `tokenizer.json` or from a GGUF's `tokenizer.ggml.*` metadata, plus ChatML prompts.
+//!
+//! GGUF route (`tokenizer.ggml.model = "gpt2"`): byte-level BPE with the vocabulary and
+//! merges from the file; the pre-tokenizer reproduces llama.cpp's split regexes for the
+//! file's `tokenizer.ggml.pre`: for `smollm` (and the identical `starcoder` group) the text
+//! is split first on every single digit `\p{N}`, then with the GPT-2 regex, text between
+//! matches kept as its own piece. Tokens whose `token_type` is 3 (control, e.g.
+//! `<|im_start|>`) are matched whole in the input before any splitting.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+
+use super::gguf::GgufFile;
+use crate::error::{ElmError, Result};
+
+/// GPT-2's split regex as llama.cpp writes it (no trailing `\s+`: llama.cpp keeps
+/// unmatched text as its own piece, which `Split` with `Isolated` also does).
+const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+
+/// llama.cpp's split regexes per `tokenizer.ggml.pre`, applied in order.
+/// Only families verified against a reference (SmolLM2) or identical to it are listed.
+fn split_regexes(pre: &str) -> Option<Vec<&'static str>> {
+    match pre {
+        // LLAMA_VOCAB_PRE_TYPE_{SMOLLM, STARCODER, REFACT, CODESHELL}: same regex list.
+        "smollm" | "starcoder" | "refact" | "codeshell" => Some(vec![r"\p{N}", GPT2_SPLIT]),
+        "gpt-2" | "gpt2" => Some(vec![GPT2_SPLIT]),
+        _ => None,
+    }
+}
+
+/// A text tokenizer with BOS/EOS ids and a ChatML prompt formatter.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    /// Prepend BOS when `encode(.., add_special = true)` (GGUF `add_bos_token`); HF
+    /// `tokenizer.json` files do this through their own post-processor instead.
+    prepend_bos: bool,
+    /// System prompt the chat template inserts when the messages have none.
+    default_system_prompt: Option<String>,
+}
+
+fn tok_err(e: impl std::fmt::Display) -> ElmError {
+    ElmError::Tokenizer(e.to_string())
+}
+
+/// Pulls the default system prompt out of a ChatML Jinja template: the literal text
+/// between `<|im_start|>system\n` and the next `<|im_end|>`, as SmolLM2's template has.
+fn default_system_prompt(template: &str) -> Option<String> {
+    // Templates spell the newline either literally or as a `\n` escape in a string literal.
+    let template = template.replace("\\n", "\n");
+    let start = "<|im_start|>system\n";
+    let i = template.find(start)? + start.len();
+    let rest = &template[i..];
+    let end = rest.find("<|im_end|>")?;
+    let prompt = &rest[..end];
+    // A template that builds the system turn from a variable has no literal default.
+    (!prompt.contains("{{") && !prompt.contains("' +") && !prompt.contains("+ '"))
+        .then(|| prompt.to_string())
+}
+
+impl Tokenizer {
+    /// Loads an HF `tokenizer.json`. If a sibling `tokenizer_config.json` exists, its
+    /// `bos_token`, `eos_token` and `chat_template` (default system prompt) are used.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Tokenizer> {
+        let path = path.as_ref();
+        if !path.is_file() {
+            return Err(ElmError::io(
+                path,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "tokenizer file not found"),
+            ));
+        }
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| ElmError::format(path, format!("invalid tokenizer.json: {e}")))?;
+        let mut tok = Tokenizer {
+            inner,
+            bos: None,
+            eos: None,
+            prepend_bos: false,
+            default_system_prompt: None,
+        };
+        let cfg_path = path.with_file_name("tokenizer_config.json");
+        if cfg_path.is_file() {
+            let text =
+                std::fs::read_to_string(&cfg_path).map_err(|e| ElmError::io(&cfg_path, e))?;
+            let cfg: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ElmError::Json {
+                    what: cfg_path.display().to_string(),
+                    msg: e.to_string(),
+                })?;
+            let token = |k: &str| -> Option<u32> {
+                let v = cfg.get(k)?;
+                let s = v.as_str().or_else(|| v.get("content")?.as_str())?;
+                tok.inner.token_to_id(s)
+            };
+            tok.bos = token("bos_token");
+            tok.eos = token("eos_token");
+            tok.default_system_prompt = cfg
+                .get("chat_template")
+                .and_then(|t| t.as_str())
+                .and_then(default_system_prompt);
+        }
+        Ok(tok)
+    }
+
+    /// Builds the tokenizer described by a GGUF's `tokenizer.ggml.*` metadata
+    /// (byte-level BPE, `tokenizer.ggml.model = "gpt2"`).
+    pub fn from_gguf(gguf: &GgufFile) -> Result<Tokenizer> {
+        let path = gguf.path();
+        let model = gguf.get_str("tokenizer.ggml.model")?;
+        if model != "gpt2" {
+            return Err(ElmError::Unsupported(format!(
+                "{}: tokenizer.ggml.model `{model}` (supported: gpt2 byte-level BPE)",
+                path.display()
+            )));
+        }
+        let pre = match gguf.get("tokenizer.ggml.pre") {
+            Some(_) => gguf.get_str("tokenizer.ggml.pre")?,
+            None => "gpt2",
+        };
+        let regexes = split_regexes(pre).ok_or_else(|| {
+            ElmError::Unsupported(format!(
+                "{}: tokenizer.ggml.pre `{pre}` (supported: smollm, starcoder, refact, codeshell, gpt2)",
+                path.display()
+            ))
+        })?;
+
+        let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?;
+        let types = match gguf.get("tokenizer.ggml.token_type") {
+            Some(_) => gguf.get_int_array("tokenizer.ggml.token_type")?,
+            None => vec![1; tokens.len()],
+        };
+        if types.len() != tokens.len() {
+            return Err(ElmError::format(
+                path,
+                format!(
+                    "tokenizer.ggml.token_type has {} entries but tokenizer.ggml.tokens has {}",
+                    types.len(),
+                    tokens.len()
+                ),
+            ));
+        }
+        let mut vocab: HashMap<String, u32> = HashMap::with_capacity(tokens.len());
+        for (id, t) in tokens.iter().enumerate() {
+            // Keep the first id of a duplicated string (later ones are unreachable anyway).
+            vocab.entry(t.to_string()).or_insert(id as u32);
+        }
+        let merges = gguf
+            .get_str_array("tokenizer.ggml.merges")?
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let (a, b) = m.split_once(' ').ok_or_else(|| {
+                    ElmError::format(
+                        path,
+                        format!("tokenizer.ggml.merges[{i}] = `{m}` has no space"),
+                    )
+                })?;
+                if !vocab.contains_key(a)
+                    || !vocab.contains_key(b)
+                    || !vocab.contains_key(&format!("{a}{b}"))
+                {
+                    return Err(ElmError::format(
+                        path,
+                        format!(
+                            "tokenizer.ggml.merges[{i}] = `{m}` uses tokens not in the vocabulary"
+                        ),
+                    ));
+                }
+                Ok((a.to_string(), b.to_string()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+
+        let vocab: Vocab = vocab.into_iter().collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(tok_err)?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+
+        let mut pre_tokenizers: Vec<PreTokenizerWrapper> = Vec::new();
+        for r in regexes {
+            let split = Split::new(
+                SplitPattern::Regex(r.to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(tok_err)?;
+            pre_tokenizers.push(split.into());
+        }
+        // Regex splitting is done above; ByteLevel only maps bytes to its alphabet.
+        pre_tokenizers.push(ByteLevel::new(false, false, false).into());
+        inner.with_pre_tokenizer(Some(Sequence::new(pre_tokenizers)));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+
+        // Control tokens stay whole; user-defined ones (type 4) too, but are not special.
+        let special: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, &ty)| ty == 3)
+            .map(|(t, _)| AddedToken::from(t.to_string(), true).normalized(false))
+            .collect();
+        let user: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, &ty)| ty == 4)
+            .map(|(t, _)| AddedToken::from(t.to_string(), false).normalized(false))
+            .collect();
+        inner.add_special_tokens(&special);
+        inner.add_tokens(&user);
+
+        let id = |k: &str| -> Result<Option<u32>> {
+            match gguf.get(k) {
+                None => Ok(None),
+                Some(_) => {
+                    let id = gguf.get_usize(k)?;
+                    if id >= tokens.len() {
+                        return Err(ElmError::format(
+                            path,
+                            format!("{k} = {id} is outside the vocabulary of {}", tokens.len()),
+                        ));
+                    }
+                    Ok(Some(id as u32))
+                }
+            }
+        };
+        let template = match gguf.get("tokenizer.chat_template") {
+            Some(_) => Some(gguf.get_str("tokenizer.chat_template")?),
+            None => None,
+        };
+        Ok(Tokenizer {
+            inner,
+            bos: id("tokenizer.ggml.bos_token_id")?,
+            eos: id("tokenizer.ggml.eos_token_id")?,
+            prepend_bos: match gguf.get("tokenizer.ggml.add_bos_token") {
+                Some(_) => gguf.get_bool("tokenizer.ggml.add_bos_token")?,
+                None => false,
+            },
+            default_system_prompt: template.and_then(default_system_prompt),
+        })
+    }
+
+    /// Token ids of `text`. Control tokens written in the text (e.g. `<|im_start|>`) are
+    /// always recognised. `add_special` adds what the model asks for around a sequence
+    /// (BOS for GGUFs with `add_bos_token = true`; the post-processor of a tokenizer.json).
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, add_special).map_err(tok_err)?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if add_special && self.prepend_bos {
+            ids.extend(self.bos);
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// Text of `ids`, special tokens included (so `decode(encode(s)) == s`).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        let n = self.vocab_size();
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= n) {
+            return Err(ElmError::Tokenizer(format!(
+                "token id {bad} is outside the vocabulary of {n}"
+            )));
+        }
+        self.inner.decode(ids, false).map_err(tok_err)
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The system prompt inserted when a chat has no system message (from the template).
+    pub fn default_system_prompt(&self) -> Option<&str> {
+        self.default_system_prompt.as_deref()
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// Writes an HF `tokenizer.json` (readable by [`Tokenizer::from_file`]).
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let json = self.inner.to_string(true).map_err(tok_err)?;
+        super::write_atomic(path, json.as_bytes())
+    }
+
+    /// Renders a ChatML prompt, `<|im_start|>{role}\n{content}<|im_end|>\n` per message,
+    /// exactly as SmolLM2's template does: when the first message is not a system message,
+    /// the template's default system turn comes first; `add_generation_prompt` appends
+    /// `<|im_start|>assistant\n`.
+    pub fn apply_chat_template<R: AsRef<str>, C: AsRef<str>>(
+        &self,
+        messages: &[(R, C)],
+        add_generation_prompt: bool,
+    ) -> String {
+        let mut out = String::new();
+        let first_is_system = messages
+            .first()
+            .is_some_and(|(r, _)| r.as_ref() == "system");
+        if !messages.is_empty() && !first_is_system {
+            if let Some(sys) = &self.default_system_prompt {
+                out.push_str(&format!("<|im_start|>system\n{sys}<|im_end|>\n"));
+            }
+        }
+        for (role, content) in messages {
+            out.push_str(&format!(
+                "<|im_start|>{}\n{}<|im_end|>\n",
+                role.as_ref(),
+                content.as_ref()
+            ));
+        }
+        if add_generation_prompt {
+            out.push_str("<|im_start|>assistant\n");
+        }
+        out
+    }
+}

@@ -1,0 +1,262 @@
+//! GGUF tokenizer vs scripts/ref_tokenizer.py (a Python port of llama.cpp's SMOLLM BPE,
+//! cross-checked against transformers' GGUF converter) and the GGUF's own Jinja chat
+//! template rendered with jinja2.
+
+mod io_common;
+
+use std::sync::OnceLock;
+
+use elm::io::gguf::{kv, write_gguf, GgufValue};
+use elm::io::tokenizer::Tokenizer;
+use elm::io::GgufFile;
+use elm::ElmError;
+use io_common::*;
+
+fn smollm2_tokenizer() -> Option<&'static Tokenizer> {
+    static TOK: OnceLock<Option<Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let path = smollm2_path()?;
+        Some(Tokenizer::from_gguf(&GgufFile::open(path).unwrap()).unwrap())
+    })
+    .as_ref()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn first_diff(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[test]
+fn token_ids_match_reference_and_decode_round_trips() {
+    let Some(tok) = smollm2_tokenizer() else {
+        return;
+    };
+    let fx = read_json("tokenizer_ref.json");
+    assert_eq!(tok.bos_id(), Some(fx["bos"].as_u64().unwrap() as u32));
+    assert_eq!(tok.eos_id(), Some(fx["eos"].as_u64().unwrap() as u32));
+    assert_eq!(tok.vocab_size(), 49152);
+    for case in fx["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want = ids(&case["ids"]);
+        let got = tok.encode(text, false).unwrap();
+        assert!(
+            got == want,
+            "{text:?}: ids differ from index {}\n got  {got:?}\n want {want:?}",
+            first_diff(&got, &want)
+        );
+        // SmolLM2's GGUF has add_bos_token = false: add_special adds nothing.
+        assert_eq!(
+            tok.encode(text, true).unwrap(),
+            want,
+            "{text:?} with add_special"
+        );
+        assert_eq!(tok.decode(&got).unwrap(), text);
+    }
+}
+
+#[test]
+fn control_tokens_stay_whole() {
+    let Some(tok) = smollm2_tokenizer() else {
+        return;
+    };
+    let fx = read_json("tokenizer_ref.json");
+    for t in fx["control_tokens"].as_array().unwrap() {
+        let t = t.as_str().unwrap();
+        let got = tok.encode(t, false).unwrap();
+        assert_eq!(got.len(), 1, "{t} -> {got:?}");
+        assert_eq!(tok.id_to_token(got[0]).as_deref(), Some(t));
+    }
+}
+
+#[test]
+fn chat_template_matches_jinja_rendering_of_gguf_template() {
+    let Some(tok) = smollm2_tokenizer() else {
+        return;
+    };
+    assert_eq!(
+        tok.default_system_prompt(),
+        Some("You are a helpful AI assistant named SmolLM, trained by Hugging Face")
+    );
+    let fx = read_json("tokenizer_ref.json");
+    for chat in fx["chats"].as_array().unwrap() {
+        let msgs: Vec<(String, String)> = chat["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| (m[0].as_str().unwrap().into(), m[1].as_str().unwrap().into()))
+            .collect();
+        let gen = chat["add_generation_prompt"].as_bool().unwrap();
+        let rendered = tok.apply_chat_template(&msgs, gen);
+        assert_eq!(rendered, chat["rendered"].as_str().unwrap());
+        assert_eq!(
+            tok.encode(&rendered, false).unwrap(),
+            ids(&chat["ids"]),
+            "{rendered:?}"
+        );
+    }
+}
+
+#[test]
+fn tokenizer_json_round_trip_gives_same_ids() {
+    let Some(tok) = smollm2_tokenizer() else {
+        return;
+    };
+    let dir = temp_dir("tokjson");
+    let path = dir.join("tokenizer.json");
+    tok.save(&path).unwrap();
+    let reloaded = Tokenizer::from_file(&path).unwrap();
+    let fx = read_json("tokenizer_ref.json");
+    for case in fx["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        assert_eq!(
+            reloaded.encode(text, false).unwrap(),
+            ids(&case["ids"]),
+            "{text:?}"
+        );
+    }
+    // bos/eos from a sibling tokenizer_config.json.
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"},
+            "chat_template": "{{ '<|im_start|>system\nBe brief.<|im_end|>\n' }}"}"#,
+    )
+    .unwrap();
+    let reloaded = Tokenizer::from_file(&path).unwrap();
+    assert_eq!((reloaded.bos_id(), reloaded.eos_id()), (Some(1), Some(2)));
+    assert_eq!(reloaded.default_system_prompt(), Some("Be brief."));
+}
+
+#[test]
+fn decode_rejects_out_of_range_ids() {
+    let Some(tok) = smollm2_tokenizer() else {
+        return;
+    };
+    let e = tok.decode(&[1, 49152]).unwrap_err();
+    assert!(
+        matches!(e, ElmError::Tokenizer(_)) && e.to_string().contains("49152"),
+        "{e}"
+    );
+}
+
+/// A tiny byte-level vocabulary in a synthetic GGUF: exercises from_gguf without the model.
+fn tiny_vocab_gguf(pre: &str, model: &str, merges: &[&str], add_bos: bool) -> std::path::PathBuf {
+    // All 256 byte symbols of GPT-2's byte->unicode map, then a few merged tokens.
+    let mut bytes: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
+    let mut n = 0;
+    let mut map = vec![0u32; 256];
+    for b in 0..256u32 {
+        if !bytes.contains(&b) {
+            bytes.push(b);
+            map[b as usize] = 256 + n;
+            n += 1;
+        } else {
+            map[b as usize] = b;
+        }
+    }
+    let sym = |b: u8| char::from_u32(map[b as usize]).unwrap().to_string();
+    let mut tokens: Vec<String> = vec!["<s>".into(), "</s>".into()];
+    tokens.extend((0..=255u8).map(sym));
+    for m in merges {
+        tokens.push(m.replace(' ', ""));
+    }
+    let mut types = vec![3i32, 3];
+    types.extend(std::iter::repeat_n(1, tokens.len() - 2));
+    let dir = temp_dir("tinytok");
+    let path = dir.join("tok.gguf");
+    let s = |x: &str| GgufValue::String(x.into());
+    write_gguf(
+        &path,
+        &[
+            kv("general.architecture", s("llama")),
+            kv("tokenizer.ggml.model", s(model)),
+            kv("tokenizer.ggml.pre", s(pre)),
+            kv(
+                "tokenizer.ggml.tokens",
+                GgufValue::Array(tokens.iter().map(|t| s(t)).collect()),
+            ),
+            kv(
+                "tokenizer.ggml.token_type",
+                GgufValue::Array(types.into_iter().map(GgufValue::I32).collect()),
+            ),
+            kv(
+                "tokenizer.ggml.merges",
+                GgufValue::Array(merges.iter().map(|m| s(m)).collect()),
+            ),
+            kv("tokenizer.ggml.bos_token_id", GgufValue::U32(0)),
+            kv("tokenizer.ggml.eos_token_id", GgufValue::U32(1)),
+            kv("tokenizer.ggml.add_bos_token", GgufValue::Bool(add_bos)),
+        ],
+        &[],
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn synthetic_gguf_vocab_merges_digits_split_and_bos() {
+    // Merge ranks: "a b" first, then "ab c"; "Ġ a" lets a space join the next letter.
+    let path = tiny_vocab_gguf("smollm", "gpt2", &["a b", "ab c", "Ġ a", "1 2"], true);
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let id = |t: &str| tok.token_to_id(t).unwrap();
+    assert_eq!(tok.encode("abc", false).unwrap(), vec![id("abc")]);
+    assert_eq!(tok.encode(" a", false).unwrap(), vec![id("Ġa")]);
+    // Digits are split one by one before BPE, so the "1 2" merge can never apply.
+    assert_eq!(tok.encode("12", false).unwrap(), vec![id("1"), id("2")]);
+    // Control tokens are whole; add_bos_token = true prepends BOS with add_special.
+    assert_eq!(
+        tok.encode("<s>abc</s>", false).unwrap(),
+        vec![0, id("abc"), 1]
+    );
+    assert_eq!(tok.encode("abc", true).unwrap(), vec![0, id("abc")]);
+    assert_eq!(
+        tok.decode(&tok.encode("héllo 12 abc", false).unwrap())
+            .unwrap(),
+        "héllo 12 abc"
+    );
+    // GPT-2 pre-tokenizer (no digit split): "1 2" merges.
+    let path = tiny_vocab_gguf("gpt2", "gpt2", &["1 2"], false);
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    assert_eq!(
+        tok.encode("12", false).unwrap(),
+        vec![tok.token_to_id("12").unwrap()]
+    );
+}
+
+#[test]
+fn unsupported_tokenizer_metadata_is_a_typed_error() {
+    let path = tiny_vocab_gguf("qwen2", "gpt2", &[], false);
+    let e = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap())
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, ElmError::Unsupported(_)) && e.to_string().contains("qwen2"),
+        "{e}"
+    );
+    let path = tiny_vocab_gguf("smollm", "llama", &[], false);
+    let e = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap())
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, ElmError::Unsupported(_)) && e.to_string().contains("llama"),
+        "{e}"
+    );
+    let path = tiny_vocab_gguf("smollm", "gpt2", &["a zz"], false);
+    let e = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("merges[0]"), "{e}");
+    let e = Tokenizer::from_file(temp_dir("nofile").join("tokenizer.json"))
+        .err()
+        .unwrap();
+    assert!(matches!(e, ElmError::Io { .. }), "{e}");
+}
