@@ -1,0 +1,197 @@
+//! One decoder block on new tokens against its KV cache (tape-free inference path).
+//!
+//! `x ← x + Attn(RMSNorm(x))`, then `x ← x + MLP(RMSNorm(x))` with grouped-query
+//! attention over the cached K/V plus the new tokens' own K/V (causal), half-split
+//! RoPE at positions `cache.lens()[b] + t`, and a SwiGLU MLP.
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{s, Array3, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Zip};
+
+use super::config::ModelConfig;
+use super::kv_cache::{take, LayerKv, Scratch};
+use super::ops::{linear_into, masked_softmax_inplace, rms_norm_into, swiglu_inplace};
+use super::weights::LayerWeights;
+use crate::error::{ElmError, Result};
+
+/// Runs one block on the new tokens `x` `[B, T, C]` of every sequence and returns
+/// the block output `[B, T, C]`.
+///
+/// All `T` tokens are new for every sequence. Their K/V are written to `cache` and
+/// appended to its history only when `commit` is true (else they stay pending, see
+/// [`LayerKv`]). For per-sequence token counts use [`block_forward_inplace`].
+pub fn block_forward_cached(
+    w: &LayerWeights,
+    cfg: &ModelConfig,
+    x: ArrayView3<f32>,
+    cache: &mut LayerKv,
+    commit: bool,
+    scratch: &mut Scratch,
+) -> Result<Array3<f32>> {
+    let (b, t, _) = x.dim();
+    let mut out = x.as_standard_layout().into_owned();
+    let new_lens = vec![t; b];
+    block_forward_inplace(w, cfg, out.view_mut(), &new_lens, cache, commit, scratch)?;
+    Ok(out)
+}
+
+/// In-place form of [`block_forward_cached`]: `x` `[B, T, C]` (standard layout) is
+/// the residual stream and is overwritten with the block output.
+///
+/// Sequence `b` has `new_lens[b] ≤ T` valid new tokens (right padding); padded rows
+/// and sequences with `new_lens[b] = 0` (inactive) leave the cache untouched and
+/// their outputs are unspecified.
+pub fn block_forward_inplace(
+    w: &LayerWeights,
+    cfg: &ModelConfig,
+    mut x: ArrayViewMut3<f32>,
+    new_lens: &[usize],
+    cache: &mut LayerKv,
+    commit: bool,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    let (b, t, c) = x.dim();
+    check_inputs(cfg, (b, t, c), new_lens, cache, scratch)?;
+    let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let n = b * t;
+    let Scratch {
+        rope,
+        xn,
+        q,
+        k,
+        v,
+        attn,
+        scores,
+        gate,
+        up,
+        tmp,
+    } = scratch;
+    let xs = x
+        .as_slice_mut()
+        .ok_or_else(|| ElmError::shape("block_forward", "x must be in standard layout"))?;
+    let mut x2 = ArrayViewMut2::from_shape((n, c), xs).expect("n*c elements");
+
+    // --- attention: q/k/v projections of the normalized stream, RoPE, cache write.
+    let mut xn = ArrayViewMut2::from_shape((n, c), take(xn, n * c)).expect("sized");
+    rms_norm_into(x2.view(), &w.attn_norm, cfg.rms_norm_eps, xn.view_mut());
+    let mut q = ArrayViewMut2::from_shape((n, h * d), take(q, n * h * d)).expect("sized");
+    let mut k = ArrayViewMut2::from_shape((n, kv * d), take(k, n * kv * d)).expect("sized");
+    let mut v = ArrayViewMut2::from_shape((n, kv * d), take(v, n * kv * d)).expect("sized");
+    linear_into(xn.view(), &w.wq, w.bq.as_ref(), q.view_mut());
+    linear_into(xn.view(), &w.wk, w.bk.as_ref(), k.view_mut());
+    linear_into(xn.view(), &w.wv, w.bv.as_ref(), v.view_mut());
+    for bi in 0..b {
+        let p0 = cache.lens()[bi];
+        for ti in 0..new_lens[bi] {
+            let row = bi * t + ti;
+            rope.apply(q.row_mut(row).as_slice_mut().expect("row"), p0 + ti);
+            rope.apply(k.row_mut(row).as_slice_mut().expect("row"), p0 + ti);
+            for kh in 0..kv {
+                let cols = kh * d..(kh + 1) * d;
+                cache
+                    .k
+                    .slice_mut(s![bi, kh, p0 + ti, ..])
+                    .assign(&k.slice(s![row, cols.clone()]));
+                cache
+                    .v
+                    .slice_mut(s![bi, kh, p0 + ti, ..])
+                    .assign(&v.slice(s![row, cols]));
+            }
+        }
+    }
+
+    // --- scaled dot-product attention per (sequence, head): two small GEMMs each.
+    let scale = 1.0 / (d as f32).sqrt();
+    let group = cfg.group_size();
+    let qv = ArrayView3::from_shape((b, t, h * d), &q.as_slice().expect("contiguous")[..])
+        .expect("sized");
+    let mut attn = ArrayViewMut3::from_shape((b, t, h * d), take(attn, n * h * d)).expect("sized");
+    attn.fill(0.0);
+    for bi in 0..b {
+        let nl = new_lens[bi];
+        if nl == 0 {
+            continue;
+        }
+        let p0 = cache.lens()[bi];
+        let total = p0 + nl;
+        for hi in 0..h {
+            let kh = hi / group;
+            let cols = hi * d..(hi + 1) * d;
+            let q_h = qv.slice(s![bi, ..nl, cols.clone()]);
+            let k_h = cache.k.slice(s![bi, kh, ..total, ..]);
+            let v_h = cache.v.slice(s![bi, kh, ..total, ..]);
+            let mut sc =
+                ArrayViewMut2::from_shape((nl, total), take(scores, nl * total)).expect("sized");
+            general_mat_mul(scale, &q_h, &k_h.t(), 0.0, &mut sc);
+            for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
+                masked_softmax_inplace(row.as_slice_mut().expect("row"), p0 + ti + 1);
+            }
+            let mut out_h = attn.slice_mut(s![bi, ..nl, cols]);
+            general_mat_mul(1.0, &sc.view(), &v_h, 0.0, &mut out_h);
+        }
+    }
+    let attn2 = ArrayView2::from_shape((n, h * d), &attn.as_slice().expect("contiguous")[..])
+        .expect("sized");
+    let mut tmp = ArrayViewMut2::from_shape((n, c), take(tmp, n * c)).expect("sized");
+    linear_into(attn2, &w.wo, None, tmp.view_mut());
+    x2 += &tmp;
+
+    // --- SwiGLU MLP.
+    let i = cfg.intermediate_size;
+    rms_norm_into(x2.view(), &w.mlp_norm, cfg.rms_norm_eps, xn.view_mut());
+    let mut gate = ArrayViewMut2::from_shape((n, i), take(gate, n * i)).expect("sized");
+    let mut up = ArrayViewMut2::from_shape((n, i), take(up, n * i)).expect("sized");
+    linear_into(xn.view(), &w.w_gate, None, gate.view_mut());
+    linear_into(xn.view(), &w.w_up, None, up.view_mut());
+    swiglu_inplace(
+        gate.as_slice_mut().expect("contiguous"),
+        up.as_slice().expect("contiguous"),
+    );
+    linear_into(gate.view(), &w.w_down, None, tmp.view_mut());
+    Zip::from(&mut x2).and(&tmp).for_each(|a, &b| *a += b);
+
+    cache.set_pending(new_lens);
+    if commit {
+        cache.commit();
+    }
+    Ok(())
+}
+
+fn check_inputs(
+    cfg: &ModelConfig,
+    (b, t, c): (usize, usize, usize),
+    new_lens: &[usize],
+    cache: &LayerKv,
+    scratch: &Scratch,
+) -> Result<()> {
+    if c != cfg.hidden_size {
+        return Err(ElmError::shape(
+            "block_forward",
+            format!("x has C = {c}, config hidden_size = {}", cfg.hidden_size),
+        ));
+    }
+    if b != cache.batch() || new_lens.len() != b {
+        return Err(ElmError::shape(
+            "block_forward",
+            format!(
+                "x batch {b}, cache batch {}, new_lens {}",
+                cache.batch(),
+                new_lens.len()
+            ),
+        ));
+    }
+    for (bi, (&nl, &len)) in new_lens.iter().zip(cache.lens()).enumerate() {
+        if nl > t {
+            return Err(ElmError::shape(
+                "block_forward",
+                format!("sequence {bi}: {nl} new tokens but x has T = {t}"),
+            ));
+        }
+        let limit = cache.max_seq().min(scratch.rope.positions());
+        if len + nl > limit {
+            return Err(ElmError::InvalidArgument(format!(
+                "sequence {bi}: {len} cached + {nl} new tokens exceed the KV cache capacity {limit}"
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,223 @@
+//! Preallocated key/value cache and scratch buffers of the inference path.
+
+use ndarray::Array4;
+
+use super::config::ModelConfig;
+use super::ops::RopeTable;
+use crate::error::{ElmError, Result};
+
+/// K/V of one attention layer for a batch of sequences, with per-sequence lengths.
+///
+/// Keys are stored after RoPE. Slots `lens[b]..lens[b] + pending[b]` hold the K/V of
+/// the last uncommitted call of [`super::block_forward_cached`] (`commit = false`):
+/// they are attended to by that call but become part of the history only on
+/// [`LayerKv::commit`]; the next uncommitted call simply overwrites them.
+#[derive(Clone, Debug)]
+pub struct LayerKv {
+    /// `[B, KV, T_max, D]`
+    pub k: Array4<f32>,
+    /// `[B, KV, T_max, D]`
+    pub v: Array4<f32>,
+    lens: Vec<usize>,
+    pending: Vec<usize>,
+}
+
+impl LayerKv {
+    /// An empty cache for `batch` sequences of at most `max_seq` tokens.
+    pub fn new(config: &ModelConfig, batch: usize, max_seq: usize) -> Result<Self> {
+        if batch == 0 || max_seq == 0 {
+            return Err(ElmError::InvalidArgument(format!(
+                "KV cache needs batch > 0 and max_seq > 0 (got batch {batch}, max_seq {max_seq})"
+            )));
+        }
+        let shape = (batch, config.num_kv_heads, max_seq, config.head_dim);
+        Ok(LayerKv {
+            k: Array4::zeros(shape),
+            v: Array4::zeros(shape),
+            lens: vec![0; batch],
+            pending: vec![0; batch],
+        })
+    }
+
+    /// Number of sequences.
+    pub fn batch(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Capacity in tokens per sequence.
+    pub fn max_seq(&self) -> usize {
+        self.k.dim().2
+    }
+
+    /// Committed tokens per sequence (= position of the next new token).
+    pub fn lens(&self) -> &[usize] {
+        &self.lens
+    }
+
+    /// Tokens written by the last uncommitted call, per sequence.
+    pub fn pending(&self) -> &[usize] {
+        &self.pending
+    }
+
+    /// Appends the pending K/V of the last call to the history.
+    pub fn commit(&mut self) {
+        for (len, pending) in self.lens.iter_mut().zip(self.pending.iter_mut()) {
+            *len += *pending;
+            *pending = 0;
+        }
+    }
+
+    /// Forgets the pending K/V of the last call.
+    pub fn discard_pending(&mut self) {
+        self.pending.iter_mut().for_each(|p| *p = 0);
+    }
+
+    /// Truncates sequence `b` to `len` committed tokens (e.g. to reuse a prompt prefix).
+    pub fn truncate(&mut self, b: usize, len: usize) -> Result<()> {
+        if b >= self.batch() || len > self.lens[b] {
+            return Err(ElmError::InvalidArgument(format!(
+                "truncate sequence {b} to {len}: batch {} / current length {:?}",
+                self.batch(),
+                self.lens.get(b)
+            )));
+        }
+        self.lens[b] = len;
+        self.pending[b] = 0;
+        Ok(())
+    }
+
+    /// Empties every sequence (buffers are kept).
+    pub fn reset(&mut self) {
+        self.lens.iter_mut().for_each(|l| *l = 0);
+        self.discard_pending();
+    }
+
+    /// Bytes allocated for K and V.
+    pub fn bytes(&self) -> usize {
+        (self.k.len() + self.v.len()) * std::mem::size_of::<f32>()
+    }
+
+    pub(crate) fn set_pending(&mut self, new_lens: &[usize]) {
+        self.pending.copy_from_slice(new_lens);
+    }
+}
+
+/// Reusable work buffers of one decoder block; grown on first use, then reused, so
+/// steady-state decode allocates nothing.
+#[derive(Clone, Debug, Default)]
+pub struct Scratch {
+    pub(crate) rope: RopeTable,
+    pub(crate) xn: Vec<f32>,
+    pub(crate) q: Vec<f32>,
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+    pub(crate) attn: Vec<f32>,
+    pub(crate) scores: Vec<f32>,
+    pub(crate) gate: Vec<f32>,
+    pub(crate) up: Vec<f32>,
+    pub(crate) tmp: Vec<f32>,
+}
+
+impl Scratch {
+    /// Scratch with a RoPE table covering positions `0..max_seq`.
+    pub fn new(config: &ModelConfig, max_seq: usize) -> Self {
+        Scratch {
+            rope: RopeTable::new(config.head_dim, config.rope_theta, max_seq),
+            ..Default::default()
+        }
+    }
+
+    /// Bytes currently held by the buffers (including the RoPE table).
+    pub fn bytes(&self) -> usize {
+        let vecs = [
+            &self.xn,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.attn,
+            &self.scores,
+            &self.gate,
+            &self.up,
+            &self.tmp,
+        ];
+        let buffers: usize = vecs.iter().map(|v| v.capacity()).sum();
+        buffers * std::mem::size_of::<f32>() + self.rope.bytes()
+    }
+}
+
+/// Grows `buf` to at least `n` elements and returns its first `n`.
+pub(crate) fn take(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if buf.len() < n {
+        buf.resize(n, 0.0);
+    }
+    &mut buf[..n]
+}
+
+/// K/V caches for a stack of layers plus the scratch and hidden-state buffers
+/// that a forward pass over them needs.
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    /// One cache per layer, in the order the caller runs them.
+    pub layers: Vec<LayerKv>,
+    /// Work buffers shared by all layers.
+    pub scratch: Scratch,
+    /// `[B, 1, C]` residual stream of a decode step.
+    pub(crate) hidden: Vec<f32>,
+    pub(crate) new_lens: Vec<usize>,
+}
+
+impl KvCache {
+    /// Caches for every layer of `config`.
+    pub fn new(config: &ModelConfig, batch: usize, max_seq: usize) -> Result<Self> {
+        Self::with_layers(config, config.num_layers, batch, max_seq)
+    }
+
+    /// Caches for `num_layers` layers (a subset of the model, e.g. the kept dense
+    /// layers plus one fixed-point block of an ELM).
+    pub fn with_layers(
+        config: &ModelConfig,
+        num_layers: usize,
+        batch: usize,
+        max_seq: usize,
+    ) -> Result<Self> {
+        let layers = (0..num_layers)
+            .map(|_| LayerKv::new(config, batch, max_seq))
+            .collect::<Result<Vec<_>>>()?;
+        if batch == 0 || max_seq == 0 {
+            return Err(ElmError::InvalidArgument(format!(
+                "KV cache needs batch > 0 and max_seq > 0 (got batch {batch}, max_seq {max_seq})"
+            )));
+        }
+        Ok(KvCache {
+            layers,
+            scratch: Scratch::new(config, max_seq),
+            hidden: vec![0.0; batch * config.hidden_size],
+            new_lens: vec![0; batch],
+        })
+    }
+
+    /// Number of sequences.
+    pub fn batch(&self) -> usize {
+        self.new_lens.len()
+    }
+
+    /// Capacity in tokens per sequence.
+    pub fn max_seq(&self) -> usize {
+        self.scratch.rope.positions()
+    }
+
+    /// Committed lengths of the first layer (all layers agree in normal use).
+    pub fn lens(&self) -> &[usize] {
+        self.layers.first().map_or(&[], |l| l.lens())
+    }
+
+    /// Exact bytes allocated for K and V over all layers.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|l| l.bytes()).sum()
+    }
+
+    /// Empties every sequence of every layer.
+    pub fn reset(&mut self) {
+        self.layers.iter_mut().for_each(|l| l.reset());
+    }
+}

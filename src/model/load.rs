@@ -1,0 +1,46 @@
+//! Locating and loading a pretrained model + its tokenizer from a GGUF file or an HF directory.
+
+use std::path::{Path, PathBuf};
+
+use super::weights::ModelWeights;
+use crate::error::{ElmError, Result};
+use crate::io::tokenizer::Tokenizer;
+use crate::io::{load_gguf_weights, load_hf_model, GgufFile};
+
+/// File name of the default real model.
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Directory holding model files: env `ELM_MODELS_DIR`, else `<crate root>/models`.
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("ELM_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("models"))
+}
+
+/// Path of the default SmolLM2 GGUF (may not exist; see `scripts/fetch-smollm2.sh`).
+pub fn default_model_path() -> PathBuf {
+    models_dir().join(DEFAULT_MODEL_FILE)
+}
+
+/// Loads weights and tokenizer from a `.gguf` file or an HF directory
+/// (`config.json`, safetensors, `tokenizer.json`).
+pub fn load_pretrained(path: impl AsRef<Path>) -> Result<(ModelWeights, Tokenizer)> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        let weights = load_hf_model(path)?;
+        let tokenizer = Tokenizer::from_file(path.join("tokenizer.json"))?;
+        Ok((weights, tokenizer))
+    } else if path.is_file() {
+        let gguf = GgufFile::open(path)?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        Ok((load_gguf_weights(&gguf)?, tokenizer))
+    } else {
+        Err(ElmError::io(
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such model file or directory (fetch one with `elm fetch`)",
+            ),
+        ))
+    }
+}

@@ -1,0 +1,130 @@
+//! Tape-free f32 kernels of the inference path: linear (BLAS), RMSNorm, RoPE, SwiGLU.
+//!
+//! Every kernel writes into a caller-provided buffer so the decode loop allocates nothing.
+
+use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
+use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2};
+
+/// `y[N, out] = x[N, in] · wᵀ (+ bias)`, `w` is `[out, in]` (PyTorch layout).
+///
+/// One row goes through sgemv (memory-bound decode at batch 1), more rows through sgemm.
+pub fn linear_into(
+    x: ArrayView2<f32>,
+    w: &Array2<f32>,
+    bias: Option<&Array1<f32>>,
+    mut y: ArrayViewMut2<f32>,
+) {
+    if x.nrows() == 1 {
+        general_mat_vec_mul(1.0, w, &x.row(0), 0.0, &mut y.row_mut(0));
+    } else {
+        general_mat_mul(1.0, &x, &w.t(), 0.0, &mut y);
+    }
+    if let Some(b) = bias {
+        for mut row in y.rows_mut() {
+            row += b;
+        }
+    }
+}
+
+/// `out[n, :] = x[n, :] / sqrt(mean(x[n, :]²) + eps) * gain`, rows `[N, C]`.
+pub fn rms_norm_into(
+    x: ArrayView2<f32>,
+    gain: &Array1<f32>,
+    eps: f32,
+    mut out: ArrayViewMut2<f32>,
+) {
+    let gain = gain.as_slice().expect("contiguous gain");
+    for (xr, mut or) in x.rows().into_iter().zip(out.rows_mut()) {
+        let xs = xr.as_slice().expect("contiguous rows");
+        let os = or.as_slice_mut().expect("contiguous rows");
+        let mean_sq = xs.iter().map(|v| v * v).sum::<f32>() / xs.len() as f32;
+        let inv = 1.0 / (mean_sq + eps).sqrt();
+        for ((o, &v), &g) in os.iter_mut().zip(xs).zip(gain) {
+            *o = v * inv * g;
+        }
+    }
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]` (SwiGLU), in place on `gate`.
+pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// In-place softmax of `row[..visible]`; `row[visible..]` is set to 0 (causal mask).
+pub fn masked_softmax_inplace(row: &mut [f32], visible: usize) {
+    let (live, dead) = row.split_at_mut(visible);
+    let max = live.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in live.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    live.iter_mut().for_each(|v| *v *= inv);
+    dead.iter_mut().for_each(|v| *v = 0.0);
+}
+
+/// cos/sin tables of half-split RoPE: `angle(p, i) = p · theta^(-2i/D)`, `i < D/2`.
+///
+/// Computed in f64 then rounded, so long positions do not accumulate f32 error.
+#[derive(Clone, Debug, Default)]
+pub struct RopeTable {
+    half: usize,
+    positions: usize,
+    /// `[P, D/2]`
+    cos: Vec<f32>,
+    /// `[P, D/2]`
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    /// Table for positions `0..positions` of a `head_dim`-wide head.
+    pub fn new(head_dim: usize, theta: f32, positions: usize) -> Self {
+        let half = head_dim / 2;
+        let mut cos = Vec::with_capacity(positions * half);
+        let mut sin = Vec::with_capacity(positions * half);
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| (theta as f64).powf(-2.0 * i as f64 / head_dim as f64))
+            .collect();
+        for p in 0..positions {
+            for f in &inv_freq {
+                let angle = p as f64 * f;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        RopeTable {
+            half,
+            positions,
+            cos,
+            sin,
+        }
+    }
+
+    /// Number of positions covered.
+    pub fn positions(&self) -> usize {
+        self.positions
+    }
+
+    /// Bytes held by the tables.
+    pub fn bytes(&self) -> usize {
+        (self.cos.capacity() + self.sin.capacity()) * std::mem::size_of::<f32>()
+    }
+
+    /// Rotates every `D`-wide head in `row` (HF half-split pairs `(i, i + D/2)`) to position `pos`.
+    pub fn apply(&self, row: &mut [f32], pos: usize) {
+        let h = self.half;
+        let cos = &self.cos[pos * h..(pos + 1) * h];
+        let sin = &self.sin[pos * h..(pos + 1) * h];
+        for head in row.chunks_exact_mut(2 * h) {
+            let (x1, x2) = head.split_at_mut(h);
+            for i in 0..h {
+                let (a, b) = (x1[i], x2[i]);
+                x1[i] = a * cos[i] - b * sin[i];
+                x2[i] = b * cos[i] + a * sin[i];
+            }
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! Tape-free Llama/Qwen2 forward: batched prefill, cached decode, hidden states.
+
+use std::ops::Range;
+
+use ndarray::{s, Array2, Array3, ArrayView2, ArrayView3, ArrayViewMut3, Axis};
+
+use super::block::block_forward_inplace;
+use super::config::ModelConfig;
+use super::kv_cache::{take, KvCache, LayerKv, Scratch};
+use super::ops::{linear_into, rms_norm_into};
+use super::weights::{LayerWeights, ModelWeights};
+use crate::error::{ElmError, Result};
+
+/// A decoder ready for inference: owns its weights (checked against the config).
+#[derive(Clone, Debug)]
+pub struct Transformer {
+    pub weights: ModelWeights,
+}
+
+impl Transformer {
+    /// Validates the config and every tensor shape.
+    pub fn new(weights: ModelWeights) -> Result<Self> {
+        check_shapes(&weights)?;
+        Ok(Transformer { weights })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.weights.config
+    }
+
+    /// A KV cache for all layers.
+    pub fn new_cache(&self, batch: usize, max_seq: usize) -> Result<KvCache> {
+        KvCache::new(self.config(), batch, max_seq)
+    }
+
+    /// Token embeddings, right-padded to the longest sequence: `[B, T, C]` and the
+    /// per-sequence lengths.
+    pub fn embed(&self, tokens: &[Vec<u32>]) -> Result<(Array3<f32>, Vec<usize>)> {
+        if tokens.is_empty() {
+            return Err(ElmError::InvalidArgument("empty batch of sequences".into()));
+        }
+        let lens: Vec<usize> = tokens.iter().map(|t| t.len()).collect();
+        let t_max = *lens.iter().max().expect("non-empty");
+        let c = self.config().hidden_size;
+        let mut x = Array3::zeros((tokens.len(), t_max, c));
+        for (bi, seq) in tokens.iter().enumerate() {
+            for (ti, &tok) in seq.iter().enumerate() {
+                x.slice_mut(s![bi, ti, ..])
+                    .assign(&self.embedding_row(tok)?);
+            }
+        }
+        Ok((x, lens))
+    }
+
+    fn embedding_row(&self, token: u32) -> Result<ndarray::ArrayView1<'_, f32>> {
+        let v = self.config().vocab_size;
+        if token as usize >= v {
+            return Err(ElmError::InvalidArgument(format!(
+                "token id {token} out of range for vocab size {v}"
+            )));
+        }
+        Ok(self.weights.embed.row(token as usize))
+    }
+
+    /// Runs layers `layers` on the residual stream `x` `[B, T, C]` (in place), using
+    /// `kv[i]` as the cache of layer `layers.start + i`. Sequence `b` has
+    /// `new_lens[b]` valid tokens; their K/V are committed.
+    pub fn run_layers_inplace(
+        &self,
+        layers: Range<usize>,
+        mut x: ArrayViewMut3<f32>,
+        new_lens: &[usize],
+        kv: &mut [LayerKv],
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        if layers.end > self.weights.layers.len() || kv.len() != layers.len() {
+            return Err(ElmError::InvalidArgument(format!(
+                "run_layers {layers:?}: model has {} layers, {} caches given",
+                self.weights.layers.len(),
+                kv.len()
+            )));
+        }
+        for (w, cache) in self.weights.layers[layers].iter().zip(kv.iter_mut()) {
+            block_forward_inplace(
+                w,
+                self.config(),
+                x.view_mut(),
+                new_lens,
+                cache,
+                true,
+                scratch,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Runs layers `layers` on `x` `[B, T, C]` (all tokens new) with the caches
+    /// `cache.layers[layers]` and returns the output of the last one.
+    pub fn run_layers(
+        &self,
+        layers: Range<usize>,
+        x: ArrayView3<f32>,
+        cache: &mut KvCache,
+    ) -> Result<Array3<f32>> {
+        let (b, t, _) = x.dim();
+        let mut out = x.as_standard_layout().into_owned();
+        if layers.end > cache.layers.len() {
+            return Err(ElmError::InvalidArgument(format!(
+                "run_layers {layers:?}: cache has only {} layers",
+                cache.layers.len()
+            )));
+        }
+        let new_lens = vec![t; b];
+        let KvCache {
+            layers: kv,
+            scratch,
+            ..
+        } = cache;
+        self.run_layers_inplace(
+            layers.clone(),
+            out.view_mut(),
+            &new_lens,
+            &mut kv[layers],
+            scratch,
+        )?;
+        Ok(out)
+    }
+
+    /// Final RMSNorm + LM head: `h` `[N, C]` → logits `[N, V]`.
+    pub fn logits_from_hidden(&self, h: ArrayView2<f32>) -> Array2<f32> {
+        let mut logits = Array2::zeros((h.nrows(), self.config().vocab_size));
+        let mut normed = Vec::new();
+        self.logits_into(h, &mut normed, logits.view_mut());
+        logits
+    }
+
+    fn logits_into(
+        &self,
+        h: ArrayView2<f32>,
+        normed: &mut Vec<f32>,
+        logits: ndarray::ArrayViewMut2<f32>,
+    ) {
+        let (n, c) = h.dim();
+        let mut hn =
+            ndarray::ArrayViewMut2::from_shape((n, c), take(normed, n * c)).expect("sized");
+        rms_norm_into(
+            h,
+            &self.weights.final_norm,
+            self.config().rms_norm_eps,
+            hn.view_mut(),
+        );
+        linear_into(hn.view(), self.weights.lm_head(), None, logits);
+    }
+
+    /// Prompt processing: appends every sequence's tokens (lengths may differ) to
+    /// `cache` and returns the logits of each sequence's last token `[B, V]`.
+    pub fn prefill(&self, tokens: &[Vec<u32>], cache: &mut KvCache) -> Result<Array2<f32>> {
+        if tokens.len() != cache.batch() {
+            return Err(ElmError::shape(
+                "prefill",
+                format!(
+                    "{} sequences for a cache of batch {}",
+                    tokens.len(),
+                    cache.batch()
+                ),
+            ));
+        }
+        if let Some(bi) = tokens.iter().position(|t| t.is_empty()) {
+            return Err(ElmError::InvalidArgument(format!("sequence {bi} is empty")));
+        }
+        let (mut x, lens) = self.embed(tokens)?;
+        let n_layers = self.weights.layers.len();
+        self.run_layers_inplace(
+            0..n_layers,
+            x.view_mut(),
+            &lens,
+            &mut cache.layers,
+            &mut cache.scratch,
+        )?;
+        let last = Array2::from_shape_fn((tokens.len(), self.config().hidden_size), |(bi, ci)| {
+            x[[bi, lens[bi] - 1, ci]]
+        });
+        Ok(self.logits_from_hidden(last.view()))
+    }
+
+    /// One decode step: token `tokens[b]` is appended to every sequence; returns `[B, V]`.
+    pub fn decode_step(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Array2<f32>> {
+        let mut logits = Array2::zeros((tokens.len(), self.config().vocab_size));
+        let active = vec![true; tokens.len()];
+        self.decode_step_into(tokens, &active, cache, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// Decode step without allocation: sequences with `active[b] = false` are left
+    /// unchanged (their logits row is unspecified). `logits` is `[B, V]`.
+    pub fn decode_step_into(
+        &self,
+        tokens: &[u32],
+        active: &[bool],
+        cache: &mut KvCache,
+        logits: &mut Array2<f32>,
+    ) -> Result<()> {
+        let (b, c, v) = (
+            cache.batch(),
+            self.config().hidden_size,
+            self.config().vocab_size,
+        );
+        if tokens.len() != b || active.len() != b || logits.dim() != (b, v) {
+            return Err(ElmError::shape(
+                "decode_step",
+                format!(
+                    "cache batch {b}: {} tokens, {} active flags, logits {:?} (want [{b}, {v}])",
+                    tokens.len(),
+                    active.len(),
+                    logits.dim()
+                ),
+            ));
+        }
+        let KvCache {
+            layers,
+            scratch,
+            hidden,
+            new_lens,
+        } = cache;
+        let mut x = ArrayViewMut3::from_shape((b, 1, c), take(hidden, b * c)).expect("sized");
+        for (bi, (&tok, &on)) in tokens.iter().zip(active).enumerate() {
+            new_lens[bi] = on as usize;
+            x.slice_mut(s![bi, 0, ..]).assign(&self.embedding_row(tok)?);
+        }
+        let n_layers = self.weights.layers.len();
+        self.run_layers_inplace(0..n_layers, x.view_mut(), new_lens, layers, scratch)?;
+        let h = x.index_axis(Axis(1), 0);
+        self.logits_into(h, &mut scratch.xn, logits.view_mut());
+        Ok(())
+    }
+
+    /// Full forward of equal-length sequences without a persistent cache: the hidden
+    /// state entering every layer plus the final (pre-norm) output, each `[B, T, C]`
+    /// (`num_layers + 1` arrays).
+    pub fn forward_hidden(&self, tokens: &[Vec<u32>]) -> Result<Vec<Array3<f32>>> {
+        let (mut x, lens) = self.embed(tokens)?;
+        let t = x.dim().1;
+        if lens.iter().any(|&l| l != t) || t == 0 {
+            return Err(ElmError::InvalidArgument(format!(
+                "forward_hidden needs equal, non-zero sequence lengths, got {lens:?}"
+            )));
+        }
+        let mut cache = KvCache::with_layers(self.config(), 1, tokens.len(), t)?;
+        let mut states = Vec::with_capacity(self.weights.layers.len() + 1);
+        for w in &self.weights.layers {
+            states.push(x.clone());
+            cache.reset();
+            block_forward_inplace(
+                w,
+                self.config(),
+                x.view_mut(),
+                &lens,
+                &mut cache.layers[0],
+                true,
+                &mut cache.scratch,
+            )?;
+        }
+        states.push(x);
+        Ok(states)
+    }
+
+    /// Logits at every position of equal-length sequences: `[B, T, V]`.
+    pub fn forward_logits(&self, tokens: &[Vec<u32>]) -> Result<Array3<f32>> {
+        let t = tokens.first().map_or(0, |s| s.len());
+        let mut cache = self.new_cache(tokens.len(), t.max(1))?;
+        let (mut x, lens) = self.embed(tokens)?;
+        if lens.iter().any(|&l| l != t) || t == 0 {
+            return Err(ElmError::InvalidArgument(format!(
+                "forward_logits needs equal, non-zero sequence lengths, got {lens:?}"
+            )));
+        }
+        let n_layers = self.weights.layers.len();
+        self.run_layers_inplace(
+            0..n_layers,
+            x.view_mut(),
+            &lens,
+            &mut cache.layers,
+            &mut cache.scratch,
+        )?;
+        let (b, _, c) = x.dim();
+        let h = x.into_shape_with_order((b * t, c)).expect("contiguous");
+        let logits = self.logits_from_hidden(h.view());
+        let v = logits.ncols();
+        Ok(logits.into_shape_with_order((b, t, v)).expect("contiguous"))
+    }
+}
+
+fn check_shapes(w: &ModelWeights) -> Result<()> {
+    let cfg = &w.config;
+    cfg.validate()?;
+    let (c, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    let (hd, kvd) = (
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+    );
+    let mat = |name: String, a: &Array2<f32>, want: (usize, usize)| -> Result<()> {
+        if a.dim() != want {
+            return Err(ElmError::tensor(
+                name,
+                format!("shape {:?}, config requires {:?}", a.dim(), want),
+            ));
+        }
+        Ok(())
+    };
+    let vecn =
+        |name: String, a: Option<&ndarray::Array1<f32>>, want: Option<usize>| -> Result<()> {
+            match (a.map(|a| a.len()), want) {
+                (got, want) if got == want => Ok(()),
+                (got, want) => Err(ElmError::tensor(
+                    name,
+                    format!("length {got:?}, config requires {want:?}"),
+                )),
+            }
+        };
+    mat("embed".into(), &w.embed, (v, c))?;
+    vecn("final_norm".into(), Some(&w.final_norm), Some(c))?;
+    match (&w.lm_head, cfg.tie_word_embeddings) {
+        (Some(h), false) => mat("lm_head".into(), h, (v, c))?,
+        (None, true) => {}
+        (Some(_), true) => {
+            return Err(ElmError::tensor(
+                "lm_head",
+                "present but tie_word_embeddings = true",
+            ))
+        }
+        (None, false) => {
+            return Err(ElmError::tensor(
+                "lm_head",
+                "missing and tie_word_embeddings = false",
+            ))
+        }
+    }
+    if w.layers.len() != cfg.num_layers {
+        return Err(ElmError::config(
+            "num_layers",
+            format!(
+                "{} in config, {} layers of weights",
+                cfg.num_layers,
+                w.layers.len()
+            ),
+        ));
+    }
+    let bias = |n: usize| cfg.attention_bias.then_some(n);
+    for (l, lw) in w.layers.iter().enumerate() {
+        let LayerWeights {
+            attn_norm,
+            wq,
+            wk,
+            wv,
+            wo,
+            bq,
+            bk,
+            bv,
+            mlp_norm,
+            w_gate,
+            w_up,
+            w_down,
+        } = lw;
+        let p = |s: &str| format!("layers.{l}.{s}");
+        vecn(p("attn_norm"), Some(attn_norm), Some(c))?;
+        vecn(p("mlp_norm"), Some(mlp_norm), Some(c))?;
+        mat(p("wq"), wq, (hd, c))?;
+        mat(p("wk"), wk, (kvd, c))?;
+        mat(p("wv"), wv, (kvd, c))?;
+        mat(p("wo"), wo, (c, hd))?;
+        vecn(p("bq"), bq.as_ref(), bias(hd))?;
+        vecn(p("bk"), bk.as_ref(), bias(kvd))?;
+        vecn(p("bv"), bv.as_ref(), bias(kvd))?;
+        mat(p("w_gate"), w_gate, (i, c))?;
+        mat(p("w_up"), w_up, (i, c))?;
+        mat(p("w_down"), w_down, (c, i))?;
+    }
+    Ok(())
+}

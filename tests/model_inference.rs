@@ -1,0 +1,388 @@
+//! Inference path on tiny random Llama / Qwen2 models:
+//! - every forward vs a naive f64 full-recompute reference written here (plain loops,
+//!   HF `rotate_half` RoPE, no cache, no BLAS);
+//! - KV-cached decode == full recompute; batched (different lengths) == unbatched;
+//! - uncommitted block calls, masked decode, hidden states, cache bytes, typed errors.
+
+use elm::model::{
+    block_forward_cached, Arch, KvCache, LayerKv, ModelConfig, ModelWeights, Scratch, Transformer,
+};
+use elm::ElmError;
+use ndarray::{s, Array2, Array3, ArrayView2};
+
+fn tiny(arch: Arch, seed: u64) -> Transformer {
+    Transformer::new(ModelWeights::random(&ModelConfig::tiny(arch), seed)).unwrap()
+}
+
+/// Naive f64 forward: logits `[T, V]` of one sequence, recomputed from scratch.
+fn naive_logits(w: &ModelWeights, tokens: &[u32]) -> Array2<f64> {
+    let cfg = &w.config;
+    let (c, h, kv, d) = (
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+    );
+    let t = tokens.len();
+    let f = |a: &ndarray::Array2<f32>| a.mapv(|v| v as f64);
+    let fv = |a: &ndarray::Array1<f32>| a.mapv(|v| v as f64);
+    let rms = |x: &Array2<f64>, g: &ndarray::Array1<f32>| {
+        let mut y = x.clone();
+        for mut row in y.rows_mut() {
+            let ms = row.iter().map(|v| v * v).sum::<f64>() / c as f64;
+            let inv = 1.0 / (ms + cfg.rms_norm_eps as f64).sqrt();
+            for (v, &gi) in row.iter_mut().zip(g) {
+                *v *= inv * gi as f64;
+            }
+        }
+        y
+    };
+    let lin = |x: &Array2<f64>, w: &ndarray::Array2<f32>, b: &Option<ndarray::Array1<f32>>| {
+        let mut y = x.dot(&f(w).t());
+        if let Some(b) = b {
+            y += &fv(b);
+        }
+        y
+    };
+    let rope = |x: &mut Array2<f64>, heads: usize| {
+        for p in 0..t {
+            for hh in 0..heads {
+                let mut row = x.slice_mut(s![p, hh * d..(hh + 1) * d]);
+                let orig = row.to_owned();
+                for i in 0..d {
+                    // HF: x * cos + rotate_half(x) * sin, rotate_half = cat(-x2, x1).
+                    let j = i % (d / 2);
+                    let ang = p as f64 * (cfg.rope_theta as f64).powf(-2.0 * j as f64 / d as f64);
+                    let rot = if i < d / 2 {
+                        -orig[i + d / 2]
+                    } else {
+                        orig[i - d / 2]
+                    };
+                    row[i] = orig[i] * ang.cos() + rot * ang.sin();
+                }
+            }
+        }
+    };
+    let mut x = Array2::from_shape_fn((t, c), |(p, ci)| w.embed[[tokens[p] as usize, ci]] as f64);
+    for lw in &w.layers {
+        let xn = rms(&x, &lw.attn_norm);
+        let mut q = lin(&xn, &lw.wq, &lw.bq);
+        let mut k = lin(&xn, &lw.wk, &lw.bk);
+        let v = lin(&xn, &lw.wv, &lw.bv);
+        rope(&mut q, h);
+        rope(&mut k, kv);
+        let mut att = Array2::<f64>::zeros((t, h * d));
+        for hh in 0..h {
+            let g = hh / (h / kv);
+            for i in 0..t {
+                let scores: Vec<f64> = (0..=i)
+                    .map(|j| {
+                        (0..d)
+                            .map(|e| q[[i, hh * d + e]] * k[[j, g * d + e]])
+                            .sum::<f64>()
+                            / (d as f64).sqrt()
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
+                for (j, s) in scores.iter().enumerate() {
+                    let p = (s - m).exp() / z;
+                    for e in 0..d {
+                        att[[i, hh * d + e]] += p * v[[j, g * d + e]];
+                    }
+                }
+            }
+        }
+        x = x + lin(&att, &lw.wo, &None);
+        let xn = rms(&x, &lw.mlp_norm);
+        let gt = lin(&xn, &lw.w_gate, &None);
+        let up = lin(&xn, &lw.w_up, &None);
+        let act = ndarray::Zip::from(&gt)
+            .and(&up)
+            .map_collect(|&g, &u| g / (1.0 + (-g).exp()) * u);
+        x = x + lin(&act, &lw.w_down, &None);
+    }
+    let xn = rms(&x, &w.final_norm);
+    xn.dot(&f(w.lm_head()).t())
+}
+
+/// max |a - b| / max(|b|, 1) with a readable failure message.
+fn assert_close(what: &str, a: ArrayView2<f32>, b: ArrayView2<f64>, tol: f64) {
+    assert_eq!(a.dim(), b.dim(), "{what}: shapes");
+    let mut max_abs = 0.0f64;
+    let mut max_rel = 0.0f64;
+    for (&x, &y) in a.iter().zip(b.iter()) {
+        let diff = (x as f64 - y).abs();
+        max_abs = max_abs.max(diff);
+        max_rel = max_rel.max(diff / y.abs().max(1.0));
+    }
+    assert!(
+        max_rel <= tol,
+        "{what}: max abs diff {max_abs:.3e}, max rel diff {max_rel:.3e} > {tol:.1e}"
+    );
+}
+
+fn f64v(a: ArrayView2<f32>) -> Array2<f64> {
+    a.mapv(|v| v as f64)
+}
+
+const TOL: f64 = 2e-5;
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![
+        vec![5, 17, 3, 60, 9, 33, 1],
+        vec![11, 2],
+        vec![40, 41, 42, 7, 8],
+    ]
+}
+
+#[test]
+fn forward_logits_match_naive_f64_reference() {
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let m = tiny(arch, 7);
+        for p in prompts() {
+            let got = m.forward_logits(&[p.clone()]).unwrap();
+            let want = naive_logits(&m.weights, &p);
+            assert_close(
+                &format!("{arch:?} forward_logits"),
+                got.slice(s![0, .., ..]),
+                want.view(),
+                TOL,
+            );
+        }
+    }
+}
+
+#[test]
+fn cached_decode_equals_full_recompute() {
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let m = tiny(arch, 11);
+        let seq: Vec<u32> = vec![3, 14, 15, 9, 26, 53, 58, 9, 7, 9, 32, 38];
+        let prompt_len = 4;
+        let mut cache = m.new_cache(1, seq.len()).unwrap();
+        let mut logits = m
+            .prefill(&[seq[..prompt_len].to_vec()], &mut cache)
+            .unwrap();
+        for pos in prompt_len..=seq.len() {
+            let want = naive_logits(&m.weights, &seq[..pos]);
+            assert_close(
+                &format!("{arch:?} cached step at length {pos}"),
+                logits.view(),
+                want.slice(s![pos - 1..pos, ..]),
+                TOL,
+            );
+            if pos < seq.len() {
+                logits = m.decode_step(&[seq[pos]], &mut cache).unwrap();
+            }
+        }
+        assert_eq!(cache.lens(), &[seq.len()]);
+    }
+}
+
+#[test]
+fn batched_prefill_and_decode_equal_unbatched() {
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let m = tiny(arch, 13);
+        let ps = prompts();
+        let cont: Vec<Vec<u32>> = vec![vec![4, 5, 6], vec![7, 8, 9], vec![10, 11, 12]];
+        let mut cache = m.new_cache(3, 16).unwrap();
+        let mut batched = vec![m.prefill(&ps, &mut cache).unwrap()];
+        for step in 0..3 {
+            let toks: Vec<u32> = cont.iter().map(|c| c[step]).collect();
+            batched.push(m.decode_step(&toks, &mut cache).unwrap());
+        }
+        assert_eq!(cache.lens(), &[10, 5, 8]);
+        for (b, p) in ps.iter().enumerate() {
+            let mut single = m.new_cache(1, 16).unwrap();
+            let mut l = m.prefill(&[p.clone()], &mut single).unwrap();
+            for step in 0..=3 {
+                let want = f64v(l.view());
+                assert_close(
+                    &format!("{arch:?} seq {b} step {step}"),
+                    batched[step].slice(s![b..b + 1, ..]),
+                    want.view(),
+                    1e-5,
+                );
+                if step < 3 {
+                    l = m.decode_step(&[cont[b][step]], &mut single).unwrap();
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn chunked_prefill_equals_single_prefill() {
+    let m = tiny(Arch::Qwen2, 17);
+    let seq: Vec<u32> = (0..12).map(|i| (i * 7 % 64) as u32).collect();
+    let mut one = m.new_cache(1, 12).unwrap();
+    let want = m.prefill(&[seq.clone()], &mut one).unwrap();
+    let mut two = m.new_cache(1, 12).unwrap();
+    m.prefill(&[seq[..5].to_vec()], &mut two).unwrap();
+    let got = m.prefill(&[seq[5..].to_vec()], &mut two).unwrap();
+    assert_close(
+        "chunked prefill",
+        got.view(),
+        f64v(want.view()).view(),
+        1e-5,
+    );
+}
+
+#[test]
+fn masked_decode_leaves_inactive_sequences_untouched() {
+    let m = tiny(Arch::Llama, 19);
+    let ps = prompts();
+    let mut cache = m.new_cache(3, 16).unwrap();
+    m.prefill(&ps, &mut cache).unwrap();
+    let mut logits = Array2::zeros((3, 64));
+    m.decode_step_into(&[4, 5, 6], &[true, false, true], &mut cache, &mut logits)
+        .unwrap();
+    assert_eq!(cache.lens(), &[8, 2, 6]);
+    // The inactive sequence continues exactly as if the step never happened.
+    let l2 = m.decode_step(&[1, 9, 2], &mut cache).unwrap();
+    let mut single = m.new_cache(1, 16).unwrap();
+    m.prefill(&[ps[1].clone()], &mut single).unwrap();
+    let want = m.decode_step(&[9], &mut single).unwrap();
+    assert_close(
+        "masked decode",
+        l2.slice(s![1..2, ..]),
+        f64v(want.view()).view(),
+        1e-5,
+    );
+    let mut single0 = m.new_cache(1, 16).unwrap();
+    m.prefill(&[ps[0].clone()], &mut single0).unwrap();
+    let want0 = m.decode_step(&[4], &mut single0).unwrap();
+    assert_close(
+        "active row",
+        logits.slice(s![0..1, ..]),
+        f64v(want0.view()).view(),
+        1e-5,
+    );
+}
+
+#[test]
+fn uncommitted_block_calls_do_not_extend_history() {
+    let cfg = ModelConfig::tiny(Arch::Qwen2);
+    let w = ModelWeights::random(&cfg, 23);
+    let lw = &w.layers[0];
+    let mut scratch = Scratch::new(&cfg, 16);
+    let x0 = Array3::from_shape_fn((2, 3, cfg.hidden_size), |(b, t, c)| {
+        ((b * 31 + t * 7 + c) as f32 * 0.37).sin()
+    });
+    let x1 = x0.mapv(|v| v * 0.5 + 0.1);
+    let x_new = x0.mapv(|v| v.cos());
+
+    // Reference: commit x0, then run x_new committed.
+    let mut ref_cache = LayerKv::new(&cfg, 2, 16).unwrap();
+    block_forward_cached(lw, &cfg, x0.view(), &mut ref_cache, true, &mut scratch).unwrap();
+    let want_y1 =
+        block_forward_cached(lw, &cfg, x1.view(), &mut ref_cache, true, &mut scratch).unwrap();
+    let want_next =
+        block_forward_cached(lw, &cfg, x_new.view(), &mut ref_cache, true, &mut scratch).unwrap();
+
+    // Fixed-point style: several uncommitted iterates, then the final one committed.
+    let mut cache = LayerKv::new(&cfg, 2, 16).unwrap();
+    block_forward_cached(lw, &cfg, x0.view(), &mut cache, true, &mut scratch).unwrap();
+    for it in 0..3 {
+        let xi = x0.mapv(|v| v * it as f32);
+        block_forward_cached(lw, &cfg, xi.view(), &mut cache, false, &mut scratch).unwrap();
+        assert_eq!(cache.lens(), &[3, 3]);
+        assert_eq!(cache.pending(), &[3, 3]);
+    }
+    let y1 = block_forward_cached(lw, &cfg, x1.view(), &mut cache, false, &mut scratch).unwrap();
+    cache.commit();
+    assert_eq!(cache.lens(), &[6, 6]);
+    let next =
+        block_forward_cached(lw, &cfg, x_new.view(), &mut cache, true, &mut scratch).unwrap();
+    let flat = |a: &Array3<f32>| {
+        a.clone()
+            .into_shape_with_order((6, cfg.hidden_size))
+            .unwrap()
+    };
+    assert_close(
+        "final iterate",
+        flat(&y1).view(),
+        f64v(flat(&want_y1).view()).view(),
+        1e-6,
+    );
+    assert_close(
+        "after commit",
+        flat(&next).view(),
+        f64v(flat(&want_next).view()).view(),
+        1e-6,
+    );
+}
+
+#[test]
+fn forward_hidden_states_compose_to_logits() {
+    let m = tiny(Arch::Llama, 29);
+    let toks = vec![vec![1u32, 2, 3, 4, 5, 6], vec![9, 8, 7, 6, 5, 4]];
+    let hs = m.forward_hidden(&toks).unwrap();
+    assert_eq!(hs.len(), m.config().num_layers + 1);
+    // hs[0] is the embedding.
+    assert_eq!(hs[0].slice(s![1, 2, ..]), m.weights.embed.row(7));
+    // run_layers over a sub-range reproduces the stored states.
+    let mut cache = KvCache::new(m.config(), 2, 6).unwrap();
+    let mid = m.run_layers(1..3, hs[1].view(), &mut cache).unwrap();
+    let diff = (&mid - &hs[3])
+        .mapv(f32::abs)
+        .fold(0.0f32, |a, &b| a.max(b));
+    assert!(
+        diff < 1e-5,
+        "run_layers(1..3) vs hidden state 3: max abs diff {diff:e}"
+    );
+    let last = hs.last().unwrap().slice(s![0, .., ..]).to_owned();
+    let got = m.logits_from_hidden(last.view());
+    let want = naive_logits(&m.weights, &toks[0]);
+    assert_close("logits_from_hidden(final)", got.view(), want.view(), TOL);
+}
+
+#[test]
+fn cache_bytes_are_exact_and_subsets_allowed() {
+    let cfg = ModelConfig::tiny(Arch::Llama);
+    let full = KvCache::new(&cfg, 3, 10).unwrap();
+    let per_layer = 2 * 3 * cfg.num_kv_heads * 10 * cfg.head_dim * 4;
+    assert_eq!(full.bytes(), cfg.num_layers * per_layer);
+    let subset = KvCache::with_layers(&cfg, 2, 3, 10).unwrap();
+    assert_eq!(subset.layers.len(), 2);
+    assert_eq!(subset.bytes(), 2 * per_layer);
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let m = tiny(Arch::Llama, 31);
+    let mut cache = m.new_cache(1, 4).unwrap();
+    assert!(matches!(
+        m.prefill(&[vec![1, 2, 3, 4, 5]], &mut cache),
+        Err(ElmError::InvalidArgument(_))
+    ));
+    assert_eq!(cache.lens(), &[0], "failed prefill must not commit");
+    assert!(matches!(
+        m.prefill(&[vec![64]], &mut cache),
+        Err(ElmError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        m.prefill(&[vec![]], &mut cache),
+        Err(ElmError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        m.prefill(&[vec![1], vec![2]], &mut cache),
+        Err(ElmError::Shape { .. })
+    ));
+    m.prefill(&[vec![1, 2, 3, 4]], &mut cache).unwrap();
+    assert!(matches!(
+        m.decode_step(&[1], &mut cache),
+        Err(ElmError::InvalidArgument(_))
+    ));
+    assert!(KvCache::new(m.config(), 0, 4).is_err());
+
+    let mut w = ModelWeights::random(&ModelConfig::tiny(Arch::Qwen2), 1);
+    w.layers[2].wk = Array2::zeros((3, 3));
+    match Transformer::new(w) {
+        Err(ElmError::Tensor { name, .. }) => assert_eq!(name, "layers.2.wk"),
+        other => panic!("expected tensor error, got {other:?}"),
+    }
+    let mut w = ModelWeights::random(&ModelConfig::tiny(Arch::Qwen2), 1);
+    w.layers[0].bq = None;
+    assert!(matches!(Transformer::new(w), Err(ElmError::Tensor { .. })));
+}
