@@ -154,7 +154,11 @@ pub struct TrainConfig {
     /// Gradient rule; `None` = stochastic JFB with the paper's ranges for this M
     /// (no-grad iterations U[0, M/2], grad iterations U[1, M/2]).
     #[serde(default)]
-    pub grad_rule: Option<GradRulePlaceholder>, // MERGE-GRAD
+    pub grad_rule: Option<crate::grad::GradientRule>,
+    /// Forward solver of the `jfb` / `implicit` rules (default: Anderson, 30 iterations,
+    /// relative tolerance 1e-4).
+    #[serde(default)]
+    pub forward_solver: Option<crate::solver::SolverConfig>,
     /// Seeds the data order and the stochastic gradient rule.
     #[serde(default)]
     pub seed: u64,
@@ -255,7 +259,3 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     })
 }
 
-/// Placeholder until the `grad` branch lands (MERGE-GRAD).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GradRulePlaceholder {}

@@ -15,6 +15,7 @@ pub mod data;
 pub mod forward;
 pub mod infer;
 pub mod module;
+pub mod train;
 
 pub use accounting::{kv_report, param_report, KvReport, ParamReport};
 pub use config::{ElmConfig, LambdaSchedule, TrainConfig};
