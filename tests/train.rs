@@ -457,3 +457,53 @@ fn param_store_round_trip_keeps_order_and_frozen_flags() {
     ));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn store_registers_on_tape_and_adamw_minimises_a_quadratic() {
+    use elm::autograd::Tape;
+    // L = ‖w − t‖² with a frozen offset: AdamW must drive w to t; the frozen tensor never moves
+    // and receives no gradient.
+    let target = arr1(&[1.5f32, -0.5, 0.25]).into_dyn();
+    let mut store = ParamStore::new();
+    store
+        .insert("w", arr1(&[0.0f32, 0.0, 0.0]).into_dyn(), true)
+        .unwrap();
+    store
+        .insert("offset", arr1(&[0.1f32, 0.1, 0.1]).into_dyn(), false)
+        .unwrap();
+    let mut opt = AdamW::new(AdamWConfig::default()).unwrap();
+    let sched = ScheduleConfig {
+        peak_lr: 0.05,
+        warmup_steps: 5,
+        total_steps: 400,
+        final_lr_frac: 0.01,
+    };
+    let mut first_loss = None;
+    let mut loss_val = 0.0;
+    for step in 0..400 {
+        let mut tape = Tape::<f32>::new();
+        let vars = store.register(&mut tape);
+        assert!(tape.requires_grad(vars.var(0)) && !tape.requires_grad(vars.var(1)));
+        let t = tape.constant(target.clone());
+        let shifted = tape.add(vars.var(0), vars.var(1)).unwrap();
+        let d = tape.sub(shifted, t).unwrap();
+        let loss = tape.sum_squares(d);
+        loss_val = tape.scalar(loss);
+        first_loss.get_or_insert(loss_val);
+        let mut g = tape.backward(loss).unwrap();
+        let grads = store.collect_grads(&vars, &mut g).unwrap();
+        assert!(grads.grads[0].is_some() && grads.grads[1].is_none());
+        opt.step(&mut store, &grads, sched.lr_at(step)).unwrap();
+    }
+    assert!(
+        loss_val < 1e-6 * first_loss.unwrap(),
+        "loss {loss_val} from {first_loss:?}"
+    );
+    for (w, t) in store.get("w").unwrap().iter().zip(target.iter()) {
+        assert!((w + 0.1 - t).abs() < 1e-3, "w {w} + 0.1 vs target {t}");
+    }
+    assert_eq!(
+        store.get("offset").unwrap(),
+        &arr1(&[0.1f32, 0.1, 0.1]).into_dyn()
+    );
+}

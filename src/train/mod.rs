@@ -17,12 +17,13 @@
 mod adamw;
 mod params;
 mod schedule;
+mod tape_glue;
 pub mod tensor_file;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use params::{ParamGrads, ParamStore};
-// pub use tape_glue::ParamVars;  (enabled once the autograd tape is merged)
 pub use schedule::ScheduleConfig;
+pub use tape_glue::ParamVars;
 
 /// The crate's seeded RNG constructor (every random choice in training goes through a seed).
 pub fn seeded_rng(seed: u64) -> rand::rngs::StdRng {

@@ -1,0 +1,563 @@
+//! [`ImplicitLayer`] and [`implicit_forward`]: put a fixed point `z* = f(z*, x; θ)` on the tape
+//! with the backward pass chosen by a [`GradientRule`].
+
+use std::sync::{Arc, Mutex};
+
+use ndarray::{ArrayD, ArrayView2, ArrayViewMut2, Axis, IxDyn};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use super::rule::GradientRule;
+use crate::autograd::{AdFloat, Tape, Var};
+use crate::solver::{FixedPointMap, FixedPointSolver, RowOutcome, RowStatus, SolverConfig};
+use crate::{ElmError, Result};
+
+/// A fixed-point layer `z ↦ f(z, x; θ)`. Implement [`ImplicitLayer::forward`] once; everything
+/// else (solver map, gradient rules) is derived from it.
+pub trait ImplicitLayer<T: AdFloat> {
+    /// One application of `f` on the tape. `z` has the state shape `[B, ...]` (batch first),
+    /// `x` is the injected input, `params` the layer's parameters in the order given to
+    /// [`implicit_forward`]. Must return a Var with the shape of `z`.
+    fn forward(&self, tape: &mut Tape<T>, z: Var, x: Var, params: &[Var]) -> Result<Var>;
+
+    /// `f` without recording (used by the forward solver and gradient-free iterations).
+    /// Default: [`ImplicitLayer::forward`] on a scratch tape under `no_grad`, sharing `x` and the
+    /// parameters without copying them. Override with a faster path if you have one.
+    fn eval(
+        &self,
+        z: ArrayD<T>,
+        x: &Arc<ArrayD<T>>,
+        params: &[Arc<ArrayD<T>>],
+    ) -> Result<ArrayD<T>> {
+        let mut tape = Tape::<T>::new();
+        tape.no_grad(|t| {
+            let zv = t.constant(z);
+            let xv = t.constant_shared(x.clone());
+            let pv: Vec<Var> = params
+                .iter()
+                .map(|p| t.constant_shared(p.clone()))
+                .collect();
+            let out = self.forward(t, zv, xv, &pv)?;
+            Ok(t.value(out).clone())
+        })
+    }
+}
+
+/// What the backward pass of the [`GradientRule::Implicit`] rule did (filled when the tape's
+/// backward reaches the fixed-point node).
+#[derive(Clone, Debug, Serialize)]
+pub struct BackwardReport {
+    /// Adjoint solver name.
+    pub solver: &'static str,
+    /// Largest per-row adjoint iteration count (VJP evaluations).
+    pub iterations: usize,
+    /// Batched VJP evaluations of the adjoint solve (+1 for the final parameter VJP is not counted).
+    pub vjp_evals: usize,
+    /// Largest per-row absolute adjoint residual `‖Jᵀu + g − u‖₂`.
+    pub residual: f64,
+    /// Largest per-row relative adjoint residual.
+    pub rel_residual: f64,
+    /// Per-row outcomes of the adjoint solve (empty when the solve itself errored).
+    pub rows: Vec<RowOutcome>,
+    /// Rows that fell back to the JFB gradient (`u = g`).
+    pub fallback_rows: usize,
+    /// Peak bytes of the scratch tapes used for the VJPs.
+    pub scratch_peak_bytes: usize,
+}
+
+impl BackwardReport {
+    /// True when every row's adjoint solve converged (no fallback).
+    pub fn converged(&self) -> bool {
+        self.fallback_rows == 0
+    }
+}
+
+/// Shared slot the implicit backward writes its [`BackwardReport`] into.
+#[derive(Clone, Debug, Default)]
+pub struct BackwardSlot(Arc<Mutex<Option<BackwardReport>>>);
+
+impl BackwardSlot {
+    /// The report, once the tape's backward has run through the fixed-point node.
+    pub fn get(&self) -> Option<BackwardReport> {
+        self.0.lock().ok().and_then(|g| g.clone())
+    }
+    fn set(&self, r: BackwardReport) {
+        if let Ok(mut g) = self.0.lock() {
+            *g = Some(r);
+        }
+    }
+}
+
+/// What [`implicit_forward`] did.
+#[derive(Clone, Debug)]
+pub struct GradReport {
+    /// Rule name (see [`GradientRule::name`]).
+    pub rule: &'static str,
+    /// Iterations on the forward path: solver iterations (largest over rows) for `jfb`/`implicit`,
+    /// `k` for `unroll`, `m + n` for `stochastic_jfb`.
+    pub forward_iterations: usize,
+    /// Batched evaluations of `f` without tape (solver map calls or gradient-free iterations).
+    pub nograd_evals: usize,
+    /// Differentiable applications of `f` recorded on the tape.
+    pub tape_applications: usize,
+    /// Largest per-row forward residual: the solver's `‖f(z)−z‖₂` for `jfb`/`implicit`; for the
+    /// iterated rules the last step's `‖z_last − z_prev‖₂`.
+    pub forward_residual: f64,
+    /// Per-row outcomes of the forward solve (`jfb`/`implicit` only).
+    pub forward_rows: Option<Vec<RowOutcome>>,
+    /// `(m, n)` drawn by `stochastic_jfb`.
+    pub sampled: Option<(usize, usize)>,
+    /// Filled by the backward pass of `implicit`.
+    pub backward: BackwardSlot,
+}
+
+impl GradReport {
+    /// True when the forward solve (if any) converged on every row.
+    pub fn forward_converged(&self) -> bool {
+        self.forward_rows
+            .as_ref()
+            .is_none_or(|r| r.iter().all(|o| o.status == RowStatus::Converged))
+    }
+}
+
+/// Batch size and flattened row width of a state shape `[B, ...]`.
+fn batch_dims(shape: &[usize]) -> Result<(usize, usize)> {
+    if shape.len() < 2 {
+        return Err(ElmError::shape(
+            "implicit_forward",
+            format!("state must be [B, ...] with at least 2 axes, got {shape:?}"),
+        ));
+    }
+    Ok((shape[0], shape[1..].iter().product()))
+}
+
+/// Row-wise max of `‖a[b] − c[b]‖₂` (f64), for states of shape `[B, ...]`.
+fn max_row_diff<T: AdFloat>(a: &ArrayD<T>, c: &ArrayD<T>) -> f64 {
+    let (b, _) = (a.shape()[0], 0);
+    (0..b)
+        .map(|i| {
+            a.index_axis(Axis(0), i)
+                .iter()
+                .zip(c.index_axis(Axis(0), i).iter())
+                .map(|(&p, &q)| {
+                    let d = (p - q).to_f64().unwrap_or(f64::NAN);
+                    d * d
+                })
+                .sum::<f64>()
+                .sqrt()
+        })
+        .fold(0.0, f64::max)
+}
+
+fn to_rows<T: AdFloat>(a: &ArrayD<T>, b: usize, d: usize) -> Result<ArrayView2<'_, T>> {
+    a.view().into_shape_with_order((b, d)).map_err(|e| {
+        ElmError::shape(
+            "implicit_forward",
+            format!("cannot view {:?} as [{b}, {d}]: {e}", a.shape()),
+        )
+    })
+}
+
+/// The layer's `f` at fixed `x, θ` as a solver map on `[B, D]` rows (evaluates every row).
+struct LayerMap<'a, T: AdFloat, L: ImplicitLayer<T>> {
+    layer: &'a L,
+    x: Arc<ArrayD<T>>,
+    params: Vec<Arc<ArrayD<T>>>,
+    shape: Vec<usize>,
+}
+
+impl<T: AdFloat, L: ImplicitLayer<T>> FixedPointMap<T> for LayerMap<'_, T, L> {
+    fn dim(&self) -> usize {
+        self.shape[1..].iter().product()
+    }
+    fn eval(
+        &mut self,
+        z: ArrayView2<T>,
+        _active: &[bool],
+        mut out: ArrayViewMut2<T>,
+    ) -> Result<()> {
+        let zs = z
+            .to_owned()
+            .into_shape_with_order(IxDyn(&self.shape))
+            .map_err(|e| ElmError::shape("LayerMap", e.to_string()))?;
+        let y = self.layer.eval(zs, &self.x, &self.params)?;
+        if y.shape() != self.shape.as_slice() {
+            return Err(ElmError::shape(
+                "ImplicitLayer::forward",
+                format!(
+                    "output shape {:?} != state shape {:?}",
+                    y.shape(),
+                    self.shape
+                ),
+            ));
+        }
+        out.assign(&to_rows(&y, z.nrows(), z.ncols())?);
+        Ok(())
+    }
+}
+
+/// Runs the forward solver on the layer's map from `z0`; returns `z*` (state shape) + the solution.
+fn solve_forward<T: AdFloat, L: ImplicitLayer<T>>(
+    layer: &L,
+    x: Arc<ArrayD<T>>,
+    params: Vec<Arc<ArrayD<T>>>,
+    z0: &ArrayD<T>,
+    solver: &dyn FixedPointSolver<T>,
+) -> Result<(ArrayD<T>, Vec<RowOutcome>, usize)> {
+    let shape = z0.shape().to_vec();
+    let (b, d) = batch_dims(&shape)?;
+    let mut map = LayerMap {
+        layer,
+        x,
+        params,
+        shape: shape.clone(),
+    };
+    let z0_std = z0.as_standard_layout().into_owned();
+    let sol = solver.solve(&mut map, to_rows(&z0_std, b, d)?)?;
+    let z = sol
+        .z
+        .into_shape_with_order(IxDyn(&shape))
+        .map_err(|e| ElmError::shape("implicit_forward", e.to_string()))?;
+    Ok((z, sol.rows, sol.map_evals))
+}
+
+/// [`implicit_forward_with_rng`] with the `stochastic_jfb` draws taken from a fresh
+/// `StdRng::seed_from_u64(seed)`: every call draws the same `(m, n)`. For training use
+/// [`ImplicitDriver`], which keeps one seeded stream across calls.
+pub fn implicit_forward<T: AdFloat, L: ImplicitLayer<T> + Clone + 'static>(
+    tape: &mut Tape<T>,
+    layer: &L,
+    x: Var,
+    params: &[Var],
+    z0: &ArrayD<T>,
+    rule: &GradientRule,
+    forward_solver: &dyn FixedPointSolver<T>,
+) -> Result<(Var, GradReport)> {
+    let seed = match rule {
+        GradientRule::StochasticJfb { seed, .. } => *seed,
+        _ => 0,
+    };
+    let mut rng = StdRng::seed_from_u64(seed);
+    implicit_forward_with_rng(tape, layer, x, params, z0, rule, forward_solver, &mut rng)
+}
+
+/// Puts the fixed point of `layer` (from the detached start `z0`, shape `[B, ...]`) on `tape` and
+/// returns it as a Var whose backward implements `rule`, plus a [`GradReport`].
+/// `x` and `params` may be params or constants; gradients reach those that require them.
+#[allow(clippy::too_many_arguments)]
+pub fn implicit_forward_with_rng<T: AdFloat, L: ImplicitLayer<T> + Clone + 'static>(
+    tape: &mut Tape<T>,
+    layer: &L,
+    x: Var,
+    params: &[Var],
+    z0: &ArrayD<T>,
+    rule: &GradientRule,
+    forward_solver: &dyn FixedPointSolver<T>,
+    rng: &mut StdRng,
+) -> Result<(Var, GradReport)> {
+    rule.validate()?;
+    batch_dims(z0.shape())?;
+    if z0.iter().any(|v| !v.is_finite()) {
+        return Err(ElmError::NonFinite(
+            "implicit_forward: initial state z0".into(),
+        ));
+    }
+    let x_val = tape.shared(x);
+    let p_vals: Vec<Arc<ArrayD<T>>> = params.iter().map(|&p| tape.shared(p)).collect();
+    let mut report = GradReport {
+        rule: rule.name(),
+        forward_iterations: 0,
+        nograd_evals: 0,
+        tape_applications: 0,
+        forward_residual: f64::NAN,
+        forward_rows: None,
+        sampled: None,
+        backward: BackwardSlot::default(),
+    };
+    // Differentiable iterations from a detached start; returns the last output.
+    let unroll =
+        |tape: &mut Tape<T>, start: ArrayD<T>, n: usize, report: &mut GradReport| -> Result<Var> {
+            let mut z = tape.constant(start);
+            let mut prev_val: Option<Arc<ArrayD<T>>> = None;
+            for _ in 0..n {
+                prev_val = Some(tape.shared(z));
+                z = layer.forward(tape, z, x, params)?;
+                check_state_shape(tape.value(z), z0.shape())?;
+            }
+            report.tape_applications += n;
+            if let Some(p) = prev_val {
+                report.forward_residual = max_row_diff(tape.value(z), &p);
+            }
+            Ok(z)
+        };
+    match rule {
+        GradientRule::Unroll { k } => {
+            report.forward_iterations = *k;
+            let z = unroll(tape, z0.clone(), *k, &mut report)?;
+            Ok((z, report))
+        }
+        GradientRule::StochasticJfb { no_grad, grad, .. } => {
+            let m = rng.gen_range(no_grad[0]..=no_grad[1]);
+            let n = rng.gen_range(grad[0]..=grad[1]);
+            let mut z = z0.clone();
+            for _ in 0..m {
+                z = layer.eval(z, &x_val, &p_vals)?;
+                check_state_shape(&z, z0.shape())?;
+            }
+            report.nograd_evals = m;
+            report.sampled = Some((m, n));
+            report.forward_iterations = m + n;
+            let out = unroll(tape, z, n, &mut report)?;
+            Ok((out, report))
+        }
+        GradientRule::Jfb => {
+            let (z_star, rows, evals) = solve_forward(layer, x_val, p_vals, z0, forward_solver)?;
+            fill_forward(&mut report, rows, evals);
+            let zc = tape.constant(z_star);
+            let out = layer.forward(tape, zc, x, params)?;
+            check_state_shape(tape.value(out), z0.shape())?;
+            report.tape_applications = 1;
+            Ok((out, report))
+        }
+        GradientRule::Implicit {
+            solver,
+            tol,
+            max_iter,
+        } => {
+            let (z_star, rows, evals) =
+                solve_forward(layer, x_val.clone(), p_vals.clone(), z0, forward_solver)?;
+            fill_forward(&mut report, rows, evals);
+            let mut adjoint_cfg: SolverConfig = solver.clone();
+            {
+                let stop = adjoint_cfg.stop_mut();
+                stop.abs_tol = 0.0;
+                stop.rel_tol = *tol;
+                stop.max_iter = *max_iter;
+            }
+            let mut inputs = vec![x];
+            inputs.extend_from_slice(params);
+            let needs: Vec<bool> = inputs.iter().map(|&v| tape.requires_grad(v)).collect();
+            let ctx = AdjointCtx {
+                layer: layer.clone(),
+                z_star: Arc::new(z_star.clone()),
+                x: x_val,
+                params: p_vals,
+                needs,
+                solver: adjoint_cfg,
+                slot: report.backward.clone(),
+            };
+            let out = tape.custom(
+                &inputs,
+                z_star,
+                Box::new(move |g: &ArrayD<T>| ctx.backward(g)),
+            );
+            Ok((out, report))
+        }
+    }
+}
+
+fn check_state_shape<T>(y: &ArrayD<T>, want: &[usize]) -> Result<()> {
+    if y.shape() != want {
+        return Err(ElmError::shape(
+            "ImplicitLayer::forward",
+            format!("output shape {:?} != state shape {:?}", y.shape(), want),
+        ));
+    }
+    Ok(())
+}
+
+fn fill_forward(report: &mut GradReport, rows: Vec<RowOutcome>, evals: usize) {
+    report.forward_iterations = rows.iter().map(|r| r.iterations).max().unwrap_or(0);
+    report.forward_residual = rows.iter().map(|r| r.residual).fold(0.0, f64::max);
+    report.nograd_evals = evals;
+    report.forward_rows = Some(rows);
+}
+
+/// Everything the IFT backward needs, captured at forward time.
+struct AdjointCtx<T: AdFloat, L> {
+    layer: L,
+    z_star: Arc<ArrayD<T>>,
+    x: Arc<ArrayD<T>>,
+    params: Vec<Arc<ArrayD<T>>>,
+    /// Whether x and each param (in that order) need a gradient.
+    needs: Vec<bool>,
+    solver: SolverConfig,
+    slot: BackwardSlot,
+}
+
+impl<T: AdFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
+    /// `f(z*, x, θ)` on a scratch tape; `z` differentiable iff `z_grad`, x/θ per `xp_grad`.
+    fn scratch(&self, z_grad: bool, xp_grad: bool) -> Result<(Tape<T>, Var, Vec<Var>, Var)> {
+        let mut t = Tape::<T>::new();
+        let zv = if z_grad {
+            t.param_shared(self.z_star.clone())
+        } else {
+            t.constant_shared(self.z_star.clone())
+        };
+        let mut leaves = Vec::with_capacity(1 + self.params.len());
+        for (i, a) in std::iter::once(&self.x)
+            .chain(self.params.iter())
+            .enumerate()
+        {
+            leaves.push(if xp_grad && self.needs[i] {
+                t.param_shared(a.clone())
+            } else {
+                t.constant_shared(a.clone())
+            });
+        }
+        let y = self.layer.forward(&mut t, zv, leaves[0], &leaves[1..])?;
+        Ok((t, zv, leaves, y))
+    }
+
+    fn backward(self, g: &ArrayD<T>) -> Result<Vec<Option<ArrayD<T>>>> {
+        let shape = self.z_star.shape().to_vec();
+        let (b, d) = batch_dims(&shape)?;
+        let g_std = g.as_standard_layout().into_owned();
+        let g_rows = to_rows(&g_std, b, d)?.to_owned();
+        let mut scratch_peak = 0usize;
+        // Adjoint map u ↦ Jᵀu + g, one scratch forward+backward per evaluation (backward consumes a tape).
+        let solver = self.solver.build::<T>();
+        let solve = {
+            let mut map = crate::solver::FnMap::new(
+                d,
+                |u: ArrayView2<T>, _active: &[bool], mut out: ArrayViewMut2<T>| -> Result<()> {
+                    let (mut t, zv, _, y) = self.scratch(true, false)?;
+                    let seed = u
+                        .to_owned()
+                        .into_shape_with_order(IxDyn(&shape))
+                        .map_err(|e| ElmError::shape("adjoint", e.to_string()))?;
+                    let mut grads = t.backward_from(y, seed)?;
+                    scratch_peak = scratch_peak.max(t.peak_bytes());
+                    match grads.take(zv) {
+                        Some(jtu) => {
+                            let jtu = jtu.as_standard_layout().into_owned();
+                            out.assign(&to_rows(&jtu, b, d)?);
+                        }
+                        None => out.fill(T::zero()),
+                    }
+                    out += &g_rows;
+                    Ok(())
+                },
+            );
+            solver.solve(&mut map, g_rows.view())
+        };
+        let mut u = g_rows.clone();
+        let report = match solve {
+            Ok(sol) => {
+                let mut fallback = 0;
+                for (i, r) in sol.rows.iter().enumerate() {
+                    if r.status == RowStatus::Converged {
+                        u.row_mut(i).assign(&sol.z.row(i));
+                    } else {
+                        fallback += 1;
+                    }
+                }
+                if fallback > 0 {
+                    let worst = sol
+                        .rows
+                        .iter()
+                        .filter(|r| r.status != RowStatus::Converged)
+                        .map(|r| r.residual)
+                        .fold(0.0, f64::max);
+                    eprintln!(
+                        "warning: elm::grad implicit backward ({}) did not converge on {fallback}/{b} rows (worst residual {worst:.3e}); using the JFB gradient for those rows",
+                        solver.name()
+                    );
+                }
+                BackwardReport {
+                    solver: solver.name(),
+                    iterations: sol.max_iterations(),
+                    vjp_evals: sol.map_evals,
+                    residual: sol.max_residual(),
+                    rel_residual: sol.rows.iter().map(|r| r.rel_residual).fold(0.0, f64::max),
+                    rows: sol.rows,
+                    fallback_rows: fallback,
+                    scratch_peak_bytes: scratch_peak,
+                }
+            }
+            Err(e) => {
+                eprintln!(
+                    "warning: elm::grad implicit backward ({}) failed: {e}; using the JFB gradient",
+                    solver.name()
+                );
+                BackwardReport {
+                    solver: solver.name(),
+                    iterations: 0,
+                    vjp_evals: 0,
+                    residual: f64::NAN,
+                    rel_residual: f64::NAN,
+                    rows: Vec::new(),
+                    fallback_rows: b,
+                    scratch_peak_bytes: scratch_peak,
+                }
+            }
+        };
+        // Final VJP w.r.t. x and θ with seed u.
+        let (mut t, _, leaves, y) = self.scratch(false, true)?;
+        let seed = u
+            .into_shape_with_order(IxDyn(&shape))
+            .map_err(|e| ElmError::shape("adjoint", e.to_string()))?;
+        let mut grads = t.backward_from(y, seed)?;
+        let mut rep = report;
+        rep.scratch_peak_bytes = rep.scratch_peak_bytes.max(t.peak_bytes());
+        self.slot.set(rep);
+        Ok(leaves
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if self.needs[i] { grads.take(v) } else { None })
+            .collect())
+    }
+}
+
+/// Runs a [`GradientRule`] across training steps with one seeded RNG stream, so `stochastic_jfb`
+/// draws fresh, reproducible `(m, n)` at each call.
+pub struct ImplicitDriver<T: AdFloat> {
+    rule: GradientRule,
+    forward: Box<dyn FixedPointSolver<T>>,
+    rng: StdRng,
+}
+
+impl<T: AdFloat> ImplicitDriver<T> {
+    /// A driver for `rule` with the forward solver built from `forward` (validated). The RNG is
+    /// seeded from the rule's seed (0 for rules without one).
+    pub fn new(rule: GradientRule, forward: &SolverConfig) -> Result<Self> {
+        rule.validate()?;
+        forward.validate()?;
+        let seed = match &rule {
+            GradientRule::StochasticJfb { seed, .. } => *seed,
+            _ => 0,
+        };
+        Ok(Self {
+            rule,
+            forward: forward.build::<T>(),
+            rng: StdRng::seed_from_u64(seed),
+        })
+    }
+
+    /// The rule.
+    pub fn rule(&self) -> &GradientRule {
+        &self.rule
+    }
+
+    /// [`implicit_forward_with_rng`] with this driver's rule, solver and RNG stream.
+    pub fn forward<L: ImplicitLayer<T> + Clone + 'static>(
+        &mut self,
+        tape: &mut Tape<T>,
+        layer: &L,
+        x: Var,
+        params: &[Var],
+        z0: &ArrayD<T>,
+    ) -> Result<(Var, GradReport)> {
+        implicit_forward_with_rng(
+            tape,
+            layer,
+            x,
+            params,
+            z0,
+            &self.rule,
+            self.forward.as_ref(),
+            &mut self.rng,
+        )
+    }
+}

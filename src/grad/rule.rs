@@ -1,0 +1,198 @@
+//! [`GradientRule`]: how gradients flow through a fixed-point layer (typed, serde).
+
+use serde::{Deserialize, Serialize};
+
+use crate::solver::SolverConfig;
+use crate::{ElmError, Result};
+
+/// How the gradient of `z* = f(z*, x; θ)` is computed. JSON form, e.g.
+/// `{"kind": "implicit", "solver": {"kind": "anderson"}, "tol": 1e-8, "max_iter": 100}` or
+/// `{"kind": "stochastic_jfb", "no_grad": [0, 4], "grad": [1, 4], "seed": 0}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(
+    tag = "kind",
+    rename_all = "snake_case",
+    deny_unknown_fields,
+    try_from = "RawRule"
+)]
+pub enum GradientRule {
+    /// Backpropagate through `k` differentiable applications of `f` starting at `z0`
+    /// (no forward solver; the output is `z_k`, memory grows with `k`).
+    Unroll {
+        /// Number of unrolled iterations (≥ 1).
+        k: usize,
+    },
+    /// Jacobian-free backprop: solve for `z*` without gradient, then apply `f` once on the tape
+    /// at the detached `z*` (gradient = `∂f/∂θᵀ g`, i.e. `(I − J)⁻ᵀ` replaced by `I`).
+    Jfb,
+    /// Stochastic JFB: `m ~ U{no_grad[0]..=no_grad[1]}` gradient-free iterations from `z0`, then
+    /// `n ~ U{grad[0]..=grad[1]}` differentiable ones (no forward solver). Paper defaults for a
+    /// module replacing M layers: `[0, M/2]` and `[1, M/2]`.
+    StochasticJfb {
+        /// Inclusive range of gradient-free iterations.
+        no_grad: [usize; 2],
+        /// Inclusive range of differentiable iterations (lower bound ≥ 1).
+        grad: [usize; 2],
+        /// Seed of the (m, n) draws.
+        seed: u64,
+    },
+    /// Implicit function theorem: solve `z*` with the forward solver, then in backward solve the
+    /// adjoint `u = Jᵀu + g` (J = ∂f/∂z at z*) with `solver` using vector-Jacobian products, and
+    /// return `∂f/∂(x, θ)ᵀ u`. Rows whose adjoint solve fails fall back to JFB (`u = g`) with a
+    /// warning on stderr.
+    Implicit {
+        /// Backward (adjoint) solver; its `stop.rel_tol`/`stop.max_iter` are replaced by `tol`/`max_iter`.
+        solver: SolverConfig,
+        /// Relative residual tolerance of the adjoint solve.
+        tol: f64,
+        /// Maximum adjoint iterations (VJP evaluations) per row.
+        max_iter: usize,
+    },
+}
+
+impl GradientRule {
+    /// The paper's SJFB default for a module that replaces `m_layers` layers:
+    /// no-grad iterations `U[0, M/2]`, grad iterations `U[1, M/2]`.
+    pub fn sjfb_default(m_layers: usize, seed: u64) -> Self {
+        let half = (m_layers / 2).max(1);
+        GradientRule::StochasticJfb {
+            no_grad: [0, half],
+            grad: [1, half],
+            seed,
+        }
+    }
+
+    /// IFT with the given backward solver, tolerance and iteration cap.
+    pub fn implicit(solver: SolverConfig, tol: f64, max_iter: usize) -> Self {
+        GradientRule::Implicit {
+            solver,
+            tol,
+            max_iter,
+        }
+    }
+
+    /// Short name: `unroll`, `jfb`, `stochastic_jfb`, `implicit`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            GradientRule::Unroll { .. } => "unroll",
+            GradientRule::Jfb => "jfb",
+            GradientRule::StochasticJfb { .. } => "stochastic_jfb",
+            GradientRule::Implicit { .. } => "implicit",
+        }
+    }
+
+    /// Whether the rule runs the forward fixed-point solver.
+    pub fn uses_forward_solver(&self) -> bool {
+        matches!(self, GradientRule::Jfb | GradientRule::Implicit { .. })
+    }
+
+    /// Parses and validates a JSON rule (unknown keys rejected).
+    pub fn from_json(text: &str) -> Result<Self> {
+        let r: GradientRule = serde_json::from_str(text).map_err(|e| ElmError::Json {
+            what: "gradient rule".into(),
+            msg: e.to_string(),
+        })?;
+        r.validate()?;
+        Ok(r)
+    }
+
+    /// Checks value ranges; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            GradientRule::Unroll { k } => {
+                if *k == 0 {
+                    return Err(ElmError::config("gradient_rule.k", "must be >= 1"));
+                }
+            }
+            GradientRule::Jfb => {}
+            GradientRule::StochasticJfb { no_grad, grad, .. } => {
+                if no_grad[0] > no_grad[1] {
+                    return Err(ElmError::config(
+                        "gradient_rule.no_grad",
+                        format!("empty range {no_grad:?}"),
+                    ));
+                }
+                if grad[0] > grad[1] {
+                    return Err(ElmError::config(
+                        "gradient_rule.grad",
+                        format!("empty range {grad:?}"),
+                    ));
+                }
+                if grad[0] == 0 {
+                    return Err(ElmError::config(
+                        "gradient_rule.grad",
+                        "lower bound must be >= 1 (zero differentiable iterations give no gradient)",
+                    ));
+                }
+            }
+            GradientRule::Implicit {
+                solver,
+                tol,
+                max_iter,
+            } => {
+                solver.validate()?;
+                if !(tol.is_finite() && *tol > 0.0) {
+                    return Err(ElmError::config(
+                        "gradient_rule.tol",
+                        format!("must be finite and > 0, got {tol}"),
+                    ));
+                }
+                if *max_iter == 0 {
+                    return Err(ElmError::config("gradient_rule.max_iter", "must be >= 1"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Deserialisation mirror of [`GradientRule`]: `Jfb {}` (a struct variant) so that serde's
+/// `deny_unknown_fields` also rejects `{"kind": "jfb", "k": 3}`; values are validated on the way in.
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+enum RawRule {
+    Unroll {
+        k: usize,
+    },
+    Jfb {},
+    StochasticJfb {
+        no_grad: [usize; 2],
+        grad: [usize; 2],
+        seed: u64,
+    },
+    Implicit {
+        solver: SolverConfig,
+        tol: f64,
+        max_iter: usize,
+    },
+}
+
+impl TryFrom<RawRule> for GradientRule {
+    type Error = ElmError;
+    fn try_from(r: RawRule) -> Result<Self> {
+        let rule = match r {
+            RawRule::Unroll { k } => GradientRule::Unroll { k },
+            RawRule::Jfb {} => GradientRule::Jfb,
+            RawRule::StochasticJfb {
+                no_grad,
+                grad,
+                seed,
+            } => GradientRule::StochasticJfb {
+                no_grad,
+                grad,
+                seed,
+            },
+            RawRule::Implicit {
+                solver,
+                tol,
+                max_iter,
+            } => GradientRule::Implicit {
+                solver,
+                tol,
+                max_iter,
+            },
+        };
+        rule.validate()?;
+        Ok(rule)
+    }
+}

@@ -1,0 +1,589 @@
+//! Tests for `elm::grad`: gradient rules on the DEQ z = tanh(W z + U x + b) in f64 against the
+//! exact implicit gradient from a dense solve of (I − J)ᵀ u = g (ndarray-linalg), itself checked
+//! against central finite differences of the converged fixed point.
+
+use elm::autograd::{Tape, Var};
+use elm::grad::{implicit_forward, GradientRule, ImplicitDriver, ImplicitLayer};
+use elm::solver::SolverConfig;
+use ndarray::{Array1, Array2, ArrayD, Axis};
+use ndarray_linalg::{Norm, Solve, SVD};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
+
+/// z = tanh(z·Wᵀ + x·Uᵀ + b); params = [W [D, D], U [D, Dx], b [D]].
+#[derive(Clone)]
+struct TanhDeq;
+
+impl<T: elm::autograd::AdFloat> ImplicitLayer<T> for TanhDeq {
+    fn forward(&self, t: &mut Tape<T>, z: Var, x: Var, p: &[Var]) -> elm::Result<Var> {
+        let wz = t.matmul_t(z, p[0], None)?;
+        let ux = t.matmul_t(x, p[1], Some(p[2]))?;
+        let s = t.add(wz, ux)?;
+        Ok(t.tanh(s))
+    }
+}
+
+const B: usize = 3;
+const D: usize = 10;
+const DX: usize = 4;
+
+/// A seeded problem: W with ‖W‖₂ = `w_norm`, U, b, x, and the loss weights c (L = Σ c ⊙ z*).
+struct Problem {
+    w: Array2<f64>,
+    u: Array2<f64>,
+    b: Array1<f64>,
+    x: Array2<f64>,
+    c: Array2<f64>,
+}
+
+fn randn(rng: &mut StdRng, r: usize, c: usize) -> Array2<f64> {
+    Array2::from_shape_fn((r, c), |_| StandardNormal.sample(rng))
+}
+
+fn problem(seed: u64, w_norm: f64) -> Problem {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let w = randn(&mut rng, D, D);
+    let (_, s, _) = w.svd(false, false).unwrap();
+    let w = w * (w_norm / s[0]);
+    let u = randn(&mut rng, D, DX) * 0.5;
+    let b = randn(&mut rng, 1, D).row(0).to_owned() * 0.3;
+    let x = randn(&mut rng, B, DX);
+    let c = randn(&mut rng, B, D);
+    Problem { w, u, b, x, c }
+}
+
+/// Fixed point by plain iteration to machine precision (contraction, ‖W‖₂ < 1).
+fn dense_fixed_point(p: &Problem) -> Array2<f64> {
+    let pre_x = p.x.dot(&p.u.t()) + &p.b;
+    let mut z = Array2::<f64>::zeros((B, D));
+    for _ in 0..2000 {
+        let zn = (z.dot(&p.w.t()) + &pre_x).mapv(f64::tanh);
+        let diff = (&zn - &z).norm_l2();
+        z = zn;
+        if diff < 1e-16 {
+            break;
+        }
+    }
+    z
+}
+
+/// Exact IFT gradients of L = Σ c ⊙ z*: per row u = (I − Jᵀ)⁻¹ c, J = diag(1 − z²) W.
+struct Exact {
+    dw: Array2<f64>,
+    du: Array2<f64>,
+    db: Array1<f64>,
+    dx: Array2<f64>,
+}
+
+fn exact_grads(p: &Problem) -> Exact {
+    let z = dense_fixed_point(p);
+    let mut ex = Exact {
+        dw: Array2::zeros((D, D)),
+        du: Array2::zeros((D, DX)),
+        db: Array1::zeros(D),
+        dx: Array2::zeros((B, DX)),
+    };
+    for r in 0..B {
+        let s = z.row(r).mapv(|v| 1.0 - v * v);
+        let j = Array2::from_shape_fn((D, D), |(i, k)| s[i] * p.w[[i, k]]);
+        let a = Array2::<f64>::eye(D) - j.t();
+        let u = a.solve(&p.c.row(r).to_owned()).unwrap();
+        let su = &s * &u; // ∂L/∂(pre-activation)
+        let col = su.view().insert_axis(Axis(1));
+        ex.dw = ex.dw + col.dot(&z.row(r).insert_axis(Axis(0)));
+        ex.du = ex.du + col.dot(&p.x.row(r).insert_axis(Axis(0)));
+        ex.db = ex.db + &su;
+        ex.dx.row_mut(r).assign(&p.u.t().dot(&su));
+    }
+    ex
+}
+
+fn loss_at(p: &Problem) -> f64 {
+    (dense_fixed_point(p) * &p.c).sum()
+}
+
+struct Got {
+    dw: ArrayD<f64>,
+    du: ArrayD<f64>,
+    db: ArrayD<f64>,
+    dx: ArrayD<f64>,
+    report: elm::grad::GradReport,
+}
+
+/// Runs `rule` on the tape (x is a param so dL/dx is checked too) and returns the gradients.
+fn tape_grads(p: &Problem, rule: &GradientRule, driver: Option<&mut ImplicitDriver<f64>>) -> Got {
+    let mut tape = Tape::<f64>::new();
+    let w = tape.param(p.w.clone().into_dyn());
+    let u = tape.param(p.u.clone().into_dyn());
+    let b = tape.param(p.b.clone().into_dyn());
+    let x = tape.param(p.x.clone().into_dyn());
+    let c = tape.constant(p.c.clone().into_dyn());
+    let z0 = ArrayD::zeros(vec![B, D]);
+    let fwd = SolverConfig::anderson().with_stop(elm::solver::StopCriteria {
+        rel_tol: 1e-13,
+        max_iter: 500,
+        ..Default::default()
+    });
+    let (z, report) = match driver {
+        Some(d) => d.forward(&mut tape, &TanhDeq, x, &[w, u, b], &z0).unwrap(),
+        None => implicit_forward(
+            &mut tape,
+            &TanhDeq,
+            x,
+            &[w, u, b],
+            &z0,
+            rule,
+            fwd.build::<f64>().as_ref(),
+        )
+        .unwrap(),
+    };
+    let zc = tape.mul(z, c).unwrap();
+    let loss = tape.sum(zc);
+    let mut g = tape.backward(loss).unwrap();
+    Got {
+        dw: g.take(w).unwrap(),
+        du: g.take(u).unwrap(),
+        db: g.take(b).unwrap(),
+        dx: g.take(x).unwrap(),
+        report,
+    }
+}
+
+fn flat(ex: &Exact) -> Vec<f64> {
+    ex.dw
+        .iter()
+        .chain(ex.du.iter())
+        .chain(ex.db.iter())
+        .chain(ex.dx.iter())
+        .copied()
+        .collect()
+}
+fn flat_got(g: &Got) -> Vec<f64> {
+    g.dw.iter()
+        .chain(g.du.iter())
+        .chain(g.db.iter())
+        .chain(g.dx.iter())
+        .copied()
+        .collect()
+}
+fn rel_err(a: &[f64], b: &[f64]) -> (f64, f64) {
+    let diff: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    let nb: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+    let max_abs = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
+    (diff / nb, max_abs)
+}
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+#[test]
+fn dense_reference_matches_finite_differences() {
+    // The dense IFT formula itself is checked against f64 central differences of the solved fixed point.
+    let p = problem(1, 0.8);
+    let ex = exact_grads(&p);
+    let h = 1e-6;
+    let mut worst: f64 = 0.0;
+    for (i, k) in [(0, 0), (3, 7), (9, 2)] {
+        let mut pp = problem(1, 0.8);
+        pp.w[[i, k]] += h;
+        let lp = loss_at(&pp);
+        pp.w[[i, k]] -= 2.0 * h;
+        let lm = loss_at(&pp);
+        let fd = (lp - lm) / (2.0 * h);
+        worst = worst.max((fd - ex.dw[[i, k]]).abs() / ex.dw[[i, k]].abs().max(1e-3));
+    }
+    for i in [0, 5] {
+        let mut pp = problem(1, 0.8);
+        pp.b[i] += h;
+        let lp = loss_at(&pp);
+        pp.b[i] -= 2.0 * h;
+        let fd = (lp - loss_at(&pp)) / (2.0 * h);
+        worst = worst.max((fd - ex.db[i]).abs() / ex.db[i].abs().max(1e-3));
+    }
+    assert!(
+        worst < 1e-6,
+        "dense IFT vs finite differences: max rel diff {worst:e}"
+    );
+}
+
+#[test]
+fn implicit_gradient_matches_dense_solve_for_every_backward_solver() {
+    let p = problem(2, 0.9);
+    let ex = flat(&exact_grads(&p));
+    for solver in [
+        SolverConfig::picard(),
+        SolverConfig::anderson(),
+        SolverConfig::broyden(),
+    ] {
+        let name = solver.name();
+        let rule = GradientRule::implicit(solver, 1e-12, 500);
+        let got = tape_grads(&p, &rule, None);
+        let (rel, max_abs) = rel_err(&flat_got(&got), &ex);
+        let back = got.report.backward.get().expect("backward report filled");
+        println!("implicit/{name}: rel err {rel:e}, max abs {max_abs:e}, backward iters {}, residual {:e}", back.iterations, back.residual);
+        assert!(
+            rel < 1e-6,
+            "implicit/{name}: rel err {rel:e} (max abs diff {max_abs:e})"
+        );
+        assert!(
+            back.converged() && back.fallback_rows == 0,
+            "{name}: {back:?}"
+        );
+        assert!(got.report.forward_converged());
+        assert_eq!(back.solver, name);
+    }
+}
+
+#[test]
+fn anderson_and_broyden_backward_need_fewer_vjps_than_picard() {
+    // Not a tuned number: just the ordering the accelerated solvers must achieve on ‖J‖ ≈ 0.97.
+    let p = problem(3, 0.97);
+    let its: Vec<usize> = [
+        SolverConfig::picard(),
+        SolverConfig::anderson(),
+        SolverConfig::broyden(),
+    ]
+    .into_iter()
+    .map(|s| {
+        tape_grads(&p, &GradientRule::implicit(s, 1e-10, 2000), None)
+            .report
+            .backward
+            .get()
+            .unwrap()
+            .iterations
+    })
+    .collect();
+    println!("backward iterations picard/anderson/broyden: {its:?}");
+    assert!(its[1] < its[0] && its[2] < its[0], "{its:?}");
+}
+
+#[test]
+fn unroll_converges_to_implicit_gradient() {
+    let p = problem(4, 0.8);
+    let ex = flat(&exact_grads(&p));
+    let mut errs = vec![];
+    for k in [1, 2, 4, 8, 16, 32, 64, 128] {
+        let got = tape_grads(&p, &GradientRule::Unroll { k }, None);
+        assert_eq!(got.report.tape_applications, k);
+        errs.push(rel_err(&flat_got(&got), &ex).0);
+    }
+    println!("unroll rel errors k=1..128: {errs:?}");
+    for w in errs.windows(2) {
+        assert!(
+            w[1] < w[0] * 1.05 || w[1] < 1e-10,
+            "not decreasing: {errs:?}"
+        );
+    }
+    assert!(
+        errs[0] > 1e-2,
+        "k = 1 should be far from the IFT gradient: {errs:?}"
+    );
+    assert!(
+        *errs.last().unwrap() < 1e-8,
+        "k = 128 should match the IFT gradient: {errs:?}"
+    );
+}
+
+#[test]
+fn jfb_has_positive_cosine_with_true_gradient() {
+    for seed in [5, 6, 7] {
+        let p = problem(seed, 0.6); // ‖J‖₂ ≤ ‖W‖₂ = 0.6 < 1
+        let ex = flat(&exact_grads(&p));
+        let got = tape_grads(&p, &GradientRule::Jfb, None);
+        let cos = cosine(&flat_got(&got), &ex);
+        println!("seed {seed}: cos(JFB, IFT) = {cos:.4}");
+        assert!(cos > 0.0, "cosine {cos}");
+        assert_eq!(got.report.tape_applications, 1);
+        assert!(got.report.forward_converged());
+        assert!(got.report.forward_residual < 1e-10);
+        // JFB is not the true gradient (it drops (I − J)⁻ᵀ).
+        assert!(rel_err(&flat_got(&got), &ex).0 > 1e-3);
+    }
+}
+
+#[test]
+fn stochastic_jfb_is_reproducible_and_seed_dependent() {
+    let p = problem(8, 0.8);
+    let rule = |seed| GradientRule::StochasticJfb {
+        no_grad: [0, 4],
+        grad: [1, 4],
+        seed,
+    };
+    let fwd = SolverConfig::anderson();
+    let run = |seed: u64| {
+        let mut d = ImplicitDriver::<f64>::new(rule(seed), &fwd).unwrap();
+        (0..6)
+            .map(|_| tape_grads(&p, &rule(seed), Some(&mut d)))
+            .collect::<Vec<_>>()
+    };
+    let a = run(11);
+    let b = run(11);
+    let c = run(12);
+    let mn = |v: &Vec<Got>| {
+        v.iter()
+            .map(|g| g.report.sampled.unwrap())
+            .collect::<Vec<_>>()
+    };
+    println!("seed 11 (m, n): {:?}; seed 12: {:?}", mn(&a), mn(&c));
+    assert_eq!(mn(&a), mn(&b));
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(
+            flat_got(x),
+            flat_got(y),
+            "same seed must give identical gradients"
+        );
+    }
+    assert_ne!(mn(&a), mn(&c), "another seed should draw other (m, n)");
+    assert!(a.iter().zip(&c).any(|(x, y)| flat_got(x) != flat_got(y)));
+    for g in a.iter().chain(&c) {
+        let (m, n) = g.report.sampled.unwrap();
+        assert!(m <= 4 && (1..=4).contains(&n));
+        assert_eq!(g.report.tape_applications, n);
+        assert_eq!(g.report.nograd_evals, m);
+        assert_eq!(g.report.forward_iterations, m + n);
+    }
+    // The draws vary across calls of one driver (a fresh stream per step would repeat them).
+    assert!(mn(&a).windows(2).any(|w| w[0] != w[1]));
+    // implicit_forward (no driver) draws the same (m, n) every call.
+    let s1 = tape_grads(&p, &rule(11), None).report.sampled;
+    let s2 = tape_grads(&p, &rule(11), None).report.sampled;
+    assert_eq!(s1, s2);
+}
+
+#[test]
+fn stochastic_jfb_equals_unrolling_n_steps_from_the_untaped_iterate() {
+    // Independent composition check: SJFB(m, n) == Unroll{n} started at f^m(z0) computed by hand.
+    let p = problem(9, 0.8);
+    let rule = GradientRule::StochasticJfb {
+        no_grad: [3, 3],
+        grad: [2, 2],
+        seed: 0,
+    };
+    let sj = tape_grads(&p, &rule, None);
+    assert_eq!(sj.report.sampled, Some((3, 2)));
+    let pre_x = p.x.dot(&p.u.t()) + &p.b;
+    let mut zm = Array2::<f64>::zeros((B, D));
+    for _ in 0..3 {
+        zm = (zm.dot(&p.w.t()) + &pre_x).mapv(f64::tanh);
+    }
+    let mut tape = Tape::<f64>::new();
+    let (w, u, b, x) = (
+        tape.param(p.w.clone().into_dyn()),
+        tape.param(p.u.clone().into_dyn()),
+        tape.param(p.b.clone().into_dyn()),
+        tape.param(p.x.clone().into_dyn()),
+    );
+    let mut z = tape.constant(zm.into_dyn());
+    for _ in 0..2 {
+        z = ImplicitLayer::<f64>::forward(&TanhDeq, &mut tape, z, x, &[w, u, b]).unwrap();
+    }
+    let c = tape.constant(p.c.clone().into_dyn());
+    let zc = tape.mul(z, c).unwrap();
+    let loss = tape.sum(zc);
+    let mut g = tape.backward(loss).unwrap();
+    let manual: Vec<f64> = [w, u, b, x]
+        .iter()
+        .flat_map(|&v| g.take(v).unwrap().into_iter())
+        .collect();
+    let (rel, max_abs) = rel_err(&flat_got(&sj), &manual);
+    assert!(rel < 1e-12, "rel {rel:e}, max abs {max_abs:e}");
+}
+
+#[test]
+fn failed_backward_solve_falls_back_to_jfb() {
+    let p = problem(10, 0.9);
+    // Two adjoint iterations cannot reach 1e-12: every row falls back to u = g, i.e. JFB.
+    let rule = GradientRule::implicit(SolverConfig::picard(), 1e-12, 2);
+    let got = tape_grads(&p, &rule, None);
+    let back = got.report.backward.get().unwrap();
+    assert_eq!(back.fallback_rows, B);
+    assert!(!back.converged());
+    let jfb = tape_grads(&p, &GradientRule::Jfb, None);
+    let (rel, _) = rel_err(&flat_got(&got), &flat_got(&jfb));
+    assert!(rel < 1e-9, "fallback should equal JFB: rel {rel:e}");
+}
+
+#[test]
+fn f32_implicit_gradient_close_to_f64_reference() {
+    let p = problem(13, 0.8);
+    let ex = flat(&exact_grads(&p));
+    let mut tape = Tape::<f32>::new();
+    let f = |a: &Array2<f64>| a.mapv(|v| v as f32).into_dyn();
+    let w = tape.param(f(&p.w));
+    let u = tape.param(f(&p.u));
+    let b = tape.param(p.b.mapv(|v| v as f32).into_dyn());
+    let x = tape.param(f(&p.x));
+    let c = tape.constant(f(&p.c));
+    let rule = GradientRule::implicit(SolverConfig::anderson(), 1e-6, 200);
+    let fwd = SolverConfig::anderson().build::<f32>();
+    let (z, _) = implicit_forward(
+        &mut tape,
+        &TanhDeq,
+        x,
+        &[w, u, b],
+        &ArrayD::zeros(vec![B, D]),
+        &rule,
+        fwd.as_ref(),
+    )
+    .unwrap();
+    let zc = tape.mul(z, c).unwrap();
+    let loss = tape.sum(zc);
+    let mut g = tape.backward(loss).unwrap();
+    let got: Vec<f64> = [w, u, b, x]
+        .iter()
+        .flat_map(|&v| g.take(v).unwrap().into_iter().map(|q| q as f64))
+        .collect();
+    let (rel, max_abs) = rel_err(&got, &ex);
+    assert!(
+        rel < 1e-4,
+        "f32 IFT vs f64 exact: rel {rel:e}, max abs {max_abs:e}"
+    );
+}
+
+#[test]
+fn frozen_params_get_no_gradient_but_input_does() {
+    let p = problem(14, 0.8);
+    let mut tape = Tape::<f64>::new();
+    let w = tape.constant(p.w.clone().into_dyn());
+    let u = tape.param(p.u.clone().into_dyn());
+    let b = tape.constant(p.b.clone().into_dyn());
+    let x = tape.param(p.x.clone().into_dyn());
+    let rule = GradientRule::implicit(SolverConfig::anderson(), 1e-12, 200);
+    let fwd = SolverConfig::anderson().build::<f64>();
+    let (z, _) = implicit_forward(
+        &mut tape,
+        &TanhDeq,
+        x,
+        &[w, u, b],
+        &ArrayD::zeros(vec![B, D]),
+        &rule,
+        fwd.as_ref(),
+    )
+    .unwrap();
+    let c = tape.constant(p.c.clone().into_dyn());
+    let zc = tape.mul(z, c).unwrap();
+    let loss = tape.sum(zc);
+    let g = tape.backward(loss).unwrap();
+    assert!(g.get(w).is_none() && g.get(b).is_none());
+    let ex = exact_grads(&p);
+    let (rel_u, _) = rel_err(
+        g.get(u).unwrap().as_slice().unwrap(),
+        ex.du.as_slice().unwrap(),
+    );
+    let (rel_x, _) = rel_err(
+        g.get(x).unwrap().as_slice().unwrap(),
+        ex.dx.as_slice().unwrap(),
+    );
+    assert!(
+        rel_u < 1e-6 && rel_x < 1e-6,
+        "du rel {rel_u:e}, dx rel {rel_x:e}"
+    );
+}
+
+#[test]
+fn rules_serde_round_trip_and_validation() {
+    let rules = vec![
+        GradientRule::Unroll { k: 5 },
+        GradientRule::Jfb,
+        GradientRule::sjfb_default(8, 3),
+        GradientRule::implicit(SolverConfig::broyden(), 1e-6, 50),
+    ];
+    for r in &rules {
+        let s = serde_json::to_string(r).unwrap();
+        assert_eq!(&GradientRule::from_json(&s).unwrap(), r, "{s}");
+    }
+    assert_eq!(
+        GradientRule::sjfb_default(8, 0),
+        GradientRule::StochasticJfb {
+            no_grad: [0, 4],
+            grad: [1, 4],
+            seed: 0
+        }
+    );
+    let parsed = GradientRule::from_json(
+        r#"{"kind":"implicit","solver":{"kind":"anderson","m":3},"tol":1e-8,"max_iter":40}"#,
+    )
+    .unwrap();
+    assert_eq!(parsed.name(), "implicit");
+    for bad in [
+        r#"{"kind":"jfb","k":3}"#,
+        r#"{"kind":"unroll","k":0}"#,
+        r#"{"kind":"unroll"}"#,
+        r#"{"kind":"stochastic_jfb","no_grad":[3,1],"grad":[1,4],"seed":0}"#,
+        r#"{"kind":"stochastic_jfb","no_grad":[0,4],"grad":[0,4],"seed":0}"#,
+        r#"{"kind":"implicit","solver":{"kind":"anderson"},"tol":0,"max_iter":40}"#,
+        r#"{"kind":"implicit","solver":{"kind":"anderson","bogus":1},"tol":1e-6,"max_iter":40}"#,
+        r#"{"kind":"newton"}"#,
+    ] {
+        let e = GradientRule::from_json(bad);
+        assert!(
+            matches!(
+                e,
+                Err(elm::ElmError::Json { .. }) | Err(elm::ElmError::Config { .. })
+            ),
+            "{bad} → {e:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_inputs_give_typed_errors() {
+    let mut tape = Tape::<f64>::new();
+    let x = tape.constant(ArrayD::zeros(vec![2, DX]));
+    let w = tape.param(ArrayD::zeros(vec![D, D]));
+    let u = tape.param(ArrayD::zeros(vec![D, DX]));
+    let b = tape.param(ArrayD::zeros(vec![D]));
+    let fwd = SolverConfig::picard().build::<f64>();
+    // 1-D state.
+    let r = implicit_forward(
+        &mut tape,
+        &TanhDeq,
+        x,
+        &[w, u, b],
+        &ArrayD::zeros(vec![D]),
+        &GradientRule::Jfb,
+        fwd.as_ref(),
+    );
+    assert!(
+        matches!(r, Err(elm::ElmError::Shape { .. })),
+        "{:?}",
+        r.err()
+    );
+    // NaN start.
+    let mut z0 = ArrayD::zeros(vec![2, D]);
+    z0[[1, 3]] = f64::NAN;
+    let r = implicit_forward(
+        &mut tape,
+        &TanhDeq,
+        x,
+        &[w, u, b],
+        &z0,
+        &GradientRule::Jfb,
+        fwd.as_ref(),
+    );
+    assert!(matches!(r, Err(elm::ElmError::NonFinite(_))));
+    // Wrong state width for the layer.
+    let r = implicit_forward(
+        &mut tape,
+        &TanhDeq,
+        x,
+        &[w, u, b],
+        &ArrayD::zeros(vec![2, D + 1]),
+        &GradientRule::Unroll { k: 2 },
+        fwd.as_ref(),
+    );
+    assert!(r.is_err());
+}
