@@ -258,4 +258,3 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
         msg: e.to_string(),
     })
 }
-

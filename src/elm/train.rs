@@ -37,13 +37,20 @@ use super::module::{save_module, ElmModule, ModuleMeta, MODULE_FORMAT};
 
 /// Parameter names in tape order: `P` first, then the block in [`BlockVars::named`] order.
 fn param_names(cfg: &ModelConfig) -> Vec<String> {
-    let mut v: Vec<String> = ["p.w_z", "p.w_h", "p.bias"].iter().map(|s| s.to_string()).collect();
+    let mut v: Vec<String> = ["p.w_z", "p.w_h", "p.bias"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let block = ["attn_norm", "wq", "wk", "wv", "wo"];
     v.extend(block.iter().map(|n| format!("block.{n}")));
     if cfg.attention_bias {
         v.extend(["bq", "bk", "bv"].iter().map(|n| format!("block.{n}")));
     }
-    v.extend(["mlp_norm", "w_gate", "w_up", "w_down"].iter().map(|n| format!("block.{n}")));
+    v.extend(
+        ["mlp_norm", "w_gate", "w_up", "w_down"]
+            .iter()
+            .map(|n| format!("block.{n}")),
+    );
     v
 }
 
@@ -102,10 +109,20 @@ impl ImplicitLayer<f32> for ElmLayer {
     }
 
     /// Fast no-tape path (BLAS + the inference block) for the gradient-free iterations.
-    fn eval(&self, z: ArrayD<f32>, x: &Arc<ArrayD<f32>>, params: &[Arc<ArrayD<f32>>]) -> Result<ArrayD<f32>> {
+    fn eval(
+        &self,
+        z: ArrayD<f32>,
+        x: &Arc<ArrayD<f32>>,
+        params: &[Arc<ArrayD<f32>>],
+    ) -> Result<ArrayD<f32>> {
         let module = self.module_from(params)?;
-        let z3 = z.into_dimensionality::<ndarray::Ix3>().map_err(|e| ElmError::shape("ElmLayer z", e.to_string()))?;
-        let h3 = x.view().into_dimensionality::<ndarray::Ix3>().map_err(|e| ElmError::shape("ElmLayer h", e.to_string()))?;
+        let z3 = z
+            .into_dimensionality::<ndarray::Ix3>()
+            .map_err(|e| ElmError::shape("ElmLayer z", e.to_string()))?;
+        let h3 = x
+            .view()
+            .into_dimensionality::<ndarray::Ix3>()
+            .map_err(|e| ElmError::shape("ElmLayer h", e.to_string()))?;
         Ok(module_apply(&module, &self.cfg, &self.rope, z3.view(), h3)?.into_dyn())
     }
 }
@@ -232,7 +249,10 @@ impl<'a> Trainer<'a> {
             .clone()
             .unwrap_or_else(|| GradientRule::sjfb_default(elm.num_replaced, cfg.seed));
         rule.validate()?;
-        let fs = cfg.forward_solver.clone().unwrap_or_else(default_forward_solver);
+        let fs = cfg
+            .forward_solver
+            .clone()
+            .unwrap_or_else(default_forward_solver);
         fs.validate()?;
         let mc = &dense.config;
         let back = (elm.end_layer()..mc.num_layers)
@@ -274,7 +294,12 @@ impl<'a> Trainer<'a> {
         let x = embed(self.dense, &batch.tokens)?;
         let rope = &self.layer.rope;
         let h = run_dense_layers(self.dense, rope, x, 0..self.elm.start_layer)?;
-        let target = run_dense_layers(self.dense, rope, h.clone(), self.elm.start_layer..self.elm.end_layer())?;
+        let target = run_dense_layers(
+            self.dense,
+            rope,
+            h.clone(),
+            self.elm.start_layer..self.elm.end_layer(),
+        )?;
         Ok((h, target))
     }
 
@@ -331,7 +356,10 @@ impl<'a> Trainer<'a> {
         }
         let loss_val = tape.scalar(loss) as f64;
         if !loss_val.is_finite() {
-            return Err(ElmError::NonFinite(format!("training loss at step {}", self.step)));
+            return Err(ElmError::NonFinite(format!(
+                "training loss at step {}",
+                self.step
+            )));
         }
         let mut grads = tape.backward(loss)?;
         let mut pg = self.store.collect_grads(&vars, &mut grads)?;
@@ -357,9 +385,22 @@ impl<'a> Trainer<'a> {
 
     /// Distillation MSE of the module's fixed point (solved with `solver`) vs the dense
     /// `h_{l+M}` over the valid tokens of `seqs` (evaluated `batch` sequences at a time).
-    pub fn eval_distill(&self, seqs: &[TokenSequence], pad_id: u32, solver: &SolverConfig) -> Result<f64> {
+    pub fn eval_distill(
+        &self,
+        seqs: &[TokenSequence],
+        pad_id: u32,
+        solver: &SolverConfig,
+    ) -> Result<f64> {
         let module = self.module()?;
-        eval_distill(self.dense, &self.elm, &module, seqs, pad_id, self.cfg.batch_size, solver)
+        eval_distill(
+            self.dense,
+            &self.elm,
+            &module,
+            seqs,
+            pad_id,
+            self.cfg.batch_size,
+            solver,
+        )
     }
 
     /// Writes a resumable checkpoint into `dir` (see module doc).
@@ -405,28 +446,49 @@ impl<'a> Trainer<'a> {
         let sp: PathBuf = dir.join(STATE_FILE);
         let state: TrainState = read_json(&sp)?;
         if state.format != TRAIN_FORMAT {
-            return Err(ElmError::format(&sp, format!("format `{}`, expected `{TRAIN_FORMAT}`", state.format)));
+            return Err(ElmError::format(
+                &sp,
+                format!("format `{}`, expected `{TRAIN_FORMAT}`", state.format),
+            ));
         }
         if state.model_config != dense.config {
             return Err(ElmError::config(
                 "model",
-                format!("{}: checkpoint was trained on a different model config", sp.display()),
+                format!(
+                    "{}: checkpoint was trained on a different model config",
+                    sp.display()
+                ),
             ));
         }
         let sd = dir.join(&state.step_dir);
         let store = ParamStore::load(sd.join("params.safetensors"))?;
         if store.names() != param_names(&dense.config).as_slice() {
-            return Err(ElmError::format(sd.join("params.safetensors"), "unexpected parameter names"));
+            return Err(ElmError::format(
+                sd.join("params.safetensors"),
+                "unexpected parameter names",
+            ));
         }
         let opt = AdamW::load(sd.join("optimizer.safetensors"))?;
         opt.check_against(&store)?;
-        Self::build(dense, state.elm, state.train, state.base_model, store, opt, state.step, state.history)
+        Self::build(
+            dense,
+            state.elm,
+            state.train,
+            state.base_model,
+            store,
+            opt,
+            state.step,
+            state.history,
+        )
     }
 }
 
 /// Seed of step `step`'s gradient-rule RNG.
 pub fn step_seed(seed: u64, step: usize) -> u64 {
-    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (step as u64).wrapping_add(0xD1B5_4A32_D192_ED03).rotate_left(17)
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (step as u64)
+            .wrapping_add(0xD1B5_4A32_D192_ED03)
+            .rotate_left(17)
 }
 
 /// See [`Trainer::eval_distill`].
