@@ -305,6 +305,41 @@ impl<'m> ElmSession<'m> {
     /// Runs `tokens[r]` (all the same length T) of sequences `seqs[r]` through the model,
     /// committing every cache; returns logits of each row's last token `[R, V]`.
     fn forward(&mut self, seqs: &[usize], tokens: &[&[u32]], prefill: bool) -> Result<Array2<f32>> {
+        let x = self.forward_hidden(seqs, tokens, prefill)?;
+        let t = x.dim().1;
+        let last = x.index_axis(Axis(1), t - 1).to_owned();
+        Ok(self.logits(last.view()))
+    }
+
+    /// Logits `[N, V]` of final hidden states `[N, C]`.
+    fn logits(&self, h: ArrayView2<f32>) -> Array2<f32> {
+        let w = &self.model.weights;
+        let hn = rms_norm(h, &w.final_norm, w.config.rms_norm_eps);
+        hn.dot(&w.lm_head().t())
+    }
+
+    /// Logits `[T, V]` of every position of one prompt for sequence `b` (teacher forcing;
+    /// used for perplexity). Commits the caches like [`Self::prefill`].
+    pub fn prefill_all_logits(&mut self, b: usize, prompt: &[u32]) -> Result<Array2<f32>> {
+        if b >= self.batch || prompt.is_empty() {
+            return Err(ElmError::InvalidArgument(format!(
+                "prefill_all_logits: sequence {b} of batch {}, {} tokens",
+                self.batch,
+                prompt.len()
+            )));
+        }
+        let x = self.forward_hidden(&[b], &[prompt], true)?;
+        let x2 = x.index_axis(Axis(0), 0).to_owned();
+        Ok(self.logits(x2.view()))
+    }
+
+    /// Final hidden states `[R, T, C]` (before the final norm).
+    fn forward_hidden(
+        &mut self,
+        seqs: &[usize],
+        tokens: &[&[u32]],
+        prefill: bool,
+    ) -> Result<Array3<f32>> {
         let model = self.model;
         let mc = model.config();
         let (r, t, c) = (seqs.len(), tokens[0].len(), mc.hidden_size);
@@ -336,9 +371,7 @@ impl<'m> ElmSession<'m> {
         for (slot, &layer) in kept.iter().enumerate().skip(front).take(back) {
             x = self.dense_layer(slot, layer, x.view(), seqs)?;
         }
-        let last = x.index_axis(Axis(1), t - 1).to_owned();
-        let hn = rms_norm(last.view(), &w.final_norm, mc.rms_norm_eps);
-        Ok(hn.dot(&w.lm_head().t()))
+        Ok(x)
     }
 
     fn dense_layer(
