@@ -1,14 +1,407 @@
-//! (placeholder until its issue lands)
-use crate::error::{ElmError, Result};
+//! `elm solve` (one solver on one canonical problem) and `elm study` (all solvers, residual plot).
 
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use plotters::prelude::*;
+use serde_json::{json, Value};
+
+use crate::error::{ElmError, Result};
+use crate::solver::problems::{max_row_error, Problem};
+use crate::solver::{IterationInfo, Solution, SolverConfig};
+
+const PROBLEMS: [&str; 4] = ["linear", "tanh", "cos", "poisson"];
+const SOLVERS: [&str; 3] = ["picard", "anderson", "broyden"];
+
+/// Arguments of `elm solve`.
 #[derive(clap::Args, Debug)]
-pub struct SolveArgs {}
-pub fn run_solve(_: SolveArgs) -> Result<()> {
-    Err(ElmError::Unsupported("not implemented yet".into()))
+pub struct SolveArgs {
+    /// Canonical problem.
+    #[arg(long, value_parser = PROBLEMS)]
+    pub problem: String,
+    /// Spectral radius of A for `--problem linear`.
+    #[arg(long, default_value_t = 0.9)]
+    pub rho: f64,
+    /// Solver.
+    #[arg(long, value_parser = SOLVERS, default_value = "anderson")]
+    pub solver: String,
+    /// Anderson history length.
+    #[arg(long)]
+    pub m: Option<usize>,
+    /// Anderson ridge (relative to the Gram diagonal).
+    #[arg(long)]
+    pub lambda: Option<f64>,
+    /// Damping / mixing β.
+    #[arg(long)]
+    pub beta: Option<f64>,
+    /// Broyden memory L.
+    #[arg(long)]
+    pub memory: Option<usize>,
+    /// Broyden: backtrack on residual growth.
+    #[arg(long)]
+    pub backtrack: bool,
+    /// Absolute tolerance on ‖f(z) − z‖₂ per row (0 disables).
+    #[arg(long, default_value_t = 1e-8)]
+    pub tol: f64,
+    /// Relative tolerance ‖f(z) − z‖₂ / (‖f(z)‖₂ + ε) per row (0 disables).
+    #[arg(long, default_value_t = 0.0)]
+    pub rel_tol: f64,
+    /// Maximum map evaluations per row.
+    #[arg(long, default_value_t = 50_000)]
+    pub max_iter: usize,
+    /// Power-iteration steps for the spectral radius of ∂f/∂z at the solution (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub spectral_iters: usize,
+    /// Seed of the random problem data.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Full solver config as JSON (file); replaces --solver and the solver options.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
+/// Arguments of `elm study`.
 #[derive(clap::Args, Debug)]
-pub struct StudyArgs {}
-pub fn run_study(_: StudyArgs) -> Result<()> {
-    Err(ElmError::Unsupported("not implemented yet".into()))
+pub struct StudyArgs {
+    /// Canonical problem.
+    #[arg(long, value_parser = PROBLEMS)]
+    pub problem: String,
+    /// Spectral radius of A for `--problem linear`.
+    #[arg(long, default_value_t = 0.9)]
+    pub rho: f64,
+    /// Absolute tolerance on ‖f(z) − z‖₂ per row.
+    #[arg(long, default_value_t = 1e-8)]
+    pub tol: f64,
+    /// Maximum map evaluations per row.
+    #[arg(long, default_value_t = 50_000)]
+    pub max_iter: usize,
+    /// Seed of the random problem data.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output plot (`.svg` or `.png`).
+    #[arg(long)]
+    pub plot: PathBuf,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn solver_config(args: &SolveArgs) -> Result<SolverConfig> {
+    let mut cfg = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| ElmError::io(path, e))?;
+            SolverConfig::from_json(&text).map_err(|e| match e {
+                ElmError::Json { msg, .. } => ElmError::Json {
+                    what: path.display().to_string(),
+                    msg,
+                },
+                other => other,
+            })?
+        }
+        None => SolverConfig::by_name(&args.solver)?,
+    };
+    let only = |flag: &str, solver: &str| {
+        ElmError::config(flag, format!("only applies to --solver {solver}"))
+    };
+    match &mut cfg {
+        SolverConfig::Picard(c) => {
+            if let Some(b) = args.beta {
+                c.beta = b;
+            }
+        }
+        SolverConfig::Anderson(c) => {
+            if let Some(m) = args.m {
+                c.m = m;
+            }
+            if let Some(l) = args.lambda {
+                c.lambda = l;
+            }
+            if let Some(b) = args.beta {
+                c.beta = b;
+            }
+        }
+        SolverConfig::Broyden(c) => {
+            if let Some(l) = args.memory {
+                c.memory = l;
+            }
+            if let Some(b) = args.beta {
+                c.beta = b;
+            }
+            c.backtrack |= args.backtrack;
+        }
+    }
+    let name = cfg.name();
+    if name != "anderson" && (args.m.is_some() || args.lambda.is_some()) {
+        return Err(only(
+            if args.m.is_some() { "m" } else { "lambda" },
+            "anderson",
+        ));
+    }
+    if name != "broyden" && (args.memory.is_some() || args.backtrack) {
+        return Err(only(
+            if args.memory.is_some() {
+                "memory"
+            } else {
+                "backtrack"
+            },
+            "broyden",
+        ));
+    }
+    let stop = cfg.stop_mut();
+    stop.abs_tol = args.tol;
+    stop.rel_tol = args.rel_tol;
+    stop.max_iter = args.max_iter;
+    cfg.output_mut().spectral_radius_iters = args.spectral_iters;
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn finite_or_null(x: f64) -> Value {
+    if x.is_finite() {
+        json!(x)
+    } else {
+        Value::Null
+    }
+}
+
+fn summary(problem: &Problem, cfg: &SolverConfig, sol: &Solution<f64>, seconds: f64) -> Value {
+    let exact = problem.exact();
+    let error = exact.map(|e| max_row_error(sol.z.view(), e.view()));
+    let rel_residual = sol.rows.iter().map(|r| r.rel_residual).fold(0.0, f64::max);
+    let spectral = sol
+        .rows
+        .iter()
+        .filter_map(|r| r.spectral_radius)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+    let statuses: Vec<_> = sol.rows.iter().map(|r| r.status).collect();
+    json!({
+        "problem": problem.name(),
+        "rho": if let Problem::Linear(p) = problem { json!(p.rho) } else { Value::Null },
+        "solver": cfg.name(),
+        "config": cfg,
+        "batch": sol.z.nrows(),
+        "dim": sol.z.ncols(),
+        "iterations": sol.max_iterations(),
+        "map_evals": sol.map_evals,
+        "converged": sol.all_converged(),
+        "rows_converged": sol.rows.iter().filter(|r| r.status == crate::solver::RowStatus::Converged).count(),
+        "statuses": if statuses.len() <= 8 { json!(statuses) } else { Value::Null },
+        "residual": finite_or_null(sol.max_residual()),
+        "rel_residual": finite_or_null(rel_residual),
+        "error_vs_exact": error.map(finite_or_null),
+        "error_bound": problem.lipschitz().map(|l| finite_or_null(sol.max_residual() / (1.0 - l))),
+        "spectral_radius": spectral,
+        "spectral_map_evals": sol.spectral_map_evals,
+        "seconds": seconds,
+    })
+}
+
+/// `elm solve`: one solver on one canonical problem.
+pub fn run_solve(args: SolveArgs) -> Result<()> {
+    let cfg = solver_config(&args)?;
+    let mut problem = Problem::by_name(&args.problem, args.rho, args.seed)?;
+    let z0 = problem.z0();
+    let solver = cfg.build::<f64>();
+    let start = Instant::now();
+    let sol = solver.solve(problem.map(), z0.view())?;
+    let seconds = start.elapsed().as_secs_f64();
+    let out = summary(&problem, &cfg, &sol, seconds);
+    if args.json {
+        println!("{out}");
+    } else {
+        println!(
+            "{} on {}: converged {} ({}/{} rows), {} iterations, {} map evals, residual {:.3e}, error vs exact {}, {:.4} s",
+            cfg.name(),
+            problem.name(),
+            out["converged"],
+            out["rows_converged"],
+            out["batch"],
+            out["iterations"],
+            out["map_evals"],
+            sol.max_residual(),
+            out["error_vs_exact"],
+            seconds
+        );
+    }
+    Ok(())
+}
+
+/// Max residual over rows after each batched map evaluation, for one solver.
+struct Curve {
+    solver: &'static str,
+    residuals: Vec<f64>,
+    sol: Solution<f64>,
+    seconds: f64,
+}
+
+/// `elm study`: every solver on one problem, residual-vs-map-evaluation curves (log y).
+pub fn run_study(args: StudyArgs) -> Result<()> {
+    let ext = args
+        .plot
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(|e| e.to_ascii_lowercase());
+    if !matches!(ext.as_deref(), Some("svg") | Some("png")) {
+        return Err(ElmError::config(
+            "plot",
+            format!("{}: extension must be .svg or .png", args.plot.display()),
+        ));
+    }
+    let mut problem = Problem::by_name(&args.problem, args.rho, args.seed)?;
+    let z0 = problem.z0();
+    let mut curves = Vec::new();
+    for name in SOLVERS {
+        let mut cfg = SolverConfig::by_name(name)?;
+        let stop = cfg.stop_mut();
+        stop.abs_tol = args.tol;
+        stop.rel_tol = 0.0;
+        stop.max_iter = args.max_iter;
+        cfg.validate()?;
+        let mut residuals = Vec::new();
+        let mut observer = |info: &IterationInfo<'_, f64>| {
+            residuals.push(info.residuals.iter().cloned().fold(0.0, f64::max));
+        };
+        let start = Instant::now();
+        let sol = cfg
+            .build::<f64>()
+            .solve_observed(problem.map(), z0.view(), &mut observer)?;
+        curves.push(Curve {
+            solver: name,
+            residuals,
+            sol,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    }
+    let title = match &problem {
+        Problem::Linear(p) => format!("linear (rho = {})", p.rho),
+        p => p.name().to_string(),
+    };
+    draw_curves(&args.plot, &title, &curves)?;
+    let solvers: Vec<Value> = curves
+        .iter()
+        .map(|c| {
+            json!({
+                "solver": c.solver,
+                "map_evals": c.sol.map_evals,
+                "converged": c.sol.all_converged(),
+                "residual": finite_or_null(c.sol.max_residual()),
+                "seconds": c.seconds,
+                "curve": c.residuals.iter().map(|&r| finite_or_null(r)).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    if args.json {
+        println!(
+            "{}",
+            json!({"problem": problem.name(), "plot": args.plot, "solvers": solvers})
+        );
+    } else {
+        for c in &curves {
+            println!(
+                "{:9} {} map evals, converged {}, residual {:.3e}",
+                c.solver,
+                c.sol.map_evals,
+                c.sol.all_converged(),
+                c.sol.max_residual()
+            );
+        }
+        println!("plot written to {}", args.plot.display());
+    }
+    Ok(())
+}
+
+fn plot_err(path: &Path, e: impl std::fmt::Display) -> ElmError {
+    ElmError::format(path, format!("drawing plot: {e}"))
+}
+
+/// Draws to a temporary file next to `path`, then renames it into place.
+fn draw_curves(path: &Path, title: &str, curves: &[Curve]) -> Result<()> {
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp.{}",
+        path.file_stem().and_then(|s| s.to_str()).unwrap_or("plot"),
+        path.extension().and_then(|s| s.to_str()).unwrap_or("svg")
+    ));
+    let is_png = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    let result = if is_png {
+        let root = BitMapBackend::new(&tmp, (900, 600)).into_drawing_area();
+        draw_on(root, title, curves).map_err(|e| plot_err(path, e))
+    } else {
+        let root = SVGBackend::new(&tmp, (900, 600)).into_drawing_area();
+        draw_on(root, title, curves).map_err(|e| plot_err(path, e))
+    };
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, path).map_err(|e| ElmError::io(path, e))
+}
+
+fn draw_on<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    curves: &[Curve],
+) -> std::result::Result<(), Box<dyn std::error::Error>>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE)?;
+    let positive = curves
+        .iter()
+        .flat_map(|c| c.residuals.iter().cloned())
+        .filter(|r| r.is_finite() && *r > 0.0);
+    let (lo, hi) = positive.fold((f64::INFINITY, 0.0f64), |(lo, hi), r| {
+        (lo.min(r), hi.max(r))
+    });
+    let (lo, hi) = if lo.is_finite() {
+        (lo * 0.5, hi * 2.0)
+    } else {
+        (1e-16, 1.0)
+    };
+    let max_x = curves
+        .iter()
+        .map(|c| c.residuals.len())
+        .max()
+        .unwrap_or(1)
+        .max(2);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("fixed-point residual: {title}"), ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(1f64..max_x as f64, (lo..hi).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("map evaluations")
+        .y_desc("max row ||f(z) - z||")
+        .y_label_formatter(&|v| format!("{v:.0e}"))
+        .draw()?;
+    let colors = [RED, BLUE, RGBColor(0, 150, 0)];
+    for (c, color) in curves.iter().zip(colors.iter()) {
+        let color = *color;
+        chart
+            .draw_series(LineSeries::new(
+                c.residuals
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.is_finite() && **r > 0.0)
+                    .map(|(i, &r)| ((i + 1) as f64, r)),
+                color.stroke_width(2),
+            ))?
+            .label(format!("{} ({} evals)", c.solver, c.residuals.len()))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
 }

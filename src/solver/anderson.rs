@@ -14,7 +14,7 @@ use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
 
 use super::engine::{run_fixed_point, IterationRule};
 use super::{
-    cast, dot_f64, AndersonConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
+    cast, AndersonConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
 };
 use crate::error::Result;
 
@@ -37,8 +37,8 @@ struct AndersonRule<T> {
     beta: T,
     max_condition: f64,
     dim: usize,
-    /// `[B, m, D]` history of iterate differences.
-    dz: Vec<T>,
+    /// `[B, m, D]` mixing directions `w_j = Δz_j + β Δg_j`.
+    w: Vec<T>,
     /// `[B, m, D]` history of residual differences.
     dg: Vec<T>,
     /// `[B, m, m]` Gram matrix of `dg` (f64).
@@ -65,7 +65,7 @@ impl<T: SolverFloat> AndersonRule<T> {
             beta: cast(cfg.beta),
             max_condition: cfg.max_condition,
             dim: 0,
-            dz: Vec::new(),
+            w: Vec::new(),
             dg: Vec::new(),
             gram: Vec::new(),
             z_prev: Vec::new(),
@@ -99,7 +99,7 @@ impl<T: SolverFloat> AndersonRule<T> {
                     s -= a[i * n + k] * a[j * n + k];
                 }
                 if i == j {
-                    if !(s > 0.0) {
+                    if s.is_nan() || s <= 0.0 {
                         return false;
                     }
                     a[i * n + i] = s.sqrt();
@@ -141,7 +141,7 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
     fn init(&mut self, batch: usize, dim: usize) {
         let m = self.m;
         self.dim = dim;
-        self.dz = vec![T::zero(); batch * m * dim];
+        self.w = vec![T::zero(); batch * m * dim];
         self.dg = vec![T::zero(); batch * m * dim];
         self.gram = vec![0.0; batch * m * m];
         self.z_prev = vec![T::zero(); batch * dim];
@@ -157,54 +157,78 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
 
     fn step(&mut self, row: usize, mut z: ArrayViewMut1<T>, fz: ArrayView1<T>, _res: f64) {
         let (m, d) = (self.m, self.dim);
+        let beta = self.beta;
         let z = z.as_slice_mut().expect("solver rows are contiguous");
         let fz = fz.as_slice().expect("solver rows are contiguous");
-        for i in 0..d {
-            self.g[i] = fz[i] - z[i];
-        }
-        let zp = &mut self.z_prev[row * d..(row + 1) * d];
-        let gp = &mut self.g_prev[row * d..(row + 1) * d];
         let hist = row * m * d;
-        if self.has_prev[row] {
-            let slot = self.head[row];
-            let off = hist + slot * d;
-            for i in 0..d {
-                self.dz[off + i] = z[i] - zp[i];
-                self.dg[off + i] = self.g[i] - gp[i];
+        let has_prev = self.has_prev[row];
+        let slot = self.head[row];
+        let off = hist + slot * d;
+        {
+            // One fused pass: residual, new history column, and the (z, g) anchor.
+            let zp = &mut self.z_prev[row * d..(row + 1) * d];
+            let gp = &mut self.g_prev[row * d..(row + 1) * d];
+            let g = &mut self.g[..];
+            if has_prev {
+                let dg = &mut self.dg[off..off + d];
+                let w = &mut self.w[off..off + d];
+                for i in 0..d {
+                    let gi = fz[i] - z[i];
+                    let dgi = gi - gp[i];
+                    dg[i] = dgi;
+                    w[i] = (z[i] - zp[i]) + beta * dgi;
+                    g[i] = gi;
+                    zp[i] = z[i];
+                    gp[i] = gi;
+                }
+            } else {
+                for i in 0..d {
+                    let gi = fz[i] - z[i];
+                    g[i] = gi;
+                    zp[i] = z[i];
+                    gp[i] = gi;
+                }
             }
+        }
+        self.has_prev[row] = true;
+        if has_prev {
             self.count[row] = (self.count[row] + 1).min(m);
             self.head[row] = (slot + 1) % m;
-            // Incremental Gram update: only the new slot's row/column changes.
+            // Incremental Gram update (only the new slot's row/column changes) fused with the
+            // right-hand side ΔGᵀ g: one pass over each stored column.
             let gram = &mut self.gram[row * m * m..(row + 1) * m * m];
             let new = &self.dg[off..off + d];
             for j in 0..self.count[row] {
                 let other = &self.dg[hist + j * d..hist + (j + 1) * d];
-                let v = dot_f64(new, other);
-                gram[slot * m + j] = v;
-                gram[j * m + slot] = v;
+                let (vg, vr) = dot2_f64(other, new, &self.g);
+                gram[slot * m + j] = vg;
+                gram[j * m + slot] = vg;
+                self.gamma[j] = vr;
             }
         }
-        zp.copy_from_slice(z);
-        gp.copy_from_slice(&self.g);
-        self.has_prev[row] = true;
-
         let n = self.count[row];
-        let beta = self.beta;
         if n > 0 {
-            for j in 0..n {
-                self.gamma[j] = dot_f64(&self.dg[hist + j * d..hist + (j + 1) * d], &self.g);
-            }
             if self.solve_small(row, n) {
-                // z ← z + β g − Σ_j γ_j (Δz_j + β Δg_j)
+                // z ← z + β g − Σ_j γ_j w_j,  w_j = Δz_j + β Δg_j
+                // Two columns per pass halves the read/write traffic on z.
                 for i in 0..d {
                     z[i] = z[i] + beta * self.g[i];
                 }
-                for j in 0..n {
-                    let gj: T = cast(self.gamma[j]);
-                    let dzj = &self.dz[hist + j * d..hist + (j + 1) * d];
-                    let dgj = &self.dg[hist + j * d..hist + (j + 1) * d];
+                let mut j = 0;
+                while j + 1 < n {
+                    let (ga, gb): (T, T) = (cast(self.gamma[j]), cast(self.gamma[j + 1]));
+                    let wa = &self.w[hist + j * d..hist + (j + 1) * d];
+                    let wb = &self.w[hist + (j + 1) * d..hist + (j + 2) * d];
                     for i in 0..d {
-                        z[i] = z[i] - gj * (dzj[i] + beta * dgj[i]);
+                        z[i] = z[i] - (ga * wa[i] + gb * wb[i]);
+                    }
+                    j += 2;
+                }
+                if j < n {
+                    let gj: T = cast(self.gamma[j]);
+                    let wj = &self.w[hist + j * d..hist + (j + 1) * d];
+                    for i in 0..d {
+                        z[i] = z[i] - gj * wj[i];
                     }
                 }
                 return;
@@ -218,6 +242,28 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
             z[i] = z[i] + beta * self.g[i];
         }
     }
+}
+
+/// `(a·b, a·c)` accumulated in f64, one pass over `a`.
+#[inline]
+fn dot2_f64<T: SolverFloat>(a: &[T], b: &[T], c: &[T]) -> (f64, f64) {
+    let (mut s1, mut s2) = ([0.0f64; 4], [0.0f64; 4]);
+    let n4 = a.len() / 4 * 4;
+    for k in (0..n4).step_by(4) {
+        for l in 0..4 {
+            let x = a[k + l].widen();
+            s1[l] += x * b[k + l].widen();
+            s2[l] += x * c[k + l].widen();
+        }
+    }
+    let mut r1 = (s1[0] + s1[1]) + (s1[2] + s1[3]);
+    let mut r2 = (s2[0] + s2[1]) + (s2[2] + s2[3]);
+    for k in n4..a.len() {
+        let x = a[k].widen();
+        r1 += x * b[k].widen();
+        r2 += x * c[k].widen();
+    }
+    (r1, r2)
 }
 
 impl<T: SolverFloat> FixedPointSolver<T> for Anderson {

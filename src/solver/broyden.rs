@@ -1,7 +1,8 @@
 //! "Good" Broyden on `g(z) = f(z) − z = 0` with a limited-memory inverse Jacobian.
 //!
-//! `H ≈ (∂g/∂z)⁻¹` is kept as `H = −β I + Σ_j u_j v_jᵀ` with at most `L` pairs per row (a ring
-//! buffer: the oldest pair is overwritten, so memory is `2·L·D` per row whatever `max_iter` is).
+//! `H ≈ (∂g/∂z)⁻¹` is kept as `H = −β I + Σ_j u_j v_jᵀ` with at most `L` pairs per row; when the
+//! memory is full the row restarts from `H = −β I`, so memory is `2·L·D` per row whatever
+//! `max_iter` is.
 //! Step: `z ← z − H g`. After each accepted step, with `s = z_new − z_old`, `y = g_new − g_old`,
 //! the good-Broyden inverse update (Sherman–Morrison form) appends
 //! `u = (s − H y) / (sᵀ H y)`, `v = Hᵀ s`.
@@ -50,62 +51,67 @@ struct BroydenRule<T> {
     y: Vec<f64>,
     hy: Vec<f64>,
     hts: Vec<f64>,
+    hg: Vec<f64>,
     coef: Vec<f64>,
 }
 
 /// f64 dot of a T slice with an f64 slice.
 #[inline]
 fn dot_mixed<T: SolverFloat>(a: &[T], b: &[f64]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| x.to_f64().unwrap_or(f64::NAN) * y)
-        .sum()
+    a.iter().zip(b).map(|(x, y)| x.widen() * y).sum()
 }
 
 impl<T: SolverFloat> BroydenRule<T> {
-    /// `out = H x` (transpose = false) or `Hᵀ x` for `row`, with `n` stored pairs.
-    fn apply_h(&mut self, row: usize, x_is: Which, transpose: bool, out_is: Which) {
+    /// `hg = −β g` (H with empty memory).
+    fn set_hg_initial(&mut self) {
+        for (h, g) in self.hg.iter_mut().zip(&self.g) {
+            *h = -self.beta * g;
+        }
+    }
+
+    /// `hy = H y` and `hg = H g` in one sweep over the stored pairs.
+    fn apply_h_to_y_and_g(&mut self, row: usize) {
         let (l, d, n) = (self.cfg.memory, self.dim, self.count[row]);
         let base = row * l * d;
-        let (left, right) = if transpose {
-            (&self.v, &self.u)
-        } else {
-            (&self.u, &self.v)
-        };
-        let x = match x_is {
-            Which::G => &self.g,
-            Which::S => &self.s,
-            Which::Y => &self.y,
-            _ => unreachable!(),
-        };
-        for j in 0..n {
-            self.coef[j] = dot_mixed(&right[base + j * d..base + (j + 1) * d], x);
-        }
-        let out = match out_is {
-            Which::Hy => &mut self.hy,
-            Which::Hts => &mut self.hts,
-            _ => unreachable!(),
-        };
         for i in 0..d {
-            out[i] = -self.beta * x[i];
+            self.hy[i] = -self.beta * self.y[i];
+            self.hg[i] = -self.beta * self.g[i];
         }
         for j in 0..n {
-            let c = self.coef[j];
-            let lj = &left[base + j * d..base + (j + 1) * d];
+            let vj = &self.v[base + j * d..base + (j + 1) * d];
+            let (mut cy, mut cg) = (0.0, 0.0);
             for i in 0..d {
-                out[i] += c * lj[i].to_f64().unwrap_or(f64::NAN);
+                let x = vj[i].widen();
+                cy += x * self.y[i];
+                cg += x * self.g[i];
+            }
+            let uj = &self.u[base + j * d..base + (j + 1) * d];
+            for i in 0..d {
+                let x = uj[i].widen();
+                self.hy[i] += cy * x;
+                self.hg[i] += cg * x;
             }
         }
     }
-}
 
-#[derive(Clone, Copy)]
-enum Which {
-    G,
-    S,
-    Y,
-    Hy,
-    Hts,
+    /// `hts = Hᵀ s = −β s + Σ_j v_j (u_j · s)` for `row`.
+    fn apply_ht_to_s(&mut self, row: usize) {
+        let (l, d, n) = (self.cfg.memory, self.dim, self.count[row]);
+        let base = row * l * d;
+        for j in 0..n {
+            self.coef[j] = dot_mixed(&self.u[base + j * d..base + (j + 1) * d], &self.s);
+        }
+        for i in 0..d {
+            self.hts[i] = -self.beta * self.s[i];
+        }
+        for j in 0..n {
+            let c = self.coef[j];
+            let vj = &self.v[base + j * d..base + (j + 1) * d];
+            for i in 0..d {
+                self.hts[i] += c * vj[i].widen();
+            }
+        }
+    }
 }
 
 impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
@@ -127,6 +133,7 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
             &mut self.y,
             &mut self.hy,
             &mut self.hts,
+            &mut self.hg,
         ] {
             *buf = vec![0.0; dim];
         }
@@ -154,19 +161,25 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
             let gave_up = self.cfg.backtrack && grew;
             self.backtracks[row] = 0;
             for i in 0..d {
-                let zi = z[i].to_f64().unwrap_or(f64::NAN);
-                let gi = fz[i].to_f64().unwrap_or(f64::NAN) - zi;
+                let zi = z[i].widen();
+                let gi = fz[i].widen() - zi;
                 self.g[i] = gi;
-                self.s[i] = zi - self.z_prev[r.start + i].to_f64().unwrap_or(f64::NAN);
-                self.y[i] = gi - self.g_prev[r.start + i].to_f64().unwrap_or(f64::NAN);
+                self.s[i] = zi - self.z_prev[r.start + i].widen();
+                self.y[i] = gi - self.g_prev[r.start + i].widen();
             }
             if gave_up {
                 // The model of the Jacobian failed: forget it.
                 self.count[row] = 0;
                 self.head[row] = 0;
             } else {
-                self.apply_h(row, Which::Y, false, Which::Hy);
-                self.apply_h(row, Which::S, true, Which::Hts);
+                if self.count[row] == l {
+                    // Memory full: restart from H = −βI (overwriting the oldest pair instead
+                    // leaves an H no secant condition supports and diverges on hard problems).
+                    self.count[row] = 0;
+                    self.head[row] = 0;
+                }
+                self.apply_h_to_y_and_g(row);
+                self.apply_ht_to_s(row);
                 let denom: f64 = self.s.iter().zip(&self.hy).map(|(a, b)| a * b).sum();
                 let s2: f64 = self.s.iter().map(|a| a * a).sum();
                 let hy2: f64 = self.hy.iter().map(|a| a * a).sum();
@@ -179,15 +192,25 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
                     }
                     self.head[row] = (slot + 1) % l;
                     self.count[row] = (self.count[row] + 1).min(l);
+                    // H_new g = H g + u (vᵀ g): no extra sweep over the memory.
+                    let c: f64 = self.hts.iter().zip(&self.g).map(|(a, b)| a * b).sum();
+                    for i in 0..d {
+                        self.hg[i] += (self.s[i] - self.hy[i]) / denom * c;
+                    }
                 } else {
                     self.count[row] = 0;
                     self.head[row] = 0;
+                    self.set_hg_initial();
                 }
+            }
+            if gave_up {
+                self.set_hg_initial();
             }
         } else {
             for i in 0..d {
-                self.g[i] = fz[i].to_f64().unwrap_or(f64::NAN) - z[i].to_f64().unwrap_or(f64::NAN);
+                self.g[i] = fz[i].widen() - z[i].widen();
             }
+            self.set_hg_initial();
         }
         // Accept the current point.
         self.z_prev[r.clone()].copy_from_slice(z);
@@ -197,9 +220,8 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
         self.res_prev[row] = res;
         self.has_prev[row] = true;
         // z ← z − H g
-        self.apply_h(row, Which::G, false, Which::Hy);
         for i in 0..d {
-            z[i] = cast(z[i].to_f64().unwrap_or(f64::NAN) - self.hy[i]);
+            z[i] = cast(z[i].widen() - self.hg[i]);
         }
     }
 }
@@ -233,6 +255,7 @@ impl<T: SolverFloat> FixedPointSolver<T> for Broyden {
             y: Vec::new(),
             hy: Vec::new(),
             hts: Vec::new(),
+            hg: Vec::new(),
             coef: Vec::new(),
         };
         run_fixed_point(

@@ -176,8 +176,8 @@ fn residual_norms<T: SolverFloat>(z: ArrayView1<T>, fz: ArrayView1<T>, eps: f64)
     let mut r2 = 0.0f64;
     let mut f2 = 0.0f64;
     for (&zi, &fi) in z.iter().zip(fz.iter()) {
-        let f = fi.to_f64().unwrap_or(f64::NAN);
-        let d = f - zi.to_f64().unwrap_or(f64::NAN);
+        let f = fi.widen();
+        let d = f - zi.widen();
         r2 += d * d;
         f2 += f * f;
     }
@@ -220,7 +220,7 @@ fn estimate_spectral_radius<T: SolverFloat>(
             let zn = z
                 .row(b)
                 .iter()
-                .map(|x| x.to_f64().unwrap_or(0.0).powi(2))
+                .map(|x| x.widen().powi(2))
                 .sum::<f64>()
                 .sqrt();
             sqrt_eps * (1.0 + zn)
@@ -247,9 +247,7 @@ fn estimate_spectral_radius<T: SolverFloat>(
             let mut n2 = 0.0;
             for i in 0..dim {
                 // Use the perturbation actually applied (after rounding to T).
-                let w = (fp[[b, i]].to_f64().unwrap_or(f64::NAN)
-                    - f0[[b, i]].to_f64().unwrap_or(f64::NAN))
-                    / eps[b];
+                let w = (fp[[b, i]].widen() - f0[[b, i]].widen()) / eps[b];
                 v[[b, i]] = w;
                 n2 += w * w;
             }

@@ -47,6 +47,9 @@
 //! Canonical test problems (linear contraction, tanh layer, `cos z = z`, Poisson/Jacobi) live in
 //! [`problems`].
 
+// Numeric kernels index several equally long slices in lockstep; explicit indices read clearer.
+#![allow(clippy::needless_range_loop)]
+
 mod anderson;
 mod broyden;
 mod config;
@@ -80,17 +83,30 @@ pub trait SolverFloat:
     + std::fmt::Display
     + 'static
 {
+    /// Exact widening to f64 (a plain `as` cast, so hot loops vectorise).
+    fn widen(self) -> f64;
+    /// Rounding from f64.
+    fn narrow(x: f64) -> Self;
 }
-impl<T> SolverFloat for T where
-    T: num_traits::Float
-        + ndarray::LinalgScalar
-        + ndarray::ScalarOperand
-        + Send
-        + Sync
-        + Debug
-        + std::fmt::Display
-        + 'static
-{
+impl SolverFloat for f32 {
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        self as f64
+    }
+    #[inline(always)]
+    fn narrow(x: f64) -> Self {
+        x as f32
+    }
+}
+impl SolverFloat for f64 {
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn narrow(x: f64) -> Self {
+        x
+    }
 }
 
 /// A batched map `f` whose fixed points are sought. Rows may be independent systems.
@@ -268,27 +284,7 @@ pub trait FixedPointSolver<T: SolverFloat> {
     }
 }
 
-/// f64 dot product of two equally long slices (accumulated in f64 whatever `T` is).
-#[inline]
-pub(crate) fn dot_f64<T: SolverFloat>(a: &[T], b: &[T]) -> f64 {
-    debug_assert_eq!(a.len(), b.len());
-    // Four accumulators let the compiler vectorise despite strict FP ordering.
-    let mut acc = [0.0f64; 4];
-    let chunks = a.len() / 4;
-    for i in 0..chunks {
-        for j in 0..4 {
-            let k = 4 * i + j;
-            acc[j] += a[k].to_f64().unwrap_or(f64::NAN) * b[k].to_f64().unwrap_or(f64::NAN);
-        }
-    }
-    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    for k in 4 * chunks..a.len() {
-        s += a[k].to_f64().unwrap_or(f64::NAN) * b[k].to_f64().unwrap_or(f64::NAN);
-    }
-    s
-}
-
 #[inline]
 pub(crate) fn cast<T: SolverFloat>(x: f64) -> T {
-    T::from(x).unwrap_or_else(T::nan)
+    T::narrow(x)
 }

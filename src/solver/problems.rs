@@ -27,8 +27,8 @@ fn gaussian<T: SolverFloat>(rng: &mut StdRng, shape: (usize, usize), scale: f64)
     })
 }
 
-/// `out[b] = W z[b] + c[b]` for active rows: one GEMM when every row is active, else GEMVs on the
-/// active rows only. z, out, c: `[B, D]`, w: `[D, D]`.
+/// `out[b] = W z[b] + c[b]` for active rows: one GEMM when every row of a batch of ≥ 8 is
+/// active, else GEMVs on the active rows only. z, out, c: `[B, D]`, w: `[D, D]`.
 fn affine_rows<T: SolverFloat>(
     z: ArrayView2<T>,
     w: &Array2<T>,
@@ -36,7 +36,8 @@ fn affine_rows<T: SolverFloat>(
     active: &[bool],
     mut out: ArrayViewMut2<T>,
 ) {
-    if active.iter().all(|&a| a) {
+    // GEMM packs all of W per call, which dominates for a handful of rows: use GEMV there.
+    if active.len() >= 8 && active.iter().all(|&a| a) {
         out.assign(c);
         general_mat_mul(T::one(), &z, &w.t(), T::one(), &mut out);
     } else {

@@ -1,0 +1,151 @@
+//! `elm solve` / `elm study` end to end: JSON fields, exact-solution errors, plots, bad input.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn elm(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_elm"))
+        .args(args)
+        .env("OPENBLAS_NUM_THREADS", "1")
+        .output()
+        .expect("run elm");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn solve_json_reports_required_fields_and_small_error() {
+    for solver in ["picard", "anderson", "broyden"] {
+        let (ok, stdout, stderr) = elm(&[
+            "solve",
+            "--problem",
+            "linear",
+            "--rho",
+            "0.9",
+            "--solver",
+            solver,
+            "--tol",
+            "1e-10",
+            "--json",
+        ]);
+        assert!(ok, "{solver}: {stderr}");
+        let v: Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+        for key in [
+            "problem",
+            "solver",
+            "iterations",
+            "map_evals",
+            "converged",
+            "residual",
+            "error_vs_exact",
+            "seconds",
+        ] {
+            assert!(v.get(key).is_some(), "{solver}: missing `{key}` in {v}");
+        }
+        assert_eq!(v["solver"], solver);
+        assert_eq!(v["converged"], true);
+        let residual = v["residual"].as_f64().unwrap();
+        let err = v["error_vs_exact"].as_f64().unwrap();
+        // Contraction with ‖A‖₂ = 0.9: error ≤ residual / 0.1.
+        assert!(
+            residual <= 1e-10 && err <= residual / 0.1 * (1.0 + 1e-6),
+            "{solver}: {v}"
+        );
+    }
+    let (ok, stdout, _) = elm(&[
+        "solve",
+        "--problem",
+        "cos",
+        "--solver",
+        "anderson",
+        "--json",
+        "--tol",
+        "1e-12",
+    ]);
+    assert!(ok);
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(v["error_vs_exact"].as_f64().unwrap() < 1e-11, "{v}");
+}
+
+#[test]
+fn study_writes_svg_and_png() {
+    let dir = std::env::temp_dir().join(format!("elm_solver_cli_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for ext in ["svg", "png"] {
+        let path = dir.join(format!("study.{ext}"));
+        let (ok, stdout, stderr) = elm(&[
+            "study",
+            "--problem",
+            "cos",
+            "--plot",
+            path.to_str().unwrap(),
+            "--json",
+        ]);
+        assert!(ok, "{stderr}");
+        let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+        let solvers = v["solvers"].as_array().unwrap();
+        assert_eq!(solvers.len(), 3);
+        for s in solvers {
+            assert_eq!(s["converged"], true);
+            assert_eq!(
+                s["curve"].as_array().unwrap().len() as u64,
+                s["map_evals"].as_u64().unwrap()
+            );
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        if ext == "svg" {
+            assert!(String::from_utf8_lossy(&bytes).contains("<svg"));
+        } else {
+            assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_input_is_a_clean_error() {
+    let (ok, _, stderr) = elm(&[
+        "solve",
+        "--problem",
+        "linear",
+        "--solver",
+        "picard",
+        "--m",
+        "3",
+    ]);
+    assert!(!ok && stderr.contains("`m`"), "{stderr}");
+    let (ok, _, stderr) = elm(&[
+        "solve",
+        "--problem",
+        "linear",
+        "--solver",
+        "anderson",
+        "--beta",
+        "1.5",
+    ]);
+    assert!(!ok && stderr.contains("beta"), "{stderr}");
+    let (ok, _, stderr) = elm(&["study", "--problem", "cos", "--plot", "/tmp/x.pdf"]);
+    assert!(!ok && stderr.contains("extension"), "{stderr}");
+    let (ok, _, _) = elm(&["solve", "--problem", "nope", "--solver", "picard"]);
+    assert!(!ok);
+    let dir = std::env::temp_dir().join(format!("elm_solver_cfg_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("bad.json");
+    std::fs::write(&cfg, r#"{"kind":"anderson","mm":2}"#).unwrap();
+    let (ok, _, stderr) = elm(&[
+        "solve",
+        "--problem",
+        "cos",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && stderr.contains("bad.json") && stderr.contains("mm"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
