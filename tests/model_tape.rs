@@ -342,6 +342,14 @@ fn layer_ranges_hidden_states_and_kv_prefix_agree() {
         assert_eq!(tape.value(logits), tape.value(via_hs));
         assert_eq!(tape.value(logits).shape(), &[2, 6, 64]);
         assert!(m.run_layers(&mut tape, 2..4, hs[0], 0).is_err());
+        // The tape-free path computes the same blocks.
+        let plain = tensors
+            .run_layers_plain(0..3, tape.value(hs[0]), 0)
+            .unwrap();
+        let d = (&plain - tape.value(hs[3]))
+            .mapv(f64::abs)
+            .fold(0.0, |a: f64, &b| a.max(b));
+        assert!(d < 1e-13, "{arch:?}: plain vs tape max abs diff {d:.3e}");
 
         // Block 1 on 6 tokens == block 1 on the last 2 tokens with the first 4 as KV prefix.
         let x = hs[1];

@@ -8,6 +8,11 @@
 //! as soon as it has run, and the value of an intermediate node is dropped once every
 //! consumer has been processed; [`Tape::peak_bytes`] reports the high-water mark.
 //!
+//! Reading a freed intermediate with [`Tape::value`] after backward panics (use
+//! [`Tape::try_value`], read it before backward, or set [`Tape::retain_values`]).
+//! [`Tape::vjp_retain`] instead runs a VJP without consuming or freeing anything, so one
+//! recorded graph serves many seeds (adjoint iterations of implicit layers).
+//!
 //! Gradients only flow where needed: a node requires a gradient iff one of its inputs
 //! does, and every built-in VJP skips the input gradients nobody asked for, so frozen
 //! layers (constants) pass gradients to their inputs without computing weight gradients.
@@ -67,6 +72,14 @@ impl Var {
 /// A VJP closure: maps the gradient of the node's output to one optional gradient per input.
 pub type VjpFn<T> = Box<dyn FnOnce(&ArrayD<T>) -> Result<Vec<Option<ArrayD<T>>>>>;
 
+/// A VJP closure that can run many times (see [`Tape::vjp_retain`]).
+pub type ReusableVjpFn<T> = Box<dyn Fn(&ArrayD<T>) -> Result<Vec<Option<ArrayD<T>>>>>;
+
+enum Vjp<T> {
+    Once(VjpFn<T>),
+    Reusable(ReusableVjpFn<T>),
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum NodeKind {
     Param,
@@ -78,7 +91,7 @@ struct Node<T: AdFloat> {
     /// `None` once backward has freed an intermediate value.
     value: Option<Arc<ArrayD<T>>>,
     inputs: Vec<Var>,
-    vjp: Option<VjpFn<T>>,
+    vjp: Option<Vjp<T>>,
     requires_grad: bool,
     kind: NodeKind,
     /// Bytes held by the VJP closure beyond shared input values (e.g. attention probabilities).
@@ -283,15 +296,23 @@ impl<T: AdFloat> Tape<T> {
         vjp: F,
     ) -> Var
     where
-        F: FnOnce(&ArrayD<T>, &[bool]) -> Result<Vec<Option<ArrayD<T>>>> + 'static,
+        F: Fn(&ArrayD<T>, &[bool]) -> Result<Vec<Option<ArrayD<T>>>> + 'static,
     {
         let needs = self.needs(inputs);
-        let requires_grad = self.grad_enabled && needs.iter().any(|&n| n);
-        let vjp: Option<VjpFn<T>> = if requires_grad {
-            Some(Box::new(move |g: &ArrayD<T>| vjp(g, &needs)))
-        } else {
-            None
-        };
+        let vjp: ReusableVjpFn<T> = Box::new(move |g: &ArrayD<T>| vjp(g, &needs));
+        self.push_node(inputs, value, cache_bytes, Vjp::Reusable(vjp))
+    }
+
+    fn push_node(
+        &mut self,
+        inputs: &[Var],
+        value: ArrayD<T>,
+        cache_bytes: usize,
+        vjp: Vjp<T>,
+    ) -> Var {
+        let requires_grad =
+            self.grad_enabled && inputs.iter().any(|v| self.nodes[v.0].requires_grad);
+        let vjp = requires_grad.then_some(vjp);
         let cache_bytes = if requires_grad { cache_bytes } else { 0 };
         self.add_live(array_bytes(&value) + cache_bytes);
         self.nodes.push(Node {
@@ -309,7 +330,18 @@ impl<T: AdFloat> Tape<T> {
     /// A user op: `value` already computed from `inputs`; `vjp(grad_out)` returns one
     /// `Option<grad>` per input (same shape as that input; `None` = zero).
     pub fn custom(&mut self, inputs: &[Var], value: ArrayD<T>, vjp: VjpFn<T>) -> Var {
-        self.push_op(inputs, value, 0, move |g, _needs| vjp(g))
+        self.push_node(inputs, value, 0, Vjp::Once(vjp))
+    }
+
+    /// Like [`Tape::custom`] with a VJP that may run many times, so graphs containing it
+    /// support [`Tape::vjp_retain`].
+    pub fn custom_reusable(
+        &mut self,
+        inputs: &[Var],
+        value: ArrayD<T>,
+        vjp: ReusableVjpFn<T>,
+    ) -> Var {
+        self.push_node(inputs, value, 0, Vjp::Reusable(vjp))
     }
 
     /// Drops the tape's reference to an intermediate value during backward
@@ -341,6 +373,18 @@ impl<T: AdFloat> Tape<T> {
     /// Consumes the graph below `out`: each VJP closure runs once and is freed; a second
     /// backward through the same nodes is an error (build a fresh tape per step).
     pub fn backward_from(&mut self, out: Var, seed: ArrayD<T>) -> Result<Gradients<T>> {
+        self.backward_impl(out, seed, true)
+    }
+
+    /// A VJP that leaves the graph intact, so it can run many times on one tape (e.g.
+    /// `uᵀ ∂f/∂z` for many `u` in implicit differentiation, with `f` recorded once).
+    /// Nothing is freed; every op on the path needs a reusable VJP (all built-in ops
+    /// have one; see [`Tape::custom_reusable`]).
+    pub fn vjp_retain(&mut self, out: Var, seed: ArrayD<T>) -> Result<Gradients<T>> {
+        self.backward_impl(out, seed, false)
+    }
+
+    fn backward_impl(&mut self, out: Var, seed: ArrayD<T>, consume: bool) -> Result<Gradients<T>> {
         let out_shape = self.try_value(out)?.shape().to_vec();
         if seed.shape() != out_shape.as_slice() {
             return Err(ElmError::shape(
@@ -365,7 +409,9 @@ impl<T: AdFloat> Tape<T> {
             let Some(g) = pending[i].take() else {
                 // Off the gradient path: only later VJPs (already run, or holding their own
                 // `Arc`) could need this value, so the tape's reference can go.
-                self.free_value(i, out);
+                if consume {
+                    self.free_value(i, out);
+                }
                 continue;
             };
             let g_bytes = array_bytes(&g);
@@ -388,20 +434,39 @@ impl<T: AdFloat> Tape<T> {
             let node = &mut self.nodes[i];
             if node.consumed {
                 return Err(ElmError::InvalidArgument(format!(
-                    "backward through {var:?} twice: its graph was already consumed (use a fresh tape)"
+                    "backward through {var:?} twice: its graph was already consumed (use a fresh tape, or vjp_retain)"
                 )));
             }
-            let Some(vjp) = node.vjp.take() else {
-                self.sub_live(g_bytes);
-                continue;
-            };
-            node.consumed = true;
             let inputs = node.inputs.clone();
-            let input_grads = vjp(&g)?;
+            let input_grads = if consume {
+                let Some(vjp) = node.vjp.take() else {
+                    self.sub_live(g_bytes);
+                    continue;
+                };
+                node.consumed = true;
+                let r = match vjp {
+                    Vjp::Once(f) => f(&g)?,
+                    Vjp::Reusable(f) => f(&g)?,
+                };
+                let cache = std::mem::take(&mut self.nodes[i].cache_bytes);
+                self.sub_live(cache);
+                r
+            } else {
+                match &node.vjp {
+                    None => {
+                        self.sub_live(g_bytes);
+                        continue;
+                    }
+                    Some(Vjp::Once(_)) => {
+                        return Err(ElmError::InvalidArgument(format!(
+                            "vjp_retain through {var:?}: a custom op with a run-once VJP (use custom_reusable)"
+                        )))
+                    }
+                    Some(Vjp::Reusable(f)) => f(&g)?,
+                }
+            };
             drop(g);
             self.sub_live(g_bytes);
-            let cache = std::mem::take(&mut self.nodes[i].cache_bytes);
-            self.sub_live(cache);
             if input_grads.len() != inputs.len() {
                 return Err(ElmError::InvalidArgument(format!(
                     "VJP of {var:?} returned {} gradients for {} inputs",
@@ -440,7 +505,9 @@ impl<T: AdFloat> Tape<T> {
                 }
             }
             // Every consumer of node i has index > i and has been processed: free its value.
-            self.free_value(i, out);
+            if consume {
+                self.free_value(i, out);
+            }
         }
         // Returned gradients leave the tape's accounting.
         let returned: usize = result.grads.values().map(array_bytes).sum();

@@ -56,7 +56,7 @@ pub fn sum_to_shape<T: AdFloat>(g: &ArrayD<T>, shape: &[usize]) -> ArrayD<T> {
 /// Views `a` (`[..., K]`, standard layout) as a 2-D `[rows, K]` matrix.
 pub fn as_2d<T: AdFloat>(a: &ArrayD<T>) -> ArrayView2<'_, T> {
     let k = *a.shape().last().unwrap_or(&1);
-    let rows = if k == 0 { 0 } else { a.len() / k };
+    let rows = a.len().checked_div(k).unwrap_or(0);
     a.view()
         .into_shape_with_order((rows, k))
         .expect("as_2d needs a standard-layout array")
@@ -220,7 +220,7 @@ impl<T: AdFloat> Tape<T> {
         let bytes = super::array_bytes(&v);
         self.push_op(&[x], v, bytes, move |g, _| {
             let mut d = g.clone();
-            d.zip_mut_with(&*y, |gi, &yi| *gi = *gi * (T::one() - yi * yi));
+            d.zip_mut_with(&*y, |gi, &yi| *gi *= T::one() - yi * yi);
             Ok(vec![Some(d)])
         })
     }
@@ -239,7 +239,7 @@ impl<T: AdFloat> Tape<T> {
         let v = xs.mapv(silu_scalar);
         self.push_op(&[x], v, 0, move |g, _| {
             let mut d = g.clone();
-            d.zip_mut_with(&*xs, |gi, &xi| *gi = *gi * silu_grad_scalar(xi));
+            d.zip_mut_with(&*xs, |gi, &xi| *gi *= silu_grad_scalar(xi));
             Ok(vec![Some(d)])
         })
     }

@@ -464,3 +464,66 @@ impl ModelVars {
         self.head(tape, h)
     }
 }
+
+/// Tape-free forward of one block (same math as [`block_forward`]) for no-grad work such as
+/// fixed-point iterations or frozen layers: no node values or caches are kept.
+/// `x: [B, T, C]` at positions `pos_offset..` → `[B, T, C]`.
+pub fn block_forward_plain<T: AdFloat>(
+    w: &BlockTensors<T>,
+    x: &ArrayD<T>,
+    pos_offset: usize,
+) -> Result<ArrayD<T>> {
+    use crate::autograd::ops::linear_forward;
+    let s = x.shape();
+    if s.len() != 3 {
+        return Err(ElmError::shape(
+            "block_forward_plain",
+            format!("x must be [B, T, C], got {s:?}"),
+        ));
+    }
+    let (bsz, t) = (s[0], s[1]);
+    let sp = w.spec;
+    let eps = T::of(sp.rms_norm_eps);
+    let heads = |a: ArrayD<T>, n: usize| -> Result<ArrayD<T>> {
+        a.into_shape_with_order(ndarray::IxDyn(&[bsz, t, n, sp.head_dim]))
+            .map_err(|e| ElmError::shape("block_forward_plain", e.to_string()))
+    };
+    let (h, _) = nn::rmsnorm::forward(x, &w.attn_norm, eps)?;
+    let q = heads(linear_forward(&h, &w.wq, w.bq.as_deref())?, sp.num_heads)?;
+    let q = nn::rope::rotate(&q, sp.rope_theta, pos_offset, RopeLayout::HalfSplit, false)?;
+    let k = heads(linear_forward(&h, &w.wk, w.bk.as_deref())?, sp.num_kv_heads)?;
+    let k = nn::rope::rotate(&k, sp.rope_theta, pos_offset, RopeLayout::HalfSplit, false)?;
+    let v = heads(linear_forward(&h, &w.wv, w.bv.as_deref())?, sp.num_kv_heads)?;
+    let (a, _) = nn::attention::forward(&q, &k, &v)?;
+    let a = a
+        .into_shape_with_order(ndarray::IxDyn(&[bsz, t, sp.num_heads * sp.head_dim]))
+        .map_err(|e| ElmError::shape("block_forward_plain", e.to_string()))?;
+    let x = x + &linear_forward(&a, &w.wo, None)?;
+    let (h, _) = nn::rmsnorm::forward(&x, &w.mlp_norm, eps)?;
+    let g = linear_forward(&h, &w.w_gate, None)?;
+    let u = linear_forward(&h, &w.w_up, None)?;
+    let m = nn::swiglu::forward(&g, &u)?;
+    Ok(x + &linear_forward(&m, &w.w_down, None)?)
+}
+
+impl<T: AdFloat> ModelTensors<T> {
+    /// Tape-free run of blocks `range` on `x: [B, T, C]` (see [`block_forward_plain`]).
+    pub fn run_layers_plain(
+        &self,
+        range: Range<usize>,
+        x: &ArrayD<T>,
+        pos_offset: usize,
+    ) -> Result<ArrayD<T>> {
+        if range.end > self.layers.len() || range.start > range.end {
+            return Err(ElmError::InvalidArgument(format!(
+                "layer range {range:?} outside 0..{}",
+                self.layers.len()
+            )));
+        }
+        let mut h = x.clone();
+        for l in range {
+            h = block_forward_plain(&self.layers[l], &h, pos_offset)?;
+        }
+        Ok(h)
+    }
+}

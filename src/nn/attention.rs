@@ -5,6 +5,7 @@
 //! `s ≤ P + t`. Scores are scaled by `1/sqrt(D)`.
 
 use ndarray::{s, Array2, Array4, ArrayD, Ix4};
+use rayon::prelude::*;
 
 use crate::autograd::ops::standard;
 use crate::autograd::{AdFloat, Tape, Var};
@@ -57,10 +58,11 @@ pub fn forward<T4: AdFloat>(
     let q4 = q.view().into_dimensionality::<Ix4>().unwrap();
     let k4 = k.view().into_dimensionality::<Ix4>().unwrap();
     let v4 = v.view().into_dimensionality::<Ix4>().unwrap();
-    let mut out = Array4::<T4>::zeros((b, t, h, d));
-    let mut probs = Array4::<T4>::zeros((b, h, t, s_len));
-    for bi in 0..b {
-        for hi in 0..h {
+    // Independent (batch, head) pairs run in parallel.
+    let per_head: Vec<(Array2<T4>, Array2<T4>)> = (0..b * h)
+        .into_par_iter()
+        .map(|bh| {
+            let (bi, hi) = (bh / h, bh % h);
             let kvh = hi / group;
             let qh = q4.slice(s![bi, .., hi, ..]).to_owned(); // [T, D]
             let kh = k4.slice(s![bi, .., kvh, ..]).to_owned(); // [S, D]
@@ -82,9 +84,16 @@ pub fn forward<T4: AdFloat>(
                 }
                 row.mapv_inplace(|x| x / sum);
             }
-            out.slice_mut(s![bi, .., hi, ..]).assign(&sc.dot(&vh));
-            probs.slice_mut(s![bi, hi, .., ..]).assign(&sc);
-        }
+            let o = sc.dot(&vh);
+            (o, sc)
+        })
+        .collect();
+    let mut out = Array4::<T4>::zeros((b, t, h, d));
+    let mut probs = Array4::<T4>::zeros((b, h, t, s_len));
+    for (bh, (o, p)) in per_head.into_iter().enumerate() {
+        let (bi, hi) = (bh / h, bh % h);
+        out.slice_mut(s![bi, .., hi, ..]).assign(&o);
+        probs.slice_mut(s![bi, hi, .., ..]).assign(&p);
     }
     Ok((out.into_dyn(), AttentionCache { probs }))
 }
@@ -106,30 +115,39 @@ pub fn backward<T4: AdFloat>(
     let v4 = v.view().into_dimensionality::<Ix4>().unwrap();
     let dout = standard(dout.clone());
     let do4 = dout.view().into_dimensionality::<Ix4>().unwrap();
-    let mut dq = Array4::<T4>::zeros((b, t, h, d));
-    let mut dk = Array4::<T4>::zeros((b, s_len, kv, d));
-    let mut dv = Array4::<T4>::zeros((b, s_len, kv, d));
-    for bi in 0..b {
-        for hi in 0..h {
+    // Per (batch, head): dq, and this head's contribution to its KV head's dk, dv.
+    let per_head: Vec<(Array2<T4>, Array2<T4>, Array2<T4>)> = (0..b * h)
+        .into_par_iter()
+        .map(|bh| {
+            let (bi, hi) = (bh / h, bh % h);
             let kvh = hi / group;
             let p = cache.probs.slice(s![bi, hi, .., ..]); // [T, S]
             let qh = q4.slice(s![bi, .., hi, ..]).to_owned();
             let kh = k4.slice(s![bi, .., kvh, ..]).to_owned();
             let vh = v4.slice(s![bi, .., kvh, ..]).to_owned();
             let doh = do4.slice(s![bi, .., hi, ..]).to_owned(); // [T, D]
-                                                                // out = P V → dV += Pᵀ dO, dP = dO Vᵀ.
-            let mut dvh = dv.slice_mut(s![bi, .., kvh, ..]);
-            dvh += &p.t().dot(&doh);
+                                                                // out = P V → dV = Pᵀ dO, dP = dO Vᵀ.
+            let dvh = p.t().dot(&doh);
             let mut ds = doh.dot(&vh.t()); // [T, S]
                                            // Softmax VJP per row; masked entries have p = 0 and get 0.
             for (mut dsr, pr) in ds.rows_mut().into_iter().zip(p.rows()) {
                 let dot: T4 = dsr.iter().zip(pr.iter()).map(|(&a, &b)| a * b).sum();
                 dsr.zip_mut_with(&pr, |x, &pi| *x = pi * (*x - dot) * scale);
             }
-            dq.slice_mut(s![bi, .., hi, ..]).assign(&ds.dot(&kh));
-            let mut dkh = dk.slice_mut(s![bi, .., kvh, ..]);
-            dkh += &ds.t().dot(&qh);
-        }
+            (ds.dot(&kh), ds.t().dot(&qh), dvh)
+        })
+        .collect();
+    let mut dq = Array4::<T4>::zeros((b, t, h, d));
+    let mut dk = Array4::<T4>::zeros((b, s_len, kv, d));
+    let mut dv = Array4::<T4>::zeros((b, s_len, kv, d));
+    for (bh, (dqh, dkh, dvh)) in per_head.into_iter().enumerate() {
+        let (bi, hi) = (bh / h, bh % h);
+        let kvh = hi / group;
+        dq.slice_mut(s![bi, .., hi, ..]).assign(&dqh);
+        let mut dk_slot = dk.slice_mut(s![bi, .., kvh, ..]);
+        dk_slot += &dkh;
+        let mut dv_slot = dv.slice_mut(s![bi, .., kvh, ..]);
+        dv_slot += &dvh;
     }
     (dq.into_dyn(), dk.into_dyn(), dv.into_dyn())
 }

@@ -15,7 +15,7 @@ fn check_ce<T: AdFloat>(
     ignore_index: i64,
 ) -> Result<(usize, usize)> {
     let v = logits.shape().last().copied().unwrap_or(0);
-    let rows = if v == 0 { 0 } else { logits.len() / v };
+    let rows = logits.len().checked_div(v).unwrap_or(0);
     if logits.ndim() < 1 || v == 0 || rows != targets.len() {
         return Err(ElmError::shape(
             "cross_entropy",
