@@ -93,7 +93,7 @@ fn exact_grads(p: &Problem) -> Exact {
         let col = su.view().insert_axis(Axis(1));
         ex.dw = ex.dw + col.dot(&z.row(r).insert_axis(Axis(0)));
         ex.du = ex.du + col.dot(&p.x.row(r).insert_axis(Axis(0)));
-        ex.db = ex.db + &su;
+        ex.db += &su;
         ex.dx.row_mut(r).assign(&p.u.t().dot(&su));
     }
     ex
@@ -244,6 +244,10 @@ fn implicit_gradient_matches_dense_solve_for_every_backward_solver() {
         );
         assert!(got.report.forward_converged());
         assert_eq!(back.solver, name);
+        assert!(
+            back.replayed_graph,
+            "built-in ops should allow recording f once"
+        );
     }
 }
 
@@ -586,4 +590,138 @@ fn bad_inputs_give_typed_errors() {
         fwd.as_ref(),
     );
     assert!(r.is_err());
+}
+
+#[test]
+fn token_shaped_state_matches_row_problem() {
+    // State [1, T=3, D] (one sequence of 3 tokens): the solver sees one row of width 3·D; the
+    // gradient must equal the dense exact one of the same 3 tokens treated as rows.
+    let p = problem(15, 0.85);
+    let ex = flat(&exact_grads(&p));
+    let mut tape = Tape::<f64>::new();
+    let w = tape.param(p.w.clone().into_dyn());
+    let u = tape.param(p.u.clone().into_dyn());
+    let b = tape.param(p.b.clone().into_dyn());
+    let x = tape.param(
+        p.x.clone()
+            .into_shape_with_order((1, B, DX))
+            .unwrap()
+            .into_dyn(),
+    );
+    let c = tape.constant(
+        p.c.clone()
+            .into_shape_with_order((1, B, D))
+            .unwrap()
+            .into_dyn(),
+    );
+    for solver in [SolverConfig::picard(), SolverConfig::broyden()] {
+        let rule = GradientRule::implicit(solver, 1e-12, 500);
+        let fwd = SolverConfig::anderson()
+            .with_stop(elm::solver::StopCriteria {
+                rel_tol: 1e-13,
+                max_iter: 500,
+                ..Default::default()
+            })
+            .build::<f64>();
+        let mut t2 = Tape::<f64>::new();
+        let (w2, u2, b2, x2, c2) = (
+            t2.param(tape.value(w).clone()),
+            t2.param(tape.value(u).clone()),
+            t2.param(tape.value(b).clone()),
+            t2.param(tape.value(x).clone()),
+            t2.constant(tape.value(c).clone()),
+        );
+        let (z, rep) = implicit_forward(
+            &mut t2,
+            &TanhDeq,
+            x2,
+            &[w2, u2, b2],
+            &ArrayD::zeros(vec![1, B, D]),
+            &rule,
+            fwd.as_ref(),
+        )
+        .unwrap();
+        assert_eq!(t2.value(z).shape(), &[1, B, D]);
+        assert_eq!(rep.forward_rows.as_ref().unwrap().len(), 1);
+        let zc = t2.mul(z, c2).unwrap();
+        let loss = t2.sum(zc);
+        let mut g = t2.backward(loss).unwrap();
+        let got: Vec<f64> = [w2, u2, b2, x2]
+            .iter()
+            .flat_map(|&v| g.take(v).unwrap().into_iter())
+            .collect();
+        let (rel, max_abs) = rel_err(&got, &ex);
+        assert!(
+            rel < 1e-6,
+            "[1, T, D] state: rel {rel:e}, max abs {max_abs:e}"
+        );
+    }
+}
+
+/// Same map with tanh as a run-once custom op: its graph cannot be replayed by `vjp_retain`,
+/// so the implicit backward must fall back to one scratch forward per VJP.
+#[derive(Clone)]
+struct TanhDeqCustomOp;
+
+impl ImplicitLayer<f64> for TanhDeqCustomOp {
+    fn forward(&self, t: &mut Tape<f64>, z: Var, x: Var, p: &[Var]) -> elm::Result<Var> {
+        let wz = t.matmul_t(z, p[0], None)?;
+        let ux = t.matmul_t(x, p[1], Some(p[2]))?;
+        let s = t.add(wz, ux)?;
+        let y = t.value(s).mapv(f64::tanh);
+        let dy = y.mapv(|v| 1.0 - v * v);
+        Ok(t.custom(
+            &[s],
+            y,
+            Box::new(move |g: &ArrayD<f64>| Ok(vec![Some(g * &dy)])),
+        ))
+    }
+}
+
+#[test]
+fn implicit_gradient_with_non_replayable_layer() {
+    let p = problem(16, 0.9);
+    let ex = flat(&exact_grads(&p));
+    let mut tape = Tape::<f64>::new();
+    let w = tape.param(p.w.clone().into_dyn());
+    let u = tape.param(p.u.clone().into_dyn());
+    let b = tape.param(p.b.clone().into_dyn());
+    let x = tape.param(p.x.clone().into_dyn());
+    let c = tape.constant(p.c.clone().into_dyn());
+    let rule = GradientRule::implicit(SolverConfig::anderson(), 1e-12, 500);
+    let fwd = SolverConfig::anderson()
+        .with_stop(elm::solver::StopCriteria {
+            rel_tol: 1e-13,
+            max_iter: 500,
+            ..Default::default()
+        })
+        .build::<f64>();
+    let (z, rep) = implicit_forward(
+        &mut tape,
+        &TanhDeqCustomOp,
+        x,
+        &[w, u, b],
+        &ArrayD::zeros(vec![B, D]),
+        &rule,
+        fwd.as_ref(),
+    )
+    .unwrap();
+    let zc = tape.mul(z, c).unwrap();
+    let loss = tape.sum(zc);
+    let mut g = tape.backward(loss).unwrap();
+    let got: Vec<f64> = [w, u, b, x]
+        .iter()
+        .flat_map(|&v| g.take(v).unwrap().into_iter())
+        .collect();
+    let (rel, max_abs) = rel_err(&got, &ex);
+    assert!(
+        rel < 1e-6,
+        "custom-op layer: rel {rel:e}, max abs {max_abs:e}"
+    );
+    let back = rep.backward.get().unwrap();
+    assert!(back.converged());
+    assert!(
+        !back.replayed_graph,
+        "a run-once custom op cannot be replayed"
+    );
 }

@@ -10,8 +10,14 @@ use serde::Serialize;
 
 use super::rule::GradientRule;
 use crate::autograd::{AdFloat, Tape, Var};
-use crate::solver::{FixedPointMap, FixedPointSolver, RowOutcome, RowStatus, SolverConfig};
+use crate::solver::{
+    FixedPointMap, FixedPointSolver, RowOutcome, RowStatus, SolverConfig, SolverFloat,
+};
 use crate::{ElmError, Result};
+
+/// Scalars the gradient rules run on: tape scalars that the solvers also accept (`f32`, `f64`).
+pub trait GradFloat: AdFloat + SolverFloat {}
+impl<T: AdFloat + SolverFloat> GradFloat for T {}
 
 /// A fixed-point layer `z ↦ f(z, x; θ)`. Implement [`ImplicitLayer::forward`] once; everything
 /// else (solver map, gradient rules) is derived from it.
@@ -52,7 +58,7 @@ pub struct BackwardReport {
     pub solver: &'static str,
     /// Largest per-row adjoint iteration count (VJP evaluations).
     pub iterations: usize,
-    /// Batched VJP evaluations of the adjoint solve (+1 for the final parameter VJP is not counted).
+    /// Batched VJP evaluations of the adjoint solve (the final VJP w.r.t. x and θ is not counted).
     pub vjp_evals: usize,
     /// Largest per-row absolute adjoint residual `‖Jᵀu + g − u‖₂`.
     pub residual: f64,
@@ -64,6 +70,9 @@ pub struct BackwardReport {
     pub fallback_rows: usize,
     /// Peak bytes of the scratch tapes used for the VJPs.
     pub scratch_peak_bytes: usize,
+    /// True when `f` was recorded once and replayed for every adjoint VJP (`vjp_retain`); false
+    /// when the layer's graph is not replayable and each VJP re-ran the forward.
+    pub replayed_graph: bool,
 }
 
 impl BackwardReport {
@@ -132,10 +141,18 @@ fn batch_dims(shape: &[usize]) -> Result<(usize, usize)> {
     Ok((shape[0], shape[1..].iter().product()))
 }
 
+/// `max` that propagates NaN (a NaN residual must not be hidden by the fold).
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
 /// Row-wise max of `‖a[b] − c[b]‖₂` (f64), for states of shape `[B, ...]`.
 fn max_row_diff<T: AdFloat>(a: &ArrayD<T>, c: &ArrayD<T>) -> f64 {
-    let (b, _) = (a.shape()[0], 0);
-    (0..b)
+    (0..a.shape()[0])
         .map(|i| {
             a.index_axis(Axis(0), i)
                 .iter()
@@ -147,7 +164,7 @@ fn max_row_diff<T: AdFloat>(a: &ArrayD<T>, c: &ArrayD<T>) -> f64 {
                 .sum::<f64>()
                 .sqrt()
         })
-        .fold(0.0, f64::max)
+        .fold(0.0, nan_max)
 }
 
 fn to_rows<T: AdFloat>(a: &ArrayD<T>, b: usize, d: usize) -> Result<ArrayView2<'_, T>> {
@@ -160,14 +177,14 @@ fn to_rows<T: AdFloat>(a: &ArrayD<T>, b: usize, d: usize) -> Result<ArrayView2<'
 }
 
 /// The layer's `f` at fixed `x, θ` as a solver map on `[B, D]` rows (evaluates every row).
-struct LayerMap<'a, T: AdFloat, L: ImplicitLayer<T>> {
+struct LayerMap<'a, T: GradFloat, L: ImplicitLayer<T>> {
     layer: &'a L,
     x: Arc<ArrayD<T>>,
     params: Vec<Arc<ArrayD<T>>>,
     shape: Vec<usize>,
 }
 
-impl<T: AdFloat, L: ImplicitLayer<T>> FixedPointMap<T> for LayerMap<'_, T, L> {
+impl<T: GradFloat, L: ImplicitLayer<T>> FixedPointMap<T> for LayerMap<'_, T, L> {
     fn dim(&self) -> usize {
         self.shape[1..].iter().product()
     }
@@ -198,7 +215,7 @@ impl<T: AdFloat, L: ImplicitLayer<T>> FixedPointMap<T> for LayerMap<'_, T, L> {
 }
 
 /// Runs the forward solver on the layer's map from `z0`; returns `z*` (state shape) + the solution.
-fn solve_forward<T: AdFloat, L: ImplicitLayer<T>>(
+fn solve_forward<T: GradFloat, L: ImplicitLayer<T>>(
     layer: &L,
     x: Arc<ArrayD<T>>,
     params: Vec<Arc<ArrayD<T>>>,
@@ -225,7 +242,7 @@ fn solve_forward<T: AdFloat, L: ImplicitLayer<T>>(
 /// [`implicit_forward_with_rng`] with the `stochastic_jfb` draws taken from a fresh
 /// `StdRng::seed_from_u64(seed)`: every call draws the same `(m, n)`. For training use
 /// [`ImplicitDriver`], which keeps one seeded stream across calls.
-pub fn implicit_forward<T: AdFloat, L: ImplicitLayer<T> + Clone + 'static>(
+pub fn implicit_forward<T: GradFloat, L: ImplicitLayer<T> + Clone + 'static>(
     tape: &mut Tape<T>,
     layer: &L,
     x: Var,
@@ -246,7 +263,7 @@ pub fn implicit_forward<T: AdFloat, L: ImplicitLayer<T> + Clone + 'static>(
 /// returns it as a Var whose backward implements `rule`, plus a [`GradReport`].
 /// `x` and `params` may be params or constants; gradients reach those that require them.
 #[allow(clippy::too_many_arguments)]
-pub fn implicit_forward_with_rng<T: AdFloat, L: ImplicitLayer<T> + Clone + 'static>(
+pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'static>(
     tape: &mut Tape<T>,
     layer: &L,
     x: Var,
@@ -369,13 +386,13 @@ fn check_state_shape<T>(y: &ArrayD<T>, want: &[usize]) -> Result<()> {
 
 fn fill_forward(report: &mut GradReport, rows: Vec<RowOutcome>, evals: usize) {
     report.forward_iterations = rows.iter().map(|r| r.iterations).max().unwrap_or(0);
-    report.forward_residual = rows.iter().map(|r| r.residual).fold(0.0, f64::max);
+    report.forward_residual = rows.iter().map(|r| r.residual).fold(0.0, nan_max);
     report.nograd_evals = evals;
     report.forward_rows = Some(rows);
 }
 
 /// Everything the IFT backward needs, captured at forward time.
-struct AdjointCtx<T: AdFloat, L> {
+struct AdjointCtx<T: GradFloat, L> {
     layer: L,
     z_star: Arc<ArrayD<T>>,
     x: Arc<ArrayD<T>>,
@@ -386,7 +403,7 @@ struct AdjointCtx<T: AdFloat, L> {
     slot: BackwardSlot,
 }
 
-impl<T: AdFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
+impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
     /// `f(z*, x, θ)` on a scratch tape; `z` differentiable iff `z_grad`, x/θ per `xp_grad`.
     fn scratch(&self, z_grad: bool, xp_grad: bool) -> Result<(Tape<T>, Var, Vec<Var>, Var)> {
         let mut t = Tape::<T>::new();
@@ -416,20 +433,39 @@ impl<T: AdFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
         let g_std = g.as_standard_layout().into_owned();
         let g_rows = to_rows(&g_std, b, d)?.to_owned();
         let mut scratch_peak = 0usize;
-        // Adjoint map u ↦ Jᵀu + g, one scratch forward+backward per evaluation (backward consumes a tape).
+        // Adjoint map u ↦ Jᵀu + g. f is recorded once on a scratch tape (only z differentiable)
+        // and replayed with `vjp_retain`; a layer whose graph cannot be replayed (a run-once
+        // custom op) gets a fresh scratch forward + consuming backward per evaluation instead.
         let solver = self.solver.build::<T>();
+        let mut retained = Some(self.scratch(true, false)?);
         let solve = {
             let mut map = crate::solver::FnMap::new(
                 d,
                 |u: ArrayView2<T>, _active: &[bool], mut out: ArrayViewMut2<T>| -> Result<()> {
-                    let (mut t, zv, _, y) = self.scratch(true, false)?;
                     let seed = u
                         .to_owned()
                         .into_shape_with_order(IxDyn(&shape))
                         .map_err(|e| ElmError::shape("adjoint", e.to_string()))?;
-                    let mut grads = t.backward_from(y, seed)?;
-                    scratch_peak = scratch_peak.max(t.peak_bytes());
-                    match grads.take(zv) {
+                    let mut replayed = None;
+                    if let Some((t, zv, _, y)) = retained.as_mut() {
+                        match t.vjp_retain(*y, seed.clone()) {
+                            Ok(mut grads) => {
+                                scratch_peak = scratch_peak.max(t.peak_bytes());
+                                replayed = Some(grads.take(*zv));
+                            }
+                            Err(_) => retained = None,
+                        }
+                    }
+                    let jtu = match replayed {
+                        Some(j) => j,
+                        None => {
+                            let (mut t, zv, _, y) = self.scratch(true, false)?;
+                            let mut grads = t.backward_from(y, seed)?;
+                            scratch_peak = scratch_peak.max(t.peak_bytes());
+                            grads.take(zv)
+                        }
+                    };
+                    match jtu {
                         Some(jtu) => {
                             let jtu = jtu.as_standard_layout().into_owned();
                             out.assign(&to_rows(&jtu, b, d)?);
@@ -459,7 +495,7 @@ impl<T: AdFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
                         .iter()
                         .filter(|r| r.status != RowStatus::Converged)
                         .map(|r| r.residual)
-                        .fold(0.0, f64::max);
+                        .fold(0.0, nan_max);
                     eprintln!(
                         "warning: elm::grad implicit backward ({}) did not converge on {fallback}/{b} rows (worst residual {worst:.3e}); using the JFB gradient for those rows",
                         solver.name()
@@ -470,10 +506,11 @@ impl<T: AdFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
                     iterations: sol.max_iterations(),
                     vjp_evals: sol.map_evals,
                     residual: sol.max_residual(),
-                    rel_residual: sol.rows.iter().map(|r| r.rel_residual).fold(0.0, f64::max),
+                    rel_residual: sol.rows.iter().map(|r| r.rel_residual).fold(0.0, nan_max),
                     rows: sol.rows,
                     fallback_rows: fallback,
                     scratch_peak_bytes: scratch_peak,
+                    replayed_graph: retained.is_some(),
                 }
             }
             Err(e) => {
@@ -490,6 +527,7 @@ impl<T: AdFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
                     rows: Vec::new(),
                     fallback_rows: b,
                     scratch_peak_bytes: scratch_peak,
+                    replayed_graph: retained.is_some(),
                 }
             }
         };
@@ -512,13 +550,13 @@ impl<T: AdFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
 
 /// Runs a [`GradientRule`] across training steps with one seeded RNG stream, so `stochastic_jfb`
 /// draws fresh, reproducible `(m, n)` at each call.
-pub struct ImplicitDriver<T: AdFloat> {
+pub struct ImplicitDriver<T: GradFloat> {
     rule: GradientRule,
     forward: Box<dyn FixedPointSolver<T>>,
     rng: StdRng,
 }
 
-impl<T: AdFloat> ImplicitDriver<T> {
+impl<T: GradFloat> ImplicitDriver<T> {
     /// A driver for `rule` with the forward solver built from `forward` (validated). The RNG is
     /// seeded from the rule's seed (0 for rules without one).
     pub fn new(rule: GradientRule, forward: &SolverConfig) -> Result<Self> {

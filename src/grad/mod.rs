@@ -58,7 +58,7 @@ mod implicit;
 mod rule;
 
 pub use implicit::{
-    implicit_forward, implicit_forward_with_rng, BackwardReport, BackwardSlot, GradReport,
-    ImplicitDriver, ImplicitLayer,
+    implicit_forward, implicit_forward_with_rng, BackwardReport, BackwardSlot, GradFloat,
+    GradReport, ImplicitDriver, ImplicitLayer,
 };
 pub use rule::GradientRule;

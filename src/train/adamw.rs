@@ -83,13 +83,13 @@ impl AdamWConfig {
                 ));
             }
         }
-        if !(self.eps > 0.0) {
+        if self.eps.is_nan() || self.eps <= 0.0 {
             return Err(ElmError::config(
                 "eps",
                 format!("must be > 0, got {}", self.eps),
             ));
         }
-        if !(self.weight_decay >= 0.0) || !self.weight_decay.is_finite() {
+        if !self.weight_decay.is_finite() || self.weight_decay < 0.0 {
             return Err(ElmError::config(
                 "weight_decay",
                 format!("must be ≥ 0, got {}", self.weight_decay),

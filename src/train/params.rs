@@ -237,7 +237,7 @@ impl ParamGrads {
     /// `max_norm`, every gradient is scaled by `max_norm / (norm + 1e-6)`. Returns the norm before
     /// clipping. A non-finite norm is an error (the step should be skipped, not applied).
     pub fn clip_global_norm(&mut self, max_norm: f64) -> Result<f64> {
-        if !(max_norm > 0.0) {
+        if max_norm.is_nan() || max_norm <= 0.0 {
             return Err(ElmError::config(
                 "clip.max_norm",
                 format!("must be > 0, got {max_norm}"),
