@@ -28,6 +28,17 @@ pub use gguf_model::{
     config_from_gguf, load_gguf_weights, permute_rope_rows, save_gguf_model, unpermute_rope_rows,
 };
 pub use hf::{config_from_hf_json, load_hf_model, read_hf_config, save_hf_model};
+pub use tokenizer::Tokenizer;
+
+/// File name of the default real model (fetched by `scripts/fetch-smollm2.sh`).
+pub const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Directory holding model files: env `ELM_MODELS_DIR`, else `<crate root>/models`.
+pub fn models_dir() -> std::path::PathBuf {
+    std::env::var_os("ELM_MODELS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("models"))
+}
 
 /// Opens a GGUF file and loads it as dense f32 HF-layout weights.
 pub fn load_gguf_model(path: impl AsRef<Path>) -> Result<ModelWeights> {
