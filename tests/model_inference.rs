@@ -386,3 +386,79 @@ fn bad_inputs_are_typed_errors() {
     w.layers[0].bq = None;
     assert!(matches!(Transformer::new(w), Err(ElmError::Tensor { .. })));
 }
+
+/// The training path (`model::tape`, f32 tape) and the inference path give the same
+/// logits and hidden states for the same weights.
+#[test]
+fn training_path_equals_inference_path() {
+    use elm::autograd::Tape;
+    use elm::model::tape::{ModelTensors, ModelVars, Trainable};
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let m = tiny(arch, 37);
+        let toks = vec![vec![3u32, 1, 4, 1, 5, 9, 2], vec![6, 5, 3, 5, 8, 9, 7]];
+        let (b, t) = (toks.len(), toks[0].len());
+        let ids: Vec<usize> = toks.concat().iter().map(|&i| i as usize).collect();
+        let tensors = ModelTensors::<f32>::from_weights(&m.weights).unwrap();
+        let mut tape = Tape::<f32>::new();
+        let vars = ModelVars::register(&mut tape, &tensors, &Trainable::none());
+        let logits_var = vars.forward_logits(&mut tape, &ids, b, t).unwrap();
+        let v = m.config().vocab_size;
+        let train = tape
+            .value(logits_var)
+            .clone()
+            .into_shape_with_order((b * t, v))
+            .unwrap();
+        let infer = m
+            .forward_logits(&toks)
+            .unwrap()
+            .into_shape_with_order((b * t, v))
+            .unwrap();
+        assert_close(
+            &format!("{arch:?} tape vs inference logits"),
+            infer.view(),
+            f64v(train.view()).view(),
+            1e-5,
+        );
+        let hs = vars.hidden_states(&mut tape, &ids, b, t).unwrap();
+        let ours = m.forward_hidden(&toks).unwrap();
+        for (l, (hv, h)) in hs.iter().zip(&ours).enumerate() {
+            let tape_h = tape
+                .value(*hv)
+                .clone()
+                .into_shape_with_order((b * t, m.config().hidden_size))
+                .unwrap();
+            let h = h
+                .clone()
+                .into_shape_with_order((b * t, m.config().hidden_size))
+                .unwrap();
+            assert_close(
+                &format!("{arch:?} hidden state {l}"),
+                h.view(),
+                f64v(tape_h.view()).view(),
+                1e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn sequence_nll_matches_naive_log_softmax() {
+    let m = tiny(Arch::Qwen2, 41);
+    let seq: Vec<u32> = vec![5, 9, 13, 2, 60, 61, 7, 7, 30];
+    let (nll, count) = m.sequence_nll(&seq).unwrap();
+    let logits = naive_logits(&m.weights, &seq);
+    let want: f64 = (1..seq.len())
+        .map(|t| {
+            let row = logits.row(t - 1);
+            let lse = row.iter().map(|v| v.exp()).sum::<f64>().ln();
+            lse - row[seq[t] as usize]
+        })
+        .sum();
+    assert_eq!(count, seq.len() - 1);
+    assert!(
+        (nll - want).abs() < 1e-4 * want.abs(),
+        "nll {nll} vs naive {want} (abs diff {:.3e})",
+        (nll - want).abs()
+    );
+    assert!(m.sequence_nll(&[1]).is_err());
+}

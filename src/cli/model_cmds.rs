@@ -1,32 +1,473 @@
-//! (placeholder until its issue lands)
+//! `elm fetch | generate | logits | perplexity | bench`: the dense model from the command line.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
 use crate::error::{ElmError, Result};
+use crate::io::tokenizer::Tokenizer;
+use crate::model::bench;
+use ndarray::Array2;
 
-#[derive(clap::Args, Debug)]
-pub struct FetchArgs {}
-pub fn run_fetch(_: FetchArgs) -> Result<()> {
-    Err(ElmError::Unsupported("not implemented yet".into()))
+use crate::cuda::{CudaModel, DeviceSpec};
+use crate::model::generate::{generate, Decoder, Generation, SamplingConfig};
+use crate::model::{default_model_path, load_pretrained, models_dir, ModelWeights, Transformer};
+
+fn print_json(value: &serde_json::Value) {
+    println!("{value}");
 }
 
-#[derive(clap::Args, Debug)]
-pub struct GenerateArgs {}
-pub fn run_generate(_: GenerateArgs) -> Result<()> {
-    Err(ElmError::Unsupported("not implemented yet".into()))
+fn spinner(msg: &str) -> ProgressBar {
+    let pb = ProgressBar::new_spinner();
+    pb.set_message(msg.to_string());
+    pb.enable_steady_tick(std::time::Duration::from_millis(120));
+    pb
 }
 
-#[derive(clap::Args, Debug)]
-pub struct LogitsArgs {}
-pub fn run_logits(_: LogitsArgs) -> Result<()> {
-    Err(ElmError::Unsupported("not implemented yet".into()))
+fn load(path: &Path) -> Result<(Transformer, Tokenizer)> {
+    let pb = spinner(&format!("loading {}", path.display()));
+    let (weights, tokenizer) = load_pretrained(path)?;
+    pb.finish_and_clear();
+    Ok((Transformer::new(weights)?, tokenizer))
 }
 
-#[derive(clap::Args, Debug)]
-pub struct PerplexityArgs {}
-pub fn run_perplexity(_: PerplexityArgs) -> Result<()> {
-    Err(ElmError::Unsupported("not implemented yet".into()))
+/// The prompt's token ids, optionally wrapped in the ChatML template.
+fn encode_prompt(tok: &Tokenizer, prompt: &str, chat: bool) -> Result<Vec<u32>> {
+    let text = if chat {
+        tok.apply_chat_template(&[("user", prompt)], true)
+    } else {
+        prompt.to_string()
+    };
+    let ids = tok.encode(&text, false)?;
+    if ids.is_empty() {
+        return Err(ElmError::InvalidArgument(
+            "--prompt encodes to zero tokens".into(),
+        ));
+    }
+    Ok(ids)
 }
 
+// ---------------------------------------------------------------------------------- fetch
+
 #[derive(clap::Args, Debug)]
-pub struct BenchArgs {}
-pub fn run_bench(_: BenchArgs) -> Result<()> {
-    Err(ElmError::Unsupported("not implemented yet".into()))
+pub struct FetchArgs {
+    /// Print `{"path": ...}` on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `scripts/fetch-smollm2.sh` (idempotent, verifies SHA-256) into `models_dir()`.
+pub fn run_fetch(args: FetchArgs) -> Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fetch-smollm2.sh");
+    let dir = models_dir();
+    let output = std::process::Command::new("bash")
+        .arg(&script)
+        .env("ELM_MODELS_DIR", &dir)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| ElmError::io(&script, e))?;
+    if !output.status.success() {
+        return Err(ElmError::io(
+            &script,
+            std::io::Error::other(format!("fetch script failed: {}", output.status)),
+        ));
+    }
+    let path = default_model_path();
+    if args.json {
+        print_json(&json!({ "path": path, "verified": true }));
+    } else {
+        println!("{}", path.display());
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------- generate
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// A .gguf file or an HF directory (default: the fetched SmolLM2).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long)]
+    pub prompt: String,
+    /// Wrap the prompt as a user turn of the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// 0 = off.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Generate this many samples of the prompt in one batch (seeds seed..seed+B).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Stop once the text contains this string (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// One JSON object on stdout instead of streamed text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run_generate(args: GenerateArgs) -> Result<()> {
+    let device: DeviceSpec = args.device.parse()?;
+    if args.batch == 0 {
+        return Err(ElmError::config("--batch", "must be >= 1"));
+    }
+    let path = args.model.clone().unwrap_or_else(default_model_path);
+    let pb = spinner(&format!("loading {}", path.display()));
+    let (weights, tok) = load_pretrained(&path)?;
+    pb.finish_and_clear();
+    let prompt = encode_prompt(&tok, &args.prompt, args.chat)?;
+    let config = SamplingConfig {
+        max_new_tokens: args.max_new_tokens,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+        stop_token_ids: tok.eos_id().into_iter().collect(),
+        stop_strings: args.stop.clone(),
+    };
+    let prompts = vec![prompt; args.batch];
+    let out = match device {
+        DeviceSpec::Cpu => {
+            let model = Transformer::new(weights)?;
+            generate_streaming(&model, &prompts, &config, &tok, !args.json)?
+        }
+        DeviceSpec::Cuda(ordinal) => {
+            let model = CudaDecoder {
+                weights: &weights,
+                ordinal,
+            };
+            generate_streaming(&model, &prompts, &config, &tok, !args.json)?
+        }
+    };
+    let texts: Vec<String> = out
+        .tokens
+        .iter()
+        .map(|ids| {
+            // The stop token (e.g. `<|im_end|>`) ends the text; it is not part of it.
+            let ids = match ids.split_last() {
+                Some((last, rest)) if config.stop_token_ids.contains(last) => rest,
+                _ => &ids[..],
+            };
+            let text = tok.decode(ids)?;
+            Ok(truncate_at_stop(text, &args.stop))
+        })
+        .collect::<Result<_>>()?;
+    // The first token of each sequence comes from the prefill logits.
+    let decode_tokens = out.new_tokens.saturating_sub(args.batch);
+    let prefill_tok_s = out.prompt_tokens as f64 / out.prefill_secs.max(1e-12);
+    let decode_tok_s = if out.decode_secs > 0.0 {
+        decode_tokens as f64 / out.decode_secs
+    } else {
+        0.0
+    };
+    if args.json {
+        print_json(&json!({
+            "text": texts[0],
+            "texts": texts,
+            "prompt_tokens": out.prompt_tokens,
+            "new_tokens": out.new_tokens,
+            "prefill_tok_s": prefill_tok_s,
+            "decode_tok_s": decode_tok_s,
+            "finish_reasons": out.finish,
+            "device": args.device,
+        }));
+    } else {
+        println!();
+        for (b, text) in texts.iter().enumerate().skip(1) {
+            println!("--- sample {b} ---\n{text}");
+        }
+        eprintln!(
+            "[{} prompt tokens, {} new; prefill {prefill_tok_s:.1} tok/s, decode {decode_tok_s:.1} tok/s]",
+            out.prompt_tokens, out.new_tokens
+        );
+    }
+    Ok(())
+}
+
+/// Runs [`generate`], printing sequence 0's text as it grows when `stream` is set
+/// (a token may end inside a UTF-8 character: wait until no replacement char trails).
+fn generate_streaming<D: Decoder>(
+    model: &D,
+    prompts: &[Vec<u32>],
+    config: &SamplingConfig,
+    tok: &Tokenizer,
+    stream: bool,
+) -> Result<Generation> {
+    let detok = |ids: &[u32]| tok.decode(ids);
+    let mut shown = 0usize;
+    let mut seq0: Vec<u32> = Vec::new();
+    let mut stdout = std::io::stdout();
+    generate(model, prompts, config, Some(&detok), |b, t| {
+        if !stream || b != 0 || config.stop_token_ids.contains(&t) {
+            return;
+        }
+        seq0.push(t);
+        if let Ok(text) = tok.decode(&seq0) {
+            if !text.ends_with('\u{FFFD}') && text.len() > shown && text.is_char_boundary(shown) {
+                let _ = write!(stdout, "{}", &text[shown..]);
+                let _ = stdout.flush();
+                shown = text.len();
+            }
+        }
+    })
+}
+
+/// The GPU model behind the shared sampling loop: the state is the [`CudaModel`]
+/// itself, sized for the batch. Finished sequences are still decoded (their rows are
+/// ignored); the cache is large enough for that.
+struct CudaDecoder<'a> {
+    weights: &'a ModelWeights,
+    ordinal: usize,
+}
+
+impl Decoder for CudaDecoder<'_> {
+    type State = CudaModel;
+    fn vocab_size(&self) -> usize {
+        self.weights.config.vocab_size
+    }
+    fn new_state(&self, batch: usize, max_seq: usize) -> Result<CudaModel> {
+        CudaModel::new(self.weights, self.ordinal, batch, max_seq)
+    }
+    fn prefill(&self, tokens: &[Vec<u32>], state: &mut CudaModel) -> Result<Array2<f32>> {
+        state.prefill(tokens)
+    }
+    fn decode_step(
+        &self,
+        tokens: &[u32],
+        _active: &[bool],
+        state: &mut CudaModel,
+        logits: &mut Array2<f32>,
+    ) -> Result<()> {
+        let next = state.decode(tokens)?;
+        if next.dim() != logits.dim() {
+            return Err(ElmError::shape(
+                "cuda decode",
+                format!("logits {:?}, expected {:?}", next.dim(), logits.dim()),
+            ));
+        }
+        logits.assign(&next);
+        Ok(())
+    }
+}
+
+/// Cuts `text` at the first occurrence of any stop string.
+fn truncate_at_stop(mut text: String, stops: &[String]) -> String {
+    if let Some(cut) = stops.iter().filter_map(|s| text.find(s.as_str())).min() {
+        text.truncate(cut);
+    }
+    text
+}
+
+// --------------------------------------------------------------------------------- logits
+
+#[derive(clap::Args, Debug)]
+pub struct LogitsArgs {
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long)]
+    pub prompt: String,
+    #[arg(long)]
+    pub chat: bool,
+    /// Number of `[token_id, logit]` pairs to print.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run_logits(args: LogitsArgs) -> Result<()> {
+    let path = args.model.clone().unwrap_or_else(default_model_path);
+    let (model, tok) = load(&path)?;
+    let ids = encode_prompt(&tok, &args.prompt, args.chat)?;
+    let mut cache = model.new_cache(1, ids.len())?;
+    let logits = model.prefill(&[ids.clone()], &mut cache)?;
+    let row = logits.row(0);
+    let mut order: Vec<usize> = (0..row.len()).collect();
+    let k = args.top.min(row.len());
+    order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    order.truncate(k);
+    if args.json {
+        let top: Vec<(usize, f32)> = order.iter().map(|&i| (i, row[i])).collect();
+        print_json(&json!({ "prompt_tokens": ids, "top": top }));
+    } else {
+        println!("prompt tokens: {ids:?}");
+        for &i in &order {
+            let piece = tok.decode(&[i as u32]).unwrap_or_default();
+            println!("{i:>8} {:>12.5} {piece:?}", row[i]);
+        }
+    }
+    Ok(())
+}
+
+// ----------------------------------------------------------------------------- perplexity
+
+#[derive(clap::Args, Debug)]
+pub struct PerplexityArgs {
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Plain text, or .jsonl (fields `text`, or `question` + `answer` as in GSM8K).
+    #[arg(long)]
+    pub file: PathBuf,
+    /// Evaluate at most this many tokens.
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens: usize,
+    /// Window length; the text is cut into non-overlapping windows.
+    #[arg(long, default_value_t = 512)]
+    pub context: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The text of a plain or jsonl file (jsonl records joined by blank lines).
+pub fn read_text_file(path: &Path) -> Result<String> {
+    let raw = std::fs::read_to_string(path).map_err(|e| ElmError::io(path, e))?;
+    if path.extension().is_some_and(|e| e == "jsonl") {
+        let mut parts = Vec::new();
+        for (n, line) in raw
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+                ElmError::format(path, format!("line {}: invalid JSON: {e}", n + 1))
+            })?;
+            let field = |k: &str| v.get(k).and_then(|x| x.as_str());
+            let text = match (field("text"), field("question"), field("answer")) {
+                (Some(t), _, _) => t.to_string(),
+                (None, Some(q), Some(a)) => format!("{q}\n{a}"),
+                _ => {
+                    return Err(ElmError::format(
+                        path,
+                        format!(
+                            "line {}: needs a `text` or `question`+`answer` field",
+                            n + 1
+                        ),
+                    ))
+                }
+            };
+            parts.push(text);
+        }
+        Ok(parts.join("\n\n"))
+    } else {
+        Ok(raw)
+    }
+}
+
+pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
+    if args.context < 2 {
+        return Err(ElmError::config("--context", "must be >= 2"));
+    }
+    let path = args.model.clone().unwrap_or_else(default_model_path);
+    let (model, tok) = load(&path)?;
+    let text = read_text_file(&args.file)?;
+    let mut ids = tok.encode(&text, false)?;
+    ids.truncate(args.max_tokens);
+    if ids.len() < 2 {
+        return Err(ElmError::InvalidArgument(format!(
+            "{}: fewer than 2 tokens to score",
+            args.file.display()
+        )));
+    }
+    let windows: Vec<&[u32]> = ids.chunks(args.context).filter(|w| w.len() >= 2).collect();
+    let pb = ProgressBar::new(windows.len() as u64).with_style(
+        ProgressStyle::with_template("perplexity {bar:30} {pos}/{len} windows {eta}")
+            .expect("valid template"),
+    );
+    let start = Instant::now();
+    let (mut nll, mut scored) = (0.0f64, 0usize);
+    for w in &windows {
+        let (sum, count) = model.sequence_nll(w)?;
+        nll += sum;
+        scored += count;
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let mean = nll / scored as f64;
+    if args.json {
+        print_json(&json!({
+            "file": args.file,
+            "tokens": ids.len(),
+            "scored_tokens": scored,
+            "windows": windows.len(),
+            "context": args.context,
+            "mean_nll": mean,
+            "perplexity": mean.exp(),
+            "tok_s": ids.len() as f64 / start.elapsed().as_secs_f64(),
+        }));
+    } else {
+        println!(
+            "perplexity {:.4} (mean NLL {mean:.4} over {scored} tokens, {} windows of ≤ {})",
+            mean.exp(),
+            windows.len(),
+            args.context
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------- bench
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long, default_value_t = 512)]
+    pub prompt_len: usize,
+    #[arg(long, default_value_t = 32)]
+    pub decode_steps: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run_bench(args: BenchArgs) -> Result<()> {
+    if args.prompt_len == 0 || args.decode_steps == 0 {
+        return Err(ElmError::config(
+            "--prompt-len/--decode-steps",
+            "must be >= 1",
+        ));
+    }
+    let path = args.model.clone().unwrap_or_else(default_model_path);
+    let (model, _) = load(&path)?;
+    let pb = spinner("bench");
+    let report = run_bench_inner(&model, &args, &pb)?;
+    pb.finish_and_clear();
+    let value = serde_json::to_value(&report).map_err(|e| ElmError::Json {
+        what: "bench report".into(),
+        msg: e.to_string(),
+    })?;
+    if args.json {
+        print_json(&value);
+    } else {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).expect("serializable")
+        );
+    }
+    Ok(())
+}
+
+fn run_bench_inner(
+    model: &Transformer,
+    args: &BenchArgs,
+    pb: &ProgressBar,
+) -> Result<crate::model::bench::BenchReport> {
+    bench::run_bench(model, args.prompt_len, args.decode_steps, |stage| {
+        pb.set_message(format!("bench: {stage}"))
+    })
 }

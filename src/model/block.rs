@@ -119,13 +119,17 @@ pub fn block_forward_inplace(
             let q_h = qv.slice(s![bi, ..nl, cols.clone()]);
             let k_h = cache.k.slice(s![bi, kh, ..total, ..]);
             let v_h = cache.v.slice(s![bi, kh, ..total, ..]);
+            let mut out_h = attn.slice_mut(s![bi, ..nl, cols]);
+            if nl <= FEW_QUERIES {
+                attend_few(q_h, k_h, v_h, p0, scale, scores, out_h);
+                continue;
+            }
             let mut sc =
                 ArrayViewMut2::from_shape((nl, total), take(scores, nl * total)).expect("sized");
             general_mat_mul(scale, &q_h, &k_h.t(), 0.0, &mut sc);
             for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
                 masked_softmax_inplace(row.as_slice_mut().expect("row"), p0 + ti + 1);
             }
-            let mut out_h = attn.slice_mut(s![bi, ..nl, cols]);
             general_mat_mul(1.0, &sc.view(), &v_h, 0.0, &mut out_h);
         }
     }
@@ -154,6 +158,61 @@ pub fn block_forward_inplace(
         cache.commit();
     }
     Ok(())
+}
+
+/// Up to this many new tokens per sequence, attention runs as plain loops: a decode
+/// step would otherwise make `2·B·H` tiny BLAS calls per layer, whose call and
+/// threading overhead dominates the few FLOPs they do.
+const FEW_QUERIES: usize = 4;
+
+/// Causal attention of `nl ≤ FEW_QUERIES` query rows `q` `[nl, D]` at positions
+/// `p0..p0+nl` over keys/values `[p0+nl, D]`; writes `out` `[nl, D]`.
+fn attend_few(
+    q: ArrayView2<f32>,
+    k: ArrayView2<f32>,
+    v: ArrayView2<f32>,
+    p0: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    mut out: ArrayViewMut2<f32>,
+) {
+    let d = q.ncols();
+    let keys = k.as_slice().expect("cache rows are contiguous");
+    let values = v.as_slice().expect("cache rows are contiguous");
+    for (ti, (q_row, mut o_row)) in q.rows().into_iter().zip(out.rows_mut()).enumerate() {
+        let visible = p0 + ti + 1;
+        let q_row = q_row.to_slice().expect("head slice is contiguous");
+        let sc = take(scores, visible);
+        for (s, k_row) in sc.iter_mut().zip(keys.chunks_exact(d)) {
+            *s = dot(q_row, k_row) * scale;
+        }
+        masked_softmax_inplace(sc, visible);
+        let o = o_row.as_slice_mut().expect("head slice is contiguous");
+        o.iter_mut().for_each(|x| *x = 0.0);
+        for (&p, v_row) in sc.iter().zip(values.chunks_exact(d)) {
+            for (x, &vv) in o.iter_mut().zip(v_row) {
+                *x += p * vv;
+            }
+        }
+    }
+}
+
+/// Dot product with 8 independent accumulators (vectorizable without reassociation).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 fn check_inputs(

@@ -5,6 +5,7 @@
 //! [`block_forward_cached`] and a preallocated [`KvCache`]; sampling and the batch
 //! decode loop live in [`generate`], written once for any [`generate::Decoder`].
 
+pub mod bench;
 pub mod block;
 pub mod config;
 pub mod generate;

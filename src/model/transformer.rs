@@ -290,6 +290,33 @@ impl Transformer {
     }
 }
 
+impl Transformer {
+    /// Next-token negative log-likelihood of one sequence (natural log): the sum over
+    /// positions `1..T` of `-log p(tokens[t] | tokens[..t])`, and the count `T - 1`.
+    /// Log-softmax in f64 over the full vocabulary.
+    pub fn sequence_nll(&self, tokens: &[u32]) -> Result<(f64, usize)> {
+        if tokens.len() < 2 {
+            return Err(ElmError::InvalidArgument(
+                "sequence_nll needs at least 2 tokens".into(),
+            ));
+        }
+        let logits = self.forward_logits(&[tokens.to_vec()])?;
+        let mut nll = 0.0f64;
+        for (t, &next) in tokens.iter().enumerate().skip(1) {
+            let row = logits.slice(s![0, t - 1, ..]);
+            let max = row.fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+            let lse = row
+                .iter()
+                .map(|&v| (v as f64 - max).exp())
+                .sum::<f64>()
+                .ln()
+                + max;
+            nll += lse - row[next as usize] as f64;
+        }
+        Ok((nll, tokens.len() - 1))
+    }
+}
+
 fn check_shapes(w: &ModelWeights) -> Result<()> {
     let cfg = &w.config;
     cfg.validate()?;

@@ -1,0 +1,596 @@
+//! Llama / Qwen2 inference on the GPU: weights resident on the device, batched prefill with
+//! per-sequence lengths, a preallocated KV cache and batched decode.
+//!
+//! Every forward pass works on a packed list of `N` new tokens, each tagged with its sequence slot
+//! and position; prefill and decode differ only in how the list is built. Per layer:
+//! `x → rmsnorm → [q|k|v] = x·W_qkvᵀ (+b) → rope(q,k) → append k,v to cache → attention over
+//! cache → ·W_oᵀ → +x → rmsnorm → [gate|up] = x·W_guᵀ → silu(gate)·up → ·W_downᵀ → +x`.
+
+use ndarray::{concatenate, Array1, Array2, Axis};
+
+use super::device::{cuda_err, device_count, CudaDevice, GpuBuffer};
+use super::kernels_api::raw::{self, AttnGeometry, MAX_ATTN_SMEM_BYTES};
+use super::kernels_api::RopeStyle;
+use crate::error::{ElmError, Result};
+use crate::model::{ModelConfig, ModelWeights};
+
+/// Device copy of one decoder block (fused projections).
+struct GpuLayer {
+    attn_norm: GpuBuffer<f32>,
+    /// `[(H + 2 KV) D, C]`: rows of wq, then wk, then wv.
+    w_qkv: GpuBuffer<f32>,
+    /// `[(H + 2 KV) D]` when the model has q/k/v bias.
+    b_qkv: Option<GpuBuffer<f32>>,
+    /// `[C, H D]`
+    w_o: GpuBuffer<f32>,
+    mlp_norm: GpuBuffer<f32>,
+    /// `[2 I, C]`: rows of w_gate, then w_up.
+    w_gate_up: GpuBuffer<f32>,
+    /// `[C, I]`
+    w_down: GpuBuffer<f32>,
+    /// `[max_batch, KV, max_seq, D]`
+    k_cache: GpuBuffer<f32>,
+    v_cache: GpuBuffer<f32>,
+}
+
+/// Activation buffers for up to `tokens` packed rows and `batch` sequences.
+struct Scratch {
+    tokens: usize,
+    x: GpuBuffer<f32>,
+    xn: GpuBuffer<f32>,
+    qkv: GpuBuffer<f32>,
+    attn: GpuBuffer<f32>,
+    proj: GpuBuffer<f32>,
+    gate_up: GpuBuffer<f32>,
+    act: GpuBuffer<f32>,
+    token_ids: GpuBuffer<u32>,
+    slots: GpuBuffer<u32>,
+    positions: GpuBuffer<u32>,
+    last_rows: GpuBuffer<u32>,
+    last_x: GpuBuffer<f32>,
+    last_xn: GpuBuffer<f32>,
+    logits: GpuBuffer<f32>,
+}
+
+impl Scratch {
+    fn new(dev: &CudaDevice, cfg: &ModelConfig, tokens: usize, batch: usize) -> Result<Self> {
+        let c = cfg.hidden_size;
+        let hd = cfg.num_heads * cfg.head_dim;
+        let qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
+        let i = cfg.intermediate_size;
+        Ok(Scratch {
+            tokens,
+            x: dev.zeros(tokens * c)?,
+            xn: dev.zeros(tokens * c)?,
+            qkv: dev.zeros(tokens * qkv)?,
+            attn: dev.zeros(tokens * hd)?,
+            proj: dev.zeros(tokens * c)?,
+            gate_up: dev.zeros(tokens * 2 * i)?,
+            act: dev.zeros(tokens * i)?,
+            token_ids: dev.zeros(tokens)?,
+            slots: dev.zeros(tokens)?,
+            positions: dev.zeros(tokens)?,
+            last_rows: dev.zeros(batch)?,
+            last_x: dev.zeros(batch * c)?,
+            last_xn: dev.zeros(batch * c)?,
+            logits: dev.zeros(batch * cfg.vocab_size)?,
+        })
+    }
+}
+
+/// A decoder whose weights, KV cache and activations live on one CUDA device.
+///
+/// Usage: [`CudaModel::prefill`] with up to `max_batch` prompts (this resets the cache), then
+/// [`CudaModel::decode`] with one token per prompt, repeatedly.
+pub struct CudaModel {
+    dev: CudaDevice,
+    cfg: ModelConfig,
+    max_batch: usize,
+    max_seq: usize,
+    embed: GpuBuffer<f32>,
+    /// `None` when tied to `embed`.
+    lm_head: Option<GpuBuffer<f32>>,
+    final_norm: GpuBuffer<f32>,
+    layers: Vec<GpuLayer>,
+    scratch: Scratch,
+    /// Tokens held in the cache per active sequence; `len()` = active batch.
+    lens: Vec<usize>,
+}
+
+impl std::fmt::Debug for CudaModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaModel")
+            .field("device", &self.dev)
+            .field("max_batch", &self.max_batch)
+            .field("max_seq", &self.max_seq)
+            .field("lens", &self.lens)
+            .finish()
+    }
+}
+
+fn check_shape2(name: &str, a: &Array2<f32>, rows: usize, cols: usize) -> Result<()> {
+    if a.dim() != (rows, cols) {
+        return Err(ElmError::tensor(
+            name,
+            format!("shape {:?}, expected [{rows}, {cols}]", a.dim()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_shape1(name: &str, a: &Array1<f32>, len: usize) -> Result<()> {
+    if a.len() != len {
+        return Err(ElmError::tensor(
+            name,
+            format!("length {}, expected {len}", a.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn upload2(dev: &CudaDevice, a: &Array2<f32>) -> Result<GpuBuffer<f32>> {
+    let std = a.as_standard_layout();
+    dev.upload(std.as_slice().expect("standard layout is contiguous"))
+}
+
+fn upload1(dev: &CudaDevice, a: &Array1<f32>) -> Result<GpuBuffer<f32>> {
+    dev.upload(&a.to_vec())
+}
+
+/// Validates every tensor's shape against the config (typed errors naming the tensor).
+fn validate_weights(w: &ModelWeights) -> Result<()> {
+    let cfg = &w.config;
+    cfg.validate()?;
+    let (c, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+    let (hd, kvd) = (
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+    );
+    check_shape2("token_embd", &w.embed, v, c)?;
+    check_shape1("output_norm", &w.final_norm, c)?;
+    if let Some(h) = &w.lm_head {
+        check_shape2("lm_head", h, v, c)?;
+    }
+    if w.layers.len() != cfg.num_layers {
+        return Err(ElmError::config(
+            "num_layers",
+            format!(
+                "config says {}, weights have {}",
+                cfg.num_layers,
+                w.layers.len()
+            ),
+        ));
+    }
+    for (l, lw) in w.layers.iter().enumerate() {
+        let n = |s: &str| format!("layers.{l}.{s}");
+        check_shape1(&n("attn_norm"), &lw.attn_norm, c)?;
+        check_shape2(&n("wq"), &lw.wq, hd, c)?;
+        check_shape2(&n("wk"), &lw.wk, kvd, c)?;
+        check_shape2(&n("wv"), &lw.wv, kvd, c)?;
+        check_shape2(&n("wo"), &lw.wo, c, hd)?;
+        for (name, b, len) in [("bq", &lw.bq, hd), ("bk", &lw.bk, kvd), ("bv", &lw.bv, kvd)] {
+            if let Some(b) = b {
+                check_shape1(&n(name), b, len)?;
+            }
+        }
+        check_shape1(&n("mlp_norm"), &lw.mlp_norm, c)?;
+        check_shape2(&n("w_gate"), &lw.w_gate, i, c)?;
+        check_shape2(&n("w_up"), &lw.w_up, i, c)?;
+        check_shape2(&n("w_down"), &lw.w_down, c, i)?;
+    }
+    Ok(())
+}
+
+impl CudaModel {
+    /// Uploads `weights` to device `ordinal` and allocates a KV cache for `max_batch` sequences of
+    /// up to `max_seq` tokens. Malformed weights give `ElmError::Tensor`/`Config` naming the field,
+    /// bad sizes `InvalidArgument`; then, without a driver, `ElmError::Cuda("no CUDA driver found ...")`.
+    pub fn new(
+        weights: &ModelWeights,
+        ordinal: usize,
+        max_batch: usize,
+        max_seq: usize,
+    ) -> Result<Self> {
+        // Arguments first (typed errors naming the tensor / argument, testable without a GPU),
+        // then the driver probe.
+        validate_weights(weights)?;
+        let cfg = weights.config.clone();
+        if max_batch == 0 {
+            return Err(ElmError::InvalidArgument("max_batch must be > 0".into()));
+        }
+        let max_attn_len = MAX_ATTN_SMEM_BYTES / 4 - cfg.head_dim;
+        if max_seq == 0 || max_seq > max_attn_len {
+            return Err(ElmError::InvalidArgument(format!(
+                "max_seq {max_seq} must be in 1..={max_attn_len} (attention keeps scores in shared memory)"
+            )));
+        }
+        device_count()?;
+        let dev = CudaDevice::new(ordinal)?;
+        let kvd = cfg.num_kv_heads * cfg.head_dim;
+        let cache_len = max_batch * kvd * max_seq;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for lw in &weights.layers {
+            let w_qkv = concatenate(Axis(0), &[lw.wq.view(), lw.wk.view(), lw.wv.view()])
+                .map_err(|e| ElmError::shape("fuse qkv", e.to_string()))?;
+            let b_qkv = if lw.bq.is_some() || lw.bk.is_some() || lw.bv.is_some() {
+                let part = |b: &Option<Array1<f32>>, len: usize| {
+                    b.clone().unwrap_or_else(|| Array1::zeros(len))
+                };
+                let hd = cfg.num_heads * cfg.head_dim;
+                let b = concatenate(
+                    Axis(0),
+                    &[
+                        part(&lw.bq, hd).view(),
+                        part(&lw.bk, kvd).view(),
+                        part(&lw.bv, kvd).view(),
+                    ],
+                )
+                .map_err(|e| ElmError::shape("fuse qkv bias", e.to_string()))?;
+                Some(upload1(&dev, &b)?)
+            } else {
+                None
+            };
+            let w_gate_up = concatenate(Axis(0), &[lw.w_gate.view(), lw.w_up.view()])
+                .map_err(|e| ElmError::shape("fuse gate/up", e.to_string()))?;
+            layers.push(GpuLayer {
+                attn_norm: upload1(&dev, &lw.attn_norm)?,
+                w_qkv: upload2(&dev, &w_qkv)?,
+                b_qkv,
+                w_o: upload2(&dev, &lw.wo)?,
+                mlp_norm: upload1(&dev, &lw.mlp_norm)?,
+                w_gate_up: upload2(&dev, &w_gate_up)?,
+                w_down: upload2(&dev, &lw.w_down)?,
+                k_cache: dev.zeros(cache_len)?,
+                v_cache: dev.zeros(cache_len)?,
+            });
+        }
+        let embed = upload2(&dev, &weights.embed)?;
+        let lm_head = match &weights.lm_head {
+            Some(h) => Some(upload2(&dev, h)?),
+            None => None,
+        };
+        let final_norm = upload1(&dev, &weights.final_norm)?;
+        let scratch = Scratch::new(&dev, &cfg, max_batch, max_batch)?;
+        dev.synchronize()?;
+        Ok(CudaModel {
+            dev,
+            cfg,
+            max_batch,
+            max_seq,
+            embed,
+            lm_head,
+            final_norm,
+            layers,
+            scratch,
+            lens: Vec::new(),
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The device the model lives on (e.g. to enable TF32 or read its name).
+    pub fn device(&self) -> &CudaDevice {
+        &self.dev
+    }
+
+    /// Mutable device access (e.g. [`CudaDevice::set_tf32`]).
+    pub fn device_mut(&mut self) -> &mut CudaDevice {
+        &mut self.dev
+    }
+
+    /// Tokens held in the cache for each active sequence.
+    pub fn seq_lens(&self) -> &[usize] {
+        &self.lens
+    }
+
+    /// Forgets all sequences (the cache memory is kept and overwritten by the next prefill).
+    pub fn reset(&mut self) {
+        self.lens.clear();
+    }
+
+    /// Starts `tokens.len() ≤ max_batch` new sequences (discarding any previous ones) and runs
+    /// their prompts. Returns the logits at each prompt's last position, `[B, V]`.
+    pub fn prefill(&mut self, tokens: &[Vec<u32>]) -> Result<Array2<f32>> {
+        if tokens.is_empty() || tokens.len() > self.max_batch {
+            return Err(ElmError::InvalidArgument(format!(
+                "prefill needs 1..={} sequences, got {}",
+                self.max_batch,
+                tokens.len()
+            )));
+        }
+        for (b, seq) in tokens.iter().enumerate() {
+            if seq.is_empty() || seq.len() > self.max_seq {
+                return Err(ElmError::InvalidArgument(format!(
+                    "sequence {b} has {} tokens; must be 1..={} (max_seq)",
+                    seq.len(),
+                    self.max_seq
+                )));
+            }
+        }
+        self.lens.clear();
+        let total: usize = tokens.iter().map(Vec::len).sum();
+        let mut flat = Vec::with_capacity(total);
+        let mut slots = Vec::with_capacity(total);
+        let mut positions = Vec::with_capacity(total);
+        let mut last_rows = Vec::with_capacity(tokens.len());
+        for (b, seq) in tokens.iter().enumerate() {
+            flat.extend_from_slice(seq);
+            slots.extend(std::iter::repeat_n(b as u32, seq.len()));
+            positions.extend(0..seq.len() as u32);
+            last_rows.push((flat.len() - 1) as u32);
+        }
+        let logits = self.forward(&flat, &slots, &positions, &last_rows)?;
+        self.lens = tokens.iter().map(Vec::len).collect();
+        Ok(logits)
+    }
+
+    /// Appends one token to each active sequence; returns the next-token logits `[B, V]`.
+    pub fn decode(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
+        if self.lens.is_empty() {
+            return Err(ElmError::InvalidArgument(
+                "decode called before prefill".into(),
+            ));
+        }
+        if tokens.len() != self.lens.len() {
+            return Err(ElmError::InvalidArgument(format!(
+                "decode got {} tokens for {} active sequences",
+                tokens.len(),
+                self.lens.len()
+            )));
+        }
+        if let Some(b) = self.lens.iter().position(|&l| l >= self.max_seq) {
+            return Err(ElmError::InvalidArgument(format!(
+                "sequence {b} is full ({} = max_seq tokens)",
+                self.max_seq
+            )));
+        }
+        let slots: Vec<u32> = (0..tokens.len() as u32).collect();
+        let positions: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
+        let logits = self.forward(tokens, &slots, &positions, &slots)?;
+        for l in &mut self.lens {
+            *l += 1;
+        }
+        Ok(logits)
+    }
+
+    /// Runs the decoder on `N` packed tokens (`slots[n]`, `positions[n]` locate each in the cache)
+    /// and returns logits for the rows `last_rows` (`[B, V]`).
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        slots: &[u32],
+        positions: &[u32],
+        last_rows: &[u32],
+    ) -> Result<Array2<f32>> {
+        let cfg = &self.cfg;
+        let vocab = cfg.vocab_size;
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ElmError::InvalidArgument(format!(
+                "token id {t} out of range for vocabulary of {vocab}"
+            )));
+        }
+        let n = tokens.len();
+        let batch = last_rows.len();
+        if n > self.scratch.tokens {
+            // Grow once to the largest prompt batch seen; decode never reallocates.
+            self.scratch = Scratch::new(&self.dev, cfg, n, self.max_batch)?;
+        }
+        let dev = &self.dev;
+        let s = &mut self.scratch;
+        dev.write(tokens, &mut s.token_ids)?;
+        dev.write(slots, &mut s.slots)?;
+        dev.write(positions, &mut s.positions)?;
+        dev.write(last_rows, &mut s.last_rows)?;
+
+        let c = cfg.hidden_size;
+        let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let hd = h * d;
+        let qkv_w = (h + 2 * kv) * d;
+        let inter = cfg.intermediate_size;
+        let eps = cfg.rms_norm_eps;
+        let ids = s.token_ids.slice.slice(0..n);
+        let slot_v = s.slots.slice.slice(0..n);
+        let pos_v = s.positions.slice.slice(0..n);
+        let max_len = positions.iter().map(|&p| p as usize + 1).max().unwrap_or(1);
+
+        raw::gather_rows(
+            dev,
+            &self.embed.slice.as_view(),
+            &ids,
+            &mut s.x.slice.slice_mut(0..n * c),
+            n,
+            c,
+        )?;
+        for layer in &mut self.layers {
+            // --- attention ---
+            raw::rmsnorm(
+                dev,
+                &s.x.slice.slice(0..n * c),
+                &layer.attn_norm.slice.as_view(),
+                &mut s.xn.slice.slice_mut(0..n * c),
+                n,
+                c,
+                eps,
+            )?;
+            raw::gemm_wt(
+                dev,
+                &s.xn.slice.slice(0..n * c),
+                &layer.w_qkv.slice.as_view(),
+                &mut s.qkv.slice.slice_mut(0..n * qkv_w),
+                n,
+                c,
+                qkv_w,
+                0.0,
+            )?;
+            if let Some(b) = &layer.b_qkv {
+                raw::add_bias(
+                    dev,
+                    &mut s.qkv.slice.slice_mut(0..n * qkv_w),
+                    &b.slice.as_view(),
+                    n,
+                    qkv_w,
+                )?;
+            }
+            // q heads start at column 0 of each fused row, k heads at column H*D.
+            raw::rope(
+                dev,
+                &mut s.qkv.slice.slice_mut(0..n * qkv_w),
+                &pos_v,
+                n,
+                qkv_w,
+                h,
+                d,
+                cfg.rope_theta,
+                RopeStyle::HalfSplit,
+            )?;
+            raw::rope(
+                dev,
+                &mut s.qkv.slice.slice_mut(hd..n * qkv_w),
+                &pos_v,
+                n,
+                qkv_w,
+                kv,
+                d,
+                cfg.rope_theta,
+                RopeStyle::HalfSplit,
+            )?;
+            raw::kv_cache_write(
+                dev,
+                &s.qkv.slice.slice(0..n * qkv_w),
+                qkv_w,
+                hd,
+                hd + kv * d,
+                &mut layer.k_cache.slice.as_view_mut(),
+                &mut layer.v_cache.slice.as_view_mut(),
+                &slot_v,
+                &pos_v,
+                n,
+                kv,
+                d,
+                self.max_seq,
+            )?;
+            let geom = AttnGeometry {
+                rows: n,
+                q_stride: qkv_w,
+                out_stride: hd,
+                n_heads: h,
+                n_kv_heads: kv,
+                head_dim: d,
+                slot_stride: kv * self.max_seq * d,
+                head_stride: self.max_seq * d,
+                key_stride: d,
+                max_len,
+            };
+            raw::attention(
+                dev,
+                &s.qkv.slice.slice(0..n * qkv_w),
+                &layer.k_cache.slice.as_view(),
+                &layer.v_cache.slice.as_view(),
+                &mut s.attn.slice.slice_mut(0..n * hd),
+                &slot_v,
+                &pos_v,
+                &geom,
+            )?;
+            raw::gemm_wt(
+                dev,
+                &s.attn.slice.slice(0..n * hd),
+                &layer.w_o.slice.as_view(),
+                &mut s.proj.slice.slice_mut(0..n * c),
+                n,
+                hd,
+                c,
+                0.0,
+            )?;
+            raw::add(
+                dev,
+                &mut s.x.slice.slice_mut(0..n * c),
+                &s.proj.slice.slice(0..n * c),
+                n * c,
+            )?;
+            // --- MLP ---
+            raw::rmsnorm(
+                dev,
+                &s.x.slice.slice(0..n * c),
+                &layer.mlp_norm.slice.as_view(),
+                &mut s.xn.slice.slice_mut(0..n * c),
+                n,
+                c,
+                eps,
+            )?;
+            raw::gemm_wt(
+                dev,
+                &s.xn.slice.slice(0..n * c),
+                &layer.w_gate_up.slice.as_view(),
+                &mut s.gate_up.slice.slice_mut(0..n * 2 * inter),
+                n,
+                c,
+                2 * inter,
+                0.0,
+            )?;
+            raw::swiglu(
+                dev,
+                &s.gate_up.slice.slice(0..n * 2 * inter),
+                &s.gate_up.slice.slice(inter..n * 2 * inter),
+                &mut s.act.slice.slice_mut(0..n * inter),
+                n,
+                inter,
+                2 * inter,
+            )?;
+            raw::gemm_wt(
+                dev,
+                &s.act.slice.slice(0..n * inter),
+                &layer.w_down.slice.as_view(),
+                &mut s.proj.slice.slice_mut(0..n * c),
+                n,
+                inter,
+                c,
+                0.0,
+            )?;
+            raw::add(
+                dev,
+                &mut s.x.slice.slice_mut(0..n * c),
+                &s.proj.slice.slice(0..n * c),
+                n * c,
+            )?;
+        }
+        // Only each sequence's last row needs logits.
+        raw::gather_rows(
+            dev,
+            &s.x.slice.slice(0..n * c),
+            &s.last_rows.slice.slice(0..batch),
+            &mut s.last_x.slice.slice_mut(0..batch * c),
+            batch,
+            c,
+        )?;
+        raw::rmsnorm(
+            dev,
+            &s.last_x.slice.slice(0..batch * c),
+            &self.final_norm.slice.as_view(),
+            &mut s.last_xn.slice.slice_mut(0..batch * c),
+            batch,
+            c,
+            eps,
+        )?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        raw::gemm_wt(
+            dev,
+            &s.last_xn.slice.slice(0..batch * c),
+            &head.slice.as_view(),
+            &mut s.logits.slice.slice_mut(0..batch * vocab),
+            batch,
+            c,
+            vocab,
+            0.0,
+        )?;
+        let host = dev
+            .stream
+            .clone_dtoh(&s.logits.slice.slice(0..batch * vocab))
+            .map_err(cuda_err("logits device->host"))?;
+        dev.synchronize()?;
+        Array2::from_shape_vec((batch, vocab), host)
+            .map_err(|e| ElmError::shape("cuda logits", e.to_string()))
+    }
+}

@@ -1,0 +1,214 @@
+//! Roofline measurements for the inference path: machine read bandwidth and sgemm
+//! peak, measured in the same run as the model's prefill and decode throughput so
+//! the ratios compare like with like.
+
+use std::time::Instant;
+
+use ndarray::{linalg::general_mat_mul, Array2};
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::generate::argmax;
+use super::transformer::Transformer;
+use super::weights::ModelWeights;
+use crate::error::Result;
+
+/// Best-of-`reps` read bandwidth in GB/s (1e9 bytes/s): a parallel sum over `bytes`
+/// of f32 (all cores, like the multi-threaded sgemv of decode).
+pub fn read_bandwidth_gbs(bytes: usize, reps: usize) -> f64 {
+    let n = bytes / 4;
+    let data: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let mut best = f64::INFINITY;
+    let mut checksum = 0.0f64;
+    for _ in 0..reps.max(1) {
+        let start = Instant::now();
+        let s: f64 = data
+            .par_chunks(1 << 16)
+            .map(|c| {
+                // 32 independent accumulators so the sum is load-bound, not latency-bound.
+                let mut acc = [0.0f32; 32];
+                for block in c.chunks_exact(32) {
+                    for (a, &v) in acc.iter_mut().zip(block) {
+                        *a += v;
+                    }
+                }
+                acc.iter().map(|&a| a as f64).sum::<f64>()
+            })
+            .sum();
+        best = best.min(start.elapsed().as_secs_f64());
+        checksum += s;
+    }
+    std::hint::black_box(checksum);
+    (n * 4) as f64 / best / 1e9
+}
+
+/// Best-of-`reps` sgemm throughput `C = A·B` for `n × n` f32 matrices, GFLOP/s.
+pub fn sgemm_gflops(n: usize, reps: usize) -> f64 {
+    let a = Array2::from_shape_fn((n, n), |(i, j)| ((i * 31 + j * 17) % 13) as f32 * 0.1);
+    let b = Array2::from_shape_fn((n, n), |(i, j)| ((i * 7 + j * 3) % 11) as f32 * 0.1);
+    let mut c = Array2::<f32>::zeros((n, n));
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let start = Instant::now();
+        general_mat_mul(1.0, &a, &b, 0.0, &mut c);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&c);
+    2.0 * (n as f64).powi(3) / best / 1e9
+}
+
+/// Weight bytes streamed per decode step at batch 1: every block tensor, the final
+/// norm and the LM head (one embedding row is negligible; a tied head is the embedding).
+pub fn decode_weight_bytes(w: &ModelWeights) -> usize {
+    let layers: usize = w.layers.iter().map(|l| l.num_params()).sum();
+    (layers + w.final_norm.len() + w.lm_head().len()) * std::mem::size_of::<f32>()
+}
+
+/// Useful FLOPs of a `t`-token prefill: the linear layers for every token, causal
+/// attention (`QKᵀ` and `PV` over positions `≤ p`), and the LM head for the last token.
+pub fn prefill_flops(w: &ModelWeights, t: usize) -> f64 {
+    let cfg = &w.config;
+    let linear: usize = w
+        .layers
+        .iter()
+        .map(|l| {
+            l.wq.len()
+                + l.wk.len()
+                + l.wv.len()
+                + l.wo.len()
+                + l.w_gate.len()
+                + l.w_up.len()
+                + l.w_down.len()
+        })
+        .sum();
+    let hd = (cfg.num_heads * cfg.head_dim) as f64;
+    let causal_pairs = (t * (t + 1) / 2) as f64;
+    let attention = cfg.num_layers as f64 * 4.0 * hd * causal_pairs;
+    2.0 * linear as f64 * t as f64 + attention + 2.0 * w.lm_head().len() as f64
+}
+
+/// Everything `elm bench` reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub read_bandwidth_gb_s: f64,
+    pub sgemm_n: usize,
+    pub sgemm_gflop_s: f64,
+    pub prefill_tokens: usize,
+    pub prefill_tok_s: f64,
+    pub prefill_gflop_s: f64,
+    /// Prefill FLOP/s ÷ sgemm peak.
+    pub prefill_vs_sgemm_peak: f64,
+    pub decode_steps: usize,
+    /// From the fastest step (see [`bench_decode`]).
+    pub decode_b1_tok_s: f64,
+    /// Over all steps.
+    pub decode_b1_mean_tok_s: f64,
+    pub decode_b8_tok_s: f64,
+    pub decode_b8_mean_tok_s: f64,
+    pub decode_weight_bytes_per_step: usize,
+    /// Read bandwidth ÷ weight bytes per step: the batch-1 decode ceiling.
+    pub decode_roofline_tok_s: f64,
+    /// Measured batch-1 decode (fastest step) ÷ roofline.
+    pub decode_b1_vs_roofline: f64,
+    pub rayon_threads: usize,
+    /// 1-minute load average when the bench finished (other processes skew timings).
+    pub load_average_1m: Option<f64>,
+    pub openblas_num_threads: Option<String>,
+}
+
+fn bench_tokens(vocab: usize, n: usize, salt: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| ((i * 7919 + salt * 104_729 + 13) % vocab) as u32)
+        .collect()
+}
+
+/// Best-of-`reps` prefill throughput (tokens/s) of one `prompt_len`-token prompt.
+pub fn bench_prefill(model: &Transformer, prompt_len: usize, reps: usize) -> Result<f64> {
+    let tokens = bench_tokens(model.config().vocab_size, prompt_len, 0);
+    let mut cache = model.new_cache(1, prompt_len)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        cache.reset();
+        let start = Instant::now();
+        std::hint::black_box(model.prefill(&[tokens.clone()], &mut cache)?);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok(prompt_len as f64 / best)
+}
+
+/// Decode throughput of `steps` greedy steps after a short prompt (prefill excluded):
+/// `(best, mean)` new tokens/s over the whole batch, where `best` uses the fastest
+/// single step (like the best-of-N bandwidth and sgemm figures, it filters out
+/// interference from other processes) and `mean` the total time.
+pub fn bench_decode(model: &Transformer, batch: usize, steps: usize) -> Result<(f64, f64)> {
+    let prompt_len = 16;
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|b| bench_tokens(model.config().vocab_size, prompt_len, b + 1))
+        .collect();
+    let mut cache = model.new_cache(batch, prompt_len + steps + 1)?;
+    let mut logits = model.prefill(&prompts, &mut cache)?;
+    let active = vec![true; batch];
+    let mut next = vec![0u32; batch];
+    let mut step = |logits: &mut Array2<f32>| -> Result<f64> {
+        for (b, n) in next.iter_mut().enumerate() {
+            *n = argmax(logits.row(b)) as u32;
+        }
+        let start = Instant::now();
+        model.decode_step_into(&next, &active, &mut cache, logits)?;
+        Ok(start.elapsed().as_secs_f64())
+    };
+    step(&mut logits)?; // untimed: first-use growth of the scratch buffers
+    let mut times = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        times.push(step(&mut logits)?);
+    }
+    let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+    let total: f64 = times.iter().sum();
+    Ok((batch as f64 / best, (batch * steps) as f64 / total))
+}
+
+/// Runs every measurement in one process.
+pub fn run_bench(
+    model: &Transformer,
+    prompt_len: usize,
+    decode_steps: usize,
+    mut progress: impl FnMut(&str),
+) -> Result<BenchReport> {
+    progress("read bandwidth");
+    let bw = read_bandwidth_gbs(1 << 30, 5);
+    progress("sgemm peak");
+    let sgemm_n = 1024;
+    let peak = sgemm_gflops(sgemm_n, 5);
+    progress("prefill");
+    let prefill_tok_s = bench_prefill(model, prompt_len, 3)?;
+    let prefill_gflop_s =
+        prefill_flops(&model.weights, prompt_len) * prefill_tok_s / prompt_len as f64 / 1e9;
+    progress("decode batch 1");
+    let (b1, b1_mean) = bench_decode(model, 1, decode_steps)?;
+    progress("decode batch 8");
+    let (b8, b8_mean) = bench_decode(model, 8, decode_steps)?;
+    let bytes = decode_weight_bytes(&model.weights);
+    let roofline = bw * 1e9 / bytes as f64;
+    Ok(BenchReport {
+        read_bandwidth_gb_s: bw,
+        sgemm_n,
+        sgemm_gflop_s: peak,
+        prefill_tokens: prompt_len,
+        prefill_tok_s,
+        prefill_gflop_s,
+        prefill_vs_sgemm_peak: prefill_gflop_s / peak,
+        decode_steps,
+        decode_b1_tok_s: b1,
+        decode_b1_mean_tok_s: b1_mean,
+        decode_b8_tok_s: b8,
+        decode_b8_mean_tok_s: b8_mean,
+        decode_weight_bytes_per_step: bytes,
+        decode_roofline_tok_s: roofline,
+        decode_b1_vs_roofline: b1 / roofline,
+        rayon_threads: rayon::current_num_threads(),
+        load_average_1m: std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next()?.parse().ok()),
+        openblas_num_threads: std::env::var("OPENBLAS_NUM_THREADS").ok(),
+    })
+}
