@@ -523,3 +523,33 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// `elm generate --elm CKPT ...`: greedy ELM generation with solver/KV statistics.
+pub fn run_elm_generate(a: &super::model_cmds::GenerateArgs) -> Result<()> {
+    if a.temperature != 0.0 || a.batch != 1 || a.device != "cpu" || !a.stop.is_empty() {
+        return Err(ElmError::Unsupported(
+            "ELM generation is greedy, batch 1, CPU, without --stop strings".into(),
+        ));
+    }
+    let path = a
+        .model
+        .clone()
+        .unwrap_or_else(crate::model::default_model_path);
+    let (model, tok) = load_elm_model(&path, a.elm.elm.as_deref())?;
+    let r = elm_generate(&model, &tok, &a.prompt, a.chat, a.max_new_tokens, &a.elm)?;
+    if a.json {
+        let v = serde_json::to_value(&r).map_err(|e| ElmError::Json {
+            what: "output".into(),
+            msg: e.to_string(),
+        })?;
+        print_json(&v)
+    } else {
+        println!("{}", r.text);
+        eprintln!(
+            "[{} new tokens, {:.1} tok/s decode, iterations/token {:.2} (max {}), layer evals/token {:.2}, KV {} bytes]",
+            r.new_tokens, r.decode_tok_s, r.decode.mean_iterations, r.decode.max_iterations,
+            r.decode.layer_evals_per_token, r.kv_bytes
+        );
+        Ok(())
+    }
+}
