@@ -120,8 +120,14 @@ pub struct ElmInferArgs {
 
 impl ElmInferArgs {
     pub fn inference_config(&self) -> Result<InferenceConfig> {
+        // The solver's own stop criteria are replaced per row by max_iter / tol (see
+        // `elm::infer`); writing them here too keeps the printed config unambiguous.
+        let mut solver = SolverConfig::by_name(&self.solver)?;
+        solver.stop_mut().max_iter = self.max_iter;
+        solver.stop_mut().abs_tol = self.tol;
+        solver.stop_mut().rel_tol = 0.0;
         let cfg = InferenceConfig {
-            solver: SolverConfig::by_name(&self.solver)?,
+            solver,
             max_iter: self.max_iter,
             tol: self.tol,
             kv_mode: self.kv.parse::<KvMode>()?,
