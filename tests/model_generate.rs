@@ -125,7 +125,8 @@ fn batched_generation_equals_unbatched_for_greedy_and_seeded_sampling() {
                 seed: cfg.seed + b as u64,
                 ..cfg.clone()
             };
-            let single = generate(&m, &[p.clone()], &single_cfg, None, |_, _| {}).unwrap();
+            let single =
+                generate(&m, std::slice::from_ref(p), &single_cfg, None, |_, _| {}).unwrap();
             assert_eq!(single.tokens[0], batched.tokens[b], "sequence {b}, {cfg:?}");
             assert_eq!(single.finish[0], FinishReason::Length);
         }

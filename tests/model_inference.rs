@@ -141,7 +141,7 @@ fn forward_logits_match_naive_f64_reference() {
     for arch in [Arch::Llama, Arch::Qwen2] {
         let m = tiny(arch, 7);
         for p in prompts() {
-            let got = m.forward_logits(&[p.clone()]).unwrap();
+            let got = m.forward_logits(std::slice::from_ref(&p)).unwrap();
             let want = naive_logits(&m.weights, &p);
             assert_close(
                 &format!("{arch:?} forward_logits"),
@@ -194,7 +194,7 @@ fn batched_prefill_and_decode_equal_unbatched() {
         assert_eq!(cache.lens(), &[10, 5, 8]);
         for (b, p) in ps.iter().enumerate() {
             let mut single = m.new_cache(1, 16).unwrap();
-            let mut l = m.prefill(&[p.clone()], &mut single).unwrap();
+            let mut l = m.prefill(std::slice::from_ref(p), &mut single).unwrap();
             for step in 0..=3 {
                 let want = f64v(l.view());
                 assert_close(
@@ -216,7 +216,7 @@ fn chunked_prefill_equals_single_prefill() {
     let m = tiny(Arch::Qwen2, 17);
     let seq: Vec<u32> = (0..12).map(|i| (i * 7 % 64) as u32).collect();
     let mut one = m.new_cache(1, 12).unwrap();
-    let want = m.prefill(&[seq.clone()], &mut one).unwrap();
+    let want = m.prefill(std::slice::from_ref(&seq), &mut one).unwrap();
     let mut two = m.new_cache(1, 12).unwrap();
     m.prefill(&[seq[..5].to_vec()], &mut two).unwrap();
     let got = m.prefill(&[seq[5..].to_vec()], &mut two).unwrap();
@@ -461,4 +461,29 @@ fn sequence_nll_matches_naive_log_softmax() {
         (nll - want).abs()
     );
     assert!(m.sequence_nll(&[1]).is_err());
+}
+
+/// Batch-1 linear layers split over rayon when OpenBLAS is single-threaded (the CLI
+/// default); both paths agree with an f64 product.
+#[test]
+fn single_row_linear_matches_f64_for_both_blas_thread_settings() {
+    use elm::model::ops::{blas_threads, linear_into, set_blas_threads};
+    let w = Array2::from_shape_fn((700, 33), |(i, j)| {
+        ((i * 13 + j * 7) % 17) as f32 * 0.1 - 0.8
+    });
+    let x = Array2::from_shape_fn((1, 33), |(_, j)| (j as f32 * 0.3).sin());
+    let want = f64v(x.view()).dot(&f64v(w.view()).t());
+    let before = blas_threads();
+    for threads in [1, 2] {
+        set_blas_threads(threads);
+        let mut y = Array2::zeros((1, 700));
+        linear_into(x.view(), &w, None, y.view_mut());
+        assert_close(
+            &format!("linear, {threads} BLAS threads"),
+            y.view(),
+            want.view(),
+            1e-6,
+        );
+    }
+    set_blas_threads(before);
 }

@@ -52,7 +52,9 @@ fn real_model_logits_and_greedy_continuations_match_numpy_reference() {
     assert!(fx.cases.len() >= 3);
     for case in &fx.cases {
         let mut cache = model.new_cache(1, case.tokens.len()).unwrap();
-        let logits = model.prefill(&[case.tokens.clone()], &mut cache).unwrap();
+        let logits = model
+            .prefill(std::slice::from_ref(&case.tokens), &mut cache)
+            .unwrap();
         let mut max_abs = 0.0f64;
         let mut max_rel = 0.0f64;
         for (&id, &want) in case.top_ids.iter().zip(&case.top_logits) {

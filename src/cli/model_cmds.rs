@@ -16,6 +16,13 @@ use crate::cuda::{CudaModel, DeviceSpec};
 use crate::model::generate::{generate, Decoder, Generation, SamplingConfig};
 use crate::model::{default_model_path, load_pretrained, models_dir, ModelWeights, Transformer};
 
+/// Single-threaded OpenBLAS unless the user chose (see [`crate::model::ops::set_blas_threads`]).
+fn default_blas_threads() {
+    if std::env::var_os("OPENBLAS_NUM_THREADS").is_none() {
+        crate::model::ops::set_blas_threads(1);
+    }
+}
+
 fn print_json(value: &serde_json::Value) {
     println!("{value}");
 }
@@ -127,6 +134,7 @@ pub struct GenerateArgs {
 }
 
 pub fn run_generate(args: GenerateArgs) -> Result<()> {
+    default_blas_threads();
     if args.elm.elm.is_some() {
         return super::elm_cmds::run_elm_generate(&args);
     }
@@ -299,11 +307,12 @@ pub struct LogitsArgs {
 }
 
 pub fn run_logits(args: LogitsArgs) -> Result<()> {
+    default_blas_threads();
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let (model, tok) = load(&path)?;
     let ids = encode_prompt(&tok, &args.prompt, args.chat)?;
     let mut cache = model.new_cache(1, ids.len())?;
-    let logits = model.prefill(&[ids.clone()], &mut cache)?;
+    let logits = model.prefill(std::slice::from_ref(&ids), &mut cache)?;
     let row = logits.row(0);
     let mut order: Vec<usize> = (0..row.len()).collect();
     let k = args.top.min(row.len());
@@ -377,6 +386,7 @@ pub fn read_text_file(path: &Path) -> Result<String> {
 }
 
 pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
+    default_blas_threads();
     if args.context < 2 {
         return Err(ElmError::config("--context", "must be >= 2"));
     }
@@ -443,6 +453,7 @@ pub struct BenchArgs {
 }
 
 pub fn run_bench(args: BenchArgs) -> Result<()> {
+    default_blas_threads();
     if args.prompt_len == 0 || args.decode_steps == 0 {
         return Err(ElmError::config(
             "--prompt-len/--decode-steps",

@@ -113,7 +113,7 @@ pub struct BenchReport {
     pub rayon_threads: usize,
     /// 1-minute load average when the bench finished (other processes skew timings).
     pub load_average_1m: Option<f64>,
-    pub openblas_num_threads: Option<String>,
+    pub openblas_threads: usize,
 }
 
 fn bench_tokens(vocab: usize, n: usize, salt: usize) -> Vec<u32> {
@@ -130,7 +130,7 @@ pub fn bench_prefill(model: &Transformer, prompt_len: usize, reps: usize) -> Res
     for _ in 0..reps.max(1) {
         cache.reset();
         let start = Instant::now();
-        std::hint::black_box(model.prefill(&[tokens.clone()], &mut cache)?);
+        std::hint::black_box(model.prefill(std::slice::from_ref(&tokens), &mut cache)?);
         best = best.min(start.elapsed().as_secs_f64());
     }
     Ok(prompt_len as f64 / best)
@@ -209,6 +209,6 @@ pub fn run_bench(
         load_average_1m: std::fs::read_to_string("/proc/loadavg")
             .ok()
             .and_then(|l| l.split_whitespace().next()?.parse().ok()),
-        openblas_num_threads: std::env::var("OPENBLAS_NUM_THREADS").ok(),
+        openblas_threads: super::ops::blas_threads(),
     })
 }

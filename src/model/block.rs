@@ -40,6 +40,7 @@ pub fn block_forward_cached(
 /// Sequence `b` has `new_lens[b] ≤ T` valid new tokens (right padding); padded rows
 /// and sequences with `new_lens[b] = 0` (inactive) leave the cache untouched and
 /// their outputs are unspecified.
+#[allow(clippy::needless_range_loop)] // `bi` indexes x, new_lens, and the cache alike
 pub fn block_forward_inplace(
     w: &LayerWeights,
     cfg: &ModelConfig,
@@ -102,8 +103,8 @@ pub fn block_forward_inplace(
     // --- scaled dot-product attention per (sequence, head): two small GEMMs each.
     let scale = 1.0 / (d as f32).sqrt();
     let group = cfg.group_size();
-    let qv = ArrayView3::from_shape((b, t, h * d), &q.as_slice().expect("contiguous")[..])
-        .expect("sized");
+    let qv =
+        ArrayView3::from_shape((b, t, h * d), q.as_slice().expect("contiguous")).expect("sized");
     let mut attn = ArrayViewMut3::from_shape((b, t, h * d), take(attn, n * h * d)).expect("sized");
     attn.fill(0.0);
     for bi in 0..b {
@@ -133,8 +134,8 @@ pub fn block_forward_inplace(
             general_mat_mul(1.0, &sc.view(), &v_h, 0.0, &mut out_h);
         }
     }
-    let attn2 = ArrayView2::from_shape((n, h * d), &attn.as_slice().expect("contiguous")[..])
-        .expect("sized");
+    let attn2 =
+        ArrayView2::from_shape((n, h * d), attn.as_slice().expect("contiguous")).expect("sized");
     let mut tmp = ArrayViewMut2::from_shape((n, c), take(tmp, n * c)).expect("sized");
     linear_into(attn2, &w.wo, None, tmp.view_mut());
     x2 += &tmp;

@@ -224,6 +224,9 @@ pub struct Generation {
     pub decode_steps: usize,
 }
 
+/// Turns token ids into text (for stop strings).
+pub type Detokenize<'a> = &'a dyn Fn(&[u32]) -> Result<String>;
+
 /// Samples up to `config.max_new_tokens` tokens for every prompt in one batch.
 ///
 /// `detokenize` turns a sequence's new tokens into text; it is required when
@@ -233,7 +236,7 @@ pub fn generate<D: Decoder + ?Sized>(
     model: &D,
     prompts: &[Vec<u32>],
     config: &SamplingConfig,
-    detokenize: Option<&dyn Fn(&[u32]) -> Result<String>>,
+    detokenize: Option<Detokenize<'_>>,
     mut on_token: impl FnMut(usize, u32),
 ) -> Result<Generation> {
     let batch = prompts.len();

@@ -4,6 +4,18 @@
 //! Inference path: [`Transformer`] (prefill / decode / hidden states) built from
 //! [`block_forward_cached`] and a preallocated [`KvCache`]; sampling and the batch
 //! decode loop live in [`generate`], written once for any [`generate::Decoder`].
+//!
+//! Building another decoder on top (e.g. the ELM): allocate
+//! `KvCache::with_layers(cfg, n, batch, max_seq)` for just the blocks you run, call
+//! [`block_forward_inplace`] per block with per-sequence `new_lens` (0 = inactive), use
+//! `commit = false` for trial iterates (their K/V stay pending and are overwritten by
+//! the next call) and [`LayerKv::commit`] once the final iterate is chosen. Then
+//! implement [`generate::Decoder`] to reuse sampling, batching and stop conditions.
+//!
+//! Performance notes: one token per sequence goes through sgemv, more through sgemm
+//! (system OpenBLAS; `OPENBLAS_NUM_THREADS` picks its threads, `elm bench` measures);
+//! attention for ≤ 4 new tokens per sequence is plain loops; steady-state decode
+//! allocates nothing (scratch lives in the [`KvCache`]).
 
 pub mod bench;
 pub mod block;

@@ -3,7 +3,7 @@
 //! Every kernel writes into a caller-provided buffer so the decode loop allocates nothing.
 
 use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
-use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis};
 
 /// `y[N, out] = x[N, in] · wᵀ (+ bias)`, `w` is `[out, in]` (PyTorch layout).
 ///
@@ -15,7 +15,7 @@ pub fn linear_into(
     mut y: ArrayViewMut2<f32>,
 ) {
     if x.nrows() == 1 {
-        general_mat_vec_mul(1.0, w, &x.row(0), 0.0, &mut y.row_mut(0));
+        matvec_split(w.view(), x.row(0), y.row_mut(0));
     } else {
         general_mat_mul(1.0, &x, &w.t(), 0.0, &mut y);
     }
@@ -24,6 +24,46 @@ pub fn linear_into(
             row += b;
         }
     }
+}
+
+extern "C" {
+    fn openblas_get_num_threads() -> std::os::raw::c_int;
+    fn openblas_set_num_threads(n: std::os::raw::c_int);
+}
+
+/// Threads OpenBLAS uses per call.
+pub fn blas_threads() -> usize {
+    // SAFETY: plain getter of the linked system OpenBLAS, no arguments.
+    unsafe { openblas_get_num_threads() as usize }
+}
+
+/// Sets OpenBLAS's threads per call (process-wide).
+///
+/// `1` is fastest for inference on small machines (measured by `elm bench`): batch-1
+/// matvecs are then split over the rayon pool instead, and a 2-thread OpenBLAS
+/// oversubscribes the cores when anything else runs.
+pub fn set_blas_threads(n: usize) {
+    // SAFETY: plain setter of the linked system OpenBLAS.
+    unsafe { openblas_set_num_threads(n.max(1) as std::os::raw::c_int) }
+}
+
+/// `y = W · x` as sgemv on row blocks run on the rayon pool: batch-1 decode is bound
+/// by streaming `W`, and one sgemv call does not reach the machine's bandwidth.
+fn matvec_split(w: ArrayView2<f32>, x: ArrayView1<f32>, mut y: ArrayViewMut1<f32>) {
+    const MIN_ROWS: usize = 256;
+    let rows = w.nrows();
+    // With a multi-threaded OpenBLAS, its own threads and ours would oversubscribe.
+    if rows < 2 * MIN_ROWS || blas_threads() != 1 || rayon::current_num_threads() < 2 {
+        general_mat_vec_mul(1.0, &w, &x, 0.0, &mut y);
+        return;
+    }
+    let mid = rows / 2;
+    let (w1, w2) = w.split_at(Axis(0), mid);
+    let (mut y1, mut y2) = y.view_mut().split_at(Axis(0), mid);
+    rayon::join(
+        || general_mat_vec_mul(1.0, &w1, &x, 0.0, &mut y1),
+        || general_mat_vec_mul(1.0, &w2, &x, 0.0, &mut y2),
+    );
 }
 
 /// `out[n, :] = x[n, :] / sqrt(mean(x[n, :]²) + eps) * gain`, rows `[N, C]`.
