@@ -6,6 +6,14 @@
 //! - [`accounting`]: dense vs ELM parameter and KV-byte reports.
 //! - [`data`]: GSM8K / jsonl / text loaders, chat-formatted sequences, resumable batch order.
 //! - [`checkpoint`]: atomic safetensors + JSON writing.
+//! - [`module`]: the fixed-point module `f(z, h) = block(W_z·z + W_h·h + b)`, its paper
+//!   initialisation and checkpoint directory format (`elm.json` + `module.safetensors`).
+//! - [`block`]: no-tape decoder block over a KV store for any subset of sequences.
+//! - [`infer`]: [`infer::ElmSession`] — prefill/decode with any fixed-point solver, adaptive
+//!   per-token stopping, one-step or multi-step KV cache, batched decode; greedy generation.
+//! - [`forward`]: cache-free forward passes (dense hidden states, module fixed point).
+//! - [`train`]: [`train::Trainer`] — distillation + CE, gradient rules, AdamW, resumable
+//!   checkpoints.
 
 pub mod accounting;
 pub mod block;
