@@ -96,6 +96,35 @@ fn inference_block_matches_model_transformer_hidden_states() {
 }
 
 #[test]
+fn first_module_iteration_equals_model_transformer_layer_l() {
+    // Reference: model::Transformer's hidden states (independent code). f(0, h_l) = h_{l+1}.
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let w = tiny(arch);
+        let toks = vec![vec![7u32, 3, 19, 44, 2, 60]];
+        let hs = Transformer::new(w.clone())
+            .unwrap()
+            .forward_hidden(&toks)
+            .unwrap();
+        let ec = ElmConfig {
+            init_seed: 9,
+            ..ElmConfig::new(2, 2)
+        };
+        let module = ElmModule::init(&w, &ec).unwrap();
+        let rope = Rope::new(&w.config, 16);
+        let z0 = Array3::<f32>::zeros(hs[2].dim());
+        let first = module_apply(&module, &w.config, &rope, z0.view(), hs[2].view()).unwrap();
+        let d = (&first - &hs[3])
+            .mapv(f32::abs)
+            .fold(0.0f32, |a, &b| a.max(b));
+        let scale = hs[3].mapv(f32::abs).fold(0.0f32, |a, &b| a.max(b));
+        assert!(
+            d <= 1e-5 * scale.max(1.0),
+            "{arch:?}: f(0, h_l) vs h_(l+1): max abs diff {d}"
+        );
+    }
+}
+
+#[test]
 fn tape_module_equals_inference_module() {
     for arch in [Arch::Llama, Arch::Qwen2] {
         let w = tiny(arch);
