@@ -295,6 +295,17 @@ fn eval_solver() -> SolverConfig {
 pub fn run_train(a: TrainArgs) -> Result<()> {
     let (dense, tok): (ModelWeights, Tokenizer) = load_pretrained(&a.model)?;
     let mut trainer = if a.resume {
+        if a.config.is_some()
+            || a.steps.is_some()
+            || a.elm.is_some()
+            || a.start.is_some()
+            || a.m.is_some()
+        {
+            return Err(ElmError::config(
+                "resume",
+                "--resume continues the saved run as configured: drop --config/--steps/--elm/--start/--m",
+            ));
+        }
         if !a.out.join(STATE_FILE).exists() {
             return Err(ElmError::config(
                 "resume",

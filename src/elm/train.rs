@@ -440,8 +440,8 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
-    /// Resumes from `dir/train_state.json`. `steps_override` lets a resumed run change only
-    /// the total step count... it is not supported: the schedule depends on it, so it must match.
+    /// Resumes from `dir/train_state.json` with the run's own config (the lr schedule and
+    /// the λ schedule depend on the total step count, so it cannot change on resume).
     pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {
         let sp: PathBuf = dir.join(STATE_FILE);
         let state: TrainState = read_json(&sp)?;
