@@ -1,20 +1,572 @@
-//! (placeholder until its issue lands)
+//! `elm compress`, `elm train`, `elm eval`: the ELM method's command line.
+
+use std::path::PathBuf;
+
+use std::time::Instant;
+
+use crate::elm::accounting::{kv_report, param_report};
+use crate::elm::config::TrainConfig;
+use crate::elm::data::{
+    load_examples, load_gsm8k, resolve_data_dir, tokenize_example, Example, Split,
+};
+use crate::elm::infer::{ElmModel, ElmSession, InferenceConfig, KvMode};
+use crate::elm::module::{load_module, save_module, ElmModule, ModuleMeta, MODULE_FORMAT};
+use crate::elm::train::{Trainer, STATE_FILE};
+use crate::elm::{load_dense_model, ElmConfig};
 use crate::error::{ElmError, Result};
+use crate::eval::gsm8k::{chat_prompt, eval_gsm8k, stop_ids, Gsm8kOptions, SolverSummary};
+use crate::io::tokenizer::Tokenizer;
+use crate::model::{load_pretrained, ModelWeights};
+use crate::solver::SolverConfig;
 
-#[derive(clap::Args, Debug)]
-pub struct CompressArgs {}
-pub fn run_compress(_: CompressArgs) -> Result<()> {
-    Err(ElmError::Unsupported("not implemented yet".into()))
+/// Prints `value` as one JSON line (for `--json`).
+fn print_json(value: &serde_json::Value) -> Result<()> {
+    let s = serde_json::to_string(value).map_err(|e| ElmError::Json {
+        what: "output".into(),
+        msg: e.to_string(),
+    })?;
+    println!("{s}");
+    Ok(())
 }
 
 #[derive(clap::Args, Debug)]
-pub struct TrainArgs {}
-pub fn run_train(_: TrainArgs) -> Result<()> {
-    Err(ElmError::Unsupported("not implemented yet".into()))
+pub struct CompressArgs {
+    /// Dense model: a .gguf file or an HF directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// First replaced layer l.
+    #[arg(long)]
+    pub start: usize,
+    /// Number of replaced layers M.
+    #[arg(long)]
+    pub m: usize,
+    /// Seed of W_z's init.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output checkpoint directory (elm.json + module.safetensors).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Context length for the KV-bytes report.
+    #[arg(long, default_value_t = 1024)]
+    pub context: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Initialises the fixed-point module from layer `l` and reports parameter/KV accounting.
+pub fn run_compress(a: CompressArgs) -> Result<()> {
+    let dense = load_dense_model(&a.model)?;
+    let ec = ElmConfig {
+        init_seed: a.seed,
+        ..ElmConfig::new(a.start, a.m)
+    };
+    let module = ElmModule::init(&dense, &ec)?;
+    let meta = ModuleMeta {
+        format: MODULE_FORMAT.into(),
+        elm: ec.clone(),
+        model_config: dense.config.clone(),
+        base_model: a.model.display().to_string(),
+    };
+    save_module(&a.out, &module, &meta)?;
+    let params = param_report(&dense.config, &ec);
+    let kv = kv_report(&dense.config, &ec, 1, a.context, a.m);
+    if a.json {
+        print_json(&serde_json::json!({
+            "out": a.out.display().to_string(),
+            "params": params,
+            "kv": kv,
+        }))?;
+    } else {
+        println!("wrote {}", a.out.display());
+        println!(
+            "parameters: dense {} ({} non-embedding) -> ELM {} ({} non-embedding); reduction {:.1}% total, {:.1}% non-embedding",
+            params.dense_total,
+            params.dense_non_embedding,
+            params.elm_total,
+            params.elm_non_embedding,
+            100.0 * params.reduction_total,
+            100.0 * params.reduction_non_embedding
+        );
+        println!(
+            "KV bytes at {} tokens: dense {}, one-step {} ({:.3}), multi-step(M iterations) {}",
+            a.context, kv.dense, kv.one_step, kv.one_step_ratio, kv.multi_step
+        );
+    }
+    Ok(())
+}
+
+/// Options selecting and solving an ELM at inference (shared by generate and eval).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ElmInferArgs {
+    /// ELM checkpoint directory (from `elm compress` or `elm train`); omit for the dense model.
+    #[arg(long)]
+    pub elm: Option<PathBuf>,
+    /// Fixed-point solver: picard | anderson | broyden.
+    #[arg(long, default_value = "anderson")]
+    pub solver: String,
+    /// δ: per-token residual tolerance ‖f(z)−z‖₂ (adaptive stopping); 0 = always max-iter.
+    #[arg(long, default_value_t = 0.5)]
+    pub tol: f64,
+    /// Maximum solver iterations per token.
+    #[arg(long, default_value_t = 16)]
+    pub max_iter: usize,
+    /// KV cache of the fixed-point block: one-step | multi-step.
+    #[arg(long, default_value = "one-step")]
+    pub kv: String,
+    /// Run every prefill for max-iter iterations instead of stopping adaptively.
+    #[arg(long)]
+    pub fixed_prefill: bool,
+}
+
+impl ElmInferArgs {
+    pub fn inference_config(&self) -> Result<InferenceConfig> {
+        // The solver's own stop criteria are replaced per row by max_iter / tol (see
+        // `elm::infer`); writing them here too keeps the printed config unambiguous.
+        let mut solver = SolverConfig::by_name(&self.solver)?;
+        solver.stop_mut().max_iter = self.max_iter;
+        solver.stop_mut().abs_tol = self.tol;
+        solver.stop_mut().rel_tol = 0.0;
+        let cfg = InferenceConfig {
+            solver,
+            max_iter: self.max_iter,
+            tol: self.tol,
+            kv_mode: self.kv.parse::<KvMode>()?,
+            adaptive_prefill: !self.fixed_prefill,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Loads the dense model + tokenizer and, with `--elm`, the module (configs must match).
+pub fn load_elm_model(
+    model: &std::path::Path,
+    elm: Option<&std::path::Path>,
+) -> Result<(ElmModel, Tokenizer)> {
+    let (weights, tok) = load_pretrained(model)?;
+    let m = match elm {
+        None => ElmModel::dense(weights),
+        Some(dir) => {
+            let (module, meta) = load_module(dir)?;
+            if meta.model_config != weights.config {
+                return Err(ElmError::config(
+                    "elm",
+                    format!(
+                        "{}: module was built for a different model than {}",
+                        dir.display(),
+                        model.display()
+                    ),
+                ));
+            }
+            ElmModel::new(weights, meta.elm, module)?
+        }
+    };
+    Ok((m, tok))
+}
+
+/// What `elm generate --elm ...` reports.
+#[derive(Debug, serde::Serialize)]
+pub struct ElmGenerateReport {
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub new_tokens: usize,
+    pub kv_bytes: usize,
+    pub kv_mode: KvMode,
+    pub solver: String,
+    pub tol: f64,
+    pub max_iter: usize,
+    pub decode: SolverSummary,
+    pub prefill_iterations: Vec<usize>,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+}
+
+/// Greedy generation with a dense model or an ELM (used by `elm generate --elm`).
+pub fn elm_generate(
+    model: &ElmModel,
+    tok: &Tokenizer,
+    prompt: &str,
+    chat: bool,
+    max_new_tokens: usize,
+    infer: &ElmInferArgs,
+) -> Result<ElmGenerateReport> {
+    let cfg = infer.inference_config()?;
+    let text = if chat {
+        chat_prompt(tok, prompt)
+    } else {
+        prompt.to_string()
+    };
+    let ids = tok.encode(&text, false)?;
+    if ids.is_empty() {
+        return Err(ElmError::InvalidArgument(
+            "prompt encodes to no tokens".into(),
+        ));
+    }
+    let mut s = ElmSession::new(model, cfg.clone(), 1, ids.len() + max_new_tokens + 1)?;
+    let stops = stop_ids(tok);
+    let t0 = Instant::now();
+    let logits = s.prefill(std::slice::from_ref(&ids))?;
+    let prefill_s = t0.elapsed().as_secs_f64();
+    // Continue greedily from the prefill logits (decode timing excludes the prefill).
+    let t1 = Instant::now();
+    let mut out = vec![crate::elm::infer::argmax(logits.row(0))];
+    while out.len() < max_new_tokens && !stops.contains(out.last().unwrap()) {
+        let l = s.decode_step(&[*out.last().unwrap()])?;
+        out.push(crate::elm::infer::argmax(l.row(0)));
+    }
+    let decode_s = t1.elapsed().as_secs_f64();
+    let shown: Vec<u32> = out.iter().copied().filter(|t| !stops.contains(t)).collect();
+    Ok(ElmGenerateReport {
+        text: tok.decode(&shown)?,
+        prompt_tokens: ids.len(),
+        new_tokens: out.len(),
+        kv_bytes: s.kv_bytes(),
+        kv_mode: cfg.kv_mode,
+        solver: cfg.solver.name().to_string(),
+        tol: cfg.tol,
+        max_iter: cfg.max_iter,
+        decode: SolverSummary::from_stats(&s.decode_stats, model.kept_layers().len()),
+        prefill_iterations: s.prefill_stats.iter().map(|p| p.iterations).collect(),
+        prefill_tok_s: ids.len() as f64 / prefill_s.max(1e-9),
+        decode_tok_s: (out.len().saturating_sub(1)) as f64 / decode_s.max(1e-9),
+    })
 }
 
 #[derive(clap::Args, Debug)]
-pub struct EvalArgs {}
-pub fn run_eval(_: EvalArgs) -> Result<()> {
-    Err(ElmError::Unsupported("not implemented yet".into()))
+pub struct TrainArgs {
+    /// Dense model: a .gguf file or an HF directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Initial module checkpoint (from `elm compress`); else give --start and --m.
+    #[arg(long)]
+    pub elm: Option<PathBuf>,
+    #[arg(long)]
+    pub start: Option<usize>,
+    #[arg(long)]
+    pub m: Option<usize>,
+    /// Training config JSON (TrainConfig; unknown keys rejected).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Overrides the config's step count.
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Output directory (resumable checkpoint + module).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Continue the run saved in --out.
+    #[arg(long)]
+    pub resume: bool,
+    /// Training data: a .jsonl (question/answer or text) or text file; default GSM8K train.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Data directory holding gsm8k/ (default: $ELM_DATA_DIR or ../shared/data).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Held-out GSM8K test problems for the distillation loss before/after (0 = skip).
+    #[arg(long, default_value_t = 16)]
+    pub eval_examples: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Tokenizes examples into training sequences (chat template for Q/A).
+fn tokenize_all(
+    tok: &Tokenizer,
+    examples: &[Example],
+    max_len: usize,
+) -> Result<Vec<crate::elm::data::TokenSequence>> {
+    let prompt = |q: &str| chat_prompt(tok, q);
+    let enc = |s: &str| tok.encode(s, false);
+    examples
+        .iter()
+        .map(|e| tokenize_example(e, max_len, &prompt, "<|im_end|>\n", &enc))
+        .filter(|r| r.as_ref().map_or(true, |s| s.tokens.len() >= 2))
+        .collect()
+}
+
+fn eval_solver() -> SolverConfig {
+    let mut s = SolverConfig::anderson();
+    s.stop_mut().max_iter = 16;
+    s.stop_mut().rel_tol = 1e-3;
+    s
+}
+
+/// `elm train`: trains the module, checkpointing atomically; `--resume` continues a run.
+pub fn run_train(a: TrainArgs) -> Result<()> {
+    let (dense, tok): (ModelWeights, Tokenizer) = load_pretrained(&a.model)?;
+    let mut trainer = if a.resume {
+        if a.config.is_some()
+            || a.steps.is_some()
+            || a.elm.is_some()
+            || a.start.is_some()
+            || a.m.is_some()
+        {
+            return Err(ElmError::config(
+                "resume",
+                "--resume continues the saved run as configured: drop --config/--steps/--elm/--start/--m",
+            ));
+        }
+        if !a.out.join(STATE_FILE).exists() {
+            return Err(ElmError::config(
+                "resume",
+                format!("no {} in {}", STATE_FILE, a.out.display()),
+            ));
+        }
+        Trainer::resume(&dense, &a.out)?
+    } else {
+        let mut cfg = match &a.config {
+            Some(p) => TrainConfig::from_file(p)?,
+            None => TrainConfig::default(),
+        };
+        if let Some(s) = a.steps {
+            cfg.steps = s;
+        }
+        let (ec, module) = match (&a.elm, a.start, a.m) {
+            (Some(dir), None, None) => {
+                let (module, meta) = load_module(dir)?;
+                if meta.model_config != dense.config {
+                    return Err(ElmError::config(
+                        "elm",
+                        "module was built for a different model",
+                    ));
+                }
+                (meta.elm, module)
+            }
+            (None, Some(l), Some(m)) => {
+                let ec = ElmConfig::new(l, m);
+                let module = ElmModule::init(&dense, &ec)?;
+                (ec, module)
+            }
+            _ => {
+                return Err(ElmError::config(
+                    "elm",
+                    "give either --elm CKPT or both --start and --m",
+                ))
+            }
+        };
+        Trainer::new(&dense, ec, &module, cfg, a.model.display().to_string())?
+    };
+    let examples: Vec<Example> = match &a.data {
+        Some(p) => load_examples(p)?,
+        None => {
+            let dir = resolve_data_dir(a.data_dir.as_deref())?;
+            load_gsm8k(&dir, Split::Train)?
+                .into_iter()
+                .map(Example::Qa)
+                .collect()
+        }
+    };
+    let seq_len = trainer.cfg.seq_len;
+    let data = tokenize_all(&tok, &examples, seq_len)?;
+    if data.is_empty() {
+        return Err(ElmError::InvalidArgument(
+            "training data has no usable sequence".into(),
+        ));
+    }
+    let pad = tok.eos_id().unwrap_or(0);
+    let held = if a.eval_examples > 0 {
+        let dir = resolve_data_dir(a.data_dir.as_deref())?;
+        let test: Vec<Example> = load_gsm8k(&dir, Split::Test)?
+            .into_iter()
+            .take(a.eval_examples)
+            .map(Example::Qa)
+            .collect();
+        tokenize_all(&tok, &test, seq_len)?
+    } else {
+        vec![]
+    };
+    let distill_before = if held.is_empty() {
+        None
+    } else {
+        Some(trainer.eval_distill(&held, pad, &eval_solver())?)
+    };
+    let total = trainer.cfg.steps;
+    let start_step = trainer.step;
+    let bar = indicatif::ProgressBar::new(total as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_position(start_step as u64);
+    let t0 = Instant::now();
+    let every = trainer.cfg.checkpoint_every;
+    while trainer.step < total {
+        let log = trainer.train_step(&data, pad)?;
+        bar.set_message(format!(
+            "loss {:.4} distill {:.4} ce {} λce {:.2} lr {:.2e} |g| {:.3}",
+            log.loss,
+            log.distill,
+            log.ce.map_or("-".into(), |c| format!("{c:.4}")),
+            log.lambda_ce,
+            log.lr,
+            log.grad_norm
+        ));
+        bar.inc(1);
+        if every > 0 && trainer.step % every == 0 && trainer.step < total {
+            trainer.save(&a.out)?;
+        }
+    }
+    trainer.save(&a.out)?;
+    bar.finish_and_clear();
+    let seconds = t0.elapsed().as_secs_f64();
+    let distill_after = if held.is_empty() {
+        None
+    } else {
+        Some(trainer.eval_distill(&held, pad, &eval_solver())?)
+    };
+    let last = trainer.history.last().cloned();
+    let params = param_report(&dense.config, &trainer.elm);
+    if a.json {
+        print_json(&serde_json::json!({
+            "out": a.out.display().to_string(),
+            "steps": trainer.step,
+            "steps_this_run": trainer.step - start_step,
+            "seconds": seconds,
+            "sequences": data.len(),
+            "distill_before": distill_before,
+            "distill_after": distill_after,
+            "held_out_examples": held.len(),
+            "last": last,
+            "params": params,
+        }))?;
+    } else {
+        println!(
+            "trained {} steps ({} this run, {:.1}s) -> {}",
+            trainer.step,
+            trainer.step - start_step,
+            seconds,
+            a.out.display()
+        );
+        if let (Some(b), Some(f)) = (distill_before, distill_after) {
+            println!(
+                "held-out distillation MSE ({} GSM8K test problems): {b:.5} -> {f:.5}",
+                held.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    /// Dense model: a .gguf file or an HF directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub infer: ElmInferArgs,
+    /// Task (only gsm8k).
+    #[arg(long, default_value = "gsm8k")]
+    pub task: String,
+    /// Number of GSM8K test problems (from the start of the split).
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    #[arg(long, default_value_t = 4)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 256)]
+    pub max_new_tokens: usize,
+    /// Skip the reference-answer perplexity.
+    #[arg(long)]
+    pub no_perplexity: bool,
+    /// Print every sample.
+    #[arg(long)]
+    pub samples: bool,
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `elm eval --task gsm8k`: greedy accuracy (exact match) + answer perplexity.
+pub fn run_eval(a: EvalArgs) -> Result<()> {
+    if a.task != "gsm8k" {
+        return Err(ElmError::config(
+            "task",
+            format!("`{}`: only gsm8k is supported", a.task),
+        ));
+    }
+    let (model, tok) = load_elm_model(&a.model, a.infer.elm.as_deref())?;
+    let dir = resolve_data_dir(a.data_dir.as_deref())?;
+    let test: Vec<_> = load_gsm8k(&dir, Split::Test)?
+        .into_iter()
+        .take(a.limit)
+        .collect();
+    let opts = Gsm8kOptions {
+        batch: a.batch,
+        max_new_tokens: a.max_new_tokens,
+        inference: a.infer.inference_config()?,
+        perplexity: !a.no_perplexity,
+    };
+    let mut r = eval_gsm8k(&model, &tok, &test, &opts)?;
+    if !a.samples {
+        r.samples.iter_mut().for_each(|s| s.question.clear());
+    }
+    if a.json {
+        let mut v = serde_json::to_value(&r).map_err(|e| ElmError::Json {
+            what: "result".into(),
+            msg: e.to_string(),
+        })?;
+        if !a.samples {
+            v.as_object_mut().map(|o| o.remove("samples"));
+        }
+        v["model"] = a.model.display().to_string().into();
+        v["elm"] = a.infer.elm.as_ref().map(|p| p.display().to_string()).into();
+        v["inference"] = serde_json::to_value(&opts.inference).unwrap_or_default();
+        print_json(&v)?;
+    } else {
+        println!(
+            "GSM8K {}/{} = {:.1}% | answer ppl {} | {:.1} tok/s | iterations/token {:.2} (max {}) | layer evals/token {:.2}",
+            r.correct,
+            r.n,
+            100.0 * r.accuracy,
+            r.answer_perplexity.map_or("-".into(), |p| format!("{p:.3}")),
+            r.tok_s,
+            r.solver.mean_iterations,
+            r.solver.max_iterations,
+            r.solver.layer_evals_per_token
+        );
+        if a.samples {
+            for s in &r.samples {
+                println!(
+                    "---\n{}\n=> {:?} (ref {:?}) {}",
+                    s.prediction,
+                    s.extracted,
+                    s.reference,
+                    if s.correct { "✓" } else { "✗" }
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `elm generate --elm CKPT ...`: greedy ELM generation with solver/KV statistics.
+pub fn run_elm_generate(a: &super::model_cmds::GenerateArgs) -> Result<()> {
+    if a.temperature != 0.0 || a.batch != 1 || a.device != "cpu" || !a.stop.is_empty() {
+        return Err(ElmError::Unsupported(
+            "ELM generation is greedy, batch 1, CPU, without --stop strings".into(),
+        ));
+    }
+    let path = a
+        .model
+        .clone()
+        .unwrap_or_else(crate::model::default_model_path);
+    let (model, tok) = load_elm_model(&path, a.elm.elm.as_deref())?;
+    let r = elm_generate(&model, &tok, &a.prompt, a.chat, a.max_new_tokens, &a.elm)?;
+    if a.json {
+        let v = serde_json::to_value(&r).map_err(|e| ElmError::Json {
+            what: "output".into(),
+            msg: e.to_string(),
+        })?;
+        print_json(&v)
+    } else {
+        println!("{}", r.text);
+        eprintln!(
+            "[{} new tokens, {:.1} tok/s decode, iterations/token {:.2} (max {}), layer evals/token {:.2}, KV {} bytes]",
+            r.new_tokens, r.decode_tok_s, r.decode.mean_iterations, r.decode.max_iterations,
+            r.decode.layer_evals_per_token, r.kv_bytes
+        );
+        Ok(())
+    }
 }

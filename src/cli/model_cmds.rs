@@ -127,10 +127,17 @@ pub struct GenerateArgs {
     /// One JSON object on stdout instead of streamed text.
     #[arg(long)]
     pub json: bool,
+    /// ELM options (`--elm CKPT --solver .. --tol .. --max-iter .. --kv ..`), handled by
+    /// `cli::elm_cmds` (greedy, CPU, batch 1).
+    #[command(flatten)]
+    pub elm: super::elm_cmds::ElmInferArgs,
 }
 
 pub fn run_generate(args: GenerateArgs) -> Result<()> {
     default_blas_threads();
+    if args.elm.elm.is_some() {
+        return super::elm_cmds::run_elm_generate(&args);
+    }
     let device: DeviceSpec = args.device.parse()?;
     if args.batch == 0 {
         return Err(ElmError::config("--batch", "must be >= 1"));

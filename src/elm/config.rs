@@ -1,0 +1,260 @@
+//! Typed configs of the ELM method (serde, unknown keys rejected).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ElmError, Result};
+use crate::model::ModelConfig;
+
+/// Which layers are replaced and how the module is initialised.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ElmConfig {
+    /// First replaced layer `l`.
+    pub start_layer: usize,
+    /// Number of replaced layers `M`: layers `[l, l+M)` become one fixed-point module.
+    pub num_replaced: usize,
+    /// Seed of `W_z`'s random init.
+    #[serde(default)]
+    pub init_seed: u64,
+    /// `W_z = wz_scale × (default nn.Linear init)`; 0.1 in the paper.
+    #[serde(default = "default_wz_scale")]
+    pub wz_scale: f32,
+}
+
+fn default_wz_scale() -> f32 {
+    0.1
+}
+
+impl ElmConfig {
+    pub fn new(start_layer: usize, num_replaced: usize) -> Self {
+        ElmConfig {
+            start_layer,
+            num_replaced,
+            init_seed: 0,
+            wz_scale: default_wz_scale(),
+        }
+    }
+    /// One past the last replaced layer: `l + M`.
+    pub fn end_layer(&self) -> usize {
+        self.start_layer + self.num_replaced
+    }
+    /// Checks `1 <= M` and `l + M <= N`.
+    pub fn validate(&self, model: &ModelConfig) -> Result<()> {
+        if self.num_replaced == 0 {
+            return Err(ElmError::config("m", "must be >= 1"));
+        }
+        if self.end_layer() > model.num_layers {
+            return Err(ElmError::config(
+                "start_layer",
+                format!(
+                    "layers [{}, {}) exceed the model's {} layers",
+                    self.start_layer,
+                    self.end_layer(),
+                    model.num_layers
+                ),
+            ));
+        }
+        if !self.wz_scale.is_finite() {
+            return Err(ElmError::config("wz_scale", "must be finite"));
+        }
+        Ok(())
+    }
+}
+
+/// How the CE weight λ_ce and distillation weight λ_distill evolve with training progress.
+///
+/// λ_ce = 0 while `progress < ce_start`, then `ce_max · sin(π/2 · (p − ce_start)/(ce_end − ce_start))`
+/// up to `ce_end`, then `ce_max`. λ_distill is constant.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LambdaSchedule {
+    #[serde(default = "one")]
+    pub distill: f32,
+    #[serde(default = "one")]
+    pub ce_max: f32,
+    /// Fraction of training at which the CE ramp starts (paper: 0.5).
+    #[serde(default = "half")]
+    pub ce_start: f32,
+    /// Fraction of training at which the CE ramp reaches `ce_max`.
+    #[serde(default = "one")]
+    pub ce_end: f32,
+}
+
+fn one() -> f32 {
+    1.0
+}
+fn half() -> f32 {
+    0.5
+}
+
+impl Default for LambdaSchedule {
+    fn default() -> Self {
+        LambdaSchedule {
+            distill: 1.0,
+            ce_max: 1.0,
+            ce_start: 0.5,
+            ce_end: 1.0,
+        }
+    }
+}
+
+impl LambdaSchedule {
+    /// `(λ_ce, λ_distill)` at `step` of `total` steps (progress = step / total).
+    pub fn at(&self, step: usize, total: usize) -> (f32, f32) {
+        let p = if total == 0 {
+            1.0
+        } else {
+            step as f32 / total as f32
+        };
+        let ce = if p < self.ce_start {
+            0.0
+        } else if p >= self.ce_end || self.ce_end <= self.ce_start {
+            self.ce_max
+        } else {
+            let x = (p - self.ce_start) / (self.ce_end - self.ce_start);
+            self.ce_max * (std::f32::consts::FRAC_PI_2 * x).sin()
+        };
+        (ce, self.distill)
+    }
+}
+
+/// Optimisation settings of `elm train` (paper defaults).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    #[serde(default = "d_steps")]
+    pub steps: usize,
+    #[serde(default = "d_batch")]
+    pub batch_size: usize,
+    /// Sequences are truncated to this many tokens.
+    #[serde(default = "d_seq_len")]
+    pub seq_len: usize,
+    #[serde(default = "d_lr")]
+    pub lr: f32,
+    #[serde(default = "d_betas")]
+    pub betas: [f32; 2],
+    #[serde(default = "d_eps")]
+    pub eps: f32,
+    /// Linear warm-up over this fraction of steps, then cosine decay.
+    #[serde(default = "d_warmup")]
+    pub warmup_frac: f32,
+    /// Cosine decay ends at this fraction of the peak lr.
+    #[serde(default = "d_min_lr")]
+    pub min_lr_frac: f32,
+    /// Decoupled weight decay; not applied to norms or biases.
+    #[serde(default = "d_wd")]
+    pub weight_decay: f32,
+    /// Global gradient-norm clip.
+    #[serde(default = "d_clip")]
+    pub clip: f32,
+    #[serde(default)]
+    pub lambda: LambdaSchedule,
+    /// Gradient rule; `None` = stochastic JFB with the paper's ranges for this M
+    /// (no-grad iterations U[0, M/2], grad iterations U[1, M/2]).
+    #[serde(default)]
+    pub grad_rule: Option<crate::grad::GradientRule>,
+    /// Forward solver of the `jfb` / `implicit` rules (default: Anderson, 30 iterations,
+    /// relative tolerance 1e-4).
+    #[serde(default)]
+    pub forward_solver: Option<crate::solver::SolverConfig>,
+    /// Seeds the data order and the stochastic gradient rule.
+    #[serde(default)]
+    pub seed: u64,
+    /// Write a resumable checkpoint every this many steps (0 = only at the end).
+    #[serde(default = "d_ckpt_every")]
+    pub checkpoint_every: usize,
+}
+
+fn d_steps() -> usize {
+    100
+}
+fn d_batch() -> usize {
+    4
+}
+fn d_seq_len() -> usize {
+    256
+}
+fn d_lr() -> f32 {
+    2e-4
+}
+fn d_betas() -> [f32; 2] {
+    [0.9, 0.95]
+}
+fn d_eps() -> f32 {
+    1e-8
+}
+fn d_warmup() -> f32 {
+    0.1
+}
+fn d_min_lr() -> f32 {
+    0.01
+}
+fn d_wd() -> f32 {
+    0.02
+}
+fn d_clip() -> f32 {
+    0.1
+}
+fn d_ckpt_every() -> usize {
+    50
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        serde_json::from_str("{}").expect("defaults deserialize")
+    }
+}
+
+impl TrainConfig {
+    /// Reads a JSON config file; unknown keys are an error naming the file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        read_json(path)
+    }
+    pub fn validate(&self) -> Result<()> {
+        let pos = [
+            ("steps", self.steps),
+            ("batch_size", self.batch_size),
+            ("seq_len", self.seq_len),
+        ];
+        for (f, v) in pos {
+            if v == 0 {
+                return Err(ElmError::config(f, "must be > 0"));
+            }
+        }
+        let fin = [
+            ("lr", self.lr),
+            ("eps", self.eps),
+            ("weight_decay", self.weight_decay),
+            ("clip", self.clip),
+        ];
+        for (f, v) in fin {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(ElmError::config(
+                    f,
+                    format!("must be finite and >= 0, got {v}"),
+                ));
+            }
+        }
+        if !self.betas.iter().all(|b| (0.0..1.0).contains(b)) {
+            return Err(ElmError::config("betas", "each must be in [0, 1)"));
+        }
+        if !(0.0..=1.0).contains(&self.warmup_frac) || !(0.0..=1.0).contains(&self.min_lr_frac) {
+            return Err(ElmError::config(
+                "warmup_frac/min_lr_frac",
+                "must be in [0, 1]",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Reads a JSON file into a typed value, naming the file on error.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let raw = std::fs::read_to_string(path).map_err(|e| ElmError::io(path, e))?;
+    serde_json::from_str(&raw).map_err(|e| ElmError::Json {
+        what: path.display().to_string(),
+        msg: e.to_string(),
+    })
+}

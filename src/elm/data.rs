@@ -1,0 +1,250 @@
+//! Training/evaluation data: GSM8K and generic jsonl/text loaders, chat-formatted token
+//! sequences with answer-only loss masks, and a seeded, resumable batch order.
+//!
+//! Data lives outside the crate. Its directory is resolved as: the explicit `--data-dir`,
+//! else env `ELM_DATA_DIR`, else `<crate root>/../shared/data` when that exists.
+
+use std::path::{Path, PathBuf};
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use crate::error::{ElmError, Result};
+
+/// One question/answer pair (GSM8K `answer` ends with `#### N`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QaExample {
+    pub question: String,
+    pub answer: String,
+}
+
+/// One loaded example of a generic dataset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Example {
+    /// Chat-formatted: loss on the answer only.
+    Qa(QaExample),
+    /// Plain text: loss on every token.
+    Text(String),
+}
+
+/// GSM8K split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Test,
+}
+
+impl Split {
+    fn file_name(self) -> &'static str {
+        match self {
+            Split::Train => "train.jsonl",
+            Split::Test => "test.jsonl",
+        }
+    }
+}
+
+/// Resolves the data directory (see module doc). Errors if none is found.
+pub fn resolve_data_dir(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    if let Ok(p) = std::env::var("ELM_DATA_DIR") {
+        return Ok(PathBuf::from(p));
+    }
+    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data");
+    if default.is_dir() {
+        return Ok(default);
+    }
+    Err(ElmError::config(
+        "data-dir",
+        format!(
+            "no data directory: pass --data-dir or set ELM_DATA_DIR (default {} does not exist)",
+            default.display()
+        ),
+    ))
+}
+
+/// Path of a GSM8K split file under a data directory.
+pub fn gsm8k_path(data_dir: &Path, split: Split) -> PathBuf {
+    data_dir.join("gsm8k").join(split.file_name())
+}
+
+/// Loads a GSM8K split (`<data_dir>/gsm8k/{train,test}.jsonl`).
+pub fn load_gsm8k(data_dir: &Path, split: Split) -> Result<Vec<QaExample>> {
+    let path = gsm8k_path(data_dir, split);
+    load_examples(&path)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| match e {
+            Example::Qa(q) => Ok(q),
+            Example::Text(_) => Err(ElmError::format(
+                &path,
+                format!("line {}: expected `question` and `answer` fields", i + 1),
+            )),
+        })
+        .collect()
+}
+
+/// Generic loader. `.jsonl`: one object per line with either `question`+`answer` (strings)
+/// or `text` (string); other fields are ignored. Any other extension: the whole file is one
+/// text example. Empty lines in jsonl are skipped.
+pub fn load_examples(path: &Path) -> Result<Vec<Example>> {
+    let raw = std::fs::read_to_string(path).map_err(|e| ElmError::io(path, e))?;
+    let is_jsonl = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("jsonl"));
+    if !is_jsonl {
+        if raw.trim().is_empty() {
+            return Err(ElmError::format(path, "text file is empty"));
+        }
+        return Ok(vec![Example::Text(raw)]);
+    }
+    let mut out = Vec::new();
+    for (i, line) in raw.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| ElmError::format(path, format!("line {}: invalid JSON: {e}", i + 1)))?;
+        let field = |k: &str| -> Result<Option<String>> {
+            match v.get(k) {
+                None => Ok(None),
+                Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(ElmError::format(
+                    path,
+                    format!("line {}: field `{k}` is not a string", i + 1),
+                )),
+            }
+        };
+        match (field("question")?, field("answer")?, field("text")?) {
+            (Some(question), Some(answer), _) => {
+                out.push(Example::Qa(QaExample { question, answer }))
+            }
+            (None, None, Some(t)) => out.push(Example::Text(t)),
+            _ => {
+                return Err(ElmError::format(
+                    path,
+                    format!(
+                        "line {}: need `question`+`answer` or `text` string fields",
+                        i + 1
+                    ),
+                ))
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(ElmError::format(path, "no examples"));
+    }
+    Ok(out)
+}
+
+/// A tokenized training sequence. `loss_mask[t]` says whether token `t` is a prediction
+/// target (answer tokens for Q/A data, all but the first for text).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenSequence {
+    pub tokens: Vec<u32>,
+    pub loss_mask: Vec<bool>,
+}
+
+/// Tokenizes Q/A examples as `prompt ++ answer` where `prompt` is the chat-template text for
+/// a user turn with the generation prompt and `answer_suffix` closes the assistant turn
+/// (e.g. `<|im_end|>\n`). Prompt and answer are encoded separately so the loss mask boundary
+/// is exact. Sequences are truncated to `max_len` tokens.
+pub fn tokenize_example(
+    ex: &Example,
+    max_len: usize,
+    chat_prompt: &dyn Fn(&str) -> String,
+    answer_suffix: &str,
+    encode: &dyn Fn(&str) -> Result<Vec<u32>>,
+) -> Result<TokenSequence> {
+    let (mut tokens, mut loss_mask) = match ex {
+        Example::Qa(q) => {
+            let prompt = encode(&chat_prompt(&q.question))?;
+            let answer = encode(&format!("{}{}", q.answer, answer_suffix))?;
+            let mut mask = vec![false; prompt.len()];
+            mask.extend(std::iter::repeat(true).take(answer.len()));
+            let mut toks = prompt;
+            toks.extend(answer);
+            (toks, mask)
+        }
+        Example::Text(t) => {
+            let toks = encode(t)?;
+            let mut mask = vec![true; toks.len()];
+            if let Some(m) = mask.first_mut() {
+                *m = false;
+            }
+            (toks, mask)
+        }
+    };
+    tokens.truncate(max_len);
+    loss_mask.truncate(max_len);
+    Ok(TokenSequence { tokens, loss_mask })
+}
+
+/// A padded batch ready for the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// `[B][T]` token ids, right-padded with `pad_id`.
+    pub tokens: Vec<Vec<u32>>,
+    /// `[B][T]` true on real (non-pad) tokens: the distillation MSE averages over these.
+    pub valid: Vec<Vec<bool>>,
+    /// `[B][T]` next-token target of position t, or `None` when position t+1 is not a loss
+    /// token (CE ignore index).
+    pub targets: Vec<Vec<Option<u32>>>,
+    /// T.
+    pub seq_len: usize,
+}
+
+/// Pads `seqs` to the longest one (at most `max_len`).
+pub fn make_batch(seqs: &[&TokenSequence], pad_id: u32) -> Batch {
+    let seq_len = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
+    let mut tokens = Vec::with_capacity(seqs.len());
+    let mut valid = Vec::with_capacity(seqs.len());
+    let mut targets = Vec::with_capacity(seqs.len());
+    for s in seqs {
+        let n = s.tokens.len();
+        let mut t = s.tokens.clone();
+        t.resize(seq_len, pad_id);
+        let mut v = vec![true; n];
+        v.resize(seq_len, false);
+        let tg = (0..seq_len)
+            .map(|i| (i + 1 < n && s.loss_mask[i + 1]).then(|| s.tokens[i + 1]))
+            .collect();
+        tokens.push(t);
+        valid.push(v);
+        targets.push(tg);
+    }
+    Batch {
+        tokens,
+        valid,
+        targets,
+        seq_len,
+    }
+}
+
+/// Example indices of batch `step`: the stream of examples is a seeded permutation per epoch,
+/// so the order is a pure function of `(n, batch, step, seed)` — a resumed run sees exactly
+/// the data an uninterrupted one would.
+pub fn batch_indices(n: usize, batch: usize, step: usize, seed: u64) -> Vec<usize> {
+    assert!(n > 0, "batch_indices on an empty dataset");
+    let mut out = Vec::with_capacity(batch);
+    let mut cached: Option<(usize, Vec<usize>)> = None;
+    for i in 0..batch {
+        let k = step * batch + i;
+        let (epoch, pos) = (k / n, k % n);
+        if cached.as_ref().map(|c| c.0) != Some(epoch) {
+            cached = Some((epoch, epoch_permutation(n, seed, epoch)));
+        }
+        out.push(cached.as_ref().unwrap().1[pos]);
+    }
+    out
+}
+
+fn epoch_permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(
+        seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
+    let mut p: Vec<usize> = (0..n).collect();
+    p.shuffle(&mut rng);
+    p
+}

@@ -1,0 +1,650 @@
+//! ELM inference: dense front layers → fixed-point module solved per token by any
+//! [`FixedPointSolver`] → dense back layers, with a one-step or multi-step KV cache.
+//!
+//! The solver sees one row per sequence: in decode a row is one token's state `[C]`, in
+//! prefill a whole prompt `[T·C]` (its tokens attend to each other, so they form one system).
+//! Converged rows are frozen by the solver and are not evaluated again.
+//!
+//! KV modes of the fixed-point block:
+//! - `one-step`: one cache holding, per token, the K/V of its FINAL iterate; every iteration
+//!   of later tokens attends to those. Memory: N − M + 1 layer caches.
+//! - `multi-step`: cache j holds the K/V of iteration j of every earlier token (the last one
+//!   when a token stopped earlier); iteration j of a new token attends to cache j — what a naive
+//!   unrolled implementation stores. Caches are allocated lazily, one per iteration index reached.
+//!
+//! Tolerance: `tol` = δ bounds the per-token ℓ2 residual `‖f(z) − z‖₂`; a prefill row of T
+//! tokens uses `δ·√T` (same per-token RMS). After the solve, one more evaluation `f(z*)` commits
+//! the K/V of the final iterate and is the module output; it is counted in the iterations.
+
+use ndarray::{s, Array2, Array3, ArrayView2, ArrayViewMut2, Axis};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ElmError, Result};
+use crate::model::{ModelConfig, ModelWeights};
+use crate::solver::{FixedPointMap, FixedPointSolver, RowStatus, SolverConfig, StopCriteria};
+
+use super::block::{block_forward, rms_norm, KvStore, Rope};
+use super::config::ElmConfig;
+use super::module::ElmModule;
+
+/// KV-cache policy of the fixed-point block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KvMode {
+    OneStep,
+    MultiStep,
+}
+
+impl std::str::FromStr for KvMode {
+    type Err = ElmError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "one-step" => Ok(KvMode::OneStep),
+            "multi-step" => Ok(KvMode::MultiStep),
+            _ => Err(ElmError::config(
+                "kv",
+                format!("`{s}`: expected one-step or multi-step"),
+            )),
+        }
+    }
+}
+
+/// How the fixed-point module is solved at inference.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferenceConfig {
+    /// Solver and its parameters; its stop criteria are replaced by `max_iter`/`tol`.
+    #[serde(default = "SolverConfig::anderson")]
+    pub solver: SolverConfig,
+    /// Maximum map evaluations per token (the commit evaluation comes on top).
+    #[serde(default = "d_max_iter")]
+    pub max_iter: usize,
+    /// δ: per-token absolute residual tolerance (see module doc); 0 = always `max_iter`.
+    #[serde(default = "d_tol")]
+    pub tol: f64,
+    #[serde(default = "d_kv")]
+    pub kv_mode: KvMode,
+    /// Stop prefill rows adaptively too (else prefill always runs `max_iter`).
+    #[serde(default = "d_true")]
+    pub adaptive_prefill: bool,
+}
+
+fn d_max_iter() -> usize {
+    16
+}
+fn d_tol() -> f64 {
+    0.5
+}
+fn d_kv() -> KvMode {
+    KvMode::OneStep
+}
+fn d_true() -> bool {
+    true
+}
+
+impl Default for InferenceConfig {
+    fn default() -> Self {
+        serde_json::from_str("{}").expect("defaults")
+    }
+}
+
+impl InferenceConfig {
+    /// The solver config with this inference config's stop criteria for rows of `tokens`.
+    fn solver_for(&self, tokens: usize, adaptive: bool) -> SolverConfig {
+        let mut cfg = self.solver.clone();
+        let stop = cfg.stop_mut();
+        *stop = StopCriteria {
+            abs_tol: if adaptive {
+                self.tol * (tokens as f64).sqrt()
+            } else {
+                0.0
+            },
+            rel_tol: 0.0,
+            max_iter: self.max_iter,
+            ..stop.clone()
+        };
+        cfg.output_mut().return_best = true;
+        cfg
+    }
+    pub fn validate(&self) -> Result<()> {
+        if self.max_iter == 0 {
+            return Err(ElmError::config("max_iter", "must be >= 1"));
+        }
+        if !(self.tol.is_finite() && self.tol >= 0.0) {
+            return Err(ElmError::config("tol", "must be finite and >= 0"));
+        }
+        self.solver.validate()
+    }
+}
+
+/// A dense model with layers `[l, l+M)` replaced by a fixed-point module, or (when `elm` is
+/// `None`) the dense model itself, run by the same code.
+pub struct ElmModel {
+    pub weights: ModelWeights,
+    pub elm: Option<(ElmConfig, ElmModule)>,
+}
+
+impl ElmModel {
+    pub fn dense(weights: ModelWeights) -> Self {
+        ElmModel { weights, elm: None }
+    }
+    pub fn new(weights: ModelWeights, cfg: ElmConfig, module: ElmModule) -> Result<Self> {
+        cfg.validate(&weights.config)?;
+        Ok(ElmModel {
+            weights,
+            elm: Some((cfg, module)),
+        })
+    }
+    pub fn config(&self) -> &ModelConfig {
+        &self.weights.config
+    }
+    /// Indices of the dense layers that are kept, in order.
+    pub fn kept_layers(&self) -> Vec<usize> {
+        let n = self.weights.config.num_layers;
+        match &self.elm {
+            None => (0..n).collect(),
+            Some((c, _)) => (0..c.start_layer).chain(c.end_layer()..n).collect(),
+        }
+    }
+}
+
+/// Solver statistics of one token (decode) or one prompt (prefill) of one sequence.
+#[derive(Clone, Debug, Serialize)]
+pub struct FpStat {
+    pub sequence: usize,
+    /// Prompt tokens for a prefill row, 1 for decode.
+    pub tokens: usize,
+    /// Fixed-point block evaluations, including the final commit evaluation.
+    pub iterations: usize,
+    /// `‖f(z*) − z*‖₂` per token (prefill: divided by √T).
+    pub residual: f64,
+    pub status: RowStatus,
+}
+
+/// Per-generation inference state: KV caches for the kept dense layers and the fixed-point
+/// block, and the recorded solver statistics.
+pub struct ElmSession<'m> {
+    model: &'m ElmModel,
+    cfg: InferenceConfig,
+    rope: Rope,
+    dense_kv: Vec<KvStore>,
+    fp_kv: Vec<KvStore>,
+    batch: usize,
+    max_seq: usize,
+    /// Decode-step statistics, in order.
+    pub decode_stats: Vec<FpStat>,
+    /// Prefill statistics, one per sequence.
+    pub prefill_stats: Vec<FpStat>,
+}
+
+impl<'m> ElmSession<'m> {
+    /// Allocates caches for `batch` sequences of at most `max_seq` tokens.
+    pub fn new(
+        model: &'m ElmModel,
+        cfg: InferenceConfig,
+        batch: usize,
+        max_seq: usize,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        if batch == 0 || max_seq == 0 {
+            return Err(ElmError::InvalidArgument(
+                "session needs batch > 0 and max_seq > 0".into(),
+            ));
+        }
+        let mc = model.config();
+        let dense_kv = model
+            .kept_layers()
+            .iter()
+            .map(|_| KvStore::new(mc, batch, max_seq))
+            .collect();
+        let fp_kv = if model.elm.is_some() {
+            vec![KvStore::new(mc, batch, max_seq)]
+        } else {
+            vec![]
+        };
+        Ok(ElmSession {
+            model,
+            cfg,
+            rope: Rope::new(mc, max_seq),
+            dense_kv,
+            fp_kv,
+            batch,
+            max_seq,
+            decode_stats: vec![],
+            prefill_stats: vec![],
+        })
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+    pub fn max_seq(&self) -> usize {
+        self.max_seq
+    }
+    /// Committed tokens per sequence.
+    pub fn lens(&self) -> Vec<usize> {
+        self.dense_kv
+            .first()
+            .or(self.fp_kv.first())
+            .map(|k| k.lens().to_vec())
+            .unwrap_or_else(|| vec![0; self.batch])
+    }
+    /// Exact bytes allocated for K/V (dense layers + fixed-point caches).
+    pub fn kv_bytes(&self) -> usize {
+        self.dense_kv
+            .iter()
+            .chain(&self.fp_kv)
+            .map(|k| k.bytes())
+            .sum()
+    }
+    /// Number of fixed-point caches (1 in one-step mode).
+    pub fn fp_caches(&self) -> usize {
+        self.fp_kv.len()
+    }
+
+    /// Runs every prompt (sequence b = prompts[b], all non-empty) and returns the last
+    /// position's logits `[B, V]`. Sequences are processed one at a time.
+    pub fn prefill(&mut self, prompts: &[Vec<u32>]) -> Result<Array2<f32>> {
+        if prompts.len() != self.batch {
+            return Err(ElmError::InvalidArgument(format!(
+                "prefill: {} prompts for a session of batch {}",
+                prompts.len(),
+                self.batch
+            )));
+        }
+        let v = self.model.config().vocab_size;
+        let mut logits = Array2::zeros((self.batch, v));
+        for (b, p) in prompts.iter().enumerate() {
+            if p.is_empty() {
+                return Err(ElmError::InvalidArgument(format!("prompt {b} is empty")));
+            }
+            let out = self.forward(&[b], &[p.as_slice()], true)?;
+            logits.row_mut(b).assign(&out.row(0));
+        }
+        Ok(logits)
+    }
+
+    /// One new token per sequence; returns logits `[B, V]`.
+    pub fn decode_step(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
+        if tokens.len() != self.batch {
+            return Err(ElmError::InvalidArgument(format!(
+                "decode_step: {} tokens for batch {}",
+                tokens.len(),
+                self.batch
+            )));
+        }
+        let seqs: Vec<usize> = (0..self.batch).collect();
+        let toks: Vec<&[u32]> = tokens.chunks(1).collect();
+        self.forward(&seqs, &toks, false)
+    }
+
+    /// One new token for each sequence with `active[b]` (others untouched); logits `[B, V]`
+    /// (zero rows for inactive sequences).
+    pub fn decode_step_masked(&mut self, tokens: &[u32], active: &[bool]) -> Result<Array2<f32>> {
+        if tokens.len() != self.batch || active.len() != self.batch {
+            return Err(ElmError::InvalidArgument(format!(
+                "decode_step_masked: {} tokens / {} flags for batch {}",
+                tokens.len(),
+                active.len(),
+                self.batch
+            )));
+        }
+        let seqs: Vec<usize> = (0..self.batch).filter(|&b| active[b]).collect();
+        let mut logits = Array2::zeros((self.batch, self.model.config().vocab_size));
+        if seqs.is_empty() {
+            return Ok(logits);
+        }
+        let toks: Vec<&[u32]> = seqs.iter().map(|&b| &tokens[b..b + 1]).collect();
+        let out = self.forward(&seqs, &toks, false)?;
+        for (ri, &b) in seqs.iter().enumerate() {
+            logits.row_mut(b).assign(&out.row(ri));
+        }
+        Ok(logits)
+    }
+
+    /// Runs `tokens[r]` (all the same length T) of sequences `seqs[r]` through the model,
+    /// committing every cache; returns logits of each row's last token `[R, V]`.
+    fn forward(&mut self, seqs: &[usize], tokens: &[&[u32]], prefill: bool) -> Result<Array2<f32>> {
+        let x = self.forward_hidden(seqs, tokens, prefill)?;
+        let t = x.dim().1;
+        let last = x.index_axis(Axis(1), t - 1).to_owned();
+        Ok(self.logits(last.view()))
+    }
+
+    /// Logits `[N, V]` of final hidden states `[N, C]`.
+    fn logits(&self, h: ArrayView2<f32>) -> Array2<f32> {
+        let w = &self.model.weights;
+        let hn = rms_norm(h, &w.final_norm, w.config.rms_norm_eps);
+        hn.dot(&w.lm_head().t())
+    }
+
+    /// Logits `[T, V]` of every position of one prompt for sequence `b` (teacher forcing;
+    /// used for perplexity). Commits the caches like [`Self::prefill`].
+    pub fn prefill_all_logits(&mut self, b: usize, prompt: &[u32]) -> Result<Array2<f32>> {
+        if b >= self.batch || prompt.is_empty() {
+            return Err(ElmError::InvalidArgument(format!(
+                "prefill_all_logits: sequence {b} of batch {}, {} tokens",
+                self.batch,
+                prompt.len()
+            )));
+        }
+        let x = self.forward_hidden(&[b], &[prompt], true)?;
+        let x2 = x.index_axis(Axis(0), 0).to_owned();
+        Ok(self.logits(x2.view()))
+    }
+
+    /// Final hidden states `[R, T, C]` (before the final norm).
+    fn forward_hidden(
+        &mut self,
+        seqs: &[usize],
+        tokens: &[&[u32]],
+        prefill: bool,
+    ) -> Result<Array3<f32>> {
+        let model = self.model;
+        let mc = model.config();
+        let (r, t, c) = (seqs.len(), tokens[0].len(), mc.hidden_size);
+        let w = &model.weights;
+        let mut x = Array3::<f32>::zeros((r, t, c));
+        for (ri, toks) in tokens.iter().enumerate() {
+            for (ti, &tok) in toks.iter().enumerate() {
+                if tok as usize >= mc.vocab_size {
+                    return Err(ElmError::InvalidArgument(format!(
+                        "token id {tok} >= vocab size {}",
+                        mc.vocab_size
+                    )));
+                }
+                x.slice_mut(s![ri, ti, ..])
+                    .assign(&w.embed.row(tok as usize));
+            }
+        }
+        let (front, back) = match &self.model.elm {
+            None => (mc.num_layers, 0),
+            Some((ec, _)) => (ec.start_layer, mc.num_layers - ec.end_layer()),
+        };
+        let kept = self.model.kept_layers();
+        for (slot, &layer) in kept.iter().enumerate().take(front) {
+            x = self.dense_layer(slot, layer, x.view(), seqs)?;
+        }
+        if self.model.elm.is_some() {
+            x = self.solve_fixed_point(x, seqs, prefill)?;
+        }
+        for (slot, &layer) in kept.iter().enumerate().skip(front).take(back) {
+            x = self.dense_layer(slot, layer, x.view(), seqs)?;
+        }
+        Ok(x)
+    }
+
+    fn dense_layer(
+        &mut self,
+        slot: usize,
+        layer: usize,
+        x: ndarray::ArrayView3<f32>,
+        seqs: &[usize],
+    ) -> Result<Array3<f32>> {
+        let model = self.model;
+        let mc = &model.weights.config;
+        let out = block_forward(
+            &model.weights.layers[layer],
+            mc,
+            &self.rope,
+            x,
+            &self.dense_kv[slot],
+            seqs,
+        )?;
+        for (ri, &b) in seqs.iter().enumerate() {
+            self.dense_kv[slot].append(
+                b,
+                out.k.slice(s![ri, .., ..]),
+                out.v.slice(s![ri, .., ..]),
+            )?;
+        }
+        Ok(out.y)
+    }
+
+    /// Solves `z = f(z, h)` for each row, commits the final iterate's K/V, returns `f(z*)`.
+    fn solve_fixed_point(
+        &mut self,
+        h: Array3<f32>,
+        seqs: &[usize],
+        prefill: bool,
+    ) -> Result<Array3<f32>> {
+        let model = self.model;
+        let (_, module) = model.elm.as_ref().expect("elm model");
+        let mc = &model.weights.config;
+        let (r, t, c) = h.dim();
+        let adaptive = !prefill || self.cfg.adaptive_prefill;
+        let solver: Box<dyn FixedPointSolver<f32>> = self.cfg.solver_for(t, adaptive).build();
+        let h2 = h.into_shape_with_order((r, t * c)).expect("[R, T*C]");
+        let z0 = Array2::<f32>::zeros((r, t * c));
+        let mut map = FpMap {
+            module,
+            cfg: mc,
+            rope: &self.rope,
+            h: h2.view(),
+            seqs,
+            t,
+            mode: self.cfg.kv_mode,
+            fp_kv: &mut self.fp_kv,
+            evals: vec![0; r],
+            kv_hist: vec![vec![]; r],
+        };
+        let sol = solver.solve(&mut map, z0.view())?;
+        // Final evaluation at z*: its K/V are what the cache keeps; its output goes on.
+        let zs = sol
+            .z
+            .view()
+            .into_shape_with_order((r, t, c))
+            .expect("[R,T,C]");
+        let u = inject3(module, zs, h2.view(), t, c);
+        let all: Vec<bool> = vec![true; r];
+        let store_idx: Vec<usize> = (0..r).map(|ri| map.store_for(ri)).collect();
+        let mut y = Array3::<f32>::zeros((r, t, c));
+        map.eval_rows(u.view(), &all, &store_idx, |ri, out| {
+            y.slice_mut(s![ri, .., ..]).assign(&out);
+        })?;
+        let residuals: Vec<f64> = (0..r)
+            .map(|ri| {
+                let d = &y.slice(s![ri, .., ..]) - &zs.slice(s![ri, .., ..]);
+                (d.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / t as f64).sqrt()
+            })
+            .collect();
+        // Commit.
+        let FpMap { evals, kv_hist, .. } = map;
+        let n_stores = self.fp_kv.len();
+        for (ri, &b) in seqs.iter().enumerate() {
+            let hist = &kv_hist[ri];
+            match self.cfg.kv_mode {
+                KvMode::OneStep => {
+                    let (k, v) = hist.last().expect("final eval recorded");
+                    self.fp_kv[0].append(b, k.view(), v.view())?;
+                }
+                KvMode::MultiStep => {
+                    for j in 0..n_stores {
+                        let (k, v) = &hist[j.min(hist.len() - 1)];
+                        self.fp_kv[j].append(b, k.view(), v.view())?;
+                    }
+                }
+            }
+            let stat = FpStat {
+                sequence: b,
+                tokens: t,
+                iterations: evals[ri],
+                residual: residuals[ri],
+                status: sol.rows[ri].status,
+            };
+            if prefill {
+                self.prefill_stats.push(stat);
+            } else {
+                self.decode_stats.push(stat);
+            }
+        }
+        Ok(y)
+    }
+}
+
+/// `u = z·W_zᵀ + h·W_hᵀ + b` on `[R, T, C]` states stored as `[R, T·C]` rows.
+fn inject3(
+    module: &ElmModule,
+    z: ndarray::ArrayView3<f32>,
+    h: ArrayView2<f32>,
+    t: usize,
+    c: usize,
+) -> Array3<f32> {
+    let r = z.dim().0;
+    let z2 = z.to_shape((r * t, c)).expect("[R*T, C]");
+    let h2 = h.to_shape((r * t, c)).expect("[R*T, C]");
+    module
+        .inject(z2.view(), h2.view())
+        .into_shape_with_order((r, t, c))
+        .expect("[R, T, C]")
+}
+
+/// The solver's view of the module: rows = sequences, state = `[T·C]`.
+struct FpMap<'a> {
+    module: &'a ElmModule,
+    cfg: &'a ModelConfig,
+    rope: &'a Rope,
+    h: ArrayView2<'a, f32>,
+    seqs: &'a [usize],
+    t: usize,
+    mode: KvMode,
+    fp_kv: &'a mut Vec<KvStore>,
+    /// Evaluations so far per row (= index of the next iteration).
+    evals: Vec<usize>,
+    /// Per row, the new tokens' `(k, v) [T, KV*D]` of every evaluation (multi-step needs all;
+    /// one-step only the last).
+    kv_hist: Vec<Vec<(Array2<f32>, Array2<f32>)>>,
+}
+
+impl FpMap<'_> {
+    /// Cache that row `ri`'s next evaluation attends to; creates multi-step caches lazily
+    /// as copies of the previous one (earlier tokens' latest iterate).
+    fn store_for(&mut self, ri: usize) -> usize {
+        match self.mode {
+            KvMode::OneStep => 0,
+            KvMode::MultiStep => {
+                let j = self.evals[ri];
+                while self.fp_kv.len() <= j {
+                    let last = self.fp_kv.last().expect("one cache").clone();
+                    self.fp_kv.push(last);
+                }
+                j
+            }
+        }
+    }
+
+    /// Evaluates the block on inputs `u [R, T, C]` for rows with `active`, row `ri` against
+    /// cache `store_idx[ri]`; records K/V and counts the evaluation; hands `y [T, C]` to `sink`.
+    fn eval_rows(
+        &mut self,
+        u: ndarray::ArrayView3<f32>,
+        active: &[bool],
+        store_idx: &[usize],
+        mut sink: impl FnMut(usize, ndarray::ArrayView2<f32>),
+    ) -> Result<()> {
+        let mut groups: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        for (ri, &a) in active.iter().enumerate() {
+            if a {
+                groups.entry(store_idx[ri]).or_default().push(ri);
+            }
+        }
+        for (store, rows) in groups {
+            let ui = u.select(Axis(0), &rows);
+            let seq_ids: Vec<usize> = rows.iter().map(|&ri| self.seqs[ri]).collect();
+            let out = block_forward(
+                &self.module.block,
+                self.cfg,
+                self.rope,
+                ui.view(),
+                &self.fp_kv[store],
+                &seq_ids,
+            )?;
+            for (gi, &ri) in rows.iter().enumerate() {
+                sink(ri, out.y.slice(s![gi, .., ..]));
+                let kv = (
+                    out.k.slice(s![gi, .., ..]).to_owned(),
+                    out.v.slice(s![gi, .., ..]).to_owned(),
+                );
+                if self.mode == KvMode::OneStep {
+                    self.kv_hist[ri].clear();
+                }
+                self.kv_hist[ri].push(kv);
+                self.evals[ri] += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FixedPointMap<f32> for FpMap<'_> {
+    fn dim(&self) -> usize {
+        self.t * self.cfg.hidden_size
+    }
+    fn eval(
+        &mut self,
+        z: ArrayView2<f32>,
+        active: &[bool],
+        mut out: ArrayViewMut2<f32>,
+    ) -> Result<()> {
+        let (r, c, t) = (z.nrows(), self.cfg.hidden_size, self.t);
+        let z3 = z
+            .to_shape((r, t, c))
+            .map_err(|e| ElmError::shape("FpMap z", e.to_string()))?;
+        let u = inject3(self.module, z3.view(), self.h, t, c);
+        let store_idx: Vec<usize> = (0..r)
+            .map(|ri| if active[ri] { self.store_for(ri) } else { 0 })
+            .collect();
+        self.eval_rows(u.view(), active, &store_idx, |ri, y| {
+            out.row_mut(ri).assign(&y.to_shape(t * c).expect("[T*C]"));
+        })
+    }
+}
+
+/// Index of the largest logit (first on ties).
+pub fn argmax(row: ndarray::ArrayView1<f32>) -> u32 {
+    let mut best = (0usize, f32::NEG_INFINITY);
+    for (i, &v) in row.iter().enumerate() {
+        if v > best.1 {
+            best = (i, v);
+        }
+    }
+    best.0 as u32
+}
+
+/// Greedy batched generation: prefill every prompt, then decode until each sequence emitted a
+/// token in `stop_ids` (kept in the output) or `max_new` tokens. Finished sequences are not
+/// evaluated any more. Returns the new tokens per sequence.
+pub fn generate_greedy(
+    session: &mut ElmSession<'_>,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    stop_ids: &[u32],
+) -> Result<Vec<Vec<u32>>> {
+    let b = prompts.len();
+    let mut out = vec![Vec::new(); b];
+    if max_new == 0 {
+        return Ok(out);
+    }
+    let logits = session.prefill(prompts)?;
+    let mut next: Vec<u32> = (0..b).map(|i| argmax(logits.row(i))).collect();
+    let mut active = vec![true; b];
+    loop {
+        for i in 0..b {
+            if active[i] {
+                out[i].push(next[i]);
+                if stop_ids.contains(&next[i]) || out[i].len() >= max_new {
+                    active[i] = false;
+                }
+            }
+        }
+        if !active.iter().any(|&a| a) {
+            return Ok(out);
+        }
+        let logits = session.decode_step_masked(&next, &active)?;
+        for i in 0..b {
+            if active[i] {
+                next[i] = argmax(logits.row(i));
+            }
+        }
+    }
+}

@@ -1,0 +1,520 @@
+//! Training the fixed-point module: `L = λ_ce·CE + λ_distill·MSE(z*, h_{l+M})`.
+//!
+//! Only the module is trainable. The frozen front (layers `[0, l)`) and the distillation
+//! target (dense layers `[l, l+M)`) are computed without a tape; the module's fixed point is
+//! put on the tape by a [`GradientRule`] (stochastic JFB by default); when `λ_ce > 0` the
+//! frozen back layers, final norm and LM head run on the tape as constants so the CE gradient
+//! reaches the module through them.
+//!
+//! Resumability: everything random is a pure function of `(seed, step)` — the batch order
+//! ([`batch_indices`]) and the gradient rule's draws (a fresh RNG seeded from
+//! `(seed, step)`) — so a checkpoint only needs the parameters, the AdamW state and the step.
+//! A checkpoint directory holds `step-<k>/{params,optimizer}.safetensors`, then
+//! `train_state.json` (written last, atomically: the commit point), then `elm.json` +
+//! `module.safetensors` (the latest module, loadable with `--elm DIR`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ndarray::{Array3, ArrayD, IxDyn};
+use rand::{rngs::StdRng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::autograd::{Tape, Var};
+use crate::error::{ElmError, Result};
+use crate::grad::{implicit_forward_with_rng, GradientRule, ImplicitLayer};
+use crate::model::tape::{block_forward, BlockSpec, BlockTensors, BlockVars};
+use crate::model::{ModelConfig, ModelWeights};
+use crate::solver::{FixedPointSolver, SolverConfig};
+use crate::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
+
+use super::block::Rope;
+use super::checkpoint::{write_json_atomic, TensorMap};
+use super::config::{read_json, ElmConfig, TrainConfig};
+use super::data::{batch_indices, make_batch, Batch, TokenSequence};
+use super::forward::{embed, masked_mse, module_apply, run_dense_layers, solve_module};
+use super::module::{save_module, ElmModule, ModuleMeta, MODULE_FORMAT};
+
+/// Parameter names in tape order: `P` first, then the block in [`BlockVars::named`] order.
+fn param_names(cfg: &ModelConfig) -> Vec<String> {
+    let mut v: Vec<String> = ["p.w_z", "p.w_h", "p.bias"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let block = ["attn_norm", "wq", "wk", "wv", "wo"];
+    v.extend(block.iter().map(|n| format!("block.{n}")));
+    if cfg.attention_bias {
+        v.extend(["bq", "bk", "bv"].iter().map(|n| format!("block.{n}")));
+    }
+    v.extend(
+        ["mlp_norm", "w_gate", "w_up", "w_down"]
+            .iter()
+            .map(|n| format!("block.{n}")),
+    );
+    v
+}
+
+/// The module as an [`ImplicitLayer`]: `f(z, h) = block(z·W_zᵀ + h·W_hᵀ + b)` on `[B, T, C]`.
+#[derive(Clone)]
+pub struct ElmLayer {
+    cfg: ModelConfig,
+    rope: Arc<Rope>,
+}
+
+impl ElmLayer {
+    pub fn new(cfg: &ModelConfig, max_seq: usize) -> Self {
+        ElmLayer {
+            cfg: cfg.clone(),
+            rope: Arc::new(Rope::new(cfg, max_seq)),
+        }
+    }
+
+    fn module_from(&self, params: &[Arc<ArrayD<f32>>]) -> Result<ElmModule> {
+        let names = param_names(&self.cfg);
+        let map: TensorMap = names
+            .iter()
+            .cloned()
+            .zip(params.iter().map(|p| (**p).clone()))
+            .collect();
+        ElmModule::from_tensors(map, &self.cfg, Path::new("<tape params>"))
+    }
+}
+
+impl ImplicitLayer<f32> for ElmLayer {
+    fn forward(&self, tape: &mut Tape<f32>, z: Var, x: Var, p: &[Var]) -> Result<Var> {
+        let a = tape.matmul_t(z, p[0], None)?;
+        let b = tape.matmul_t(x, p[1], Some(p[2]))?;
+        let u = tape.add(a, b)?;
+        let (bias, rest) = if self.cfg.attention_bias {
+            ((Some(p[8]), Some(p[9]), Some(p[10])), &p[11..])
+        } else {
+            ((None, None, None), &p[8..])
+        };
+        let vars = BlockVars {
+            spec: BlockSpec::from_config(&self.cfg),
+            attn_norm: p[3],
+            wq: p[4],
+            wk: p[5],
+            wv: p[6],
+            wo: p[7],
+            bq: bias.0,
+            bk: bias.1,
+            bv: bias.2,
+            mlp_norm: rest[0],
+            w_gate: rest[1],
+            w_up: rest[2],
+            w_down: rest[3],
+        };
+        block_forward(tape, &vars, u, 0)
+    }
+
+    /// Fast no-tape path (BLAS + the inference block) for the gradient-free iterations.
+    fn eval(
+        &self,
+        z: ArrayD<f32>,
+        x: &Arc<ArrayD<f32>>,
+        params: &[Arc<ArrayD<f32>>],
+    ) -> Result<ArrayD<f32>> {
+        let module = self.module_from(params)?;
+        let z3 = z
+            .into_dimensionality::<ndarray::Ix3>()
+            .map_err(|e| ElmError::shape("ElmLayer z", e.to_string()))?;
+        let h3 = x
+            .view()
+            .into_dimensionality::<ndarray::Ix3>()
+            .map_err(|e| ElmError::shape("ElmLayer h", e.to_string()))?;
+        Ok(module_apply(&module, &self.cfg, &self.rope, z3.view(), h3)?.into_dyn())
+    }
+}
+
+/// Loss terms and settings of one step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepLog {
+    pub step: usize,
+    pub lr: f64,
+    pub lambda_ce: f32,
+    pub lambda_distill: f32,
+    pub distill: f64,
+    /// `None` while λ_ce = 0 (CE not computed).
+    pub ce: Option<f64>,
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// `(m, n)` of stochastic JFB.
+    pub sampled: Option<(usize, usize)>,
+    pub tokens: usize,
+}
+
+/// `train_state.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainState {
+    pub format: String,
+    /// Steps completed.
+    pub step: usize,
+    pub train: TrainConfig,
+    pub elm: ElmConfig,
+    pub model_config: ModelConfig,
+    pub base_model: String,
+    /// Sub-directory with this step's parameters and optimiser state.
+    pub step_dir: String,
+    pub history: Vec<StepLog>,
+}
+
+pub const TRAIN_FORMAT: &str = "elm-train-v1";
+pub const STATE_FILE: &str = "train_state.json";
+
+/// A training run in progress.
+pub struct Trainer<'a> {
+    dense: &'a ModelWeights,
+    pub elm: ElmConfig,
+    pub cfg: TrainConfig,
+    base_model: String,
+    store: ParamStore,
+    opt: AdamW,
+    sched: ScheduleConfig,
+    rule: GradientRule,
+    forward_solver: Box<dyn FixedPointSolver<f32>>,
+    layer: ElmLayer,
+    back: Vec<BlockTensors<f32>>,
+    final_norm: Arc<ArrayD<f32>>,
+    lm_head: Arc<ArrayD<f32>>,
+    pub step: usize,
+    pub history: Vec<StepLog>,
+}
+
+/// Default forward solver of the `jfb` / `implicit` rules.
+pub fn default_forward_solver() -> SolverConfig {
+    let mut s = SolverConfig::anderson();
+    s.stop_mut().max_iter = 30;
+    s.stop_mut().rel_tol = 1e-4;
+    s
+}
+
+impl<'a> Trainer<'a> {
+    /// A fresh run from an initial module.
+    pub fn new(
+        dense: &'a ModelWeights,
+        elm: ElmConfig,
+        module: &ElmModule,
+        cfg: TrainConfig,
+        base_model: String,
+    ) -> Result<Self> {
+        let mut store = ParamStore::new();
+        let tensors = module.to_tensors();
+        for name in param_names(&dense.config) {
+            let v = tensors
+                .get(&name)
+                .ok_or_else(|| ElmError::tensor(name.clone(), "missing from module"))?
+                .clone();
+            store.insert(name, v, true)?;
+        }
+        let opt = AdamW::new(Self::adamw_config(&cfg))?;
+        Self::build(dense, elm, cfg, base_model, store, opt, 0, vec![])
+    }
+
+    fn adamw_config(cfg: &TrainConfig) -> AdamWConfig {
+        AdamWConfig {
+            beta1: cfg.betas[0] as f64,
+            beta2: cfg.betas[1] as f64,
+            eps: cfg.eps as f64,
+            weight_decay: cfg.weight_decay as f64,
+            ..AdamWConfig::default()
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        dense: &'a ModelWeights,
+        elm: ElmConfig,
+        cfg: TrainConfig,
+        base_model: String,
+        store: ParamStore,
+        opt: AdamW,
+        step: usize,
+        history: Vec<StepLog>,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        elm.validate(&dense.config)?;
+        let sched = ScheduleConfig::warmup_cosine(
+            cfg.lr as f64,
+            cfg.steps,
+            cfg.warmup_frac as f64,
+            cfg.min_lr_frac as f64,
+        );
+        sched.validate()?;
+        let rule = cfg
+            .grad_rule
+            .clone()
+            .unwrap_or_else(|| GradientRule::sjfb_default(elm.num_replaced, cfg.seed));
+        rule.validate()?;
+        let fs = cfg
+            .forward_solver
+            .clone()
+            .unwrap_or_else(default_forward_solver);
+        fs.validate()?;
+        let mc = &dense.config;
+        let back = (elm.end_layer()..mc.num_layers)
+            .map(|l| BlockTensors::from_weights(&dense.layers[l], mc))
+            .collect();
+        Ok(Trainer {
+            dense,
+            layer: ElmLayer::new(mc, cfg.seq_len),
+            back,
+            final_norm: Arc::new(dense.final_norm.clone().into_dyn()),
+            lm_head: Arc::new(dense.lm_head().clone().into_dyn()),
+            elm,
+            cfg,
+            base_model,
+            store,
+            opt,
+            sched,
+            rule,
+            forward_solver: fs.build(),
+            step,
+            history,
+        })
+    }
+
+    /// The current module.
+    pub fn module(&self) -> Result<ElmModule> {
+        let map: TensorMap = self
+            .store
+            .names()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), self.store.value(i).clone()))
+            .collect();
+        ElmModule::from_tensors(map, &self.dense.config, Path::new("<param store>"))
+    }
+
+    /// Dense activations entering layer l and layer l+M, `[B, T, C]` each (no tape).
+    pub fn dense_targets(&self, batch: &Batch) -> Result<(Array3<f32>, Array3<f32>)> {
+        let x = embed(self.dense, &batch.tokens)?;
+        let rope = &self.layer.rope;
+        let h = run_dense_layers(self.dense, rope, x, 0..self.elm.start_layer)?;
+        let target = run_dense_layers(
+            self.dense,
+            rope,
+            h.clone(),
+            self.elm.start_layer..self.elm.end_layer(),
+        )?;
+        Ok((h, target))
+    }
+
+    /// One optimisation step on batch `self.step` of `data`.
+    pub fn train_step(&mut self, data: &[TokenSequence], pad_id: u32) -> Result<StepLog> {
+        let idx = batch_indices(data.len(), self.cfg.batch_size, self.step, self.cfg.seed);
+        let seqs: Vec<&TokenSequence> = idx.iter().map(|&i| &data[i]).collect();
+        let batch = make_batch(&seqs, pad_id);
+        let (h, target) = self.dense_targets(&batch)?;
+        let (bs, t, c) = h.dim();
+        let (lambda_ce, lambda_distill) = self.cfg.lambda.at(self.step, self.cfg.steps);
+        let valid: Vec<bool> = batch.valid.iter().flatten().copied().collect();
+
+        let mut tape = Tape::<f32>::new();
+        let vars = self.store.register(&mut tape);
+        let hv = tape.constant(h.into_dyn());
+        let z0 = ArrayD::<f32>::zeros(IxDyn(&[bs, t, c]));
+        let mut rng = StdRng::seed_from_u64(step_seed(self.cfg.seed, self.step));
+        let (z, rep) = implicit_forward_with_rng(
+            &mut tape,
+            &self.layer,
+            hv,
+            vars.vars(),
+            &z0,
+            &self.rule,
+            self.forward_solver.as_ref(),
+            &mut rng,
+        )?;
+        let tv = tape.constant(target.into_dyn());
+        let mse = crate::nn::masked_mse(&mut tape, z, tv, &valid)?;
+        let distill = tape.scalar(mse) as f64;
+        let mut loss = tape.scale(mse, lambda_distill);
+        let mut ce_val = None;
+        if lambda_ce > 0.0 {
+            let mut x = z;
+            for bt in &self.back {
+                let bv = BlockVars::register(&mut tape, bt, false);
+                x = block_forward(&mut tape, &bv, x, 0)?;
+            }
+            let fnorm = tape.constant_shared(self.final_norm.clone());
+            let head = tape.constant_shared(self.lm_head.clone());
+            let n = crate::nn::rms_norm(&mut tape, x, fnorm, self.dense.config.rms_norm_eps)?;
+            let logits = tape.matmul_t(n, head, None)?;
+            let targets: Vec<i64> = batch
+                .targets
+                .iter()
+                .flatten()
+                .map(|t| t.map_or(-1, |v| v as i64))
+                .collect();
+            let ce = crate::nn::cross_entropy(&mut tape, logits, &targets, -1)?;
+            ce_val = Some(tape.scalar(ce) as f64);
+            let w = tape.scale(ce, lambda_ce);
+            loss = tape.add(loss, w)?;
+        }
+        let loss_val = tape.scalar(loss) as f64;
+        if !loss_val.is_finite() {
+            return Err(ElmError::NonFinite(format!(
+                "training loss at step {}",
+                self.step
+            )));
+        }
+        let mut grads = tape.backward(loss)?;
+        let mut pg = self.store.collect_grads(&vars, &mut grads)?;
+        let grad_norm = pg.clip_global_norm(self.cfg.clip as f64)?;
+        let lr = self.sched.lr_at(self.step);
+        self.opt.step(&mut self.store, &pg, lr)?;
+        let log = StepLog {
+            step: self.step,
+            lr,
+            lambda_ce,
+            lambda_distill,
+            distill,
+            ce: ce_val,
+            loss: loss_val,
+            grad_norm,
+            sampled: rep.sampled,
+            tokens: valid.iter().filter(|v| **v).count(),
+        };
+        self.step += 1;
+        self.history.push(log.clone());
+        Ok(log)
+    }
+
+    /// Distillation MSE of the module's fixed point (solved with `solver`) vs the dense
+    /// `h_{l+M}` over the valid tokens of `seqs` (evaluated `batch` sequences at a time).
+    pub fn eval_distill(
+        &self,
+        seqs: &[TokenSequence],
+        pad_id: u32,
+        solver: &SolverConfig,
+    ) -> Result<f64> {
+        let module = self.module()?;
+        eval_distill(
+            self.dense,
+            &self.elm,
+            &module,
+            seqs,
+            pad_id,
+            self.cfg.batch_size,
+            solver,
+        )
+    }
+
+    /// Writes a resumable checkpoint into `dir` (see module doc).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let step_dir = format!("step-{:07}", self.step);
+        let sd = dir.join(&step_dir);
+        std::fs::create_dir_all(&sd).map_err(|e| ElmError::io(&sd, e))?;
+        self.store.save(sd.join("params.safetensors"))?;
+        self.opt.save(sd.join("optimizer.safetensors"))?;
+        let state = TrainState {
+            format: TRAIN_FORMAT.into(),
+            step: self.step,
+            train: self.cfg.clone(),
+            elm: self.elm.clone(),
+            model_config: self.dense.config.clone(),
+            base_model: self.base_model.clone(),
+            step_dir: step_dir.clone(),
+            history: self.history.clone(),
+        };
+        write_json_atomic(&dir.join(STATE_FILE), &state)?;
+        let meta = ModuleMeta {
+            format: MODULE_FORMAT.into(),
+            elm: self.elm.clone(),
+            model_config: self.dense.config.clone(),
+            base_model: self.base_model.clone(),
+        };
+        save_module(dir, &self.module()?, &meta)?;
+        // Older step directories are no longer referenced.
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.starts_with("step-") && name != step_dir {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Resumes from `dir/train_state.json` with the run's own config (the lr schedule and
+    /// the λ schedule depend on the total step count, so it cannot change on resume).
+    pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {
+        let sp: PathBuf = dir.join(STATE_FILE);
+        let state: TrainState = read_json(&sp)?;
+        if state.format != TRAIN_FORMAT {
+            return Err(ElmError::format(
+                &sp,
+                format!("format `{}`, expected `{TRAIN_FORMAT}`", state.format),
+            ));
+        }
+        if state.model_config != dense.config {
+            return Err(ElmError::config(
+                "model",
+                format!(
+                    "{}: checkpoint was trained on a different model config",
+                    sp.display()
+                ),
+            ));
+        }
+        let sd = dir.join(&state.step_dir);
+        let store = ParamStore::load(sd.join("params.safetensors"))?;
+        if store.names() != param_names(&dense.config).as_slice() {
+            return Err(ElmError::format(
+                sd.join("params.safetensors"),
+                "unexpected parameter names",
+            ));
+        }
+        let opt = AdamW::load(sd.join("optimizer.safetensors"))?;
+        opt.check_against(&store)?;
+        Self::build(
+            dense,
+            state.elm,
+            state.train,
+            state.base_model,
+            store,
+            opt,
+            state.step,
+            state.history,
+        )
+    }
+}
+
+/// Seed of step `step`'s gradient-rule RNG.
+pub fn step_seed(seed: u64, step: usize) -> u64 {
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (step as u64)
+            .wrapping_add(0xD1B5_4A32_D192_ED03)
+            .rotate_left(17)
+}
+
+/// See [`Trainer::eval_distill`].
+pub fn eval_distill(
+    dense: &ModelWeights,
+    elm: &ElmConfig,
+    module: &ElmModule,
+    seqs: &[TokenSequence],
+    pad_id: u32,
+    batch: usize,
+    solver: &SolverConfig,
+) -> Result<f64> {
+    let max_t = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(1);
+    let rope = Rope::new(&dense.config, max_t.max(1));
+    let solver = solver.build::<f32>();
+    let (mut sum, mut n) = (0.0, 0usize);
+    for chunk in seqs.chunks(batch.max(1)) {
+        let refs: Vec<&TokenSequence> = chunk.iter().collect();
+        let b = make_batch(&refs, pad_id);
+        let x = embed(dense, &b.tokens)?;
+        let h = run_dense_layers(dense, &rope, x, 0..elm.start_layer)?;
+        let target = run_dense_layers(dense, &rope, h.clone(), elm.start_layer..elm.end_layer())?;
+        let (z, _) = solve_module(module, &dense.config, &rope, &h.view(), solver.as_ref())?;
+        let count = b.valid.iter().flatten().filter(|v| **v).count();
+        sum += masked_mse(z.view(), target.view(), &b.valid) * count as f64;
+        n += count;
+    }
+    Ok(if n == 0 { 0.0 } else { sum / n as f64 })
+}

@@ -1,0 +1,354 @@
+//! ELM training on a tiny random model: the tape module equals the inference module, the
+//! distillation loss goes down, runs are reproducible per seed, checkpoints round-trip, and
+//! a resumed run equals an uninterrupted one bit for bit.
+
+use elm::autograd::Tape;
+use elm::elm::block::Rope;
+use elm::elm::config::{ElmConfig, TrainConfig};
+use elm::elm::data::TokenSequence;
+use elm::elm::forward::{module_apply, run_dense_layers};
+use elm::elm::infer::{ElmModel, ElmSession, InferenceConfig};
+use elm::elm::module::load_module;
+use elm::elm::train::{ElmLayer, Trainer};
+use elm::elm::ElmModule;
+use elm::grad::{GradientRule, ImplicitLayer};
+use elm::model::{Arch, ModelConfig, ModelWeights, Transformer};
+use elm::solver::SolverConfig;
+use ndarray::{Array3, ArrayD};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+fn tiny(arch: Arch) -> ModelWeights {
+    let mut cfg = ModelConfig::tiny(arch);
+    cfg.num_layers = 5;
+    ModelWeights::random(&cfg, 21)
+}
+
+fn data(n: usize, seed: u64) -> Vec<TokenSequence> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let len = rng.gen_range(6..12);
+            let tokens: Vec<u32> = (0..len).map(|_| rng.gen_range(3..64)).collect();
+            let loss_mask = (0..len).map(|i| i >= len / 2).collect();
+            TokenSequence { tokens, loss_mask }
+        })
+        .collect()
+}
+
+fn cfg(steps: usize, seed: u64) -> TrainConfig {
+    TrainConfig {
+        steps,
+        batch_size: 4,
+        seq_len: 16,
+        lr: 3e-3,
+        clip: 1.0,
+        seed,
+        ..TrainConfig::default()
+    }
+}
+
+fn tmpdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("elm_train_{tag}_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn max_abs(a: &ArrayD<f32>, b: &ArrayD<f32>) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn inference_block_matches_model_transformer_hidden_states() {
+    // Two independent implementations: the ELM's cache-free dense path vs model::Transformer.
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let w = tiny(arch);
+        let toks = vec![vec![5u32, 9, 13, 2, 40, 33, 7]];
+        let hs = Transformer::new(w.clone())
+            .unwrap()
+            .forward_hidden(&toks)
+            .unwrap();
+        let rope = Rope::new(&w.config, 16);
+        let x = elm::elm::forward::embed(&w, &toks).unwrap();
+        let mine = run_dense_layers(&w, &rope, x, 0..3).unwrap();
+        let d = (&mine - &hs[3])
+            .mapv(f32::abs)
+            .fold(0.0f32, |a, &b| a.max(b));
+        assert!(
+            d < 1e-4,
+            "{arch:?}: hidden state entering layer 3, max abs diff {d}"
+        );
+        // And the full ELM-session dense logits vs the Transformer's.
+        let model = ElmModel::dense(w.clone());
+        let mut s = ElmSession::new(&model, InferenceConfig::default(), 1, 16).unwrap();
+        let mine = s.prefill(&toks).unwrap();
+        let t = Transformer::new(w).unwrap();
+        let mut cache = t.new_cache(1, 16).unwrap();
+        let theirs = t.prefill(&toks, &mut cache).unwrap();
+        let d = (&mine - &theirs)
+            .mapv(f32::abs)
+            .fold(0.0f32, |a, &b| a.max(b));
+        assert!(d < 1e-3, "{arch:?}: logits max abs diff {d}");
+    }
+}
+
+#[test]
+fn first_module_iteration_equals_model_transformer_layer_l() {
+    // Reference: model::Transformer's hidden states (independent code). f(0, h_l) = h_{l+1}.
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let w = tiny(arch);
+        let toks = vec![vec![7u32, 3, 19, 44, 2, 60]];
+        let hs = Transformer::new(w.clone())
+            .unwrap()
+            .forward_hidden(&toks)
+            .unwrap();
+        let ec = ElmConfig {
+            init_seed: 9,
+            ..ElmConfig::new(2, 2)
+        };
+        let module = ElmModule::init(&w, &ec).unwrap();
+        let rope = Rope::new(&w.config, 16);
+        let z0 = Array3::<f32>::zeros(hs[2].dim());
+        let first = module_apply(&module, &w.config, &rope, z0.view(), hs[2].view()).unwrap();
+        let d = (&first - &hs[3])
+            .mapv(f32::abs)
+            .fold(0.0f32, |a, &b| a.max(b));
+        let scale = hs[3].mapv(f32::abs).fold(0.0f32, |a, &b| a.max(b));
+        assert!(
+            d <= 1e-5 * scale.max(1.0),
+            "{arch:?}: f(0, h_l) vs h_(l+1): max abs diff {d}"
+        );
+    }
+}
+
+#[test]
+fn tape_module_equals_inference_module() {
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let w = tiny(arch);
+        let ec = ElmConfig::new(1, 3);
+        let module = ElmModule::init(&w, &ec).unwrap();
+        // Make P non-trivial so every term matters.
+        let mut rng = StdRng::seed_from_u64(1);
+        let mut m2 = module.clone();
+        m2.w_h.mapv_inplace(|v| v + rng.gen_range(-0.1f32..0.1));
+        m2.bias.mapv_inplace(|_| rng.gen_range(-0.1f32..0.1));
+        let c = w.config.hidden_size;
+        let z = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
+        let h = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
+        let rope = Rope::new(&w.config, 16);
+        let want = module_apply(&m2, &w.config, &rope, z.view(), h.view())
+            .unwrap()
+            .into_dyn();
+        let layer = ElmLayer::new(&w.config, 16);
+        let trainer = Trainer::new(&w, ec.clone(), &m2, cfg(1, 0), "tiny".into()).unwrap();
+        let _ = trainer;
+        let mut tape = Tape::<f32>::new();
+        let tensors = m2.to_tensors();
+        let names = elm_param_names(&w.config);
+        let params: Vec<_> = names
+            .iter()
+            .map(|n| tape.param(tensors[n].clone()))
+            .collect();
+        let zv = tape.constant(z.into_dyn());
+        let hv = tape.constant(h.clone().into_dyn());
+        let out = layer.forward(&mut tape, zv, hv, &params).unwrap();
+        let d = max_abs(tape.value(out), &want);
+        assert!(
+            d < 1e-4,
+            "{arch:?}: tape vs inference module max abs diff {d}"
+        );
+        let arcs: Vec<_> = names
+            .iter()
+            .map(|n| std::sync::Arc::new(tensors[n].clone()))
+            .collect();
+        let fast = layer
+            .eval(
+                tape.value(zv).clone(),
+                &std::sync::Arc::new(h.into_dyn()),
+                &arcs,
+            )
+            .unwrap();
+        assert_eq!(fast, want);
+    }
+}
+
+fn elm_param_names(cfg: &ModelConfig) -> Vec<String> {
+    let mut v: Vec<String> = vec!["p.w_z".into(), "p.w_h".into(), "p.bias".into()];
+    for n in ["attn_norm", "wq", "wk", "wv", "wo"] {
+        v.push(format!("block.{n}"));
+    }
+    if cfg.attention_bias {
+        for n in ["bq", "bk", "bv"] {
+            v.push(format!("block.{n}"));
+        }
+    }
+    for n in ["mlp_norm", "w_gate", "w_up", "w_down"] {
+        v.push(format!("block.{n}"));
+    }
+    v
+}
+
+#[test]
+fn short_run_lowers_distillation_loss_and_is_reproducible() {
+    let w = tiny(Arch::Llama);
+    let ec = ElmConfig::new(1, 3);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    let train = data(32, 1);
+    let held = data(8, 2);
+    let solver = SolverConfig::anderson();
+    let run = |seed| {
+        let mut t = Trainer::new(&w, ec.clone(), &module, cfg(30, seed), "tiny".into()).unwrap();
+        let before = t.eval_distill(&held, 0, &solver).unwrap();
+        for _ in 0..30 {
+            t.train_step(&train, 0).unwrap();
+        }
+        let after = t.eval_distill(&held, 0, &solver).unwrap();
+        (
+            before,
+            after,
+            t.history.clone(),
+            t.module().unwrap().to_tensors(),
+        )
+    };
+    let (before, after, hist, params) = run(7);
+    eprintln!("held-out distillation MSE: before {before:.5}, after {after:.5}");
+    assert!(
+        after < 0.8 * before,
+        "distillation did not drop: {before} -> {after}"
+    );
+    // CE enters in the second half (λ_ce = 0 before).
+    assert!(hist[..15]
+        .iter()
+        .all(|l| l.ce.is_none() && l.lambda_ce == 0.0));
+    assert!(hist[16..]
+        .iter()
+        .all(|l| l.ce.is_some() && l.lambda_ce > 0.0));
+    assert!(hist.iter().all(|l| {
+        let (m, n) = l.sampled.unwrap();
+        m <= 1 && (1..=1).contains(&n)
+    }));
+    let (b2, a2, hist2, params2) = run(7);
+    assert_eq!((before, after), (b2, a2));
+    assert_eq!(hist, hist2);
+    assert_eq!(params, params2, "same seed, same parameters");
+    let (_, _, hist3, _) = run(8);
+    assert_ne!(hist, hist3, "another seed gives another run");
+}
+
+#[test]
+fn resume_after_interruption_equals_uninterrupted_run() {
+    let w = tiny(Arch::Qwen2);
+    let ec = ElmConfig::new(2, 2);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    let train = data(10, 3);
+    let c = TrainConfig {
+        steps: 8,
+        ..cfg(8, 5)
+    };
+    let mut full = Trainer::new(&w, ec.clone(), &module, c.clone(), "tiny".into()).unwrap();
+    for _ in 0..8 {
+        full.train_step(&train, 0).unwrap();
+    }
+    let dir = tmpdir("resume");
+    {
+        let mut part = Trainer::new(&w, ec.clone(), &module, c.clone(), "tiny".into()).unwrap();
+        for _ in 0..3 {
+            part.train_step(&train, 0).unwrap();
+        }
+        part.save(&dir).unwrap();
+        part.train_step(&train, 0).unwrap(); // lost work: never saved ("killed" here)
+    }
+    let mut resumed = Trainer::resume(&w, &dir).unwrap();
+    assert_eq!(resumed.step, 3);
+    while resumed.step < 8 {
+        resumed.train_step(&train, 0).unwrap();
+        if resumed.step == 6 {
+            resumed.save(&dir).unwrap();
+            resumed = Trainer::resume(&w, &dir).unwrap();
+        }
+    }
+    // Parameters must match bit for bit; the logged history went through JSON (serde_json
+    // float parsing may differ in the last ulp), so its floats are compared to 1e-12.
+    assert_eq!(resumed.history.len(), full.history.len());
+    for (a, b) in resumed.history.iter().zip(&full.history) {
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-12 * x.abs().max(1.0);
+        assert!(
+            a.step == b.step
+                && a.sampled == b.sampled
+                && a.tokens == b.tokens
+                && close(a.loss, b.loss)
+                && close(a.distill, b.distill)
+                && close(a.lr, b.lr)
+                && close(a.grad_norm, b.grad_norm),
+            "{a:?} vs {b:?}"
+        );
+    }
+    assert_eq!(
+        resumed.module().unwrap().to_tensors(),
+        full.module().unwrap().to_tensors()
+    );
+    // The module checkpoint written alongside loads as the same module.
+    resumed.save(&dir).unwrap();
+    let (m, meta) = load_module(&dir).unwrap();
+    assert_eq!(m.to_tensors(), full.module().unwrap().to_tensors());
+    assert_eq!(meta.elm, ec);
+    let steps: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("step-"))
+        .collect();
+    assert_eq!(steps.len(), 1, "old step directories are removed");
+}
+
+#[test]
+fn corrupt_or_mismatched_checkpoints_are_typed_errors() {
+    let w = tiny(Arch::Llama);
+    let ec = ElmConfig::new(1, 2);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    let dir = tmpdir("corrupt");
+    let t = Trainer::new(&w, ec.clone(), &module, cfg(4, 0), "tiny".into()).unwrap();
+    t.save(&dir).unwrap();
+    // Different model config.
+    let other = ModelWeights::random(&ModelConfig::tiny(Arch::Llama), 1);
+    let e = Trainer::resume(&other, &dir).err().unwrap();
+    assert!(e.to_string().contains("different model"), "{e}");
+    // Truncated module file.
+    let f = dir.join("module.safetensors");
+    let raw = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &raw[..raw.len() - 10]).unwrap();
+    let e = load_module(&dir).err().unwrap();
+    assert!(e.to_string().contains("module.safetensors"), "{e}");
+    // Unknown key in train_state.json.
+    let sp = dir.join("train_state.json");
+    let s = std::fs::read_to_string(&sp)
+        .unwrap()
+        .replacen('{', "{\"surprise\": 1,", 1);
+    std::fs::write(&sp, s).unwrap();
+    let e = Trainer::resume(&w, &dir).err().unwrap();
+    assert!(e.to_string().contains("surprise"), "{e}");
+    assert!(load_module(&tmpdir("empty")).is_err());
+}
+
+#[test]
+fn other_gradient_rules_train() {
+    let w = tiny(Arch::Llama);
+    let ec = ElmConfig::new(1, 2);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    let train = data(8, 4);
+    for rule in [
+        GradientRule::Jfb,
+        GradientRule::Unroll { k: 2 },
+        GradientRule::implicit(SolverConfig::anderson(), 1e-4, 30),
+    ] {
+        let c = TrainConfig {
+            grad_rule: Some(rule.clone()),
+            ..cfg(2, 0)
+        };
+        let mut t = Trainer::new(&w, ec.clone(), &module, c, "tiny".into()).unwrap();
+        let l = t.train_step(&train, 0).unwrap();
+        assert!(l.loss.is_finite() && l.grad_norm > 0.0, "{rule:?}: {l:?}");
+    }
+}
