@@ -36,6 +36,12 @@ struct Args {
     /// Dataset root (GSM8K under gsm8k/). Default: ELM_DATA_DIR or ../shared/data.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// First replaced layer l.
+    #[arg(long, default_value_t = 12)]
+    start: usize,
+    /// Number of replaced layers M.
+    #[arg(long, default_value_t = 8)]
+    m: usize,
     /// Path of the `elm` binary. Default: next to this executable.
     #[arg(long)]
     elm_bin: Option<PathBuf>,
@@ -44,16 +50,44 @@ struct Args {
 /// Sizes of one scale.
 struct Limits {
     gsm8k_eval: usize,
-    ppl_tokens: usize,
+    max_new_tokens: usize,
     train_steps: usize,
+    batch_size: usize,
+    seq_len: usize,
+    held_out: usize,
+    bench: bool,
 }
 
 impl Scale {
     fn limits(self) -> Limits {
         match self {
-            Scale::Smoke => Limits { gsm8k_eval: 2, ppl_tokens: 256, train_steps: 2 },
-            Scale::Small => Limits { gsm8k_eval: 50, ppl_tokens: 4096, train_steps: 200 },
-            Scale::Paper => Limits { gsm8k_eval: 1319, ppl_tokens: 65536, train_steps: 2000 },
+            Scale::Smoke => Limits {
+                gsm8k_eval: 2,
+                max_new_tokens: 32,
+                train_steps: 2,
+                batch_size: 1,
+                seq_len: 64,
+                held_out: 2,
+                bench: false,
+            },
+            Scale::Small => Limits {
+                gsm8k_eval: 30,
+                max_new_tokens: 200,
+                train_steps: 200,
+                batch_size: 2,
+                seq_len: 128,
+                held_out: 16,
+                bench: true,
+            },
+            Scale::Paper => Limits {
+                gsm8k_eval: 1319,
+                max_new_tokens: 256,
+                train_steps: 2000,
+                batch_size: 8,
+                seq_len: 256,
+                held_out: 64,
+                bench: true,
+            },
         }
     }
 }
@@ -86,8 +120,10 @@ fn num(v: &Value, key: &str) -> String {
             let x = n.as_f64().unwrap_or(f64::NAN);
             if n.is_u64() || n.is_i64() {
                 format!("{n}")
+            } else if x == 0.0 || (1e-2..1e5).contains(&x.abs()) {
+                format!("{x:.3}")
             } else {
-                format!("{x:.4e}")
+                format!("{x:.3e}")
             }
         }
         Some(Value::Bool(b)) => b.to_string(),
@@ -147,33 +183,178 @@ fn solver_section(bin: &Path, out: &Path, summary: &mut Vec<Value>) -> Result<St
     Ok(md)
 }
 
-/// Section 2: the dense model (speed, perplexity on GSM8K answers).
-fn dense_section(
+/// Section 2: speed of the dense model on this machine (bandwidth and sgemm rooflines).
+fn bench_section(bin: &Path, model: &Path, summary: &mut Vec<Value>) -> Result<String, String> {
+    let v = elm_json(
+        bin,
+        &strings(&["bench", "--model", &model.display().to_string()]),
+    )?;
+    let mut md =
+        String::from("## Dense model speed (`elm bench`)\n\n| metric | value |\n|---|---|\n");
+    for (k, x) in v.as_object().into_iter().flatten() {
+        if x.is_number() {
+            let _ = writeln!(md, "| {k} | {} |", num(&v, k));
+        }
+    }
+    summary.push(json!({"section": "bench", "result": v}));
+    Ok(md)
+}
+
+/// Section 3: compress (M layers from `start`), train, and evaluate the ELM against the dense model
+/// with every solver at δ ∈ {0.1, 0.5}.
+#[allow(clippy::too_many_arguments)]
+fn elm_section(
     bin: &Path,
     model: &Path,
     data_dir: &Path,
+    out: &Path,
+    start: usize,
+    m: usize,
     limits: &Limits,
     summary: &mut Vec<Value>,
 ) -> Result<String, String> {
     let model_s = model.display().to_string();
-    let test = data_dir.join("gsm8k").join("test.jsonl").display().to_string();
-    let ppl = elm_json(
+    let data_s = data_dir.display().to_string();
+    let init_ck = out.join("elm_init").display().to_string();
+    let trained_ck = out.join("elm_trained").display().to_string();
+    let bar = indicatif::ProgressBar::new(9);
+
+    let comp = elm_json(
         bin,
         &strings(&[
-            "perplexity",
+            "compress",
             "--model",
             &model_s,
-            "--file",
-            &test,
-            "--max-tokens",
-            &limits.ppl_tokens.to_string(),
+            "--start",
+            &start.to_string(),
+            "--m",
+            &m.to_string(),
+            "--out",
+            &init_ck,
         ]),
     )?;
-    summary.push(json!({"section": "dense_perplexity", "result": ppl}));
-    let mut md = String::from("## Dense model\n\n| metric | value |\n|---|---|\n");
-    for (k, v) in ppl.as_object().into_iter().flatten() {
-        let _ = writeln!(md, "| perplexity.{k} | {v} |");
+    summary.push(json!({"section": "elm_compress", "result": comp}));
+    bar.inc(1);
+    let p = &comp["params"];
+    let kv = &comp["kv"];
+    let mut md = format!(
+        "## ELM: layers [{start}, {}) replaced by one fixed-point module\n\n\
+         | parameters | dense | ELM | reduction |\n|---|---|---|---|\n\
+         | total | {} | {} | {:.1}% |\n| non-embedding | {} | {} | {:.1}% |\n\n\
+         KV cache at {} tokens (batch {}): dense {} B, one-step {} B ({:.3} of dense), \
+         multi-step with {} iterations {} B ({:.3} of dense).\n\n",
+        start + m,
+        p["dense_total"],
+        p["elm_total"],
+        100.0 * p["reduction_total"].as_f64().unwrap_or(f64::NAN),
+        p["dense_non_embedding"],
+        p["elm_non_embedding"],
+        100.0 * p["reduction_non_embedding"].as_f64().unwrap_or(f64::NAN),
+        kv["context"],
+        kv["batch"],
+        kv["dense"],
+        kv["one_step"],
+        kv["one_step_ratio"].as_f64().unwrap_or(f64::NAN),
+        kv["multi_step_iterations"],
+        kv["multi_step"],
+        kv["multi_step_ratio"].as_f64().unwrap_or(f64::NAN),
+    );
+
+    let train_cfg = out.join("train_config.json");
+    let cfg = json!({"steps": limits.train_steps, "batch_size": limits.batch_size, "seq_len": limits.seq_len, "seed": 0});
+    std::fs::write(&train_cfg, cfg.to_string())
+        .map_err(|e| format!("{}: {e}", train_cfg.display()))?;
+    let tr = elm_json(
+        bin,
+        &strings(&[
+            "train",
+            "--model",
+            &model_s,
+            "--elm",
+            &init_ck,
+            "--config",
+            &train_cfg.display().to_string(),
+            "--out",
+            &trained_ck,
+            "--data-dir",
+            &data_s,
+            "--eval-examples",
+            &limits.held_out.to_string(),
+        ]),
+    )?;
+    summary.push(json!({"section": "elm_train", "result": tr}));
+    bar.inc(1);
+    let _ = writeln!(
+        md,
+        "Training: {} steps (batch {}, {} tokens, SJFB, CE+distillation schedule) in {} s; distillation MSE on {} \
+         held-out GSM8K test problems: {} before → {} after.\n",
+        limits.train_steps,
+        limits.batch_size,
+        limits.seq_len,
+        num(&tr, "seconds"),
+        limits.held_out,
+        num(&tr, "distill_before"),
+        num(&tr, "distill_after"),
+    );
+
+    md += &format!(
+        "GSM8K: first {} test problems, greedy, {} new tokens; iterations include the commit pass.\n\n\
+         | model | solver | δ | accuracy | answer perplexity | mean it/token | max it | layer evals/token | tok/s |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+        limits.gsm8k_eval, limits.max_new_tokens
+    );
+    let eval_base = strings(&[
+        "eval",
+        "--model",
+        &model_s,
+        "--task",
+        "gsm8k",
+        "--limit",
+        &limits.gsm8k_eval.to_string(),
+        "--max-new-tokens",
+        &limits.max_new_tokens.to_string(),
+        "--data-dir",
+        &data_s,
+    ]);
+    let dense = elm_json(bin, &eval_base)?;
+    bar.inc(1);
+    let _ = writeln!(
+        md,
+        "| dense | — | — | {} | {} | — | — | {} | {} |",
+        num(&dense, "accuracy"),
+        num(&dense, "answer_perplexity"),
+        num(p, "num_layers"),
+        num(&dense, "tok_s"),
+    );
+    summary.push(json!({"section": "eval", "model": "dense", "result": dense}));
+    for solver in ["picard", "anderson", "broyden"] {
+        for tol in ["0.1", "0.5"] {
+            let mut args = eval_base.clone();
+            args.extend(strings(&[
+                "--elm",
+                &trained_ck,
+                "--solver",
+                solver,
+                "--tol",
+                tol,
+            ]));
+            let v = elm_json(bin, &args)?;
+            let s = &v["solver"];
+            let _ = writeln!(
+                md,
+                "| ELM | {solver} | {tol} | {} | {} | {} | {} | {} | {} |",
+                num(&v, "accuracy"),
+                num(&v, "answer_perplexity"),
+                num(s, "mean_iterations"),
+                num(s, "max_iterations"),
+                num(s, "layer_evals_per_token"),
+                num(&v, "tok_s"),
+            );
+            summary.push(json!({"section": "eval", "model": "elm", "solver": solver, "tol": tol, "result": v}));
+            bar.inc(1);
+        }
     }
+    bar.finish_and_clear();
     Ok(md)
 }
 
@@ -208,27 +389,49 @@ fn run(args: Args) -> Result<(), String> {
             model.display()
         ));
     }
-    let data_dir = elm::elm::data::resolve_data_dir(args.data_dir.as_deref())
-        .map_err(|e| e.to_string())?;
+    let data_dir =
+        elm::elm::data::resolve_data_dir(args.data_dir.as_deref()).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     let limits = args.scale.limits();
     let mut summary = Vec::new();
     let mut report = format!("# elm results — scale `{:?}`\n\n", args.scale).to_lowercase();
-    eprintln!("[1/2] solvers on canonical problems");
+    eprintln!("[1/3] solvers on canonical problems");
     report += &solver_section(&bin, &args.out, &mut summary)?;
-    eprintln!("[2/2] dense model: {}", model.display());
     report += "\n";
-    report += &dense_section(&bin, &model, &data_dir, &limits, &mut summary)?;
-    let _ = limits.gsm8k_eval + limits.train_steps;
+    if limits.bench {
+        eprintln!("[2/3] dense model speed: {}", model.display());
+        report += &bench_section(&bin, &model, &mut summary)?;
+        report += "\n";
+    }
+    eprintln!(
+        "[3/3] ELM: compress, train {} steps, evaluate",
+        limits.train_steps
+    );
+    report += &elm_section(
+        &bin,
+        &model,
+        &data_dir,
+        &args.out,
+        args.start,
+        args.m,
+        &limits,
+        &mut summary,
+    )?;
     let report_path = args.out.join("README.md");
     std::fs::write(&report_path, &report).map_err(|e| e.to_string())?;
     let summary_path = args.out.join("summary.json");
-    let text = serde_json::to_string_pretty(&json!({"scale": format!("{:?}", args.scale), "steps": summary}))
-        .map_err(|e| e.to_string())?;
+    let text = serde_json::to_string_pretty(
+        &json!({"scale": format!("{:?}", args.scale), "steps": summary}),
+    )
+    .map_err(|e| e.to_string())?;
     std::fs::write(&summary_path, text).map_err(|e| e.to_string())?;
     println!("{report}");
-    eprintln!("wrote {} and {}", report_path.display(), summary_path.display());
+    eprintln!(
+        "wrote {} and {}",
+        report_path.display(),
+        summary_path.display()
+    );
     Ok(())
 }
 
