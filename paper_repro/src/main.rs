@@ -313,6 +313,8 @@ fn elm_section(
         &limits.gsm8k_eval.to_string(),
         "--max-new-tokens",
         &limits.max_new_tokens.to_string(),
+        "--batch",
+        "10",
         "--data-dir",
         &data_s,
     ]);
