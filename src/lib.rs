@@ -1,8 +1,9 @@
 //! # elm — Equilibrium Language Models
 //!
 //! Layers, lowest first; a module imports only modules before it in this list:
-//! `error` → `solver`, `autograd` → `nn`, `grad`, `train` → `io` → `model` → `cuda`
-//! → `elm` → `eval` → `cli`.
+//! `error` → `solver`, `autograd` → `nn`, `grad`, `train` → `model::{config, weights}` (plain
+//! data shared by every path) → `io` (fills those types from files) → the rest of `model`
+//! (training and inference paths) → `cuda` → `elm` → `eval` → `cli`.
 
 // Link the system OpenBLAS that ndarray's `blas` feature calls into.
 extern crate blas_src;
