@@ -51,9 +51,21 @@ struct Limits {
 impl Scale {
     fn limits(self) -> Limits {
         match self {
-            Scale::Smoke => Limits { gsm8k_eval: 2, ppl_tokens: 256, train_steps: 2 },
-            Scale::Small => Limits { gsm8k_eval: 50, ppl_tokens: 4096, train_steps: 200 },
-            Scale::Paper => Limits { gsm8k_eval: 1319, ppl_tokens: 65536, train_steps: 2000 },
+            Scale::Smoke => Limits {
+                gsm8k_eval: 2,
+                ppl_tokens: 256,
+                train_steps: 2,
+            },
+            Scale::Small => Limits {
+                gsm8k_eval: 50,
+                ppl_tokens: 4096,
+                train_steps: 200,
+            },
+            Scale::Paper => Limits {
+                gsm8k_eval: 1319,
+                ppl_tokens: 65536,
+                train_steps: 2000,
+            },
         }
     }
 }
@@ -156,7 +168,11 @@ fn dense_section(
     summary: &mut Vec<Value>,
 ) -> Result<String, String> {
     let model_s = model.display().to_string();
-    let test = data_dir.join("gsm8k").join("test.jsonl").display().to_string();
+    let test = data_dir
+        .join("gsm8k")
+        .join("test.jsonl")
+        .display()
+        .to_string();
     let ppl = elm_json(
         bin,
         &strings(&[
@@ -208,8 +224,8 @@ fn run(args: Args) -> Result<(), String> {
             model.display()
         ));
     }
-    let data_dir = elm::elm::data::resolve_data_dir(args.data_dir.as_deref())
-        .map_err(|e| e.to_string())?;
+    let data_dir =
+        elm::elm::data::resolve_data_dir(args.data_dir.as_deref()).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     let limits = args.scale.limits();
@@ -224,11 +240,17 @@ fn run(args: Args) -> Result<(), String> {
     let report_path = args.out.join("README.md");
     std::fs::write(&report_path, &report).map_err(|e| e.to_string())?;
     let summary_path = args.out.join("summary.json");
-    let text = serde_json::to_string_pretty(&json!({"scale": format!("{:?}", args.scale), "steps": summary}))
-        .map_err(|e| e.to_string())?;
+    let text = serde_json::to_string_pretty(
+        &json!({"scale": format!("{:?}", args.scale), "steps": summary}),
+    )
+    .map_err(|e| e.to_string())?;
     std::fs::write(&summary_path, text).map_err(|e| e.to_string())?;
     println!("{report}");
-    eprintln!("wrote {} and {}", report_path.display(), summary_path.display());
+    eprintln!(
+        "wrote {} and {}",
+        report_path.display(),
+        summary_path.display()
+    );
     Ok(())
 }
 
