@@ -410,6 +410,8 @@ impl<'m> ElmSession<'m> {
         let solver: Box<dyn FixedPointSolver<f32>> = self.cfg.solver_for(t, adaptive).build();
         let h2 = h.into_shape_with_order((r, t * c)).expect("[R, T*C]");
         let z0 = Array2::<f32>::zeros((r, t * c));
+        // Pending K/V left by a failed earlier call must not be committed below.
+        self.fp_kv.iter_mut().for_each(LayerKv::discard_pending);
         let mut map = FpMap {
             module,
             cfg: mc,
