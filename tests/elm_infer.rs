@@ -2,10 +2,9 @@
 //! multi-step == full recompute, batched == unbatched, exact KV bytes, parameter counts.
 
 use elm::elm::accounting::{kv_report, layer_kv_bytes, param_report};
-use elm::elm::block::{block_forward, KvStore, Rope};
 use elm::elm::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig, KvMode};
 use elm::elm::{ElmConfig, ElmModule};
-use elm::model::{Arch, ModelConfig, ModelWeights};
+use elm::model::{block_forward_cached, Arch, LayerKv, ModelConfig, ModelWeights, Scratch};
 use elm::solver::SolverConfig;
 use ndarray::{Array2, Array3};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -56,15 +55,15 @@ fn first_iteration_reproduces_layer_l() {
         let mut rng = StdRng::seed_from_u64(5);
         let h =
             Array3::from_shape_simple_fn((2, 6, cfg.hidden_size), || rng.gen_range(-2.0f32..2.0));
-        let rope = Rope::new(cfg, 16);
-        let store = KvStore::new(cfg, 2, 16);
-        let dense = block_forward(
+        let mut kv = LayerKv::new(cfg, 2, 16).unwrap();
+        let mut scratch = Scratch::new(cfg, 16);
+        let dense = block_forward_cached(
             &w.layers[ec.start_layer],
             cfg,
-            &rope,
             h.view(),
-            &store,
-            &[0, 1],
+            &mut kv,
+            false,
+            &mut scratch,
         )
         .unwrap();
         let z0 = Array2::<f32>::zeros((12, cfg.hidden_size));
@@ -73,8 +72,10 @@ fn first_iteration_reproduces_layer_l() {
             .inject(z0.view(), h2.view())
             .into_shape_with_order((2, 6, cfg.hidden_size))
             .unwrap();
-        let first = block_forward(&module.block, cfg, &rope, u.view(), &store, &[0, 1]).unwrap();
-        let diff = (&first.y - &dense.y)
+        let first =
+            block_forward_cached(&module.block, cfg, u.view(), &mut kv, false, &mut scratch)
+                .unwrap();
+        let diff = (&first - &dense)
             .mapv(f32::abs)
             .fold(0.0f32, |a, &b| a.max(b));
         assert!(diff <= 1e-6, "{arch:?}: max abs diff {diff}");

@@ -3,7 +3,6 @@
 //! a resumed run equals an uninterrupted one bit for bit.
 
 use elm::autograd::Tape;
-use elm::elm::block::Rope;
 use elm::elm::config::{ElmConfig, TrainConfig};
 use elm::elm::data::TokenSequence;
 use elm::elm::forward::{module_apply, run_dense_layers};
@@ -63,7 +62,8 @@ fn max_abs(a: &ArrayD<f32>, b: &ArrayD<f32>) -> f32 {
 
 #[test]
 fn inference_block_matches_model_transformer_hidden_states() {
-    // Two independent implementations: the ELM's cache-free dense path vs model::Transformer.
+    // The ELM's cache-free dense path (embedding + model blocks, its own wiring) vs
+    // model::Transformer.
     for arch in [Arch::Llama, Arch::Qwen2] {
         let w = tiny(arch);
         let toks = vec![vec![5u32, 9, 13, 2, 40, 33, 7]];
@@ -71,9 +71,8 @@ fn inference_block_matches_model_transformer_hidden_states() {
             .unwrap()
             .forward_hidden(&toks)
             .unwrap();
-        let rope = Rope::new(&w.config, 16);
         let x = elm::elm::forward::embed(&w, &toks).unwrap();
-        let mine = run_dense_layers(&w, &rope, x, 0..3).unwrap();
+        let mine = run_dense_layers(&w, x, 0..3).unwrap();
         let d = (&mine - &hs[3])
             .mapv(f32::abs)
             .fold(0.0f32, |a, &b| a.max(b));
@@ -110,9 +109,8 @@ fn first_module_iteration_equals_model_transformer_layer_l() {
             ..ElmConfig::new(2, 2)
         };
         let module = ElmModule::init(&w, &ec).unwrap();
-        let rope = Rope::new(&w.config, 16);
         let z0 = Array3::<f32>::zeros(hs[2].dim());
-        let first = module_apply(&module, &w.config, &rope, z0.view(), hs[2].view()).unwrap();
+        let first = module_apply(&module, &w.config, z0.view(), hs[2].view()).unwrap();
         let d = (&first - &hs[3])
             .mapv(f32::abs)
             .fold(0.0f32, |a, &b| a.max(b));
@@ -138,11 +136,10 @@ fn tape_module_equals_inference_module() {
         let c = w.config.hidden_size;
         let z = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
         let h = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
-        let rope = Rope::new(&w.config, 16);
-        let want = module_apply(&m2, &w.config, &rope, z.view(), h.view())
+        let want = module_apply(&m2, &w.config, z.view(), h.view())
             .unwrap()
             .into_dyn();
-        let layer = ElmLayer::new(&w.config, 16);
+        let layer = ElmLayer::new(&w.config);
         let trainer = Trainer::new(&w, ec.clone(), &m2, cfg(1, 0), "tiny".into()).unwrap();
         let _ = trainer;
         let mut tape = Tape::<f32>::new();

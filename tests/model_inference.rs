@@ -5,7 +5,8 @@
 //! - uncommitted block calls, masked decode, hidden states, cache bytes, typed errors.
 
 use elm::model::{
-    block_forward_cached, Arch, KvCache, LayerKv, ModelConfig, ModelWeights, Scratch, Transformer,
+    block_forward_cached, block_forward_rows, Arch, KvCache, LayerKv, ModelConfig, ModelWeights,
+    Scratch, Transformer,
 };
 use elm::ElmError;
 use ndarray::{s, Array2, Array3, ArrayView2};
@@ -311,6 +312,101 @@ fn uncommitted_block_calls_do_not_extend_history() {
         f64v(flat(&want_next).view()).view(),
         1e-6,
     );
+}
+
+#[test]
+fn block_on_a_subset_of_sequences_equals_full_batch_and_leaves_others_alone() {
+    let cfg = ModelConfig::tiny(Arch::Llama);
+    let w = ModelWeights::random(&cfg, 29);
+    let lw = &w.layers[0];
+    let mut scratch = Scratch::new(&cfg, 16);
+    let c = cfg.hidden_size;
+    let hist = Array3::from_shape_fn((3, 4, c), |(b, t, k)| {
+        ((b * 13 + t * 5 + k) as f32 * 0.21).sin()
+    });
+    let x = Array3::from_shape_fn((3, 2, c), |(b, t, k)| {
+        ((b * 7 + t * 3 + k) as f32 * 0.4).cos()
+    });
+
+    // Reference: all three sequences, committed history then 2 uncommitted new tokens.
+    let mut full = LayerKv::new(&cfg, 3, 16).unwrap();
+    block_forward_cached(lw, &cfg, hist.view(), &mut full, true, &mut scratch).unwrap();
+    let want = block_forward_cached(lw, &cfg, x.view(), &mut full, false, &mut scratch).unwrap();
+
+    // Subset: sequences 2 and 0 (in that order) only; sequence 1 keeps its pending K/V.
+    let mut part = LayerKv::new(&cfg, 3, 16).unwrap();
+    block_forward_cached(lw, &cfg, hist.view(), &mut part, true, &mut scratch).unwrap();
+    block_forward_cached(lw, &cfg, x.view(), &mut part, false, &mut scratch).unwrap();
+    let before = part.clone();
+    let mut xs = ndarray::concatenate![
+        ndarray::Axis(0),
+        x.slice(s![2..3, .., ..]),
+        x.slice(s![0..1, .., ..])
+    ];
+    block_forward_rows(
+        lw,
+        &cfg,
+        xs.view_mut(),
+        &[2, 0],
+        &[2, 1],
+        &mut part,
+        false,
+        &mut scratch,
+    )
+    .unwrap();
+    let flat = |a: ndarray::ArrayView2<f32>| a.to_owned();
+    assert_close(
+        "subset row 0 = sequence 2",
+        flat(xs.slice(s![0, .., ..])).view(),
+        f64v(want.slice(s![2, .., ..])).view(),
+        1e-5,
+    );
+    assert_close(
+        "subset row 1 = sequence 0, first token",
+        flat(xs.slice(s![1, 0..1, ..])).view(),
+        f64v(want.slice(s![0, 0..1, ..])).view(),
+        1e-5,
+    );
+    assert_eq!(part.lens(), &[4, 4, 4]);
+    assert_eq!(part.pending(), &[1, 2, 2]);
+    assert_eq!(
+        part.k.slice(s![1, .., .., ..]),
+        before.k.slice(s![1, .., .., ..]),
+        "sequence 1 not in the call: its cache must be untouched"
+    );
+
+    // copy_pending_from: sequence 0's single pending token lands in another cache.
+    let mut other = LayerKv::new(&cfg, 3, 16).unwrap();
+    block_forward_cached(lw, &cfg, hist.view(), &mut other, true, &mut scratch).unwrap();
+    other.copy_pending_from(&part, 0).unwrap();
+    assert_eq!(other.pending(), &[1, 0, 0]);
+    assert_eq!(
+        other.k.slice(s![0, .., 4, ..]),
+        part.k.slice(s![0, .., 4, ..])
+    );
+    other.commit();
+    assert_eq!(other.lens(), &[5, 4, 4]);
+    // Mismatched committed lengths are refused.
+    assert!(other.copy_pending_from(&part, 0).is_err());
+
+    // Bad sequence ids are typed errors.
+    for ids in [&[0usize, 0][..], &[0, 3][..], &[0][..]] {
+        let e = block_forward_rows(
+            lw,
+            &cfg,
+            xs.view_mut(),
+            ids,
+            &[1; 2][..ids.len()],
+            &mut part,
+            false,
+            &mut scratch,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, ElmError::InvalidArgument(_) | ElmError::Shape { .. }),
+            "{e}"
+        );
+    }
 }
 
 #[test]

@@ -6,10 +6,9 @@
 use ndarray::{Array2, Array3, ArrayView2, ArrayView3, ArrayViewMut2};
 
 use crate::error::{ElmError, Result};
-use crate::model::{ModelConfig, ModelWeights};
+use crate::model::{block_forward_inplace, LayerKv, ModelConfig, ModelWeights, Scratch};
 use crate::solver::{FixedPointMap, FixedPointSolver, Solution};
 
-use super::block::{block_forward, KvStore, Rope};
 use super::module::ElmModule;
 
 /// Token embeddings `[B, T, C]` of a rectangular batch.
@@ -41,25 +40,38 @@ pub fn embed(weights: &ModelWeights, tokens: &[Vec<u32>]) -> Result<Array3<f32>>
 /// Runs dense layers `range` on `x [B, T, C]` (positions from 0).
 pub fn run_dense_layers(
     weights: &ModelWeights,
-    rope: &Rope,
     mut x: Array3<f32>,
     range: std::ops::Range<usize>,
 ) -> Result<Array3<f32>> {
     let cfg = &weights.config;
     let (b, t, _) = x.dim();
-    let store = KvStore::new(cfg, b, t.max(1));
-    let seqs: Vec<usize> = (0..b).collect();
+    let (mut kv, mut scratch) = fresh_cache(cfg, b, t)?;
+    // commit = false: every layer sees an empty history, so one cache serves them all.
+    let lens = vec![t; b];
     for l in range {
-        x = block_forward(&weights.layers[l], cfg, rope, x.view(), &store, &seqs)?.y;
+        block_forward_inplace(
+            &weights.layers[l],
+            cfg,
+            x.view_mut(),
+            &lens,
+            &mut kv,
+            false,
+            &mut scratch,
+        )?;
     }
     Ok(x)
+}
+
+/// An empty single-layer cache and scratch for a whole-sequence pass of `[B, T]` tokens.
+fn fresh_cache(cfg: &ModelConfig, b: usize, t: usize) -> Result<(LayerKv, Scratch)> {
+    let (b, t) = (b.max(1), t.max(1));
+    Ok((LayerKv::new(cfg, b, t)?, Scratch::new(cfg, t)))
 }
 
 /// One application `f(z, h) = block(z·W_zᵀ + h·W_hᵀ + b)` on `[B, T, C]`.
 pub fn module_apply(
     module: &ElmModule,
     cfg: &ModelConfig,
-    rope: &Rope,
     z: ArrayView3<f32>,
     h: ArrayView3<f32>,
 ) -> Result<Array3<f32>> {
@@ -70,20 +82,28 @@ pub fn module_apply(
     let h2 = h
         .to_shape((b * t, c))
         .map_err(|e| ElmError::shape("module h", e.to_string()))?;
-    let u = module
+    let mut u = module
         .inject(z2.view(), h2.view())
         .into_shape_with_order((b, t, c))
         .expect("[B, T, C]");
-    let store = KvStore::new(cfg, b, t.max(1));
-    let seqs: Vec<usize> = (0..b).collect();
-    Ok(block_forward(&module.block, cfg, rope, u.view(), &store, &seqs)?.y)
+    let (mut kv, mut scratch) = fresh_cache(cfg, b, t)?;
+    let lens = vec![t; b];
+    block_forward_inplace(
+        &module.block,
+        cfg,
+        u.view_mut(),
+        &lens,
+        &mut kv,
+        false,
+        &mut scratch,
+    )?;
+    Ok(u)
 }
 
 /// Solves `z = f(z, h)` per sequence (rows `[T·C]`) from `z⁰ = 0` with `solver`.
 pub fn solve_module(
     module: &ElmModule,
     cfg: &ModelConfig,
-    rope: &Rope,
     h: &ArrayView3<f32>,
     solver: &dyn FixedPointSolver<f32>,
 ) -> Result<(Array3<f32>, Solution<f32>)> {
@@ -91,7 +111,6 @@ pub fn solve_module(
     struct Map<'a> {
         module: &'a ElmModule,
         cfg: &'a ModelConfig,
-        rope: &'a Rope,
         h: ArrayView3<'a, f32>,
     }
     impl FixedPointMap<f32> for Map<'_> {
@@ -111,7 +130,7 @@ pub fn solve_module(
                 .into_shape_with_order((rows.len(), t, c))
                 .expect("rows");
             let hr = self.h.select(ndarray::Axis(0), &rows);
-            let y = module_apply(self.module, self.cfg, self.rope, zr.view(), hr.view())?;
+            let y = module_apply(self.module, self.cfg, zr.view(), hr.view())?;
             for (i, &r) in rows.iter().enumerate() {
                 out.row_mut(r).assign(
                     &y.index_axis(ndarray::Axis(0), i)
@@ -125,7 +144,6 @@ pub fn solve_module(
     let mut map = Map {
         module,
         cfg,
-        rope,
         h: h.view(),
     };
     let z0 = Array2::<f32>::zeros((b, t * c));

@@ -20,10 +20,10 @@ use ndarray::{s, Array2, Array3, ArrayView2, ArrayViewMut2, Axis};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ElmError, Result};
-use crate::model::{ModelConfig, ModelWeights};
+use crate::model::ops::{linear_into, rms_norm_into};
+use crate::model::{block_forward_rows, KvCache, LayerKv, ModelConfig, ModelWeights, Scratch};
 use crate::solver::{FixedPointMap, FixedPointSolver, RowStatus, SolverConfig, StopCriteria};
 
-use super::block::{block_forward, rms_norm, KvStore, Rope};
 use super::config::ElmConfig;
 use super::module::ElmModule;
 
@@ -166,9 +166,10 @@ pub struct FpStat {
 pub struct ElmSession<'m> {
     model: &'m ElmModel,
     cfg: InferenceConfig,
-    rope: Rope,
-    dense_kv: Vec<KvStore>,
-    fp_kv: Vec<KvStore>,
+    /// Caches of the kept dense layers, and the scratch (RoPE table) every block uses.
+    dense_kv: KvCache,
+    /// Caches of the fixed-point block: one (one-step) or one per iteration (multi-step).
+    fp_kv: Vec<LayerKv>,
     batch: usize,
     max_seq: usize,
     /// Decode-step statistics, in order.
@@ -192,20 +193,15 @@ impl<'m> ElmSession<'m> {
             ));
         }
         let mc = model.config();
-        let dense_kv = model
-            .kept_layers()
-            .iter()
-            .map(|_| KvStore::new(mc, batch, max_seq))
-            .collect();
+        let dense_kv = KvCache::with_layers(mc, model.kept_layers().len(), batch, max_seq)?;
         let fp_kv = if model.elm.is_some() {
-            vec![KvStore::new(mc, batch, max_seq)]
+            vec![LayerKv::new(mc, batch, max_seq)?]
         } else {
             vec![]
         };
         Ok(ElmSession {
             model,
             cfg,
-            rope: Rope::new(mc, max_seq),
             dense_kv,
             fp_kv,
             batch,
@@ -224,6 +220,7 @@ impl<'m> ElmSession<'m> {
     /// Committed tokens per sequence.
     pub fn lens(&self) -> Vec<usize> {
         self.dense_kv
+            .layers
             .first()
             .or(self.fp_kv.first())
             .map(|k| k.lens().to_vec())
@@ -231,11 +228,7 @@ impl<'m> ElmSession<'m> {
     }
     /// Exact bytes allocated for K/V (dense layers + fixed-point caches).
     pub fn kv_bytes(&self) -> usize {
-        self.dense_kv
-            .iter()
-            .chain(&self.fp_kv)
-            .map(|k| k.bytes())
-            .sum()
+        self.dense_kv.bytes() + self.fp_kv.iter().map(|k| k.bytes()).sum::<usize>()
     }
     /// Number of fixed-point caches (1 in one-step mode).
     pub fn fp_caches(&self) -> usize {
@@ -314,8 +307,11 @@ impl<'m> ElmSession<'m> {
     /// Logits `[N, V]` of final hidden states `[N, C]`.
     fn logits(&self, h: ArrayView2<f32>) -> Array2<f32> {
         let w = &self.model.weights;
-        let hn = rms_norm(h, &w.final_norm, w.config.rms_norm_eps);
-        hn.dot(&w.lm_head().t())
+        let mut hn = Array2::zeros(h.raw_dim());
+        rms_norm_into(h, &w.final_norm, w.config.rms_norm_eps, hn.view_mut());
+        let mut logits = Array2::zeros((h.nrows(), w.config.vocab_size));
+        linear_into(hn.view(), w.lm_head(), None, logits.view_mut());
+        logits
     }
 
     /// Logits `[T, V]` of every position of one prompt for sequence `b` (teacher forcing;
@@ -363,42 +359,40 @@ impl<'m> ElmSession<'m> {
         };
         let kept = self.model.kept_layers();
         for (slot, &layer) in kept.iter().enumerate().take(front) {
-            x = self.dense_layer(slot, layer, x.view(), seqs)?;
+            self.dense_layer(slot, layer, &mut x, seqs)?;
         }
         if self.model.elm.is_some() {
             x = self.solve_fixed_point(x, seqs, prefill)?;
         }
         for (slot, &layer) in kept.iter().enumerate().skip(front).take(back) {
-            x = self.dense_layer(slot, layer, x.view(), seqs)?;
+            self.dense_layer(slot, layer, &mut x, seqs)?;
         }
         Ok(x)
     }
 
+    /// Runs kept dense layer `layer` (cache `slot`) in place on `x [R, T, C]` of `seqs`.
     fn dense_layer(
         &mut self,
         slot: usize,
         layer: usize,
-        x: ndarray::ArrayView3<f32>,
+        x: &mut Array3<f32>,
         seqs: &[usize],
-    ) -> Result<Array3<f32>> {
-        let model = self.model;
-        let mc = &model.weights.config;
-        let out = block_forward(
-            &model.weights.layers[layer],
-            mc,
-            &self.rope,
-            x,
-            &self.dense_kv[slot],
+    ) -> Result<()> {
+        let w = &self.model.weights;
+        let lens = vec![x.dim().1; seqs.len()];
+        let KvCache {
+            layers, scratch, ..
+        } = &mut self.dense_kv;
+        block_forward_rows(
+            &w.layers[layer],
+            &w.config,
+            x.view_mut(),
             seqs,
-        )?;
-        for (ri, &b) in seqs.iter().enumerate() {
-            self.dense_kv[slot].append(
-                b,
-                out.k.slice(s![ri, .., ..]),
-                out.v.slice(s![ri, .., ..]),
-            )?;
-        }
-        Ok(out.y)
+            &lens,
+            &mut layers[slot],
+            true,
+            scratch,
+        )
     }
 
     /// Solves `z = f(z, h)` for each row, commits the final iterate's K/V, returns `f(z*)`.
@@ -416,17 +410,18 @@ impl<'m> ElmSession<'m> {
         let solver: Box<dyn FixedPointSolver<f32>> = self.cfg.solver_for(t, adaptive).build();
         let h2 = h.into_shape_with_order((r, t * c)).expect("[R, T*C]");
         let z0 = Array2::<f32>::zeros((r, t * c));
+        // Pending K/V left by a failed earlier call must not be committed below.
+        self.fp_kv.iter_mut().for_each(LayerKv::discard_pending);
         let mut map = FpMap {
             module,
             cfg: mc,
-            rope: &self.rope,
             h: h2.view(),
             seqs,
             t,
             mode: self.cfg.kv_mode,
             fp_kv: &mut self.fp_kv,
+            scratch: &mut self.dense_kv.scratch,
             evals: vec![0; r],
-            kv_hist: vec![vec![]; r],
         };
         let sol = solver.solve(&mut map, z0.view())?;
         // Final evaluation at z*: its K/V are what the cache keeps; its output goes on.
@@ -448,23 +443,23 @@ impl<'m> ElmSession<'m> {
                 (d.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / t as f64).sqrt()
             })
             .collect();
-        // Commit.
-        let FpMap { evals, kv_hist, .. } = map;
-        let n_stores = self.fp_kv.len();
-        for (ri, &b) in seqs.iter().enumerate() {
-            let hist = &kv_hist[ri];
-            match self.cfg.kv_mode {
-                KvMode::OneStep => {
-                    let (k, v) = hist.last().expect("final eval recorded");
-                    self.fp_kv[0].append(b, k.view(), v.view())?;
-                }
-                KvMode::MultiStep => {
-                    for j in 0..n_stores {
-                        let (k, v) = &hist[j.min(hist.len() - 1)];
-                        self.fp_kv[j].append(b, k.view(), v.view())?;
-                    }
+        // Commit: every cache holds, as pending K/V, the iterate that belongs in it.
+        let FpMap { evals, .. } = map;
+        if self.cfg.kv_mode == KvMode::MultiStep {
+            // Caches past a row's final evaluation (reached by rows that iterated longer)
+            // get that final iterate's K/V.
+            for (ri, &b) in seqs.iter().enumerate() {
+                let last = store_idx[ri];
+                let (done, later) = self.fp_kv.split_at_mut(last + 1);
+                for kv in later {
+                    kv.copy_pending_from(&done[last], b)?;
                 }
             }
+        }
+        for kv in self.fp_kv.iter_mut() {
+            kv.commit();
+        }
+        for (ri, &b) in seqs.iter().enumerate() {
             let stat = FpStat {
                 sequence: b,
                 tokens: t,
@@ -503,22 +498,22 @@ fn inject3(
 struct FpMap<'a> {
     module: &'a ElmModule,
     cfg: &'a ModelConfig,
-    rope: &'a Rope,
     h: ArrayView2<'a, f32>,
     seqs: &'a [usize],
     t: usize,
     mode: KvMode,
-    fp_kv: &'a mut Vec<KvStore>,
+    /// Each evaluation leaves its K/V pending in the cache it ran against (for a given
+    /// token, row `ri` visits multi-step cache `j` only at iteration `j`).
+    fp_kv: &'a mut Vec<LayerKv>,
+    scratch: &'a mut Scratch,
     /// Evaluations so far per row (= index of the next iteration).
     evals: Vec<usize>,
-    /// Per row, the new tokens' `(k, v) [T, KV*D]` of every evaluation (multi-step needs all;
-    /// one-step only the last).
-    kv_hist: Vec<Vec<(Array2<f32>, Array2<f32>)>>,
 }
 
 impl FpMap<'_> {
     /// Cache that row `ri`'s next evaluation attends to; creates multi-step caches lazily
-    /// as copies of the previous one (earlier tokens' latest iterate).
+    /// as copies of the previous one (earlier tokens' latest iterate; its pending K/V are
+    /// overwritten or replaced before the commit).
     fn store_for(&mut self, ri: usize) -> usize {
         match self.mode {
             KvMode::OneStep => 0,
@@ -534,7 +529,8 @@ impl FpMap<'_> {
     }
 
     /// Evaluates the block on inputs `u [R, T, C]` for rows with `active`, row `ri` against
-    /// cache `store_idx[ri]`; records K/V and counts the evaluation; hands `y [T, C]` to `sink`.
+    /// cache `store_idx[ri]` (its K/V left pending there); counts the evaluation; hands
+    /// `y [T, C]` to `sink`.
     fn eval_rows(
         &mut self,
         u: ndarray::ArrayView3<f32>,
@@ -549,26 +545,24 @@ impl FpMap<'_> {
             }
         }
         for (store, rows) in groups {
-            let ui = u.select(Axis(0), &rows);
+            let mut ui = u.select(Axis(0), &rows);
+            if !ui.is_standard_layout() {
+                ui = ui.as_standard_layout().into_owned();
+            }
             let seq_ids: Vec<usize> = rows.iter().map(|&ri| self.seqs[ri]).collect();
-            let out = block_forward(
+            let lens = vec![self.t; rows.len()];
+            block_forward_rows(
                 &self.module.block,
                 self.cfg,
-                self.rope,
-                ui.view(),
-                &self.fp_kv[store],
+                ui.view_mut(),
                 &seq_ids,
+                &lens,
+                &mut self.fp_kv[store],
+                false,
+                self.scratch,
             )?;
             for (gi, &ri) in rows.iter().enumerate() {
-                sink(ri, out.y.slice(s![gi, .., ..]));
-                let kv = (
-                    out.k.slice(s![gi, .., ..]).to_owned(),
-                    out.v.slice(s![gi, .., ..]).to_owned(),
-                );
-                if self.mode == KvMode::OneStep {
-                    self.kv_hist[ri].clear();
-                }
-                self.kv_hist[ri].push(kv);
+                sink(ri, ui.slice(s![gi, .., ..]));
                 self.evals[ri] += 1;
             }
         }

@@ -5,18 +5,19 @@
 //! - [`config`]: typed configs ([`ElmConfig`], [`TrainConfig`], [`LambdaSchedule`]).
 //! - [`accounting`]: dense vs ELM parameter and KV-byte reports.
 //! - [`data`]: GSM8K / jsonl / text loaders, chat-formatted sequences, resumable batch order.
-//! - [`checkpoint`]: atomic safetensors + JSON writing.
+//! - [`checkpoint`]: named-tensor maps and JSON over the atomic safetensors I/O of
+//!   [`crate::train::tensor_file`].
 //! - [`module`]: the fixed-point module `f(z, h) = block(W_z·z + W_h·h + b)`, its paper
 //!   initialisation and checkpoint directory format (`elm.json` + `module.safetensors`).
-//! - [`block`]: no-tape decoder block over a KV store for any subset of sequences.
 //! - [`infer`]: [`infer::ElmSession`] — prefill/decode with any fixed-point solver, adaptive
 //!   per-token stopping, one-step or multi-step KV cache, batched decode; greedy generation.
+//!   Built on the model's inference blocks and KV caches ([`crate::model::block_forward_rows`],
+//!   [`crate::model::LayerKv`]).
 //! - [`forward`]: cache-free forward passes (dense hidden states, module fixed point).
 //! - [`train`]: [`train::Trainer`] — distillation + CE, gradient rules, AdamW, resumable
 //!   checkpoints.
 
 pub mod accounting;
-pub mod block;
 pub mod checkpoint;
 pub mod config;
 pub mod data;

@@ -28,7 +28,6 @@ use crate::model::{ModelConfig, ModelWeights};
 use crate::solver::{FixedPointSolver, SolverConfig};
 use crate::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
 
-use super::block::Rope;
 use super::checkpoint::{write_json_atomic, TensorMap};
 use super::config::{read_json, ElmConfig, TrainConfig};
 use super::data::{batch_indices, make_batch, Batch, TokenSequence};
@@ -58,15 +57,11 @@ fn param_names(cfg: &ModelConfig) -> Vec<String> {
 #[derive(Clone)]
 pub struct ElmLayer {
     cfg: ModelConfig,
-    rope: Arc<Rope>,
 }
 
 impl ElmLayer {
-    pub fn new(cfg: &ModelConfig, max_seq: usize) -> Self {
-        ElmLayer {
-            cfg: cfg.clone(),
-            rope: Arc::new(Rope::new(cfg, max_seq)),
-        }
+    pub fn new(cfg: &ModelConfig) -> Self {
+        ElmLayer { cfg: cfg.clone() }
     }
 
     fn module_from(&self, params: &[Arc<ArrayD<f32>>]) -> Result<ElmModule> {
@@ -123,7 +118,7 @@ impl ImplicitLayer<f32> for ElmLayer {
             .view()
             .into_dimensionality::<ndarray::Ix3>()
             .map_err(|e| ElmError::shape("ElmLayer h", e.to_string()))?;
-        Ok(module_apply(&module, &self.cfg, &self.rope, z3.view(), h3)?.into_dyn())
+        Ok(module_apply(&module, &self.cfg, z3.view(), h3)?.into_dyn())
     }
 }
 
@@ -260,7 +255,7 @@ impl<'a> Trainer<'a> {
             .collect();
         Ok(Trainer {
             dense,
-            layer: ElmLayer::new(mc, cfg.seq_len),
+            layer: ElmLayer::new(mc),
             back,
             final_norm: Arc::new(dense.final_norm.clone().into_dyn()),
             lm_head: Arc::new(dense.lm_head().clone().into_dyn()),
@@ -292,11 +287,9 @@ impl<'a> Trainer<'a> {
     /// Dense activations entering layer l and layer l+M, `[B, T, C]` each (no tape).
     pub fn dense_targets(&self, batch: &Batch) -> Result<(Array3<f32>, Array3<f32>)> {
         let x = embed(self.dense, &batch.tokens)?;
-        let rope = &self.layer.rope;
-        let h = run_dense_layers(self.dense, rope, x, 0..self.elm.start_layer)?;
+        let h = run_dense_layers(self.dense, x, 0..self.elm.start_layer)?;
         let target = run_dense_layers(
             self.dense,
-            rope,
             h.clone(),
             self.elm.start_layer..self.elm.end_layer(),
         )?;
@@ -501,17 +494,15 @@ pub fn eval_distill(
     batch: usize,
     solver: &SolverConfig,
 ) -> Result<f64> {
-    let max_t = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(1);
-    let rope = Rope::new(&dense.config, max_t.max(1));
     let solver = solver.build::<f32>();
     let (mut sum, mut n) = (0.0, 0usize);
     for chunk in seqs.chunks(batch.max(1)) {
         let refs: Vec<&TokenSequence> = chunk.iter().collect();
         let b = make_batch(&refs, pad_id);
         let x = embed(dense, &b.tokens)?;
-        let h = run_dense_layers(dense, &rope, x, 0..elm.start_layer)?;
-        let target = run_dense_layers(dense, &rope, h.clone(), elm.start_layer..elm.end_layer())?;
-        let (z, _) = solve_module(module, &dense.config, &rope, &h.view(), solver.as_ref())?;
+        let h = run_dense_layers(dense, x, 0..elm.start_layer)?;
+        let target = run_dense_layers(dense, h.clone(), elm.start_layer..elm.end_layer())?;
+        let (z, _) = solve_module(module, &dense.config, &h.view(), solver.as_ref())?;
         let count = b.valid.iter().flatten().filter(|v| **v).count();
         sum += masked_mse(z.view(), target.view(), &b.valid) * count as f64;
         n += count;

@@ -40,18 +40,70 @@ pub fn block_forward_cached(
 /// Sequence `b` has `new_lens[b] ≤ T` valid new tokens (right padding); padded rows
 /// and sequences with `new_lens[b] = 0` (inactive) leave the cache untouched and
 /// their outputs are unspecified.
-#[allow(clippy::needless_range_loop)] // `bi` indexes x, new_lens, and the cache alike
 pub fn block_forward_inplace(
     w: &LayerWeights,
     cfg: &ModelConfig,
+    x: ArrayViewMut3<f32>,
+    new_lens: &[usize],
+    cache: &mut LayerKv,
+    commit: bool,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    forward_rows(w, cfg, x, None, new_lens, cache, commit, scratch)
+}
+
+/// [`block_forward_inplace`] for a subset of the cache's sequences: row `r` of `x`
+/// `[R, T, C]` holds `new_lens[r]` new tokens of sequence `seqs[r]` (distinct ids).
+///
+/// Sequences not in `seqs` are neither read nor written, and their pending K/V stay as
+/// they were; `commit` commits every sequence's pending K/V (see [`LayerKv::commit`]).
+/// Lets a caller run only the sequences that still need it (e.g. unconverged rows of a
+/// fixed-point solve) without computing the others.
+#[allow(clippy::too_many_arguments)] // the block's inputs plus its row → sequence map
+pub fn block_forward_rows(
+    w: &LayerWeights,
+    cfg: &ModelConfig,
+    x: ArrayViewMut3<f32>,
+    seqs: &[usize],
+    new_lens: &[usize],
+    cache: &mut LayerKv,
+    commit: bool,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    let mut seen = vec![false; cache.batch()];
+    for &s in seqs {
+        if s >= cache.batch() || std::mem::replace(&mut seen[s], true) {
+            return Err(ElmError::InvalidArgument(format!(
+                "block_forward_rows: sequence ids {seqs:?} must be distinct and < batch {}",
+                cache.batch()
+            )));
+        }
+    }
+    if seqs.len() != x.dim().0 {
+        return Err(ElmError::shape(
+            "block_forward_rows",
+            format!("x has {} rows, {} sequence ids", x.dim().0, seqs.len()),
+        ));
+    }
+    forward_rows(w, cfg, x, Some(seqs), new_lens, cache, commit, scratch)
+}
+
+/// Shared body: row `bi` of `x` is cache sequence `seqs[bi]` (`bi` itself when `None`,
+/// which keeps the full-batch path allocation-free).
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // `bi` indexes x and new_lens
+fn forward_rows(
+    w: &LayerWeights,
+    cfg: &ModelConfig,
     mut x: ArrayViewMut3<f32>,
+    seqs: Option<&[usize]>,
     new_lens: &[usize],
     cache: &mut LayerKv,
     commit: bool,
     scratch: &mut Scratch,
 ) -> Result<()> {
     let (b, t, c) = x.dim();
-    check_inputs(cfg, (b, t, c), new_lens, cache, scratch)?;
+    let seq = |bi: usize| seqs.map_or(bi, |s| s[bi]);
+    check_inputs(cfg, (b, t, c), seqs, new_lens, cache, scratch)?;
     let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
     let n = b * t;
     let Scratch {
@@ -81,7 +133,8 @@ pub fn block_forward_inplace(
     linear_into(xn.view(), &w.wk, w.bk.as_ref(), k.view_mut());
     linear_into(xn.view(), &w.wv, w.bv.as_ref(), v.view_mut());
     for bi in 0..b {
-        let p0 = cache.lens()[bi];
+        let cb = seq(bi);
+        let p0 = cache.lens()[cb];
         for ti in 0..new_lens[bi] {
             let row = bi * t + ti;
             rope.apply(q.row_mut(row).as_slice_mut().expect("row"), p0 + ti);
@@ -90,11 +143,11 @@ pub fn block_forward_inplace(
                 let cols = kh * d..(kh + 1) * d;
                 cache
                     .k
-                    .slice_mut(s![bi, kh, p0 + ti, ..])
+                    .slice_mut(s![cb, kh, p0 + ti, ..])
                     .assign(&k.slice(s![row, cols.clone()]));
                 cache
                     .v
-                    .slice_mut(s![bi, kh, p0 + ti, ..])
+                    .slice_mut(s![cb, kh, p0 + ti, ..])
                     .assign(&v.slice(s![row, cols]));
             }
         }
@@ -112,14 +165,15 @@ pub fn block_forward_inplace(
         if nl == 0 {
             continue;
         }
-        let p0 = cache.lens()[bi];
+        let cb = seq(bi);
+        let p0 = cache.lens()[cb];
         let total = p0 + nl;
         for hi in 0..h {
             let kh = hi / group;
             let cols = hi * d..(hi + 1) * d;
             let q_h = qv.slice(s![bi, ..nl, cols.clone()]);
-            let k_h = cache.k.slice(s![bi, kh, ..total, ..]);
-            let v_h = cache.v.slice(s![bi, kh, ..total, ..]);
+            let k_h = cache.k.slice(s![cb, kh, ..total, ..]);
+            let v_h = cache.v.slice(s![cb, kh, ..total, ..]);
             let mut out_h = attn.slice_mut(s![bi, ..nl, cols]);
             if nl <= FEW_QUERIES {
                 attend_few(q_h, k_h, v_h, p0, scale, scores, out_h);
@@ -154,7 +208,14 @@ pub fn block_forward_inplace(
     linear_into(gate.view(), &w.w_down, None, tmp.view_mut());
     Zip::from(&mut x2).and(&tmp).for_each(|a, &b| *a += b);
 
-    cache.set_pending(new_lens);
+    match seqs {
+        None => cache.set_pending(new_lens),
+        Some(ids) => {
+            for (&cb, &nl) in ids.iter().zip(new_lens) {
+                cache.set_pending_of(cb, nl);
+            }
+        }
+    }
     if commit {
         cache.commit();
     }
@@ -219,6 +280,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 fn check_inputs(
     cfg: &ModelConfig,
     (b, t, c): (usize, usize, usize),
+    seqs: Option<&[usize]>,
     new_lens: &[usize],
     cache: &LayerKv,
     scratch: &Scratch,
@@ -229,7 +291,7 @@ fn check_inputs(
             format!("x has C = {c}, config hidden_size = {}", cfg.hidden_size),
         ));
     }
-    if b != cache.batch() || new_lens.len() != b {
+    if (seqs.is_none() && b != cache.batch()) || new_lens.len() != b {
         return Err(ElmError::shape(
             "block_forward",
             format!(
@@ -239,7 +301,9 @@ fn check_inputs(
             ),
         ));
     }
-    for (bi, (&nl, &len)) in new_lens.iter().zip(cache.lens()).enumerate() {
+    for (bi, &nl) in new_lens.iter().enumerate() {
+        let bi = seqs.map_or(bi, |s| s[bi]);
+        let len = cache.lens()[bi];
         if nl > t {
             return Err(ElmError::shape(
                 "block_forward",
@@ -249,7 +313,7 @@ fn check_inputs(
         let limit = cache.max_seq().min(scratch.rope.positions());
         if len + nl > limit {
             return Err(ElmError::InvalidArgument(format!(
-                "sequence {bi}: {len} cached + {nl} new tokens exceed the KV cache capacity {limit}"
+                "sequence {bi}: {len} cached + {nl} new tokens exceed the KV cache capacity (max_seq) {limit}"
             )));
         }
     }

@@ -9,9 +9,9 @@ use crate::error::{ElmError, Result};
 /// K/V of one attention layer for a batch of sequences, with per-sequence lengths.
 ///
 /// Keys are stored after RoPE. Slots `lens[b]..lens[b] + pending[b]` hold the K/V of
-/// the last uncommitted call of [`super::block_forward_cached`] (`commit = false`):
-/// they are attended to by that call but become part of the history only on
-/// [`LayerKv::commit`]; the next uncommitted call simply overwrites them.
+/// the last uncommitted call of [`super::block_forward_cached`] (`commit = false`) that
+/// ran sequence `b`: they are attended to by that call but become part of the history
+/// only on [`LayerKv::commit`]; the next uncommitted call simply overwrites them.
 #[derive(Clone, Debug)]
 pub struct LayerKv {
     /// `[B, KV, T_max, D]`
@@ -97,8 +97,32 @@ impl LayerKv {
         (self.k.len() + self.v.len()) * std::mem::size_of::<f32>()
     }
 
+    /// Copies sequence `b`'s pending K/V from `src` (a cache of the same shape and the
+    /// same committed length for `b`) into this cache's pending slots, replacing its own.
+    pub fn copy_pending_from(&mut self, src: &LayerKv, b: usize) -> Result<()> {
+        if src.k.dim() != self.k.dim() || b >= self.batch() || src.lens[b] != self.lens[b] {
+            return Err(ElmError::InvalidArgument(format!(
+                "copy_pending_from: sequence {b}, shapes {:?} / {:?}, lengths {:?} / {:?}",
+                src.k.dim(),
+                self.k.dim(),
+                src.lens.get(b),
+                self.lens.get(b)
+            )));
+        }
+        let (len, n) = (src.lens[b], src.pending[b]);
+        let rows = ndarray::s![b, .., len..len + n, ..];
+        self.k.slice_mut(rows).assign(&src.k.slice(rows));
+        self.v.slice_mut(rows).assign(&src.v.slice(rows));
+        self.pending[b] = n;
+        Ok(())
+    }
+
     pub(crate) fn set_pending(&mut self, new_lens: &[usize]) {
         self.pending.copy_from_slice(new_lens);
+    }
+
+    pub(crate) fn set_pending_of(&mut self, b: usize, new_len: usize) {
+        self.pending[b] = new_len;
     }
 }
 

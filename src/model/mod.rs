@@ -7,7 +7,8 @@
 //!
 //! Building another decoder on top (e.g. the ELM): allocate
 //! `KvCache::with_layers(cfg, n, batch, max_seq)` for just the blocks you run, call
-//! [`block_forward_inplace`] per block with per-sequence `new_lens` (0 = inactive), use
+//! [`block_forward_inplace`] per block with per-sequence `new_lens` (0 = inactive) or
+//! [`block_forward_rows`] on a subset of the sequences, use
 //! `commit = false` for trial iterates (their K/V stay pending and are overwritten by
 //! the next call) and [`LayerKv::commit`] once the final iterate is chosen. Then
 //! implement [`generate::Decoder`] to reuse sampling, batching and stop conditions.
@@ -28,7 +29,7 @@ pub mod tape;
 pub mod transformer;
 pub mod weights;
 
-pub use block::{block_forward_cached, block_forward_inplace};
+pub use block::{block_forward_cached, block_forward_inplace, block_forward_rows};
 pub use config::{Arch, ModelConfig};
 pub use kv_cache::{KvCache, LayerKv, Scratch};
 pub use load::{default_model_path, load_pretrained, models_dir};

@@ -1,7 +1,8 @@
 //! Small, dependency-free helpers to write/read named f32 tensors as safetensors, atomically.
 //!
-//! `io` (GGUF, model safetensors) sits *above* `train` in the layer order, so the optimiser and
-//! [`ParamStore`](super::ParamStore) keep their own minimal reader/writer here.
+//! `io` (GGUF, model safetensors) sits *above* `train` in the layer order, so the optimiser,
+//! [`ParamStore`](super::ParamStore) and the ELM checkpoints (`crate::elm::checkpoint`) share
+//! this minimal reader/writer.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -12,12 +13,16 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
 use crate::{ElmError, Result};
 
-/// Writes `bytes` to `path` through a temporary sibling file + `rename`, so a crash mid-write
-/// never leaves a truncated file under the final name.
+/// Writes `bytes` to `path` through a temporary sibling file + fsync + `rename`, so a crash
+/// mid-write never leaves a truncated file under the final name. Creates missing parent
+/// directories.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let file_name = path
         .file_name()
         .ok_or_else(|| ElmError::InvalidArgument(format!("{}: not a file path", path.display())))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
+    }
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(file_name);
     tmp_name.push(format!(".tmp{}", std::process::id()));
