@@ -12,7 +12,8 @@
 
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
 
-use super::engine::{lane_sum, run_fixed_point, IterationRule};
+use super::engine::{run_fixed_point, IterationRule};
+use super::kernels::dot2_f64;
 use super::{
     cast, AndersonConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
 };
@@ -267,35 +268,6 @@ impl<T: SolverFloat> AndersonRule<T> {
             z[i] = z[i] + beta * g[i];
         }
     }
-}
-
-/// `(a·b, a·c)` accumulated in f64 (8 independent lanes, so it vectorises), one pass over `a`.
-#[inline(always)]
-fn dot2_f64<T: SolverFloat>(a: &[T], b: &[T], c: &[T]) -> (f64, f64) {
-    const L: usize = 8;
-    let (mut s1, mut s2) = ([0.0f64; L], [0.0f64; L]);
-    let (a, b, c) = (a, &b[..a.len()], &c[..a.len()]);
-    let mut ac = a.chunks_exact(L);
-    let mut bc = b.chunks_exact(L);
-    let mut cc = c.chunks_exact(L);
-    for ((xa, xb), xc) in (&mut ac).zip(&mut bc).zip(&mut cc) {
-        for l in 0..L {
-            let x = xa[l].widen();
-            s1[l] += x * xb[l].widen();
-            s2[l] += x * xc[l].widen();
-        }
-    }
-    for ((xa, xb), xc) in ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .zip(cc.remainder())
-    {
-        let x = xa.widen();
-        s1[0] += x * xb.widen();
-        s2[0] += x * xc.widen();
-    }
-    (lane_sum(&s1), lane_sum(&s2))
 }
 
 impl<T: SolverFloat> FixedPointSolver<T> for Anderson {

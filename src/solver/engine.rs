@@ -175,15 +175,7 @@ pub fn run_fixed_point<T: SolverFloat>(
 fn residual_norms<T: SolverFloat>(z: ArrayView1<T>, fz: ArrayView1<T>, eps: f64) -> (f64, f64) {
     match (z.as_slice(), fz.as_slice()) {
         (Some(z), Some(fz)) => {
-            #[cfg(target_arch = "x86_64")]
-            let (r2, f2) = if super::has_avx2() {
-                // SAFETY: the CPU has AVX2.
-                unsafe { residual_sums_avx2(z, fz) }
-            } else {
-                residual_sums(z, fz)
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let (r2, f2) = residual_sums(z, fz);
+            let (r2, f2) = super::kernels::residual_sums(z, fz);
             let abs = r2.sqrt();
             (abs, abs / (f2.sqrt() + eps))
         }
@@ -199,42 +191,6 @@ fn residual_norms<T: SolverFloat>(z: ArrayView1<T>, fz: ArrayView1<T>, eps: f64)
             (abs, abs / (f2.sqrt() + eps))
         }
     }
-}
-
-/// `(Σ (fz − z)², Σ fz²)` in f64 with 8 independent lanes (vectorises; hides add latency).
-#[inline(always)]
-fn residual_sums<T: SolverFloat>(z: &[T], fz: &[T]) -> (f64, f64) {
-    const L: usize = 8;
-    let (mut r2, mut f2) = ([0.0f64; L], [0.0f64; L]);
-    let mut zc = z.chunks_exact(L);
-    let mut fc = fz.chunks_exact(L);
-    for (zs, fs) in (&mut zc).zip(&mut fc) {
-        for l in 0..L {
-            let f = fs[l].widen();
-            let d = f - zs[l].widen();
-            r2[l] += d * d;
-            f2[l] += f * f;
-        }
-    }
-    for (&zi, &fi) in zc.remainder().iter().zip(fc.remainder()) {
-        let f = fi.widen();
-        let d = f - zi.widen();
-        r2[0] += d * d;
-        f2[0] += f * f;
-    }
-    (lane_sum(&r2), lane_sum(&f2))
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn residual_sums_avx2<T: SolverFloat>(z: &[T], fz: &[T]) -> (f64, f64) {
-    residual_sums(z, fz)
-}
-
-/// Pairwise sum of 8 lanes.
-#[inline(always)]
-pub(crate) fn lane_sum(x: &[f64; 8]) -> f64 {
-    ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]))
 }
 
 /// Per-row spectral radius of `J = ∂f/∂z` at `z` by power iteration on finite differences

@@ -69,6 +69,7 @@ mod anderson;
 mod broyden;
 mod config;
 mod engine;
+mod kernels;
 mod picard;
 pub mod problems;
 

@@ -1,0 +1,179 @@
+//! Hot f64-accumulated reductions over f32/f64 rows. Every kernel sums in 8 lanes (lane `l` takes
+//! elements `i ≡ l mod 8`, tail into lane 0) and then pairwise, with separate multiply and add (no
+//! FMA), so the portable and the AVX2 build give bit-identical results. The AVX2 twins exist
+//! because the crate is built for baseline x86-64 and the auto-vectoriser handles the f32 → f64
+//! widening poorly.
+
+use super::SolverFloat;
+
+/// Pairwise sum of 8 lanes.
+#[inline(always)]
+pub(crate) fn lane_sum(x: &[f64; 8]) -> f64 {
+    ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]))
+}
+
+/// `(a·b, a·c)` in f64. All slices have equal length.
+#[inline(always)]
+pub(crate) fn dot2_portable<T: SolverFloat>(a: &[T], b: &[T], c: &[T]) -> (f64, f64) {
+    const L: usize = 8;
+    let n = a.len();
+    let (b, c) = (&b[..n], &c[..n]);
+    let (mut s1, mut s2) = ([0.0f64; L], [0.0f64; L]);
+    let n8 = n / L * L;
+    for k in (0..n8).step_by(L) {
+        for l in 0..L {
+            let x = a[k + l].widen();
+            s1[l] += x * b[k + l].widen();
+            s2[l] += x * c[k + l].widen();
+        }
+    }
+    for k in n8..n {
+        let x = a[k].widen();
+        s1[0] += x * b[k].widen();
+        s2[0] += x * c[k].widen();
+    }
+    (lane_sum(&s1), lane_sum(&s2))
+}
+
+/// `(Σ (f − z)², Σ f²)` in f64. Both slices have equal length.
+#[inline(always)]
+pub(crate) fn residual_sums_portable<T: SolverFloat>(z: &[T], f: &[T]) -> (f64, f64) {
+    const L: usize = 8;
+    let n = z.len();
+    let f = &f[..n];
+    let (mut r2, mut f2) = ([0.0f64; L], [0.0f64; L]);
+    let n8 = n / L * L;
+    for k in (0..n8).step_by(L) {
+        for l in 0..L {
+            let fi = f[k + l].widen();
+            let d = fi - z[k + l].widen();
+            r2[l] += d * d;
+            f2[l] += fi * fi;
+        }
+    }
+    for k in n8..n {
+        let fi = f[k].widen();
+        let d = fi - z[k].widen();
+        r2[0] += d * d;
+        f2[0] += fi * fi;
+    }
+    (lane_sum(&r2), lane_sum(&f2))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// Loads 8 f32 at `p` widened to two f64×4 (lanes 0–3, 4–7).
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> (__m256d, __m256d) {
+        (
+            _mm256_cvtps_pd(_mm_loadu_ps(p)),
+            _mm256_cvtps_pd(_mm_loadu_ps(p.add(4))),
+        )
+    }
+
+    #[inline(always)]
+    unsafe fn lanes(lo: __m256d, hi: __m256d) -> [f64; 8] {
+        let mut out = [0.0f64; 8];
+        _mm256_storeu_pd(out.as_mut_ptr(), lo);
+        _mm256_storeu_pd(out.as_mut_ptr().add(4), hi);
+        out
+    }
+
+    /// See [`super::dot2_portable`]; same lanes, same rounding.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot2_f32(a: &[f32], b: &[f32], c: &[f32]) -> (f64, f64) {
+        let n = a.len();
+        assert!(b.len() >= n && c.len() >= n);
+        let n8 = n / 8 * 8;
+        let (pa, pb, pc) = (a.as_ptr(), b.as_ptr(), c.as_ptr());
+        let z = _mm256_setzero_pd();
+        let (mut s1l, mut s1h, mut s2l, mut s2h) = (z, z, z, z);
+        let mut k = 0;
+        while k < n8 {
+            let (al, ah) = load8(pa.add(k));
+            let (bl, bh) = load8(pb.add(k));
+            let (cl, ch) = load8(pc.add(k));
+            s1l = _mm256_add_pd(s1l, _mm256_mul_pd(al, bl));
+            s1h = _mm256_add_pd(s1h, _mm256_mul_pd(ah, bh));
+            s2l = _mm256_add_pd(s2l, _mm256_mul_pd(al, cl));
+            s2h = _mm256_add_pd(s2h, _mm256_mul_pd(ah, ch));
+            k += 8;
+        }
+        let (mut s1, mut s2) = (lanes(s1l, s1h), lanes(s2l, s2h));
+        for k in n8..n {
+            let x = a[k] as f64;
+            s1[0] += x * b[k] as f64;
+            s2[0] += x * c[k] as f64;
+        }
+        (super::lane_sum(&s1), super::lane_sum(&s2))
+    }
+
+    /// See [`super::residual_sums_portable`]; same lanes, same rounding.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn residual_sums_f32(z: &[f32], f: &[f32]) -> (f64, f64) {
+        let n = z.len();
+        assert!(f.len() >= n);
+        let n8 = n / 8 * 8;
+        let (pz, pf) = (z.as_ptr(), f.as_ptr());
+        let zero = _mm256_setzero_pd();
+        let (mut r2l, mut r2h, mut f2l, mut f2h) = (zero, zero, zero, zero);
+        let mut k = 0;
+        while k < n8 {
+            let (zl, zh) = load8(pz.add(k));
+            let (fl, fh) = load8(pf.add(k));
+            let (dl, dh) = (_mm256_sub_pd(fl, zl), _mm256_sub_pd(fh, zh));
+            r2l = _mm256_add_pd(r2l, _mm256_mul_pd(dl, dl));
+            r2h = _mm256_add_pd(r2h, _mm256_mul_pd(dh, dh));
+            f2l = _mm256_add_pd(f2l, _mm256_mul_pd(fl, fl));
+            f2h = _mm256_add_pd(f2h, _mm256_mul_pd(fh, fh));
+            k += 8;
+        }
+        let (mut r2, mut f2) = (lanes(r2l, r2h), lanes(f2l, f2h));
+        for k in n8..n {
+            let fi = f[k] as f64;
+            let d = fi - z[k] as f64;
+            r2[0] += d * d;
+            f2[0] += fi * fi;
+        }
+        (super::lane_sum(&r2), super::lane_sum(&f2))
+    }
+}
+
+/// Views `&[T]` as `&[f32]` when `T` is `f32`.
+#[inline(always)]
+fn as_f32<T: SolverFloat>(x: &[T]) -> Option<&[f32]> {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+        // SAFETY: T is f32 (same type, so same size, alignment and validity).
+        Some(unsafe { std::slice::from_raw_parts(x.as_ptr() as *const f32, x.len()) })
+    } else {
+        None
+    }
+}
+
+/// `(a·b, a·c)` accumulated in f64. `b`, `c` at least as long as `a`.
+#[inline]
+pub(crate) fn dot2_f64<T: SolverFloat>(a: &[T], b: &[T], c: &[T]) -> (f64, f64) {
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(a), Some(b), Some(c)) = (as_f32(a), as_f32(b), as_f32(c)) {
+        if super::has_avx2() {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { avx2::dot2_f32(a, &b[..a.len()], &c[..a.len()]) };
+        }
+    }
+    dot2_portable(a, b, c)
+}
+
+/// `(Σ (f − z)², Σ f²)` accumulated in f64. `f` at least as long as `z`.
+#[inline]
+pub(crate) fn residual_sums<T: SolverFloat>(z: &[T], f: &[T]) -> (f64, f64) {
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(z), Some(f)) = (as_f32(z), as_f32(f)) {
+        if super::has_avx2() {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { avx2::residual_sums_f32(z, &f[..z.len()]) };
+        }
+    }
+    residual_sums_portable(z, f)
+}
