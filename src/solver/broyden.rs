@@ -13,6 +13,7 @@
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
 
 use super::engine::{run_fixed_point, IterationRule};
+use super::kernels::{dot2_mixed, dot_mixed};
 use super::{
     cast, BroydenConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
 };
@@ -55,12 +56,6 @@ struct BroydenRule<T> {
     coef: Vec<f64>,
 }
 
-/// f64 dot of a T slice with an f64 slice.
-#[inline]
-fn dot_mixed<T: SolverFloat>(a: &[T], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x.widen() * y).sum()
-}
-
 impl<T: SolverFloat> BroydenRule<T> {
     /// `hg = −β g` (H with empty memory).
     fn set_hg_initial(&mut self) {
@@ -82,12 +77,7 @@ impl<T: SolverFloat> BroydenRule<T> {
         }
         for j in 0..n {
             let vj = &self.v[base + j * d..base + (j + 1) * d];
-            let (mut cy, mut cg) = (0.0, 0.0);
-            for i in 0..d {
-                let x = vj[i].widen();
-                cy += x * y[i];
-                cg += x * g[i];
-            }
+            let (cy, cg) = dot2_mixed(vj, y, g);
             let uj = &self.u[base + j * d..base + (j + 1) * d];
             for i in 0..d {
                 let x = uj[i].widen();
@@ -206,9 +196,9 @@ impl<T: SolverFloat> BroydenRule<T> {
                 }
                 self.apply_h_to_y_and_g(row);
                 self.apply_ht_to_s(row);
-                let denom: f64 = self.s.iter().zip(&self.hy).map(|(a, b)| a * b).sum();
-                let s2: f64 = self.s.iter().map(|a| a * a).sum();
-                let hy2: f64 = self.hy.iter().map(|a| a * a).sum();
+                let denom = dot_mixed(&self.s, &self.hy);
+                let s2 = dot_mixed(&self.s, &self.s);
+                let hy2 = dot_mixed(&self.hy, &self.hy);
                 if denom.is_finite() && denom.abs() > 1e-12 * (s2 * hy2).sqrt() && s2 > 0.0 {
                     let slot = self.head[row];
                     let off = row * l * d + slot * d;
@@ -219,7 +209,7 @@ impl<T: SolverFloat> BroydenRule<T> {
                     self.head[row] = (slot + 1) % l;
                     self.count[row] = (self.count[row] + 1).min(l);
                     // H_new g = H g + u (vᵀ g): no extra sweep over the memory.
-                    let c: f64 = self.hts.iter().zip(&self.g).map(|(a, b)| a * b).sum();
+                    let c = dot_mixed(&self.hts, &self.g);
                     for i in 0..d {
                         self.hg[i] += (self.s[i] - self.hy[i]) / denom * c;
                     }

@@ -60,6 +60,48 @@ pub(crate) fn residual_sums_portable<T: SolverFloat>(z: &[T], f: &[T]) -> (f64, 
     (lane_sum(&r2), lane_sum(&f2))
 }
 
+/// `(a·b, a·c)` in f64 for a state row `a` and f64 rows `b`, `c` of equal length.
+#[inline(always)]
+pub(crate) fn dot2_mixed_portable<T: SolverFloat>(a: &[T], b: &[f64], c: &[f64]) -> (f64, f64) {
+    const L: usize = 8;
+    let n = a.len();
+    let (b, c) = (&b[..n], &c[..n]);
+    let (mut s1, mut s2) = ([0.0f64; L], [0.0f64; L]);
+    let n8 = n / L * L;
+    for k in (0..n8).step_by(L) {
+        for l in 0..L {
+            let x = a[k + l].widen();
+            s1[l] += x * b[k + l];
+            s2[l] += x * c[k + l];
+        }
+    }
+    for k in n8..n {
+        let x = a[k].widen();
+        s1[0] += x * b[k];
+        s2[0] += x * c[k];
+    }
+    (lane_sum(&s1), lane_sum(&s2))
+}
+
+/// `a·b` in f64 for a state row `a` and an f64 row `b` of equal length.
+#[inline(always)]
+pub(crate) fn dot_mixed_portable<T: SolverFloat>(a: &[T], b: &[f64]) -> f64 {
+    const L: usize = 8;
+    let n = a.len();
+    let b = &b[..n];
+    let mut s = [0.0f64; L];
+    let n8 = n / L * L;
+    for k in (0..n8).step_by(L) {
+        for l in 0..L {
+            s[l] += a[k + l].widen() * b[k + l];
+        }
+    }
+    for k in n8..n {
+        s[0] += a[k].widen() * b[k];
+    }
+    lane_sum(&s)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
@@ -108,6 +150,58 @@ mod avx2 {
             s2[0] += x * c[k] as f64;
         }
         (super::lane_sum(&s1), super::lane_sum(&s2))
+    }
+
+    /// See [`super::dot2_mixed_portable`]; same lanes, same rounding.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot2_mixed_f32(a: &[f32], b: &[f64], c: &[f64]) -> (f64, f64) {
+        let n = a.len();
+        assert!(b.len() >= n && c.len() >= n);
+        let n8 = n / 8 * 8;
+        let (pa, pb, pc) = (a.as_ptr(), b.as_ptr(), c.as_ptr());
+        let z = _mm256_setzero_pd();
+        let (mut s1l, mut s1h, mut s2l, mut s2h) = (z, z, z, z);
+        let mut k = 0;
+        while k < n8 {
+            let (al, ah) = load8(pa.add(k));
+            let (bl, bh) = (_mm256_loadu_pd(pb.add(k)), _mm256_loadu_pd(pb.add(k + 4)));
+            let (cl, ch) = (_mm256_loadu_pd(pc.add(k)), _mm256_loadu_pd(pc.add(k + 4)));
+            s1l = _mm256_add_pd(s1l, _mm256_mul_pd(al, bl));
+            s1h = _mm256_add_pd(s1h, _mm256_mul_pd(ah, bh));
+            s2l = _mm256_add_pd(s2l, _mm256_mul_pd(al, cl));
+            s2h = _mm256_add_pd(s2h, _mm256_mul_pd(ah, ch));
+            k += 8;
+        }
+        let (mut s1, mut s2) = (lanes(s1l, s1h), lanes(s2l, s2h));
+        for k in n8..n {
+            let x = a[k] as f64;
+            s1[0] += x * b[k];
+            s2[0] += x * c[k];
+        }
+        (super::lane_sum(&s1), super::lane_sum(&s2))
+    }
+
+    /// See [`super::dot_mixed_portable`]; same lanes, same rounding.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot_mixed_f32(a: &[f32], b: &[f64]) -> f64 {
+        let n = a.len();
+        assert!(b.len() >= n);
+        let n8 = n / 8 * 8;
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let (mut sl, mut sh) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+        let mut k = 0;
+        while k < n8 {
+            let (al, ah) = load8(pa.add(k));
+            let (bl, bh) = (_mm256_loadu_pd(pb.add(k)), _mm256_loadu_pd(pb.add(k + 4)));
+            sl = _mm256_add_pd(sl, _mm256_mul_pd(al, bl));
+            sh = _mm256_add_pd(sh, _mm256_mul_pd(ah, bh));
+            k += 8;
+        }
+        let mut s = lanes(sl, sh);
+        for k in n8..n {
+            s[0] += a[k] as f64 * b[k];
+        }
+        super::lane_sum(&s)
     }
 
     /// See [`super::residual_sums_portable`]; same lanes, same rounding.
@@ -176,4 +270,30 @@ pub(crate) fn residual_sums<T: SolverFloat>(z: &[T], f: &[T]) -> (f64, f64) {
         }
     }
     residual_sums_portable(z, f)
+}
+
+/// `(a·b, a·c)` in f64 for a state row `a`; `b`, `c` at least as long as `a`.
+#[inline]
+pub(crate) fn dot2_mixed<T: SolverFloat>(a: &[T], b: &[f64], c: &[f64]) -> (f64, f64) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(a) = as_f32(a) {
+        if super::has_avx2() {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { avx2::dot2_mixed_f32(a, &b[..a.len()], &c[..a.len()]) };
+        }
+    }
+    dot2_mixed_portable(a, b, c)
+}
+
+/// `a·b` in f64 for a state row `a`; `b` at least as long as `a`.
+#[inline]
+pub(crate) fn dot_mixed<T: SolverFloat>(a: &[T], b: &[f64]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(a) = as_f32(a) {
+        if super::has_avx2() {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { avx2::dot_mixed_f32(a, &b[..a.len()]) };
+        }
+    }
+    dot_mixed_portable(a, b)
 }
