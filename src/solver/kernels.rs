@@ -204,6 +204,29 @@ mod avx2 {
         super::lane_sum(&s)
     }
 
+    /// See [`super::dot_mixed_portable`] with f64 rows; same lanes, same rounding.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot_f64(a: &[f64], b: &[f64]) -> f64 {
+        let n = a.len();
+        assert!(b.len() >= n);
+        let n8 = n / 8 * 8;
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let (mut sl, mut sh) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+        let mut k = 0;
+        while k < n8 {
+            let (al, ah) = (_mm256_loadu_pd(pa.add(k)), _mm256_loadu_pd(pa.add(k + 4)));
+            let (bl, bh) = (_mm256_loadu_pd(pb.add(k)), _mm256_loadu_pd(pb.add(k + 4)));
+            sl = _mm256_add_pd(sl, _mm256_mul_pd(al, bl));
+            sh = _mm256_add_pd(sh, _mm256_mul_pd(ah, bh));
+            k += 8;
+        }
+        let mut s = lanes(sl, sh);
+        for k in n8..n {
+            s[0] += a[k] * b[k];
+        }
+        super::lane_sum(&s)
+    }
+
     /// See [`super::residual_sums_portable`]; same lanes, same rounding.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn residual_sums_f32(z: &[f32], f: &[f32]) -> (f64, f64) {
@@ -241,6 +264,17 @@ fn as_f32<T: SolverFloat>(x: &[T]) -> Option<&[f32]> {
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
         // SAFETY: T is f32 (same type, so same size, alignment and validity).
         Some(unsafe { std::slice::from_raw_parts(x.as_ptr() as *const f32, x.len()) })
+    } else {
+        None
+    }
+}
+
+/// Views `&[T]` as `&[f64]` when `T` is `f64`.
+#[inline(always)]
+fn as_f64<T: SolverFloat>(x: &[T]) -> Option<&[f64]> {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f64>() {
+        // SAFETY: T is f64 (same type, so same size, alignment and validity).
+        Some(unsafe { std::slice::from_raw_parts(x.as_ptr() as *const f64, x.len()) })
     } else {
         None
     }
@@ -293,6 +327,13 @@ pub(crate) fn dot_mixed<T: SolverFloat>(a: &[T], b: &[f64]) -> f64 {
         if super::has_avx2() {
             // SAFETY: the CPU has AVX2.
             return unsafe { avx2::dot_mixed_f32(a, &b[..a.len()]) };
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(a) = as_f64(a) {
+        if super::has_avx2() {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { avx2::dot_f64(a, &b[..a.len()]) };
         }
     }
     dot_mixed_portable(a, b)
