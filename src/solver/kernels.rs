@@ -338,3 +338,48 @@ pub(crate) fn dot_mixed<T: SolverFloat>(a: &[T], b: &[f64]) -> f64 {
     }
     dot_mixed_portable(a, b)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn row(rng: &mut StdRng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
+    }
+
+    /// The dispatched kernels (AVX2 where available) equal the portable lanes bit for bit, and a
+    /// plain sequential f64 sum to rounding, including a tail that is not a multiple of 8.
+    #[test]
+    fn kernels_match_portable_and_naive_sums() {
+        let mut rng = StdRng::seed_from_u64(7);
+        for n in [1usize, 8, 13, 579] {
+            let (a, b, c) = (row(&mut rng, n), row(&mut rng, n), row(&mut rng, n));
+            let b64: Vec<f64> = b.iter().map(|&x| x as f64).collect();
+            let c64: Vec<f64> = c.iter().map(|&x| x as f64).collect();
+            let a64: Vec<f64> = a.iter().map(|&x| x as f64).collect();
+            let naive = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f64>();
+            let close = |x: f64, y: f64| (x - y).abs() <= 1e-12 * (1.0 + y.abs());
+
+            let got = dot2_f64(&a, &b, &c);
+            assert_eq!(got, dot2_portable(&a, &b, &c), "dot2 n={n}");
+            assert!(close(got.0, naive(&a64, &b64)) && close(got.1, naive(&a64, &c64)));
+
+            let got = dot2_mixed(&a, &b64, &c64);
+            assert_eq!(got, dot2_mixed_portable(&a, &b64, &c64), "dot2_mixed n={n}");
+            assert!(close(got.0, naive(&a64, &b64)) && close(got.1, naive(&a64, &c64)));
+
+            let got = dot_mixed(&a, &b64);
+            assert_eq!(got, dot_mixed_portable(&a, &b64), "dot_mixed n={n}");
+            let got64 = dot_mixed(&a64, &b64);
+            assert_eq!(got64, dot_mixed_portable(&a64, &b64), "dot f64 n={n}");
+            assert!(close(got, naive(&a64, &b64)) && close(got64, naive(&a64, &b64)));
+
+            let (r2, f2) = residual_sums(&a, &b);
+            assert_eq!((r2, f2), residual_sums_portable(&a, &b), "residual n={n}");
+            let d: Vec<f64> = b64.iter().zip(&a64).map(|(f, z)| f - z).collect();
+            assert!(close(r2, naive(&d, &d)) && close(f2, naive(&b64, &b64)));
+        }
+    }
+}
