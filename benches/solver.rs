@@ -7,7 +7,8 @@
 //! both measured in this same run (criterion groups, then an interleaved median-of-reps table
 //! that prints the ratios).
 //!
-//! `cargo bench --bench solver`
+//! `cargo bench --bench solver` (ratio table only, skipping the criterion groups:
+//! `cargo bench --bench solver -- ratios-only`, a filter that matches no criterion benchmark).
 
 use std::hint::black_box;
 use std::time::Instant;

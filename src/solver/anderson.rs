@@ -13,6 +13,7 @@
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
 
 use super::engine::{run_fixed_point, IterationRule};
+use super::kernels::dot2_f64;
 use super::{
     cast, AndersonConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
 };
@@ -156,10 +157,32 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
     }
 
     fn step(&mut self, row: usize, mut z: ArrayViewMut1<T>, fz: ArrayView1<T>, _res: f64) {
-        let (m, d) = (self.m, self.dim);
-        let beta = self.beta;
         let z = z.as_slice_mut().expect("solver rows are contiguous");
         let fz = fz.as_slice().expect("solver rows are contiguous");
+        #[cfg(target_arch = "x86_64")]
+        if super::has_avx2() {
+            // SAFETY: the CPU has AVX2.
+            unsafe { self.step_avx2(row, z, fz) };
+            return;
+        }
+        self.step_impl(row, z, fz);
+    }
+}
+
+impl<T: SolverFloat> AndersonRule<T> {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn step_avx2(&mut self, row: usize, z: &mut [T], fz: &[T]) {
+        self.step_impl(row, z, fz)
+    }
+
+    /// One Anderson step of `row`; `z`, `fz`: `[D]`.
+    #[inline(always)]
+    fn step_impl(&mut self, row: usize, z: &mut [T], fz: &[T]) {
+        let (m, d) = (self.m, self.dim);
+        let beta = self.beta;
+        // Length-d reslices let the compiler drop bounds checks and vectorise the loops below.
+        let (z, fz) = (&mut z[..d], &fz[..d]);
         let hist = row * m * d;
         let has_prev = self.has_prev[row];
         let slot = self.head[row];
@@ -168,7 +191,7 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
             // One fused pass: residual, new history column, and the (z, g) anchor.
             let zp = &mut self.z_prev[row * d..(row + 1) * d];
             let gp = &mut self.g_prev[row * d..(row + 1) * d];
-            let g = &mut self.g[..];
+            let g = &mut self.g[..d];
             if has_prev {
                 let dg = &mut self.dg[off..off + d];
                 let w = &mut self.w[off..off + d];
@@ -211,13 +234,15 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
             if self.solve_small(row, n) {
                 // z ← z + β g − Σ_j γ_j w_j,  w_j = Δz_j + β Δg_j
                 // Two columns per pass halves the read/write traffic on z.
+                let g = &self.g[..d];
                 for i in 0..d {
-                    z[i] = z[i] + beta * self.g[i];
+                    z[i] = z[i] + beta * g[i];
                 }
                 let mut j = 0;
                 while j + 1 < n {
                     let (ga, gb): (T, T) = (cast(self.gamma[j]), cast(self.gamma[j + 1]));
                     let wa = &self.w[hist + j * d..hist + (j + 1) * d];
+                    let wa = &wa[..d];
                     let wb = &self.w[hist + (j + 1) * d..hist + (j + 2) * d];
                     for i in 0..d {
                         z[i] = z[i] - (ga * wa[i] + gb * wb[i]);
@@ -238,32 +263,11 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
             self.count[row] = 0;
             self.head[row] = 0;
         }
+        let g = &self.g[..d];
         for i in 0..d {
-            z[i] = z[i] + beta * self.g[i];
+            z[i] = z[i] + beta * g[i];
         }
     }
-}
-
-/// `(a·b, a·c)` accumulated in f64, one pass over `a`.
-#[inline]
-fn dot2_f64<T: SolverFloat>(a: &[T], b: &[T], c: &[T]) -> (f64, f64) {
-    let (mut s1, mut s2) = ([0.0f64; 4], [0.0f64; 4]);
-    let n4 = a.len() / 4 * 4;
-    for k in (0..n4).step_by(4) {
-        for l in 0..4 {
-            let x = a[k + l].widen();
-            s1[l] += x * b[k + l].widen();
-            s2[l] += x * c[k + l].widen();
-        }
-    }
-    let mut r1 = (s1[0] + s1[1]) + (s1[2] + s1[3]);
-    let mut r2 = (s2[0] + s2[1]) + (s2[2] + s2[3]);
-    for k in n4..a.len() {
-        let x = a[k].widen();
-        r1 += x * b[k].widen();
-        r2 += x * c[k].widen();
-    }
-    (r1, r2)
 }
 
 impl<T: SolverFloat> FixedPointSolver<T> for Anderson {

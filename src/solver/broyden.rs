@@ -13,6 +13,7 @@
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
 
 use super::engine::{run_fixed_point, IterationRule};
+use super::kernels::{dot2_mixed, dot_mixed};
 use super::{
     cast, BroydenConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
 };
@@ -55,12 +56,6 @@ struct BroydenRule<T> {
     coef: Vec<f64>,
 }
 
-/// f64 dot of a T slice with an f64 slice.
-#[inline]
-fn dot_mixed<T: SolverFloat>(a: &[T], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x.widen() * y).sum()
-}
-
 impl<T: SolverFloat> BroydenRule<T> {
     /// `hg = −β g` (H with empty memory).
     fn set_hg_initial(&mut self) {
@@ -73,23 +68,21 @@ impl<T: SolverFloat> BroydenRule<T> {
     fn apply_h_to_y_and_g(&mut self, row: usize) {
         let (l, d, n) = (self.cfg.memory, self.dim, self.count[row]);
         let base = row * l * d;
+        let beta = self.beta;
+        let (y, g) = (&self.y[..d], &self.g[..d]);
+        let (hy, hg) = (&mut self.hy[..d], &mut self.hg[..d]);
         for i in 0..d {
-            self.hy[i] = -self.beta * self.y[i];
-            self.hg[i] = -self.beta * self.g[i];
+            hy[i] = -beta * y[i];
+            hg[i] = -beta * g[i];
         }
         for j in 0..n {
             let vj = &self.v[base + j * d..base + (j + 1) * d];
-            let (mut cy, mut cg) = (0.0, 0.0);
-            for i in 0..d {
-                let x = vj[i].widen();
-                cy += x * self.y[i];
-                cg += x * self.g[i];
-            }
+            let (cy, cg) = dot2_mixed(vj, y, g);
             let uj = &self.u[base + j * d..base + (j + 1) * d];
             for i in 0..d {
                 let x = uj[i].widen();
-                self.hy[i] += cy * x;
-                self.hg[i] += cg * x;
+                hy[i] += cy * x;
+                hg[i] += cg * x;
             }
         }
     }
@@ -101,14 +94,16 @@ impl<T: SolverFloat> BroydenRule<T> {
         for j in 0..n {
             self.coef[j] = dot_mixed(&self.u[base + j * d..base + (j + 1) * d], &self.s);
         }
+        let beta = self.beta;
+        let (s, hts) = (&self.s[..d], &mut self.hts[..d]);
         for i in 0..d {
-            self.hts[i] = -self.beta * self.s[i];
+            hts[i] = -beta * s[i];
         }
         for j in 0..n {
             let c = self.coef[j];
             let vj = &self.v[base + j * d..base + (j + 1) * d];
             for i in 0..d {
-                self.hts[i] += c * vj[i].widen();
+                hts[i] += c * vj[i].widen();
             }
         }
     }
@@ -141,9 +136,30 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
     }
 
     fn step(&mut self, row: usize, mut z: ArrayViewMut1<T>, fz: ArrayView1<T>, res: f64) {
-        let (l, d) = (self.cfg.memory, self.dim);
         let z = z.as_slice_mut().expect("solver rows are contiguous");
         let fz = fz.as_slice().expect("solver rows are contiguous");
+        #[cfg(target_arch = "x86_64")]
+        if super::has_avx2() {
+            // SAFETY: the CPU has AVX2.
+            unsafe { self.step_avx2(row, z, fz, res) };
+            return;
+        }
+        self.step_impl(row, z, fz, res);
+    }
+}
+
+impl<T: SolverFloat> BroydenRule<T> {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn step_avx2(&mut self, row: usize, z: &mut [T], fz: &[T], res: f64) {
+        self.step_impl(row, z, fz, res)
+    }
+
+    /// One Broyden step of `row`; `z`, `fz`: `[D]`.
+    #[inline(always)]
+    fn step_impl(&mut self, row: usize, z: &mut [T], fz: &[T], res: f64) {
+        let (l, d) = (self.cfg.memory, self.dim);
+        let (z, fz) = (&mut z[..d], &fz[..d]);
         let r = row * d..(row + 1) * d;
 
         if self.has_prev[row] {
@@ -180,9 +196,9 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
                 }
                 self.apply_h_to_y_and_g(row);
                 self.apply_ht_to_s(row);
-                let denom: f64 = self.s.iter().zip(&self.hy).map(|(a, b)| a * b).sum();
-                let s2: f64 = self.s.iter().map(|a| a * a).sum();
-                let hy2: f64 = self.hy.iter().map(|a| a * a).sum();
+                let denom = dot_mixed(&self.s, &self.hy);
+                let s2 = dot_mixed(&self.s, &self.s);
+                let hy2 = dot_mixed(&self.hy, &self.hy);
                 if denom.is_finite() && denom.abs() > 1e-12 * (s2 * hy2).sqrt() && s2 > 0.0 {
                     let slot = self.head[row];
                     let off = row * l * d + slot * d;
@@ -193,7 +209,7 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
                     self.head[row] = (slot + 1) % l;
                     self.count[row] = (self.count[row] + 1).min(l);
                     // H_new g = H g + u (vᵀ g): no extra sweep over the memory.
-                    let c: f64 = self.hts.iter().zip(&self.g).map(|(a, b)| a * b).sum();
+                    let c = dot_mixed(&self.hts, &self.g);
                     for i in 0..d {
                         self.hg[i] += (self.s[i] - self.hy[i]) / denom * c;
                     }

@@ -173,16 +173,24 @@ pub fn run_fixed_point<T: SolverFloat>(
 
 /// `(‖fz − z‖₂, ‖fz − z‖₂ / (‖fz‖₂ + eps))`, accumulated in f64.
 fn residual_norms<T: SolverFloat>(z: ArrayView1<T>, fz: ArrayView1<T>, eps: f64) -> (f64, f64) {
-    let mut r2 = 0.0f64;
-    let mut f2 = 0.0f64;
-    for (&zi, &fi) in z.iter().zip(fz.iter()) {
-        let f = fi.widen();
-        let d = f - zi.widen();
-        r2 += d * d;
-        f2 += f * f;
+    match (z.as_slice(), fz.as_slice()) {
+        (Some(z), Some(fz)) => {
+            let (r2, f2) = super::kernels::residual_sums(z, fz);
+            let abs = r2.sqrt();
+            (abs, abs / (f2.sqrt() + eps))
+        }
+        _ => {
+            let (mut r2, mut f2) = (0.0f64, 0.0f64);
+            for (&zi, &fi) in z.iter().zip(fz.iter()) {
+                let f = fi.widen();
+                let d = f - zi.widen();
+                r2 += d * d;
+                f2 += f * f;
+            }
+            let abs = r2.sqrt();
+            (abs, abs / (f2.sqrt() + eps))
+        }
     }
-    let abs = r2.sqrt();
-    (abs, abs / (f2.sqrt() + eps))
 }
 
 /// Per-row spectral radius of `J = ∂f/∂z` at `z` by power iteration on finite differences

@@ -50,10 +50,26 @@
 // Numeric kernels index several equally long slices in lockstep; explicit indices read clearer.
 #![allow(clippy::needless_range_loop)]
 
+/// True when the CPU has AVX2 (cached by std). Hot kernels are `#[inline(always)]` bodies with a
+/// `#[target_feature(enable = "avx2")]` twin chosen at run time: the crate is built for baseline
+/// x86-64, where f64 vectors are only 2 wide. No FMA is enabled, so both builds round identically.
+#[inline]
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 mod anderson;
 mod broyden;
 mod config;
 mod engine;
+mod kernels;
 mod picard;
 pub mod problems;
 
