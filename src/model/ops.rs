@@ -47,23 +47,139 @@ pub fn set_blas_threads(n: usize) {
     unsafe { openblas_set_num_threads(n.max(1) as std::os::raw::c_int) }
 }
 
-/// `y = W · x` as sgemv on row blocks run on the rayon pool: batch-1 decode is bound
-/// by streaming `W`, and one sgemv call does not reach the machine's bandwidth.
-fn matvec_split(w: ArrayView2<f32>, x: ArrayView1<f32>, mut y: ArrayViewMut1<f32>) {
-    const MIN_ROWS: usize = 256;
-    let rows = w.nrows();
-    // With a multi-threaded OpenBLAS, its own threads and ours would oversubscribe.
-    if rows < 2 * MIN_ROWS || blas_threads() != 1 || rayon::current_num_threads() < 2 {
-        general_mat_vec_mul(1.0, &w, &x, 0.0, &mut y);
+/// `y = W · x` split over two rayon workers: batch-1 decode is bound by streaming `W`,
+/// and one core does not reach the machine's read bandwidth.
+fn matvec_split(w: ArrayView2<f32>, x: ArrayView1<f32>, y: ArrayViewMut1<f32>) {
+    matvecs_split(x, &mut [(w, y)]);
+}
+
+/// Several `y_i = W_i · x` sharing one input (q/k/v, gate/up) in one fork-join:
+/// each of the two workers streams half the rows of every matrix, so small matrices
+/// (k/v) are split too and the pair pays a single join.
+pub fn matvecs_split(x: ArrayView1<f32>, jobs: &mut [(ArrayView2<f32>, ArrayViewMut1<f32>)]) {
+    let Some(xs) = x.as_slice() else {
+        for (w, y) in jobs.iter_mut() {
+            general_mat_vec_mul(1.0, w, &x, 0.0, y);
+        }
+        return;
+    };
+    let total_rows: usize = jobs.iter().map(|(w, _)| w.nrows()).sum();
+    // Below this, the join costs more than the second core saves.
+    const MIN_SPLIT_ROWS: usize = 64;
+    if total_rows < MIN_SPLIT_ROWS || rayon::current_num_threads() < 2 {
+        for (w, y) in jobs.iter_mut() {
+            matvec_rows(w.view(), xs, y.view_mut());
+        }
         return;
     }
-    let mid = rows / 2;
-    let (w1, w2) = w.split_at(Axis(0), mid);
-    let (mut y1, mut y2) = y.view_mut().split_at(Axis(0), mid);
-    rayon::join(
-        || general_mat_vec_mul(1.0, &w1, &x, 0.0, &mut y1),
-        || general_mat_vec_mul(1.0, &w2, &x, 0.0, &mut y2),
-    );
+    let mut first = Vec::with_capacity(jobs.len());
+    let mut second = Vec::with_capacity(jobs.len());
+    for (w, y) in jobs.iter_mut() {
+        let mid = w.nrows() / 2;
+        let (w1, w2) = w.view().split_at(Axis(0), mid);
+        let (y1, y2) = y.view_mut().split_at(Axis(0), mid);
+        first.push((w1, y1));
+        second.push((w2, y2));
+    }
+    let run = |part: Vec<(ArrayView2<f32>, ArrayViewMut1<f32>)>| {
+        for (w, y) in part {
+            matvec_rows(w, xs, y);
+        }
+    };
+    rayon::join(|| run(first), || run(second));
+}
+
+/// `y = W · x` on one thread: the hand-written AVX2/FMA kernel when the CPU has it
+/// and `W` is row-contiguous, else sgemv.
+fn matvec_rows(w: ArrayView2<f32>, x: &[f32], mut y: ArrayViewMut1<f32>) {
+    let cols = w.ncols();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let (Some(ws), Some(ys)) = (w.as_slice(), y.as_slice_mut()) {
+            if cols > 0 && has_avx2_fma() {
+                // SAFETY: the CPU supports AVX2 and FMA (checked above).
+                unsafe { matvec_avx2(ws, cols, x, ys) };
+                return;
+            }
+        }
+    }
+    let _ = cols;
+    general_mat_vec_mul(1.0, &w, &ArrayView1::from(x), 0.0, &mut y);
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2_fma() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+}
+
+/// Row-major `w` `[R, cols]`: four rows at a time, two 4-wide f64 accumulators per
+/// row (8 independent FMA chains). Widening to f64 is free here (the loop is bound by
+/// loading `w`) and keeps the batch-1 result within rounding of the sgemm path.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn matvec_avx2(w: &[f32], cols: usize, x: &[f32], y: &mut [f32]) {
+    use std::arch::x86_64::*;
+    #[inline(always)]
+    unsafe fn hsum(v: __m256d) -> f64 {
+        let s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+        _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)))
+    }
+    #[inline(always)]
+    unsafe fn wide(p: *const f32) -> __m256d {
+        _mm256_cvtps_pd(_mm_loadu_ps(p))
+    }
+    let rows = y.len();
+    debug_assert_eq!(w.len(), rows * cols);
+    debug_assert_eq!(x.len(), cols);
+    let vec_cols = cols / 8 * 8;
+    let xp = x.as_ptr();
+    let tail = |r: usize| -> f64 {
+        let row = &w[r * cols..(r + 1) * cols];
+        row[vec_cols..]
+            .iter()
+            .zip(&x[vec_cols..])
+            .map(|(&a, &b)| a as f64 * b as f64)
+            .sum()
+    };
+    let mut r = 0;
+    while r + 4 <= rows {
+        let p = [
+            w.as_ptr().add(r * cols),
+            w.as_ptr().add((r + 1) * cols),
+            w.as_ptr().add((r + 2) * cols),
+            w.as_ptr().add((r + 3) * cols),
+        ];
+        let mut a = [_mm256_setzero_pd(); 8];
+        let mut j = 0;
+        while j < vec_cols {
+            let x0 = wide(xp.add(j));
+            let x1 = wide(xp.add(j + 4));
+            for k in 0..4 {
+                a[2 * k] = _mm256_fmadd_pd(wide(p[k].add(j)), x0, a[2 * k]);
+                a[2 * k + 1] = _mm256_fmadd_pd(wide(p[k].add(j + 4)), x1, a[2 * k + 1]);
+            }
+            j += 8;
+        }
+        for k in 0..4 {
+            y[r + k] = (hsum(_mm256_add_pd(a[2 * k], a[2 * k + 1])) + tail(r + k)) as f32;
+        }
+        r += 4;
+    }
+    while r < rows {
+        let pr = w.as_ptr().add(r * cols);
+        let mut a0 = _mm256_setzero_pd();
+        let mut a1 = _mm256_setzero_pd();
+        let mut j = 0;
+        while j < vec_cols {
+            a0 = _mm256_fmadd_pd(wide(pr.add(j)), wide(xp.add(j)), a0);
+            a1 = _mm256_fmadd_pd(wide(pr.add(j + 4)), wide(xp.add(j + 4)), a1);
+            j += 8;
+        }
+        y[r] = (hsum(_mm256_add_pd(a0, a1)) + tail(r)) as f32;
+        r += 1;
+    }
 }
 
 /// `out[n, :] = x[n, :] / sqrt(mean(x[n, :]²) + eps) * gain`, rows `[N, C]`.
