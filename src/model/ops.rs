@@ -64,9 +64,10 @@ pub fn matvecs_split(x: ArrayView1<f32>, jobs: &mut [(ArrayView2<f32>, ArrayView
         return;
     };
     let total_rows: usize = jobs.iter().map(|(w, _)| w.nrows()).sum();
-    // Below this, the join costs more than the second core saves.
+    // Below this, the join costs more than the second core saves. With a
+    // multi-threaded OpenBLAS, its threads and ours would oversubscribe the cores.
     const MIN_SPLIT_ROWS: usize = 64;
-    if total_rows < MIN_SPLIT_ROWS || rayon::current_num_threads() < 2 {
+    if total_rows < MIN_SPLIT_ROWS || blas_threads() != 1 || rayon::current_num_threads() < 2 {
         for (w, y) in jobs.iter_mut() {
             matvec_rows(w.view(), xs, y.view_mut());
         }
@@ -89,97 +90,11 @@ pub fn matvecs_split(x: ArrayView1<f32>, jobs: &mut [(ArrayView2<f32>, ArrayView
     rayon::join(|| run(first), || run(second));
 }
 
-/// `y = W · x` on one thread: the hand-written AVX2/FMA kernel when the CPU has it
-/// and `W` is row-contiguous, else sgemv.
+/// `y = W · x` on one thread (sgemv). A hand-written AVX2 kernel was measured against
+/// it: with f32 accumulators it drifts past the batched (sgemm) path's rounding, and
+/// with f64 accumulators it streamed ~15% slower than OpenBLAS on one core.
 fn matvec_rows(w: ArrayView2<f32>, x: &[f32], mut y: ArrayViewMut1<f32>) {
-    let cols = w.ncols();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if let (Some(ws), Some(ys)) = (w.as_slice(), y.as_slice_mut()) {
-            if cols > 0 && has_avx2_fma() {
-                // SAFETY: the CPU supports AVX2 and FMA (checked above).
-                unsafe { matvec_avx2(ws, cols, x, ys) };
-                return;
-            }
-        }
-    }
-    let _ = cols;
     general_mat_vec_mul(1.0, &w, &ArrayView1::from(x), 0.0, &mut y);
-}
-
-#[cfg(target_arch = "x86_64")]
-fn has_avx2_fma() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
-}
-
-/// Row-major `w` `[R, cols]`: four rows at a time, two 4-wide f64 accumulators per
-/// row (8 independent FMA chains). Widening to f64 is free here (the loop is bound by
-/// loading `w`) and keeps the batch-1 result within rounding of the sgemm path.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn matvec_avx2(w: &[f32], cols: usize, x: &[f32], y: &mut [f32]) {
-    use std::arch::x86_64::*;
-    #[inline(always)]
-    unsafe fn hsum(v: __m256d) -> f64 {
-        let s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-        _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)))
-    }
-    #[inline(always)]
-    unsafe fn wide(p: *const f32) -> __m256d {
-        _mm256_cvtps_pd(_mm_loadu_ps(p))
-    }
-    let rows = y.len();
-    debug_assert_eq!(w.len(), rows * cols);
-    debug_assert_eq!(x.len(), cols);
-    let vec_cols = cols / 8 * 8;
-    let xp = x.as_ptr();
-    let tail = |r: usize| -> f64 {
-        let row = &w[r * cols..(r + 1) * cols];
-        row[vec_cols..]
-            .iter()
-            .zip(&x[vec_cols..])
-            .map(|(&a, &b)| a as f64 * b as f64)
-            .sum()
-    };
-    let mut r = 0;
-    while r + 4 <= rows {
-        let p = [
-            w.as_ptr().add(r * cols),
-            w.as_ptr().add((r + 1) * cols),
-            w.as_ptr().add((r + 2) * cols),
-            w.as_ptr().add((r + 3) * cols),
-        ];
-        let mut a = [_mm256_setzero_pd(); 8];
-        let mut j = 0;
-        while j < vec_cols {
-            let x0 = wide(xp.add(j));
-            let x1 = wide(xp.add(j + 4));
-            for k in 0..4 {
-                a[2 * k] = _mm256_fmadd_pd(wide(p[k].add(j)), x0, a[2 * k]);
-                a[2 * k + 1] = _mm256_fmadd_pd(wide(p[k].add(j + 4)), x1, a[2 * k + 1]);
-            }
-            j += 8;
-        }
-        for k in 0..4 {
-            y[r + k] = (hsum(_mm256_add_pd(a[2 * k], a[2 * k + 1])) + tail(r + k)) as f32;
-        }
-        r += 4;
-    }
-    while r < rows {
-        let pr = w.as_ptr().add(r * cols);
-        let mut a0 = _mm256_setzero_pd();
-        let mut a1 = _mm256_setzero_pd();
-        let mut j = 0;
-        while j < vec_cols {
-            a0 = _mm256_fmadd_pd(wide(pr.add(j)), wide(xp.add(j)), a0);
-            a1 = _mm256_fmadd_pd(wide(pr.add(j + 4)), wide(xp.add(j + 4)), a1);
-            j += 8;
-        }
-        y[r] = (hsum(_mm256_add_pd(a0, a1)) + tail(r)) as f32;
-        r += 1;
-    }
 }
 
 /// `out[n, :] = x[n, :] / sqrt(mean(x[n, :]²) + eps) * gain`, rows `[N, C]`.
