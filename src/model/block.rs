@@ -9,7 +9,9 @@ use ndarray::{s, Array3, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Z
 
 use super::config::ModelConfig;
 use super::kv_cache::{take, LayerKv, Scratch};
-use super::ops::{linear_into, masked_softmax_inplace, rms_norm_into, swiglu_inplace};
+use super::ops::{
+    linear_into, masked_softmax_inplace, matvecs_split, rms_norm_into, swiglu_inplace,
+};
 use super::weights::LayerWeights;
 use crate::error::{ElmError, Result};
 
@@ -129,9 +131,30 @@ fn forward_rows(
     let mut q = ArrayViewMut2::from_shape((n, h * d), take(q, n * h * d)).expect("sized");
     let mut k = ArrayViewMut2::from_shape((n, kv * d), take(k, n * kv * d)).expect("sized");
     let mut v = ArrayViewMut2::from_shape((n, kv * d), take(v, n * kv * d)).expect("sized");
-    linear_into(xn.view(), &w.wq, w.bq.as_ref(), q.view_mut());
-    linear_into(xn.view(), &w.wk, w.bk.as_ref(), k.view_mut());
-    linear_into(xn.view(), &w.wv, w.bv.as_ref(), v.view_mut());
+    if n == 1 {
+        // Batch-1 decode: the three projections share one fork-join.
+        matvecs_split(
+            xn.row(0),
+            &mut [
+                (w.wq.view(), q.row_mut(0)),
+                (w.wk.view(), k.row_mut(0)),
+                (w.wv.view(), v.row_mut(0)),
+            ],
+        );
+        for (bias, mut out) in [
+            (&w.bq, q.row_mut(0)),
+            (&w.bk, k.row_mut(0)),
+            (&w.bv, v.row_mut(0)),
+        ] {
+            if let Some(bias) = bias {
+                out += bias;
+            }
+        }
+    } else {
+        linear_into(xn.view(), &w.wq, w.bq.as_ref(), q.view_mut());
+        linear_into(xn.view(), &w.wk, w.bk.as_ref(), k.view_mut());
+        linear_into(xn.view(), &w.wv, w.bv.as_ref(), v.view_mut());
+    }
     for bi in 0..b {
         let cb = seq(bi);
         let p0 = cache.lens()[cb];
@@ -199,8 +222,18 @@ fn forward_rows(
     rms_norm_into(x2.view(), &w.mlp_norm, cfg.rms_norm_eps, xn.view_mut());
     let mut gate = ArrayViewMut2::from_shape((n, i), take(gate, n * i)).expect("sized");
     let mut up = ArrayViewMut2::from_shape((n, i), take(up, n * i)).expect("sized");
-    linear_into(xn.view(), &w.w_gate, None, gate.view_mut());
-    linear_into(xn.view(), &w.w_up, None, up.view_mut());
+    if n == 1 {
+        matvecs_split(
+            xn.row(0),
+            &mut [
+                (w.w_gate.view(), gate.row_mut(0)),
+                (w.w_up.view(), up.row_mut(0)),
+            ],
+        );
+    } else {
+        linear_into(xn.view(), &w.w_gate, None, gate.view_mut());
+        linear_into(xn.view(), &w.w_up, None, up.view_mut());
+    }
     swiglu_inplace(
         gate.as_slice_mut().expect("contiguous"),
         up.as_slice().expect("contiguous"),
