@@ -171,7 +171,10 @@ fn solver_section(bin: &Path, out: &Path, summary: &mut Vec<Value>) -> Result<St
             summary.push(json!({"section": "solvers", "problem": label, "result": v}));
             bar.inc(1);
         }
-        let plot = out.join(format!("study_{}.svg", label.replace([' ', '='], "_")));
+        let plot = out.join(format!(
+            "study_{}.svg",
+            label.replace('ρ', "rho").replace([' ', '='], "_")
+        ));
         let mut args = strings(&["study", "--problem", problem, "--plot"]);
         args.push(plot.display().to_string());
         args.extend(rho_args);
