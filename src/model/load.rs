@@ -10,12 +10,8 @@ use crate::io::{load_gguf_weights, load_hf_model, GgufFile};
 /// File name of the default real model.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
-/// Directory holding model files: env `ELM_MODELS_DIR`, else `<crate root>/models`.
-pub fn models_dir() -> PathBuf {
-    std::env::var_os("ELM_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("models"))
-}
+/// Directory holding model files (one definition, in `io`).
+pub use crate::io::models_dir;
 
 /// Path of the default SmolLM2 GGUF (may not exist; see `scripts/fetch-smollm2.sh`).
 pub fn default_model_path() -> PathBuf {
