@@ -9,25 +9,48 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::generate::argmax;
+use super::team::SpinTeam;
 use super::transformer::Transformer;
 use super::weights::ModelWeights;
 use crate::error::Result;
 
-/// Best-of-`reps` read bandwidth in GB/s (1e9 bytes/s): a parallel sum over `bytes`
-/// of f32 (all cores, like the multi-threaded sgemv of decode).
-pub fn read_bandwidth_gbs(bytes: usize, reps: usize) -> f64 {
-    let n = bytes / 4;
-    let data: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
-    let mut best = f64::INFINITY;
-    let mut checksum = 0.0f64;
-    for _ in 0..reps.max(1) {
-        let start = Instant::now();
-        let s: f64 = data.par_chunks(1 << 16).map(sum_chunk).sum();
-        best = best.min(start.elapsed().as_secs_f64());
-        checksum += s;
+/// A buffer whose parallel read measures the machine's read bandwidth.
+///
+/// The read is split over the same [`SpinTeam`] threads, in the same contiguous
+/// per-thread shares, as the batch-1 decode matvecs, so the two compare like with like.
+pub struct BandwidthProbe {
+    data: Vec<f32>,
+}
+
+impl BandwidthProbe {
+    /// A probe reading `bytes` bytes (rounded down to whole f32).
+    pub fn new(bytes: usize) -> Self {
+        let data = (0..bytes / 4).map(|i| (i % 7) as f32).collect();
+        BandwidthProbe { data }
     }
-    std::hint::black_box(checksum);
-    (n * 4) as f64 / best / 1e9
+
+    /// One timed read of the whole buffer on every core, in GB/s (1e9 bytes/s).
+    pub fn measure(&self) -> f64 {
+        let team = SpinTeam::global();
+        let parts = team.parts();
+        let n = self.data.len();
+        let read_part = |p: usize| {
+            std::hint::black_box(sum_chunk(&self.data[n * p / parts..n * (p + 1) / parts]));
+        };
+        let start = Instant::now();
+        if team.try_run(&read_part).is_none() {
+            (0..parts).into_par_iter().for_each(read_part);
+        }
+        (n * 4) as f64 / start.elapsed().as_secs_f64() / 1e9
+    }
+}
+
+/// Best-of-`reps` read bandwidth in GB/s over `bytes` bytes (see [`BandwidthProbe`]).
+pub fn read_bandwidth_gbs(bytes: usize, reps: usize) -> f64 {
+    let probe = BandwidthProbe::new(bytes);
+    (0..reps.max(1))
+        .map(|_| probe.measure())
+        .fold(0.0, f64::max)
 }
 
 /// Sum of a chunk with many independent accumulators, so it is bound by loading the
@@ -122,6 +145,8 @@ pub fn prefill_flops(w: &ModelWeights, t: usize) -> f64 {
 /// Everything `elm bench` reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchReport {
+    /// Best of `decode_steps` reads, each taken just before a batch-1 decode step
+    /// (interleaved, so both see the same interference from other processes).
     pub read_bandwidth_gb_s: f64,
     pub sgemm_n: usize,
     pub sgemm_gflop_s: f64,
@@ -172,7 +197,14 @@ pub fn bench_prefill(model: &Transformer, prompt_len: usize, reps: usize) -> Res
 /// `(best, mean)` new tokens/s over the whole batch, where `best` uses the fastest
 /// single step (like the best-of-N bandwidth and sgemm figures, it filters out
 /// interference from other processes) and `mean` the total time.
-pub fn bench_decode(model: &Transformer, batch: usize, steps: usize) -> Result<(f64, f64)> {
+///
+/// `before_step` runs, untimed, before every timed step (e.g. a bandwidth read).
+pub fn bench_decode(
+    model: &Transformer,
+    batch: usize,
+    steps: usize,
+    mut before_step: impl FnMut(),
+) -> Result<(f64, f64)> {
     let prompt_len = 16;
     let prompts: Vec<Vec<u32>> = (0..batch)
         .map(|b| bench_tokens(model.config().vocab_size, prompt_len, b + 1))
@@ -185,6 +217,7 @@ pub fn bench_decode(model: &Transformer, batch: usize, steps: usize) -> Result<(
         for (b, n) in next.iter_mut().enumerate() {
             *n = argmax(logits.row(b)) as u32;
         }
+        before_step();
         let start = Instant::now();
         model.decode_step_into(&next, &active, &mut cache, logits)?;
         Ok(start.elapsed().as_secs_f64())
@@ -206,13 +239,7 @@ pub fn run_bench(
     decode_steps: usize,
     mut progress: impl FnMut(&str),
 ) -> Result<BenchReport> {
-    progress("read bandwidth");
-    // Same bytes per timed read as one batch-1 decode step streams, and as many
-    // repetitions as decode steps, so both best-of-N figures filter load alike.
-    let bw = read_bandwidth_gbs(
-        decode_weight_bytes(&model.weights).max(1 << 28),
-        decode_steps.max(5),
-    );
+    let decode_steps = decode_steps.max(1);
     progress("sgemm peak");
     let sgemm_n = 1024;
     let peak = sgemm_gflops(sgemm_n, 5);
@@ -220,10 +247,17 @@ pub fn run_bench(
     let prefill_tok_s = bench_prefill(model, prompt_len, 3)?;
     let prefill_gflop_s =
         prefill_flops(&model.weights, prompt_len) * prefill_tok_s / prompt_len as f64 / 1e9;
-    progress("decode batch 1");
-    let (b1, b1_mean) = bench_decode(model, 1, decode_steps)?;
+    progress("decode batch 1 + read bandwidth");
+    // A bandwidth read of the bytes one step streams before every step: both
+    // best-of-N figures then come from the same stretch of time.
+    let probe = BandwidthProbe::new(decode_weight_bytes(&model.weights).max(1 << 28));
+    let mut bw = 0.0f64;
+    let (b1, b1_mean) = bench_decode(model, 1, decode_steps, || {
+        bw = bw.max(probe.measure());
+    })?;
+    drop(probe);
     progress("decode batch 8");
-    let (b8, b8_mean) = bench_decode(model, 8, decode_steps)?;
+    let (b8, b8_mean) = bench_decode(model, 8, decode_steps, || {})?;
     let bytes = decode_weight_bytes(&model.weights);
     let roofline = bw * 1e9 / bytes as f64;
     Ok(BenchReport {

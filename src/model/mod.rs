@@ -26,6 +26,7 @@ pub mod kv_cache;
 pub mod load;
 pub mod ops;
 pub mod tape;
+pub mod team;
 pub mod transformer;
 pub mod weights;
 

@@ -3,7 +3,9 @@
 //! Every kernel writes into a caller-provided buffer so the decode loop allocates nothing.
 
 use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
-use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2, Axis};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
+
+use super::team::SpinTeam;
 
 /// `y[N, out] = x[N, in] · wᵀ (+ bias)`, `w` is `[out, in]` (PyTorch layout).
 ///
@@ -40,22 +42,22 @@ pub fn blas_threads() -> usize {
 /// Sets OpenBLAS's threads per call (process-wide).
 ///
 /// `1` is fastest for inference on small machines (measured by `elm bench`): batch-1
-/// matvecs are then split over the rayon pool instead, and a 2-thread OpenBLAS
+/// matvecs are then split over the [`SpinTeam`] instead, and a 2-thread OpenBLAS
 /// oversubscribes the cores when anything else runs.
 pub fn set_blas_threads(n: usize) {
     // SAFETY: plain setter of the linked system OpenBLAS.
     unsafe { openblas_set_num_threads(n.max(1) as std::os::raw::c_int) }
 }
 
-/// `y = W · x` split over two rayon workers: batch-1 decode is bound by streaming `W`,
-/// and one core does not reach the machine's read bandwidth.
+/// `y = W · x` split over the cores: batch-1 decode is bound by streaming `W`, and
+/// one core does not reach the machine's read bandwidth.
 fn matvec_split(w: ArrayView2<f32>, x: ArrayView1<f32>, y: ArrayViewMut1<f32>) {
     matvecs_split(x, &mut [(w, y)]);
 }
 
 /// Several `y_i = W_i · x` sharing one input (q/k/v, gate/up) in one fork-join:
-/// each of the two workers streams half the rows of every matrix, so small matrices
-/// (k/v) are split too and the pair pays a single join.
+/// each thread of the [`SpinTeam`] streams its share of the rows of every matrix,
+/// so small matrices (k/v) are split too and the group pays a single join.
 pub fn matvecs_split(x: ArrayView1<f32>, jobs: &mut [(ArrayView2<f32>, ArrayViewMut1<f32>)]) {
     let Some(xs) = x.as_slice() else {
         for (w, y) in jobs.iter_mut() {
@@ -63,38 +65,130 @@ pub fn matvecs_split(x: ArrayView1<f32>, jobs: &mut [(ArrayView2<f32>, ArrayView
         }
         return;
     };
+    let team = SpinTeam::global();
     let total_rows: usize = jobs.iter().map(|(w, _)| w.nrows()).sum();
-    // Below this, the join costs more than the second core saves. With a
+    // Below this, the join costs more than the other cores save. With a
     // multi-threaded OpenBLAS, its threads and ours would oversubscribe the cores.
     const MIN_SPLIT_ROWS: usize = 64;
-    if total_rows < MIN_SPLIT_ROWS || blas_threads() != 1 || rayon::current_num_threads() < 2 {
+    let contiguous = jobs.iter_mut().all(|(_, y)| y.as_slice_mut().is_some());
+    if total_rows < MIN_SPLIT_ROWS || team.parts() < 2 || blas_threads() != 1 || !contiguous {
         for (w, y) in jobs.iter_mut() {
             matvec_rows(w.view(), xs, y.view_mut());
         }
         return;
     }
-    let mut first = Vec::with_capacity(jobs.len());
-    let mut second = Vec::with_capacity(jobs.len());
-    for (w, y) in jobs.iter_mut() {
-        let mid = w.nrows() / 2;
-        let (w1, w2) = w.view().split_at(Axis(0), mid);
-        let (y1, y2) = y.view_mut().split_at(Axis(0), mid);
-        first.push((w1, y1));
-        second.push((w2, y2));
-    }
-    let run = |part: Vec<(ArrayView2<f32>, ArrayViewMut1<f32>)>| {
-        for (w, y) in part {
-            matvec_rows(w, xs, y);
+    // Fixed-size groups keep the per-call bookkeeping off the heap.
+    const GROUP: usize = 4;
+    for group in jobs.chunks_mut(GROUP) {
+        let mut split: [Option<SplitJob>; GROUP] = Default::default();
+        for (slot, (w, y)) in split.iter_mut().zip(group.iter_mut()) {
+            let y = y.as_slice_mut().expect("checked contiguous");
+            *slot = Some(SplitJob {
+                w: w.view(),
+                y: y.as_mut_ptr(),
+            });
         }
-    };
-    rayon::join(|| run(first), || run(second));
+        let parts = team.parts();
+        let run_part = |p: usize| {
+            for job in split.iter().flatten() {
+                let rows = job.w.nrows();
+                let (lo, hi) = (rows * p / parts, rows * (p + 1) / parts);
+                // SAFETY: `y` has `rows` elements and part `p` alone writes `lo..hi`.
+                let y = unsafe { std::slice::from_raw_parts_mut(job.y.add(lo), hi - lo) };
+                matvec_rows(
+                    job.w.slice(ndarray::s![lo..hi, ..]),
+                    xs,
+                    ArrayViewMut1::from(y),
+                );
+            }
+        };
+        if team.try_run(&run_part).is_none() {
+            // Another thread is decoding on the team: share rayon's pool instead.
+            use rayon::prelude::*;
+            (0..parts).into_par_iter().for_each(run_part);
+        }
+    }
 }
 
-/// `y = W · x` on one thread (sgemv). A hand-written AVX2 kernel was measured against
-/// it: with f32 accumulators it drifts past the batched (sgemm) path's rounding, and
-/// with f64 accumulators it streamed ~15% slower than OpenBLAS on one core.
+/// One matrix of a [`matvecs_split`] call, shareable across the team's threads.
+struct SplitJob<'a> {
+    w: ArrayView2<'a, f32>,
+    /// Start of the contiguous output `[rows]`; threads write disjoint row ranges.
+    y: *mut f32,
+}
+
+// SAFETY: `w` is a shared view; `y` is written through disjoint ranges only.
+unsafe impl Sync for SplitJob<'_> {}
+
+/// `y = W · x` on one thread.
+///
+/// With AVX2+FMA and a contiguous `W`, one row at a time with eight independent
+/// accumulators: `W` is then read strictly sequentially, which streams at the
+/// machine's read bandwidth, whereas sgemv's 4-row blocking opens four interleaved
+/// streams and reached ~0.85–0.9 of it here (`elm bench` shows the ratio).
 fn matvec_rows(w: ArrayView2<f32>, x: &[f32], mut y: ArrayViewMut1<f32>) {
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(ws), Some(ys)) = (w.as_slice(), y.as_slice_mut()) {
+        let shapes_match = w.ncols() == x.len() && w.nrows() == ys.len() && !x.is_empty();
+        if shapes_match && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: AVX2 and FMA are present (checked above); `ws` holds
+            // `ys.len()` rows of `x.len()` values (standard layout of `w`).
+            unsafe { matvec_rows_avx2(ws, x, ys) };
+            return;
+        }
+    }
     general_mat_vec_mul(1.0, &w, &ArrayView1::from(x), 0.0, &mut y);
+}
+
+/// Row-sequential `y = W · x` for a row-major `W` `[y.len(), x.len()]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn matvec_rows_avx2(w: &[f32], x: &[f32], y: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let cols = x.len();
+    debug_assert_eq!(w.len(), cols * y.len());
+    let (full, vecs) = (cols / 64 * 64, cols / 8 * 8);
+    let xp = x.as_ptr();
+    for (row, out) in w.chunks_exact(cols).zip(y.iter_mut()) {
+        let p = row.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut c = 0;
+        while c < full {
+            for (k, a) in acc.iter_mut().enumerate() {
+                let (wv, xv) = (
+                    _mm256_loadu_ps(p.add(c + 8 * k)),
+                    _mm256_loadu_ps(xp.add(c + 8 * k)),
+                );
+                *a = _mm256_fmadd_ps(wv, xv, *a);
+            }
+            c += 64;
+        }
+        // At most seven more full vectors: one per accumulator.
+        for a in acc.iter_mut() {
+            if c >= vecs {
+                break;
+            }
+            *a = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(c)), _mm256_loadu_ps(xp.add(c)), *a);
+            c += 8;
+        }
+        let pairs = [
+            _mm256_add_ps(acc[0], acc[1]),
+            _mm256_add_ps(acc[2], acc[3]),
+            _mm256_add_ps(acc[4], acc[5]),
+            _mm256_add_ps(acc[6], acc[7]),
+        ];
+        let sum = _mm256_add_ps(
+            _mm256_add_ps(pairs[0], pairs[1]),
+            _mm256_add_ps(pairs[2], pairs[3]),
+        );
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), sum);
+        let mut total: f32 = lanes.iter().sum();
+        for (wv, xv) in row[vecs..].iter().zip(&x[vecs..]) {
+            total += wv * xv;
+        }
+        *out = total;
+    }
 }
 
 /// `out[n, :] = x[n, :] / sqrt(mean(x[n, :]²) + eps) * gain`, rows `[N, C]`.
