@@ -77,7 +77,7 @@ def bpe(word):
     return [vocab[s] for s in syms]
 
 
-def encode_llama_cpp(text):
+def encode_llama_cpp(text, splits=SPLITS):
     frags = [(False, text)]
     for tok in control:
         nxt = []
@@ -98,27 +98,12 @@ def encode_llama_cpp(text):
             ids.append(vocab[s])
             continue
         pieces = [s]
-        for pat in SPLITS:
+        for pat in splits:
             pieces = regex_split(pieces, pat)
         for w in pieces:
             ids.extend(bpe(w))
     return ids
 
-
-# --- B: transformers' converter ------------------------------------------------------------
-from tokenizers import Regex, pre_tokenizers  # noqa: E402
-from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer  # noqa: E402
-
-tdict = {"tokenizer_type": "gpt2", "pre_tokenizer_type": "smollm", "tokens": tokens,
-         "token_type": token_type, "merges": merges, "bos_token_id": 1, "eos_token_id": 2,
-         "unk_token_id": 0, "pad_token_id": 2}
-hf_default, _ = convert_gguf_tokenizer("llama", tdict)
-hf_fixed, _ = convert_gguf_tokenizer("llama", tdict)
-hf_fixed.pre_tokenizer = pre_tokenizers.Sequence([
-    pre_tokenizers.Split(Regex(SPLITS[0]), behavior="isolated"),
-    pre_tokenizers.Split(Regex(SPLITS[1]), behavior="isolated"),
-    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-])
 
 TEXTS = [
     "12345 6789",
@@ -139,32 +124,54 @@ TEXTS = [
     " ",
     "\t\t",
 ]
-cases = []
-for t in TEXTS:
-    a = encode_llama_cpp(t)
-    b = hf_fixed.encode(t, add_special_tokens=False).ids
-    assert a == b, (t, a, b)
-    assert hf_fixed.decode(a, skip_special_tokens=False) == t, t
-    cases.append({"text": t, "ids": a, "transformers_default_ids": hf_default.encode(t, add_special_tokens=False).ids})
 
-template = jinja2.Environment().from_string(f("tokenizer.chat_template"))
-CHATS = [
-    ([("user", "What is 2+2?")], True),
-    ([("user", "Hi"), ("assistant", "Hello! How can I help?"), ("user", "Tell me a joke.")], True),
-    ([("system", "You are terse."), ("user", "12 * 7 = ?")], False),
-    ([("system", "S"), ("user", "héllo 🙂")], True),
-]
-chats = []
-for msgs, gen in CHATS:
-    text = template.render(messages=[{"role": ro, "content": c} for ro, c in msgs], add_generation_prompt=gen)
-    ids = encode_llama_cpp(text)
-    assert ids == hf_fixed.encode(text, add_special_tokens=False).ids
-    chats.append({"messages": msgs, "add_generation_prompt": gen, "rendered": text, "ids": ids})
 
-out = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "io", "tokenizer_ref.json")
-with open(out, "w") as fh:
-    json.dump({"bos": 1, "eos": 2, "control_tokens": control, "cases": cases, "chats": chats}, fh,
-              indent=1, ensure_ascii=False)
-print("wrote", out)
-for c in cases[:3]:
-    print(repr(c["text"]), c["ids"], "(transformers default:", c["transformers_default_ids"], ")")
+def main():
+    # --- B: transformers' converter ------------------------------------------------------------
+    from tokenizers import Regex, pre_tokenizers  # noqa: E402
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer  # noqa: E402
+
+    tdict = {"tokenizer_type": "gpt2", "pre_tokenizer_type": "smollm", "tokens": tokens,
+             "token_type": token_type, "merges": merges, "bos_token_id": 1, "eos_token_id": 2,
+             "unk_token_id": 0, "pad_token_id": 2}
+    hf_default, _ = convert_gguf_tokenizer("llama", tdict)
+    hf_fixed, _ = convert_gguf_tokenizer("llama", tdict)
+    hf_fixed.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLITS[0]), behavior="isolated"),
+        pre_tokenizers.Split(Regex(SPLITS[1]), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+
+    cases = []
+    for t in TEXTS:
+        a = encode_llama_cpp(t)
+        b = hf_fixed.encode(t, add_special_tokens=False).ids
+        assert a == b, (t, a, b)
+        assert hf_fixed.decode(a, skip_special_tokens=False) == t, t
+        cases.append({"text": t, "ids": a, "transformers_default_ids": hf_default.encode(t, add_special_tokens=False).ids})
+
+    template = jinja2.Environment().from_string(f("tokenizer.chat_template"))
+    CHATS = [
+        ([("user", "What is 2+2?")], True),
+        ([("user", "Hi"), ("assistant", "Hello! How can I help?"), ("user", "Tell me a joke.")], True),
+        ([("system", "You are terse."), ("user", "12 * 7 = ?")], False),
+        ([("system", "S"), ("user", "héllo 🙂")], True),
+    ]
+    chats = []
+    for msgs, gen in CHATS:
+        text = template.render(messages=[{"role": ro, "content": c} for ro, c in msgs], add_generation_prompt=gen)
+        ids = encode_llama_cpp(text)
+        assert ids == hf_fixed.encode(text, add_special_tokens=False).ids
+        chats.append({"messages": msgs, "add_generation_prompt": gen, "rendered": text, "ids": ids})
+
+    out = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "io", "tokenizer_ref.json")
+    with open(out, "w") as fh:
+        json.dump({"bos": 1, "eos": 2, "control_tokens": control, "cases": cases, "chats": chats}, fh,
+                  indent=1, ensure_ascii=False)
+    print("wrote", out)
+    for c in cases[:3]:
+        print(repr(c["text"]), c["ids"], "(transformers default:", c["transformers_default_ids"], ")")
+
+
+if __name__ == "__main__":
+    main()

@@ -5,8 +5,9 @@
 //! merges from the file; the pre-tokenizer reproduces llama.cpp's split regexes for the
 //! file's `tokenizer.ggml.pre`: for `smollm` (and the identical `starcoder` group) the text
 //! is split first on every single digit `\p{N}`, then with the GPT-2 regex, text between
-//! matches kept as its own piece. Tokens whose `token_type` is 3 (control, e.g.
-//! `<|im_start|>`) are matched whole in the input before any splitting.
+//! matches kept as its own piece; `llama-bpe` (Llama 3) and `qwen2` use their one regex.
+//! Tokens whose `token_type` is 3 (control, e.g. `<|im_start|>`) are matched whole in the
+//! input before any splitting.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -25,13 +26,35 @@ use crate::error::{ElmError, Result};
 /// unmatched text as its own piece, which `Split` with `Isolated` also does).
 const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 
+/// llama.cpp's Llama-3 split regex (`LLAMA_VOCAB_PRE_TYPE_LLAMA3`): case-insensitive
+/// contractions, letters with one leading non-letter, digits in runs of at most three.
+const LLAMA3_SPLIT: &str = concat!(
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])",
+    r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}",
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+
+/// llama.cpp's Qwen2 split regex (`LLAMA_VOCAB_PRE_TYPE_QWEN2`): Llama 3's, but every
+/// digit on its own.
+const QWEN2_SPLIT: &str = concat!(
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])",
+    r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}",
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
+
+/// The `tokenizer.ggml.pre` values [`split_regexes`] knows, for error messages.
+const SUPPORTED_PRE: &str = "smollm, starcoder, refact, codeshell, gpt2, llama-bpe, llama3, qwen2";
+
 /// llama.cpp's split regexes per `tokenizer.ggml.pre`, applied in order.
-/// Only families verified against a reference (SmolLM2) or identical to it are listed.
+/// Only families verified against a reference (tests/io_tokenizer.rs) or identical to
+/// one are listed.
 fn split_regexes(pre: &str) -> Option<Vec<&'static str>> {
     match pre {
         // LLAMA_VOCAB_PRE_TYPE_{SMOLLM, STARCODER, REFACT, CODESHELL}: same regex list.
         "smollm" | "starcoder" | "refact" | "codeshell" => Some(vec![r"\p{N}", GPT2_SPLIT]),
         "gpt-2" | "gpt2" => Some(vec![GPT2_SPLIT]),
+        "llama-bpe" | "llama3" | "llama-v3" => Some(vec![LLAMA3_SPLIT]),
+        "qwen2" => Some(vec![QWEN2_SPLIT]),
         _ => None,
     }
 }
@@ -128,7 +151,7 @@ impl Tokenizer {
         };
         let regexes = split_regexes(pre).ok_or_else(|| {
             ElmError::Unsupported(format!(
-                "{}: tokenizer.ggml.pre `{pre}` (supported: smollm, starcoder, refact, codeshell, gpt2)",
+                "{}: tokenizer.ggml.pre `{pre}` (supported: {SUPPORTED_PRE})",
                 path.display()
             ))
         })?;
