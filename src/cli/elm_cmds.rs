@@ -9,12 +9,12 @@ use crate::elm::config::TrainConfig;
 use crate::elm::data::{
     load_examples, load_gsm8k, resolve_data_dir, tokenize_example, Example, Split,
 };
-use crate::elm::infer::{ElmModel, ElmSession, InferenceConfig, KvMode};
+use crate::elm::infer::{ElmModel, InferenceConfig, KvMode};
 use crate::elm::module::{load_module, save_module, ElmModule, ModuleMeta, MODULE_FORMAT};
 use crate::elm::train::{Trainer, STATE_FILE};
 use crate::elm::{load_dense_model, ElmConfig};
 use crate::error::{ElmError, Result};
-use crate::eval::gsm8k::{chat_prompt, eval_gsm8k, stop_ids, Gsm8kOptions, SolverSummary};
+use crate::eval::gsm8k::{chat_prompt, eval_gsm8k, Gsm8kOptions};
 use crate::io::tokenizer::Tokenizer;
 use crate::model::{load_pretrained, ModelWeights};
 use crate::solver::SolverConfig;
@@ -162,74 +162,6 @@ pub fn load_elm_model(
         }
     };
     Ok((m, tok))
-}
-
-/// What `elm generate --elm ...` reports.
-#[derive(Debug, serde::Serialize)]
-pub struct ElmGenerateReport {
-    pub text: String,
-    pub prompt_tokens: usize,
-    pub new_tokens: usize,
-    pub kv_bytes: usize,
-    pub kv_mode: KvMode,
-    pub solver: String,
-    pub tol: f64,
-    pub max_iter: usize,
-    pub decode: SolverSummary,
-    pub prefill_iterations: Vec<usize>,
-    pub prefill_tok_s: f64,
-    pub decode_tok_s: f64,
-}
-
-/// Greedy generation with a dense model or an ELM (used by `elm generate --elm`).
-pub fn elm_generate(
-    model: &ElmModel,
-    tok: &Tokenizer,
-    prompt: &str,
-    chat: bool,
-    max_new_tokens: usize,
-    infer: &ElmInferArgs,
-) -> Result<ElmGenerateReport> {
-    let cfg = infer.inference_config()?;
-    let text = if chat {
-        chat_prompt(tok, prompt)
-    } else {
-        prompt.to_string()
-    };
-    let ids = tok.encode(&text, false)?;
-    if ids.is_empty() {
-        return Err(ElmError::InvalidArgument(
-            "prompt encodes to no tokens".into(),
-        ));
-    }
-    let mut s = ElmSession::new(model, cfg.clone(), 1, ids.len() + max_new_tokens + 1)?;
-    let stops = stop_ids(tok);
-    let t0 = Instant::now();
-    let logits = s.prefill(std::slice::from_ref(&ids))?;
-    let prefill_s = t0.elapsed().as_secs_f64();
-    // Continue greedily from the prefill logits (decode timing excludes the prefill).
-    let t1 = Instant::now();
-    let mut out = vec![crate::elm::infer::argmax(logits.row(0))];
-    while out.len() < max_new_tokens && !stops.contains(out.last().unwrap()) {
-        let l = s.decode_step(&[*out.last().unwrap()])?;
-        out.push(crate::elm::infer::argmax(l.row(0)));
-    }
-    let decode_s = t1.elapsed().as_secs_f64();
-    let shown: Vec<u32> = out.iter().copied().filter(|t| !stops.contains(t)).collect();
-    Ok(ElmGenerateReport {
-        text: tok.decode(&shown)?,
-        prompt_tokens: ids.len(),
-        new_tokens: out.len(),
-        kv_bytes: s.kv_bytes(),
-        kv_mode: cfg.kv_mode,
-        solver: cfg.solver.name().to_string(),
-        tol: cfg.tol,
-        max_iter: cfg.max_iter,
-        decode: SolverSummary::from_stats(&s.decode_stats, model.kept_layers().len()),
-        prefill_iterations: s.prefill_stats.iter().map(|p| p.iterations).collect(),
-        prefill_tok_s: ids.len() as f64 / prefill_s.max(1e-9),
-        decode_tok_s: (out.len().saturating_sub(1)) as f64 / decode_s.max(1e-9),
-    })
 }
 
 #[derive(clap::Args, Debug)]
@@ -539,34 +471,4 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// `elm generate --elm CKPT ...`: greedy ELM generation with solver/KV statistics.
-pub fn run_elm_generate(a: &super::model_cmds::GenerateArgs) -> Result<()> {
-    if a.temperature != 0.0 || a.batch != 1 || a.device != "cpu" || !a.stop.is_empty() {
-        return Err(ElmError::Unsupported(
-            "ELM generation is greedy, batch 1, CPU, without --stop strings".into(),
-        ));
-    }
-    let path = a
-        .model
-        .clone()
-        .unwrap_or_else(crate::model::default_model_path);
-    let (model, tok) = load_elm_model(&path, a.elm.elm.as_deref())?;
-    let r = elm_generate(&model, &tok, &a.prompt, a.chat, a.max_new_tokens, &a.elm)?;
-    if a.json {
-        let v = serde_json::to_value(&r).map_err(|e| ElmError::Json {
-            what: "output".into(),
-            msg: e.to_string(),
-        })?;
-        print_json(&v)
-    } else {
-        println!("{}", r.text);
-        eprintln!(
-            "[{} new tokens, {:.1} tok/s decode, iterations/token {:.2} (max {}), layer evals/token {:.2}, KV {} bytes]",
-            r.new_tokens, r.decode_tok_s, r.decode.mean_iterations, r.decode.max_iterations,
-            r.decode.layer_evals_per_token, r.kv_bytes
-        );
-        Ok(())
-    }
 }

@@ -13,6 +13,8 @@ use crate::model::bench;
 use ndarray::Array2;
 
 use crate::cuda::{CudaModel, DeviceSpec};
+use crate::elm::infer::ElmDecoder;
+use crate::eval::gsm8k::{stop_ids, SolverSummary};
 use crate::model::generate::{generate, Decoder, Generation, SamplingConfig};
 use crate::model::{default_model_path, load_pretrained, models_dir, ModelWeights, Transformer};
 
@@ -127,24 +129,25 @@ pub struct GenerateArgs {
     /// One JSON object on stdout instead of streamed text.
     #[arg(long)]
     pub json: bool,
-    /// ELM options (`--elm CKPT --solver .. --tol .. --max-iter .. --kv ..`), handled by
-    /// `cli::elm_cmds` (greedy, CPU, batch 1).
+    /// ELM options (`--elm CKPT --solver .. --tol .. --max-iter .. --kv ..`; CPU only).
     #[command(flatten)]
     pub elm: super::elm_cmds::ElmInferArgs,
 }
 
 pub fn run_generate(args: GenerateArgs) -> Result<()> {
     default_blas_threads();
-    if args.elm.elm.is_some() {
-        return super::elm_cmds::run_elm_generate(&args);
-    }
     let device: DeviceSpec = args.device.parse()?;
     if args.batch == 0 {
         return Err(ElmError::config("--batch", "must be >= 1"));
     }
+    if args.elm.elm.is_some() && device != DeviceSpec::Cpu {
+        return Err(ElmError::Unsupported(
+            "ELM generation (--elm) runs on the CPU only".into(),
+        ));
+    }
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let pb = spinner(&format!("loading {}", path.display()));
-    let (weights, tok) = load_pretrained(&path)?;
+    let (model, tok) = super::elm_cmds::load_elm_model(&path, args.elm.elm.as_deref())?;
     pb.finish_and_clear();
     let prompt = encode_prompt(&tok, &args.prompt, args.chat)?;
     let config = SamplingConfig {
@@ -153,21 +156,41 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         top_k: args.top_k,
         top_p: args.top_p,
         seed: args.seed,
-        stop_token_ids: tok.eos_id().into_iter().collect(),
+        // EOS and, for chat models, the end-of-turn token.
+        stop_token_ids: stop_ids(&tok),
         stop_strings: args.stop.clone(),
     };
     let prompts = vec![prompt; args.batch];
+    let stream = !args.json;
+    // ELM runs report their solver statistics too.
+    let mut elm_report = None;
     let out = match device {
+        DeviceSpec::Cpu if model.elm.is_some() => {
+            let cfg = args.elm.inference_config()?;
+            let decoder = ElmDecoder::new(&model, cfg.clone())?;
+            let out = generate_streaming(&decoder, &prompts, &config, &tok, stream)?;
+            let rec = decoder.record();
+            elm_report = Some(json!({
+                "kv_bytes": rec.kv_bytes,
+                "kv_mode": cfg.kv_mode,
+                "solver": cfg.solver.name(),
+                "tol": cfg.tol,
+                "max_iter": cfg.max_iter,
+                "decode": SolverSummary::from_stats(&rec.decode_stats, model.kept_layers().len()),
+                "prefill_iterations": rec.prefill_stats.iter().map(|p| p.iterations).collect::<Vec<_>>(),
+            }));
+            out
+        }
         DeviceSpec::Cpu => {
-            let model = Transformer::new(weights)?;
-            generate_streaming(&model, &prompts, &config, &tok, !args.json)?
+            let dense = Transformer::new(model.weights)?;
+            generate_streaming(&dense, &prompts, &config, &tok, stream)?
         }
         DeviceSpec::Cuda(ordinal) => {
-            let model = CudaDecoder {
-                weights: &weights,
+            let gpu = CudaDecoder {
+                weights: &model.weights,
                 ordinal,
             };
-            generate_streaming(&model, &prompts, &config, &tok, !args.json)?
+            generate_streaming(&gpu, &prompts, &config, &tok, stream)?
         }
     };
     let texts: Vec<String> = out
@@ -192,7 +215,7 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         0.0
     };
     if args.json {
-        print_json(&json!({
+        let mut v = json!({
             "text": texts[0],
             "texts": texts,
             "prompt_tokens": out.prompt_tokens,
@@ -201,7 +224,12 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
             "decode_tok_s": decode_tok_s,
             "finish_reasons": out.finish,
             "device": args.device,
-        }));
+        });
+        if let (Some(obj), Some(serde_json::Value::Object(extra))) = (v.as_object_mut(), elm_report)
+        {
+            obj.extend(extra);
+        }
+        print_json(&v);
     } else {
         println!();
         for (b, text) in texts.iter().enumerate().skip(1) {
@@ -211,6 +239,17 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
             "[{} prompt tokens, {} new; prefill {prefill_tok_s:.1} tok/s, decode {decode_tok_s:.1} tok/s]",
             out.prompt_tokens, out.new_tokens
         );
+        if let Some(r) = &elm_report {
+            let d = &r["decode"];
+            eprintln!(
+                "[ELM {}: iterations/token {:.2} (max {}), layer evals/token {:.2}, KV {} bytes]",
+                r["solver"].as_str().unwrap_or("?"),
+                d["mean_iterations"].as_f64().unwrap_or(0.0),
+                d["max_iterations"],
+                d["layer_evals_per_token"].as_f64().unwrap_or(0.0),
+                r["kv_bytes"]
+            );
+        }
     }
     Ok(())
 }

@@ -162,7 +162,7 @@ pub fn tokenize_example(
             let prompt = encode(&chat_prompt(&q.question))?;
             let answer = encode(&format!("{}{}", q.answer, answer_suffix))?;
             let mut mask = vec![false; prompt.len()];
-            mask.extend(std::iter::repeat(true).take(answer.len()));
+            mask.extend(std::iter::repeat_n(true, answer.len()));
             let mut toks = prompt;
             toks.extend(answer);
             (toks, mask)

@@ -16,10 +16,13 @@
 //! tokens uses `δ·√T` (same per-token RMS). After the solve, one more evaluation `f(z*)` commits
 //! the K/V of the final iterate and is the module output; it is counted in the iterations.
 
+use std::cell::RefCell;
+
 use ndarray::{s, Array2, Array3, ArrayView2, ArrayViewMut2, Axis};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ElmError, Result};
+use crate::model::generate::Decoder;
 use crate::model::ops::{linear_into, rms_norm_into};
 use crate::model::{block_forward_rows, KvCache, LayerKv, ModelConfig, ModelWeights, Scratch};
 use crate::solver::{FixedPointMap, FixedPointSolver, RowStatus, SolverConfig, StopCriteria};
@@ -640,5 +643,86 @@ pub fn generate_greedy(
                 next[i] = argmax(logits.row(i));
             }
         }
+    }
+}
+
+/// An [`ElmModel`] behind the shared sampling loop ([`crate::model::generate::generate`]):
+/// temperature / top-k / top-p, stop strings and batches work as for the dense model.
+/// Every session it creates hands its solver statistics over to [`ElmDecoder::record`].
+pub struct ElmDecoder<'m> {
+    model: &'m ElmModel,
+    cfg: InferenceConfig,
+    record: RefCell<SessionRecord>,
+}
+
+/// What the sessions of an [`ElmDecoder`] recorded.
+#[derive(Clone, Debug, Default)]
+pub struct SessionRecord {
+    /// One entry per prompt, in order.
+    pub prefill_stats: Vec<FpStat>,
+    /// One entry per decoded token of every active sequence, in order.
+    pub decode_stats: Vec<FpStat>,
+    /// K/V bytes allocated by the latest session.
+    pub kv_bytes: usize,
+}
+
+impl<'m> ElmDecoder<'m> {
+    pub fn new(model: &'m ElmModel, cfg: InferenceConfig) -> Result<Self> {
+        cfg.validate()?;
+        Ok(ElmDecoder {
+            model,
+            cfg,
+            record: RefCell::new(SessionRecord::default()),
+        })
+    }
+
+    /// Statistics recorded so far.
+    pub fn record(&self) -> SessionRecord {
+        self.record.borrow().clone()
+    }
+
+    fn take_stats(&self, session: &mut ElmSession<'m>) {
+        let mut r = self.record.borrow_mut();
+        r.prefill_stats.append(&mut session.prefill_stats);
+        r.decode_stats.append(&mut session.decode_stats);
+    }
+}
+
+impl<'m> Decoder for ElmDecoder<'m> {
+    type State = ElmSession<'m>;
+
+    fn vocab_size(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    fn new_state(&self, batch: usize, max_seq: usize) -> Result<ElmSession<'m>> {
+        let session = ElmSession::new(self.model, self.cfg.clone(), batch, max_seq)?;
+        self.record.borrow_mut().kv_bytes = session.kv_bytes();
+        Ok(session)
+    }
+
+    fn prefill(&self, tokens: &[Vec<u32>], state: &mut ElmSession<'m>) -> Result<Array2<f32>> {
+        let logits = state.prefill(tokens)?;
+        self.take_stats(state);
+        Ok(logits)
+    }
+
+    fn decode_step(
+        &self,
+        tokens: &[u32],
+        active: &[bool],
+        state: &mut ElmSession<'m>,
+        logits: &mut Array2<f32>,
+    ) -> Result<()> {
+        let out = state.decode_step_masked(tokens, active)?;
+        if out.dim() != logits.dim() {
+            return Err(ElmError::shape(
+                "ElmDecoder::decode_step",
+                format!("logits {:?}, session gives {:?}", logits.dim(), out.dim()),
+            ));
+        }
+        logits.assign(&out);
+        self.take_stats(state);
+        Ok(())
     }
 }

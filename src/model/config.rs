@@ -55,7 +55,7 @@ impl ModelConfig {
                 return Err(ElmError::config(field, "must be > 0"));
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(ElmError::config(
                 "num_kv_heads",
                 format!(
@@ -64,7 +64,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(ElmError::config("head_dim", "must be even for RoPE"));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
