@@ -134,6 +134,18 @@ pub struct GenerateArgs {
     pub elm: super::elm_cmds::ElmInferArgs,
 }
 
+/// Solver and cache figures `generate --elm` adds to its report.
+#[derive(Debug, serde::Serialize)]
+struct ElmGenerateStats {
+    kv_bytes: usize,
+    kv_mode: crate::elm::infer::KvMode,
+    solver: String,
+    tol: f64,
+    max_iter: usize,
+    decode: SolverSummary,
+    prefill_iterations: Vec<usize>,
+}
+
 pub fn run_generate(args: GenerateArgs) -> Result<()> {
     default_blas_threads();
     let device: DeviceSpec = args.device.parse()?;
@@ -170,15 +182,15 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
             let decoder = ElmDecoder::new(&model, cfg.clone())?;
             let out = generate_streaming(&decoder, &prompts, &config, &tok, stream)?;
             let rec = decoder.record();
-            elm_report = Some(json!({
-                "kv_bytes": rec.kv_bytes,
-                "kv_mode": cfg.kv_mode,
-                "solver": cfg.solver.name(),
-                "tol": cfg.tol,
-                "max_iter": cfg.max_iter,
-                "decode": SolverSummary::from_stats(&rec.decode_stats, model.kept_layers().len()),
-                "prefill_iterations": rec.prefill_stats.iter().map(|p| p.iterations).collect::<Vec<_>>(),
-            }));
+            elm_report = Some(ElmGenerateStats {
+                kv_bytes: rec.kv_bytes,
+                kv_mode: cfg.kv_mode,
+                solver: cfg.solver.name().to_string(),
+                tol: cfg.tol,
+                max_iter: cfg.max_iter,
+                decode: SolverSummary::from_stats(&rec.decode_stats, model.kept_layers().len()),
+                prefill_iterations: rec.prefill_stats.iter().map(|p| p.iterations).collect(),
+            });
             out
         }
         DeviceSpec::Cpu => {
@@ -225,7 +237,8 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
             "finish_reasons": out.finish,
             "device": args.device,
         });
-        if let (Some(obj), Some(serde_json::Value::Object(extra))) = (v.as_object_mut(), elm_report)
+        if let (Some(obj), Some(serde_json::Value::Object(extra))) =
+            (v.as_object_mut(), elm_report.as_ref().map(|r| json!(r)))
         {
             obj.extend(extra);
         }
@@ -240,14 +253,13 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
             out.prompt_tokens, out.new_tokens
         );
         if let Some(r) = &elm_report {
-            let d = &r["decode"];
             eprintln!(
                 "[ELM {}: iterations/token {:.2} (max {}), layer evals/token {:.2}, KV {} bytes]",
-                r["solver"].as_str().unwrap_or("?"),
-                d["mean_iterations"].as_f64().unwrap_or(0.0),
-                d["max_iterations"],
-                d["layer_evals_per_token"].as_f64().unwrap_or(0.0),
-                r["kv_bytes"]
+                r.solver,
+                r.decode.mean_iterations,
+                r.decode.max_iterations,
+                r.decode.layer_evals_per_token,
+                r.kv_bytes
             );
         }
     }

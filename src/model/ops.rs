@@ -102,11 +102,7 @@ pub fn matvecs_split(x: ArrayView1<f32>, jobs: &mut [(ArrayView2<f32>, ArrayView
                 );
             }
         };
-        if team.try_run(&run_part).is_none() {
-            // Another thread is decoding on the team: share rayon's pool instead.
-            use rayon::prelude::*;
-            (0..parts).into_par_iter().for_each(run_part);
-        }
+        team.run(&run_part);
     }
 }
 

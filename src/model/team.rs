@@ -8,7 +8,8 @@
 //! atomic round trip.
 //!
 //! One job runs at a time: a caller that finds the team busy (another thread is
-//! decoding) gets `None` back from [`SpinTeam::try_run`] and runs its work elsewhere.
+//! decoding) gets `None` back from [`SpinTeam::try_run`]; [`SpinTeam::run`] then runs
+//! the parts on rayon's pool instead.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -100,6 +101,15 @@ impl SpinTeam {
     /// Number of parts a job is split into (helpers + the caller).
     pub fn parts(&self) -> usize {
         self.threads.len() + 1
+    }
+
+    /// Runs `job(p)` for every part `p < self.parts()` in parallel: on the team when it
+    /// is free, else (another thread's job is in flight) on rayon's pool.
+    pub fn run(&self, job: Job<'_>) {
+        if self.try_run(job).is_none() {
+            use rayon::prelude::*;
+            (0..self.parts()).into_par_iter().for_each(job);
+        }
     }
 
     /// Runs `job(p)` for every part `p < self.parts()` in parallel (part 0 on the
