@@ -102,47 +102,42 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
     Ok(config)
 }
 
-/// Inverse of llama.cpp's `permute` (convert_hf_to_gguf.py): GGUF interleaved-RoPE
-/// row order → HF half-split order, for a `[n_head * D, C]` Q or K weight (or a
-/// `[n_head * D, 1]` bias).
-///
-/// Within each head, GGUF row `2i + s` holds HF row `s * D/2 + i` (`s ∈ {0, 1}`).
-pub fn unpermute_rope_rows(w: &Array2<f32>, n_head: usize) -> Array2<f32> {
-    let rows = w.nrows();
+/// For every HF half-split row of a `[n_head * D, ..]` Q/K tensor, the GGUF
+/// interleaved-RoPE row holding it: within each head, HF row `s * D/2 + i` is GGUF
+/// row `2i + s` (`s ∈ {0, 1}`), llama.cpp's `permute` (convert_hf_to_gguf.py).
+fn gguf_row_of_hf_row(rows: usize, n_head: usize) -> Vec<usize> {
     assert!(
         n_head > 0 && rows.is_multiple_of(n_head) && (rows / n_head).is_multiple_of(2),
         "rows {rows}, heads {n_head}"
     );
     let d = rows / n_head;
     let half = d / 2;
-    let order: Vec<usize> = (0..rows)
+    (0..rows)
         .map(|hf_row| {
             let (h, r) = (hf_row / d, hf_row % d);
             let (s, i) = (r / half, r % half);
             h * d + 2 * i + s
         })
-        .collect();
-    w.select(Axis(0), &order)
+        .collect()
+}
+
+/// Inverse of llama.cpp's `permute`: GGUF interleaved-RoPE row order → HF half-split
+/// order, for a `[n_head * D, C]` Q or K weight (or a `[n_head * D, 1]` bias).
+pub fn unpermute_rope_rows(w: &Array2<f32>, n_head: usize) -> Array2<f32> {
+    w.select(Axis(0), &gguf_row_of_hf_row(w.nrows(), n_head))
 }
 
 /// llama.cpp's `permute`: HF half-split row order → GGUF interleaved order
 /// (inverse of [`unpermute_rope_rows`]).
 pub fn permute_rope_rows(w: &Array2<f32>, n_head: usize) -> Array2<f32> {
-    let rows = w.nrows();
-    assert!(
-        n_head > 0 && rows.is_multiple_of(n_head) && (rows / n_head).is_multiple_of(2),
-        "rows {rows}, heads {n_head}"
-    );
-    let d = rows / n_head;
-    let half = d / 2;
-    let order: Vec<usize> = (0..rows)
-        .map(|gguf_row| {
-            let (h, r) = (gguf_row / d, gguf_row % d);
-            let (i, s) = (r / 2, r % 2);
-            h * d + s * half + i
-        })
-        .collect();
-    w.select(Axis(0), &order)
+    let mut hf_row_of_gguf_row = vec![0; w.nrows()];
+    for (hf_row, gguf_row) in gguf_row_of_hf_row(w.nrows(), n_head)
+        .into_iter()
+        .enumerate()
+    {
+        hf_row_of_gguf_row[gguf_row] = hf_row;
+    }
+    w.select(Axis(0), &hf_row_of_gguf_row)
 }
 
 /// Pulls tensors out of a GGUF file by name, checking shapes, and remembers which
