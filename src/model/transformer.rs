@@ -94,6 +94,23 @@ impl Transformer {
         Ok(())
     }
 
+    /// [`Self::run_layers_inplace`] over every layer with `cache`'s own caches and scratch.
+    fn run_all_layers(
+        &self,
+        x: ArrayViewMut3<f32>,
+        new_lens: &[usize],
+        cache: &mut KvCache,
+    ) -> Result<()> {
+        let n_layers = self.weights.layers.len();
+        self.run_layers_inplace(
+            0..n_layers,
+            x,
+            new_lens,
+            &mut cache.layers,
+            &mut cache.scratch,
+        )
+    }
+
     /// Runs layers `layers` on `x` `[B, T, C]` (all tokens new) with the caches
     /// `cache.layers[layers]` and returns the output of the last one.
     pub fn run_layers(
@@ -169,14 +186,7 @@ impl Transformer {
             return Err(ElmError::InvalidArgument(format!("sequence {bi} is empty")));
         }
         let (mut x, lens) = self.embed(tokens)?;
-        let n_layers = self.weights.layers.len();
-        self.run_layers_inplace(
-            0..n_layers,
-            x.view_mut(),
-            &lens,
-            &mut cache.layers,
-            &mut cache.scratch,
-        )?;
+        self.run_all_layers(x.view_mut(), &lens, cache)?;
         let last = Array2::from_shape_fn((tokens.len(), self.config().hidden_size), |(bi, ci)| {
             x[[bi, lens[bi] - 1, ci]]
         });
@@ -274,14 +284,7 @@ impl Transformer {
                 "forward_logits needs equal, non-zero sequence lengths, got {lens:?}"
             )));
         }
-        let n_layers = self.weights.layers.len();
-        self.run_layers_inplace(
-            0..n_layers,
-            x.view_mut(),
-            &lens,
-            &mut cache.layers,
-            &mut cache.scratch,
-        )?;
+        self.run_all_layers(x.view_mut(), &lens, &mut cache)?;
         let (b, _, c) = x.dim();
         let h = x.into_shape_with_order((b * t, c)).expect("contiguous");
         let logits = self.logits_from_hidden(h.view());
