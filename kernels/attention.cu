@@ -11,31 +11,6 @@
 // Softmax is exact (max-subtracted), scale = 1/sqrt(head_dim) is passed in.
 // grid = (rows, n_heads), blockDim multiple of 32.
 
-static __device__ float block_reduce(float v, bool is_max) {
-    __shared__ float warp_part[32];
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, v, o);
-        v = is_max ? fmaxf(v, other) : v + other;
-    }
-    if (lane == 0) warp_part[warp] = v;
-    __syncthreads();
-    const int n_warps = (blockDim.x + 31) >> 5;
-    if (warp == 0) {
-        v = (lane < n_warps) ? warp_part[lane] : (is_max ? -3.402823466e38f : 0.0f);
-        for (int o = 16; o > 0; o >>= 1) {
-            const float other = __shfl_xor_sync(0xffffffffu, v, o);
-            v = is_max ? fmaxf(v, other) : v + other;
-        }
-        if (lane == 0) warp_part[0] = v;
-    }
-    __syncthreads();
-    v = warp_part[0];
-    __syncthreads();
-    return v;
-}
-
 extern "C" __global__ void attention_f32(const float* __restrict__ q, int q_stride,
                                          const float* __restrict__ k, const float* __restrict__ v,
                                          float* __restrict__ out, int out_stride,

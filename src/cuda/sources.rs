@@ -1,6 +1,19 @@
 //! The CUDA C sources of every kernel, embedded at build time (shared by the real backend and the stub).
 //!
-//! Each file is a self-contained f32 `.cu` program (no `#include`), compiled by NVRTC on first use.
+//! Each file is an f32 `.cu` program without `#include`s, compiled by NVRTC on first use
+//! with `kernels/common.cuh` (shared device helpers) prepended: NVRTC line numbers in
+//! error logs count from the start of that header.
+
+/// `kernels/common.cuh` followed by `kernels/<file>`, as one string literal.
+macro_rules! with_common {
+    ($file:literal) => {
+        concat!(
+            include_str!("../../kernels/common.cuh"),
+            "\n",
+            include_str!(concat!("../../kernels/", $file))
+        )
+    };
+}
 
 /// One embedded kernel file and the `extern "C"` kernels it defines.
 #[derive(Clone, Copy, Debug)]
@@ -17,17 +30,17 @@ pub struct KernelSource {
 pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "norm.cu",
-        source: include_str!("../../kernels/norm.cu"),
+        source: with_common!("norm.cu"),
         kernels: &["rmsnorm_f32"],
     },
     KernelSource {
         file: "rope.cu",
-        source: include_str!("../../kernels/rope.cu"),
+        source: with_common!("rope.cu"),
         kernels: &["rope_half_f32", "rope_interleaved_f32"],
     },
     KernelSource {
         file: "elementwise.cu",
-        source: include_str!("../../kernels/elementwise.cu"),
+        source: with_common!("elementwise.cu"),
         kernels: &[
             "swiglu_f32",
             "add_inplace_f32",
@@ -38,17 +51,17 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     },
     KernelSource {
         file: "attention.cu",
-        source: include_str!("../../kernels/attention.cu"),
+        source: with_common!("attention.cu"),
         kernels: &["attention_f32"],
     },
     KernelSource {
         file: "softmax.cu",
-        source: include_str!("../../kernels/softmax.cu"),
+        source: with_common!("softmax.cu"),
         kernels: &["softmax_f32", "argmax_f32", "sample_f32"],
     },
     KernelSource {
         file: "fixed_point.cu",
-        source: include_str!("../../kernels/fixed_point.cu"),
+        source: with_common!("fixed_point.cu"),
         kernels: &["anderson_mix_f32"],
     },
 ];
