@@ -1,25 +1,6 @@
 // RMSNorm over the last dimension, f32. One block per row; blockDim is a multiple of 32.
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w[:]
 
-static __device__ float block_sum(float v) {
-    __shared__ float warp_part[32];
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) warp_part[warp] = v;
-    __syncthreads();
-    const int n_warps = (blockDim.x + 31) >> 5;
-    if (warp == 0) {
-        v = (lane < n_warps) ? warp_part[lane] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) warp_part[0] = v;
-    }
-    __syncthreads();
-    v = warp_part[0];
-    __syncthreads();  // warp_part may be reused by the next call
-    return v;
-}
-
 // x, y: [rows, cols]; w: [cols]. grid = rows.
 extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w,
                                        float* __restrict__ y, int cols, float eps) {
@@ -31,7 +12,7 @@ extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float*
         const float v = xr[i];
         ss += v * v;
     }
-    ss = block_sum(ss);
+    ss = block_reduce(ss, false);
     // 1/sqrtf (IEEE sqrt) rather than rsqrtf: keeps the kernel within 1e-6 of a CPU reference.
     const float inv_rms = 1.0f / sqrtf(ss / (float)cols + eps);
     for (int i = threadIdx.x; i < cols; i += blockDim.x) yr[i] = xr[i] * inv_rms * w[i];
