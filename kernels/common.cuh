@@ -1,5 +1,5 @@
 // Device helpers shared by the kernel files; prepended to every file before NVRTC
-// compiles it (src/cuda/sources.rs), so the files themselves have no #include.
+// compiles it (src/cuda/sources.rs), so the files need no include directive.
 
 // Max (is_max) or sum of `v` over the block; every thread gets the result.
 // blockDim.x must be a multiple of 32.

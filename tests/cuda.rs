@@ -245,10 +245,13 @@ fn kernel_sources_are_embedded_and_match_kernels_dir() {
             );
             assert_eq!(cuda::source_of(k).map(|x| x.file), Some(s.file));
         }
+        // Embedded = the shared header, a newline, then the file (see src/cuda/sources.rs).
+        let common = std::fs::read_to_string(dir.join("common.cuh")).unwrap();
         let on_disk = std::fs::read_to_string(dir.join(s.file)).unwrap();
         assert_eq!(
-            on_disk, s.source,
-            "{}: embedded text differs from disk",
+            format!("{common}\n{on_disk}"),
+            s.source,
+            "{}: embedded text differs from kernels/common.cuh + the file on disk",
             s.file
         );
     }

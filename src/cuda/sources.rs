@@ -1,6 +1,6 @@
 //! The CUDA C sources of every kernel, embedded at build time (shared by the real backend and the stub).
 //!
-//! Each file is an f32 `.cu` program without `#include`s, compiled by NVRTC on first use
+//! Each file is an f32 `.cu` program without include directives, compiled by NVRTC on first use
 //! with `kernels/common.cuh` (shared device helpers) prepended: NVRTC line numbers in
 //! error logs count from the start of that header.
 
