@@ -26,15 +26,18 @@ fn problem(batch: usize) -> TanhProblem<f32> {
 }
 
 fn solver_config(name: &str) -> SolverConfig {
-    SolverConfig::by_name(name)
-        .unwrap()
-        .with_stop(StopCriteria {
-            abs_tol: 0.0,
-            rel_tol: 0.0,
-            max_iter: K,
-            divergence_factor: f64::INFINITY,
-            ..StopCriteria::default()
-        })
+    SolverConfig::by_name(name).unwrap()
+}
+
+/// Exactly K evaluations per row: no tolerance, no divergence test.
+fn k_iterations() -> StopCriteria {
+    StopCriteria {
+        abs_tol: 0.0,
+        rel_tol: 0.0,
+        max_iter: K,
+        divergence_factor: f64::INFINITY,
+        ..StopCriteria::default()
+    }
 }
 
 /// K plain map evaluations, chained like Picard would (z ← f(z)) so the inputs stay realistic.
@@ -73,7 +76,7 @@ fn main() {
         for name in solvers {
             let solver = solver_config(name).build::<f32>();
             group.bench_with_input(BenchmarkId::from_parameter(name), &name, |b, _| {
-                b.iter(|| black_box(solver.solve(&mut p, z0.view()).unwrap()))
+                b.iter(|| black_box(solver.solve(&mut p, z0.view(), &k_iterations()).unwrap()))
             });
         }
         group.finish();
@@ -102,7 +105,7 @@ fn main() {
             black_box(&z);
             for (i, s) in built.iter().enumerate() {
                 let t = Instant::now();
-                let sol = s.solve(&mut p, z0.view()).unwrap();
+                let sol = s.solve(&mut p, z0.view(), &k_iterations()).unwrap();
                 t_solver[i].push(t.elapsed().as_secs_f64() / sol.map_evals as f64);
                 black_box(sol);
             }

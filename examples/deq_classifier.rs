@@ -10,8 +10,8 @@
 use std::time::Instant;
 
 use elm::autograd::{Tape, Var};
-use elm::grad::{GradientRule, ImplicitDriver, ImplicitLayer};
-use elm::solver::{FixedPointSolver, SolverConfig, StopCriteria};
+use elm::grad::{DeqConfig, GradientRule, ImplicitDriver, ImplicitLayer};
+use elm::solver::{SolverConfig, StopCriteria};
 use elm::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
 use ndarray::{Array2, ArrayD, Axis};
 use rand::Rng;
@@ -21,14 +21,20 @@ const HIDDEN: usize = 32;
 const N_POINTS: usize = 384;
 const CLASSES: usize = 2;
 
-/// z = tanh(z·Wᵀ + x·Uᵀ + b); params = [W, U, b].
+elm::param_set! {
+    /// W [H, H], U [H, 2], b [H].
+    struct TanhParams { w, u, b }
+}
+
+/// z = tanh(z·Wᵀ + x·Uᵀ + b).
 #[derive(Clone)]
 struct TanhDeq;
 
 impl ImplicitLayer<f32> for TanhDeq {
-    fn forward(&self, t: &mut Tape<f32>, z: Var, x: Var, p: &[Var]) -> elm::Result<Var> {
-        let wz = t.matmul_t(z, p[0], None)?; // [B, H]
-        let ux = t.matmul_t(x, p[1], Some(p[2]))?; // [B, H]
+    type Params = TanhParams;
+    fn forward(&self, t: &mut Tape<f32>, z: Var, x: Var, p: &TanhParams) -> elm::Result<Var> {
+        let wz = t.matmul_t(z, p.w, None)?; // [B, H]
+        let ux = t.matmul_t(x, p.u, Some(p.b))?; // [B, H]
         let s = t.add(wz, ux)?;
         Ok(t.tanh(s))
     }
@@ -128,35 +134,28 @@ fn label(rule: &GradientRule) -> String {
         GradientRule::StochasticJfb { no_grad, grad, .. } => {
             format!("sjfb m~U{no_grad:?} n~U{grad:?}")
         }
-        GradientRule::Implicit { solver, tol, .. } => {
-            format!("implicit/{} tol={tol:e}", solver.name())
+        GradientRule::Implicit { solver, stop } => {
+            format!("implicit/{} rel_tol={:e}", solver.name(), stop.rel_tol)
         }
     }
 }
 
-fn accuracy(
-    store: &ParamStore,
-    x: &Array2<f32>,
-    y: &[usize],
-    solver: &dyn FixedPointSolver<f32>,
-) -> elm::Result<f64> {
+fn accuracy(store: &ParamStore, x: &Array2<f32>, y: &[usize], deq: &DeqConfig) -> elm::Result<f64> {
     let mut tape = Tape::<f32>::new();
     let (w, u, b, v, c) = (0, 1, 2, 3, 4);
-    let params: Vec<Var> = [w, u, b]
-        .iter()
-        .map(|&i| tape.constant(store.value(i).clone()))
-        .collect();
+    let mut constant = |i: usize| tape.constant(store.value(i).clone());
+    let params = TanhParams {
+        w: constant(w),
+        u: constant(u),
+        b: constant(b),
+    };
     let xv = tape.constant(x.clone().into_dyn());
     let z0 = ArrayD::zeros(vec![x.nrows(), HIDDEN]);
-    let (z, _) = elm::grad::implicit_forward(
-        &mut tape,
-        &TanhDeq,
-        xv,
-        &params,
-        &z0,
-        &GradientRule::Jfb,
-        solver,
-    )?;
+    let jfb = DeqConfig {
+        gradient: GradientRule::Jfb,
+        ..deq.clone()
+    };
+    let (z, _) = elm::grad::implicit_forward(&mut tape, &TanhDeq, xv, &params, &z0, &jfb)?;
     let vv = tape.constant(store.value(v).clone());
     let cv = tape.constant(store.value(c).clone());
     let logits = tape.matmul_t(z, vv, Some(cv))?;
@@ -201,12 +200,15 @@ fn train(
         ..Default::default()
     })?;
     let sched = ScheduleConfig::warmup_cosine(2e-2, steps, 0.05, 0.05);
-    let fwd_cfg = SolverConfig::anderson().with_stop(StopCriteria {
-        rel_tol: 1e-5,
-        max_iter: 60,
-        ..Default::default()
-    });
-    let mut driver = ImplicitDriver::<f32>::new(rule.clone(), &fwd_cfg)?;
+    let deq = DeqConfig::new(rule.clone()).with_forward(
+        SolverConfig::anderson(),
+        StopCriteria {
+            rel_tol: 1e-5,
+            max_iter: 60,
+            ..Default::default()
+        },
+    );
+    let mut driver = ImplicitDriver::<f32>::new(deq.clone())?;
     let (mut peak, mut scratch, mut fwd_iters, mut bwd_iters, mut last_loss) =
         (0, 0, 0usize, 0usize, 0.0);
     let start = Instant::now();
@@ -215,7 +217,12 @@ fn train(
         let vars = store.register(&mut tape);
         let x = tape.constant(xtr.clone().into_dyn());
         let z0 = ArrayD::zeros(vec![xtr.nrows(), HIDDEN]);
-        let (z, report) = driver.forward(&mut tape, &TanhDeq, x, &vars.vars()[..3], &z0)?;
+        let params = TanhParams {
+            w: vars.var(0),
+            u: vars.var(1),
+            b: vars.var(2),
+        };
+        let (z, report) = driver.forward(&mut tape, &TanhDeq, x, &params, &z0)?;
         let logits = tape.matmul_t(z, vars.var(3), Some(vars.var(4)))?;
         let loss = cross_entropy(&mut tape, logits, ytr);
         last_loss = tape.scalar(loss) as f64;
@@ -232,12 +239,11 @@ fn train(
         project_spectral(store.value_mut(0), 0.9);
     }
     let seconds = start.elapsed().as_secs_f64();
-    let eval_solver = fwd_cfg.build::<f32>();
     Ok(RuleResult {
         name: label(&rule),
         rule_json: serde_json::to_value(&rule).expect("rule serialises"),
-        train_acc: accuracy(&store, xtr, ytr, eval_solver.as_ref())?,
-        test_acc: accuracy(&store, xte, yte, eval_solver.as_ref())?,
+        train_acc: accuracy(&store, xtr, ytr, &deq)?,
+        test_acc: accuracy(&store, xte, yte, &deq)?,
         seconds,
         peak_tape_bytes: peak,
         peak_scratch_bytes: scratch,

@@ -26,13 +26,8 @@ fn main() -> elm::Result<()> {
         let z0 = p.z0();
         let mut line = format!("{name:8} rho={rho:<5}");
         for cfg in &configs {
-            let cfg = cfg.clone().with_stop(StopCriteria {
-                abs_tol: 1e-10,
-                rel_tol: 0.0,
-                max_iter: 50_000,
-                ..StopCriteria::default()
-            });
-            let sol = cfg.build::<f64>().solve(p.map(), z0.view())?;
+            let stop = StopCriteria::absolute(1e-10, 50_000);
+            let sol = cfg.build::<f64>().solve(p.map(), z0.view(), &stop)?;
             line += &format!(
                 " | {}: {} evals{}",
                 cfg.name(),

@@ -3,7 +3,10 @@
 //! Layers, lowest first; a module imports only modules before it in this list:
 //! `error` → `solver`, `autograd` → `nn`, `grad`, `train` → `model::{config, weights}` (plain
 //! data shared by every path) → `io` (fills those types from files) → the rest of `model`
-//! (training and inference paths) → `cuda` → `elm` → `eval` → `cli`.
+//! (training and inference paths) → `cuda` → `elm` → `eval`. The command line is the `elm`
+//! binary (`src/main.rs`, feature `cli`), a thin shell over these modules; see ARCHITECTURE.md
+//! for the picture and for where a new solver, gradient rule, implicit layer or compression
+//! method goes.
 
 // Link the system OpenBLAS that ndarray's `blas` feature calls into.
 extern crate blas_src;
@@ -27,5 +30,3 @@ pub mod cuda;
 
 pub mod elm;
 pub mod eval;
-
-pub mod cli;

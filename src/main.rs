@@ -1,3 +1,7 @@
+//! The `elm` command line: a thin shell over the library (see `src/cli/`).
+
+mod cli;
+
 fn main() -> std::process::ExitCode {
-    elm::cli::main()
+    cli::main()
 }

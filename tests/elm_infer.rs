@@ -5,7 +5,7 @@ use elm::elm::accounting::{kv_report, layer_kv_bytes, param_report};
 use elm::elm::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig, KvMode};
 use elm::elm::{ElmConfig, ElmModule};
 use elm::model::{block_forward_cached, Arch, LayerKv, ModelConfig, ModelWeights, Scratch};
-use elm::solver::SolverConfig;
+use elm::solver::{SolverConfig, StopCriteria};
 use ndarray::{Array2, Array3};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -24,8 +24,7 @@ fn elm_model(arch: Arch) -> ElmModel {
 fn infer(solver: SolverConfig, tol: f64, mode: KvMode) -> InferenceConfig {
     InferenceConfig {
         solver,
-        max_iter: 60,
-        tol,
+        stop: StopCriteria::absolute(tol, 60),
         kv_mode: mode,
         adaptive_prefill: true,
     }
@@ -105,7 +104,7 @@ fn dense_session_matches_layerwise_recompute_and_decode_matches_prefill() {
     let model = ElmModel::dense(w);
     let seq: Vec<u32> = vec![4, 8, 15, 16, 23, 42, 7];
     let mut full = ElmSession::new(&model, InferenceConfig::default(), 1, 32).unwrap();
-    let want = full.prefill(&[seq.clone()]).unwrap();
+    let want = full.prefill(std::slice::from_ref(&seq)).unwrap();
     let mut inc = ElmSession::new(&model, InferenceConfig::default(), 1, 32).unwrap();
     inc.prefill(&[seq[..3].to_vec()]).unwrap();
     let mut got = Array2::zeros((1, 1));
@@ -130,7 +129,7 @@ fn converged_one_step_multi_step_and_recompute_agree() {
             let mut full =
                 ElmSession::new(&model, infer(solver.clone(), 1e-6, KvMode::OneStep), 1, 32)
                     .unwrap();
-            let want = full.prefill(&[seq.clone()]).unwrap();
+            let want = full.prefill(std::slice::from_ref(&seq)).unwrap();
             for mode in [KvMode::OneStep, KvMode::MultiStep] {
                 let mut s =
                     ElmSession::new(&model, infer(solver.clone(), 1e-6, mode), 1, 32).unwrap();
@@ -176,7 +175,7 @@ fn loose_tolerance_makes_modes_differ_but_stay_close() {
     let seq: Vec<u32> = vec![3, 17, 29, 5, 44, 61];
     let run = |mode| {
         let mut cfg = infer(SolverConfig::picard(), 0.0, mode);
-        cfg.max_iter = 2;
+        cfg.stop.max_iter = 2;
         let mut s = ElmSession::new(&model, cfg, 1, 16).unwrap();
         s.prefill(&[seq[..2].to_vec()]).unwrap();
         let mut got = Array2::zeros((1, 1));
@@ -211,7 +210,7 @@ fn batched_decode_equals_unbatched() {
         }
         for (i, p) in ps.iter().enumerate() {
             let mut one = ElmSession::new(&model, cfg.clone(), 1, 32).unwrap();
-            let single = generate_greedy(&mut one, &[p.clone()], 6, &[]).unwrap();
+            let single = generate_greedy(&mut one, std::slice::from_ref(p), 6, &[]).unwrap();
             assert_eq!(batched[i], single[0], "{mode:?} sequence {i}");
             let iters: Vec<usize> = one.decode_stats.iter().map(|s| s.iterations).collect();
             assert_eq!(
@@ -267,7 +266,7 @@ fn kv_bytes_are_exact() {
     assert_eq!(sd.kv_bytes(), rep.dense);
     // Multi-step: one extra cache per iteration index reached (max_iter 2 + commit = 3).
     let mut cfgm = infer(SolverConfig::picard(), 0.0, KvMode::MultiStep);
-    cfgm.max_iter = 2;
+    cfgm.stop.max_iter = 2;
     let mut sm = ElmSession::new(&model, cfgm, b, t).unwrap();
     generate_greedy(&mut sm, &[vec![3, 4], vec![5]], 3, &[]).unwrap();
     assert_eq!(sm.fp_caches(), 3);
@@ -311,10 +310,13 @@ fn bad_inputs_are_typed_errors() {
         .unwrap_err()
         .to_string()
         .contains("max_seq"));
-    let e = serde_json::from_str::<InferenceConfig>("{\"tol\": 0.1, \"foo\": 1}").unwrap_err();
+    let e = serde_json::from_str::<InferenceConfig>("{\"stop\": {\"abs_tol\": 0.1}, \"foo\": 1}")
+        .unwrap_err();
     assert!(e.to_string().contains("foo"));
+    // The old `tol` key is unknown now: stopping is `stop.abs_tol` / `stop.rel_tol`.
+    assert!(serde_json::from_str::<InferenceConfig>("{\"tol\": 0.1}").is_err());
     let bad = InferenceConfig {
-        max_iter: 0,
+        stop: StopCriteria::absolute(0.5, 0),
         ..InferenceConfig::default()
     };
     assert!(ElmSession::new(&model, bad, 1, 4).is_err());

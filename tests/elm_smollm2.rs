@@ -8,7 +8,7 @@ use elm::elm::train::Trainer;
 use elm::elm::{ElmConfig, ElmModule, TrainConfig};
 use elm::eval::gsm8k::{chat_prompt, stop_ids};
 use elm::model::{default_model_path, load_pretrained};
-use elm::solver::SolverConfig;
+use elm::solver::{SolverConfig, StopCriteria};
 
 #[test]
 fn smollm2_compress_train_generate() {
@@ -79,8 +79,7 @@ fn smollm2_compress_train_generate() {
     let model = ElmModel::new(dense, ec, trained).unwrap();
     let cfg = InferenceConfig {
         solver: SolverConfig::anderson(),
-        max_iter: 8,
-        tol: 0.5,
+        stop: StopCriteria::absolute(0.5, 8),
         kv_mode: KvMode::OneStep,
         adaptive_prefill: true,
     };
@@ -88,7 +87,7 @@ fn smollm2_compress_train_generate() {
         .encode(&chat_prompt(&tok, "What is 2 + 2?"), false)
         .unwrap();
     let mut s = ElmSession::new(&model, cfg, 1, ids.len() + 8).unwrap();
-    let out = generate_greedy(&mut s, &[ids.clone()], 4, &stop_ids(&tok)).unwrap();
+    let out = generate_greedy(&mut s, std::slice::from_ref(&ids), 4, &stop_ids(&tok)).unwrap();
     assert!(!out[0].is_empty());
     assert_eq!(
         s.kv_bytes(),

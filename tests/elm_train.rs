@@ -5,14 +5,14 @@
 use elm::autograd::Tape;
 use elm::elm::config::{ElmConfig, TrainConfig};
 use elm::elm::data::TokenSequence;
-use elm::elm::forward::{module_apply, run_dense_layers};
+use elm::elm::forward::run_dense_layers;
 use elm::elm::infer::{ElmModel, ElmSession, InferenceConfig};
 use elm::elm::module::load_module;
-use elm::elm::train::{ElmLayer, Trainer};
-use elm::elm::ElmModule;
-use elm::grad::{GradientRule, ImplicitLayer};
+use elm::elm::train::Trainer;
+use elm::elm::{ElmLayer, ElmModule, ElmParams};
+use elm::grad::{DeqConfig, GradientRule, ImplicitLayer};
 use elm::model::{Arch, ModelConfig, ModelWeights, Transformer};
-use elm::solver::SolverConfig;
+use elm::solver::{SolverConfig, StopCriteria};
 use ndarray::{Array3, ArrayD};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -110,7 +110,7 @@ fn first_module_iteration_equals_model_transformer_layer_l() {
         };
         let module = ElmModule::init(&w, &ec).unwrap();
         let z0 = Array3::<f32>::zeros(hs[2].dim());
-        let first = module_apply(&module, &w.config, z0.view(), hs[2].view()).unwrap();
+        let first = module.apply(&w.config, z0.view(), hs[2].view()).unwrap();
         let d = (&first - &hs[3])
             .mapv(f32::abs)
             .fold(0.0f32, |a, &b| a.max(b));
@@ -136,19 +136,22 @@ fn tape_module_equals_inference_module() {
         let c = w.config.hidden_size;
         let z = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
         let h = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
-        let want = module_apply(&m2, &w.config, z.view(), h.view())
-            .unwrap()
-            .into_dyn();
+        let want = m2.apply(&w.config, z.view(), h.view()).unwrap().into_dyn();
         let layer = ElmLayer::new(&w.config);
         let trainer = Trainer::new(&w, ec.clone(), &m2, cfg(1, 0), "tiny".into()).unwrap();
         let _ = trainer;
         let mut tape = Tape::<f32>::new();
-        let tensors = m2.to_tensors();
+        let tensors = m2.to_tensors(&w.config);
         let names = elm_param_names(&w.config);
-        let params: Vec<_> = names
-            .iter()
-            .map(|n| tape.param(tensors[n].clone()))
+        // The typed parameters carry exactly the checkpoint keys, in this order.
+        let typed: Vec<String> = ElmParams::shapes(&w.config)
+            .named()
+            .into_iter()
+            .map(|(n, _)| n)
             .collect();
+        assert_eq!(typed, names);
+        assert_eq!(tensors.keys().count(), names.len());
+        let params = ElmParams::shapes(&w.config).map(|n, _| tape.param(tensors[n].clone()));
         let zv = tape.constant(z.into_dyn());
         let hv = tape.constant(h.clone().into_dyn());
         let out = layer.forward(&mut tape, zv, hv, &params).unwrap();
@@ -165,6 +168,7 @@ fn tape_module_equals_inference_module() {
             .eval(
                 tape.value(zv).clone(),
                 &std::sync::Arc::new(h.into_dyn()),
+                &params,
                 &arcs,
             )
             .unwrap();
@@ -195,19 +199,19 @@ fn short_run_lowers_distillation_loss_and_is_reproducible() {
     let module = ElmModule::init(&w, &ec).unwrap();
     let train = data(32, 1);
     let held = data(8, 2);
-    let solver = SolverConfig::anderson();
+    let (solver, stop) = (SolverConfig::anderson(), StopCriteria::default());
     let run = |seed| {
         let mut t = Trainer::new(&w, ec.clone(), &module, cfg(30, seed), "tiny".into()).unwrap();
-        let before = t.eval_distill(&held, 0, &solver).unwrap();
+        let before = t.eval_distill(&held, 0, &solver, &stop).unwrap();
         for _ in 0..30 {
             t.train_step(&train, 0).unwrap();
         }
-        let after = t.eval_distill(&held, 0, &solver).unwrap();
+        let after = t.eval_distill(&held, 0, &solver, &stop).unwrap();
         (
             before,
             after,
             t.history.clone(),
-            t.module().unwrap().to_tensors(),
+            t.module().unwrap().to_tensors(&w.config),
         )
     };
     let (before, after, hist, params) = run(7);
@@ -284,13 +288,16 @@ fn resume_after_interruption_equals_uninterrupted_run() {
         );
     }
     assert_eq!(
-        resumed.module().unwrap().to_tensors(),
-        full.module().unwrap().to_tensors()
+        resumed.module().unwrap().to_tensors(&w.config),
+        full.module().unwrap().to_tensors(&w.config)
     );
     // The module checkpoint written alongside loads as the same module.
     resumed.save(&dir).unwrap();
     let (m, meta) = load_module(&dir).unwrap();
-    assert_eq!(m.to_tensors(), full.module().unwrap().to_tensors());
+    assert_eq!(
+        m.to_tensors(&w.config),
+        full.module().unwrap().to_tensors(&w.config)
+    );
     assert_eq!(meta.elm, ec);
     let steps: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
@@ -341,7 +348,10 @@ fn other_gradient_rules_train() {
         GradientRule::implicit(SolverConfig::anderson(), 1e-4, 30),
     ] {
         let c = TrainConfig {
-            grad_rule: Some(rule.clone()),
+            deq: Some(
+                DeqConfig::new(rule.clone())
+                    .with_forward(SolverConfig::anderson(), StopCriteria::relative(1e-4, 30)),
+            ),
             ..cfg(2, 0)
         };
         let mut t = Trainer::new(&w, ec.clone(), &module, c, "tiny".into()).unwrap();

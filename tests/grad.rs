@@ -3,22 +3,28 @@
 //! against central finite differences of the converged fixed point.
 
 use elm::autograd::{Tape, Var};
-use elm::grad::{implicit_forward, GradientRule, ImplicitDriver, ImplicitLayer};
-use elm::solver::SolverConfig;
+use elm::grad::{implicit_forward, DeqConfig, GradientRule, ImplicitDriver, ImplicitLayer};
+use elm::solver::{SolverConfig, StopCriteria};
 use ndarray::{Array1, Array2, ArrayD, Axis};
 use ndarray_linalg::{Norm, Solve, SVD};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
-/// z = tanh(z·Wᵀ + x·Uᵀ + b); params = [W [D, D], U [D, Dx], b [D]].
+elm::param_set! {
+    /// W [D, D], U [D, Dx], b [D].
+    struct TanhParams { w, u, b }
+}
+
+/// z = tanh(z·Wᵀ + x·Uᵀ + b).
 #[derive(Clone)]
 struct TanhDeq;
 
 impl<T: elm::autograd::AdFloat> ImplicitLayer<T> for TanhDeq {
-    fn forward(&self, t: &mut Tape<T>, z: Var, x: Var, p: &[Var]) -> elm::Result<Var> {
-        let wz = t.matmul_t(z, p[0], None)?;
-        let ux = t.matmul_t(x, p[1], Some(p[2]))?;
+    type Params = TanhParams;
+    fn forward(&self, t: &mut Tape<T>, z: Var, x: Var, p: &TanhParams) -> elm::Result<Var> {
+        let wz = t.matmul_t(z, p.w, None)?;
+        let ux = t.matmul_t(x, p.u, Some(p.b))?;
         let s = t.add(wz, ux)?;
         Ok(t.tanh(s))
     }
@@ -103,6 +109,11 @@ fn loss_at(p: &Problem) -> f64 {
     (dense_fixed_point(p) * &p.c).sum()
 }
 
+/// The rule with forward solver and stopping `fwd`.
+fn deq(rule: &GradientRule, fwd: &(SolverConfig, StopCriteria)) -> DeqConfig {
+    DeqConfig::new(rule.clone()).with_forward(fwd.0.clone(), fwd.1.clone())
+}
+
 struct Got {
     dw: ArrayD<f64>,
     du: ArrayD<f64>,
@@ -120,21 +131,25 @@ fn tape_grads(p: &Problem, rule: &GradientRule, driver: Option<&mut ImplicitDriv
     let x = tape.param(p.x.clone().into_dyn());
     let c = tape.constant(p.c.clone().into_dyn());
     let z0 = ArrayD::zeros(vec![B, D]);
-    let fwd = SolverConfig::anderson().with_stop(elm::solver::StopCriteria {
-        rel_tol: 1e-13,
-        max_iter: 500,
-        ..Default::default()
-    });
+    let fwd = (
+        SolverConfig::anderson(),
+        elm::solver::StopCriteria {
+            rel_tol: 1e-13,
+            max_iter: 500,
+            ..Default::default()
+        },
+    );
     let (z, report) = match driver {
-        Some(d) => d.forward(&mut tape, &TanhDeq, x, &[w, u, b], &z0).unwrap(),
+        Some(d) => d
+            .forward(&mut tape, &TanhDeq, x, &TanhParams { w, u, b }, &z0)
+            .unwrap(),
         None => implicit_forward(
             &mut tape,
             &TanhDeq,
             x,
-            &[w, u, b],
+            &TanhParams { w, u, b },
             &z0,
-            rule,
-            fwd.build::<f64>().as_ref(),
+            &deq(rule, &fwd),
         )
         .unwrap(),
     };
@@ -328,7 +343,10 @@ fn stochastic_jfb_is_reproducible_and_seed_dependent() {
     };
     let fwd = SolverConfig::anderson();
     let run = |seed: u64| {
-        let mut d = ImplicitDriver::<f64>::new(rule(seed), &fwd).unwrap();
+        let mut d = ImplicitDriver::<f64>::new(
+            DeqConfig::new(rule(seed)).with_forward(fwd.clone(), StopCriteria::default()),
+        )
+        .unwrap();
         (0..6)
             .map(|_| tape_grads(&p, &rule(seed), Some(&mut d)))
             .collect::<Vec<_>>()
@@ -392,7 +410,8 @@ fn stochastic_jfb_equals_unrolling_n_steps_from_the_untaped_iterate() {
     );
     let mut z = tape.constant(zm.into_dyn());
     for _ in 0..2 {
-        z = ImplicitLayer::<f64>::forward(&TanhDeq, &mut tape, z, x, &[w, u, b]).unwrap();
+        z = ImplicitLayer::<f64>::forward(&TanhDeq, &mut tape, z, x, &TanhParams { w, u, b })
+            .unwrap();
     }
     let c = tape.constant(p.c.clone().into_dyn());
     let zc = tape.mul(z, c).unwrap();
@@ -432,15 +451,14 @@ fn f32_implicit_gradient_close_to_f64_reference() {
     let x = tape.param(f(&p.x));
     let c = tape.constant(f(&p.c));
     let rule = GradientRule::implicit(SolverConfig::anderson(), 1e-6, 200);
-    let fwd = SolverConfig::anderson().build::<f32>();
+    let fwd = (SolverConfig::anderson(), StopCriteria::default());
     let (z, _) = implicit_forward(
         &mut tape,
         &TanhDeq,
         x,
-        &[w, u, b],
+        &TanhParams { w, u, b },
         &ArrayD::zeros(vec![B, D]),
-        &rule,
-        fwd.as_ref(),
+        &deq(&rule, &fwd),
     )
     .unwrap();
     let zc = tape.mul(z, c).unwrap();
@@ -466,15 +484,14 @@ fn frozen_params_get_no_gradient_but_input_does() {
     let b = tape.constant(p.b.clone().into_dyn());
     let x = tape.param(p.x.clone().into_dyn());
     let rule = GradientRule::implicit(SolverConfig::anderson(), 1e-12, 200);
-    let fwd = SolverConfig::anderson().build::<f64>();
+    let fwd = (SolverConfig::anderson(), StopCriteria::default());
     let (z, _) = implicit_forward(
         &mut tape,
         &TanhDeq,
         x,
-        &[w, u, b],
+        &TanhParams { w, u, b },
         &ArrayD::zeros(vec![B, D]),
-        &rule,
-        fwd.as_ref(),
+        &deq(&rule, &fwd),
     )
     .unwrap();
     let c = tape.constant(p.c.clone().into_dyn());
@@ -518,18 +535,42 @@ fn rules_serde_round_trip_and_validation() {
         }
     );
     let parsed = GradientRule::from_json(
-        r#"{"kind":"implicit","solver":{"kind":"anderson","m":3},"tol":1e-8,"max_iter":40}"#,
+        r#"{"kind":"implicit","solver":{"kind":"anderson","history":3},"stop":{"rel_tol":1e-8,"max_iter":40}}"#,
     )
     .unwrap();
     assert_eq!(parsed.name(), "implicit");
+    // One config for the whole layer: forward solver + its stopping + rule (with its backward).
+    let deq = DeqConfig::from_json(
+        r#"{"forward_solver":{"kind":"broyden"},"forward_stop":{"abs_tol":1e-9,"rel_tol":0,"max_iter":60},"gradient":{"kind":"jfb"}}"#,
+    )
+    .unwrap();
+    assert_eq!(deq.forward_solver.name(), "broyden");
+    assert_eq!(deq.forward_stop, StopCriteria::absolute(1e-9, 60));
+    assert_eq!(deq.gradient, GradientRule::Jfb);
+    for bad in [
+        r#"{"gradient":{"kind":"jfb"},"bogus":1}"#,
+        r#"{"forward_solver":{"kind":"anderson","stop":{"max_iter":3}},"gradient":{"kind":"jfb"}}"#,
+        r#"{"forward_stop":{"max_iter":0},"gradient":{"kind":"jfb"}}"#,
+        r#"{"forward_solver":{"kind":"anderson"}}"#,
+    ] {
+        let e = DeqConfig::from_json(bad);
+        assert!(
+            matches!(
+                e,
+                Err(elm::ElmError::Json { .. }) | Err(elm::ElmError::Config { .. })
+            ),
+            "{bad} → {e:?}"
+        );
+    }
     for bad in [
         r#"{"kind":"jfb","k":3}"#,
         r#"{"kind":"unroll","k":0}"#,
         r#"{"kind":"unroll"}"#,
         r#"{"kind":"stochastic_jfb","no_grad":[3,1],"grad":[1,4],"seed":0}"#,
         r#"{"kind":"stochastic_jfb","no_grad":[0,4],"grad":[0,4],"seed":0}"#,
-        r#"{"kind":"implicit","solver":{"kind":"anderson"},"tol":0,"max_iter":40}"#,
-        r#"{"kind":"implicit","solver":{"kind":"anderson","bogus":1},"tol":1e-6,"max_iter":40}"#,
+        r#"{"kind":"implicit","solver":{"kind":"anderson"},"stop":{"rel_tol":0,"max_iter":40}}"#,
+        r#"{"kind":"implicit","solver":{"kind":"anderson","bogus":1},"stop":{"rel_tol":1e-6}}"#,
+        r#"{"kind":"implicit","solver":{"kind":"anderson"},"tol":1e-8,"max_iter":40}"#,
         r#"{"kind":"newton"}"#,
     ] {
         let e = GradientRule::from_json(bad);
@@ -550,16 +591,15 @@ fn bad_inputs_give_typed_errors() {
     let w = tape.param(ArrayD::zeros(vec![D, D]));
     let u = tape.param(ArrayD::zeros(vec![D, DX]));
     let b = tape.param(ArrayD::zeros(vec![D]));
-    let fwd = SolverConfig::picard().build::<f64>();
+    let fwd = (SolverConfig::picard(), StopCriteria::default());
     // 1-D state.
     let r = implicit_forward(
         &mut tape,
         &TanhDeq,
         x,
-        &[w, u, b],
+        &TanhParams { w, u, b },
         &ArrayD::zeros(vec![D]),
-        &GradientRule::Jfb,
-        fwd.as_ref(),
+        &deq(&GradientRule::Jfb, &fwd),
     );
     assert!(
         matches!(r, Err(elm::ElmError::Shape { .. })),
@@ -573,10 +613,9 @@ fn bad_inputs_give_typed_errors() {
         &mut tape,
         &TanhDeq,
         x,
-        &[w, u, b],
+        &TanhParams { w, u, b },
         &z0,
-        &GradientRule::Jfb,
-        fwd.as_ref(),
+        &deq(&GradientRule::Jfb, &fwd),
     );
     assert!(matches!(r, Err(elm::ElmError::NonFinite(_))));
     // Wrong state width for the layer.
@@ -584,10 +623,9 @@ fn bad_inputs_give_typed_errors() {
         &mut tape,
         &TanhDeq,
         x,
-        &[w, u, b],
+        &TanhParams { w, u, b },
         &ArrayD::zeros(vec![2, D + 1]),
-        &GradientRule::Unroll { k: 2 },
-        fwd.as_ref(),
+        &deq(&GradientRule::Unroll { k: 2 }, &fwd),
     );
     assert!(r.is_err());
 }
@@ -616,13 +654,14 @@ fn token_shaped_state_matches_row_problem() {
     );
     for solver in [SolverConfig::picard(), SolverConfig::broyden()] {
         let rule = GradientRule::implicit(solver, 1e-12, 500);
-        let fwd = SolverConfig::anderson()
-            .with_stop(elm::solver::StopCriteria {
+        let fwd = (
+            SolverConfig::anderson(),
+            elm::solver::StopCriteria {
                 rel_tol: 1e-13,
                 max_iter: 500,
                 ..Default::default()
-            })
-            .build::<f64>();
+            },
+        );
         let mut t2 = Tape::<f64>::new();
         let (w2, u2, b2, x2, c2) = (
             t2.param(tape.value(w).clone()),
@@ -635,10 +674,13 @@ fn token_shaped_state_matches_row_problem() {
             &mut t2,
             &TanhDeq,
             x2,
-            &[w2, u2, b2],
+            &TanhParams {
+                w: w2,
+                u: u2,
+                b: b2,
+            },
             &ArrayD::zeros(vec![1, B, D]),
-            &rule,
-            fwd.as_ref(),
+            &deq(&rule, &fwd),
         )
         .unwrap();
         assert_eq!(t2.value(z).shape(), &[1, B, D]);
@@ -664,9 +706,10 @@ fn token_shaped_state_matches_row_problem() {
 struct TanhDeqCustomOp;
 
 impl ImplicitLayer<f64> for TanhDeqCustomOp {
-    fn forward(&self, t: &mut Tape<f64>, z: Var, x: Var, p: &[Var]) -> elm::Result<Var> {
-        let wz = t.matmul_t(z, p[0], None)?;
-        let ux = t.matmul_t(x, p[1], Some(p[2]))?;
+    type Params = TanhParams;
+    fn forward(&self, t: &mut Tape<f64>, z: Var, x: Var, p: &TanhParams) -> elm::Result<Var> {
+        let wz = t.matmul_t(z, p.w, None)?;
+        let ux = t.matmul_t(x, p.u, Some(p.b))?;
         let s = t.add(wz, ux)?;
         let y = t.value(s).mapv(f64::tanh);
         let dy = y.mapv(|v| 1.0 - v * v);
@@ -689,21 +732,21 @@ fn implicit_gradient_with_non_replayable_layer() {
     let x = tape.param(p.x.clone().into_dyn());
     let c = tape.constant(p.c.clone().into_dyn());
     let rule = GradientRule::implicit(SolverConfig::anderson(), 1e-12, 500);
-    let fwd = SolverConfig::anderson()
-        .with_stop(elm::solver::StopCriteria {
+    let fwd = (
+        SolverConfig::anderson(),
+        elm::solver::StopCriteria {
             rel_tol: 1e-13,
             max_iter: 500,
             ..Default::default()
-        })
-        .build::<f64>();
+        },
+    );
     let (z, rep) = implicit_forward(
         &mut tape,
         &TanhDeqCustomOp,
         x,
-        &[w, u, b],
+        &TanhParams { w, u, b },
         &ArrayD::zeros(vec![B, D]),
-        &rule,
-        fwd.as_ref(),
+        &deq(&rule, &fwd),
     )
     .unwrap();
     let zc = tape.mul(z, c).unwrap();

@@ -198,7 +198,7 @@ fn elm_generate_samples_batches_and_reports_solver_stats() {
     let (ok, g, err) = generate(&["--max-new-tokens", "5"]);
     assert!(ok, "{err}");
     let (model, tok) =
-        elm::cli::elm_cmds::load_elm_model(std::path::Path::new(path), Some(ck.as_path())).unwrap();
+        elm::elm::infer::ElmModel::load(std::path::Path::new(path), Some(ck.as_path())).unwrap();
     let cfg = elm::elm::infer::InferenceConfig::default();
     let mut s = elm::elm::infer::ElmSession::new(&model, cfg, 1, 32).unwrap();
     let ids = tok.encode("The sky is", false).unwrap();

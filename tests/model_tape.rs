@@ -99,7 +99,7 @@ fn named_vars(m: &ModelVars) -> Vec<(String, Var)> {
     let mut v = vec![("embed".to_string(), m.embed)];
     for (l, b) in m.layers.iter().enumerate() {
         for (n, var) in b.named() {
-            v.push((format!("layers.{l}.{n}"), var));
+            v.push((format!("layers.{l}.{n}"), *var));
         }
     }
     v.push(("final_norm".into(), m.final_norm));

@@ -26,23 +26,28 @@ fn setup() {
     ONCE.call_once(|| unsafe { openblas_set_num_threads(1) });
 }
 
-fn config(name: &str, abs_tol: f64, max_iter: usize) -> SolverConfig {
-    SolverConfig::by_name(name)
-        .unwrap()
-        .with_stop(StopCriteria {
-            abs_tol,
-            rel_tol: 0.0,
-            max_iter,
-            ..StopCriteria::default()
-        })
+/// A solver and the stop criteria its solves use.
+struct Setup {
+    solver: SolverConfig,
+    stop: StopCriteria,
 }
 
-fn solve(
-    cfg: &SolverConfig,
-    map: &mut dyn FixedPointMap<f64>,
-    z0: ArrayView2<f64>,
-) -> Solution<f64> {
-    cfg.build::<f64>().solve(map, z0).unwrap()
+impl Setup {
+    fn with_output(mut self, output: OutputOptions) -> Self {
+        self.solver = self.solver.with_output(output);
+        self
+    }
+}
+
+fn config(name: &str, abs_tol: f64, max_iter: usize) -> Setup {
+    Setup {
+        solver: SolverConfig::by_name(name).unwrap(),
+        stop: StopCriteria::absolute(abs_tol, max_iter),
+    }
+}
+
+fn solve(cfg: &Setup, map: &mut dyn FixedPointMap<f64>, z0: ArrayView2<f64>) -> Solution<f64> {
+    cfg.solver.build::<f64>().solve(map, z0, &cfg.stop).unwrap()
 }
 
 fn assert_all_converged(sol: &Solution<f64>, what: &str) {
@@ -204,17 +209,16 @@ fn tanh_batch_converges_in_f64_and_f32() {
             iters.iter().min().unwrap(),
             iters.iter().max().unwrap()
         );
-        let cfg32 = SolverConfig::by_name(name)
+        let stop32 = StopCriteria {
+            abs_tol: 0.0,
+            rel_tol: 1e-5,
+            max_iter: 2000,
+            ..StopCriteria::default()
+        };
+        let sol32 = SolverConfig::by_name(name)
             .unwrap()
-            .with_stop(StopCriteria {
-                abs_tol: 0.0,
-                rel_tol: 1e-5,
-                max_iter: 2000,
-                ..StopCriteria::default()
-            });
-        let sol32 = cfg32
             .build::<f32>()
-            .solve(&mut p32, Array2::zeros((64, 200)).view())
+            .solve(&mut p32, Array2::zeros((64, 200)).view(), &stop32)
             .unwrap();
         assert!(
             sol32.all_converged(),
@@ -272,10 +276,16 @@ fn converged_rows_are_frozen_and_reported_inactive() {
             history.push((info.active.to_vec(), info.z.row(0).to_owned()));
         };
         let mut cfg = config(name, 1e-9, 5000);
-        cfg.output_mut().return_best = false;
+        cfg.solver.output_mut().return_best = false;
         let sol = cfg
+            .solver
             .build::<f64>()
-            .solve_observed(&mut map, Array2::zeros((2, 8)).view(), &mut observer)
+            .solve_observed(
+                &mut map,
+                Array2::zeros((2, 8)).view(),
+                &cfg.stop,
+                &mut observer,
+            )
             .unwrap();
         assert_all_converged(&sol, name);
         let (easy, hard) = (sol.rows[0].iterations, sol.rows[1].iterations);
@@ -367,8 +377,8 @@ fn picard_diverges_on_expanding_map_and_returns_best_iterate() {
     setup();
     let mut p = LinearProblem::new(20, 1.5, 1, 5).unwrap();
     let mut cfg = config("picard", 1e-10, 10_000);
-    cfg.stop_mut().divergence_factor = 1e6;
-    cfg.output_mut().trace = true;
+    cfg.stop.divergence_factor = 1e6;
+    cfg.solver.output_mut().trace = true;
     let sol = solve(&cfg, &mut p, Array2::zeros((1, 20)).view());
     let row = &sol.rows[0];
     assert_eq!(row.status, RowStatus::Diverged);
@@ -406,7 +416,7 @@ fn anderson_mixes_after_two_evaluations() {
         |z: ndarray::ArrayView1<f64>, mut o: ndarray::ArrayViewMut1<f64>| o[0] = 0.9 * z[0] + 2.0,
     );
     let mut cfg = config("anderson", 1e-12, 100);
-    if let SolverConfig::Anderson(a) = &mut cfg {
+    if let SolverConfig::Anderson(a) = &mut cfg.solver {
         a.lambda = 0.0; // the ridge would perturb the exact secant step
     }
     let sol = solve(&cfg, &mut map, Array2::zeros((1, 1)).view());
@@ -430,12 +440,14 @@ fn anderson_restarts_on_singular_history() {
         },
     );
     let mut cfg = config("anderson", 1e-12, 200);
-    if let SolverConfig::Anderson(a) = &mut cfg {
+    if let SolverConfig::Anderson(a) = &mut cfg.solver {
         a.lambda = 0.0;
-        a.m = 4;
+        a.history = 4;
     }
     let sol = solve(&cfg, &mut map, Array2::zeros((1, 3)).view());
     assert_all_converged(&sol, "anderson singular");
+    // The restarts reach the row's report.
+    assert!(sol.rows[0].restarts > 0, "{:?}", sol.rows[0]);
     let z = sol.z[[0, 0]];
     assert!((z - (0.5 * z.sin() + 1.0)).abs() < 1e-12);
 }
@@ -446,7 +458,7 @@ fn spectral_radius_estimate_matches_known_values() {
     for &rho in &[0.5, 0.9] {
         let mut p = LinearProblem::new(50, rho, 2, 1).unwrap();
         let mut cfg = config("anderson", 1e-10, 1000);
-        cfg.output_mut().spectral_radius_iters = 200;
+        cfg.solver.output_mut().spectral_radius_iters = 200;
         let sol = solve(&cfg, &mut p, Array2::zeros((2, 50)).view());
         for r in &sol.rows {
             let est = r.spectral_radius.unwrap();
@@ -456,7 +468,7 @@ fn spectral_radius_estimate_matches_known_values() {
         assert_eq!(sol.spectral_map_evals, 201);
     }
     let mut cfg = config("broyden", 1e-12, 100);
-    cfg.output_mut().spectral_radius_iters = 5;
+    cfg.solver.output_mut().spectral_radius_iters = 5;
     let sol = solve(&cfg, &mut CosProblem, Array2::zeros((1, 1)).view());
     let est = sol.rows[0].spectral_radius.unwrap();
     let exact = DOTTIE.sin(); // |d cos z / dz| at the fixed point
@@ -467,7 +479,7 @@ fn spectral_radius_estimate_matches_known_values() {
     // tanh: ρ(J) ≤ ‖diag(1 − z²) W‖₂ ≤ 0.95.
     let mut p = TanhProblem::<f64>::new(40, 8, 4, 0.95, 2).unwrap();
     let mut cfg = config("anderson", 1e-10, 1000);
-    cfg.output_mut().spectral_radius_iters = 100;
+    cfg.solver.output_mut().spectral_radius_iters = 100;
     let sol = solve(&cfg, &mut p, Array2::zeros((4, 40)).view());
     for r in &sol.rows {
         let est = r.spectral_radius.unwrap();
@@ -489,10 +501,10 @@ fn configs_roundtrip_and_reject_unknown_keys() {
         let text = serde_json::to_string(&cfg).unwrap();
         assert_eq!(SolverConfig::from_json(&text).unwrap(), cfg);
     }
-    let ok = SolverConfig::from_json(r#"{"kind":"anderson","m":3,"stop":{"max_iter":7}}"#).unwrap();
+    let ok = SolverConfig::from_json(r#"{"kind":"anderson","history":3}"#).unwrap();
     match ok {
         SolverConfig::Anderson(a) => {
-            assert_eq!((a.m, a.stop.max_iter), (3, 7));
+            assert_eq!(a.history, 3);
             assert_eq!(a.lambda, elm::solver::AndersonConfig::default().lambda);
         }
         other => panic!("wrong variant {other:?}"),
@@ -500,6 +512,8 @@ fn configs_roundtrip_and_reject_unknown_keys() {
     for bad in [
         r#"{"kind":"anderson","mm":3}"#,
         r#"{"kind":"picard","beta":0.5,"stop":{"maxiter":7}}"#,
+        // Stopping is passed with each solve, never part of a solver config.
+        r#"{"kind":"anderson","m":3,"stop":{"max_iter":7}}"#,
         r#"{"kind":"broyden","output":{"traces":true}}"#,
         r#"{"kind":"newton"}"#,
         r#"{"m":3}"#,
@@ -510,27 +524,38 @@ fn configs_roundtrip_and_reject_unknown_keys() {
     }
     for (bad, field) in [
         (r#"{"kind":"picard","beta":0}"#, "beta"),
-        (r#"{"kind":"anderson","m":0}"#, "m"),
+        (r#"{"kind":"anderson","history":0}"#, "history"),
         (r#"{"kind":"anderson","lambda":-1}"#, "lambda"),
         (r#"{"kind":"broyden","memory":0}"#, "memory"),
-        (
-            r#"{"kind":"picard","stop":{"max_iter":0}}"#,
-            "stop.max_iter",
-        ),
     ] {
         match SolverConfig::from_json(bad) {
             Err(ElmError::Config { field: f, .. }) => assert_eq!(f, field, "{bad}"),
             other => panic!("{bad}: expected config error, got {other:?}"),
         }
     }
+    // Stop criteria are validated at solve time with the field named.
+    let zero_iter = StopCriteria {
+        max_iter: 0,
+        ..StopCriteria::default()
+    };
+    match SolverConfig::picard().build::<f64>().solve(
+        &mut CosProblem,
+        Array2::zeros((1, 1)).view(),
+        &zero_iter,
+    ) {
+        Err(ElmError::Config { field, .. }) => assert_eq!(field, "stop.max_iter"),
+        other => panic!("expected config error, got {other:?}"),
+    }
     // An invalid config built directly is rejected at solve time, not by a panic.
     let mut cfg = SolverConfig::anderson();
     if let SolverConfig::Anderson(a) = &mut cfg {
         a.beta = 2.0;
     }
-    let err = cfg
-        .build::<f64>()
-        .solve(&mut CosProblem, Array2::zeros((1, 1)).view());
+    let err = cfg.build::<f64>().solve(
+        &mut CosProblem,
+        Array2::zeros((1, 1)).view(),
+        &StopCriteria::default(),
+    );
     assert!(matches!(err, Err(ElmError::Config { .. })));
 }
 
@@ -538,9 +563,11 @@ fn configs_roundtrip_and_reject_unknown_keys() {
 fn shape_mismatch_is_an_error() {
     setup();
     let mut p = LinearProblem::new(10, 0.5, 1, 0).unwrap();
-    let err = SolverConfig::picard()
-        .build::<f64>()
-        .solve(&mut p, Array2::zeros((1, 9)).view());
+    let err = SolverConfig::picard().build::<f64>().solve(
+        &mut p,
+        Array2::zeros((1, 9)).view(),
+        &StopCriteria::default(),
+    );
     assert!(matches!(err, Err(ElmError::Shape { .. })));
 }
 

@@ -2,22 +2,20 @@
 
 use std::path::PathBuf;
 
-use std::time::Instant;
-
-use crate::elm::accounting::{kv_report, param_report};
-use crate::elm::config::TrainConfig;
-use crate::elm::data::{
+use elm::elm::accounting::{kv_report, param_report};
+use elm::elm::config::TrainConfig;
+use elm::elm::data::{
     load_examples, load_gsm8k, resolve_data_dir, tokenize_example, Example, Split,
 };
-use crate::elm::infer::{ElmModel, InferenceConfig, KvMode};
-use crate::elm::module::{load_module, save_module, ElmModule, ModuleMeta, MODULE_FORMAT};
-use crate::elm::train::{Trainer, STATE_FILE};
-use crate::elm::{load_dense_model, ElmConfig};
-use crate::error::{ElmError, Result};
-use crate::eval::gsm8k::{chat_prompt, eval_gsm8k, Gsm8kOptions};
-use crate::io::tokenizer::Tokenizer;
-use crate::model::{load_pretrained, ModelWeights};
-use crate::solver::SolverConfig;
+use elm::elm::infer::{ElmModel, InferenceConfig, KvMode};
+use elm::elm::module::{load_module, save_module, ElmModule, ModuleMeta, MODULE_FORMAT};
+use elm::elm::train::{HeldOut, TrainEvent, Trainer, STATE_FILE};
+use elm::elm::ElmConfig;
+use elm::error::{ElmError, Result};
+use elm::eval::gsm8k::{chat_prompt, eval_gsm8k, Gsm8kOptions};
+use elm::io::tokenizer::Tokenizer;
+use elm::model::{load_pretrained, load_weights, ModelWeights};
+use elm::solver::{SolverConfig, StopCriteria};
 
 /// Prints `value` as one JSON line (for `--json`).
 fn print_json(value: &serde_json::Value) -> Result<()> {
@@ -38,8 +36,8 @@ pub struct CompressArgs {
     #[arg(long)]
     pub start: usize,
     /// Number of replaced layers M.
-    #[arg(long)]
-    pub m: usize,
+    #[arg(long = "num-replaced", alias = "m")]
+    pub num_replaced: usize,
     /// Seed of W_z's init.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -55,10 +53,10 @@ pub struct CompressArgs {
 
 /// Initialises the fixed-point module from layer `l` and reports parameter/KV accounting.
 pub fn run_compress(a: CompressArgs) -> Result<()> {
-    let dense = load_dense_model(&a.model)?;
+    let dense = load_weights(&a.model)?;
     let ec = ElmConfig {
         init_seed: a.seed,
-        ..ElmConfig::new(a.start, a.m)
+        ..ElmConfig::new(a.start, a.num_replaced)
     };
     let module = ElmModule::init(&dense, &ec)?;
     let meta = ModuleMeta {
@@ -69,7 +67,7 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
     };
     save_module(&a.out, &module, &meta)?;
     let params = param_report(&dense.config, &ec);
-    let kv = kv_report(&dense.config, &ec, 1, a.context, a.m);
+    let kv = kv_report(&dense.config, &ec, 1, a.context, a.num_replaced);
     if a.json {
         print_json(&serde_json::json!({
             "out": a.out.display().to_string(),
@@ -104,9 +102,10 @@ pub struct ElmInferArgs {
     /// Fixed-point solver: picard | anderson | broyden.
     #[arg(long, default_value = "anderson")]
     pub solver: String,
-    /// δ: per-token residual tolerance ‖f(z)−z‖₂ (adaptive stopping); 0 = always max-iter.
-    #[arg(long, default_value_t = 0.5)]
-    pub tol: f64,
+    /// δ: per-token absolute residual tolerance ‖f(z)−z‖₂ (adaptive stopping); 0 = always
+    /// max-iter.
+    #[arg(long, alias = "tol", default_value_t = 0.5)]
+    pub abs_tol: f64,
     /// Maximum solver iterations per token.
     #[arg(long, default_value_t = 16)]
     pub max_iter: usize,
@@ -120,48 +119,15 @@ pub struct ElmInferArgs {
 
 impl ElmInferArgs {
     pub fn inference_config(&self) -> Result<InferenceConfig> {
-        // The solver's own stop criteria are replaced per row by max_iter / tol (see
-        // `elm::infer`); writing them here too keeps the printed config unambiguous.
-        let mut solver = SolverConfig::by_name(&self.solver)?;
-        solver.stop_mut().max_iter = self.max_iter;
-        solver.stop_mut().abs_tol = self.tol;
-        solver.stop_mut().rel_tol = 0.0;
         let cfg = InferenceConfig {
-            solver,
-            max_iter: self.max_iter,
-            tol: self.tol,
+            solver: SolverConfig::by_name(&self.solver)?,
+            stop: StopCriteria::absolute(self.abs_tol, self.max_iter),
             kv_mode: self.kv.parse::<KvMode>()?,
             adaptive_prefill: !self.fixed_prefill,
         };
         cfg.validate()?;
         Ok(cfg)
     }
-}
-
-/// Loads the dense model + tokenizer and, with `--elm`, the module (configs must match).
-pub fn load_elm_model(
-    model: &std::path::Path,
-    elm: Option<&std::path::Path>,
-) -> Result<(ElmModel, Tokenizer)> {
-    let (weights, tok) = load_pretrained(model)?;
-    let m = match elm {
-        None => ElmModel::dense(weights),
-        Some(dir) => {
-            let (module, meta) = load_module(dir)?;
-            if meta.model_config != weights.config {
-                return Err(ElmError::config(
-                    "elm",
-                    format!(
-                        "{}: module was built for a different model than {}",
-                        dir.display(),
-                        model.display()
-                    ),
-                ));
-            }
-            ElmModel::new(weights, meta.elm, module)?
-        }
-    };
-    Ok((m, tok))
 }
 
 #[derive(clap::Args, Debug)]
@@ -174,8 +140,9 @@ pub struct TrainArgs {
     pub elm: Option<PathBuf>,
     #[arg(long)]
     pub start: Option<usize>,
-    #[arg(long)]
-    pub m: Option<usize>,
+    /// Number of replaced layers M (with --start).
+    #[arg(long = "num-replaced", alias = "m")]
+    pub num_replaced: Option<usize>,
     /// Training config JSON (TrainConfig; unknown keys rejected).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -206,7 +173,7 @@ fn tokenize_all(
     tok: &Tokenizer,
     examples: &[Example],
     max_len: usize,
-) -> Result<Vec<crate::elm::data::TokenSequence>> {
+) -> Result<Vec<elm::elm::data::TokenSequence>> {
     let prompt = |q: &str| chat_prompt(tok, q);
     let enc = |s: &str| tok.encode(s, false);
     examples
@@ -214,13 +181,6 @@ fn tokenize_all(
         .map(|e| tokenize_example(e, max_len, &prompt, "<|im_end|>\n", &enc))
         .filter(|r| r.as_ref().map_or(true, |s| s.tokens.len() >= 2))
         .collect()
-}
-
-fn eval_solver() -> SolverConfig {
-    let mut s = SolverConfig::anderson();
-    s.stop_mut().max_iter = 16;
-    s.stop_mut().rel_tol = 1e-3;
-    s
 }
 
 /// `elm train`: trains the module, checkpointing atomically; `--resume` continues a run.
@@ -231,7 +191,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
             || a.steps.is_some()
             || a.elm.is_some()
             || a.start.is_some()
-            || a.m.is_some()
+            || a.num_replaced.is_some()
         {
             return Err(ElmError::config(
                 "resume",
@@ -253,7 +213,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         if let Some(s) = a.steps {
             cfg.steps = s;
         }
-        let (ec, module) = match (&a.elm, a.start, a.m) {
+        let (ec, module) = match (&a.elm, a.start, a.num_replaced) {
             (Some(dir), None, None) => {
                 let (module, meta) = load_module(dir)?;
                 if meta.model_config != dense.config {
@@ -307,74 +267,50 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
     } else {
         vec![]
     };
-    let distill_before = if held.is_empty() {
-        None
-    } else {
-        Some(trainer.eval_distill(&held, pad, &eval_solver())?)
-    };
-    let total = trainer.cfg.steps;
-    let start_step = trainer.step;
-    let bar = indicatif::ProgressBar::new(total as u64);
+    let bar = indicatif::ProgressBar::new(trainer.cfg.steps as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    bar.set_position(start_step as u64);
-    let t0 = Instant::now();
-    let every = trainer.cfg.checkpoint_every;
-    while trainer.step < total {
-        let log = trainer.train_step(&data, pad)?;
-        bar.set_message(format!(
-            "loss {:.4} distill {:.4} ce {} λce {:.2} lr {:.2e} |g| {:.3}",
-            log.loss,
-            log.distill,
-            log.ce.map_or("-".into(), |c| format!("{c:.4}")),
-            log.lambda_ce,
-            log.lr,
-            log.grad_norm
-        ));
-        bar.inc(1);
-        if every > 0 && trainer.step % every == 0 && trainer.step < total {
-            trainer.save(&a.out)?;
+    bar.set_position(trainer.step as u64);
+    let outcome = trainer.run(&data, pad, &a.out, Some(&HeldOut::new(&held)), |event| {
+        if let TrainEvent::Step(log) = event {
+            bar.set_message(format!(
+                "loss {:.4} distill {:.4} ce {} λce {:.2} lr {:.2e} |g| {:.3}",
+                log.loss,
+                log.distill,
+                log.ce.map_or("-".into(), |c| format!("{c:.4}")),
+                log.lambda_ce,
+                log.lr,
+                log.grad_norm
+            ));
+            bar.inc(1);
         }
-    }
-    trainer.save(&a.out)?;
+    })?;
     bar.finish_and_clear();
-    let seconds = t0.elapsed().as_secs_f64();
-    let distill_after = if held.is_empty() {
-        None
-    } else {
-        Some(trainer.eval_distill(&held, pad, &eval_solver())?)
-    };
-    let last = trainer.history.last().cloned();
     let params = param_report(&dense.config, &trainer.elm);
     if a.json {
-        print_json(&serde_json::json!({
-            "out": a.out.display().to_string(),
-            "steps": trainer.step,
-            "steps_this_run": trainer.step - start_step,
-            "seconds": seconds,
-            "sequences": data.len(),
-            "distill_before": distill_before,
-            "distill_after": distill_after,
-            "held_out_examples": held.len(),
-            "last": last,
-            "params": params,
-        }))?;
+        let mut v = serde_json::to_value(&outcome).map_err(|e| ElmError::Json {
+            what: "output".into(),
+            msg: e.to_string(),
+        })?;
+        v["out"] = a.out.display().to_string().into();
+        v["params"] = serde_json::to_value(&params).unwrap_or_default();
+        print_json(&v)?;
     } else {
         println!(
             "trained {} steps ({} this run, {:.1}s) -> {}",
-            trainer.step,
-            trainer.step - start_step,
-            seconds,
+            outcome.steps,
+            outcome.steps_this_run,
+            outcome.seconds,
             a.out.display()
         );
-        if let (Some(b), Some(f)) = (distill_before, distill_after) {
+        if let (Some(b), Some(f)) = (outcome.distill_before, outcome.distill_after) {
             println!(
                 "held-out distillation MSE ({} GSM8K test problems): {b:.5} -> {f:.5}",
-                held.len()
+                outcome.held_out_examples
             );
         }
     }
@@ -418,7 +354,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             format!("`{}`: only gsm8k is supported", a.task),
         ));
     }
-    let (model, tok) = load_elm_model(&a.model, a.infer.elm.as_deref())?;
+    let (model, tok) = ElmModel::load(&a.model, a.infer.elm.as_deref())?;
     let dir = resolve_data_dir(a.data_dir.as_deref())?;
     let test: Vec<_> = load_gsm8k(&dir, Split::Test)?
         .into_iter()
@@ -430,7 +366,11 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         inference: a.infer.inference_config()?,
         perplexity: !a.no_perplexity,
     };
-    let mut r = eval_gsm8k(&model, &tok, &test, &opts)?;
+    let bar = indicatif::ProgressBar::new(test.len() as u64);
+    let mut r = eval_gsm8k(&model, &tok, &test, &opts, |done| {
+        bar.set_position(done as u64)
+    })?;
+    bar.finish_and_clear();
     if !a.samples {
         r.samples.iter_mut().for_each(|s| s.question.clear());
     }

@@ -7,21 +7,21 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::error::{ElmError, Result};
-use crate::io::tokenizer::Tokenizer;
-use crate::model::bench;
+use elm::error::{ElmError, Result};
+use elm::io::tokenizer::Tokenizer;
+use elm::model::bench;
 use ndarray::Array2;
 
-use crate::cuda::{CudaModel, DeviceSpec};
-use crate::elm::infer::ElmDecoder;
-use crate::eval::gsm8k::{stop_ids, SolverSummary};
-use crate::model::generate::{generate, Decoder, Generation, SamplingConfig};
-use crate::model::{default_model_path, load_pretrained, models_dir, ModelWeights, Transformer};
+use elm::cuda::{CudaModel, DeviceSpec};
+use elm::elm::infer::{ElmDecoder, ElmModel};
+use elm::eval::gsm8k::{stop_ids, SolverSummary};
+use elm::model::generate::{generate, Decoder, Generation, SamplingConfig};
+use elm::model::{default_model_path, load_pretrained, models_dir, ModelWeights, Transformer};
 
-/// Single-threaded OpenBLAS unless the user chose (see [`crate::model::ops::set_blas_threads`]).
+/// Single-threaded OpenBLAS unless the user chose (see [`elm::model::ops::set_blas_threads`]).
 fn default_blas_threads() {
     if std::env::var_os("OPENBLAS_NUM_THREADS").is_none() {
-        crate::model::ops::set_blas_threads(1);
+        elm::model::ops::set_blas_threads(1);
     }
 }
 
@@ -129,7 +129,7 @@ pub struct GenerateArgs {
     /// One JSON object on stdout instead of streamed text.
     #[arg(long)]
     pub json: bool,
-    /// ELM options (`--elm CKPT --solver .. --tol .. --max-iter .. --kv ..`; CPU only).
+    /// ELM options (`--elm CKPT --solver .. --abs-tol .. --max-iter .. --kv ..`; CPU only).
     #[command(flatten)]
     pub elm: super::elm_cmds::ElmInferArgs,
 }
@@ -138,9 +138,9 @@ pub struct GenerateArgs {
 #[derive(Debug, serde::Serialize)]
 struct ElmGenerateStats {
     kv_bytes: usize,
-    kv_mode: crate::elm::infer::KvMode,
+    kv_mode: elm::elm::infer::KvMode,
     solver: String,
-    tol: f64,
+    abs_tol: f64,
     max_iter: usize,
     decode: SolverSummary,
     prefill_iterations: Vec<usize>,
@@ -159,7 +159,7 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
     }
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let pb = spinner(&format!("loading {}", path.display()));
-    let (model, tok) = super::elm_cmds::load_elm_model(&path, args.elm.elm.as_deref())?;
+    let (model, tok) = ElmModel::load(&path, args.elm.elm.as_deref())?;
     pb.finish_and_clear();
     let prompt = encode_prompt(&tok, &args.prompt, args.chat)?;
     let config = SamplingConfig {
@@ -186,8 +186,8 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
                 kv_bytes: rec.kv_bytes,
                 kv_mode: cfg.kv_mode,
                 solver: cfg.solver.name().to_string(),
-                tol: cfg.tol,
-                max_iter: cfg.max_iter,
+                abs_tol: cfg.stop.abs_tol,
+                max_iter: cfg.stop.max_iter,
                 decode: SolverSummary::from_stats(&rec.decode_stats, model.kept_layers().len()),
                 prefill_iterations: rec.prefill_stats.iter().map(|p| p.iterations).collect(),
             });
@@ -535,7 +535,7 @@ fn run_bench_inner(
     model: &Transformer,
     args: &BenchArgs,
     pb: &ProgressBar,
-) -> Result<crate::model::bench::BenchReport> {
+) -> Result<elm::model::bench::BenchReport> {
     bench::run_bench(model, args.prompt_len, args.decode_steps, |stage| {
         pb.set_message(format!("bench: {stage}"))
     })

@@ -6,9 +6,9 @@ use std::time::Instant;
 use plotters::prelude::*;
 use serde_json::{json, Value};
 
-use crate::error::{ElmError, Result};
-use crate::solver::problems::{max_row_error, Problem};
-use crate::solver::{IterationInfo, Solution, SolverConfig};
+use elm::error::{ElmError, Result};
+use elm::solver::problems::{max_row_error, Problem};
+use elm::solver::{IterationInfo, Solution, SolverConfig, StopCriteria};
 
 const PROBLEMS: [&str; 4] = ["linear", "tanh", "cos", "poisson"];
 const SOLVERS: [&str; 3] = ["picard", "anderson", "broyden"];
@@ -26,8 +26,8 @@ pub struct SolveArgs {
     #[arg(long, value_parser = SOLVERS, default_value = "anderson")]
     pub solver: String,
     /// Anderson history length.
-    #[arg(long)]
-    pub m: Option<usize>,
+    #[arg(long, alias = "m")]
+    pub history: Option<usize>,
     /// Anderson ridge (relative to the Gram diagonal).
     #[arg(long)]
     pub lambda: Option<f64>,
@@ -41,8 +41,8 @@ pub struct SolveArgs {
     #[arg(long)]
     pub backtrack: bool,
     /// Absolute tolerance on ‖f(z) − z‖₂ per row (0 disables).
-    #[arg(long, default_value_t = 1e-8)]
-    pub tol: f64,
+    #[arg(long, alias = "tol", default_value_t = 1e-8)]
+    pub abs_tol: f64,
     /// Relative tolerance ‖f(z) − z‖₂ / (‖f(z)‖₂ + ε) per row (0 disables).
     #[arg(long, default_value_t = 0.0)]
     pub rel_tol: f64,
@@ -55,7 +55,9 @@ pub struct SolveArgs {
     /// Seed of the random problem data.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Full solver config as JSON (file); replaces --solver and the solver options.
+    /// Solver config as JSON (file): the algorithm and its options (`{"kind": "anderson",
+    /// "history": 3}`), replacing --solver; the flags above may still override its options.
+    /// Stopping comes from --abs-tol/--rel-tol/--max-iter only.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Print one JSON object on stdout.
@@ -73,8 +75,8 @@ pub struct StudyArgs {
     #[arg(long, default_value_t = 0.9)]
     pub rho: f64,
     /// Absolute tolerance on ‖f(z) − z‖₂ per row.
-    #[arg(long, default_value_t = 1e-8)]
-    pub tol: f64,
+    #[arg(long, alias = "tol", default_value_t = 1e-8)]
+    pub abs_tol: f64,
     /// Maximum map evaluations per row.
     #[arg(long, default_value_t = 50_000)]
     pub max_iter: usize,
@@ -113,8 +115,8 @@ fn solver_config(args: &SolveArgs) -> Result<SolverConfig> {
             }
         }
         SolverConfig::Anderson(c) => {
-            if let Some(m) = args.m {
-                c.m = m;
+            if let Some(h) = args.history {
+                c.history = h;
             }
             if let Some(l) = args.lambda {
                 c.lambda = l;
@@ -134,9 +136,13 @@ fn solver_config(args: &SolveArgs) -> Result<SolverConfig> {
         }
     }
     let name = cfg.name();
-    if name != "anderson" && (args.m.is_some() || args.lambda.is_some()) {
+    if name != "anderson" && (args.history.is_some() || args.lambda.is_some()) {
         return Err(only(
-            if args.m.is_some() { "m" } else { "lambda" },
+            if args.history.is_some() {
+                "history"
+            } else {
+                "lambda"
+            },
             "anderson",
         ));
     }
@@ -150,13 +156,21 @@ fn solver_config(args: &SolveArgs) -> Result<SolverConfig> {
             "broyden",
         ));
     }
-    let stop = cfg.stop_mut();
-    stop.abs_tol = args.tol;
-    stop.rel_tol = args.rel_tol;
-    stop.max_iter = args.max_iter;
     cfg.output_mut().spectral_radius_iters = args.spectral_iters;
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// The stop criteria of `elm solve`'s flags.
+fn stop_criteria(args: &SolveArgs) -> Result<StopCriteria> {
+    let stop = StopCriteria {
+        abs_tol: args.abs_tol,
+        rel_tol: args.rel_tol,
+        max_iter: args.max_iter,
+        ..StopCriteria::default()
+    };
+    stop.validate()?;
+    Ok(stop)
 }
 
 fn finite_or_null(x: f64) -> Value {
@@ -167,7 +181,13 @@ fn finite_or_null(x: f64) -> Value {
     }
 }
 
-fn summary(problem: &Problem, cfg: &SolverConfig, sol: &Solution<f64>, seconds: f64) -> Value {
+fn summary(
+    problem: &Problem,
+    cfg: &SolverConfig,
+    stop: &StopCriteria,
+    sol: &Solution<f64>,
+    seconds: f64,
+) -> Value {
     let exact = problem.exact();
     let error = exact.map(|e| max_row_error(sol.z.view(), e.view()));
     let rel_residual = sol.rows.iter().map(|r| r.rel_residual).fold(0.0, f64::max);
@@ -182,12 +202,13 @@ fn summary(problem: &Problem, cfg: &SolverConfig, sol: &Solution<f64>, seconds: 
         "rho": if let Problem::Linear(p) = problem { json!(p.rho) } else { Value::Null },
         "solver": cfg.name(),
         "config": cfg,
+        "stop": stop,
         "batch": sol.z.nrows(),
         "dim": sol.z.ncols(),
         "iterations": sol.max_iterations(),
         "map_evals": sol.map_evals,
         "converged": sol.all_converged(),
-        "rows_converged": sol.rows.iter().filter(|r| r.status == crate::solver::RowStatus::Converged).count(),
+        "rows_converged": sol.rows.iter().filter(|r| r.status == elm::solver::RowStatus::Converged).count(),
         "statuses": if statuses.len() <= 8 { json!(statuses) } else { Value::Null },
         "residual": finite_or_null(sol.max_residual()),
         "rel_residual": finite_or_null(rel_residual),
@@ -195,6 +216,8 @@ fn summary(problem: &Problem, cfg: &SolverConfig, sol: &Solution<f64>, seconds: 
         "error_bound": problem.lipschitz().map(|l| finite_or_null(sol.max_residual() / (1.0 - l))),
         "spectral_radius": spectral,
         "spectral_map_evals": sol.spectral_map_evals,
+        "restarts": sol.rows.iter().map(|r| r.restarts).sum::<usize>(),
+        "backtracks": sol.rows.iter().map(|r| r.backtracks).sum::<usize>(),
         "seconds": seconds,
     })
 }
@@ -202,13 +225,14 @@ fn summary(problem: &Problem, cfg: &SolverConfig, sol: &Solution<f64>, seconds: 
 /// `elm solve`: one solver on one canonical problem.
 pub fn run_solve(args: SolveArgs) -> Result<()> {
     let cfg = solver_config(&args)?;
+    let stop = stop_criteria(&args)?;
     let mut problem = Problem::by_name(&args.problem, args.rho, args.seed)?;
     let z0 = problem.z0();
     let solver = cfg.build::<f64>();
     let start = Instant::now();
-    let sol = solver.solve(problem.map(), z0.view())?;
+    let sol = solver.solve(problem.map(), z0.view(), &stop)?;
     let seconds = start.elapsed().as_secs_f64();
-    let out = summary(&problem, &cfg, &sol, seconds);
+    let out = summary(&problem, &cfg, &stop, &sol, seconds);
     if args.json {
         println!("{out}");
     } else {
@@ -254,20 +278,17 @@ pub fn run_study(args: StudyArgs) -> Result<()> {
     let z0 = problem.z0();
     let mut curves = Vec::new();
     for name in SOLVERS {
-        let mut cfg = SolverConfig::by_name(name)?;
-        let stop = cfg.stop_mut();
-        stop.abs_tol = args.tol;
-        stop.rel_tol = 0.0;
-        stop.max_iter = args.max_iter;
-        cfg.validate()?;
+        let cfg = SolverConfig::by_name(name)?;
+        let stop = StopCriteria::absolute(args.abs_tol, args.max_iter);
+        stop.validate()?;
         let mut residuals = Vec::new();
         let mut observer = |info: &IterationInfo<'_, f64>| {
             residuals.push(info.residuals.iter().cloned().fold(0.0, f64::max));
         };
         let start = Instant::now();
-        let sol = cfg
-            .build::<f64>()
-            .solve_observed(problem.map(), z0.view(), &mut observer)?;
+        let sol =
+            cfg.build::<f64>()
+                .solve_observed(problem.map(), z0.view(), &stop, &mut observer)?;
         curves.push(Curve {
             solver: name,
             residuals,

@@ -43,7 +43,7 @@ impl ElmConfig {
     /// Checks `1 <= M` and `l + M <= N`.
     pub fn validate(&self, model: &ModelConfig) -> Result<()> {
         if self.num_replaced == 0 {
-            return Err(ElmError::config("m", "must be >= 1"));
+            return Err(ElmError::config("num_replaced", "must be >= 1"));
         }
         if self.end_layer() > model.num_layers {
             return Err(ElmError::config(
@@ -151,15 +151,13 @@ pub struct TrainConfig {
     pub clip: f32,
     #[serde(default)]
     pub lambda: LambdaSchedule,
-    /// Gradient rule; `None` = stochastic JFB with the paper's ranges for this M
-    /// (no-grad iterations U[0, M/2], grad iterations U[1, M/2]).
+    /// Gradient rule, forward solver and its stopping; `None` = [`TrainConfig::deq`]'s default:
+    /// stochastic JFB with the paper's ranges for this M (no-grad iterations U[0, M/2], grad
+    /// iterations U[1, M/2], seeded by `seed`), forward solver Anderson with relative tolerance
+    /// 1e-4 and at most 30 iterations (for the `jfb`/`implicit` rules).
     #[serde(default)]
-    pub grad_rule: Option<crate::grad::GradientRule>,
-    /// Forward solver of the `jfb` / `implicit` rules (default: Anderson, 30 iterations,
-    /// relative tolerance 1e-4).
-    #[serde(default)]
-    pub forward_solver: Option<crate::solver::SolverConfig>,
-    /// Seeds the data order and the stochastic gradient rule.
+    pub deq: Option<crate::grad::DeqConfig>,
+    /// Seeds the data order (and the default rule's draws).
     #[serde(default)]
     pub seed: u64,
     /// Write a resumable checkpoint every this many steps (0 = only at the end).
@@ -208,6 +206,20 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// The run's [`DeqConfig`](crate::grad::DeqConfig): `deq` when given, else the paper's
+    /// default for a module replacing `num_replaced` layers (see the field).
+    pub fn deq(&self, num_replaced: usize) -> crate::grad::DeqConfig {
+        self.deq.clone().unwrap_or_else(|| {
+            crate::grad::DeqConfig::new(crate::grad::GradientRule::sjfb_default(
+                num_replaced,
+                self.seed,
+            ))
+            .with_forward(
+                crate::solver::SolverConfig::anderson(),
+                crate::solver::StopCriteria::relative(1e-4, 30),
+            )
+        })
+    }
     /// Reads a JSON config file; unknown keys are an error naming the file.
     pub fn from_file(path: &Path) -> Result<Self> {
         read_json(path)

@@ -12,23 +12,31 @@
 //!   when a token stopped earlier); iteration j of a new token attends to cache j — what a naive
 //!   unrolled implementation stores. Caches are allocated lazily, one per iteration index reached.
 //!
-//! Tolerance: `tol` = δ bounds the per-token ℓ2 residual `‖f(z) − z‖₂`; a prefill row of T
-//! tokens uses `δ·√T` (same per-token RMS). After the solve, one more evaluation `f(z*)` commits
-//! the K/V of the final iterate and is the module output; it is counted in the iterations.
+//! Stopping: `stop.abs_tol` = δ bounds the per-token ℓ2 residual `‖f(z) − z‖₂`; a prefill row of
+//! T tokens uses `δ·√T` (same per-token RMS); `stop.max_iter` caps the evaluations per token.
+//! After the solve, one more evaluation `f(z*)` commits the K/V of the final iterate and is the
+//! module output; it is counted in the iterations.
 
 use std::cell::RefCell;
+use std::path::Path;
 
-use ndarray::{s, Array2, Array3, ArrayView2, ArrayViewMut2, Axis};
+use ndarray::{s, Array2, Array3, ArrayView2, ArrayView3, ArrayViewMut2, Axis};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ElmError, Result};
-use crate::model::generate::Decoder;
+use crate::io::tokenizer::Tokenizer;
+use crate::model::generate::{generate, Decoder, SamplingConfig};
 use crate::model::ops::{linear_into, rms_norm_into};
-use crate::model::{block_forward_rows, KvCache, LayerKv, ModelConfig, ModelWeights, Scratch};
-use crate::solver::{FixedPointMap, FixedPointSolver, RowStatus, SolverConfig, StopCriteria};
+use crate::model::{
+    block_forward_rows, load_pretrained, KvCache, LayerKv, ModelConfig, ModelWeights, Scratch,
+};
+use crate::solver::{
+    FixedPointMap, FixedPointSolver, RowStatus, Solution, SolverConfig, StopCriteria,
+};
 
 use super::config::ElmConfig;
-use super::module::ElmModule;
+use super::map::fresh_cache;
+use super::module::{load_module, ElmModule};
 
 /// KV-cache policy of the fixed-point block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,15 +64,13 @@ impl std::str::FromStr for KvMode {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InferenceConfig {
-    /// Solver and its parameters; its stop criteria are replaced by `max_iter`/`tol`.
+    /// Solver and its parameters.
     #[serde(default = "SolverConfig::anderson")]
     pub solver: SolverConfig,
-    /// Maximum map evaluations per token (the commit evaluation comes on top).
-    #[serde(default = "d_max_iter")]
-    pub max_iter: usize,
-    /// δ: per-token absolute residual tolerance (see module doc); 0 = always `max_iter`.
-    #[serde(default = "d_tol")]
-    pub tol: f64,
+    /// When a token stops: `abs_tol` = δ per token (see module doc; 0 with `rel_tol` 0 = always
+    /// `max_iter`), `max_iter` map evaluations per token (the commit evaluation comes on top).
+    #[serde(default = "d_stop")]
+    pub stop: StopCriteria,
     #[serde(default = "d_kv")]
     pub kv_mode: KvMode,
     /// Stop prefill rows adaptively too (else prefill always runs `max_iter`).
@@ -72,11 +78,9 @@ pub struct InferenceConfig {
     pub adaptive_prefill: bool,
 }
 
-fn d_max_iter() -> usize {
-    16
-}
-fn d_tol() -> f64 {
-    0.5
+/// δ = 0.5 per token, at most 16 evaluations.
+fn d_stop() -> StopCriteria {
+    StopCriteria::absolute(0.5, 16)
 }
 fn d_kv() -> KvMode {
     KvMode::OneStep
@@ -92,30 +96,39 @@ impl Default for InferenceConfig {
 }
 
 impl InferenceConfig {
-    /// The solver config with this inference config's stop criteria for rows of `tokens`.
-    fn solver_for(&self, tokens: usize, adaptive: bool) -> SolverConfig {
-        let mut cfg = self.solver.clone();
-        let stop = cfg.stop_mut();
-        *stop = StopCriteria {
-            abs_tol: if adaptive {
-                self.tol * (tokens as f64).sqrt()
-            } else {
-                0.0
-            },
-            rel_tol: 0.0,
-            max_iter: self.max_iter,
-            ..stop.clone()
+    /// `solver` stopping per token as `stop` (see the module doc), other fields default.
+    pub fn new(solver: SolverConfig, stop: StopCriteria) -> Self {
+        InferenceConfig {
+            solver,
+            stop,
+            ..InferenceConfig::default()
+        }
+    }
+    /// The stop criteria of a row of `tokens` tokens: δ scaled to the row (`δ·√T`), or no
+    /// tolerance when the row is not stopped adaptively.
+    fn stop_for(&self, tokens: usize, adaptive: bool) -> StopCriteria {
+        let (abs_tol, rel_tol) = if adaptive {
+            (
+                self.stop.abs_tol * (tokens as f64).sqrt(),
+                self.stop.rel_tol,
+            )
+        } else {
+            (0.0, 0.0)
         };
+        StopCriteria {
+            abs_tol,
+            rel_tol,
+            ..self.stop.clone()
+        }
+    }
+    /// The solver, returning each row's best iterate (its K/V are the ones committed).
+    fn build_solver(&self) -> Box<dyn FixedPointSolver<f32>> {
+        let mut cfg = self.solver.clone();
         cfg.output_mut().return_best = true;
-        cfg
+        cfg.build()
     }
     pub fn validate(&self) -> Result<()> {
-        if self.max_iter == 0 {
-            return Err(ElmError::config("max_iter", "must be >= 1"));
-        }
-        if !(self.tol.is_finite() && self.tol >= 0.0) {
-            return Err(ElmError::config("tol", "must be finite and >= 0"));
-        }
+        self.stop.validate()?;
         self.solver.validate()
     }
 }
@@ -137,6 +150,29 @@ impl ElmModel {
             weights,
             elm: Some((cfg, module)),
         })
+    }
+    /// Loads the dense model and its tokenizer and, with `elm`, the module checkpoint (which
+    /// must have been cut from a model with the same config).
+    pub fn load(model: &Path, elm: Option<&Path>) -> Result<(Self, Tokenizer)> {
+        let (weights, tok) = load_pretrained(model)?;
+        let loaded = match elm {
+            None => ElmModel::dense(weights),
+            Some(dir) => {
+                let (module, meta) = load_module(dir)?;
+                if meta.model_config != weights.config {
+                    return Err(ElmError::config(
+                        "elm",
+                        format!(
+                            "{}: module was built for a different model than {}",
+                            dir.display(),
+                            model.display()
+                        ),
+                    ));
+                }
+                ElmModel::new(weights, meta.elm, module)?
+            }
+        };
+        Ok((loaded, tok))
     }
     pub fn config(&self) -> &ModelConfig {
         &self.weights.config
@@ -341,21 +377,7 @@ impl<'m> ElmSession<'m> {
     ) -> Result<Array3<f32>> {
         let model = self.model;
         let mc = model.config();
-        let (r, t, c) = (seqs.len(), tokens[0].len(), mc.hidden_size);
-        let w = &model.weights;
-        let mut x = Array3::<f32>::zeros((r, t, c));
-        for (ri, toks) in tokens.iter().enumerate() {
-            for (ti, &tok) in toks.iter().enumerate() {
-                if tok as usize >= mc.vocab_size {
-                    return Err(ElmError::InvalidArgument(format!(
-                        "token id {tok} >= vocab size {}",
-                        mc.vocab_size
-                    )));
-                }
-                x.slice_mut(s![ri, ti, ..])
-                    .assign(&w.embed.row(tok as usize));
-            }
-        }
+        let (mut x, _) = crate::model::embed_tokens(&model.weights, tokens)?;
         let (front, back) = match &self.model.elm {
             None => (mc.num_layers, 0),
             Some((ec, _)) => (ec.start_layer, mc.num_layers - ec.end_layer()),
@@ -406,38 +428,34 @@ impl<'m> ElmSession<'m> {
         prefill: bool,
     ) -> Result<Array3<f32>> {
         let model = self.model;
-        let (_, module) = model.elm.as_ref().expect("elm model");
+        let Some((_, module)) = model.elm.as_ref() else {
+            return Err(ElmError::InvalidArgument(
+                "solve_fixed_point on a dense model".into(),
+            ));
+        };
         let mc = &model.weights.config;
-        let (r, t, c) = h.dim();
+        let (r, t, _) = h.dim();
         let adaptive = !prefill || self.cfg.adaptive_prefill;
-        let solver: Box<dyn FixedPointSolver<f32>> = self.cfg.solver_for(t, adaptive).build();
-        let h2 = h.into_shape_with_order((r, t * c)).expect("[R, T*C]");
-        let z0 = Array2::<f32>::zeros((r, t * c));
         // Pending K/V left by a failed earlier call must not be committed below.
         self.fp_kv.iter_mut().for_each(LayerKv::discard_pending);
         let mut map = FpMap {
             module,
             cfg: mc,
-            h: h2.view(),
+            h: h.view(),
             seqs,
-            t,
             mode: self.cfg.kv_mode,
             fp_kv: &mut self.fp_kv,
             scratch: &mut self.dense_kv.scratch,
             evals: vec![0; r],
         };
-        let sol = solver.solve(&mut map, z0.view())?;
+        let solver = self.cfg.build_solver();
+        let sol = map.solve(solver.as_ref(), &self.cfg.stop_for(t, adaptive))?;
         // Final evaluation at z*: its K/V are what the cache keeps; its output goes on.
-        let zs = sol
-            .z
-            .view()
-            .into_shape_with_order((r, t, c))
-            .expect("[R,T,C]");
-        let u = inject3(module, zs, h2.view(), t, c);
+        let zs = map.rows_as_states(sol.z.view())?;
         let all: Vec<bool> = vec![true; r];
-        let store_idx: Vec<usize> = (0..r).map(|ri| map.store_for(ri)).collect();
-        let mut y = Array3::<f32>::zeros((r, t, c));
-        map.eval_rows(u.view(), &all, &store_idx, |ri, out| {
+        let store_idx: Vec<usize> = (0..r).map(|ri| map.store_for(ri)).collect::<Result<_>>()?;
+        let mut y = Array3::<f32>::zeros(h.dim());
+        map.eval_rows(zs.view(), &all, &store_idx, |ri, out| {
             y.slice_mut(s![ri, .., ..]).assign(&out);
         })?;
         let residuals: Vec<f64> = (0..r)
@@ -480,30 +498,13 @@ impl<'m> ElmSession<'m> {
     }
 }
 
-/// `u = z·W_zᵀ + h·W_hᵀ + b` on `[R, T, C]` states stored as `[R, T·C]` rows.
-fn inject3(
-    module: &ElmModule,
-    z: ndarray::ArrayView3<f32>,
-    h: ArrayView2<f32>,
-    t: usize,
-    c: usize,
-) -> Array3<f32> {
-    let r = z.dim().0;
-    let z2 = z.to_shape((r * t, c)).expect("[R*T, C]");
-    let h2 = h.to_shape((r * t, c)).expect("[R*T, C]");
-    module
-        .inject(z2.view(), h2.view())
-        .into_shape_with_order((r, t, c))
-        .expect("[R, T, C]")
-}
-
 /// The solver's view of the module: rows = sequences, state = `[T·C]`.
 struct FpMap<'a> {
     module: &'a ElmModule,
     cfg: &'a ModelConfig,
-    h: ArrayView2<'a, f32>,
+    /// Injection `h` `[R, T, C]`.
+    h: ArrayView3<'a, f32>,
     seqs: &'a [usize],
-    t: usize,
     mode: KvMode,
     /// Each evaluation leaves its K/V pending in the cache it ran against (for a given
     /// token, row `ri` visits multi-step cache `j` only at iteration `j`).
@@ -514,29 +515,49 @@ struct FpMap<'a> {
 }
 
 impl FpMap<'_> {
+    /// Solves from `z⁰ = 0`.
+    fn solve(
+        &mut self,
+        solver: &dyn FixedPointSolver<f32>,
+        stop: &StopCriteria,
+    ) -> Result<Solution<f32>> {
+        let (r, t, c) = self.h.dim();
+        let z0 = Array2::<f32>::zeros((r, t * c));
+        solver.solve(self, z0.view(), stop)
+    }
+
+    /// Solver rows `[R, T·C]` as states `[R, T, C]`.
+    fn rows_as_states(&self, z: ArrayView2<f32>) -> Result<Array3<f32>> {
+        z.to_shape(self.h.dim())
+            .map(|v| v.into_owned())
+            .map_err(|e| ElmError::shape("FpMap z", e.to_string()))
+    }
+
     /// Cache that row `ri`'s next evaluation attends to; creates multi-step caches lazily
     /// as copies of the previous one (earlier tokens' latest iterate; its pending K/V are
     /// overwritten or replaced before the commit).
-    fn store_for(&mut self, ri: usize) -> usize {
+    fn store_for(&mut self, ri: usize) -> Result<usize> {
         match self.mode {
-            KvMode::OneStep => 0,
+            KvMode::OneStep => Ok(0),
             KvMode::MultiStep => {
                 let j = self.evals[ri];
                 while self.fp_kv.len() <= j {
-                    let last = self.fp_kv.last().expect("one cache").clone();
+                    let last = self.fp_kv.last().cloned().ok_or_else(|| {
+                        ElmError::InvalidArgument("multi-step KV: no fixed-point cache".into())
+                    })?;
                     self.fp_kv.push(last);
                 }
-                j
+                Ok(j)
             }
         }
     }
 
-    /// Evaluates the block on inputs `u [R, T, C]` for rows with `active`, row `ri` against
-    /// cache `store_idx[ri]` (its K/V left pending there); counts the evaluation; hands
-    /// `y [T, C]` to `sink`.
+    /// Evaluates `φ(z, h)` (`z` `[R, T, C]`) for rows with `active`, row `ri` against cache
+    /// `store_idx[ri]` (its K/V left pending there); counts the evaluation; hands `y [T, C]`
+    /// to `sink`.
     fn eval_rows(
         &mut self,
-        u: ndarray::ArrayView3<f32>,
+        z: ArrayView3<f32>,
         active: &[bool],
         store_idx: &[usize],
         mut sink: impl FnMut(usize, ndarray::ArrayView2<f32>),
@@ -548,24 +569,17 @@ impl FpMap<'_> {
             }
         }
         for (store, rows) in groups {
-            let mut ui = u.select(Axis(0), &rows);
-            if !ui.is_standard_layout() {
-                ui = ui.as_standard_layout().into_owned();
-            }
             let seq_ids: Vec<usize> = rows.iter().map(|&ri| self.seqs[ri]).collect();
-            let lens = vec![self.t; rows.len()];
-            block_forward_rows(
-                &self.module.block,
+            let y = self.module.apply_cached(
                 self.cfg,
-                ui.view_mut(),
+                z.select(Axis(0), &rows).view(),
+                self.h.select(Axis(0), &rows).view(),
                 &seq_ids,
-                &lens,
                 &mut self.fp_kv[store],
-                false,
                 self.scratch,
             )?;
             for (gi, &ri) in rows.iter().enumerate() {
-                sink(ri, ui.slice(s![gi, .., ..]));
+                sink(ri, y.slice(s![gi, .., ..]));
                 self.evals[ri] += 1;
             }
         }
@@ -575,7 +589,7 @@ impl FpMap<'_> {
 
 impl FixedPointMap<f32> for FpMap<'_> {
     fn dim(&self) -> usize {
-        self.t * self.cfg.hidden_size
+        self.h.dim().1 * self.h.dim().2
     }
     fn eval(
         &mut self,
@@ -583,66 +597,120 @@ impl FixedPointMap<f32> for FpMap<'_> {
         active: &[bool],
         mut out: ArrayViewMut2<f32>,
     ) -> Result<()> {
-        let (r, c, t) = (z.nrows(), self.cfg.hidden_size, self.t);
-        let z3 = z
-            .to_shape((r, t, c))
-            .map_err(|e| ElmError::shape("FpMap z", e.to_string()))?;
-        let u = inject3(self.module, z3.view(), self.h, t, c);
-        let store_idx: Vec<usize> = (0..r)
-            .map(|ri| if active[ri] { self.store_for(ri) } else { 0 })
-            .collect();
-        self.eval_rows(u.view(), active, &store_idx, |ri, y| {
-            out.row_mut(ri).assign(&y.to_shape(t * c).expect("[T*C]"));
-        })
-    }
-}
-
-/// Index of the largest logit (first on ties).
-pub fn argmax(row: ndarray::ArrayView1<f32>) -> u32 {
-    let mut best = (0usize, f32::NEG_INFINITY);
-    for (i, &v) in row.iter().enumerate() {
-        if v > best.1 {
-            best = (i, v);
+        let z3 = self.rows_as_states(z)?;
+        let mut store_idx = vec![0; active.len()];
+        for (ri, &a) in active.iter().enumerate() {
+            if a {
+                store_idx[ri] = self.store_for(ri)?;
+            }
+        }
+        let d = self.dim();
+        let mut failed = None;
+        self.eval_rows(z3.view(), active, &store_idx, |ri, y| match y.to_shape(d) {
+            Ok(row) => out.row_mut(ri).assign(&row),
+            Err(e) => failed = Some(e),
+        })?;
+        match failed {
+            Some(e) => Err(ElmError::shape("FpMap out", e.to_string())),
+            None => Ok(()),
         }
     }
-    best.0 as u32
 }
 
-/// Greedy batched generation: prefill every prompt, then decode until each sequence emitted a
-/// token in `stop_ids` (kept in the output) or `max_new` tokens. Finished sequences are not
-/// evaluated any more. Returns the new tokens per sequence.
+/// Solves `z = φ(z, h)` for whole sequences `h` `[B, T, C]` at positions `0..T` (nothing
+/// cached before them), each sequence one solver row, from `z⁰ = 0`; returns `z* [B, T, C]`.
+pub fn solve_sequences(
+    module: &ElmModule,
+    cfg: &ModelConfig,
+    h: ArrayView3<f32>,
+    solver: &SolverConfig,
+    stop: &StopCriteria,
+) -> Result<(Array3<f32>, Solution<f32>)> {
+    let (b, t, _) = h.dim();
+    let (cache, mut scratch) = fresh_cache(cfg, b, t)?;
+    let mut caches = vec![cache];
+    let seqs: Vec<usize> = (0..b).collect();
+    let mut map = FpMap {
+        module,
+        cfg,
+        h: h.view(),
+        seqs: &seqs,
+        mode: KvMode::OneStep,
+        fp_kv: &mut caches,
+        scratch: &mut scratch,
+        evals: vec![0; b],
+    };
+    let sol = map.solve(solver.build().as_ref(), stop)?;
+    let z = map.rows_as_states(sol.z.view())?;
+    Ok((z, sol))
+}
+
+/// Greedy batched generation on an existing session through the shared sampling loop
+/// ([`crate::model::generate::generate`]): prefill every prompt, then decode until each
+/// sequence emitted a token in `stop_ids` (kept in the output) or `max_new` tokens. Finished
+/// sequences are not evaluated any more; the session keeps its caches and statistics. Returns
+/// the new tokens per sequence.
 pub fn generate_greedy(
     session: &mut ElmSession<'_>,
     prompts: &[Vec<u32>],
     max_new: usize,
     stop_ids: &[u32],
 ) -> Result<Vec<Vec<u32>>> {
-    let b = prompts.len();
-    let mut out = vec![Vec::new(); b];
     if max_new == 0 {
-        return Ok(out);
+        return Ok(vec![Vec::new(); prompts.len()]);
     }
-    let logits = session.prefill(prompts)?;
-    let mut next: Vec<u32> = (0..b).map(|i| argmax(logits.row(i))).collect();
-    let mut active = vec![true; b];
-    loop {
-        for i in 0..b {
-            if active[i] {
-                out[i].push(next[i]);
-                if stop_ids.contains(&next[i]) || out[i].len() >= max_new {
-                    active[i] = false;
-                }
-            }
+    let config = SamplingConfig {
+        max_new_tokens: max_new,
+        stop_token_ids: stop_ids.to_vec(),
+        ..SamplingConfig::default()
+    };
+    let vocab_size = session.model.config().vocab_size;
+    let lent = SessionDecoder {
+        session: RefCell::new(Some(session)),
+        vocab_size,
+    };
+    Ok(generate(&lent, prompts, &config, None, |_, _| {})?.tokens)
+}
+
+/// Lends one existing session to the sampling loop as its state.
+struct SessionDecoder<'s, 'm> {
+    session: RefCell<Option<&'s mut ElmSession<'m>>>,
+    vocab_size: usize,
+}
+
+impl<'s, 'm> Decoder for SessionDecoder<'s, 'm> {
+    type State = &'s mut ElmSession<'m>;
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn new_state(&self, batch: usize, _max_seq: usize) -> Result<Self::State> {
+        let session = self.session.borrow_mut().take().ok_or_else(|| {
+            ElmError::InvalidArgument("the lent session serves one generation".into())
+        })?;
+        if session.batch() != batch {
+            return Err(ElmError::InvalidArgument(format!(
+                "{batch} prompts for a session of batch {}",
+                session.batch()
+            )));
         }
-        if !active.iter().any(|&a| a) {
-            return Ok(out);
-        }
-        let logits = session.decode_step_masked(&next, &active)?;
-        for i in 0..b {
-            if active[i] {
-                next[i] = argmax(logits.row(i));
-            }
-        }
+        Ok(session)
+    }
+
+    fn prefill(&self, tokens: &[Vec<u32>], state: &mut Self::State) -> Result<Array2<f32>> {
+        state.prefill(tokens)
+    }
+
+    fn decode_step(
+        &self,
+        tokens: &[u32],
+        active: &[bool],
+        state: &mut Self::State,
+        logits: &mut Array2<f32>,
+    ) -> Result<()> {
+        *logits = state.decode_step_masked(tokens, active)?;
+        Ok(())
     }
 }
 

@@ -1,4 +1,5 @@
-//! The fixed-point module `f(z, h) = block(P·[z; h] + b)` and its checkpoint format.
+//! The fixed-point module's parameters ([`ElmParams`] handles, [`ElmModule`] arrays) and its
+//! checkpoint format. The map itself is in [`super::map`].
 //!
 //! `P = [W_z | W_h]` maps `2C → C`; `block` is one pre-norm decoder block (attention +
 //! SwiGLU). Initialisation makes the first iteration from `z⁰ = 0` reproduce layer `l`
@@ -6,11 +7,14 @@
 
 use std::path::{Path, PathBuf};
 
-use ndarray::{Array1, Array2, ArrayView2, Ix1, Ix2};
+use ndarray::{Array1, Array2, ArrayViewD, Ix1, Ix2};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use crate::autograd::Var;
 use crate::error::{ElmError, Result};
+use crate::grad::{check_param_count, ParamSet};
+use crate::model::tape::{AsArray, BlockParams};
 use crate::model::{LayerWeights, ModelConfig, ModelWeights};
 
 use super::checkpoint::{
@@ -18,7 +22,78 @@ use super::checkpoint::{
 };
 use super::config::{read_json, ElmConfig};
 
-/// Trainable parameters of the fixed-point module.
+/// The module's parameters over any handle type: tape vars while training, shared tensors,
+/// named arrays in a checkpoint. Names (= checkpoint keys) and order are written once, in
+/// [`ElmParams::try_map`] (the block's part in [`BlockParams::try_map`]).
+#[derive(Clone, Debug)]
+pub struct ElmParams<H> {
+    /// `[C, C]` state half of `P = [W_z | W_h]`.
+    pub w_z: H,
+    /// `[C, C]` injection half of `P`.
+    pub w_h: H,
+    /// `[C]`
+    pub bias: H,
+    /// The weight-tied decoder block `f*`.
+    pub block: BlockParams<H>,
+}
+
+impl<H> ElmParams<H> {
+    /// `f(name, handle)` for every parameter in the fixed order: `p.w_z`, `p.w_h`, `p.bias`,
+    /// then `block.<name>` in the block's order.
+    pub fn try_map<'a, G, E>(
+        &'a self,
+        mut f: impl FnMut(&str, &'a H) -> std::result::Result<G, E>,
+    ) -> std::result::Result<ElmParams<G>, E> {
+        Ok(ElmParams {
+            w_z: f("p.w_z", &self.w_z)?,
+            w_h: f("p.w_h", &self.w_h)?,
+            bias: f("p.bias", &self.bias)?,
+            block: self.block.try_map(|n, h| f(&format!("block.{n}"), h))?,
+        })
+    }
+
+    /// Infallible [`Self::try_map`].
+    pub fn map<'a, G>(&'a self, mut f: impl FnMut(&str, &'a H) -> G) -> ElmParams<G> {
+        match self.try_map(|n, h| Ok::<G, std::convert::Infallible>(f(n, h))) {
+            Ok(p) => p,
+            Err(never) => match never {},
+        }
+    }
+
+    /// `(name, handle)` pairs in the fixed order.
+    pub fn named(&self) -> Vec<(String, &H)> {
+        let mut v = Vec::with_capacity(16);
+        self.map(|n, h| v.push((n.to_string(), h)));
+        v
+    }
+}
+
+impl ElmParams<Vec<usize>> {
+    /// The shape of every parameter of a module for model `cfg`.
+    pub fn shapes(cfg: &ModelConfig) -> Self {
+        let c = cfg.hidden_size;
+        ElmParams {
+            w_z: vec![c, c],
+            w_h: vec![c, c],
+            bias: vec![c],
+            block: BlockParams::shapes(cfg),
+        }
+    }
+}
+
+/// The tape handles of the module are the [`ParamSet`] the gradient rules move between tapes.
+impl ParamSet for ElmParams<Var> {
+    fn vars(&self) -> Vec<Var> {
+        self.named().into_iter().map(|(_, &v)| v).collect()
+    }
+    fn with_vars(&self, vars: &[Var]) -> Result<Self> {
+        check_param_count(vars.len(), self.vars().len())?;
+        let mut it = vars.iter().copied();
+        Ok(self.map(|_, &own| it.next().unwrap_or(own)))
+    }
+}
+
+/// Parameters of the fixed-point module as f32 arrays (what inference runs on).
 #[derive(Clone, Debug)]
 pub struct ElmModule {
     /// The weight-tied decoder block `f*`.
@@ -51,118 +126,59 @@ impl ElmModule {
         })
     }
 
-    /// Block input `u = z·W_zᵀ + h·W_hᵀ + b`. z, h: `[R, C]` → `[R, C]`.
-    pub fn inject(&self, z: ArrayView2<f32>, h: ArrayView2<f32>) -> Array2<f32> {
-        let mut u = h.dot(&self.w_h.t());
-        ndarray::linalg::general_mat_mul(1.0, &z, &self.w_z.t(), 1.0, &mut u);
-        u += &self.bias;
-        u
-    }
-
     /// Number of scalar parameters (block + P + b).
     pub fn num_params(&self) -> usize {
         self.block.num_params() + self.w_z.len() + self.w_h.len() + self.bias.len()
     }
 
-    /// Named tensors: `block.<name>` (see [`layer_to_tensors`]), `p.w_z`, `p.w_h`, `p.bias`.
-    pub fn to_tensors(&self) -> TensorMap {
-        let mut m = layer_to_tensors(&self.block, "block.");
-        m.insert("p.w_z".into(), self.w_z.clone().into_dyn());
-        m.insert("p.w_h".into(), self.w_h.clone().into_dyn());
-        m.insert("p.bias".into(), self.bias.clone().into_dyn());
-        m
+    /// Views of every parameter, with the names and order of [`ElmParams`].
+    pub fn params(&self, cfg: &ModelConfig) -> ElmParams<ArrayViewD<'_, f32>> {
+        ElmParams {
+            w_z: self.w_z.view().into_dyn(),
+            w_h: self.w_h.view().into_dyn(),
+            bias: self.bias.view().into_dyn(),
+            block: self.block.block_views(cfg),
+        }
+    }
+
+    /// The inverse of [`Self::params`] from any handles holding f32 arrays (checkpoint
+    /// tensors, tape values). Ranks are checked here, shapes by the caller.
+    pub fn from_params<H: AsArray>(p: &ElmParams<H>) -> Result<Self> {
+        let two = |name: &str, h: &H| {
+            h.as_array()
+                .to_owned()
+                .into_dimensionality::<Ix2>()
+                .map_err(|e| ElmError::tensor(name, e.to_string()))
+        };
+        Ok(ElmModule {
+            block: LayerWeights::from_block(&p.block)?,
+            w_z: two("p.w_z", &p.w_z)?,
+            w_h: two("p.w_h", &p.w_h)?,
+            bias: p
+                .bias
+                .as_array()
+                .to_owned()
+                .into_dimensionality::<Ix1>()
+                .map_err(|e| ElmError::tensor("p.bias", e.to_string()))?,
+        })
+    }
+
+    /// Named tensors (checkpoint keys of [`ElmParams`]).
+    pub fn to_tensors(&self, cfg: &ModelConfig) -> TensorMap {
+        self.params(cfg)
+            .named()
+            .into_iter()
+            .map(|(n, a)| (n, a.to_owned()))
+            .collect()
     }
 
     /// Inverse of [`Self::to_tensors`]; strict names and shapes checked against `cfg`.
     pub fn from_tensors(mut m: TensorMap, cfg: &ModelConfig, file: &Path) -> Result<Self> {
-        let c = cfg.hidden_size;
-        let block = layer_from_tensors(&mut m, "block.", cfg, file)?;
-        let w_z = take2(&mut m, "p.w_z", (c, c), file)?;
-        let w_h = take2(&mut m, "p.w_h", (c, c), file)?;
-        let bias = take1(&mut m, "p.bias", c, file)?;
+        let p =
+            ElmParams::shapes(cfg).try_map(|name, shape| take_tensor(&mut m, name, shape, file))?;
         expect_empty(&m, file)?;
-        Ok(ElmModule {
-            block,
-            w_z,
-            w_h,
-            bias,
-        })
+        Self::from_params(&p)
     }
-}
-
-fn take2(m: &mut TensorMap, name: &str, s: (usize, usize), file: &Path) -> Result<Array2<f32>> {
-    take_tensor(m, name, &[s.0, s.1], file)?
-        .into_dimensionality::<Ix2>()
-        .map_err(|e| ElmError::tensor(name, e.to_string()))
-}
-
-fn take1(m: &mut TensorMap, name: &str, n: usize, file: &Path) -> Result<Array1<f32>> {
-    take_tensor(m, name, &[n], file)?
-        .into_dimensionality::<Ix1>()
-        .map_err(|e| ElmError::tensor(name, e.to_string()))
-}
-
-/// A decoder block as named tensors `<prefix>{attn_norm,wq,wk,wv,wo,bq,bk,bv,mlp_norm,w_gate,w_up,w_down}`.
-pub fn layer_to_tensors(l: &LayerWeights, prefix: &str) -> TensorMap {
-    let mut m = TensorMap::new();
-    let mut put = |n: &str, a: ndarray::ArrayD<f32>| {
-        m.insert(format!("{prefix}{n}"), a);
-    };
-    put("attn_norm", l.attn_norm.clone().into_dyn());
-    put("wq", l.wq.clone().into_dyn());
-    put("wk", l.wk.clone().into_dyn());
-    put("wv", l.wv.clone().into_dyn());
-    put("wo", l.wo.clone().into_dyn());
-    if let Some(b) = &l.bq {
-        put("bq", b.clone().into_dyn());
-    }
-    if let Some(b) = &l.bk {
-        put("bk", b.clone().into_dyn());
-    }
-    if let Some(b) = &l.bv {
-        put("bv", b.clone().into_dyn());
-    }
-    put("mlp_norm", l.mlp_norm.clone().into_dyn());
-    put("w_gate", l.w_gate.clone().into_dyn());
-    put("w_up", l.w_up.clone().into_dyn());
-    put("w_down", l.w_down.clone().into_dyn());
-    m
-}
-
-/// Inverse of [`layer_to_tensors`] with shapes from `cfg`.
-pub fn layer_from_tensors(
-    m: &mut TensorMap,
-    prefix: &str,
-    cfg: &ModelConfig,
-    file: &Path,
-) -> Result<LayerWeights> {
-    let (c, i) = (cfg.hidden_size, cfg.intermediate_size);
-    let (q, kv) = (
-        cfg.num_heads * cfg.head_dim,
-        cfg.num_kv_heads * cfg.head_dim,
-    );
-    let n = |s: &str| format!("{prefix}{s}");
-    let bias = |m: &mut TensorMap, s: &str, len: usize| -> Result<Option<Array1<f32>>> {
-        if cfg.attention_bias {
-            take1(m, &n(s), len, file).map(Some)
-        } else {
-            Ok(None)
-        }
-    };
-    Ok(LayerWeights {
-        attn_norm: take1(m, &n("attn_norm"), c, file)?,
-        wq: take2(m, &n("wq"), (q, c), file)?,
-        wk: take2(m, &n("wk"), (kv, c), file)?,
-        wv: take2(m, &n("wv"), (kv, c), file)?,
-        wo: take2(m, &n("wo"), (c, q), file)?,
-        bq: bias(m, "bq", q)?,
-        bk: bias(m, "bk", kv)?,
-        bv: bias(m, "bv", kv)?,
-        mlp_norm: take1(m, &n("mlp_norm"), c, file)?,
-        w_gate: take2(m, &n("w_gate"), (i, c), file)?,
-        w_up: take2(m, &n("w_up"), (i, c), file)?,
-        w_down: take2(m, &n("w_down"), (c, i), file)?,
-    })
 }
 
 /// `elm.json` of a module checkpoint directory.
@@ -187,7 +203,11 @@ pub const MODULE_FILE: &str = "module.safetensors";
 /// Writes `dir/module.safetensors` then `dir/elm.json` (each atomically).
 pub fn save_module(dir: &Path, module: &ElmModule, meta: &ModuleMeta) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
-    save_tensors(&dir.join(MODULE_FILE), &module.to_tensors(), None)?;
+    save_tensors(
+        &dir.join(MODULE_FILE),
+        &module.to_tensors(&meta.model_config),
+        None,
+    )?;
     write_json_atomic(&dir.join(META_FILE), meta)
 }
 

@@ -15,6 +15,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use ndarray::{Array3, ArrayD, IxDyn};
 use rand::{rngs::StdRng, SeedableRng};
@@ -22,104 +23,32 @@ use serde::{Deserialize, Serialize};
 
 use crate::autograd::{Tape, Var};
 use crate::error::{ElmError, Result};
-use crate::grad::{implicit_forward_with_rng, GradientRule, ImplicitLayer};
-use crate::model::tape::{block_forward, BlockSpec, BlockTensors, BlockVars};
+use crate::grad::{implicit_forward_with_rng, DeqConfig};
+use crate::model::tape::{block_forward, BlockTensors, BlockVars};
 use crate::model::{ModelConfig, ModelWeights};
-use crate::solver::{FixedPointSolver, SolverConfig};
-use crate::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
+use crate::solver::{SolverConfig, StopCriteria};
+use crate::train::{AdamW, AdamWConfig, ParamStore, ParamVars, ScheduleConfig};
 
 use super::checkpoint::{write_json_atomic, TensorMap};
 use super::config::{read_json, ElmConfig, TrainConfig};
 use super::data::{batch_indices, make_batch, Batch, TokenSequence};
-use super::forward::{embed, masked_mse, module_apply, run_dense_layers, solve_module};
-use super::module::{save_module, ElmModule, ModuleMeta, MODULE_FORMAT};
+use super::forward::{embed, run_dense_layers};
+use super::infer::solve_sequences;
+use super::map::ElmLayer;
+use super::module::{save_module, ElmModule, ElmParams, ModuleMeta, MODULE_FORMAT};
 
-/// Parameter names in tape order: `P` first, then the block in [`BlockVars::named`] order.
-fn param_names(cfg: &ModelConfig) -> Vec<String> {
-    let mut v: Vec<String> = ["p.w_z", "p.w_h", "p.bias"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let block = ["attn_norm", "wq", "wk", "wv", "wo"];
-    v.extend(block.iter().map(|n| format!("block.{n}")));
-    if cfg.attention_bias {
-        v.extend(["bq", "bk", "bv"].iter().map(|n| format!("block.{n}")));
-    }
-    v.extend(
-        ["mlp_norm", "w_gate", "w_up", "w_down"]
-            .iter()
-            .map(|n| format!("block.{n}")),
-    );
-    v
-}
-
-/// The module as an [`ImplicitLayer`]: `f(z, h) = block(z·W_zᵀ + h·W_hᵀ + b)` on `[B, T, C]`.
-#[derive(Clone)]
-pub struct ElmLayer {
-    cfg: ModelConfig,
-}
-
-impl ElmLayer {
-    pub fn new(cfg: &ModelConfig) -> Self {
-        ElmLayer { cfg: cfg.clone() }
-    }
-
-    fn module_from(&self, params: &[Arc<ArrayD<f32>>]) -> Result<ElmModule> {
-        let names = param_names(&self.cfg);
-        let map: TensorMap = names
-            .iter()
-            .cloned()
-            .zip(params.iter().map(|p| (**p).clone()))
-            .collect();
-        ElmModule::from_tensors(map, &self.cfg, Path::new("<tape params>"))
-    }
-}
-
-impl ImplicitLayer<f32> for ElmLayer {
-    fn forward(&self, tape: &mut Tape<f32>, z: Var, x: Var, p: &[Var]) -> Result<Var> {
-        let a = tape.matmul_t(z, p[0], None)?;
-        let b = tape.matmul_t(x, p[1], Some(p[2]))?;
-        let u = tape.add(a, b)?;
-        let (bias, rest) = if self.cfg.attention_bias {
-            ((Some(p[8]), Some(p[9]), Some(p[10])), &p[11..])
-        } else {
-            ((None, None, None), &p[8..])
-        };
-        let vars = BlockVars {
-            spec: BlockSpec::from_config(&self.cfg),
-            attn_norm: p[3],
-            wq: p[4],
-            wk: p[5],
-            wv: p[6],
-            wo: p[7],
-            bq: bias.0,
-            bk: bias.1,
-            bv: bias.2,
-            mlp_norm: rest[0],
-            w_gate: rest[1],
-            w_up: rest[2],
-            w_down: rest[3],
-        };
-        block_forward(tape, &vars, u, 0)
-    }
-
-    /// Fast no-tape path (BLAS + the inference block) for the gradient-free iterations.
-    fn eval(
-        &self,
-        z: ArrayD<f32>,
-        x: &Arc<ArrayD<f32>>,
-        params: &[Arc<ArrayD<f32>>],
-    ) -> Result<ArrayD<f32>> {
-        let module = self.module_from(params)?;
-        let z3 = z
-            .into_dimensionality::<ndarray::Ix3>()
-            .map_err(|e| ElmError::shape("ElmLayer z", e.to_string()))?;
-        let h3 = x
-            .view()
-            .into_dimensionality::<ndarray::Ix3>()
-            .map_err(|e| ElmError::shape("ElmLayer h", e.to_string()))?;
-        Ok(module_apply(&module, &self.cfg, z3.view(), h3)?.into_dyn())
-    }
+/// The module's parameters registered on `tape`, typed (store order = [`ElmParams`] order).
+fn params_on_tape(cfg: &ModelConfig, vars: &ParamVars) -> Result<ElmParams<Var>> {
+    let mut i = 0;
+    ElmParams::shapes(cfg).try_map(|name, _| {
+        let v = vars
+            .vars()
+            .get(i)
+            .copied()
+            .ok_or_else(|| ElmError::tensor(name, "not registered"))?;
+        i += 1;
+        Ok(v)
+    })
 }
 
 /// Loss terms and settings of one step.
@@ -136,7 +65,7 @@ pub struct StepLog {
     pub loss: f64,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
-    /// `(m, n)` of stochastic JFB.
+    /// `(gradient-free, differentiable)` iterations drawn by stochastic JFB.
     pub sampled: Option<(usize, usize)>,
     pub tokens: usize,
 }
@@ -169,8 +98,7 @@ pub struct Trainer<'a> {
     store: ParamStore,
     opt: AdamW,
     sched: ScheduleConfig,
-    rule: GradientRule,
-    forward_solver: Box<dyn FixedPointSolver<f32>>,
+    deq: DeqConfig,
     layer: ElmLayer,
     back: Vec<BlockTensors<f32>>,
     final_norm: Arc<ArrayD<f32>>,
@@ -179,12 +107,51 @@ pub struct Trainer<'a> {
     pub history: Vec<StepLog>,
 }
 
-/// Default forward solver of the `jfb` / `implicit` rules.
-pub fn default_forward_solver() -> SolverConfig {
-    let mut s = SolverConfig::anderson();
-    s.stop_mut().max_iter = 30;
-    s.stop_mut().rel_tol = 1e-4;
-    s
+/// What [`Trainer::run`] reports as it goes.
+#[derive(Clone, Debug)]
+pub enum TrainEvent<'a> {
+    /// Held-out distillation MSE before the first step of this run.
+    EvalBefore(f64),
+    /// A step finished.
+    Step(&'a StepLog),
+    /// A resumable checkpoint was written after `step` steps.
+    Checkpoint { step: usize },
+    /// Held-out distillation MSE after the last step.
+    EvalAfter(f64),
+}
+
+/// Held-out data and solver of [`Trainer::run`]'s before/after distillation evaluation.
+pub struct HeldOut<'d> {
+    pub sequences: &'d [TokenSequence],
+    pub solver: SolverConfig,
+    pub stop: StopCriteria,
+}
+
+impl<'d> HeldOut<'d> {
+    /// `sequences` solved by Anderson to relative residual 1e-3, at most 16 iterations.
+    pub fn new(sequences: &'d [TokenSequence]) -> Self {
+        HeldOut {
+            sequences,
+            solver: SolverConfig::anderson(),
+            stop: StopCriteria::relative(1e-3, 16),
+        }
+    }
+}
+
+/// What a [`Trainer::run`] did.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrainOutcome {
+    /// Steps completed in total (resumed runs included).
+    pub steps: usize,
+    pub steps_this_run: usize,
+    /// Wall time of this run's steps and checkpoints (evaluation excluded).
+    pub seconds: f64,
+    /// Training sequences.
+    pub sequences: usize,
+    pub distill_before: Option<f64>,
+    pub distill_after: Option<f64>,
+    pub held_out_examples: usize,
+    pub last: Option<StepLog>,
 }
 
 impl<'a> Trainer<'a> {
@@ -197,13 +164,8 @@ impl<'a> Trainer<'a> {
         base_model: String,
     ) -> Result<Self> {
         let mut store = ParamStore::new();
-        let tensors = module.to_tensors();
-        for name in param_names(&dense.config) {
-            let v = tensors
-                .get(&name)
-                .ok_or_else(|| ElmError::tensor(name.clone(), "missing from module"))?
-                .clone();
-            store.insert(name, v, true)?;
+        for (name, value) in module.params(&dense.config).named() {
+            store.insert(name, value.to_owned(), true)?;
         }
         let opt = AdamW::new(Self::adamw_config(&cfg))?;
         Self::build(dense, elm, cfg, base_model, store, opt, 0, vec![])
@@ -239,16 +201,8 @@ impl<'a> Trainer<'a> {
             cfg.min_lr_frac as f64,
         );
         sched.validate()?;
-        let rule = cfg
-            .grad_rule
-            .clone()
-            .unwrap_or_else(|| GradientRule::sjfb_default(elm.num_replaced, cfg.seed));
-        rule.validate()?;
-        let fs = cfg
-            .forward_solver
-            .clone()
-            .unwrap_or_else(default_forward_solver);
-        fs.validate()?;
+        let deq = cfg.deq(elm.num_replaced);
+        deq.validate()?;
         let mc = &dense.config;
         let back = (elm.end_layer()..mc.num_layers)
             .map(|l| BlockTensors::from_weights(&dense.layers[l], mc))
@@ -265,8 +219,7 @@ impl<'a> Trainer<'a> {
             store,
             opt,
             sched,
-            rule,
-            forward_solver: fs.build(),
+            deq,
             step,
             history,
         })
@@ -308,17 +261,18 @@ impl<'a> Trainer<'a> {
 
         let mut tape = Tape::<f32>::new();
         let vars = self.store.register(&mut tape);
+        let params = params_on_tape(&self.dense.config, &vars)?;
         let hv = tape.constant(h.into_dyn());
         let z0 = ArrayD::<f32>::zeros(IxDyn(&[bs, t, c]));
-        let mut rng = StdRng::seed_from_u64(step_seed(self.cfg.seed, self.step));
+        // The rule's own seed drives its draws (the default rule is seeded by `cfg.seed`).
+        let mut rng = StdRng::seed_from_u64(step_seed(self.deq.gradient.seed(), self.step));
         let (z, rep) = implicit_forward_with_rng(
             &mut tape,
             &self.layer,
             hv,
-            vars.vars(),
+            &params,
             &z0,
-            &self.rule,
-            self.forward_solver.as_ref(),
+            &self.deq,
             &mut rng,
         )?;
         let tv = tape.constant(target.into_dyn());
@@ -376,13 +330,14 @@ impl<'a> Trainer<'a> {
         Ok(log)
     }
 
-    /// Distillation MSE of the module's fixed point (solved with `solver`) vs the dense
-    /// `h_{l+M}` over the valid tokens of `seqs` (evaluated `batch` sequences at a time).
+    /// Distillation MSE of the module's fixed point (solved with `solver` until `stop`) vs the
+    /// dense `h_{l+M}` over the valid tokens of `seqs` (evaluated `batch` sequences at a time).
     pub fn eval_distill(
         &self,
         seqs: &[TokenSequence],
         pad_id: u32,
         solver: &SolverConfig,
+        stop: &StopCriteria,
     ) -> Result<f64> {
         let module = self.module()?;
         eval_distill(
@@ -393,7 +348,63 @@ impl<'a> Trainer<'a> {
             pad_id,
             self.cfg.batch_size,
             solver,
+            stop,
         )
+    }
+
+    /// Trains until `cfg.steps` (continuing a resumed run), writing a resumable checkpoint into
+    /// `out` every `cfg.checkpoint_every` steps and at the end; with `held_out`, measures the
+    /// distillation MSE before and after. `on_event` sees every step (progress bars, logs).
+    pub fn run(
+        &mut self,
+        data: &[TokenSequence],
+        pad_id: u32,
+        out: &Path,
+        held_out: Option<&HeldOut<'_>>,
+        mut on_event: impl FnMut(TrainEvent<'_>),
+    ) -> Result<TrainOutcome> {
+        if data.is_empty() {
+            return Err(ElmError::InvalidArgument(
+                "training data has no usable sequence".into(),
+            ));
+        }
+        let held_out = held_out.filter(|h| !h.sequences.is_empty());
+        let eval = |t: &Self| -> Result<Option<f64>> {
+            held_out
+                .map(|h| t.eval_distill(h.sequences, pad_id, &h.solver, &h.stop))
+                .transpose()
+        };
+        let distill_before = eval(self)?;
+        if let Some(d) = distill_before {
+            on_event(TrainEvent::EvalBefore(d));
+        }
+        let (total, start_step, every) = (self.cfg.steps, self.step, self.cfg.checkpoint_every);
+        let t0 = Instant::now();
+        while self.step < total {
+            let log = self.train_step(data, pad_id)?;
+            on_event(TrainEvent::Step(&log));
+            if every > 0 && self.step.is_multiple_of(every) && self.step < total {
+                self.save(out)?;
+                on_event(TrainEvent::Checkpoint { step: self.step });
+            }
+        }
+        self.save(out)?;
+        on_event(TrainEvent::Checkpoint { step: self.step });
+        let seconds = t0.elapsed().as_secs_f64();
+        let distill_after = eval(self)?;
+        if let Some(d) = distill_after {
+            on_event(TrainEvent::EvalAfter(d));
+        }
+        Ok(TrainOutcome {
+            steps: self.step,
+            steps_this_run: self.step - start_step,
+            seconds,
+            sequences: data.len(),
+            distill_before,
+            distill_after,
+            held_out_examples: held_out.map_or(0, |h| h.sequences.len()),
+            last: self.history.last().cloned(),
+        })
     }
 
     /// Writes a resumable checkpoint into `dir` (see module doc).
@@ -455,7 +466,12 @@ impl<'a> Trainer<'a> {
         }
         let sd = dir.join(&state.step_dir);
         let store = ParamStore::load(sd.join("params.safetensors"))?;
-        if store.names() != param_names(&dense.config).as_slice() {
+        let expected: Vec<String> = ElmParams::shapes(&dense.config)
+            .named()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        if store.names() != expected.as_slice() {
             return Err(ElmError::format(
                 sd.join("params.safetensors"),
                 "unexpected parameter names",
@@ -485,6 +501,7 @@ pub fn step_seed(seed: u64, step: usize) -> u64 {
 }
 
 /// See [`Trainer::eval_distill`].
+#[allow(clippy::too_many_arguments)] // the model, the module, the data and the solve
 pub fn eval_distill(
     dense: &ModelWeights,
     elm: &ElmConfig,
@@ -493,8 +510,8 @@ pub fn eval_distill(
     pad_id: u32,
     batch: usize,
     solver: &SolverConfig,
+    stop: &StopCriteria,
 ) -> Result<f64> {
-    let solver = solver.build::<f32>();
     let (mut sum, mut n) = (0.0, 0usize);
     for chunk in seqs.chunks(batch.max(1)) {
         let refs: Vec<&TokenSequence> = chunk.iter().collect();
@@ -502,9 +519,15 @@ pub fn eval_distill(
         let x = embed(dense, &b.tokens)?;
         let h = run_dense_layers(dense, x, 0..elm.start_layer)?;
         let target = run_dense_layers(dense, h.clone(), elm.start_layer..elm.end_layer())?;
-        let (z, _) = solve_module(module, &dense.config, &h.view(), solver.as_ref())?;
-        let count = b.valid.iter().flatten().filter(|v| **v).count();
-        sum += masked_mse(z.view(), target.view(), &b.valid) * count as f64;
+        let (z, _) = solve_sequences(module, &dense.config, h.view(), solver, stop)?;
+        let valid: Vec<bool> = b.valid.iter().flatten().copied().collect();
+        // f64 so the sum over many tokens loses nothing.
+        let (mse, count) = crate::nn::loss::masked_mse_forward(
+            &z.mapv(f64::from).into_dyn(),
+            &target.mapv(f64::from).into_dyn(),
+            &valid,
+        )?;
+        sum += mse * count as f64;
         n += count;
     }
     Ok(if n == 0 { 0.0 } else { sum / n as f64 })

@@ -50,12 +50,12 @@ pub fn numbers(text: &str) -> Vec<String> {
             while i < b.len() {
                 let c = b[i];
                 let next_digit = i + 1 < b.len() && b[i + 1].is_ascii_digit();
-                if c.is_ascii_digit() {
-                    i += 1;
-                } else if c == b',' && !seen_dot && i + 3 < b.len() + 1 && {
+                // A thousands comma is followed by exactly 3 digits.
+                let thousands_comma = c == b',' && !seen_dot && i + 3 < b.len() + 1 && {
                     let run = b[i + 1..].iter().take_while(|x| x.is_ascii_digit()).count();
                     run == 3
-                } {
+                };
+                if c.is_ascii_digit() || thousands_comma {
                     i += 1;
                 } else if c == b'.' && !seen_dot && next_digit {
                     seen_dot = true;

@@ -104,12 +104,14 @@ pub fn stop_ids(tok: &Tokenizer) -> Vec<u32> {
     v
 }
 
-/// Runs GSM8K on `examples` with `model` (dense or ELM).
+/// Runs GSM8K on `examples` with `model` (dense or ELM); `on_progress(done)` is called after
+/// each batch with the number of examples finished so far.
 pub fn eval_gsm8k(
     model: &ElmModel,
     tok: &Tokenizer,
     examples: &[QaExample],
     opts: &Gsm8kOptions,
+    mut on_progress: impl FnMut(usize),
 ) -> Result<Gsm8kResult> {
     let stops = stop_ids(tok);
     let start = Instant::now();
@@ -117,7 +119,6 @@ pub fn eval_gsm8k(
     let mut stats = Vec::new();
     let mut generated = 0;
     let mut kv_bytes_per_sequence = 0;
-    let bar = indicatif::ProgressBar::new(examples.len() as u64);
     for chunk in examples.chunks(opts.batch.max(1)) {
         let prompts = chunk
             .iter()
@@ -145,9 +146,8 @@ pub fn eval_gsm8k(
                 prediction,
             });
         }
-        bar.inc(chunk.len() as u64);
+        on_progress(samples.len());
     }
-    bar.finish_and_clear();
     let seconds = start.elapsed().as_secs_f64();
     let answer_perplexity = if opts.perplexity {
         Some(answer_perplexity(model, tok, examples, &opts.inference)?)

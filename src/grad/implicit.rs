@@ -8,43 +8,101 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::rule::GradientRule;
+use super::rule::{DeqConfig, GradientRule};
 use crate::autograd::{AdFloat, Tape, Var};
-use crate::solver::{
-    FixedPointMap, FixedPointSolver, RowOutcome, RowStatus, SolverConfig, SolverFloat,
-};
+use crate::solver::{FixedPointMap, FixedPointSolver, RowOutcome, RowStatus, SolverFloat};
 use crate::{ElmError, Result};
 
 /// Scalars the gradient rules run on: tape scalars that the solvers also accept (`f32`, `f64`).
 pub trait GradFloat: AdFloat + SolverFloat {}
 impl<T: AdFloat + SolverFloat> GradFloat for T {}
 
+/// The parameters of an implicit layer as one typed set of tape handles (a struct with a field
+/// per parameter; see [`crate::param_set!`]). Its field order is the one order in which the
+/// gradient rules move the parameters between tapes.
+pub trait ParamSet: Clone + 'static {
+    /// Every handle, in the set's fixed order.
+    fn vars(&self) -> Vec<Var>;
+    /// The same set over other handles given in [`ParamSet::vars`] order (e.g. the leaves of a
+    /// scratch tape).
+    fn with_vars(&self, vars: &[Var]) -> Result<Self>;
+}
+
+/// A plain list, for quick experiments (positions instead of names).
+impl ParamSet for Vec<Var> {
+    fn vars(&self) -> Vec<Var> {
+        self.clone()
+    }
+    fn with_vars(&self, vars: &[Var]) -> Result<Self> {
+        check_param_count(vars.len(), self.len())?;
+        Ok(vars.to_vec())
+    }
+}
+
+/// Errors unless `got == want` (used by [`ParamSet::with_vars`] implementations).
+pub fn check_param_count(got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(ElmError::shape(
+            "ParamSet::with_vars",
+            format!("{got} handles for a set of {want} parameters"),
+        ))
+    }
+}
+
+/// Declares a [`ParamSet`] struct whose fields are tape handles, written once:
+/// `elm::param_set! { pub struct TanhParams { w, u, b } }` gives `TanhParams { w: Var, u: Var,
+/// b: Var }` with the order `w, u, b`.
+#[macro_export]
+macro_rules! param_set {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($(#[$fmeta:meta])* $field:ident),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug)]
+        $vis struct $name { $($(#[$fmeta])* pub $field: $crate::autograd::Var),+ }
+        impl $crate::grad::ParamSet for $name {
+            fn vars(&self) -> Vec<$crate::autograd::Var> {
+                vec![$(self.$field),+]
+            }
+            fn with_vars(&self, vars: &[$crate::autograd::Var]) -> $crate::Result<Self> {
+                $crate::grad::check_param_count(vars.len(), self.vars().len())?;
+                let mut it = vars.iter().copied();
+                Ok($name { $($field: it.next().unwrap_or(self.$field)),+ })
+            }
+        }
+    };
+}
+
 /// A fixed-point layer `z ↦ f(z, x; θ)`. Implement [`ImplicitLayer::forward`] once; everything
 /// else (solver map, gradient rules) is derived from it.
 pub trait ImplicitLayer<T: AdFloat> {
-    /// One application of `f` on the tape. `z` has the state shape `[B, ...]` (batch first),
-    /// `x` is the injected input, `params` the layer's parameters in the order given to
-    /// [`implicit_forward`]. Must return a Var with the shape of `z`.
-    fn forward(&self, tape: &mut Tape<T>, z: Var, x: Var, params: &[Var]) -> Result<Var>;
+    /// The layer's parameters (θ) as typed tape handles.
+    type Params: ParamSet;
 
-    /// `f` without recording (used by the forward solver and gradient-free iterations).
-    /// Default: [`ImplicitLayer::forward`] on a scratch tape under `no_grad`, sharing `x` and the
-    /// parameters without copying them. Override with a faster path if you have one.
+    /// One application of `f` on the tape. `z` has the state shape `[B, ...]` (batch first),
+    /// `x` is the injected input. Must return a Var with the shape of `z`.
+    fn forward(&self, tape: &mut Tape<T>, z: Var, x: Var, params: &Self::Params) -> Result<Var>;
+
+    /// `f` without recording (used by the forward solver and gradient-free iterations);
+    /// `values[i]` is the value of `params.vars()[i]`. Default: [`ImplicitLayer::forward`] on a
+    /// scratch tape under `no_grad`, sharing `x` and the values without copying them. Override
+    /// with a faster path if you have one.
     fn eval(
         &self,
         z: ArrayD<T>,
         x: &Arc<ArrayD<T>>,
-        params: &[Arc<ArrayD<T>>],
+        params: &Self::Params,
+        values: &[Arc<ArrayD<T>>],
     ) -> Result<ArrayD<T>> {
         let mut tape = Tape::<T>::new();
         tape.no_grad(|t| {
             let zv = t.constant(z);
             let xv = t.constant_shared(x.clone());
-            let pv: Vec<Var> = params
+            let vars: Vec<Var> = values
                 .iter()
                 .map(|p| t.constant_shared(p.clone()))
                 .collect();
-            let out = self.forward(t, zv, xv, &pv)?;
+            let out = self.forward(t, zv, xv, &params.with_vars(&vars)?)?;
             Ok(t.value(out).clone())
         })
     }
@@ -73,6 +131,8 @@ pub struct BackwardReport {
     /// True when `f` was recorded once and replayed for every adjoint VJP (`vjp_retain`); false
     /// when the layer's graph is not replayable and each VJP re-ran the forward.
     pub replayed_graph: bool,
+    /// Why the adjoint solve failed as a whole (every row then uses the JFB gradient).
+    pub error: Option<String>,
 }
 
 impl BackwardReport {
@@ -180,7 +240,8 @@ fn to_rows<T: AdFloat>(a: &ArrayD<T>, b: usize, d: usize) -> Result<ArrayView2<'
 struct LayerMap<'a, T: GradFloat, L: ImplicitLayer<T>> {
     layer: &'a L,
     x: Arc<ArrayD<T>>,
-    params: Vec<Arc<ArrayD<T>>>,
+    params: &'a L::Params,
+    values: Vec<Arc<ArrayD<T>>>,
     shape: Vec<usize>,
 }
 
@@ -198,7 +259,7 @@ impl<T: GradFloat, L: ImplicitLayer<T>> FixedPointMap<T> for LayerMap<'_, T, L> 
             .to_owned()
             .into_shape_with_order(IxDyn(&self.shape))
             .map_err(|e| ElmError::shape("LayerMap", e.to_string()))?;
-        let y = self.layer.eval(zs, &self.x, &self.params)?;
+        let y = self.layer.eval(zs, &self.x, self.params, &self.values)?;
         if y.shape() != self.shape.as_slice() {
             return Err(ElmError::shape(
                 "ImplicitLayer::forward",
@@ -218,9 +279,10 @@ impl<T: GradFloat, L: ImplicitLayer<T>> FixedPointMap<T> for LayerMap<'_, T, L> 
 fn solve_forward<T: GradFloat, L: ImplicitLayer<T>>(
     layer: &L,
     x: Arc<ArrayD<T>>,
-    params: Vec<Arc<ArrayD<T>>>,
+    params: &L::Params,
+    values: Vec<Arc<ArrayD<T>>>,
     z0: &ArrayD<T>,
-    solver: &dyn FixedPointSolver<T>,
+    deq: &DeqConfig,
 ) -> Result<(ArrayD<T>, Vec<RowOutcome>, usize)> {
     let shape = z0.shape().to_vec();
     let (b, d) = batch_dims(&shape)?;
@@ -228,10 +290,12 @@ fn solve_forward<T: GradFloat, L: ImplicitLayer<T>>(
         layer,
         x,
         params,
+        values,
         shape: shape.clone(),
     };
     let z0_std = z0.as_standard_layout().into_owned();
-    let sol = solver.solve(&mut map, to_rows(&z0_std, b, d)?)?;
+    let solver = deq.forward_solver.build::<T>();
+    let sol = solver.solve(&mut map, to_rows(&z0_std, b, d)?, &deq.forward_stop)?;
     let z = sol
         .z
         .into_shape_with_order(IxDyn(&shape))
@@ -246,34 +310,29 @@ pub fn implicit_forward<T: GradFloat, L: ImplicitLayer<T> + Clone + 'static>(
     tape: &mut Tape<T>,
     layer: &L,
     x: Var,
-    params: &[Var],
+    params: &L::Params,
     z0: &ArrayD<T>,
-    rule: &GradientRule,
-    forward_solver: &dyn FixedPointSolver<T>,
+    deq: &DeqConfig,
 ) -> Result<(Var, GradReport)> {
-    let seed = match rule {
-        GradientRule::StochasticJfb { seed, .. } => *seed,
-        _ => 0,
-    };
-    let mut rng = StdRng::seed_from_u64(seed);
-    implicit_forward_with_rng(tape, layer, x, params, z0, rule, forward_solver, &mut rng)
+    let mut rng = StdRng::seed_from_u64(deq.gradient.seed());
+    implicit_forward_with_rng(tape, layer, x, params, z0, deq, &mut rng)
 }
 
 /// Puts the fixed point of `layer` (from the detached start `z0`, shape `[B, ...]`) on `tape` and
 /// returns it as a Var whose backward implements `rule`, plus a [`GradReport`].
 /// `x` and `params` may be params or constants; gradients reach those that require them.
-#[allow(clippy::too_many_arguments)]
+/// `deq` gives the rule, the forward solver and its stop criteria (used by `jfb` / `implicit`).
 pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'static>(
     tape: &mut Tape<T>,
     layer: &L,
     x: Var,
-    params: &[Var],
+    params: &L::Params,
     z0: &ArrayD<T>,
-    rule: &GradientRule,
-    forward_solver: &dyn FixedPointSolver<T>,
+    deq: &DeqConfig,
     rng: &mut StdRng,
 ) -> Result<(Var, GradReport)> {
-    rule.validate()?;
+    deq.validate()?;
+    let rule = &deq.gradient;
     batch_dims(z0.shape())?;
     if z0.iter().any(|v| !v.is_finite()) {
         return Err(ElmError::NonFinite(
@@ -281,7 +340,8 @@ pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'st
         ));
     }
     let x_val = tape.shared(x);
-    let p_vals: Vec<Arc<ArrayD<T>>> = params.iter().map(|&p| tape.shared(p)).collect();
+    let param_vars = params.vars();
+    let p_vals: Vec<Arc<ArrayD<T>>> = param_vars.iter().map(|&p| tape.shared(p)).collect();
     let mut report = GradReport {
         rule: rule.name(),
         forward_iterations: 0,
@@ -319,7 +379,7 @@ pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'st
             let n = rng.gen_range(grad[0]..=grad[1]);
             let mut z = z0.clone();
             for _ in 0..m {
-                z = layer.eval(z, &x_val, &p_vals)?;
+                z = layer.eval(z, &x_val, params, &p_vals)?;
                 check_state_shape(&z, z0.shape())?;
             }
             report.nograd_evals = m;
@@ -329,7 +389,7 @@ pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'st
             Ok((out, report))
         }
         GradientRule::Jfb => {
-            let (z_star, rows, evals) = solve_forward(layer, x_val, p_vals, z0, forward_solver)?;
+            let (z_star, rows, evals) = solve_forward(layer, x_val, params, p_vals, z0, deq)?;
             fill_forward(&mut report, rows, evals);
             let zc = tape.constant(z_star);
             let out = layer.forward(tape, zc, x, params)?;
@@ -337,31 +397,22 @@ pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'st
             report.tape_applications = 1;
             Ok((out, report))
         }
-        GradientRule::Implicit {
-            solver,
-            tol,
-            max_iter,
-        } => {
+        GradientRule::Implicit { solver, stop } => {
             let (z_star, rows, evals) =
-                solve_forward(layer, x_val.clone(), p_vals.clone(), z0, forward_solver)?;
+                solve_forward(layer, x_val.clone(), params, p_vals.clone(), z0, deq)?;
             fill_forward(&mut report, rows, evals);
-            let mut adjoint_cfg: SolverConfig = solver.clone();
-            {
-                let stop = adjoint_cfg.stop_mut();
-                stop.abs_tol = 0.0;
-                stop.rel_tol = *tol;
-                stop.max_iter = *max_iter;
-            }
             let mut inputs = vec![x];
-            inputs.extend_from_slice(params);
+            inputs.extend_from_slice(&param_vars);
             let needs: Vec<bool> = inputs.iter().map(|&v| tape.requires_grad(v)).collect();
             let ctx = AdjointCtx {
                 layer: layer.clone(),
                 z_star: Arc::new(z_star.clone()),
                 x: x_val,
-                params: p_vals,
+                params: params.clone(),
+                values: p_vals,
                 needs,
-                solver: adjoint_cfg,
+                solver: solver.build::<T>(),
+                stop: stop.clone(),
                 slot: report.backward.clone(),
             };
             let out = tape.custom(
@@ -392,14 +443,17 @@ fn fill_forward(report: &mut GradReport, rows: Vec<RowOutcome>, evals: usize) {
 }
 
 /// Everything the IFT backward needs, captured at forward time.
-struct AdjointCtx<T: GradFloat, L> {
+struct AdjointCtx<T: GradFloat, L: ImplicitLayer<T>> {
     layer: L,
     z_star: Arc<ArrayD<T>>,
     x: Arc<ArrayD<T>>,
-    params: Vec<Arc<ArrayD<T>>>,
+    params: L::Params,
+    /// Values of `params.vars()`, in that order.
+    values: Vec<Arc<ArrayD<T>>>,
     /// Whether x and each param (in that order) need a gradient.
     needs: Vec<bool>,
-    solver: SolverConfig,
+    solver: Box<dyn FixedPointSolver<T>>,
+    stop: crate::solver::StopCriteria,
     slot: BackwardSlot,
 }
 
@@ -412,9 +466,9 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
         } else {
             t.constant_shared(self.z_star.clone())
         };
-        let mut leaves = Vec::with_capacity(1 + self.params.len());
+        let mut leaves = Vec::with_capacity(1 + self.values.len());
         for (i, a) in std::iter::once(&self.x)
-            .chain(self.params.iter())
+            .chain(self.values.iter())
             .enumerate()
         {
             leaves.push(if xp_grad && self.needs[i] {
@@ -423,7 +477,8 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
                 t.constant_shared(a.clone())
             });
         }
-        let y = self.layer.forward(&mut t, zv, leaves[0], &leaves[1..])?;
+        let params = self.params.with_vars(&leaves[1..])?;
+        let y = self.layer.forward(&mut t, zv, leaves[0], &params)?;
         Ok((t, zv, leaves, y))
     }
 
@@ -436,7 +491,7 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
         // Adjoint map u ↦ Jᵀu + g. f is recorded once on a scratch tape (only z differentiable)
         // and replayed with `vjp_retain`; a layer whose graph cannot be replayed (a run-once
         // custom op) gets a fresh scratch forward + consuming backward per evaluation instead.
-        let solver = self.solver.build::<T>();
+        let solver = self.solver.as_ref();
         let mut retained = Some(self.scratch(true, false)?);
         let solve = {
             let mut map = crate::solver::FnMap::new(
@@ -476,7 +531,7 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
                     Ok(())
                 },
             );
-            solver.solve(&mut map, g_rows.view())
+            solver.solve(&mut map, g_rows.view(), &self.stop)
         };
         let mut u = g_rows.clone();
         let report = match solve {
@@ -489,18 +544,6 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
                         fallback += 1;
                     }
                 }
-                if fallback > 0 {
-                    let worst = sol
-                        .rows
-                        .iter()
-                        .filter(|r| r.status != RowStatus::Converged)
-                        .map(|r| r.residual)
-                        .fold(0.0, nan_max);
-                    eprintln!(
-                        "warning: elm::grad implicit backward ({}) did not converge on {fallback}/{b} rows (worst residual {worst:.3e}); using the JFB gradient for those rows",
-                        solver.name()
-                    );
-                }
                 BackwardReport {
                     solver: solver.name(),
                     iterations: sol.max_iterations(),
@@ -511,25 +554,21 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
                     fallback_rows: fallback,
                     scratch_peak_bytes: scratch_peak,
                     replayed_graph: retained.is_some(),
+                    error: None,
                 }
             }
-            Err(e) => {
-                eprintln!(
-                    "warning: elm::grad implicit backward ({}) failed: {e}; using the JFB gradient",
-                    solver.name()
-                );
-                BackwardReport {
-                    solver: solver.name(),
-                    iterations: 0,
-                    vjp_evals: 0,
-                    residual: f64::NAN,
-                    rel_residual: f64::NAN,
-                    rows: Vec::new(),
-                    fallback_rows: b,
-                    scratch_peak_bytes: scratch_peak,
-                    replayed_graph: retained.is_some(),
-                }
-            }
+            Err(e) => BackwardReport {
+                error: Some(e.to_string()),
+                solver: solver.name(),
+                iterations: 0,
+                vjp_evals: 0,
+                residual: f64::NAN,
+                rel_residual: f64::NAN,
+                rows: Vec::new(),
+                fallback_rows: b,
+                scratch_peak_bytes: scratch_peak,
+                replayed_graph: retained.is_some(),
+            },
         };
         // Final VJP w.r.t. x and θ with seed u.
         let (mut t, _, leaves, y) = self.scratch(false, true)?;
@@ -548,34 +587,30 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
     }
 }
 
-/// Runs a [`GradientRule`] across training steps with one seeded RNG stream, so `stochastic_jfb`
+/// Runs a [`DeqConfig`] across training steps with one seeded RNG stream, so `stochastic_jfb`
 /// draws fresh, reproducible `(m, n)` at each call.
 pub struct ImplicitDriver<T: GradFloat> {
-    rule: GradientRule,
-    forward: Box<dyn FixedPointSolver<T>>,
+    deq: DeqConfig,
     rng: StdRng,
+    _scalar: std::marker::PhantomData<T>,
 }
 
 impl<T: GradFloat> ImplicitDriver<T> {
-    /// A driver for `rule` with the forward solver built from `forward` (validated). The RNG is
-    /// seeded from the rule's seed (0 for rules without one).
-    pub fn new(rule: GradientRule, forward: &SolverConfig) -> Result<Self> {
-        rule.validate()?;
-        forward.validate()?;
-        let seed = match &rule {
-            GradientRule::StochasticJfb { seed, .. } => *seed,
-            _ => 0,
-        };
+    /// A driver for `deq` (validated). The RNG is seeded from the rule's seed (0 for rules
+    /// without one).
+    pub fn new(deq: DeqConfig) -> Result<Self> {
+        deq.validate()?;
+        let rng = StdRng::seed_from_u64(deq.gradient.seed());
         Ok(Self {
-            rule,
-            forward: forward.build::<T>(),
-            rng: StdRng::seed_from_u64(seed),
+            deq,
+            rng,
+            _scalar: std::marker::PhantomData,
         })
     }
 
     /// The rule.
     pub fn rule(&self) -> &GradientRule {
-        &self.rule
+        &self.deq.gradient
     }
 
     /// [`implicit_forward_with_rng`] with this driver's rule, solver and RNG stream.
@@ -584,18 +619,9 @@ impl<T: GradFloat> ImplicitDriver<T> {
         tape: &mut Tape<T>,
         layer: &L,
         x: Var,
-        params: &[Var],
+        params: &L::Params,
         z0: &ArrayD<T>,
     ) -> Result<(Var, GradReport)> {
-        implicit_forward_with_rng(
-            tape,
-            layer,
-            x,
-            params,
-            z0,
-            &self.rule,
-            self.forward.as_ref(),
-            &mut self.rng,
-        )
+        implicit_forward_with_rng(tape, layer, x, params, z0, &self.deq, &mut self.rng)
     }
 }

@@ -1,8 +1,9 @@
 //! Gradient rules for implicit (fixed-point) layers `z* = f(z*, x; θ)`.
 //!
-//! Implement [`ImplicitLayer::forward`] once — one application of `f` on the tape — and
-//! [`implicit_forward`] puts the fixed point on the tape with the backward pass chosen by a
-//! [`GradientRule`]:
+//! Implement [`ImplicitLayer::forward`] once — one application of `f` on the tape, with the
+//! parameters as a typed [`ParamSet`] — and [`implicit_forward`] puts the fixed point on the tape
+//! with the backward pass chosen by the [`GradientRule`] of a [`DeqConfig`] (which also holds the
+//! forward solver and its stopping):
 //!
 //! | rule | forward | backward | tape memory |
 //! |---|---|---|---|
@@ -14,8 +15,8 @@
 //! The IFT backward (`Implicit`) is a [`Tape::custom`](crate::autograd::Tape::custom) node whose
 //! VJP solves the adjoint fixed point with a [`FixedPointSolver`](crate::solver::FixedPointSolver)
 //! (Picard/Anderson/Broyden) via vector-Jacobian products of `f` at `z*` on scratch tapes; rows
-//! whose adjoint solve fails fall back to JFB with a warning. Its statistics land in
-//! [`GradReport::backward`] when the tape's backward runs.
+//! whose adjoint solve fails fall back to JFB. Its statistics (fallback rows included) land in
+//! [`GradReport::backward`] when the tape's backward runs; the library prints nothing.
 //!
 //! States are `[B, ...]` (batch first); the solvers see them as `[B, D]` rows. Per-row stopping
 //! is exact when `f` acts on rows independently (the usual case).
@@ -23,34 +24,40 @@
 //! ## A new implicit layer in a few lines
 //! ```
 //! use elm::autograd::{Tape, Var};
-//! use elm::grad::{implicit_forward, GradientRule, ImplicitLayer};
+//! use elm::grad::{implicit_forward, DeqConfig, GradientRule, ImplicitLayer};
 //! use elm::solver::SolverConfig;
 //! use ndarray::{Array2, ArrayD};
 //!
-//! /// z = tanh(W z + U x + b); params = [W, U, b].
+//! elm::param_set! {
+//!     /// θ of `z = tanh(W z + U x + b)`.
+//!     struct TanhParams { w, u, b }
+//! }
+//!
 //! #[derive(Clone)]
 //! struct TanhDeq;
 //! impl ImplicitLayer<f64> for TanhDeq {
-//!     fn forward(&self, t: &mut Tape<f64>, z: Var, x: Var, p: &[Var]) -> elm::Result<Var> {
-//!         let wz = t.matmul_t(z, p[0], None)?; // z·Wᵀ      [B, D]
-//!         let ux = t.matmul_t(x, p[1], Some(p[2]))?; // x·Uᵀ + b  [B, D]
+//!     type Params = TanhParams;
+//!     fn forward(&self, t: &mut Tape<f64>, z: Var, x: Var, p: &TanhParams) -> elm::Result<Var> {
+//!         let wz = t.matmul_t(z, p.w, None)?; // z·Wᵀ      [B, D]
+//!         let ux = t.matmul_t(x, p.u, Some(p.b))?; // x·Uᵀ + b  [B, D]
 //!         let s = t.add(wz, ux)?;
 //!         Ok(t.tanh(s))
 //!     }
 //! }
 //!
 //! let mut tape = Tape::<f64>::new();
-//! let w = tape.param(ArrayD::from_elem(vec![3, 3], 0.1));
-//! let u = tape.param(ArrayD::from_elem(vec![3, 2], 0.5));
-//! let b = tape.param(ArrayD::zeros(vec![3]));
+//! let p = TanhParams {
+//!     w: tape.param(ArrayD::from_elem(vec![3, 3], 0.1)),
+//!     u: tape.param(ArrayD::from_elem(vec![3, 2], 0.5)),
+//!     b: tape.param(ArrayD::zeros(vec![3])),
+//! };
 //! let x = tape.constant(Array2::from_elem((4, 2), 1.0).into_dyn());
-//! let rule = GradientRule::implicit(SolverConfig::anderson(), 1e-10, 100);
-//! let solver = SolverConfig::anderson().build::<f64>();
+//! let deq = DeqConfig::new(GradientRule::implicit(SolverConfig::anderson(), 1e-10, 100));
 //! let z0 = ArrayD::zeros(vec![4, 3]);
-//! let (z, report) = implicit_forward(&mut tape, &TanhDeq, x, &[w, u, b], &z0, &rule, solver.as_ref()).unwrap();
+//! let (z, report) = implicit_forward(&mut tape, &TanhDeq, x, &p, &z0, &deq).unwrap();
 //! let loss = tape.sum(z);
 //! let grads = tape.backward(loss).unwrap();
-//! assert!(grads.get(w).is_some() && report.forward_converged());
+//! assert!(grads.get(p.w).is_some() && report.forward_converged());
 //! assert!(report.backward.get().unwrap().converged());
 //! ```
 
@@ -58,7 +65,7 @@ mod implicit;
 mod rule;
 
 pub use implicit::{
-    implicit_forward, implicit_forward_with_rng, BackwardReport, BackwardSlot, GradFloat,
-    GradReport, ImplicitDriver, ImplicitLayer,
+    check_param_count, implicit_forward, implicit_forward_with_rng, BackwardReport, BackwardSlot,
+    GradFloat, GradReport, ImplicitDriver, ImplicitLayer, ParamSet,
 };
-pub use rule::GradientRule;
+pub use rule::{DeqConfig, GradientRule};

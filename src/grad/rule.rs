@@ -1,12 +1,14 @@
-//! [`GradientRule`]: how gradients flow through a fixed-point layer (typed, serde).
+//! [`GradientRule`]: how gradients flow through a fixed-point layer, and [`DeqConfig`]: the one
+//! config (forward solver, its stopping, gradient rule with its backward solver) that training,
+//! inference and scripts read (typed, serde).
 
 use serde::{Deserialize, Serialize};
 
-use crate::solver::SolverConfig;
+use crate::solver::{SolverConfig, StopCriteria};
 use crate::{ElmError, Result};
 
 /// How the gradient of `z* = f(z*, x; θ)` is computed. JSON form, e.g.
-/// `{"kind": "implicit", "solver": {"kind": "anderson"}, "tol": 1e-8, "max_iter": 100}` or
+/// `{"kind": "implicit", "solver": {"kind": "anderson"}, "stop": {"rel_tol": 1e-8, "max_iter": 100}}` or
 /// `{"kind": "stochastic_jfb", "no_grad": [0, 4], "grad": [1, 4], "seed": 0}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(
@@ -38,15 +40,13 @@ pub enum GradientRule {
     },
     /// Implicit function theorem: solve `z*` with the forward solver, then in backward solve the
     /// adjoint `u = Jᵀu + g` (J = ∂f/∂z at z*) with `solver` using vector-Jacobian products, and
-    /// return `∂f/∂(x, θ)ᵀ u`. Rows whose adjoint solve fails fall back to JFB (`u = g`) with a
-    /// warning on stderr.
+    /// return `∂f/∂(x, θ)ᵀ u`. Rows whose adjoint solve fails fall back to JFB (`u = g`); the
+    /// [`BackwardReport`](super::BackwardReport) counts them.
     Implicit {
-        /// Backward (adjoint) solver; its `stop.rel_tol`/`stop.max_iter` are replaced by `tol`/`max_iter`.
+        /// Backward (adjoint) solver.
         solver: SolverConfig,
-        /// Relative residual tolerance of the adjoint solve.
-        tol: f64,
-        /// Maximum adjoint iterations (VJP evaluations) per row.
-        max_iter: usize,
+        /// When an adjoint row stops (its iterations are VJP evaluations).
+        stop: StopCriteria,
     },
 }
 
@@ -62,12 +62,20 @@ impl GradientRule {
         }
     }
 
-    /// IFT with the given backward solver, tolerance and iteration cap.
-    pub fn implicit(solver: SolverConfig, tol: f64, max_iter: usize) -> Self {
+    /// IFT with the given backward solver, stopping at relative adjoint residual `rel_tol` or
+    /// after `max_iter` VJP evaluations per row.
+    pub fn implicit(solver: SolverConfig, rel_tol: f64, max_iter: usize) -> Self {
         GradientRule::Implicit {
             solver,
-            tol,
-            max_iter,
+            stop: StopCriteria::relative(rel_tol, max_iter),
+        }
+    }
+
+    /// Seed of the rule's random draws (`stochastic_jfb`); 0 for the deterministic rules.
+    pub fn seed(&self) -> u64 {
+        match self {
+            GradientRule::StochasticJfb { seed, .. } => *seed,
+            _ => 0,
         }
     }
 
@@ -125,20 +133,14 @@ impl GradientRule {
                     ));
                 }
             }
-            GradientRule::Implicit {
-                solver,
-                tol,
-                max_iter,
-            } => {
+            GradientRule::Implicit { solver, stop } => {
                 solver.validate()?;
-                if !(tol.is_finite() && *tol > 0.0) {
+                stop.validate()?;
+                if stop.abs_tol == 0.0 && stop.rel_tol == 0.0 {
                     return Err(ElmError::config(
-                        "gradient_rule.tol",
-                        format!("must be finite and > 0, got {tol}"),
+                        "gradient_rule.stop",
+                        "abs_tol or rel_tol must be > 0 (the adjoint solve would always run max_iter)",
                     ));
-                }
-                if *max_iter == 0 {
-                    return Err(ElmError::config("gradient_rule.max_iter", "must be >= 1"));
                 }
             }
         }
@@ -162,8 +164,7 @@ enum RawRule {
     },
     Implicit {
         solver: SolverConfig,
-        tol: f64,
-        max_iter: usize,
+        stop: StopCriteria,
     },
 }
 
@@ -182,17 +183,59 @@ impl TryFrom<RawRule> for GradientRule {
                 grad,
                 seed,
             },
-            RawRule::Implicit {
-                solver,
-                tol,
-                max_iter,
-            } => GradientRule::Implicit {
-                solver,
-                tol,
-                max_iter,
-            },
+            RawRule::Implicit { solver, stop } => GradientRule::Implicit { solver, stop },
         };
         rule.validate()?;
         Ok(rule)
+    }
+}
+
+/// One config for an implicit layer, as TorchDEQ keeps one: the forward solver and when its rows
+/// stop, and the gradient rule (which holds the backward solver when it has one). JSON form:
+/// `{"forward_solver": {"kind": "anderson"}, "forward_stop": {"rel_tol": 1e-4, "max_iter": 30},
+///   "gradient": {"kind": "jfb"}}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeqConfig {
+    /// Solver of the forward fixed point (used by `jfb` and `implicit`; the iterated rules run
+    /// `f` a drawn or fixed number of times instead).
+    #[serde(default)]
+    pub forward_solver: SolverConfig,
+    /// When a forward row stops.
+    #[serde(default)]
+    pub forward_stop: StopCriteria,
+    /// How gradients flow through the fixed point.
+    pub gradient: GradientRule,
+}
+
+impl DeqConfig {
+    /// `gradient` with the default forward solver (Anderson) and stopping.
+    pub fn new(gradient: GradientRule) -> Self {
+        DeqConfig {
+            forward_solver: SolverConfig::default(),
+            forward_stop: StopCriteria::default(),
+            gradient,
+        }
+    }
+    /// Builder-style: the forward solver and its stopping.
+    pub fn with_forward(mut self, solver: SolverConfig, stop: StopCriteria) -> Self {
+        self.forward_solver = solver;
+        self.forward_stop = stop;
+        self
+    }
+    /// Checks every part; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        self.forward_solver.validate()?;
+        self.forward_stop.validate()?;
+        self.gradient.validate()
+    }
+    /// Parses and validates a JSON config (unknown keys rejected).
+    pub fn from_json(text: &str) -> Result<Self> {
+        let c: DeqConfig = serde_json::from_str(text).map_err(|e| ElmError::Json {
+            what: "deq config".into(),
+            msg: e.to_string(),
+        })?;
+        c.validate()?;
+        Ok(c)
     }
 }

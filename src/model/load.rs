@@ -18,6 +18,28 @@ pub fn default_model_path() -> PathBuf {
     models_dir().join(DEFAULT_MODEL_FILE)
 }
 
+/// Loads only the weights from a `.gguf` file or an HF directory (no tokenizer needed).
+pub fn load_weights(path: impl AsRef<Path>) -> Result<ModelWeights> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        load_hf_model(path)
+    } else if path.is_file() {
+        load_gguf_weights(&GgufFile::open(path)?)
+    } else {
+        Err(not_found(path))
+    }
+}
+
+fn not_found(path: &Path) -> ElmError {
+    ElmError::io(
+        path,
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no such model file or directory (fetch one with `elm fetch`)",
+        ),
+    )
+}
+
 /// Loads weights and tokenizer from a `.gguf` file or an HF directory
 /// (`config.json`, safetensors, `tokenizer.json`).
 pub fn load_pretrained(path: impl AsRef<Path>) -> Result<(ModelWeights, Tokenizer)> {
@@ -31,12 +53,6 @@ pub fn load_pretrained(path: impl AsRef<Path>) -> Result<(ModelWeights, Tokenize
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         Ok((load_gguf_weights(&gguf)?, tokenizer))
     } else {
-        Err(ElmError::io(
-            path,
-            std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "no such model file or directory (fetch one with `elm fetch`)",
-            ),
-        ))
+        Err(not_found(path))
     }
 }

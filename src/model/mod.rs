@@ -33,6 +33,6 @@ pub mod weights;
 pub use block::{block_forward_cached, block_forward_inplace, block_forward_rows};
 pub use config::{Arch, ModelConfig};
 pub use kv_cache::{KvCache, LayerKv, Scratch};
-pub use load::{default_model_path, load_pretrained, models_dir};
-pub use transformer::Transformer;
+pub use load::{default_model_path, load_pretrained, load_weights, models_dir};
+pub use transformer::{embed_tokens, Transformer};
 pub use weights::{LayerWeights, ModelWeights};

@@ -11,7 +11,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use ndarray::{ArrayD, Dimension};
+use ndarray::{ArrayD, ArrayViewD, Dimension};
 
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
@@ -41,88 +41,175 @@ impl BlockSpec {
     }
 }
 
-fn to_t<T: AdFloat, D: Dimension>(a: &ndarray::Array<f32, D>) -> Arc<ArrayD<T>> {
-    Arc::new(a.mapv(T::of_f32).into_dyn())
+/// One block's parameters over any handle type: tape vars ([`BlockVars`]), shared tensors
+/// ([`BlockTensors`]), or named arrays for checkpoints. Names and order are written once, in
+/// [`BlockParams::try_map`]; everything that lists a block's parameters goes through it.
+#[derive(Clone, Debug)]
+pub struct BlockParams<H> {
+    pub spec: BlockSpec,
+    pub attn_norm: H,
+    pub wq: H,
+    pub wk: H,
+    pub wv: H,
+    pub wo: H,
+    /// Q/K/V biases (Qwen2 only).
+    pub bq: Option<H>,
+    pub bk: Option<H>,
+    pub bv: Option<H>,
+    pub mlp_norm: H,
+    pub w_gate: H,
+    pub w_up: H,
+    pub w_down: H,
 }
 
 /// One block's weights as shared tape-ready tensors (same names/shapes as [`LayerWeights`]).
-#[derive(Clone, Debug)]
-pub struct BlockTensors<T: AdFloat> {
-    pub spec: BlockSpec,
-    pub attn_norm: Arc<ArrayD<T>>,
-    pub wq: Arc<ArrayD<T>>,
-    pub wk: Arc<ArrayD<T>>,
-    pub wv: Arc<ArrayD<T>>,
-    pub wo: Arc<ArrayD<T>>,
-    pub bq: Option<Arc<ArrayD<T>>>,
-    pub bk: Option<Arc<ArrayD<T>>>,
-    pub bv: Option<Arc<ArrayD<T>>>,
-    pub mlp_norm: Arc<ArrayD<T>>,
-    pub w_gate: Arc<ArrayD<T>>,
-    pub w_up: Arc<ArrayD<T>>,
-    pub w_down: Arc<ArrayD<T>>,
+pub type BlockTensors<T> = BlockParams<Arc<ArrayD<T>>>;
+
+/// One block's weights registered on a tape.
+pub type BlockVars = BlockParams<Var>;
+
+impl<H> BlockParams<H> {
+    /// `f(name, handle)` for every parameter in the block's one fixed order (names as in
+    /// [`LayerWeights`]); the first error stops the walk.
+    pub fn try_map<'a, G, E>(
+        &'a self,
+        mut f: impl FnMut(&'static str, &'a H) -> std::result::Result<G, E>,
+    ) -> std::result::Result<BlockParams<G>, E> {
+        // Struct fields are evaluated in the order written: this is the order.
+        Ok(BlockParams {
+            spec: self.spec,
+            attn_norm: f("attn_norm", &self.attn_norm)?,
+            wq: f("wq", &self.wq)?,
+            wk: f("wk", &self.wk)?,
+            wv: f("wv", &self.wv)?,
+            wo: f("wo", &self.wo)?,
+            bq: self.bq.as_ref().map(|h| f("bq", h)).transpose()?,
+            bk: self.bk.as_ref().map(|h| f("bk", h)).transpose()?,
+            bv: self.bv.as_ref().map(|h| f("bv", h)).transpose()?,
+            mlp_norm: f("mlp_norm", &self.mlp_norm)?,
+            w_gate: f("w_gate", &self.w_gate)?,
+            w_up: f("w_up", &self.w_up)?,
+            w_down: f("w_down", &self.w_down)?,
+        })
+    }
+
+    /// Infallible [`Self::try_map`].
+    pub fn map<'a, G>(&'a self, mut f: impl FnMut(&'static str, &'a H) -> G) -> BlockParams<G> {
+        match self.try_map(|n, h| Ok::<G, std::convert::Infallible>(f(n, h))) {
+            Ok(p) => p,
+            Err(never) => match never {},
+        }
+    }
+
+    /// `(name, handle)` pairs in the fixed order.
+    pub fn named(&self) -> Vec<(&'static str, &H)> {
+        let mut v = Vec::with_capacity(12);
+        self.map(|n, h| v.push((n, h)));
+        v
+    }
+}
+
+impl BlockParams<Vec<usize>> {
+    /// The shape of every parameter of a block of `cfg` (biases only with `attention_bias`):
+    /// map it to build a block from named tensors.
+    pub fn shapes(cfg: &ModelConfig) -> Self {
+        let (c, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let (q, kv) = (
+            cfg.num_heads * cfg.head_dim,
+            cfg.num_kv_heads * cfg.head_dim,
+        );
+        let bias = |n: usize| cfg.attention_bias.then(|| vec![n]);
+        BlockParams {
+            spec: BlockSpec::from_config(cfg),
+            attn_norm: vec![c],
+            wq: vec![q, c],
+            wk: vec![kv, c],
+            wv: vec![kv, c],
+            wo: vec![c, q],
+            bq: bias(q),
+            bk: bias(kv),
+            bv: bias(kv),
+            mlp_norm: vec![c],
+            w_gate: vec![i, c],
+            w_up: vec![i, c],
+            w_down: vec![c, i],
+        }
+    }
+}
+
+impl LayerWeights {
+    /// Views of every weight, with the names and order of [`BlockParams`].
+    pub fn block_views(&self, cfg: &ModelConfig) -> BlockParams<ArrayViewD<'_, f32>> {
+        BlockParams {
+            spec: BlockSpec::from_config(cfg),
+            attn_norm: self.attn_norm.view().into_dyn(),
+            wq: self.wq.view().into_dyn(),
+            wk: self.wk.view().into_dyn(),
+            wv: self.wv.view().into_dyn(),
+            wo: self.wo.view().into_dyn(),
+            bq: self.bq.as_ref().map(|b| b.view().into_dyn()),
+            bk: self.bk.as_ref().map(|b| b.view().into_dyn()),
+            bv: self.bv.as_ref().map(|b| b.view().into_dyn()),
+            mlp_norm: self.mlp_norm.view().into_dyn(),
+            w_gate: self.w_gate.view().into_dyn(),
+            w_up: self.w_up.view().into_dyn(),
+            w_down: self.w_down.view().into_dyn(),
+        }
+    }
+
+    /// The inverse of [`Self::block_views`]: any handle that gives an f32 array (owned tensors
+    /// of a checkpoint, shared tape values). Errors name the tensor whose rank is wrong.
+    pub fn from_block<H: AsArray>(p: &BlockParams<H>) -> Result<Self> {
+        fn one<H: AsArray>(name: &str, h: &H) -> Result<ndarray::Array1<f32>> {
+            h.as_array()
+                .to_owned()
+                .into_dimensionality()
+                .map_err(|e| ElmError::tensor(name, e.to_string()))
+        }
+        fn two<H: AsArray>(name: &str, h: &H) -> Result<ndarray::Array2<f32>> {
+            h.as_array()
+                .to_owned()
+                .into_dimensionality()
+                .map_err(|e| ElmError::tensor(name, e.to_string()))
+        }
+        let bias = |name: &str, h: &Option<H>| h.as_ref().map(|h| one(name, h)).transpose();
+        Ok(LayerWeights {
+            attn_norm: one("attn_norm", &p.attn_norm)?,
+            wq: two("wq", &p.wq)?,
+            wk: two("wk", &p.wk)?,
+            wv: two("wv", &p.wv)?,
+            wo: two("wo", &p.wo)?,
+            bq: bias("bq", &p.bq)?,
+            bk: bias("bk", &p.bk)?,
+            bv: bias("bv", &p.bv)?,
+            mlp_norm: one("mlp_norm", &p.mlp_norm)?,
+            w_gate: two("w_gate", &p.w_gate)?,
+            w_up: two("w_up", &p.w_up)?,
+            w_down: two("w_down", &p.w_down)?,
+        })
+    }
+}
+
+/// A handle that holds an f32 array.
+pub trait AsArray {
+    fn as_array(&self) -> ArrayViewD<'_, f32>;
+}
+impl AsArray for ArrayD<f32> {
+    fn as_array(&self) -> ArrayViewD<'_, f32> {
+        self.view()
+    }
+}
+impl AsArray for Arc<ArrayD<f32>> {
+    fn as_array(&self) -> ArrayViewD<'_, f32> {
+        self.view()
+    }
 }
 
 impl<T: AdFloat> BlockTensors<T> {
     /// Converts (and for `f64`, widens) one block's `f32` weights.
     pub fn from_weights(w: &LayerWeights, cfg: &ModelConfig) -> Self {
-        BlockTensors {
-            spec: BlockSpec::from_config(cfg),
-            attn_norm: to_t(&w.attn_norm),
-            wq: to_t(&w.wq),
-            wk: to_t(&w.wk),
-            wv: to_t(&w.wv),
-            wo: to_t(&w.wo),
-            bq: w.bq.as_ref().map(to_t),
-            bk: w.bk.as_ref().map(to_t),
-            bv: w.bv.as_ref().map(to_t),
-            mlp_norm: to_t(&w.mlp_norm),
-            w_gate: to_t(&w.w_gate),
-            w_up: to_t(&w.w_up),
-            w_down: to_t(&w.w_down),
-        }
+        w.block_views(cfg).map(|_, a| Arc::new(a.mapv(T::of_f32)))
     }
-
-    /// `(name, tensor)` pairs in a fixed order (names as in [`LayerWeights`]).
-    pub fn named(&self) -> Vec<(&'static str, &Arc<ArrayD<T>>)> {
-        let mut v = vec![
-            ("attn_norm", &self.attn_norm),
-            ("wq", &self.wq),
-            ("wk", &self.wk),
-            ("wv", &self.wv),
-            ("wo", &self.wo),
-        ];
-        for (n, b) in [("bq", &self.bq), ("bk", &self.bk), ("bv", &self.bv)] {
-            if let Some(b) = b {
-                v.push((n, b));
-            }
-        }
-        v.extend([
-            ("mlp_norm", &self.mlp_norm),
-            ("w_gate", &self.w_gate),
-            ("w_up", &self.w_up),
-            ("w_down", &self.w_down),
-        ]);
-        v
-    }
-}
-
-/// One block's weights registered on a tape.
-#[derive(Clone, Debug)]
-pub struct BlockVars {
-    pub spec: BlockSpec,
-    pub attn_norm: Var,
-    pub wq: Var,
-    pub wk: Var,
-    pub wv: Var,
-    pub wo: Var,
-    pub bq: Option<Var>,
-    pub bk: Option<Var>,
-    pub bv: Option<Var>,
-    pub mlp_norm: Var,
-    pub w_gate: Var,
-    pub w_up: Var,
-    pub w_down: Var,
 }
 
 impl BlockVars {
@@ -138,51 +225,13 @@ impl BlockVars {
 
     /// Registers shared tensors without copying them.
     pub fn register<T: AdFloat>(tape: &mut Tape<T>, w: &BlockTensors<T>, trainable: bool) -> Self {
-        let mut reg = |a: &Arc<ArrayD<T>>| {
+        w.map(|_, a| {
             if trainable {
                 tape.param_shared(a.clone())
             } else {
                 tape.constant_shared(a.clone())
             }
-        };
-        BlockVars {
-            spec: w.spec,
-            attn_norm: reg(&w.attn_norm),
-            wq: reg(&w.wq),
-            wk: reg(&w.wk),
-            wv: reg(&w.wv),
-            wo: reg(&w.wo),
-            bq: w.bq.as_ref().map(&mut reg),
-            bk: w.bk.as_ref().map(&mut reg),
-            bv: w.bv.as_ref().map(&mut reg),
-            mlp_norm: reg(&w.mlp_norm),
-            w_gate: reg(&w.w_gate),
-            w_up: reg(&w.w_up),
-            w_down: reg(&w.w_down),
-        }
-    }
-
-    /// `(name, var)` pairs in the same order as [`BlockTensors::named`].
-    pub fn named(&self) -> Vec<(&'static str, Var)> {
-        let mut v = vec![
-            ("attn_norm", self.attn_norm),
-            ("wq", self.wq),
-            ("wk", self.wk),
-            ("wv", self.wv),
-            ("wo", self.wo),
-        ];
-        for (n, b) in [("bq", self.bq), ("bk", self.bk), ("bv", self.bv)] {
-            if let Some(b) = b {
-                v.push((n, b));
-            }
-        }
-        v.extend([
-            ("mlp_norm", self.mlp_norm),
-            ("w_gate", self.w_gate),
-            ("w_up", self.w_up),
-            ("w_down", self.w_down),
-        ]);
-        v
+        })
     }
 }
 
@@ -260,6 +309,10 @@ pub fn block_forward_with_prefix<T: AdFloat>(
     let s = nn::swiglu(tape, g, u)?;
     let d = tape.matmul_t(s, b.w_down, None)?;
     tape.add(x, d)
+}
+
+fn to_t<T: AdFloat, D: Dimension>(a: &ndarray::Array<f32, D>) -> Arc<ArrayD<T>> {
+    Arc::new(a.mapv(T::of_f32).into_dyn())
 }
 
 /// All weights as shared tape-ready tensors.

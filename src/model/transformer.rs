@@ -17,6 +17,38 @@ pub struct Transformer {
     pub weights: ModelWeights,
 }
 
+/// Token embeddings of `weights`, right-padded to the longest sequence: `[B, T, C]` and the
+/// per-sequence lengths. Every model path (dense, ELM, training) embeds through this.
+pub fn embed_tokens<S: AsRef<[u32]>>(
+    weights: &ModelWeights,
+    tokens: &[S],
+) -> Result<(Array3<f32>, Vec<usize>)> {
+    if tokens.is_empty() {
+        return Err(ElmError::InvalidArgument("empty batch of sequences".into()));
+    }
+    let lens: Vec<usize> = tokens.iter().map(|t| t.as_ref().len()).collect();
+    let t_max = lens.iter().copied().max().unwrap_or(0);
+    let mut x = Array3::zeros((tokens.len(), t_max, weights.config.hidden_size));
+    for (bi, seq) in tokens.iter().enumerate() {
+        for (ti, &tok) in seq.as_ref().iter().enumerate() {
+            x.slice_mut(s![bi, ti, ..])
+                .assign(&embedding_row(weights, tok)?);
+        }
+    }
+    Ok((x, lens))
+}
+
+/// The embedding of one token id (range-checked).
+fn embedding_row(weights: &ModelWeights, token: u32) -> Result<ndarray::ArrayView1<'_, f32>> {
+    let v = weights.config.vocab_size;
+    if token as usize >= v {
+        return Err(ElmError::InvalidArgument(format!(
+            "token id {token} out of range for vocab size {v}"
+        )));
+    }
+    Ok(weights.embed.row(token as usize))
+}
+
 impl Transformer {
     /// Validates the config and every tensor shape.
     pub fn new(weights: ModelWeights) -> Result<Self> {
@@ -36,30 +68,7 @@ impl Transformer {
     /// Token embeddings, right-padded to the longest sequence: `[B, T, C]` and the
     /// per-sequence lengths.
     pub fn embed(&self, tokens: &[Vec<u32>]) -> Result<(Array3<f32>, Vec<usize>)> {
-        if tokens.is_empty() {
-            return Err(ElmError::InvalidArgument("empty batch of sequences".into()));
-        }
-        let lens: Vec<usize> = tokens.iter().map(|t| t.len()).collect();
-        let t_max = *lens.iter().max().expect("non-empty");
-        let c = self.config().hidden_size;
-        let mut x = Array3::zeros((tokens.len(), t_max, c));
-        for (bi, seq) in tokens.iter().enumerate() {
-            for (ti, &tok) in seq.iter().enumerate() {
-                x.slice_mut(s![bi, ti, ..])
-                    .assign(&self.embedding_row(tok)?);
-            }
-        }
-        Ok((x, lens))
-    }
-
-    fn embedding_row(&self, token: u32) -> Result<ndarray::ArrayView1<'_, f32>> {
-        let v = self.config().vocab_size;
-        if token as usize >= v {
-            return Err(ElmError::InvalidArgument(format!(
-                "token id {token} out of range for vocab size {v}"
-            )));
-        }
-        Ok(self.weights.embed.row(token as usize))
+        embed_tokens(&self.weights, tokens)
     }
 
     /// Runs layers `layers` on the residual stream `x` `[B, T, C]` (in place), using
@@ -235,7 +244,8 @@ impl Transformer {
         let mut x = ArrayViewMut3::from_shape((b, 1, c), take(hidden, b * c)).expect("sized");
         for (bi, (&tok, &on)) in tokens.iter().zip(active).enumerate() {
             new_lens[bi] = on as usize;
-            x.slice_mut(s![bi, 0, ..]).assign(&self.embedding_row(tok)?);
+            x.slice_mut(s![bi, 0, ..])
+                .assign(&embedding_row(&self.weights, tok)?);
         }
         let n_layers = self.weights.layers.len();
         self.run_layers_inplace(0..n_layers, x.view_mut(), new_lens, layers, scratch)?;

@@ -12,10 +12,11 @@
 
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
 
-use super::engine::{run_fixed_point, IterationRule};
+use super::engine::{run_fixed_point, IterationRule, StepEvent};
 use super::kernels::dot2_f64;
 use super::{
     cast, AndersonConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
+    StopCriteria,
 };
 use crate::error::Result;
 
@@ -54,14 +55,12 @@ struct AndersonRule<T> {
     g: Vec<T>,
     chol: Vec<f64>,
     gamma: Vec<f64>,
-    /// Restarts per row (diagnostics).
-    restarts: Vec<usize>,
 }
 
 impl<T: SolverFloat> AndersonRule<T> {
     fn new(cfg: &AndersonConfig) -> Self {
         AndersonRule {
-            m: cfg.m,
+            m: cfg.history,
             lambda: cfg.lambda,
             beta: cast(cfg.beta),
             max_condition: cfg.max_condition,
@@ -77,7 +76,6 @@ impl<T: SolverFloat> AndersonRule<T> {
             g: Vec::new(),
             chol: Vec::new(),
             gamma: Vec::new(),
-            restarts: Vec::new(),
         }
     }
 
@@ -153,32 +151,36 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
         self.g = vec![T::zero(); dim];
         self.chol = vec![0.0; m * m];
         self.gamma = vec![0.0; m];
-        self.restarts = vec![0; batch];
     }
 
-    fn step(&mut self, row: usize, mut z: ArrayViewMut1<T>, fz: ArrayView1<T>, _res: f64) {
+    fn step(
+        &mut self,
+        row: usize,
+        mut z: ArrayViewMut1<T>,
+        fz: ArrayView1<T>,
+        _res: f64,
+    ) -> StepEvent {
         let z = z.as_slice_mut().expect("solver rows are contiguous");
         let fz = fz.as_slice().expect("solver rows are contiguous");
         #[cfg(target_arch = "x86_64")]
         if super::has_avx2() {
             // SAFETY: the CPU has AVX2.
-            unsafe { self.step_avx2(row, z, fz) };
-            return;
+            return unsafe { self.step_avx2(row, z, fz) };
         }
-        self.step_impl(row, z, fz);
+        self.step_impl(row, z, fz)
     }
 }
 
 impl<T: SolverFloat> AndersonRule<T> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn step_avx2(&mut self, row: usize, z: &mut [T], fz: &[T]) {
+    unsafe fn step_avx2(&mut self, row: usize, z: &mut [T], fz: &[T]) -> StepEvent {
         self.step_impl(row, z, fz)
     }
 
     /// One Anderson step of `row`; `z`, `fz`: `[D]`.
     #[inline(always)]
-    fn step_impl(&mut self, row: usize, z: &mut [T], fz: &[T]) {
+    fn step_impl(&mut self, row: usize, z: &mut [T], fz: &[T]) -> StepEvent {
         let (m, d) = (self.m, self.dim);
         let beta = self.beta;
         // Length-d reslices let the compiler drop bounds checks and vectorise the loops below.
@@ -256,17 +258,23 @@ impl<T: SolverFloat> AndersonRule<T> {
                         z[i] = z[i] - gj * wj[i];
                     }
                 }
-                return;
+                return StepEvent::Normal;
             }
             // Singular / ill-conditioned: restart this row's history, keep (z, g) as anchor.
-            self.restarts[row] += 1;
             self.count[row] = 0;
             self.head[row] = 0;
+            let g = &self.g[..d];
+            for i in 0..d {
+                z[i] = z[i] + beta * g[i];
+            }
+            return StepEvent::Restart;
         }
+        // No history yet (first step, or the one after a restart): the Picard step is the rule.
         let g = &self.g[..d];
         for i in 0..d {
             z[i] = z[i] + beta * g[i];
         }
+        StepEvent::Normal
     }
 }
 
@@ -278,17 +286,11 @@ impl<T: SolverFloat> FixedPointSolver<T> for Anderson {
         &self,
         map: &mut dyn FixedPointMap<T>,
         z0: ArrayView2<T>,
+        stop: &StopCriteria,
         observer: &mut dyn Observer<T>,
     ) -> Result<Solution<T>> {
         self.config.validate()?;
         let mut rule = AndersonRule::<T>::new(&self.config);
-        run_fixed_point(
-            &mut rule,
-            &self.config.stop,
-            &self.config.output,
-            map,
-            z0,
-            observer,
-        )
+        run_fixed_point(&mut rule, stop, &self.config.output, map, z0, observer)
     }
 }

@@ -12,10 +12,11 @@
 
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
 
-use super::engine::{run_fixed_point, IterationRule};
+use super::engine::{run_fixed_point, IterationRule, StepEvent};
 use super::kernels::{dot2_mixed, dot_mixed};
 use super::{
     cast, BroydenConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
+    StopCriteria,
 };
 use crate::error::Result;
 
@@ -135,30 +136,36 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
         self.coef = vec![0.0; l];
     }
 
-    fn step(&mut self, row: usize, mut z: ArrayViewMut1<T>, fz: ArrayView1<T>, res: f64) {
+    fn step(
+        &mut self,
+        row: usize,
+        mut z: ArrayViewMut1<T>,
+        fz: ArrayView1<T>,
+        res: f64,
+    ) -> StepEvent {
         let z = z.as_slice_mut().expect("solver rows are contiguous");
         let fz = fz.as_slice().expect("solver rows are contiguous");
         #[cfg(target_arch = "x86_64")]
         if super::has_avx2() {
             // SAFETY: the CPU has AVX2.
-            unsafe { self.step_avx2(row, z, fz, res) };
-            return;
+            return unsafe { self.step_avx2(row, z, fz, res) };
         }
-        self.step_impl(row, z, fz, res);
+        self.step_impl(row, z, fz, res)
     }
 }
 
 impl<T: SolverFloat> BroydenRule<T> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn step_avx2(&mut self, row: usize, z: &mut [T], fz: &[T], res: f64) {
+    unsafe fn step_avx2(&mut self, row: usize, z: &mut [T], fz: &[T], res: f64) -> StepEvent {
         self.step_impl(row, z, fz, res)
     }
 
     /// One Broyden step of `row`; `z`, `fz`: `[D]`.
     #[inline(always)]
-    fn step_impl(&mut self, row: usize, z: &mut [T], fz: &[T], res: f64) {
+    fn step_impl(&mut self, row: usize, z: &mut [T], fz: &[T], res: f64) -> StepEvent {
         let (l, d) = (self.cfg.memory, self.dim);
+        let mut event = StepEvent::Normal;
         let (z, fz) = (&mut z[..d], &fz[..d]);
         let r = row * d..(row + 1) * d;
 
@@ -172,7 +179,7 @@ impl<T: SolverFloat> BroydenRule<T> {
                 for i in 0..d {
                     z[i] = zp[i] + half * (z[i] - zp[i]);
                 }
-                return;
+                return StepEvent::Backtrack;
             }
             let gave_up = self.cfg.backtrack && grew;
             self.backtracks[row] = 0;
@@ -187,8 +194,10 @@ impl<T: SolverFloat> BroydenRule<T> {
                 // The model of the Jacobian failed: forget it.
                 self.count[row] = 0;
                 self.head[row] = 0;
+                event = StepEvent::Restart;
             } else {
                 if self.count[row] == l {
+                    event = StepEvent::Restart;
                     // Memory full: restart from H = −βI (overwriting the oldest pair instead
                     // leaves an H no secant condition supports and diverges on hard problems).
                     self.count[row] = 0;
@@ -217,6 +226,7 @@ impl<T: SolverFloat> BroydenRule<T> {
                     self.count[row] = 0;
                     self.head[row] = 0;
                     self.set_hg_initial();
+                    event = StepEvent::Restart;
                 }
             }
             if gave_up {
@@ -239,6 +249,7 @@ impl<T: SolverFloat> BroydenRule<T> {
         for i in 0..d {
             z[i] = cast(z[i].widen() - self.hg[i]);
         }
+        event
     }
 }
 
@@ -250,6 +261,7 @@ impl<T: SolverFloat> FixedPointSolver<T> for Broyden {
         &self,
         map: &mut dyn FixedPointMap<T>,
         z0: ArrayView2<T>,
+        stop: &StopCriteria,
         observer: &mut dyn Observer<T>,
     ) -> Result<Solution<T>> {
         self.config.validate()?;
@@ -274,13 +286,6 @@ impl<T: SolverFloat> FixedPointSolver<T> for Broyden {
             hg: Vec::new(),
             coef: Vec::new(),
         };
-        run_fixed_point(
-            &mut rule,
-            &self.config.stop,
-            &self.config.output,
-            map,
-            z0,
-            observer,
-        )
+        run_fixed_point(&mut rule, stop, &self.config.output, map, z0, observer)
     }
 }

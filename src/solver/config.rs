@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 use super::{Anderson, Broyden, FixedPointSolver, Picard, SolverFloat};
 use crate::error::{ElmError, Result};
 
-/// When a row stops; shared by every solver (semantics documented in [`crate::solver`]).
+/// When a row stops; shared by every solver and passed with each solve (semantics documented in
+/// [`crate::solver`]). Defaults: `rel_tol` 1e-6, at most 1000 evaluations.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StopCriteria {
@@ -34,6 +35,24 @@ impl Default for StopCriteria {
 }
 
 impl StopCriteria {
+    /// Stop on the absolute residual `‖f(z)−z‖₂ ≤ abs_tol` or after `max_iter` evaluations.
+    pub fn absolute(abs_tol: f64, max_iter: usize) -> Self {
+        StopCriteria {
+            abs_tol,
+            rel_tol: 0.0,
+            max_iter,
+            ..StopCriteria::default()
+        }
+    }
+    /// Stop on the relative residual `≤ rel_tol` or after `max_iter` evaluations.
+    pub fn relative(rel_tol: f64, max_iter: usize) -> Self {
+        StopCriteria {
+            abs_tol: 0.0,
+            rel_tol,
+            max_iter,
+            ..StopCriteria::default()
+        }
+    }
     /// Checks value ranges; errors name the offending field.
     pub fn validate(&self) -> Result<()> {
         let nonneg = |name: &str, v: f64| {
@@ -94,7 +113,6 @@ impl Default for OutputOptions {
 pub struct PicardConfig {
     /// Damping β ∈ (0, 1]; 1 = plain iteration.
     pub beta: f64,
-    pub stop: StopCriteria,
     pub output: OutputOptions,
 }
 
@@ -102,7 +120,6 @@ impl Default for PicardConfig {
     fn default() -> Self {
         PicardConfig {
             beta: 1.0,
-            stop: StopCriteria::default(),
             output: OutputOptions::default(),
         }
     }
@@ -112,8 +129,8 @@ impl Default for PicardConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AndersonConfig {
-    /// History length m ≥ 1 (number of residual differences kept).
-    pub m: usize,
+    /// History length ≥ 1 (number of residual differences kept).
+    pub history: usize,
     /// Ridge λ ≥ 0, relative to the mean diagonal of the Gram matrix.
     pub lambda: f64,
     /// Mixing β ∈ (0, 1].
@@ -121,18 +138,16 @@ pub struct AndersonConfig {
     /// Restart a row's history when the estimated condition number of its (ridged) Gram matrix
     /// exceeds this.
     pub max_condition: f64,
-    pub stop: StopCriteria,
     pub output: OutputOptions,
 }
 
 impl Default for AndersonConfig {
     fn default() -> Self {
         AndersonConfig {
-            m: 5,
+            history: 5,
             lambda: 1e-10,
             beta: 1.0,
             max_condition: 1e12,
-            stop: StopCriteria::default(),
             output: OutputOptions::default(),
         }
     }
@@ -153,7 +168,6 @@ pub struct BroydenConfig {
     pub backtrack: bool,
     pub backtrack_growth: f64,
     pub max_backtracks: usize,
-    pub stop: StopCriteria,
     pub output: OutputOptions,
 }
 
@@ -165,7 +179,6 @@ impl Default for BroydenConfig {
             backtrack: false,
             backtrack_growth: 10.0,
             max_backtracks: 4,
-            stop: StopCriteria::default(),
             output: OutputOptions::default(),
         }
     }
@@ -184,16 +197,15 @@ fn check_beta(field: &str, beta: f64) -> Result<()> {
 
 impl PicardConfig {
     pub fn validate(&self) -> Result<()> {
-        check_beta("beta", self.beta)?;
-        self.stop.validate()
+        check_beta("beta", self.beta)
     }
 }
 
 impl AndersonConfig {
     pub fn validate(&self) -> Result<()> {
         check_beta("beta", self.beta)?;
-        if self.m == 0 {
-            return Err(ElmError::config("m", "history length must be >= 1"));
+        if self.history == 0 {
+            return Err(ElmError::config("history", "must be >= 1"));
         }
         if !(self.lambda.is_finite() && self.lambda >= 0.0) {
             return Err(ElmError::config(
@@ -204,7 +216,7 @@ impl AndersonConfig {
         if self.max_condition.is_nan() || self.max_condition <= 1.0 {
             return Err(ElmError::config("max_condition", "must be > 1"));
         }
-        self.stop.validate()
+        Ok(())
     }
 }
 
@@ -220,11 +232,12 @@ impl BroydenConfig {
                 "must be finite and >= 1",
             ));
         }
-        self.stop.validate()
+        Ok(())
     }
 }
 
-/// Any solver's config; JSON form `{"kind": "anderson", "m": 5, "stop": {"max_iter": 50}}`.
+/// Any solver's config: the algorithm and what a solve reports, never when it stops (that is a
+/// [`StopCriteria`] passed with each solve). JSON form `{"kind": "anderson", "history": 5}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum SolverConfig {
@@ -244,7 +257,7 @@ impl SolverConfig {
     pub fn picard() -> Self {
         SolverConfig::Picard(PicardConfig::default())
     }
-    /// Default Anderson (m = 5, λ = 1e-10, β = 1).
+    /// Default Anderson (history 5, λ = 1e-10, β = 1).
     pub fn anderson() -> Self {
         SolverConfig::Anderson(AndersonConfig::default())
     }
@@ -289,22 +302,6 @@ impl SolverConfig {
             SolverConfig::Broyden(c) => c.validate(),
         }
     }
-    /// The shared stop criteria.
-    pub fn stop(&self) -> &StopCriteria {
-        match self {
-            SolverConfig::Picard(c) => &c.stop,
-            SolverConfig::Anderson(c) => &c.stop,
-            SolverConfig::Broyden(c) => &c.stop,
-        }
-    }
-    /// Mutable stop criteria.
-    pub fn stop_mut(&mut self) -> &mut StopCriteria {
-        match self {
-            SolverConfig::Picard(c) => &mut c.stop,
-            SolverConfig::Anderson(c) => &mut c.stop,
-            SolverConfig::Broyden(c) => &mut c.stop,
-        }
-    }
     /// Mutable output options.
     pub fn output_mut(&mut self) -> &mut OutputOptions {
         match self {
@@ -312,11 +309,6 @@ impl SolverConfig {
             SolverConfig::Anderson(c) => &mut c.output,
             SolverConfig::Broyden(c) => &mut c.output,
         }
-    }
-    /// Builder-style: replace the stop criteria.
-    pub fn with_stop(mut self, stop: StopCriteria) -> Self {
-        *self.stop_mut() = stop;
-        self
     }
     /// Builder-style: replace the output options.
     pub fn with_output(mut self, output: OutputOptions) -> Self {

@@ -19,7 +19,8 @@
 //! `rel_tol > 0`); **NonFinite** when `f(z)` or the residual contains NaN/∞; **Diverged** when
 //! `abs > divergence_factor · max(abs₀, 1e-30)` (`abs₀` = first residual); **MaxIter** when it has
 //! used `max_iter` map evaluations. A row that stops is *frozen*: its state never changes again and
-//! the map sees it as inactive. One bad row never fails the batch. See [`StopCriteria`].
+//! the map sees it as inactive. One bad row never fails the batch. See [`StopCriteria`], which is
+//! passed with every solve (a solver config describes the algorithm only).
 //!
 //! The returned state per row is the iterate with the lowest residual (`return_best`, default) or
 //! the last evaluated iterate; both are points at which `f` was evaluated, so the reported residual
@@ -31,7 +32,7 @@
 //!
 //! ## Solve your own fixed point in a few lines
 //! ```
-//! use elm::solver::{FixedPointSolver, RowFnMap, SolverConfig, RowStatus};
+//! use elm::solver::{FixedPointSolver, RowFnMap, RowStatus, SolverConfig, StopCriteria};
 //! use ndarray::Array2;
 //!
 //! // z = cos(z), four independent scalar systems solved as one batch.
@@ -39,7 +40,8 @@
 //!     out[0] = z[0].cos();
 //! });
 //! let solver = SolverConfig::anderson().build::<f64>();
-//! let sol = solver.solve(&mut map, Array2::zeros((4, 1)).view()).unwrap();
+//! let stop = StopCriteria::default(); // rel. residual ≤ 1e-6, ≤ 1000 evaluations
+//! let sol = solver.solve(&mut map, Array2::zeros((4, 1)).view(), &stop).unwrap();
 //! assert!(sol.rows.iter().all(|r| r.status == RowStatus::Converged));
 //! assert!((sol.z[[0, 0]] - 0.739_085_133_215_160_6).abs() < 1e-5);
 //! ```
@@ -78,7 +80,7 @@ pub use broyden::Broyden;
 pub use config::{
     AndersonConfig, BroydenConfig, OutputOptions, PicardConfig, SolverConfig, StopCriteria,
 };
-pub use engine::{run_fixed_point, IterationRule};
+pub use engine::{run_fixed_point, IterationRule, StepEvent};
 pub use picard::Picard;
 
 use std::fmt::Debug;
@@ -221,6 +223,14 @@ pub struct RowOutcome {
     pub trace: Option<Vec<f64>>,
     /// Estimated spectral radius of `∂f/∂z` at the returned state, when requested.
     pub spectral_radius: Option<f64>,
+    /// Steps at which the solver dropped its history and fell back to a plain (damped) step:
+    /// Anderson's ill-conditioned least squares; Broyden's full memory, degenerate secant update
+    /// or failed backtracking.
+    #[serde(default)]
+    pub restarts: usize,
+    /// Broyden's step halvings (backtracking).
+    #[serde(default)]
+    pub backtracks: usize,
 }
 
 /// Result of a batched solve.
@@ -283,20 +293,28 @@ impl<T> Observer<T> for NoObserver {
     fn observe(&mut self, _: &IterationInfo<'_, T>) {}
 }
 
-/// A batched fixed-point solver.
+/// A batched fixed-point solver. It describes the algorithm only; when rows stop is given with
+/// each solve, so one solver serves callers with different tolerances.
 pub trait FixedPointSolver<T: SolverFloat> {
     /// Short name (`picard`, `anderson`, `broyden`).
     fn name(&self) -> &'static str;
-    /// Solves `z = f(z)` from `z0 [B, D]`, calling `observer` after every iteration.
+    /// Solves `z = f(z)` from `z0 [B, D]` until every row meets `stop`, calling `observer` after
+    /// every iteration.
     fn solve_observed(
         &self,
         map: &mut dyn FixedPointMap<T>,
         z0: ArrayView2<T>,
+        stop: &StopCriteria,
         observer: &mut dyn Observer<T>,
     ) -> Result<Solution<T>>;
-    /// Solves `z = f(z)` from `z0 [B, D]`.
-    fn solve(&self, map: &mut dyn FixedPointMap<T>, z0: ArrayView2<T>) -> Result<Solution<T>> {
-        self.solve_observed(map, z0, &mut NoObserver)
+    /// Solves `z = f(z)` from `z0 [B, D]` until every row meets `stop`.
+    fn solve(
+        &self,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        stop: &StopCriteria,
+    ) -> Result<Solution<T>> {
+        self.solve_observed(map, z0, stop, &mut NoObserver)
     }
 }
 

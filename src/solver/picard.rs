@@ -2,8 +2,11 @@
 
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
 
-use super::engine::{run_fixed_point, IterationRule};
-use super::{cast, FixedPointMap, FixedPointSolver, Observer, PicardConfig, Solution, SolverFloat};
+use super::engine::{run_fixed_point, IterationRule, StepEvent};
+use super::{
+    cast, FixedPointMap, FixedPointSolver, Observer, PicardConfig, Solution, SolverFloat,
+    StopCriteria,
+};
 use crate::error::Result;
 
 /// Damped Picard solver. Converges whenever `f` is a contraction (for β = 1) or, for β < 1,
@@ -25,9 +28,16 @@ struct PicardRule<T> {
 
 impl<T: SolverFloat> IterationRule<T> for PicardRule<T> {
     fn init(&mut self, _batch: usize, _dim: usize) {}
-    fn step(&mut self, _row: usize, mut z: ArrayViewMut1<T>, fz: ArrayView1<T>, _residual: f64) {
+    fn step(
+        &mut self,
+        _row: usize,
+        mut z: ArrayViewMut1<T>,
+        fz: ArrayView1<T>,
+        _residual: f64,
+    ) -> StepEvent {
         let beta = self.beta;
         z.zip_mut_with(&fz, |zi, &fi| *zi = *zi + beta * (fi - *zi));
+        StepEvent::Normal
     }
 }
 
@@ -39,19 +49,13 @@ impl<T: SolverFloat> FixedPointSolver<T> for Picard {
         &self,
         map: &mut dyn FixedPointMap<T>,
         z0: ArrayView2<T>,
+        stop: &StopCriteria,
         observer: &mut dyn Observer<T>,
     ) -> Result<Solution<T>> {
         self.config.validate()?;
         let mut rule = PicardRule {
             beta: cast::<T>(self.config.beta),
         };
-        run_fixed_point(
-            &mut rule,
-            &self.config.stop,
-            &self.config.output,
-            map,
-            z0,
-            observer,
-        )
+        run_fixed_point(&mut rule, stop, &self.config.output, map, z0, observer)
     }
 }

@@ -1,0 +1,190 @@
+//! The ELM map `φ(z, h) = f*(W_z·z + W_h·h + b)`, written once, in its three evaluation modes:
+//!
+//! - [`apply_taped`]: on the autograd tape (training; [`ElmLayer`] is its [`ImplicitLayer`]);
+//! - [`ElmModule::apply`]: no tape, whole sequences from position 0 (gradient-free
+//!   iterations, distillation evaluation);
+//! - [`ElmModule::apply_cached`]: no tape, new tokens of some sequences against the fixed-point
+//!   block's KV cache (prefill and decode, see [`super::infer`]).
+//!
+//! The two no-tape modes are one function (a whole-sequence pass is a cached pass on an empty
+//! cache); the taped mode runs the same steps on the tape's ops, and tests hold the two equal.
+
+use std::sync::{Arc, Mutex};
+
+use ndarray::{Array2, Array3, ArrayD, ArrayView2, ArrayView3, Ix3};
+
+use crate::autograd::{Tape, Var};
+use crate::error::{ElmError, Result};
+use crate::grad::ImplicitLayer;
+use crate::model::tape::block_forward;
+use crate::model::{block_forward_rows, LayerKv, ModelConfig, Scratch};
+
+use super::module::{ElmModule, ElmParams};
+
+impl ElmModule {
+    /// Block input `u = z·W_zᵀ + h·W_hᵀ + b`. z, h: `[N, C]` → `[N, C]`.
+    pub fn inject(&self, z: ArrayView2<f32>, h: ArrayView2<f32>) -> Array2<f32> {
+        let mut u = h.dot(&self.w_h.t());
+        ndarray::linalg::general_mat_mul(1.0, &z, &self.w_z.t(), 1.0, &mut u);
+        u += &self.bias;
+        u
+    }
+
+    /// `φ(z, h)` for new tokens: row `r` of `z`, `h` `[R, T, C]` holds `T` new tokens of
+    /// sequence `seqs[r]` of `cache`, which they attend to after its history. Their K/V stay
+    /// pending in `cache` (the caller commits the iterate it keeps). Returns `[R, T, C]`.
+    pub fn apply_cached(
+        &self,
+        cfg: &ModelConfig,
+        z: ArrayView3<f32>,
+        h: ArrayView3<f32>,
+        seqs: &[usize],
+        cache: &mut LayerKv,
+        scratch: &mut Scratch,
+    ) -> Result<Array3<f32>> {
+        let (r, t, c) = z.dim();
+        if h.dim() != (r, t, c) {
+            return Err(ElmError::shape(
+                "ElmModule::apply",
+                format!("z is {:?} but h is {:?}", z.dim(), h.dim()),
+            ));
+        }
+        let as_rows = |a: ArrayView3<f32>| -> Result<Array2<f32>> {
+            a.to_shape((r * t, c))
+                .map(|v| v.into_owned())
+                .map_err(|e| ElmError::shape("ElmModule::apply", e.to_string()))
+        };
+        let mut u = self
+            .inject(as_rows(z)?.view(), as_rows(h)?.view())
+            .into_shape_with_order((r, t, c))
+            .map_err(|e| ElmError::shape("ElmModule::apply", e.to_string()))?;
+        let lens = vec![t; r];
+        block_forward_rows(
+            &self.block,
+            cfg,
+            u.view_mut(),
+            seqs,
+            &lens,
+            cache,
+            false,
+            scratch,
+        )?;
+        Ok(u)
+    }
+
+    /// `φ(z, h)` on whole sequences `[B, T, C]` at positions `0..T` (causal, no history).
+    pub fn apply(
+        &self,
+        cfg: &ModelConfig,
+        z: ArrayView3<f32>,
+        h: ArrayView3<f32>,
+    ) -> Result<Array3<f32>> {
+        let (b, t, _) = z.dim();
+        let (mut cache, mut scratch) = fresh_cache(cfg, b, t)?;
+        let seqs: Vec<usize> = (0..b).collect();
+        self.apply_cached(cfg, z, h, &seqs, &mut cache, &mut scratch)
+    }
+}
+
+/// An empty single-layer cache and scratch for a whole-sequence pass of `[B, T]` tokens.
+pub(crate) fn fresh_cache(cfg: &ModelConfig, b: usize, t: usize) -> Result<(LayerKv, Scratch)> {
+    let (b, t) = (b.max(1), t.max(1));
+    Ok((LayerKv::new(cfg, b, t)?, Scratch::new(cfg, t)))
+}
+
+/// `φ(z, h)` on the tape: `z`, `h` `[B, T, C]` at positions `0..T`.
+pub fn apply_taped(tape: &mut Tape<f32>, p: &ElmParams<Var>, z: Var, h: Var) -> Result<Var> {
+    let a = tape.matmul_t(z, p.w_z, None)?;
+    let b = tape.matmul_t(h, p.w_h, Some(p.bias))?;
+    let u = tape.add(a, b)?;
+    block_forward(tape, &p.block, u, 0)
+}
+
+/// The module as an [`ImplicitLayer`] (state `z` and injection `h`: `[B, T, C]`).
+///
+/// Its gradient-free evaluations run [`ElmModule::apply`] on the parameter values they are
+/// given; the `ElmModule` built from them is kept while the same value tensors come back (a
+/// training step's many iterations), so the weights are copied once per step, not per iteration.
+#[derive(Clone)]
+pub struct ElmLayer {
+    cfg: ModelConfig,
+    built: Arc<Mutex<Option<BuiltModule>>>,
+}
+
+/// Parameter value tensors (kept alive, so pointer equality means equal contents) and the
+/// module built from them.
+type BuiltModule = (Vec<Arc<ArrayD<f32>>>, Arc<ElmModule>);
+
+impl ElmLayer {
+    pub fn new(cfg: &ModelConfig) -> Self {
+        ElmLayer {
+            cfg: cfg.clone(),
+            built: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The module whose parameters are `values` (in [`ElmParams`] order).
+    fn module_of(&self, values: &[Arc<ArrayD<f32>>]) -> Result<Arc<ElmModule>> {
+        let mut built = self
+            .built
+            .lock()
+            .map_err(|_| ElmError::InvalidArgument("ElmLayer: poisoned module cache".into()))?;
+        if let Some((vals, module)) = built.as_ref() {
+            if vals.len() == values.len() && vals.iter().zip(values).all(|(a, b)| Arc::ptr_eq(a, b))
+            {
+                return Ok(module.clone());
+            }
+        }
+        let mut it = values.iter();
+        let named = ElmParams::shapes(&self.cfg).try_map(|name, shape| {
+            let v = it
+                .next()
+                .ok_or_else(|| ElmError::tensor(name, "ElmLayer: no value given"))?;
+            if v.shape() != shape.as_slice() {
+                return Err(ElmError::tensor(
+                    name,
+                    format!("ElmLayer: shape {:?}, expected {:?}", v.shape(), shape),
+                ));
+            }
+            Ok(v.clone())
+        })?;
+        if it.next().is_some() {
+            return Err(ElmError::shape(
+                "ElmLayer",
+                format!(
+                    "{} parameter values, more than the module has",
+                    values.len()
+                ),
+            ));
+        }
+        let module = Arc::new(ElmModule::from_params(&named)?);
+        *built = Some((values.to_vec(), module.clone()));
+        Ok(module)
+    }
+}
+
+impl ImplicitLayer<f32> for ElmLayer {
+    type Params = ElmParams<Var>;
+
+    fn forward(&self, tape: &mut Tape<f32>, z: Var, h: Var, p: &ElmParams<Var>) -> Result<Var> {
+        apply_taped(tape, p, z, h)
+    }
+
+    fn eval(
+        &self,
+        z: ArrayD<f32>,
+        h: &Arc<ArrayD<f32>>,
+        _params: &ElmParams<Var>,
+        values: &[Arc<ArrayD<f32>>],
+    ) -> Result<ArrayD<f32>> {
+        let module = self.module_of(values)?;
+        let z3 = z
+            .into_dimensionality::<Ix3>()
+            .map_err(|e| ElmError::shape("ElmLayer z", e.to_string()))?;
+        let h3 = h
+            .view()
+            .into_dimensionality::<Ix3>()
+            .map_err(|e| ElmError::shape("ElmLayer h", e.to_string()))?;
+        Ok(module.apply(&self.cfg, z3.view(), h3)?.into_dyn())
+    }
+}
