@@ -114,10 +114,10 @@ fn bad_input_is_a_clean_error() {
         "linear",
         "--solver",
         "picard",
-        "--m",
+        "--history",
         "3",
     ]);
-    assert!(!ok && stderr.contains("`m`"), "{stderr}");
+    assert!(!ok && stderr.contains("`history`"), "{stderr}");
     let (ok, _, stderr) = elm(&[
         "solve",
         "--problem",
@@ -147,5 +147,35 @@ fn bad_input_is_a_clean_error() {
         !ok && stderr.contains("bad.json") && stderr.contains("mm"),
         "{stderr}"
     );
+    // A config file describes the algorithm only: a `stop` block is refused (stopping comes from
+    // --abs-tol/--rel-tol/--max-iter), never silently replaced.
+    std::fs::write(&cfg, r#"{"kind":"anderson","history":2,"stop":{"max_iter":3}}"#).unwrap();
+    let (ok, _, stderr) = elm(&[
+        "solve",
+        "--problem",
+        "cos",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && stderr.contains("bad.json") && stderr.contains("stop"),
+        "{stderr}"
+    );
+    std::fs::write(&cfg, r#"{"kind":"anderson","history":2}"#).unwrap();
+    let (ok, stdout, stderr) = elm(&[
+        "solve",
+        "--problem",
+        "cos",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--max-iter",
+        "3",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["config"]["history"], 2);
+    assert_eq!(v["stop"]["max_iter"], 3);
+    assert_eq!(v["iterations"], 3);
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -123,14 +123,14 @@ fn forward_rows(
     let xs = x
         .as_slice_mut()
         .ok_or_else(|| ElmError::shape("block_forward", "x must be in standard layout"))?;
-    let mut x2 = ArrayViewMut2::from_shape((n, c), xs).expect("n*c elements");
+    let mut x2 = ArrayViewMut2::from_shape((n, c), xs).map_err(layout)?;
 
     // --- attention: q/k/v projections of the normalized stream, RoPE, cache write.
-    let mut xn = ArrayViewMut2::from_shape((n, c), take(xn, n * c)).expect("sized");
+    let mut xn = ArrayViewMut2::from_shape((n, c), take(xn, n * c)).map_err(layout)?;
     rms_norm_into(x2.view(), &w.attn_norm, cfg.rms_norm_eps, xn.view_mut());
-    let mut q = ArrayViewMut2::from_shape((n, h * d), take(q, n * h * d)).expect("sized");
-    let mut k = ArrayViewMut2::from_shape((n, kv * d), take(k, n * kv * d)).expect("sized");
-    let mut v = ArrayViewMut2::from_shape((n, kv * d), take(v, n * kv * d)).expect("sized");
+    let mut q = ArrayViewMut2::from_shape((n, h * d), take(q, n * h * d)).map_err(layout)?;
+    let mut k = ArrayViewMut2::from_shape((n, kv * d), take(k, n * kv * d)).map_err(layout)?;
+    let mut v = ArrayViewMut2::from_shape((n, kv * d), take(v, n * kv * d)).map_err(layout)?;
     if n == 1 {
         // Batch-1 decode: the three projections share one fork-join.
         matvecs_split(
@@ -160,8 +160,8 @@ fn forward_rows(
         let p0 = cache.lens()[cb];
         for ti in 0..new_lens[bi] {
             let row = bi * t + ti;
-            rope.apply(q.row_mut(row).as_slice_mut().expect("row"), p0 + ti);
-            rope.apply(k.row_mut(row).as_slice_mut().expect("row"), p0 + ti);
+            rope.apply(q.row_mut(row).as_slice_mut().ok_or_else(not_contiguous)?, p0 + ti);
+            rope.apply(k.row_mut(row).as_slice_mut().ok_or_else(not_contiguous)?, p0 + ti);
             for kh in 0..kv {
                 let cols = kh * d..(kh + 1) * d;
                 cache
@@ -180,8 +180,8 @@ fn forward_rows(
     let scale = 1.0 / (d as f32).sqrt();
     let group = cfg.group_size();
     let qv =
-        ArrayView3::from_shape((b, t, h * d), q.as_slice().expect("contiguous")).expect("sized");
-    let mut attn = ArrayViewMut3::from_shape((b, t, h * d), take(attn, n * h * d)).expect("sized");
+        ArrayView3::from_shape((b, t, h * d), q.as_slice().ok_or_else(not_contiguous)?).map_err(layout)?;
+    let mut attn = ArrayViewMut3::from_shape((b, t, h * d), take(attn, n * h * d)).map_err(layout)?;
     attn.fill(0.0);
     for bi in 0..b {
         let nl = new_lens[bi];
@@ -199,29 +199,29 @@ fn forward_rows(
             let v_h = cache.v.slice(s![cb, kh, ..total, ..]);
             let mut out_h = attn.slice_mut(s![bi, ..nl, cols]);
             if nl <= FEW_QUERIES {
-                attend_few(q_h, k_h, v_h, p0, scale, scores, out_h);
+                attend_few(q_h, k_h, v_h, p0, scale, scores, out_h)?;
                 continue;
             }
             let mut sc =
-                ArrayViewMut2::from_shape((nl, total), take(scores, nl * total)).expect("sized");
+                ArrayViewMut2::from_shape((nl, total), take(scores, nl * total)).map_err(layout)?;
             general_mat_mul(scale, &q_h, &k_h.t(), 0.0, &mut sc);
             for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
-                masked_softmax_inplace(row.as_slice_mut().expect("row"), p0 + ti + 1);
+                masked_softmax_inplace(row.as_slice_mut().ok_or_else(not_contiguous)?, p0 + ti + 1);
             }
             general_mat_mul(1.0, &sc.view(), &v_h, 0.0, &mut out_h);
         }
     }
     let attn2 =
-        ArrayView2::from_shape((n, h * d), attn.as_slice().expect("contiguous")).expect("sized");
-    let mut tmp = ArrayViewMut2::from_shape((n, c), take(tmp, n * c)).expect("sized");
+        ArrayView2::from_shape((n, h * d), attn.as_slice().ok_or_else(not_contiguous)?).map_err(layout)?;
+    let mut tmp = ArrayViewMut2::from_shape((n, c), take(tmp, n * c)).map_err(layout)?;
     linear_into(attn2, &w.wo, None, tmp.view_mut());
     x2 += &tmp;
 
     // --- SwiGLU MLP.
     let i = cfg.intermediate_size;
     rms_norm_into(x2.view(), &w.mlp_norm, cfg.rms_norm_eps, xn.view_mut());
-    let mut gate = ArrayViewMut2::from_shape((n, i), take(gate, n * i)).expect("sized");
-    let mut up = ArrayViewMut2::from_shape((n, i), take(up, n * i)).expect("sized");
+    let mut gate = ArrayViewMut2::from_shape((n, i), take(gate, n * i)).map_err(layout)?;
+    let mut up = ArrayViewMut2::from_shape((n, i), take(up, n * i)).map_err(layout)?;
     if n == 1 {
         matvecs_split(
             xn.row(0),
@@ -235,8 +235,8 @@ fn forward_rows(
         linear_into(xn.view(), &w.w_up, None, up.view_mut());
     }
     swiglu_inplace(
-        gate.as_slice_mut().expect("contiguous"),
-        up.as_slice().expect("contiguous"),
+        gate.as_slice_mut().ok_or_else(not_contiguous)?,
+        up.as_slice().ok_or_else(not_contiguous)?,
     );
     linear_into(gate.view(), &w.w_down, None, tmp.view_mut());
     Zip::from(&mut x2).and(&tmp).for_each(|a, &b| *a += b);
@@ -270,19 +270,19 @@ fn attend_few(
     scale: f32,
     scores: &mut Vec<f32>,
     mut out: ArrayViewMut2<f32>,
-) {
+) -> Result<()> {
     let d = q.ncols();
-    let keys = k.as_slice().expect("cache rows are contiguous");
-    let values = v.as_slice().expect("cache rows are contiguous");
+    let keys = k.as_slice().ok_or_else(not_contiguous)?;
+    let values = v.as_slice().ok_or_else(not_contiguous)?;
     for (ti, (q_row, mut o_row)) in q.rows().into_iter().zip(out.rows_mut()).enumerate() {
         let visible = p0 + ti + 1;
-        let q_row = q_row.to_slice().expect("head slice is contiguous");
+        let q_row = q_row.to_slice().ok_or_else(not_contiguous)?;
         let sc = take(scores, visible);
         for (s, k_row) in sc.iter_mut().zip(keys.chunks_exact(d)) {
             *s = dot(q_row, k_row) * scale;
         }
         masked_softmax_inplace(sc, visible);
-        let o = o_row.as_slice_mut().expect("head slice is contiguous");
+        let o = o_row.as_slice_mut().ok_or_else(not_contiguous)?;
         o.iter_mut().for_each(|x| *x = 0.0);
         for (&p, v_row) in sc.iter().zip(values.chunks_exact(d)) {
             for (x, &vv) in o.iter_mut().zip(v_row) {
@@ -290,6 +290,17 @@ fn attend_few(
             }
         }
     }
+    Ok(())
+}
+
+/// A scratch buffer that cannot take the view's shape (a sizing bug, reported, not a panic).
+fn layout(e: ndarray::ShapeError) -> ElmError {
+    ElmError::shape("block_forward", format!("scratch view: {e}"))
+}
+
+/// A buffer the kernels read as one slice is not contiguous.
+fn not_contiguous() -> ElmError {
+    ElmError::shape("block_forward", "buffer is not contiguous")
 }
 
 /// Dot product with 8 independent accumulators (vectorizable without reassociation).
