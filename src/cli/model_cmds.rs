@@ -12,7 +12,7 @@ use crate::io::tokenizer::Tokenizer;
 use crate::model::bench;
 use ndarray::Array2;
 
-use crate::cuda::{CudaModel, DeviceSpec};
+use crate::cuda::{CudaModel, DeviceSpec, GpuModel};
 use crate::elm::infer::ElmDecoder;
 use crate::eval::gsm8k::{stop_ids, SolverSummary};
 use crate::model::generate::{generate, Decoder, Generation, SamplingConfig};
