@@ -8,7 +8,7 @@
 //! logits GPU vs CPU; greedy continuations) run when `is_available()`; otherwise they print a
 //! SKIP line and return.
 
-use elm::cuda::{self, CudaModel};
+use elm::cuda::{self, CudaModel, GpuDevice, GpuKernels, GpuModel};
 use elm::model::{Arch, ModelConfig, ModelWeights};
 use elm::ElmError;
 use ndarray::{Array1, Array2};
@@ -597,7 +597,6 @@ fn gpu(test: &str) -> Option<cuda::CudaDevice> {
 
 #[test]
 fn gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu() {
-    use cuda::kernels_api as k;
     let Some(dev) = gpu("gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu") else {
         return;
     };
@@ -609,7 +608,7 @@ fn gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu() {
     let w = random_vec(&mut rng, cols);
     let (xd, wd) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap());
     let mut out = dev.zeros::<f32>(rows * cols).unwrap();
-    k::rmsnorm(&dev, &xd, &wd, &mut out, rows, 1e-5).unwrap();
+    dev.rmsnorm(&xd, &wd, &mut out, rows, 1e-5).unwrap();
     assert_close(
         "rmsnorm",
         &dev.download(&out).unwrap(),
@@ -627,7 +626,8 @@ fn gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu() {
         (cuda::RopeStyle::Interleaved, true),
     ] {
         let mut xd = dev.upload(&xr).unwrap();
-        k::rope(&dev, &mut xd, &pos_d, rows, heads, d, 10000.0, style).unwrap();
+        dev.rope(&mut xd, &pos_d, rows, heads, d, 10000.0, style)
+            .unwrap();
         assert_close(
             &format!("rope {style:?}"),
             &dev.download(&xd).unwrap(),
@@ -641,19 +641,20 @@ fn gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu() {
     let (g, u) = (random_vec(&mut rng, n), random_vec(&mut rng, n));
     let (gd, ud) = (dev.upload(&g).unwrap(), dev.upload(&u).unwrap());
     let mut od = dev.zeros::<f32>(n).unwrap();
-    k::swiglu(&dev, &gd, &ud, &mut od).unwrap();
+    dev.swiglu(&gd, &ud, &mut od).unwrap();
     let want: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| silu(a) * b).collect();
     assert_close("swiglu", &dev.download(&od).unwrap(), &want, 1e-5);
 
     let mut xd = dev.upload(&g).unwrap();
-    k::add(&dev, &mut xd, &ud).unwrap();
+    dev.add(&mut xd, &ud).unwrap();
     let want: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| a + b).collect();
     assert_close("add", &dev.download(&xd).unwrap(), &want, 1e-6);
 
     let (br, bc) = (10, 100);
     let bias = random_vec(&mut rng, bc);
     let mut xd = dev.upload(&g).unwrap();
-    k::add_bias(&dev, &mut xd, &dev.upload(&bias).unwrap(), br).unwrap();
+    dev.add_bias(&mut xd, &dev.upload(&bias).unwrap(), br)
+        .unwrap();
     let want: Vec<f32> = (0..br * bc).map(|i| g[i] + bias[i % bc]).collect();
     assert_close("add_bias", &dev.download(&xd).unwrap(), &want, 1e-6);
 
@@ -663,21 +664,20 @@ fn gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu() {
     let td = dev.upload(&table).unwrap();
     let toks = [3u32, 0, 49, 3, 17];
     let mut ed = dev.zeros::<f32>(toks.len() * dim).unwrap();
-    k::embedding(&dev, &td, dim, &toks, &mut ed).unwrap();
+    dev.embedding(&td, dim, &toks, &mut ed).unwrap();
     let want: Vec<f32> = toks
         .iter()
         .flat_map(|&t| table[t as usize * dim..(t as usize + 1) * dim].to_vec())
         .collect();
     assert_close("embedding", &dev.download(&ed).unwrap(), &want, 1e-12);
     assert!(matches!(
-        k::embedding(&dev, &td, dim, &[50], &mut dev.zeros::<f32>(dim).unwrap()),
+        dev.embedding(&td, dim, &[50], &mut dev.zeros::<f32>(dim).unwrap()),
         Err(ElmError::InvalidArgument(_))
     ));
 }
 
 #[test]
 fn gpu_attention_prefill_and_decode_match_cpu() {
-    use cuda::kernels_api as k;
     let Some(dev) = gpu("gpu_attention_prefill_and_decode_match_cpu") else {
         return;
     };
@@ -687,8 +687,7 @@ fn gpu_attention_prefill_and_decode_match_cpu() {
     let kk = random_vec(&mut rng, t * kv * d);
     let vv = random_vec(&mut rng, t * kv * d);
     let mut out = dev.zeros::<f32>(t * h * d).unwrap();
-    k::attention_prefill(
-        &dev,
+    dev.attention_prefill(
         &dev.upload(&q).unwrap(),
         &dev.upload(&kk).unwrap(),
         &dev.upload(&vv).unwrap(),
@@ -726,8 +725,7 @@ fn gpu_attention_prefill_and_decode_match_cpu() {
     let positions = [49u32, 0, 17, 5];
     let qd = random_vec(&mut rng, slots.len() * h * d);
     let mut out = dev.zeros::<f32>(slots.len() * h * d).unwrap();
-    k::attention_decode(
-        &dev,
+    dev.attention_decode(
         &dev.upload(&qd).unwrap(),
         &dev.upload(&kc).unwrap(),
         &dev.upload(&vc).unwrap(),
@@ -761,25 +759,24 @@ fn gpu_attention_prefill_and_decode_match_cpu() {
         1e-5,
     );
     // Position beyond the cache is rejected on the host.
-    assert!(k::attention_decode(
-        &dev,
-        &dev.upload(&qd[..h * d]).unwrap(),
-        &dev.upload(&kc).unwrap(),
-        &dev.upload(&vc).unwrap(),
-        &mut dev.zeros::<f32>(h * d).unwrap(),
-        &[0],
-        &[50],
-        h,
-        kv,
-        d,
-        t_max
-    )
-    .is_err());
+    assert!(dev
+        .attention_decode(
+            &dev.upload(&qd[..h * d]).unwrap(),
+            &dev.upload(&kc).unwrap(),
+            &dev.upload(&vc).unwrap(),
+            &mut dev.zeros::<f32>(h * d).unwrap(),
+            &[0],
+            &[50],
+            h,
+            kv,
+            d,
+            t_max
+        )
+        .is_err());
 }
 
 #[test]
 fn gpu_softmax_argmax_sample_match_cpu() {
-    use cuda::kernels_api as k;
     let Some(dev) = gpu("gpu_softmax_argmax_sample_match_cpu") else {
         return;
     };
@@ -792,7 +789,7 @@ fn gpu_softmax_argmax_sample_match_cpu() {
     let xd = dev.upload(&x).unwrap();
     let temperature = 0.7f32;
     let mut pd = dev.zeros::<f32>(rows * cols).unwrap();
-    k::softmax(&dev, &xd, &mut pd, rows, temperature).unwrap();
+    dev.softmax(&xd, &mut pd, rows, temperature).unwrap();
     let mut want = vec![0.0f32; rows * cols];
     for r in 0..rows {
         let row = &x[r * cols..(r + 1) * cols];
@@ -813,7 +810,7 @@ fn gpu_softmax_argmax_sample_match_cpu() {
     assert_close("softmax", &probs, &want, 1e-5);
 
     let mut ad = dev.zeros::<u32>(rows).unwrap();
-    k::argmax(&dev, &xd, &mut ad, rows).unwrap();
+    dev.argmax(&xd, &mut ad, rows).unwrap();
     let want_arg: Vec<u32> = (0..rows)
         .map(|r| argmax(&x[r * cols..(r + 1) * cols]))
         .collect();
@@ -822,7 +819,8 @@ fn gpu_softmax_argmax_sample_match_cpu() {
     // Inverse-CDF sampling vs an f64 CPU walk over the GPU's own probabilities.
     let uniforms: Vec<f32> = (0..rows).map(|_| rng.gen_range(0.0f32..1.0)).collect();
     let mut sd = dev.zeros::<u32>(rows).unwrap();
-    k::sample(&dev, &pd, &dev.upload(&uniforms).unwrap(), &mut sd, rows).unwrap();
+    dev.sample(&pd, &dev.upload(&uniforms).unwrap(), &mut sd, rows)
+        .unwrap();
     let got = dev.download(&sd).unwrap();
     for r in 0..rows {
         let row = &probs[r * cols..(r + 1) * cols];
@@ -847,7 +845,6 @@ fn gpu_softmax_argmax_sample_match_cpu() {
 
 #[test]
 fn gpu_matmul_projection_anderson_match_cpu() {
-    use cuda::kernels_api as k;
     let Some(mut dev) = gpu("gpu_matmul_projection_anderson_match_cpu") else {
         return;
     };
@@ -875,8 +872,7 @@ fn gpu_matmul_projection_anderson_match_cpu() {
         dev.set_tf32(tf32).unwrap();
         let mut od = dev.zeros::<f32>(rows * out_dim).unwrap();
         let bd = dev.upload(&b).unwrap();
-        k::fixed_point_projection(
-            &dev,
+        dev.fixed_point_projection(
             &dev.upload(&z).unwrap(),
             &dev.upload(&hh).unwrap(),
             &dev.upload(&wz).unwrap(),
@@ -905,8 +901,7 @@ fn gpu_matmul_projection_anderson_match_cpu() {
     let alpha = [0.4f32, -0.1, 0.5, 0.2];
     let beta = 0.8f32;
     let mut od = dev.zeros::<f32>(n).unwrap();
-    k::anderson_mix(
-        &dev,
+    dev.anderson_mix(
         &dev.upload(&xh).unwrap(),
         &dev.upload(&fh).unwrap(),
         &dev.upload(&alpha).unwrap(),

@@ -12,7 +12,7 @@ use elm::io::tokenizer::Tokenizer;
 use elm::model::bench;
 use ndarray::Array2;
 
-use elm::cuda::{CudaModel, DeviceSpec};
+use elm::cuda::{CudaModel, DeviceSpec, GpuModel};
 use elm::elm::infer::{ElmDecoder, ElmModel};
 use elm::eval::gsm8k::{stop_ids, SolverSummary};
 use elm::model::generate::{generate, Decoder, Generation, SamplingConfig};

@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use super::CudaModel;
+use super::{CudaModel, GpuDevice, GpuModel};
 use crate::error::{ElmError, Result};
 use crate::model::{Arch, LayerWeights, ModelConfig, ModelWeights};
 

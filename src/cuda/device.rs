@@ -10,6 +10,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
+use super::backend::{DeviceBuffer, GpuDevice};
 use super::sources::{source_of, KernelSource, KERNEL_SOURCES};
 use crate::error::{ElmError, Result};
 
@@ -61,12 +62,12 @@ fn probe() -> &'static std::result::Result<usize, String> {
 }
 
 /// Whether a CUDA driver is present and reports at least one device. Never panics.
-pub fn is_available() -> bool {
+pub(super) fn is_available() -> bool {
     matches!(probe(), Ok(n) if *n > 0)
 }
 
 /// Number of CUDA devices; `ElmError::Cuda("no CUDA driver found ...")` without a driver.
-pub fn device_count() -> Result<usize> {
+pub(super) fn device_count() -> Result<usize> {
     probe().clone().map_err(ElmError::Cuda)
 }
 
@@ -108,15 +109,18 @@ fn ptx_for(src: &'static KernelSource) -> Result<Ptx> {
 
 /// Compiles every embedded kernel file with NVRTC (needs libnvrtc, not a GPU or driver).
 /// Returns the number of files compiled. Used by tests and `--device cuda` start-up checks.
-pub fn compile_all_kernels() -> Result<usize> {
+pub(super) fn compile_all_kernels() -> Result<usize> {
     for src in KERNEL_SOURCES {
         ptx_for(src)?;
     }
     Ok(KERNEL_SOURCES.len())
 }
 
-/// Element types a [`GpuBuffer`] may hold.
-pub trait GpuScalar: DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + 'static {}
+/// Element types a device buffer may hold.
+pub trait GpuScalar:
+    DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + Send + Sync + std::fmt::Debug + 'static
+{
+}
 impl GpuScalar for f32 {}
 impl GpuScalar for u32 {}
 
@@ -126,13 +130,11 @@ pub struct GpuBuffer<T> {
     pub(crate) slice: CudaSlice<T>,
 }
 
-impl<T> GpuBuffer<T> {
-    /// Number of elements.
-    pub fn len(&self) -> usize {
+impl<T: GpuScalar> DeviceBuffer for GpuBuffer<T> {
+    fn len(&self) -> usize {
         self.slice.len()
     }
-    /// Whether the buffer holds no element.
-    pub fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         self.slice.len() == 0
     }
 }
@@ -157,10 +159,10 @@ impl std::fmt::Debug for CudaDevice {
     }
 }
 
-impl CudaDevice {
-    /// Opens device `ordinal`. Errors (never panics) without a driver, with an ordinal out of
-    /// range, or without cuBLAS.
-    pub fn new(ordinal: usize) -> Result<Self> {
+impl GpuDevice for CudaDevice {
+    type Buffer<T: GpuScalar> = GpuBuffer<T>;
+
+    fn new(ordinal: usize) -> Result<Self> {
         let count = device_count()?;
         if ordinal >= count {
             return Err(ElmError::Cuda(format!(
@@ -192,18 +194,15 @@ impl CudaDevice {
         })
     }
 
-    /// Device ordinal.
-    pub fn ordinal(&self) -> usize {
+    fn ordinal(&self) -> usize {
         self.ctx.ordinal()
     }
 
-    /// Marketing name of the device.
-    pub fn name(&self) -> Result<String> {
+    fn name(&self) -> Result<String> {
         self.ctx.name().map_err(cuda_err("cuDeviceGetName"))
     }
 
-    /// Lets cuBLAS use TF32 tensor cores for f32 GEMMs (about 1e-3 relative error; off by default).
-    pub fn set_tf32(&mut self, on: bool) -> Result<()> {
+    fn set_tf32(&mut self, on: bool) -> Result<()> {
         use cudarc::cublas::sys::{cublasMath_t, cublasSetMathMode};
         let mode = if on {
             cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
@@ -219,13 +218,11 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// Whether TF32 GEMMs are enabled.
-    pub fn tf32(&self) -> bool {
+    fn tf32(&self) -> bool {
         self.tf32
     }
 
-    /// Copies a host slice into a new device buffer.
-    pub fn upload<T: GpuScalar>(&self, host: &[T]) -> Result<GpuBuffer<T>> {
+    fn upload<T: GpuScalar>(&self, host: &[T]) -> Result<GpuBuffer<T>> {
         if host.is_empty() {
             return Err(ElmError::InvalidArgument(
                 "zero-length device buffer".into(),
@@ -238,8 +235,7 @@ impl CudaDevice {
         Ok(GpuBuffer { slice })
     }
 
-    /// A new zero-filled device buffer of `len > 0` elements.
-    pub fn zeros<T: GpuScalar>(&self, len: usize) -> Result<GpuBuffer<T>> {
+    fn zeros<T: GpuScalar>(&self, len: usize) -> Result<GpuBuffer<T>> {
         if len == 0 {
             return Err(ElmError::InvalidArgument(
                 "zero-length device buffer".into(),
@@ -252,8 +248,7 @@ impl CudaDevice {
         Ok(GpuBuffer { slice })
     }
 
-    /// Overwrites the first `host.len()` elements of `buf`.
-    pub fn write<T: GpuScalar>(&self, host: &[T], buf: &mut GpuBuffer<T>) -> Result<()> {
+    fn write<T: GpuScalar>(&self, host: &[T], buf: &mut GpuBuffer<T>) -> Result<()> {
         if host.len() > buf.len() {
             return Err(ElmError::shape(
                 "cuda write",
@@ -270,8 +265,7 @@ impl CudaDevice {
             .map_err(cuda_err("host->device copy"))
     }
 
-    /// Copies a device buffer back to the host (waits for all queued work).
-    pub fn download<T: GpuScalar>(&self, buf: &GpuBuffer<T>) -> Result<Vec<T>> {
+    fn download<T: GpuScalar>(&self, buf: &GpuBuffer<T>) -> Result<Vec<T>> {
         let v = self
             .stream
             .clone_dtoh(&buf.slice)
@@ -280,13 +274,14 @@ impl CudaDevice {
         Ok(v)
     }
 
-    /// Waits for all queued work; surfaces asynchronous kernel errors.
-    pub fn synchronize(&self) -> Result<()> {
+    fn synchronize(&self) -> Result<()> {
         self.stream
             .synchronize()
             .map_err(cuda_err("stream synchronize"))
     }
+}
 
+impl CudaDevice {
     /// The loaded kernel `name`, compiling and loading its file on first use.
     pub(crate) fn function(&self, name: &'static str) -> Result<CudaFunction> {
         let mut map = self.functions.lock().map_err(cuda_err("kernel cache"))?;

@@ -6,33 +6,53 @@
 //! `ElmError::Cuda("no CUDA driver found ...")`; nothing panics ([`is_available`] probes with
 //! `dlopen` first and guards the first driver call with `catch_unwind`).
 //!
-//! `src/cuda_stub/mod.rs` is the twin compiled without the feature: same public API, every
-//! constructor returns "built without the `cuda` feature".
+//! The public API is the traits of `backend.rs` ([`GpuBackend`], [`GpuDevice`], [`GpuKernels`],
+//! [`GpuModel`]), shared verbatim with `src/cuda_stub/` (the twin compiled without the feature)
+//! and implemented here by [`CudaBackend`]; the compiler keeps the two builds in step.
 //!
 //! Pieces:
 //! - [`is_available`], [`device_count`]: probing (cached per process).
-//! - [`CudaDevice`]: context + one stream + cuBLAS handle; kernels are compiled by NVRTC once per
-//!   process (PTX cache) and loaded into a device's context on first use.
-//! - [`GpuBuffer`]: an owned device allocation (`upload`, `zeros`, `write`, `download`).
-//! - [`kernels_api`]: shape-checked wrappers of every kernel (the GPU tests call these).
-//! - [`CudaModel`]: the inference path (`prefill(&[Vec<u32>])`, `decode(&[u32])`, `reset()`).
+//! - [`CudaDevice`] ([`GpuDevice`]): context + one stream + cuBLAS handle; kernels are compiled
+//!   by NVRTC once per process (PTX cache) and loaded into a device's context on first use.
+//! - [`GpuBuffer`] ([`DeviceBuffer`]): an owned device allocation (`upload`, `zeros`, `write`,
+//!   `download`).
+//! - [`GpuKernels`]: shape-checked kernels on a device (the GPU tests call these).
+//! - [`CudaModel`] ([`GpuModel`]): the inference path (`prefill`, `decode`, `reset`).
 //! - [`bench`]: prefill/decode throughput, driven by `scripts/gpu-bench.sh`.
 //! - [`DeviceSpec`]: parses `--device cpu|cuda|cuda:N`.
 
+mod backend;
 pub mod bench;
 mod device;
 mod device_spec;
-pub mod kernels_api;
+mod kernels;
 mod model;
 mod sources;
 
-pub use device::{
-    compile_all_kernels, device_count, is_available, CudaDevice, GpuBuffer, GpuScalar,
-};
+pub use backend::*;
+pub use device::GpuScalar;
 pub use device_spec::DeviceSpec;
-pub use kernels_api::RopeStyle;
-pub use model::CudaModel;
 pub use sources::{kernel_sources, source_of, KernelSource, KERNEL_SOURCES};
 
-/// Whether this build has the real CUDA backend (`true`) or the stub (`false`).
-pub const ENABLED: bool = true;
+/// The real CUDA backend.
+#[derive(Debug)]
+pub struct CudaBackend;
+
+/// The backend this build binds the public API to.
+pub type ActiveBackend = CudaBackend;
+
+impl GpuBackend for CudaBackend {
+    const ENABLED: bool = true;
+    type Device = device::CudaDevice;
+    type Model = model::CudaModel;
+
+    fn is_available() -> bool {
+        device::is_available()
+    }
+    fn device_count() -> crate::error::Result<usize> {
+        device::device_count()
+    }
+    fn compile_all_kernels() -> crate::error::Result<usize> {
+        device::compile_all_kernels()
+    }
+}

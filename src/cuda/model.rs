@@ -8,9 +8,9 @@
 
 use ndarray::{concatenate, Array1, Array2, Axis};
 
+use super::backend::{GpuDevice, GpuModel, RopeStyle};
 use super::device::{cuda_err, device_count, CudaDevice, GpuBuffer};
-use super::kernels_api::raw::{self, AttnGeometry, MAX_ATTN_SMEM_BYTES};
-use super::kernels_api::RopeStyle;
+use super::kernels::raw::{self, AttnGeometry, MAX_ATTN_SMEM_BYTES};
 use crate::error::{ElmError, Result};
 use crate::model::{ModelConfig, ModelWeights};
 
@@ -78,10 +78,7 @@ impl Scratch {
     }
 }
 
-/// A decoder whose weights, KV cache and activations live on one CUDA device.
-///
-/// Usage: [`CudaModel::prefill`] with up to `max_batch` prompts (this resets the cache), then
-/// [`CudaModel::decode`] with one token per prompt, repeatedly.
+/// The CUDA [`GpuModel`]: a decoder whose weights, KV cache and activations live on one device.
 pub struct CudaModel {
     dev: CudaDevice,
     cfg: ModelConfig,
@@ -181,11 +178,10 @@ fn validate_weights(w: &ModelWeights) -> Result<()> {
     Ok(())
 }
 
-impl CudaModel {
-    /// Uploads `weights` to device `ordinal` and allocates a KV cache for `max_batch` sequences of
-    /// up to `max_seq` tokens. Malformed weights give `ElmError::Tensor`/`Config` naming the field,
-    /// bad sizes `InvalidArgument`; then, without a driver, `ElmError::Cuda("no CUDA driver found ...")`.
-    pub fn new(
+impl GpuModel for CudaModel {
+    type Device = CudaDevice;
+
+    fn new(
         weights: &ModelWeights,
         ordinal: usize,
         max_batch: usize,
@@ -266,34 +262,27 @@ impl CudaModel {
         })
     }
 
-    /// The model's configuration.
-    pub fn config(&self) -> &ModelConfig {
+    fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
-    /// The device the model lives on (e.g. to enable TF32 or read its name).
-    pub fn device(&self) -> &CudaDevice {
+    fn device(&self) -> &CudaDevice {
         &self.dev
     }
 
-    /// Mutable device access (e.g. [`CudaDevice::set_tf32`]).
-    pub fn device_mut(&mut self) -> &mut CudaDevice {
+    fn device_mut(&mut self) -> &mut CudaDevice {
         &mut self.dev
     }
 
-    /// Tokens held in the cache for each active sequence.
-    pub fn seq_lens(&self) -> &[usize] {
+    fn seq_lens(&self) -> &[usize] {
         &self.lens
     }
 
-    /// Forgets all sequences (the cache memory is kept and overwritten by the next prefill).
-    pub fn reset(&mut self) {
+    fn reset(&mut self) {
         self.lens.clear();
     }
 
-    /// Starts `tokens.len() ≤ max_batch` new sequences (discarding any previous ones) and runs
-    /// their prompts. Returns the logits at each prompt's last position, `[B, V]`.
-    pub fn prefill(&mut self, tokens: &[Vec<u32>]) -> Result<Array2<f32>> {
+    fn prefill(&mut self, tokens: &[Vec<u32>]) -> Result<Array2<f32>> {
         if tokens.is_empty() || tokens.len() > self.max_batch {
             return Err(ElmError::InvalidArgument(format!(
                 "prefill needs 1..={} sequences, got {}",
@@ -327,8 +316,7 @@ impl CudaModel {
         Ok(logits)
     }
 
-    /// Appends one token to each active sequence; returns the next-token logits `[B, V]`.
-    pub fn decode(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
+    fn decode(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
         if self.lens.is_empty() {
             return Err(ElmError::InvalidArgument(
                 "decode called before prefill".into(),
@@ -355,7 +343,9 @@ impl CudaModel {
         }
         Ok(logits)
     }
+}
 
+impl CudaModel {
     /// Runs the decoder on `N` packed tokens (`slots[n]`, `positions[n]` locate each in the cache)
     /// and returns logits for the rows `last_rows` (`[B, V]`).
     fn forward(

@@ -1,6 +1,10 @@
-//! Stub twin of the CUDA backend (built without the `cuda` feature): the same public API as
-//! `src/cuda/`, so callers compile identically; every constructor returns `ElmError::Cuda`.
-//! Device handles and buffers are uninhabited here, so functions taking them can never be reached.
+//! Stub twin of the CUDA backend, compiled without the `cuda` feature.
+//!
+//! It implements the same traits as `src/cuda/` (the shared `src/cuda/backend.rs`), so the
+//! compiler checks that both builds offer the same API: a trait method missing here does not
+//! compile. Probing and every constructor return the typed "built without the `cuda` feature"
+//! error. Device handles, buffers and models are uninhabited, so methods taking them can never
+//! be reached (`match self.never {}`).
 
 use std::convert::Infallible;
 use std::marker::PhantomData;
@@ -10,6 +14,8 @@ use ndarray::Array2;
 use crate::error::{ElmError, Result};
 use crate::model::{ModelConfig, ModelWeights};
 
+#[path = "../cuda/backend.rs"]
+mod backend;
 #[path = "../cuda/bench.rs"]
 pub mod bench;
 #[path = "../cuda/device_spec.rs"]
@@ -17,12 +23,9 @@ mod device_spec;
 #[path = "../cuda/sources.rs"]
 mod sources;
 
+pub use backend::*;
 pub use device_spec::DeviceSpec;
-
 pub use sources::{kernel_sources, source_of, KernelSource, KERNEL_SOURCES};
-
-/// Whether this build has the real CUDA backend (`true`) or the stub (`false`).
-pub const ENABLED: bool = false;
 
 /// Message of every error this stub returns.
 pub const DISABLED_MSG: &str =
@@ -32,278 +35,222 @@ fn disabled<T>() -> Result<T> {
     Err(ElmError::Cuda(DISABLED_MSG.to_string()))
 }
 
-/// Always `false` in this build.
-pub fn is_available() -> bool {
-    false
-}
-
-/// Always the "built without the `cuda` feature" error.
-pub fn device_count() -> Result<usize> {
-    disabled()
-}
-
-/// Always the "built without the `cuda` feature" error.
-pub fn compile_all_kernels() -> Result<usize> {
-    disabled()
-}
-
-/// Element types a [`GpuBuffer`] may hold.
-pub trait GpuScalar: Copy + Default + Unpin + 'static {}
+/// Element types a device buffer may hold.
+pub trait GpuScalar: Copy + Default + Unpin + Send + Sync + std::fmt::Debug + 'static {}
 impl GpuScalar for f32 {}
 impl GpuScalar for u32 {}
 
+/// The backend of a build without the `cuda` feature: no device can exist.
+#[derive(Debug)]
+pub struct DisabledBackend;
+
+/// The backend this build binds the public API to.
+pub type ActiveBackend = DisabledBackend;
+
+impl GpuBackend for DisabledBackend {
+    const ENABLED: bool = false;
+    type Device = DisabledDevice;
+    type Model = DisabledModel;
+
+    fn is_available() -> bool {
+        false
+    }
+    fn device_count() -> Result<usize> {
+        disabled()
+    }
+    fn compile_all_kernels() -> Result<usize> {
+        disabled()
+    }
+}
+
 /// A device buffer (cannot exist in this build).
 #[derive(Debug)]
-pub struct GpuBuffer<T> {
+pub struct DisabledBuffer<T> {
     never: Infallible,
     _elem: PhantomData<T>,
 }
 
-impl<T> GpuBuffer<T> {
-    /// Number of elements.
-    pub fn len(&self) -> usize {
+impl<T: GpuScalar> DeviceBuffer for DisabledBuffer<T> {
+    fn len(&self) -> usize {
         match self.never {}
     }
-    /// Whether the buffer holds no element.
-    pub fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         match self.never {}
     }
 }
 
-/// A CUDA device handle (cannot exist in this build).
+/// A device handle (cannot exist in this build).
 #[derive(Debug)]
-pub struct CudaDevice {
+pub struct DisabledDevice {
     never: Infallible,
 }
 
-impl CudaDevice {
-    /// Always the "built without the `cuda` feature" error.
-    pub fn new(_ordinal: usize) -> Result<Self> {
+impl GpuDevice for DisabledDevice {
+    type Buffer<T: GpuScalar> = DisabledBuffer<T>;
+
+    fn new(_ordinal: usize) -> Result<Self> {
         disabled()
     }
-    pub fn ordinal(&self) -> usize {
+    fn ordinal(&self) -> usize {
         match self.never {}
     }
-    pub fn name(&self) -> Result<String> {
+    fn name(&self) -> Result<String> {
         match self.never {}
     }
-    pub fn set_tf32(&mut self, _on: bool) -> Result<()> {
+    fn set_tf32(&mut self, _on: bool) -> Result<()> {
         match self.never {}
     }
-    pub fn tf32(&self) -> bool {
+    fn tf32(&self) -> bool {
         match self.never {}
     }
-    pub fn upload<T: GpuScalar>(&self, _host: &[T]) -> Result<GpuBuffer<T>> {
+    fn upload<T: GpuScalar>(&self, _host: &[T]) -> Result<DisabledBuffer<T>> {
         match self.never {}
     }
-    pub fn zeros<T: GpuScalar>(&self, _len: usize) -> Result<GpuBuffer<T>> {
+    fn zeros<T: GpuScalar>(&self, _len: usize) -> Result<DisabledBuffer<T>> {
         match self.never {}
     }
-    pub fn write<T: GpuScalar>(&self, _host: &[T], _buf: &mut GpuBuffer<T>) -> Result<()> {
+    fn write<T: GpuScalar>(&self, _host: &[T], _buf: &mut DisabledBuffer<T>) -> Result<()> {
         match self.never {}
     }
-    pub fn download<T: GpuScalar>(&self, _buf: &GpuBuffer<T>) -> Result<Vec<T>> {
+    fn download<T: GpuScalar>(&self, _buf: &DisabledBuffer<T>) -> Result<Vec<T>> {
         match self.never {}
     }
-    pub fn synchronize(&self) -> Result<()> {
+    fn synchronize(&self) -> Result<()> {
+        match self.never {}
+    }
+}
+
+/// Shorthand for the stub's f32 buffer in the kernel signatures below.
+type Buf = DisabledBuffer<f32>;
+
+impl GpuKernels for DisabledDevice {
+    fn rmsnorm(&self, _: &Buf, _: &Buf, _: &mut Buf, _: usize, _: f32) -> Result<()> {
+        match self.never {}
+    }
+    fn rope(
+        &self,
+        _: &mut Buf,
+        _: &DisabledBuffer<u32>,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: f32,
+        _: RopeStyle,
+    ) -> Result<()> {
+        match self.never {}
+    }
+    fn swiglu(&self, _: &Buf, _: &Buf, _: &mut Buf) -> Result<()> {
+        match self.never {}
+    }
+    fn add(&self, _: &mut Buf, _: &Buf) -> Result<()> {
+        match self.never {}
+    }
+    fn add_bias(&self, _: &mut Buf, _: &Buf, _: usize) -> Result<()> {
+        match self.never {}
+    }
+    fn embedding(&self, _: &Buf, _: usize, _: &[u32], _: &mut Buf) -> Result<()> {
+        match self.never {}
+    }
+    fn attention_prefill(
+        &self,
+        _: &Buf,
+        _: &Buf,
+        _: &Buf,
+        _: &mut Buf,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> Result<()> {
+        match self.never {}
+    }
+    fn attention_decode(
+        &self,
+        _: &Buf,
+        _: &Buf,
+        _: &Buf,
+        _: &mut Buf,
+        _: &[u32],
+        _: &[u32],
+        _: usize,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> Result<()> {
+        match self.never {}
+    }
+    fn softmax(&self, _: &Buf, _: &mut Buf, _: usize, _: f32) -> Result<()> {
+        match self.never {}
+    }
+    fn argmax(&self, _: &Buf, _: &mut DisabledBuffer<u32>, _: usize) -> Result<()> {
+        match self.never {}
+    }
+    fn sample(&self, _: &Buf, _: &Buf, _: &mut DisabledBuffer<u32>, _: usize) -> Result<()> {
+        match self.never {}
+    }
+    fn matmul_wt(
+        &self,
+        _: &Buf,
+        _: &Buf,
+        _: &mut Buf,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: bool,
+    ) -> Result<()> {
+        match self.never {}
+    }
+    fn fixed_point_projection(
+        &self,
+        _: &Buf,
+        _: &Buf,
+        _: &Buf,
+        _: &Buf,
+        _: Option<&Buf>,
+        _: &mut Buf,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> Result<()> {
+        match self.never {}
+    }
+    fn anderson_mix(&self, _: &Buf, _: &Buf, _: &Buf, _: &mut Buf, _: f32) -> Result<()> {
         match self.never {}
     }
 }
 
 /// GPU-resident decoder (cannot be constructed in this build).
 #[derive(Debug)]
-pub struct CudaModel {
+pub struct DisabledModel {
     never: Infallible,
 }
 
-impl CudaModel {
-    /// Always the "built without the `cuda` feature" error.
-    pub fn new(
-        _weights: &ModelWeights,
-        _ordinal: usize,
-        _max_batch: usize,
-        _max_seq: usize,
-    ) -> Result<Self> {
+impl GpuModel for DisabledModel {
+    type Device = DisabledDevice;
+
+    fn new(_: &ModelWeights, _: usize, _: usize, _: usize) -> Result<Self> {
         disabled()
     }
-    pub fn config(&self) -> &ModelConfig {
+    fn config(&self) -> &ModelConfig {
         match self.never {}
     }
-    pub fn device(&self) -> &CudaDevice {
+    fn device(&self) -> &DisabledDevice {
         match self.never {}
     }
-    pub fn device_mut(&mut self) -> &mut CudaDevice {
+    fn device_mut(&mut self) -> &mut DisabledDevice {
         match self.never {}
     }
-    pub fn seq_lens(&self) -> &[usize] {
+    fn seq_lens(&self) -> &[usize] {
         match self.never {}
     }
-    pub fn reset(&mut self) {
+    fn reset(&mut self) {
         match self.never {}
     }
-    pub fn prefill(&mut self, _tokens: &[Vec<u32>]) -> Result<Array2<f32>> {
+    fn prefill(&mut self, _: &[Vec<u32>]) -> Result<Array2<f32>> {
         match self.never {}
     }
-    pub fn decode(&mut self, _tokens: &[u32]) -> Result<Array2<f32>> {
+    fn decode(&mut self, _: &[u32]) -> Result<Array2<f32>> {
         match self.never {}
-    }
-}
-
-/// Pairing of the rotated coordinates in RoPE.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// HF layout: `(i, i + D/2)`.
-    HalfSplit,
-    /// GGUF / Meta layout: `(2i, 2i + 1)`.
-    Interleaved,
-}
-
-/// Kernel wrappers; unreachable in this build (they need a [`CudaDevice`]).
-#[allow(clippy::too_many_arguments)]
-pub mod kernels_api {
-    pub use super::RopeStyle;
-    use super::{CudaDevice, GpuBuffer};
-    use crate::error::Result;
-
-    pub fn rmsnorm(
-        dev: &CudaDevice,
-        _x: &GpuBuffer<f32>,
-        _weight: &GpuBuffer<f32>,
-        _out: &mut GpuBuffer<f32>,
-        _rows: usize,
-        _eps: f32,
-    ) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn rope(
-        dev: &CudaDevice,
-        _x: &mut GpuBuffer<f32>,
-        _positions: &GpuBuffer<u32>,
-        _rows: usize,
-        _n_heads: usize,
-        _head_dim: usize,
-        _theta: f32,
-        _style: RopeStyle,
-    ) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn swiglu(
-        dev: &CudaDevice,
-        _gate: &GpuBuffer<f32>,
-        _up: &GpuBuffer<f32>,
-        _out: &mut GpuBuffer<f32>,
-    ) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn add(dev: &CudaDevice, _x: &mut GpuBuffer<f32>, _y: &GpuBuffer<f32>) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn add_bias(
-        dev: &CudaDevice,
-        _x: &mut GpuBuffer<f32>,
-        _bias: &GpuBuffer<f32>,
-        _rows: usize,
-    ) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn embedding(
-        dev: &CudaDevice,
-        _table: &GpuBuffer<f32>,
-        _dim: usize,
-        _tokens: &[u32],
-        _out: &mut GpuBuffer<f32>,
-    ) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn attention_prefill(
-        dev: &CudaDevice,
-        _q: &GpuBuffer<f32>,
-        _k: &GpuBuffer<f32>,
-        _v: &GpuBuffer<f32>,
-        _out: &mut GpuBuffer<f32>,
-        _seq_len: usize,
-        _n_heads: usize,
-        _n_kv_heads: usize,
-        _head_dim: usize,
-    ) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn attention_decode(
-        dev: &CudaDevice,
-        _q: &GpuBuffer<f32>,
-        _k_cache: &GpuBuffer<f32>,
-        _v_cache: &GpuBuffer<f32>,
-        _out: &mut GpuBuffer<f32>,
-        _slots: &[u32],
-        _positions: &[u32],
-        _n_heads: usize,
-        _n_kv_heads: usize,
-        _head_dim: usize,
-        _max_seq: usize,
-    ) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn softmax(
-        dev: &CudaDevice,
-        _x: &GpuBuffer<f32>,
-        _out: &mut GpuBuffer<f32>,
-        _rows: usize,
-        _temperature: f32,
-    ) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn argmax(
-        dev: &CudaDevice,
-        _x: &GpuBuffer<f32>,
-        _out: &mut GpuBuffer<u32>,
-        _rows: usize,
-    ) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn sample(
-        dev: &CudaDevice,
-        _probs: &GpuBuffer<f32>,
-        _uniforms: &GpuBuffer<f32>,
-        _out: &mut GpuBuffer<u32>,
-        _rows: usize,
-    ) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn matmul_wt(
-        dev: &CudaDevice,
-        _x: &GpuBuffer<f32>,
-        _w: &GpuBuffer<f32>,
-        _out: &mut GpuBuffer<f32>,
-        _rows: usize,
-        _in_dim: usize,
-        _out_dim: usize,
-        _accumulate: bool,
-    ) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn fixed_point_projection(
-        dev: &CudaDevice,
-        _z: &GpuBuffer<f32>,
-        _h: &GpuBuffer<f32>,
-        _w_z: &GpuBuffer<f32>,
-        _w_h: &GpuBuffer<f32>,
-        _bias: Option<&GpuBuffer<f32>>,
-        _out: &mut GpuBuffer<f32>,
-        _rows: usize,
-        _z_dim: usize,
-        _h_dim: usize,
-        _out_dim: usize,
-    ) -> Result<()> {
-        match dev.never {}
-    }
-    pub fn anderson_mix(
-        dev: &CudaDevice,
-        _x_hist: &GpuBuffer<f32>,
-        _f_hist: &GpuBuffer<f32>,
-        _alpha: &GpuBuffer<f32>,
-        _out: &mut GpuBuffer<f32>,
-        _beta: f32,
-    ) -> Result<()> {
-        match dev.never {}
     }
 }
