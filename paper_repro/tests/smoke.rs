@@ -47,6 +47,17 @@ fn smoke_scale_writes_every_table() {
             "missing `{heading}` in report:\n{report}"
         );
     }
+    // A value the CLI did not print is an error, never a placeholder; "n/a" marks cells that
+    // do not exist by definition (the dense model's solver columns, tanh's exact error).
+    for line in report.lines().filter(|l| l.starts_with('|')) {
+        for cell in line.trim_matches('|').split('|').map(str::trim) {
+            assert!(
+                !cell.is_empty() && cell != "—" && !cell.contains("NaN"),
+                "placeholder cell `{cell}` in row `{line}`"
+            );
+        }
+    }
+    assert!(!report.contains("NaN"), "NaN in report:\n{report}");
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     let steps = summary["steps"].as_array().unwrap();
