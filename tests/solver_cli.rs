@@ -149,7 +149,11 @@ fn bad_input_is_a_clean_error() {
     );
     // A config file describes the algorithm only: a `stop` block is refused (stopping comes from
     // --abs-tol/--rel-tol/--max-iter), never silently replaced.
-    std::fs::write(&cfg, r#"{"kind":"anderson","history":2,"stop":{"max_iter":3}}"#).unwrap();
+    std::fs::write(
+        &cfg,
+        r#"{"kind":"anderson","history":2,"stop":{"max_iter":3}}"#,
+    )
+    .unwrap();
     let (ok, _, stderr) = elm(&[
         "solve",
         "--problem",

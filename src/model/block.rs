@@ -160,8 +160,14 @@ fn forward_rows(
         let p0 = cache.lens()[cb];
         for ti in 0..new_lens[bi] {
             let row = bi * t + ti;
-            rope.apply(q.row_mut(row).as_slice_mut().ok_or_else(not_contiguous)?, p0 + ti);
-            rope.apply(k.row_mut(row).as_slice_mut().ok_or_else(not_contiguous)?, p0 + ti);
+            rope.apply(
+                q.row_mut(row).as_slice_mut().ok_or_else(not_contiguous)?,
+                p0 + ti,
+            );
+            rope.apply(
+                k.row_mut(row).as_slice_mut().ok_or_else(not_contiguous)?,
+                p0 + ti,
+            );
             for kh in 0..kv {
                 let cols = kh * d..(kh + 1) * d;
                 cache
@@ -179,9 +185,10 @@ fn forward_rows(
     // --- scaled dot-product attention per (sequence, head): two small GEMMs each.
     let scale = 1.0 / (d as f32).sqrt();
     let group = cfg.group_size();
-    let qv =
-        ArrayView3::from_shape((b, t, h * d), q.as_slice().ok_or_else(not_contiguous)?).map_err(layout)?;
-    let mut attn = ArrayViewMut3::from_shape((b, t, h * d), take(attn, n * h * d)).map_err(layout)?;
+    let qv = ArrayView3::from_shape((b, t, h * d), q.as_slice().ok_or_else(not_contiguous)?)
+        .map_err(layout)?;
+    let mut attn =
+        ArrayViewMut3::from_shape((b, t, h * d), take(attn, n * h * d)).map_err(layout)?;
     attn.fill(0.0);
     for bi in 0..b {
         let nl = new_lens[bi];
@@ -211,8 +218,8 @@ fn forward_rows(
             general_mat_mul(1.0, &sc.view(), &v_h, 0.0, &mut out_h);
         }
     }
-    let attn2 =
-        ArrayView2::from_shape((n, h * d), attn.as_slice().ok_or_else(not_contiguous)?).map_err(layout)?;
+    let attn2 = ArrayView2::from_shape((n, h * d), attn.as_slice().ok_or_else(not_contiguous)?)
+        .map_err(layout)?;
     let mut tmp = ArrayViewMut2::from_shape((n, c), take(tmp, n * c)).map_err(layout)?;
     linear_into(attn2, &w.wo, None, tmp.view_mut());
     x2 += &tmp;
