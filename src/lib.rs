@@ -1,7 +1,8 @@
 //! # elm — Equilibrium Language Models
 //!
 //! Layers, lowest first; a module imports only modules before it in this list:
-//! `error` → `solver`, `autograd` → `nn`, `grad`, `train` → `model::{config, weights}` (plain
+//! `error` → `io::{atomic, tensor_file}` (the files the library writes) → `solver`, `autograd` →
+//! `nn`, `grad`, `train` → `model::{config, weights}` (plain
 //! data shared by every path) → `io` (fills those types from files) → the rest of `model`
 //! (training and inference paths) → `cuda` → `elm` → `eval`. The command line is the `elm`
 //! binary (`src/main.rs`, feature `cli`), a thin shell over these modules; see ARCHITECTURE.md

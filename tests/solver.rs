@@ -603,3 +603,34 @@ fn problem_registry() {
         Err(ElmError::Config { .. })
     ));
 }
+
+/// Broyden's step halvings and history restarts reach each row's report: with backtracking on any
+/// growth of the residual (growth factor 1), a non-monotone solve backtracks; with it off, never.
+#[test]
+fn broyden_backtracks_and_restarts_reach_the_row_report() {
+    setup();
+    let mut p = LinearProblem::new(50, 0.99, 2, 3).unwrap();
+    let mut cfg = config("broyden", 1e-8, 5000);
+    let plain = solve(&cfg, &mut p, Array2::zeros((2, 50)).view());
+    assert!(plain.rows.iter().all(|r| r.backtracks == 0));
+    // Memory 10 on a 50-dim problem that takes more than 10 steps: the memory fills and restarts.
+    assert!(
+        plain.rows.iter().all(|r| r.restarts > 0),
+        "{:?}",
+        plain.rows
+    );
+    if let SolverConfig::Broyden(b) = &mut cfg.solver {
+        b.backtrack = true;
+        b.backtrack_growth = 1.0;
+    }
+    let sol = solve(&cfg, &mut p, Array2::zeros((2, 50)).view());
+    let backtracks: usize = sol.rows.iter().map(|r| r.backtracks).sum();
+    println!(
+        "broyden with backtracking: {backtracks} backtracks, rows {:?}",
+        sol.rows
+            .iter()
+            .map(|r| (r.status, r.iterations, r.restarts, r.backtracks))
+            .collect::<Vec<_>>()
+    );
+    assert!(backtracks > 0);
+}

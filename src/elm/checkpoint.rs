@@ -1,5 +1,5 @@
 //! Named-tensor maps of ELM checkpoints, on top of the atomic safetensors I/O of
-//! [`crate::train::tensor_file`] (shared with the optimiser state): a killed process leaves
+//! [`crate::io::tensor_file`] (shared with the optimiser state): a killed process leaves
 //! either the old file or the new one, never a torn one.
 
 use std::collections::{BTreeMap, HashMap};
@@ -8,21 +8,12 @@ use std::path::Path;
 use ndarray::ArrayD;
 
 use crate::error::{ElmError, Result};
-use crate::train::tensor_file::{load_f32_tensors, save_f32_tensors};
+use crate::io::tensor_file::{load_f32_tensors, save_f32_tensors};
 
-pub use crate::train::tensor_file::write_atomic;
+pub use crate::io::{write_atomic, write_json_atomic};
 
 /// Named f32 tensors in a stable (sorted) order.
 pub type TensorMap = BTreeMap<String, ArrayD<f32>>;
-
-/// Serialises a value as pretty JSON, atomically.
-pub fn write_json_atomic<T: serde::Serialize>(path: &Path, value: &T) -> Result<()> {
-    let s = serde_json::to_string_pretty(value).map_err(|e| ElmError::Json {
-        what: path.display().to_string(),
-        msg: e.to_string(),
-    })?;
-    write_atomic(path, s.as_bytes())
-}
 
 /// Writes named f32 tensors as safetensors, atomically. `metadata` goes in the header.
 pub fn save_tensors(

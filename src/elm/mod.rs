@@ -6,7 +6,7 @@
 //! - [`accounting`]: dense vs ELM parameter and KV-byte reports.
 //! - [`data`]: GSM8K / jsonl / text loaders, chat-formatted sequences, resumable batch order.
 //! - [`checkpoint`]: named-tensor maps and JSON over the atomic safetensors I/O of
-//!   [`crate::train::tensor_file`].
+//!   [`crate::io::tensor_file`].
 //! - [`module`]: the module's parameters — typed handles [`ElmParams`] (names, order and
 //!   checkpoint keys in one place) and arrays [`ElmModule`] — its paper initialisation and
 //!   checkpoint directory format (`elm.json` + `module.safetensors`).

@@ -164,7 +164,7 @@ pub struct GradReport {
     /// Rule name (see [`GradientRule::name`]).
     pub rule: &'static str,
     /// Iterations on the forward path: solver iterations (largest over rows) for `jfb`/`implicit`,
-    /// `k` for `unroll`, `m + n` for `stochastic_jfb`.
+    /// `k` for `unroll`, gradient-free + differentiable iterations for `stochastic_jfb`.
     pub forward_iterations: usize,
     /// Batched evaluations of `f` without tape (solver map calls or gradient-free iterations).
     pub nograd_evals: usize,
@@ -175,7 +175,7 @@ pub struct GradReport {
     pub forward_residual: f64,
     /// Per-row outcomes of the forward solve (`jfb`/`implicit` only).
     pub forward_rows: Option<Vec<RowOutcome>>,
-    /// `(m, n)` drawn by `stochastic_jfb`.
+    /// `(gradient-free, differentiable)` iteration counts drawn by `stochastic_jfb`.
     pub sampled: Option<(usize, usize)>,
     /// Filled by the backward pass of `implicit`.
     pub backward: BackwardSlot,
@@ -304,7 +304,7 @@ fn solve_forward<T: GradFloat, L: ImplicitLayer<T>>(
 }
 
 /// [`implicit_forward_with_rng`] with the `stochastic_jfb` draws taken from a fresh
-/// `StdRng::seed_from_u64(seed)`: every call draws the same `(m, n)`. For training use
+/// `StdRng::seed_from_u64(seed)`: every call draws the same iteration counts. For training use
 /// [`ImplicitDriver`], which keeps one seeded stream across calls.
 pub fn implicit_forward<T: GradFloat, L: ImplicitLayer<T> + Clone + 'static>(
     tape: &mut Tape<T>,
@@ -375,17 +375,17 @@ pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'st
             Ok((z, report))
         }
         GradientRule::StochasticJfb { no_grad, grad, .. } => {
-            let m = rng.gen_range(no_grad[0]..=no_grad[1]);
-            let n = rng.gen_range(grad[0]..=grad[1]);
+            let free = rng.gen_range(no_grad[0]..=no_grad[1]);
+            let taped = rng.gen_range(grad[0]..=grad[1]);
             let mut z = z0.clone();
-            for _ in 0..m {
+            for _ in 0..free {
                 z = layer.eval(z, &x_val, params, &p_vals)?;
                 check_state_shape(&z, z0.shape())?;
             }
-            report.nograd_evals = m;
-            report.sampled = Some((m, n));
-            report.forward_iterations = m + n;
-            let out = unroll(tape, z, n, &mut report)?;
+            report.nograd_evals = free;
+            report.sampled = Some((free, taped));
+            report.forward_iterations = free + taped;
+            let out = unroll(tape, z, taped, &mut report)?;
             Ok((out, report))
         }
         GradientRule::Jfb => {
@@ -588,7 +588,7 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
 }
 
 /// Runs a [`DeqConfig`] across training steps with one seeded RNG stream, so `stochastic_jfb`
-/// draws fresh, reproducible `(m, n)` at each call.
+/// draws fresh, reproducible iteration counts at each call.
 pub struct ImplicitDriver<T: GradFloat> {
     deq: DeqConfig,
     rng: StdRng,

@@ -9,7 +9,7 @@
 //! |---|---|---|---|
 //! | `Unroll { k }` | `k` taped iterations from `z0` | exact gradient of `z_k` | `O(k)` |
 //! | `Jfb` | solver (no grad), then 1 taped `f` at detached `z*` | `∂f/∂θᵀ g` | `O(1)` |
-//! | `StochasticJfb` | `m ~ U[a,b]` untaped + `n ~ U[c,d]` taped iterations | through the `n` | `O(n)` |
+//! | `StochasticJfb` | `U[a,b]` untaped + `U[c,d]` taped iterations | through the taped ones | `O(taped)` |
 //! | `Implicit` | solver (no grad) | adjoint `u = Jᵀu + g` by any solver, then `∂f/∂θᵀ u` | `O(1)` |
 //!
 //! The IFT backward (`Implicit`) is a [`Tape::custom`](crate::autograd::Tape::custom) node whose

@@ -27,8 +27,8 @@ pub enum GradientRule {
     /// Jacobian-free backprop: solve for `z*` without gradient, then apply `f` once on the tape
     /// at the detached `z*` (gradient = `∂f/∂θᵀ g`, i.e. `(I − J)⁻ᵀ` replaced by `I`).
     Jfb,
-    /// Stochastic JFB: `m ~ U{no_grad[0]..=no_grad[1]}` gradient-free iterations from `z0`, then
-    /// `n ~ U{grad[0]..=grad[1]}` differentiable ones (no forward solver). Paper defaults for a
+    /// Stochastic JFB: `U{no_grad[0]..=no_grad[1]}` gradient-free iterations from `z0`, then
+    /// `U{grad[0]..=grad[1]}` differentiable ones (no forward solver). Paper defaults for a
     /// module replacing M layers: `[0, M/2]` and `[1, M/2]`.
     StochasticJfb {
         /// Inclusive range of gradient-free iterations.

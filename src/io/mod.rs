@@ -1,5 +1,9 @@
-//! Checkpoint loading and tokenizers.
+//! File formats: checkpoints, tokenizers, and the files the library writes itself.
 //!
+//! - [`atomic`] and [`tensor_file`]: the one atomic writer and named-f32-tensor safetensors
+//!   files (optimiser state, parameter stores, ELM checkpoints). They use nothing but
+//!   [`crate::error`], so lower layers (`train`) may use them; the model formats below build on
+//!   `model::{config, weights}`.
 //! - [`gguf`]: GGUF v2/v3 reader (memory-mapped) + dequantization (F32, F16, BF16,
 //!   Q8_0, Q4_0, Q4_1) + a small writer.
 //! - [`load_gguf_model`]: a llama.cpp Llama/Qwen2 GGUF → dense f32 [`ModelWeights`]
@@ -9,20 +13,21 @@
 //!   ChatML prompts.
 //!
 //! Every loader is strict: missing, unexpected or mis-shaped tensors and unknown
-//! config keys that would change the math are typed [`ElmError`]s naming the culprit.
+//! config keys that would change the math are typed [`ElmError`](crate::ElmError)s naming the culprit.
 
-use std::fs;
-use std::io::Write;
 use std::path::Path;
 
-use crate::error::{ElmError, Result};
+use crate::error::Result;
 use crate::model::ModelWeights;
 
+pub mod atomic;
 pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
+pub mod tensor_file;
 pub mod tokenizer;
 
+pub use atomic::{write_atomic, write_json_atomic};
 pub use gguf::GgufFile;
 pub use gguf_model::{
     config_from_gguf, load_gguf_weights, permute_rope_rows, save_gguf_model, unpermute_rope_rows,
@@ -44,34 +49,4 @@ pub fn models_dir() -> std::path::PathBuf {
 pub fn load_gguf_model(path: impl AsRef<Path>) -> Result<ModelWeights> {
     let gguf = GgufFile::open(path)?;
     load_gguf_weights(&gguf)
-}
-
-/// Writes `bytes` to `path` atomically: a temp file in the same directory, fsync, rename.
-/// A crash leaves either the old file or the new one, never a torn one.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| ElmError::InvalidArgument(format!("{}: not a file path", path.display())))?;
-    // Unique per process and call, so concurrent writers never share a temp file.
-    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(
-        ".{}.tmp{}-{n}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    result.map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        ElmError::io(path, e)
-    })
 }

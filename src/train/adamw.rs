@@ -16,7 +16,8 @@ use ndarray::ArrayD;
 use serde::{Deserialize, Serialize};
 
 use super::params::{ParamGrads, ParamStore};
-use super::tensor_file::{load_f32_tensors, save_f32_tensors, write_atomic};
+use crate::io::tensor_file::{load_f32_tensors, save_f32_tensors};
+use crate::io::write_atomic;
 use crate::{ElmError, Result};
 
 fn default_beta1() -> f64 {

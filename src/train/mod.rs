@@ -18,7 +18,6 @@ mod adamw;
 mod params;
 mod schedule;
 mod tape_glue;
-pub mod tensor_file;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use params::{ParamGrads, ParamStore};

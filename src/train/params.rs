@@ -10,7 +10,7 @@ use std::path::Path;
 
 use ndarray::ArrayD;
 
-use super::tensor_file::{load_f32_tensors, save_f32_tensors};
+use crate::io::tensor_file::{load_f32_tensors, save_f32_tensors};
 use crate::{ElmError, Result};
 
 /// Metadata key holding the JSON list of parameter names in store order.

@@ -1,43 +1,15 @@
-//! Small, dependency-free helpers to write/read named f32 tensors as safetensors, atomically.
-//!
-//! `io` (GGUF, model safetensors) sits *above* `train` in the layer order, so the optimiser,
-//! [`ParamStore`](super::ParamStore) and the ELM checkpoints (`crate::elm::checkpoint`) share
-//! this minimal reader/writer.
+//! Named f32 tensors as safetensors, written atomically ([`super::write_atomic`]): the format of
+//! the optimiser state, [`ParamStore`](crate::train::ParamStore) and the ELM checkpoints
+//! (`crate::elm::checkpoint`). Uses nothing above [`crate::error`].
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ndarray::{ArrayD, IxDyn};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
+use super::atomic::write_atomic;
 use crate::{ElmError, Result};
-
-/// Writes `bytes` to `path` through a temporary sibling file + fsync + `rename`, so a crash
-/// mid-write never leaves a truncated file under the final name. Creates missing parent
-/// directories.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| ElmError::InvalidArgument(format!("{}: not a file path", path.display())))?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
-    }
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(file_name);
-    tmp_name.push(format!(".tmp{}", std::process::id()));
-    let tmp: PathBuf = path.with_file_name(tmp_name);
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp).map_err(|e| ElmError::io(&tmp, e))?;
-        f.write_all(bytes).map_err(|e| ElmError::io(&tmp, e))?;
-        f.sync_all().map_err(|e| ElmError::io(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| ElmError::io(path, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
 
 /// Serialises named f32 tensors (+ string metadata) to safetensors bytes and writes them atomically.
 pub fn save_f32_tensors(
