@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 pub mod elm_cmds;
 pub mod model_cmds;
+pub mod prune;
 pub mod solve;
 
 /// Equilibrium Language Models: solvers, models, compression, evaluation.
@@ -39,6 +40,9 @@ pub enum Command {
     Train(elm_cmds::TrainArgs),
     /// Evaluate a dense or ELM model on a task (GSM8K).
     Eval(elm_cmds::EvalArgs),
+    /// Compress a model with a training-free baseline (ShortGPT, Shortened-LLaMA, window
+    /// deletion, ReplaceMe, LaCo) into an HF model directory.
+    Prune(prune::PruneArgs),
 }
 
 /// Parses arguments, runs the subcommand, maps errors to exit code 1.
@@ -55,6 +59,7 @@ pub fn main() -> ExitCode {
         Command::Compress(a) => elm_cmds::run_compress(a),
         Command::Train(a) => elm_cmds::run_train(a),
         Command::Eval(a) => elm_cmds::run_eval(a),
+        Command::Prune(a) => prune::run_prune(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -126,6 +126,10 @@ impl Tokenizer {
             };
             tok.bos = token("bos_token");
             tok.eos = token("eos_token");
+            tok.prepend_bos = cfg
+                .get("add_bos_token")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false);
             tok.default_system_prompt = cfg
                 .get("chat_template")
                 .and_then(|t| t.as_str())
@@ -329,6 +333,34 @@ impl Tokenizer {
         let path = path.as_ref();
         let json = self.inner.to_string(true).map_err(tok_err)?;
         super::write_atomic(path, json.as_bytes())
+    }
+
+    /// Writes `tokenizer.json` and a `tokenizer_config.json` (BOS/EOS tokens, `add_bos_token`,
+    /// and a ChatML template carrying the default system prompt) into `dir`, so that
+    /// [`Tokenizer::from_file`] on the result encodes and formats chats exactly like `self`
+    /// (e.g. a pruned model saved as an HF directory keeps its GGUF tokenizer's behaviour).
+    pub fn save_dir(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = dir.as_ref();
+        self.save(dir.join("tokenizer.json"))?;
+        let token = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i));
+        let template = match &self.default_system_prompt {
+            // The system turn is a literal, as `default_system_prompt` reads it back.
+            Some(system) => format!(
+                "{{% if messages[0]['role'] != 'system' %}}<|im_start|>system\n{system}<|im_end|>\n{{% endif %}}{{% for message in messages %}}<|im_start|>{{{{ message['role'] }}}}\n{{{{ message['content'] }}}}<|im_end|>\n{{% endfor %}}{{% if add_generation_prompt %}}<|im_start|>assistant\n{{% endif %}}"
+            ),
+            None => "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}".to_string(),
+        };
+        let cfg = serde_json::json!({
+            "bos_token": token(self.bos),
+            "eos_token": token(self.eos),
+            "add_bos_token": self.prepend_bos,
+            "chat_template": template,
+        });
+        let text = serde_json::to_string_pretty(&cfg).map_err(|e| ElmError::Json {
+            what: "tokenizer_config.json".into(),
+            msg: e.to_string(),
+        })?;
+        super::write_atomic(&dir.join("tokenizer_config.json"), text.as_bytes())
     }
 
     /// Renders a ChatML prompt, `<|im_start|>{role}\n{content}<|im_end|>\n` per message,

@@ -285,10 +285,24 @@ pub fn block_forward_with_prefix<T: AdFloat>(
     pos_offset: usize,
     kv_prefix: Option<(Var, Var)>,
 ) -> Result<Var> {
+    let o = attention_branch(tape, b, x, pos_offset, kv_prefix)?;
+    let x = tape.add(x, o)?;
+    let d = mlp_branch(tape, b, x)?;
+    tape.add(x, d)
+}
+
+/// The attention branch `Attn(RMSNorm(x))` a block adds to its residual stream `x` `[B, T, C]`
+/// (see [`block_forward_with_prefix`] for the positions and the KV prefix) → `[B, T, C]`.
+pub fn attention_branch<T: AdFloat>(
+    tape: &mut Tape<T>,
+    b: &BlockVars,
+    x: Var,
+    pos_offset: usize,
+    kv_prefix: Option<(Var, Var)>,
+) -> Result<Var> {
     let (bsz, t) = dims_btc(tape, x)?;
     let sp = b.spec;
     let eps = T::of(sp.rms_norm_eps);
-    // Attention.
     let h = nn::rms_norm(tape, x, b.attn_norm, eps)?;
     let q = tape.matmul_t(h, b.wq, b.bq)?;
     let q = tape.reshape(q, &[bsz, t, sp.num_heads, sp.head_dim])?;
@@ -300,15 +314,17 @@ pub fn block_forward_with_prefix<T: AdFloat>(
     let v = tape.reshape(v, &[bsz, t, sp.num_kv_heads, sp.head_dim])?;
     let a = nn::attention(tape, q, k, v, kv_prefix)?;
     let a = tape.reshape(a, &[bsz, t, sp.num_heads * sp.head_dim])?;
-    let o = tape.matmul_t(a, b.wo, None)?;
-    let x = tape.add(x, o)?;
-    // SwiGLU MLP.
-    let h = nn::rms_norm(tape, x, b.mlp_norm, eps)?;
+    tape.matmul_t(a, b.wo, None)
+}
+
+/// The SwiGLU MLP branch `W_down·(silu(W_gate·n) ⊙ W_up·n)`, `n = RMSNorm(x)`, that a block adds
+/// to `x` `[B, T, C]` after attention → `[B, T, C]`.
+pub fn mlp_branch<T: AdFloat>(tape: &mut Tape<T>, b: &BlockVars, x: Var) -> Result<Var> {
+    let h = nn::rms_norm(tape, x, b.mlp_norm, T::of(b.spec.rms_norm_eps))?;
     let g = tape.matmul_t(h, b.w_gate, None)?;
     let u = tape.matmul_t(h, b.w_up, None)?;
     let s = nn::swiglu(tape, g, u)?;
-    let d = tape.matmul_t(s, b.w_down, None)?;
-    tape.add(x, d)
+    tape.matmul_t(s, b.w_down, None)
 }
 
 fn to_t<T: AdFloat, D: Dimension>(a: &ndarray::Array<f32, D>) -> Arc<ArrayD<T>> {

@@ -1,0 +1,110 @@
+//! `elm prune`: a training-free depth-compression baseline → an HF model directory.
+
+use std::path::PathBuf;
+
+use elm::compress::{prune, BoundaryStates, Calibration, PruneMethod, PruneOptions};
+use elm::elm::data::{gsm8k_path, resolve_data_dir, Split};
+use elm::error::{ElmError, Result};
+use elm::io::{save_hf_model, write_json_atomic};
+use elm::model::load_pretrained;
+
+#[derive(clap::Args, Debug)]
+pub struct PruneArgs {
+    /// Dense model: a .gguf file or an HF directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// short-gpt | shortened-ppl | window-delete | replace-me-ls | la-co.
+    #[arg(long)]
+    pub method: String,
+    /// Layers removed, M.
+    #[arg(long = "num-replaced", alias = "m", default_value_t = 8)]
+    pub num_replaced: usize,
+    /// Window start for the window methods (default: chosen by the method's metric).
+    #[arg(long)]
+    pub start: Option<usize>,
+    /// Calibration text: .jsonl (question/answer or text) or plain text. Default: GSM8K train.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// Data directory holding gsm8k/ (default: $ELM_DATA_DIR or ../shared/data).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Calibration tokens (whole chunks of --seq-len).
+    #[arg(long, default_value_t = 2048)]
+    pub calibration_tokens: usize,
+    /// Calibration chunk length.
+    #[arg(long, default_value_t = 128)]
+    pub seq_len: usize,
+    /// Chunks per forward batch.
+    #[arg(long, default_value_t = 4)]
+    pub batch: usize,
+    /// Output HF model directory (config.json, model.safetensors, tokenizer files, prune.json).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace an existing non-empty --out.
+    #[arg(long)]
+    pub force: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `elm prune`.
+pub fn run_prune(a: PruneArgs) -> Result<()> {
+    let method: PruneMethod = a.method.parse()?;
+    if a.batch == 0 {
+        return Err(ElmError::config("batch", "must be >= 1"));
+    }
+    let occupied = a.out.is_file()
+        || std::fs::read_dir(&a.out).is_ok_and(|mut entries| entries.next().is_some());
+    if occupied && !a.force {
+        return Err(ElmError::config(
+            "out",
+            format!(
+                "{} exists and is not an empty directory (add --force to replace it)",
+                a.out.display()
+            ),
+        ));
+    }
+    let (weights, tok) = load_pretrained(&a.model)?;
+    let calib_path = match &a.calibration {
+        Some(p) => p.clone(),
+        None => gsm8k_path(&resolve_data_dir(a.data_dir.as_deref())?, Split::Train),
+    };
+    let calib = Calibration::from_file(&tok, &calib_path, a.seq_len, a.calibration_tokens)?;
+    let states = BoundaryStates::collect(&weights, &calib, a.batch)?;
+    let opts = PruneOptions {
+        method,
+        num_replaced: a.num_replaced,
+        start: a.start,
+        batch: a.batch,
+    };
+    let pruned = prune(&weights, &calib, &states, &opts)?;
+    save_hf_model(&pruned.weights, &a.out)?;
+    tok.save_dir(&a.out)?;
+    write_json_atomic(&a.out.join("prune.json"), &pruned.report)?;
+    let r = &pruned.report;
+    if a.json {
+        let mut v = serde_json::to_value(r).map_err(|e| ElmError::Json {
+            what: "output".into(),
+            msg: e.to_string(),
+        })?;
+        v["out"] = a.out.display().to_string().into();
+        v["calibration"] = calib_path.display().to_string().into();
+        println!("{v}");
+    } else {
+        println!(
+            "{}: removed layers {:?} ({} by {}), {} -> {} parameters ({} -> {} non-embedding), KV at 1k tokens {} -> {} bytes; wrote {}",
+            method.name(),
+            r.removed_layers,
+            r.start.map_or("selected".to_string(), |s| format!("window at {s}")),
+            r.metric,
+            r.dense_params,
+            r.params,
+            r.dense_non_embedding_params,
+            r.non_embedding_params,
+            r.dense_kv_bytes_1k,
+            r.kv_bytes_1k,
+            a.out.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! Layer- and window-selection scores on the dense residual stream ([`BoundaryStates`]), each
+//! accumulated in f64. Windows are `[s, s + M)`; removing one feeds `h_s` to layer `s + M`.
+
+use ndarray::{s, Array2, ArrayView1, ArrayView3, Axis};
+
+use super::calibration::{BoundaryStates, Calibration};
+use crate::elm::forward::run_dense_layers;
+use crate::error::{ElmError, Result};
+use crate::model::ops::{linear_into, rms_norm_into};
+use crate::model::ModelWeights;
+
+/// `cos(a, b)` in f64; 0 when either vector is zero (no direction to compare).
+fn cosine(a: ArrayView1<f32>, b: ArrayView1<f32>) -> f64 {
+    let (mut ab, mut aa, mut bb) = (0.0f64, 0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b.iter()) {
+        let (x, y) = (x as f64, y as f64);
+        ab += x * y;
+        aa += x * x;
+        bb += y * y;
+    }
+    if aa == 0.0 || bb == 0.0 {
+        0.0
+    } else {
+        ab / (aa.sqrt() * bb.sqrt())
+    }
+}
+
+/// Mean over every token of `cos(a_t, b_t)`; `a`, `b`: `[n, T, C]`.
+fn mean_token_cosine(a: ArrayView3<f32>, b: ArrayView3<f32>) -> f64 {
+    let (n, t, _) = a.dim();
+    let mut sum = 0.0;
+    for i in 0..n {
+        for j in 0..t {
+            sum += cosine(a.slice(s![i, j, ..]), b.slice(s![i, j, ..]));
+        }
+    }
+    sum / (n * t).max(1) as f64
+}
+
+fn check_window(states: &BoundaryStates, m: usize) -> Result<usize> {
+    let n = states.num_layers();
+    if m == 0 || m >= n {
+        return Err(ElmError::config(
+            "num_replaced",
+            format!("window of {m} layers in a model of {n} (need 1 <= M < N)"),
+        ));
+    }
+    Ok(n - m + 1)
+}
+
+/// ShortGPT's Block Influence of every layer: `BI_i = mean_t (1 − cos(h_i, h_{i+1}))`. Low = the
+/// layer changes its input little.
+pub fn block_influence(states: &BoundaryStates) -> Vec<f64> {
+    (0..states.num_layers())
+        .map(|i| 1.0 - mean_token_cosine(states.states[i].view(), states.states[i + 1].view()))
+        .collect()
+}
+
+/// LLM-Streamline's window score: `mean_t cos(h_s, h_{s+M})` for every start `s`. High = the
+/// window changes the stream little.
+pub fn window_cosine(states: &BoundaryStates, m: usize) -> Result<Vec<f64>> {
+    let windows = check_window(states, m)?;
+    Ok((0..windows)
+        .map(|s| mean_token_cosine(states.states[s].view(), states.states[s + m].view()))
+        .collect())
+}
+
+/// ReplaceMe's / UIDL's window score: the angular distance `arccos(cos(h_s, h_{s+M})) / π` of
+/// each chunk's last token, averaged over chunks. Low = the window changes the stream little.
+pub fn angular_distance(states: &BoundaryStates, m: usize) -> Result<Vec<f64>> {
+    let windows = check_window(states, m)?;
+    Ok((0..windows)
+        .map(|s| {
+            let (a, b) = (&states.states[s], &states.states[s + m]);
+            let (n, t, _) = a.dim();
+            let sum: f64 = (0..n)
+                .map(|i| {
+                    let c = cosine(a.slice(s![i, t - 1, ..]), b.slice(s![i, t - 1, ..]));
+                    c.clamp(-1.0, 1.0).acos() / std::f64::consts::PI
+                })
+                .sum();
+            sum / n.max(1) as f64
+        })
+        .collect())
+}
+
+/// Mean next-token NLL (nats per predicted token) of the calibration chunks when the window
+/// `[s, s + M)` is removed (`h_s` goes straight to layer `s + M`), for every start `s`:
+/// Shortened-LLaMA's one-shot PPL criterion in window form (`M = 1` scores single blocks).
+/// Runs `batch` chunks at a time through the remaining layers and the LM head.
+pub fn window_removal_nll(
+    weights: &ModelWeights,
+    states: &BoundaryStates,
+    calib: &Calibration,
+    m: usize,
+    batch: usize,
+) -> Result<Vec<f64>> {
+    let windows = check_window(states, m)?;
+    (0..windows)
+        .map(|s| removal_nll(weights, states, calib, s, s + m, batch))
+        .collect()
+}
+
+/// NLL of the calibration chunks with layers `[from, to)` skipped (`from == to`: the dense model).
+pub fn removal_nll(
+    weights: &ModelWeights,
+    states: &BoundaryStates,
+    calib: &Calibration,
+    from: usize,
+    to: usize,
+    batch: usize,
+) -> Result<f64> {
+    let n_layers = weights.config.num_layers;
+    let h = &states.states[from];
+    let (n, t, c) = h.dim();
+    let (mut nll, mut count) = (0.0f64, 0usize);
+    let batch = batch.max(1);
+    for start in (0..n).step_by(batch) {
+        let rows = start..(start + batch).min(n);
+        let x = h.slice(s![rows.clone(), .., ..]).to_owned();
+        let x = run_dense_layers(weights, x, to..n_layers)?;
+        // Final norm and LM head on every position but the last (which has no target).
+        let r = rows.len();
+        let flat = x
+            .slice(s![.., ..t - 1, ..])
+            .to_shape(((r * (t - 1)), c))
+            .map_err(|e| ElmError::shape("removal_nll", e.to_string()))?
+            .into_owned();
+        let mut normed = Array2::zeros(flat.raw_dim());
+        rms_norm_into(
+            flat.view(),
+            &weights.final_norm,
+            weights.config.rms_norm_eps,
+            normed.view_mut(),
+        );
+        let mut logits = Array2::zeros((flat.nrows(), weights.config.vocab_size));
+        linear_into(normed.view(), weights.lm_head(), None, logits.view_mut());
+        for (k, row) in logits.axis_iter(Axis(0)).enumerate() {
+            let (ci, ti) = (rows.start + k / (t - 1), k % (t - 1));
+            let target = calib.chunks[ci][ti + 1] as usize;
+            let max = row.fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&z| (z as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            nll += lse - row[target] as f64;
+            count += 1;
+        }
+    }
+    if count == 0 {
+        return Err(ElmError::InvalidArgument(
+            "calibration chunks have no next-token targets".into(),
+        ));
+    }
+    Ok(nll / count as f64)
+}
+
+/// Indices of the `k` smallest scores, ascending by score (ties: lower index first).
+pub fn lowest(scores: &[f64], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..scores.len()).collect();
+    idx.sort_by(|&a, &b| scores[a].total_cmp(&scores[b]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+/// Index of the largest score (first on ties).
+pub fn argmax(scores: &[f64]) -> Option<usize> {
+    (0..scores.len()).reduce(|best, i| if scores[i] > scores[best] { i } else { best })
+}

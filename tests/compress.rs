@@ -1,0 +1,414 @@
+//! `elm::compress`: every selection metric and training-free method checked against an
+//! independent reference (a numpy fixture, an explicit formula, an SVD least-squares solve, a
+//! model built so that the right answer is known), plus the CLI end to end on SmolLM2.
+
+use elm::compress::methods::{delete_layers, mlp_split, rdsc_merge, replace_me_map};
+use elm::compress::metrics::{
+    angular_distance, block_influence, lowest, removal_nll, window_cosine, window_removal_nll,
+};
+use elm::compress::{prune, BoundaryStates, Calibration, PruneMethod, PruneOptions};
+use elm::elm::forward::run_dense_layers;
+use elm::model::{Arch, ModelConfig, ModelWeights};
+use ndarray::{Array2, Array3};
+use ndarray_linalg::LeastSquaresSvd;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+fn tiny(layers: usize, seed: u64) -> ModelWeights {
+    let mut cfg = ModelConfig::tiny(Arch::Llama);
+    cfg.num_layers = layers;
+    ModelWeights::random(&cfg, seed)
+}
+
+fn calibration(chunks: usize, t: usize, seed: u64) -> Calibration {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let ids = (0..chunks * t)
+        .map(|_| rng.gen_range(3..64u32))
+        .collect::<Vec<_>>();
+    Calibration::from_token_stream([ids], None, t, chunks * t).unwrap()
+}
+
+fn close(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol * (1.0 + b.abs())
+}
+
+#[test]
+fn metrics_match_the_numpy_reference() {
+    let text = include_str!("fixtures/compress/metrics_ref.json");
+    let v: serde_json::Value = serde_json::from_str(text).unwrap();
+    let shape: Vec<usize> = serde_json::from_value(v["shape"].clone()).unwrap();
+    let flat: Vec<f32> = serde_json::from_value(v["states"].clone()).unwrap();
+    let per = shape[1] * shape[2] * shape[3];
+    let states = BoundaryStates {
+        states: (0..shape[0])
+            .map(|i| {
+                Array3::from_shape_vec(
+                    (shape[1], shape[2], shape[3]),
+                    flat[i * per..(i + 1) * per].to_vec(),
+                )
+                .unwrap()
+            })
+            .collect(),
+    };
+    let m = v["m"].as_u64().unwrap() as usize;
+    let want = |k: &str| -> Vec<f64> { serde_json::from_value(v[k].clone()).unwrap() };
+    let check = |name: &str, got: Vec<f64>, want: Vec<f64>| {
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!(close(*g, *w, 1e-12), "{name}: {got:?} vs {want:?}");
+        }
+    };
+    check(
+        "block influence",
+        block_influence(&states),
+        want("block_influence"),
+    );
+    check(
+        "window cosine",
+        window_cosine(&states, m).unwrap(),
+        want("window_cosine"),
+    );
+    check(
+        "angular distance",
+        angular_distance(&states, m).unwrap(),
+        want("angular_distance"),
+    );
+    assert!(window_cosine(&states, 0).is_err());
+    assert!(angular_distance(&states, shape[0] - 1).is_err());
+}
+
+/// A block whose attention and MLP outputs are zero is the identity: removing it leaves the
+/// calibration NLL exactly as it was. On text sampled from the model itself (so that the dense
+/// model is the distribution the NLL measures and every real change costs KL > 0) the one-shot
+/// PPL criterion must rank it least important.
+#[test]
+fn one_shot_ppl_ranks_an_identity_block_least_important() {
+    let mut w = tiny(6, 3);
+    for l in &mut w.layers {
+        // Larger branches make every real block matter for the output distribution.
+        l.wo *= 3.0;
+        l.w_down *= 3.0;
+    }
+    w.layers[2].wo.fill(0.0);
+    w.layers[2].w_down.fill(0.0);
+    let dense = elm::model::Transformer::new(w.clone()).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| vec![3 + i as u32]).collect();
+    let sampling = elm::model::generate::SamplingConfig {
+        max_new_tokens: 31,
+        temperature: 1.0,
+        seed: 5,
+        ..Default::default()
+    };
+    let g = elm::model::generate::generate(&dense, &prompts, &sampling, None, |_, _| {}).unwrap();
+    let texts = prompts.iter().zip(&g.tokens).map(|(p, t)| {
+        let mut s = p.clone();
+        s.extend(t);
+        s
+    });
+    let calib = Calibration::from_token_stream(texts, None, 32, 8 * 32).unwrap();
+    assert_eq!(calib.chunks.len(), 8);
+    let states = BoundaryStates::collect(&w, &calib, 2).unwrap();
+    let nll = window_removal_nll(&w, &states, &calib, 1, 2).unwrap();
+    let dense = removal_nll(&w, &states, &calib, 0, 0, 2).unwrap();
+    println!("dense NLL {dense:.6}; without each block {nll:?}");
+    assert!(close(nll[2], dense, 1e-6), "{} vs {dense}", nll[2]);
+    assert_eq!(lowest(&nll, 1), vec![2]);
+    // Shortened-LLaMA deletes it first.
+    let pruned = prune(
+        &w,
+        &calib,
+        &states,
+        &PruneOptions {
+            method: PruneMethod::ShortenedPpl,
+            num_replaced: 1,
+            start: None,
+            batch: 2,
+        },
+    )
+    .unwrap();
+    assert_eq!(pruned.report.removed_layers, vec![2]);
+    assert_eq!(pruned.weights.config.num_layers, 5);
+    // And ShortGPT's Block Influence of the identity block is 0.
+    let bi = block_influence(&states);
+    assert!(bi[2].abs() < 1e-6, "{bi:?}");
+    assert_eq!(lowest(&bi, 1), vec![2]);
+}
+
+/// NLL of a model with nothing removed equals the dense model's own teacher-forced NLL.
+#[test]
+fn removal_nll_without_removal_is_the_dense_nll() {
+    let w = tiny(3, 5);
+    let calib = calibration(2, 10, 2);
+    let states = BoundaryStates::collect(&w, &calib, 1).unwrap();
+    let got = removal_nll(&w, &states, &calib, 0, 0, 1).unwrap();
+    let t = elm::model::Transformer::new(w.clone()).unwrap();
+    let (mut sum, mut n) = (0.0, 0);
+    for c in &calib.chunks {
+        let (nll, count) = t.sequence_nll(c).unwrap();
+        sum += nll;
+        n += count;
+    }
+    assert!(
+        close(got, sum / n as f64, 1e-5),
+        "{got} vs {}",
+        sum / n as f64
+    );
+}
+
+#[test]
+fn la_co_merge_follows_the_rdsc_formula() {
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let mut cfg = ModelConfig::tiny(arch);
+        cfg.num_layers = 5;
+        let w = ModelWeights::random(&cfg, 9);
+        let merged = rdsc_merge(&w.layers[1..4]).unwrap();
+        // θ* = θ_1 + (θ_2 − θ_1) + (θ_3 − θ_1), element by element.
+        let formula = |pick: fn(&elm::model::LayerWeights) -> &Array2<f32>| {
+            let (a, b, c) = (pick(&w.layers[1]), pick(&w.layers[2]), pick(&w.layers[3]));
+            Array2::from_shape_fn(a.dim(), |ix| a[ix] + (b[ix] - a[ix]) + (c[ix] - a[ix]))
+        };
+        let diff = |x: &Array2<f32>, y: &Array2<f32>| {
+            x.iter()
+                .zip(y)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0f32, f32::max)
+        };
+        assert!(diff(&merged.wq, &formula(|l| &l.wq)) < 1e-5);
+        assert!(diff(&merged.wo, &formula(|l| &l.wo)) < 1e-5);
+        assert!(diff(&merged.w_down, &formula(|l| &l.w_down)) < 1e-5);
+        assert!(diff(&merged.w_gate, &formula(|l| &l.w_gate)) < 1e-5);
+        assert_eq!(
+            merged.attn_norm, w.layers[1].attn_norm,
+            "norms stay the first layer's"
+        );
+        if let (Some(m), Some(a), Some(b), Some(c)) = (
+            &merged.bq,
+            &w.layers[1].bq,
+            &w.layers[2].bq,
+            &w.layers[3].bq,
+        ) {
+            let want = a + &(b - a) + &(c - a);
+            assert!(m.iter().zip(&want).all(|(p, q)| (p - q).abs() < 1e-5));
+        }
+        // The LaCo method keeps the merged layer at the window start and drops the rest.
+        let calib = calibration(2, 8, 3);
+        let states = BoundaryStates::collect(&w, &calib, 2).unwrap();
+        let out = prune(
+            &w,
+            &calib,
+            &states,
+            &PruneOptions {
+                method: PruneMethod::LaCo,
+                num_replaced: 3,
+                start: Some(1),
+                batch: 2,
+            },
+        )
+        .unwrap();
+        assert_eq!(out.report.removed_layers, vec![2, 3]);
+        assert_eq!(out.weights.layers.len(), 3);
+        assert_eq!(out.weights.layers[1].wq, merged.wq);
+    }
+}
+
+/// ReplaceMe's map from the f64 normal equations equals LAPACK's SVD least-squares solution of
+/// the same problem, and the folded model computes `mid + Mo·T` in the layer before the window.
+#[test]
+fn replace_me_map_is_the_least_squares_solution() {
+    let w = tiny(6, 11);
+    let calib = calibration(6, 16, 4); // 96 tokens > C = 32: a full-rank problem
+    let states = BoundaryStates::collect(&w, &calib, 3).unwrap();
+    let (start, m) = (2, 3);
+    let t = replace_me_map(&w, &states, start, m, 4).unwrap();
+    // The same problem assembled here and solved by SVD.
+    let (mid, mo) = mlp_split(&w, start - 1, states.states[start - 1].clone()).unwrap();
+    // The split is the block: mid + Mo equals the inference path's h_start.
+    let h = &mid + &mo;
+    let err = (&h - &states.states[start])
+        .mapv(f32::abs)
+        .fold(0.0f32, |a, &b| a.max(b));
+    assert!(err < 1e-4, "mid + Mo vs h_start: {err}");
+    let c = w.config.hidden_size;
+    let rows = |a: &Array3<f32>| a.to_shape((a.len() / c, c)).unwrap().mapv(f64::from);
+    let target = rows(&states.states[start + m]) - rows(&mid);
+    let svd = rows(&mo).least_squares(&target).unwrap().solution;
+    let rel = (&t - &svd).mapv(f64::abs).fold(0.0f64, |a, &b| a.max(b))
+        / svd.mapv(f64::abs).fold(0.0f64, |a, &b| a.max(b));
+    // Normal equations square the condition number, so the maps agree to ~cond²·ε, while
+    // both reach the least-squares minimum to first order.
+    assert!(rel < 1e-5, "normal equations vs SVD: rel {rel:e}");
+    let residual = |x: &Array2<f64>| (rows(&mo).dot(x) - &target).mapv(|v| v * v).sum().sqrt();
+    let (r_ne, r_svd) = (residual(&t), residual(&svd));
+    println!("ReplaceMe: map rel diff {rel:e}, residual {r_ne:.12} vs SVD {r_svd:.12}");
+    assert!(close(r_ne, r_svd, 1e-10), "{r_ne} vs {r_svd}");
+    // Folded into layer start−1: its output is now mid + Mo·T.
+    let out = prune(
+        &w,
+        &calib,
+        &states,
+        &PruneOptions {
+            method: PruneMethod::ReplaceMeLs,
+            num_replaced: m,
+            start: Some(start),
+            batch: 4,
+        },
+    )
+    .unwrap();
+    assert_eq!(out.report.removed_layers, vec![2, 3, 4]);
+    assert_eq!(out.report.added_params, 0);
+    let got = run_dense_layers(&out.weights, states.states[start - 1].clone(), 1..2).unwrap();
+    let want = rows(&mid) + rows(&mo).dot(&t);
+    let got = rows(&got);
+    let err = (&got - &want).mapv(f64::abs).fold(0.0f64, |a, &b| a.max(b));
+    assert!(err < 1e-3, "folded layer vs mid + Mo·T: {err}");
+    // Removing nothing before layer 0 is impossible for ReplaceMe.
+    assert!(replace_me_map(&w, &states, 0, 2, 4).is_err());
+}
+
+#[test]
+fn window_methods_choose_by_their_metric() {
+    let w = tiny(6, 13);
+    let calib = calibration(3, 10, 5);
+    let states = BoundaryStates::collect(&w, &calib, 3).unwrap();
+    let m = 2;
+    let opts = |method| PruneOptions {
+        method,
+        num_replaced: m,
+        start: None,
+        batch: 3,
+    };
+    let ang = angular_distance(&states, m).unwrap();
+    let del = prune(&w, &calib, &states, &opts(PruneMethod::WindowDelete)).unwrap();
+    let s = del.report.start.unwrap();
+    assert_eq!(s, lowest(&ang, 1)[0]);
+    assert_eq!(del.report.removed_layers, vec![s, s + 1]);
+    assert_eq!(del.report.scores, ang);
+    let cosine = window_cosine(&states, m).unwrap();
+    let laco = prune(&w, &calib, &states, &opts(PruneMethod::LaCo)).unwrap();
+    let best = laco.report.start.unwrap();
+    assert!(cosine.iter().all(|&c| c <= cosine[best]));
+    let short = prune(&w, &calib, &states, &opts(PruneMethod::ShortGpt)).unwrap();
+    let mut want = lowest(&block_influence(&states), m);
+    want.sort_unstable();
+    assert_eq!(short.report.removed_layers, want);
+    // Accounting: deleting 2 of 6 layers removes exactly their parameters and K/V.
+    let per_layer = w.layers[0].num_params();
+    assert_eq!(
+        short.report.dense_params - short.report.params,
+        2 * per_layer
+    );
+    assert_eq!(
+        short.report.kv_bytes_1k * 6,
+        short.report.dense_kv_bytes_1k * 4
+    );
+}
+
+#[test]
+fn bad_requests_are_refused() {
+    let w = tiny(4, 17);
+    let calib = calibration(2, 8, 6);
+    let states = BoundaryStates::collect(&w, &calib, 2).unwrap();
+    let run = |method, m, start| {
+        prune(
+            &w,
+            &calib,
+            &states,
+            &PruneOptions {
+                method,
+                num_replaced: m,
+                start,
+                batch: 2,
+            },
+        )
+        .err()
+        .map(|e| e.to_string())
+    };
+    let e = run(PruneMethod::ShortGpt, 4, None).unwrap();
+    assert!(e.contains("num_replaced"), "{e}");
+    assert!(run(PruneMethod::ShortGpt, 0, None).is_some());
+    let e = run(PruneMethod::WindowDelete, 2, Some(3)).unwrap();
+    assert!(e.contains("start") && e.contains("outside"), "{e}");
+    let e = run(PruneMethod::ShortGpt, 2, Some(0)).unwrap();
+    assert!(e.contains("start"), "{e}");
+    let e = "nope".parse::<PruneMethod>().unwrap_err().to_string();
+    assert!(
+        e.contains("unknown method") && e.contains("short-gpt"),
+        "{e}"
+    );
+    assert!(delete_layers(&w, &[0, 1, 2, 3]).is_err());
+    assert!(delete_layers(&w, &[7]).is_err());
+    // Calibration with no whole chunk.
+    let e = Calibration::from_token_stream([vec![5u32; 3]], None, 8, 64)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fewer than one chunk"), "{e}");
+    assert!(Calibration::from_token_stream([vec![5u32; 30]], None, 8, 4).is_err());
+}
+
+/// The CLI on the real checkpoint: an HF directory that loads like any model, with the
+/// tokenizer (chat template included) of the GGUF it came from.
+#[test]
+fn prune_cli_writes_a_loadable_model_on_smollm2() {
+    let model = elm::model::default_model_path();
+    let dir = std::env::temp_dir().join(format!("elm_prune_cli_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = std::env::temp_dir().join(format!("elm_prune_calib_{}.jsonl", std::process::id()));
+    std::fs::write(
+        &data,
+        "{\"question\": \"What is 2 + 3?\", \"answer\": \"2 + 3 = 5\\n#### 5\"}\n\
+         {\"text\": \"The quick brown fox jumps over the lazy dog. It was a bright cold day in April, and the clocks were striking thirteen.\"}\n"
+            .repeat(4),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_elm"))
+        .args(["prune", "--model"])
+        .arg(&model)
+        .args([
+            "--method",
+            "short-gpt",
+            "--num-replaced",
+            "8",
+            "--calibration",
+        ])
+        .arg(&data)
+        .args(["--calibration-tokens", "128", "--seq-len", "32", "--out"])
+        .arg(&dir)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["removed_layers"].as_array().unwrap().len(), 8);
+    assert_eq!(v["calibration_tokens"], 128);
+    let (pruned, tok) = elm::model::load_pretrained(&dir).unwrap();
+    assert_eq!(pruned.config.num_layers, 22);
+    assert_eq!(v["params"].as_u64().unwrap() as usize, pruned.num_params());
+    let (_, gguf_tok) = elm::model::load_pretrained(&model).unwrap();
+    let chat = elm::eval::gsm8k::chat_prompt(&gguf_tok, "What is 7*8?");
+    assert_eq!(elm::eval::gsm8k::chat_prompt(&tok, "What is 7*8?"), chat);
+    assert_eq!(
+        tok.encode(&chat, false).unwrap(),
+        gguf_tok.encode(&chat, false).unwrap()
+    );
+    assert_eq!(tok.eos_id(), gguf_tok.eos_id());
+    // The directory exists now: a second run without --force is refused.
+    let again = std::process::Command::new(env!("CARGO_BIN_EXE_elm"))
+        .args(["prune", "--model"])
+        .arg(&model)
+        .args(["--method", "la-co", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
+    // The removed layers' states really are gone: the pruned model's NLL is finite.
+    let calib = calibration(1, 16, 7);
+    let st = BoundaryStates::collect(&pruned, &calib, 1).unwrap();
+    let nll = removal_nll(&pruned, &st, &calib, 0, 0, 1).unwrap();
+    assert!(nll.is_finite());
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&data);
+}
