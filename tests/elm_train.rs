@@ -131,27 +131,28 @@ fn tape_module_equals_inference_module() {
         // Make P non-trivial so every term matters.
         let mut rng = StdRng::seed_from_u64(1);
         let mut m2 = module.clone();
-        m2.w_h.mapv_inplace(|v| v + rng.gen_range(-0.1f32..0.1));
-        m2.bias.mapv_inplace(|_| rng.gen_range(-0.1f32..0.1));
+        let p2 = m2.projection.as_mut().unwrap();
+        p2.w_h.mapv_inplace(|v| v + rng.gen_range(-0.1f32..0.1));
+        p2.bias.mapv_inplace(|_| rng.gen_range(-0.1f32..0.1));
         let c = w.config.hidden_size;
         let z = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
         let h = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
         let want = m2.apply(&w.config, z.view(), h.view()).unwrap().into_dyn();
-        let layer = ElmLayer::new(&w.config);
+        let layer = ElmLayer::new(&w.config, true);
         let trainer = Trainer::new(&w, ec.clone(), &m2, cfg(1, 0), "tiny".into()).unwrap();
         let _ = trainer;
         let mut tape = Tape::<f32>::new();
         let tensors = m2.to_tensors(&w.config);
         let names = elm_param_names(&w.config);
         // The typed parameters carry exactly the checkpoint keys, in this order.
-        let typed: Vec<String> = ElmParams::shapes(&w.config)
+        let typed: Vec<String> = ElmParams::shapes(&w.config, true)
             .named()
             .into_iter()
             .map(|(n, _)| n)
             .collect();
         assert_eq!(typed, names);
         assert_eq!(tensors.keys().count(), names.len());
-        let params = ElmParams::shapes(&w.config).map(|n, _| tape.param(tensors[n].clone()));
+        let params = ElmParams::shapes(&w.config, true).map(|n, _| tape.param(tensors[n].clone()));
         let zv = tape.constant(z.into_dyn());
         let hv = tape.constant(h.clone().into_dyn());
         let out = layer.forward(&mut tape, zv, hv, &params).unwrap();
@@ -179,9 +180,10 @@ fn tape_module_equals_inference_module() {
             .map(|a| std::sync::Arc::new(a.mapv(|v| v * 0.9)))
             .collect();
         let mut m3 = m2.clone();
-        m3.w_z.mapv_inplace(|v| v * 0.9);
-        m3.w_h.mapv_inplace(|v| v * 0.9);
-        m3.bias.mapv_inplace(|v| v * 0.9);
+        let p3 = m3.projection.as_mut().unwrap();
+        p3.w_z.mapv_inplace(|v| v * 0.9);
+        p3.w_h.mapv_inplace(|v| v * 0.9);
+        p3.bias.mapv_inplace(|v| v * 0.9);
         m3.block = elm::model::LayerWeights::from_block(
             &m2.block
                 .block_views(&w.config)

@@ -41,6 +41,13 @@ pub struct CompressArgs {
     /// Seed of W_z's init.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// No input injection: `u = z`, iterated from `z⁰ = h` (with --fixed-iterations 1:
+    /// LLM-Streamline's replacement layer; with K: a looped layer).
+    #[arg(long)]
+    pub no_injection: bool,
+    /// Exactly K applications of the block at training and inference instead of a solve.
+    #[arg(long)]
+    pub fixed_iterations: Option<usize>,
     /// Output checkpoint directory (elm.json + module.safetensors).
     #[arg(long)]
     pub out: PathBuf,
@@ -56,6 +63,8 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
     let dense = load_weights(&a.model)?;
     let ec = ElmConfig {
         init_seed: a.seed,
+        injection: !a.no_injection,
+        fixed_iterations: a.fixed_iterations,
         ..ElmConfig::new(a.start, a.num_replaced)
     };
     let module = ElmModule::init(&dense, &ec)?;

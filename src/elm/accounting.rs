@@ -34,10 +34,11 @@ pub fn dense_params(cfg: &ModelConfig) -> usize {
     cfg.num_layers * block_params(cfg) + cfg.hidden_size + embedding_params(cfg)
 }
 
-/// Parameters of the fixed-point module: one block plus `P = [W_z | W_h]` (2C → C) and `b`.
-pub fn module_params(cfg: &ModelConfig) -> usize {
+/// Parameters of the fixed-point module: one block plus, with injection, `P = [W_z | W_h]`
+/// (2C → C) and `b`.
+pub fn module_params(cfg: &ModelConfig, injection: bool) -> usize {
     let c = cfg.hidden_size;
-    block_params(cfg) + 2 * c * c + c
+    block_params(cfg) + if injection { 2 * c * c + c } else { 0 }
 }
 
 /// Dense vs ELM parameter counts.
@@ -52,7 +53,7 @@ pub struct ParamReport {
     pub elm_non_embedding: usize,
     /// Parameters of the M removed blocks.
     pub removed: usize,
-    /// Parameters added back (one block + P + b).
+    /// Parameters added back (one block, + P + b with injection).
     pub module: usize,
     /// `1 − elm_total / dense_total`.
     pub reduction_total: f64,
@@ -65,7 +66,7 @@ pub fn param_report(cfg: &ModelConfig, elm: &ElmConfig) -> ParamReport {
     let dense_total = dense_params(cfg);
     let dense_non_embedding = dense_total - embedding_params(cfg);
     let removed = elm.num_replaced * block_params(cfg);
-    let module = module_params(cfg);
+    let module = module_params(cfg, elm.injection);
     let elm_total = dense_total - removed + module;
     let elm_non_embedding = dense_non_embedding - removed + module;
     ParamReport {

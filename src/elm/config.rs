@@ -21,6 +21,20 @@ pub struct ElmConfig {
     /// `W_z = wz_scale × (default nn.Linear init)`; 0.1 in the paper.
     #[serde(default = "default_wz_scale")]
     pub wz_scale: f32,
+    /// Input injection `u = W_z·z + W_h·h + b` iterated from `z⁰ = 0` (the ELM); `false`: no
+    /// projection, `u = z` iterated from `z⁰ = h` (the no-injection ablation, a looped layer,
+    /// LLM-Streamline's replacement layer with one iteration).
+    #[serde(default = "yes")]
+    pub injection: bool,
+    /// `Some(K)`: exactly `K` applications of the block, at training (unrolled) and inference
+    /// (no solver, no tolerance) — the fixed-unroll ablation and the looped/Streamline
+    /// baselines; `None`: solved to tolerance (the ELM).
+    #[serde(default)]
+    pub fixed_iterations: Option<usize>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_wz_scale() -> f32 {
@@ -34,6 +48,8 @@ impl ElmConfig {
             num_replaced,
             init_seed: 0,
             wz_scale: default_wz_scale(),
+            injection: true,
+            fixed_iterations: None,
         }
     }
     /// One past the last replaced layer: `l + M`.
@@ -58,6 +74,9 @@ impl ElmConfig {
         }
         if !self.wz_scale.is_finite() {
             return Err(ElmError::config("wz_scale", "must be finite"));
+        }
+        if self.fixed_iterations == Some(0) {
+            return Err(ElmError::config("fixed_iterations", "must be >= 1"));
         }
         Ok(())
     }

@@ -428,7 +428,7 @@ impl<'m> ElmSession<'m> {
         prefill: bool,
     ) -> Result<Array3<f32>> {
         let model = self.model;
-        let Some((_, module)) = model.elm.as_ref() else {
+        let Some((ec, module)) = model.elm.as_ref() else {
             return Err(ElmError::InvalidArgument(
                 "solve_fixed_point on a dense model".into(),
             ));
@@ -449,9 +449,10 @@ impl<'m> ElmSession<'m> {
             evals: vec![0; r],
         };
         let solver = self.cfg.build_solver();
-        let sol = map.solve(solver.as_ref(), &self.cfg.stop_for(t, adaptive))?;
+        let (z_star, statuses) =
+            map.iterate(ec, solver.as_ref(), &self.cfg.stop_for(t, adaptive), true)?;
         // Final evaluation at z*: its K/V are what the cache keeps; its output goes on.
-        let zs = map.rows_as_states(sol.z.view())?;
+        let zs = map.rows_as_states(z_star.view())?;
         let all: Vec<bool> = vec![true; r];
         let store_idx: Vec<usize> = (0..r).map(|ri| map.store_for(ri)).collect::<Result<_>>()?;
         let mut y = Array3::<f32>::zeros(h.dim());
@@ -486,7 +487,7 @@ impl<'m> ElmSession<'m> {
                 tokens: t,
                 iterations: evals[ri],
                 residual: residuals[ri],
-                status: sol.rows[ri].status,
+                status: statuses[ri],
             };
             if prefill {
                 self.prefill_stats.push(stat);
@@ -515,15 +516,44 @@ struct FpMap<'a> {
 }
 
 impl FpMap<'_> {
-    /// Solves from `z⁰ = 0`.
-    fn solve(
+    /// Runs the module's iteration as `ec` defines it, from `z⁰` = 0 with injection or `h`
+    /// without: solved by `solver` until `stop`, or `K` plain applications for a fixed-K
+    /// module — `K − 1` when `then_commit` (the caller's commit evaluation is the K-th).
+    /// Returns the state rows `[R, T·C]` and each row's status.
+    fn iterate(
         &mut self,
+        ec: &ElmConfig,
         solver: &dyn FixedPointSolver<f32>,
         stop: &StopCriteria,
-    ) -> Result<Solution<f32>> {
+        then_commit: bool,
+    ) -> Result<(Array2<f32>, Vec<RowStatus>)> {
         let (r, t, c) = self.h.dim();
-        let z0 = Array2::<f32>::zeros((r, t * c));
-        solver.solve(self, z0.view(), stop)
+        let z0 = if ec.injection {
+            Array2::<f32>::zeros((r, t * c))
+        } else {
+            self.h
+                .to_shape((r, t * c))
+                .map_err(|e| ElmError::shape("FpMap h", e.to_string()))?
+                .into_owned()
+        };
+        match ec.fixed_iterations {
+            Some(k) => {
+                let mut z = z0;
+                let mut next = Array2::<f32>::zeros(z.raw_dim());
+                let all = vec![true; r];
+                for _ in 0..k - usize::from(then_commit) {
+                    self.eval(z.view(), &all, next.view_mut())?;
+                    std::mem::swap(&mut z, &mut next);
+                }
+                // A fixed budget has no convergence test: every row ran it out.
+                Ok((z, vec![RowStatus::MaxIter; r]))
+            }
+            None => {
+                let sol: Solution<f32> = solver.solve(self, z0.view(), stop)?;
+                let statuses = sol.rows.iter().map(|row| row.status).collect();
+                Ok((sol.z, statuses))
+            }
+        }
     }
 
     /// Solver rows `[R, T·C]` as states `[R, T, C]`.
@@ -617,15 +647,17 @@ impl FixedPointMap<f32> for FpMap<'_> {
     }
 }
 
-/// Solves `z = φ(z, h)` for whole sequences `h` `[B, T, C]` at positions `0..T` (nothing
-/// cached before them), each sequence one solver row, from `z⁰ = 0`; returns `z* [B, T, C]`.
+/// The module's output state for whole sequences `h` `[B, T, C]` at positions `0..T` (nothing
+/// cached before them), each sequence one solver row: `z*` solved by `solver` until `stop`, or
+/// `K` applications for a fixed-K module (see [`ElmConfig::fixed_iterations`]).
 pub fn solve_sequences(
+    ec: &ElmConfig,
     module: &ElmModule,
     cfg: &ModelConfig,
     h: ArrayView3<f32>,
     solver: &SolverConfig,
     stop: &StopCriteria,
-) -> Result<(Array3<f32>, Solution<f32>)> {
+) -> Result<Array3<f32>> {
     let (b, t, _) = h.dim();
     let (cache, mut scratch) = fresh_cache(cfg, b, t)?;
     let mut caches = vec![cache];
@@ -640,9 +672,8 @@ pub fn solve_sequences(
         scratch: &mut scratch,
         evals: vec![0; b],
     };
-    let sol = map.solve(solver.build().as_ref(), stop)?;
-    let z = map.rows_as_states(sol.z.view())?;
-    Ok((z, sol))
+    let (z, _) = map.iterate(ec, solver.build().as_ref(), stop, false)?;
+    map.rows_as_states(z.view())
 }
 
 /// Greedy batched generation on an existing session through the shared sampling loop

@@ -22,12 +22,18 @@ use crate::model::{block_forward_rows, LayerKv, ModelConfig, Scratch};
 use super::module::{ElmModule, ElmParams};
 
 impl ElmModule {
-    /// Block input `u = z·W_zᵀ + h·W_hᵀ + b`. z, h: `[N, C]` → `[N, C]`.
+    /// Block input `u = z·W_zᵀ + h·W_hᵀ + b` (without injection: `u = z`). z, h: `[N, C]` →
+    /// `[N, C]`.
     pub fn inject(&self, z: ArrayView2<f32>, h: ArrayView2<f32>) -> Array2<f32> {
-        let mut u = h.dot(&self.w_h.t());
-        ndarray::linalg::general_mat_mul(1.0, &z, &self.w_z.t(), 1.0, &mut u);
-        u += &self.bias;
-        u
+        match &self.projection {
+            Some(p) => {
+                let mut u = h.dot(&p.w_h.t());
+                ndarray::linalg::general_mat_mul(1.0, &z, &p.w_z.t(), 1.0, &mut u);
+                u += &p.bias;
+                u
+            }
+            None => z.to_owned(),
+        }
     }
 
     /// `φ(z, h)` for new tokens: row `r` of `z`, `h` `[R, T, C]` holds `T` new tokens of
@@ -94,9 +100,14 @@ pub(crate) fn fresh_cache(cfg: &ModelConfig, b: usize, t: usize) -> Result<(Laye
 
 /// `φ(z, h)` on the tape: `z`, `h` `[B, T, C]` at positions `0..T`.
 pub fn apply_taped(tape: &mut Tape<f32>, p: &ElmParams<Var>, z: Var, h: Var) -> Result<Var> {
-    let a = tape.matmul_t(z, p.w_z, None)?;
-    let b = tape.matmul_t(h, p.w_h, Some(p.bias))?;
-    let u = tape.add(a, b)?;
+    let u = match &p.projection {
+        Some(pr) => {
+            let a = tape.matmul_t(z, pr.w_z, None)?;
+            let b = tape.matmul_t(h, pr.w_h, Some(pr.bias))?;
+            tape.add(a, b)?
+        }
+        None => z,
+    };
     block_forward(tape, &p.block, u, 0)
 }
 
@@ -108,6 +119,7 @@ pub fn apply_taped(tape: &mut Tape<f32>, p: &ElmParams<Var>, z: Var, h: Var) -> 
 #[derive(Clone)]
 pub struct ElmLayer {
     cfg: ModelConfig,
+    injection: bool,
     built: Arc<Mutex<Option<BuiltModule>>>,
 }
 
@@ -116,9 +128,11 @@ pub struct ElmLayer {
 type BuiltModule = (Vec<Arc<ArrayD<f32>>>, Arc<ElmModule>);
 
 impl ElmLayer {
-    pub fn new(cfg: &ModelConfig) -> Self {
+    /// The layer of a module for model `cfg`, with or without input injection.
+    pub fn new(cfg: &ModelConfig, injection: bool) -> Self {
         ElmLayer {
             cfg: cfg.clone(),
+            injection,
             built: Arc::new(Mutex::new(None)),
         }
     }
@@ -136,7 +150,7 @@ impl ElmLayer {
             }
         }
         let mut it = values.iter();
-        let named = ElmParams::shapes(&self.cfg).try_map(|name, shape| {
+        let named = ElmParams::shapes(&self.cfg, self.injection).try_map(|name, shape| {
             let v = it
                 .next()
                 .ok_or_else(|| ElmError::tensor(name, "ElmLayer: no value given"))?;

@@ -22,32 +22,45 @@ use super::checkpoint::{
 };
 use super::config::{read_json, ElmConfig};
 
-/// The module's parameters over any handle type: tape vars while training, shared tensors,
-/// named arrays in a checkpoint. Names (= checkpoint keys) and order are written once, in
-/// [`ElmParams::try_map`] (the block's part in [`BlockParams::try_map`]).
+/// The input injection `u = z·W_zᵀ + h·W_hᵀ + b` over any handle type.
 #[derive(Clone, Debug)]
-pub struct ElmParams<H> {
+pub struct Projection<H> {
     /// `[C, C]` state half of `P = [W_z | W_h]`.
     pub w_z: H,
     /// `[C, C]` injection half of `P`.
     pub w_h: H,
     /// `[C]`
     pub bias: H,
+}
+
+/// The module's parameters over any handle type: tape vars while training, shared tensors,
+/// named arrays in a checkpoint. Names (= checkpoint keys) and order are written once, in
+/// [`ElmParams::try_map`] (the block's part in [`BlockParams::try_map`]).
+#[derive(Clone, Debug)]
+pub struct ElmParams<H> {
+    /// `P` and `b`; `None` for a module without injection (`u = z`).
+    pub projection: Option<Projection<H>>,
     /// The weight-tied decoder block `f*`.
     pub block: BlockParams<H>,
 }
 
 impl<H> ElmParams<H> {
-    /// `f(name, handle)` for every parameter in the fixed order: `p.w_z`, `p.w_h`, `p.bias`,
-    /// then `block.<name>` in the block's order.
+    /// `f(name, handle)` for every parameter in the fixed order: `p.w_z`, `p.w_h`, `p.bias`
+    /// (with injection), then `block.<name>` in the block's order.
     pub fn try_map<'a, G, E>(
         &'a self,
         mut f: impl FnMut(&str, &'a H) -> std::result::Result<G, E>,
     ) -> std::result::Result<ElmParams<G>, E> {
+        let projection = match &self.projection {
+            Some(p) => Some(Projection {
+                w_z: f("p.w_z", &p.w_z)?,
+                w_h: f("p.w_h", &p.w_h)?,
+                bias: f("p.bias", &p.bias)?,
+            }),
+            None => None,
+        };
         Ok(ElmParams {
-            w_z: f("p.w_z", &self.w_z)?,
-            w_h: f("p.w_h", &self.w_h)?,
-            bias: f("p.bias", &self.bias)?,
+            projection,
             block: self.block.try_map(|n, h| f(&format!("block.{n}"), h))?,
         })
     }
@@ -69,13 +82,16 @@ impl<H> ElmParams<H> {
 }
 
 impl ElmParams<Vec<usize>> {
-    /// The shape of every parameter of a module for model `cfg`.
-    pub fn shapes(cfg: &ModelConfig) -> Self {
+    /// The shape of every parameter of a module for model `cfg` (with `P` and `b` when
+    /// `injection`).
+    pub fn shapes(cfg: &ModelConfig, injection: bool) -> Self {
         let c = cfg.hidden_size;
         ElmParams {
-            w_z: vec![c, c],
-            w_h: vec![c, c],
-            bias: vec![c],
+            projection: injection.then(|| Projection {
+                w_z: vec![c, c],
+                w_h: vec![c, c],
+                bias: vec![c],
+            }),
             block: BlockParams::shapes(cfg),
         }
     }
@@ -93,50 +109,74 @@ impl ParamSet for ElmParams<Var> {
     }
 }
 
+/// `P` and `b` as f32 arrays.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProjectionWeights {
+    /// `[C, C]`
+    pub w_z: Array2<f32>,
+    /// `[C, C]`
+    pub w_h: Array2<f32>,
+    /// `[C]`
+    pub bias: Array1<f32>,
+}
+
 /// Parameters of the fixed-point module as f32 arrays (what inference runs on).
 #[derive(Clone, Debug)]
 pub struct ElmModule {
     /// The weight-tied decoder block `f*`.
     pub block: LayerWeights,
-    /// `[C, C]` state half of `P`.
-    pub w_z: Array2<f32>,
-    /// `[C, C]` injection half of `P`.
-    pub w_h: Array2<f32>,
-    /// `[C]`
-    pub bias: Array1<f32>,
+    /// The input injection; `None`: `u = z`, iterated from `z⁰ = h` (no-injection ablation,
+    /// looped layer, LLM-Streamline's replacement layer).
+    pub projection: Option<ProjectionWeights>,
 }
 
 impl ElmModule {
     /// Paper initialisation from layer `cfg.start_layer` of `dense`.
     ///
     /// `W_z = wz_scale × U(−1/√(2C), 1/√(2C))` — PyTorch's default `nn.Linear(2C, C)` init —
-    /// seeded by `cfg.init_seed`.
+    /// seeded by `cfg.init_seed`; `W_h = I`, `b = 0`. Without injection only the block is copied.
     pub fn init(dense: &ModelWeights, cfg: &ElmConfig) -> Result<Self> {
         cfg.validate(&dense.config)?;
         let c = dense.config.hidden_size;
         let bound = 1.0 / ((2 * c) as f32).sqrt();
         let mut rng = StdRng::seed_from_u64(cfg.init_seed);
-        let w_z =
-            Array2::from_shape_simple_fn((c, c), || cfg.wz_scale * rng.gen_range(-bound..bound));
-        Ok(ElmModule {
-            block: dense.layers[cfg.start_layer].clone(),
-            w_z,
+        let projection = cfg.injection.then(|| ProjectionWeights {
+            w_z: Array2::from_shape_simple_fn((c, c), || {
+                cfg.wz_scale * rng.gen_range(-bound..bound)
+            }),
             w_h: Array2::eye(c),
             bias: Array1::zeros(c),
+        });
+        Ok(ElmModule {
+            block: dense.layers[cfg.start_layer].clone(),
+            projection,
         })
+    }
+
+    /// The projection, which a module with injection has.
+    pub fn projection(&self) -> Result<&ProjectionWeights> {
+        self.projection
+            .as_ref()
+            .ok_or_else(|| ElmError::InvalidArgument("the module has no input injection".into()))
     }
 
     /// Number of scalar parameters (block + P + b).
     pub fn num_params(&self) -> usize {
-        self.block.num_params() + self.w_z.len() + self.w_h.len() + self.bias.len()
+        let p = self
+            .projection
+            .as_ref()
+            .map_or(0, |p| p.w_z.len() + p.w_h.len() + p.bias.len());
+        self.block.num_params() + p
     }
 
     /// Views of every parameter, with the names and order of [`ElmParams`].
     pub fn params(&self, cfg: &ModelConfig) -> ElmParams<ArrayViewD<'_, f32>> {
         ElmParams {
-            w_z: self.w_z.view().into_dyn(),
-            w_h: self.w_h.view().into_dyn(),
-            bias: self.bias.view().into_dyn(),
+            projection: self.projection.as_ref().map(|p| Projection {
+                w_z: p.w_z.view().into_dyn(),
+                w_h: p.w_h.view().into_dyn(),
+                bias: p.bias.view().into_dyn(),
+            }),
             block: self.block.block_views(cfg),
         }
     }
@@ -150,16 +190,22 @@ impl ElmModule {
                 .into_dimensionality::<Ix2>()
                 .map_err(|e| ElmError::tensor(name, e.to_string()))
         };
+        let projection = match &p.projection {
+            Some(pr) => Some(ProjectionWeights {
+                w_z: two("p.w_z", &pr.w_z)?,
+                w_h: two("p.w_h", &pr.w_h)?,
+                bias: pr
+                    .bias
+                    .as_array()
+                    .to_owned()
+                    .into_dimensionality::<Ix1>()
+                    .map_err(|e| ElmError::tensor("p.bias", e.to_string()))?,
+            }),
+            None => None,
+        };
         Ok(ElmModule {
             block: LayerWeights::from_block(&p.block)?,
-            w_z: two("p.w_z", &p.w_z)?,
-            w_h: two("p.w_h", &p.w_h)?,
-            bias: p
-                .bias
-                .as_array()
-                .to_owned()
-                .into_dimensionality::<Ix1>()
-                .map_err(|e| ElmError::tensor("p.bias", e.to_string()))?,
+            projection,
         })
     }
 
@@ -172,10 +218,16 @@ impl ElmModule {
             .collect()
     }
 
-    /// Inverse of [`Self::to_tensors`]; strict names and shapes checked against `cfg`.
-    pub fn from_tensors(mut m: TensorMap, cfg: &ModelConfig, file: &Path) -> Result<Self> {
-        let p =
-            ElmParams::shapes(cfg).try_map(|name, shape| take_tensor(&mut m, name, shape, file))?;
+    /// Inverse of [`Self::to_tensors`]; strict names and shapes checked against `cfg` (with `P`
+    /// and `b` when `injection`).
+    pub fn from_tensors(
+        mut m: TensorMap,
+        cfg: &ModelConfig,
+        injection: bool,
+        file: &Path,
+    ) -> Result<Self> {
+        let p = ElmParams::shapes(cfg, injection)
+            .try_map(|name, shape| take_tensor(&mut m, name, shape, file))?;
         expect_empty(&m, file)?;
         Self::from_params(&p)
     }
@@ -223,6 +275,11 @@ pub fn load_module(dir: &Path) -> Result<(ElmModule, ModuleMeta)> {
     }
     meta.elm.validate(&meta.model_config)?;
     let file = dir.join(MODULE_FILE);
-    let module = ElmModule::from_tensors(load_tensors(&file)?, &meta.model_config, &file)?;
+    let module = ElmModule::from_tensors(
+        load_tensors(&file)?,
+        &meta.model_config,
+        meta.elm.injection,
+        &file,
+    )?;
     Ok((module, meta))
 }

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::autograd::{Tape, Var};
 use crate::error::{ElmError, Result};
-use crate::grad::{implicit_forward_with_rng, DeqConfig};
+use crate::grad::{implicit_forward_with_rng, DeqConfig, GradientRule};
 use crate::model::tape::{block_forward, BlockTensors, BlockVars};
 use crate::model::{ModelConfig, ModelWeights};
 use crate::solver::{SolverConfig, StopCriteria};
@@ -38,9 +38,9 @@ use super::map::ElmLayer;
 use super::module::{save_module, ElmModule, ElmParams, ModuleMeta, MODULE_FORMAT};
 
 /// The module's parameters registered on `tape`, typed (store order = [`ElmParams`] order).
-fn params_on_tape(cfg: &ModelConfig, vars: &ParamVars) -> Result<ElmParams<Var>> {
+fn params_on_tape(cfg: &ModelConfig, injection: bool, vars: &ParamVars) -> Result<ElmParams<Var>> {
     let mut i = 0;
-    ElmParams::shapes(cfg).try_map(|name, _| {
+    ElmParams::shapes(cfg, injection).try_map(|name, _| {
         let v = vars
             .vars()
             .get(i)
@@ -201,7 +201,22 @@ impl<'a> Trainer<'a> {
             cfg.min_lr_frac as f64,
         );
         sched.validate()?;
-        let deq = cfg.deq(elm.num_replaced);
+        let deq = match elm.fixed_iterations {
+            // Exactly K applications: the only faithful gradient is through all of them.
+            Some(k) => {
+                let rule = GradientRule::Unroll { k };
+                if cfg.deq.as_ref().is_some_and(|d| d.gradient != rule) {
+                    return Err(ElmError::config(
+                        "deq",
+                        format!(
+                            "the module applies its block exactly {k} times (fixed_iterations) and trains by unrolling them: drop `deq` or use {{\"kind\": \"unroll\", \"k\": {k}}}"
+                        ),
+                    ));
+                }
+                DeqConfig::new(rule)
+            }
+            None => cfg.deq(elm.num_replaced),
+        };
         deq.validate()?;
         let mc = &dense.config;
         let back = (elm.end_layer()..mc.num_layers)
@@ -209,7 +224,7 @@ impl<'a> Trainer<'a> {
             .collect();
         Ok(Trainer {
             dense,
-            layer: ElmLayer::new(mc),
+            layer: ElmLayer::new(mc, elm.injection),
             back,
             final_norm: Arc::new(dense.final_norm.clone().into_dyn()),
             lm_head: Arc::new(dense.lm_head().clone().into_dyn()),
@@ -234,7 +249,12 @@ impl<'a> Trainer<'a> {
             .enumerate()
             .map(|(i, n)| (n.clone(), self.store.value(i).clone()))
             .collect();
-        ElmModule::from_tensors(map, &self.dense.config, Path::new("<param store>"))
+        ElmModule::from_tensors(
+            map,
+            &self.dense.config,
+            self.elm.injection,
+            Path::new("<param store>"),
+        )
     }
 
     /// Dense activations entering layer l and layer l+M, `[B, T, C]` each (no tape).
@@ -261,9 +281,14 @@ impl<'a> Trainer<'a> {
 
         let mut tape = Tape::<f32>::new();
         let vars = self.store.register(&mut tape);
-        let params = params_on_tape(&self.dense.config, &vars)?;
+        let params = params_on_tape(&self.dense.config, self.elm.injection, &vars)?;
+        // With injection the iteration starts at 0 (h enters through P); without, at h itself.
+        let z0 = if self.elm.injection {
+            ArrayD::<f32>::zeros(IxDyn(&[bs, t, c]))
+        } else {
+            h.clone().into_dyn()
+        };
         let hv = tape.constant(h.into_dyn());
-        let z0 = ArrayD::<f32>::zeros(IxDyn(&[bs, t, c]));
         // The rule's own seed drives its draws (the default rule is seeded by `cfg.seed`).
         let mut rng = StdRng::seed_from_u64(step_seed(self.deq.gradient.seed(), self.step));
         let (z, rep) = implicit_forward_with_rng(
@@ -466,7 +491,7 @@ impl<'a> Trainer<'a> {
         }
         let sd = dir.join(&state.step_dir);
         let store = ParamStore::load(sd.join("params.safetensors"))?;
-        let expected: Vec<String> = ElmParams::shapes(&dense.config)
+        let expected: Vec<String> = ElmParams::shapes(&dense.config, state.elm.injection)
             .named()
             .into_iter()
             .map(|(n, _)| n)
@@ -519,7 +544,7 @@ pub fn eval_distill(
         let x = embed(dense, &b.tokens)?;
         let h = run_dense_layers(dense, x, 0..elm.start_layer)?;
         let target = run_dense_layers(dense, h.clone(), elm.start_layer..elm.end_layer())?;
-        let (z, _) = solve_sequences(module, &dense.config, h.view(), solver, stop)?;
+        let z = solve_sequences(elm, module, &dense.config, h.view(), solver, stop)?;
         let valid: Vec<bool> = b.valid.iter().flatten().copied().collect();
         // f64 so the sum over many tokens loses nothing.
         let (mse, count) = crate::nn::loss::masked_mse_forward(

@@ -1,0 +1,205 @@
+//! The module's variants on the one ELM path — no injection (`u = z` from `z⁰ = h`) and a fixed
+//! number of applications — against independent dense references: LLM-Streamline's replacement
+//! layer (one application, no injection) is the dense model without the rest of the window, and a
+//! looped layer (K applications, multi-step KV) is the dense model with that layer repeated K times.
+
+use elm::compress::methods::delete_layers;
+use elm::elm::accounting::{block_params, module_params, param_report};
+use elm::elm::config::TrainConfig;
+use elm::elm::data::TokenSequence;
+use elm::elm::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig, KvMode};
+use elm::elm::module::{load_module, save_module, ModuleMeta, MODULE_FORMAT};
+use elm::elm::train::Trainer;
+use elm::elm::{ElmConfig, ElmModule};
+use elm::grad::{DeqConfig, GradientRule};
+use elm::model::generate::{generate, SamplingConfig};
+use elm::model::{Arch, ModelConfig, ModelWeights, Transformer};
+use elm::solver::SolverConfig;
+use ndarray::Array2;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+fn tiny(arch: Arch) -> ModelWeights {
+    let mut cfg = ModelConfig::tiny(arch);
+    cfg.num_layers = 6;
+    ModelWeights::random(&cfg, 31)
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    let mut rng = StdRng::seed_from_u64(8);
+    [6usize, 3, 9]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.gen_range(3..64)).collect())
+        .collect()
+}
+
+fn variant(w: &ModelWeights, injection: bool, k: usize) -> ElmModel {
+    let ec = ElmConfig {
+        injection,
+        fixed_iterations: Some(k),
+        ..ElmConfig::new(1, 3)
+    };
+    let module = ElmModule::init(w, &ec).unwrap();
+    ElmModel::new(w.clone(), ec, module).unwrap()
+}
+
+fn max_abs(a: &Array2<f32>, b: &Array2<f32>) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Prefill logits and 5 greedy tokens of `model` vs the dense reference `reference`.
+fn assert_same_as_dense(model: &ElmModel, reference: ModelWeights, mode: KvMode, what: &str) {
+    let ps = prompts();
+    let cfg = InferenceConfig {
+        solver: SolverConfig::picard(),
+        kv_mode: mode,
+        ..InferenceConfig::default()
+    };
+    let dense = Transformer::new(reference).unwrap();
+    let mut cache = dense.new_cache(ps.len(), 32).unwrap();
+    let want = dense.prefill(&ps, &mut cache).unwrap();
+    let mut s = ElmSession::new(model, cfg.clone(), ps.len(), 32).unwrap();
+    let got = s.prefill(&ps).unwrap();
+    let d = max_abs(&got, &want);
+    assert!(d < 1e-4, "{what}: prefill logits differ by {d}");
+    let mut s = ElmSession::new(model, cfg, ps.len(), 32).unwrap();
+    let ours = generate_greedy(&mut s, &ps, 5, &[]).unwrap();
+    let sampling = SamplingConfig {
+        max_new_tokens: 5,
+        ..SamplingConfig::default()
+    };
+    let theirs = generate(&dense, &ps, &sampling, None, |_, _| {}).unwrap();
+    assert_eq!(ours, theirs.tokens, "{what}: greedy continuations");
+}
+
+#[test]
+fn streamline_layer_is_the_dense_model_without_the_rest_of_the_window() {
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let w = tiny(arch);
+        let reference = delete_layers(&w, &[2, 3]).unwrap();
+        for mode in [KvMode::OneStep, KvMode::MultiStep] {
+            assert_same_as_dense(
+                &variant(&w, false, 1),
+                reference.clone(),
+                mode,
+                "streamline",
+            );
+            // ELM's own one-iteration ablation at init: f(W_h·h + b) with W_h = I, b = 0.
+            assert_same_as_dense(&variant(&w, true, 1), reference.clone(), mode, "elm k=1");
+        }
+    }
+}
+
+#[test]
+fn looped_layer_is_the_layer_repeated() {
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let w = tiny(arch);
+        let mut reference = w.clone();
+        // Layers 0, 1, 1, 1, 4, 5: the window [1, 4) becomes layer 1 applied three times.
+        reference.layers = vec![
+            w.layers[0].clone(),
+            w.layers[1].clone(),
+            w.layers[1].clone(),
+            w.layers[1].clone(),
+            w.layers[4].clone(),
+            w.layers[5].clone(),
+        ];
+        // One K/V cache per application, as the repeated layers have.
+        assert_same_as_dense(
+            &variant(&w, false, 3),
+            reference,
+            KvMode::MultiStep,
+            "looped",
+        );
+    }
+}
+
+#[test]
+fn variants_count_their_parameters_and_round_trip_checkpoints() {
+    let w = tiny(Arch::Qwen2);
+    let cfg = &w.config;
+    let looped = variant(&w, false, 2);
+    let (ec, module) = looped.elm.as_ref().unwrap();
+    assert!(module.projection.is_none());
+    assert_eq!(module.num_params(), block_params(cfg));
+    assert_eq!(module_params(cfg, false), block_params(cfg));
+    let report = param_report(cfg, ec);
+    assert_eq!(report.module, block_params(cfg));
+    assert_eq!(report.dense_total - report.elm_total, 2 * block_params(cfg));
+    let dir = std::env::temp_dir().join(format!("elm_variant_ckpt_{}", std::process::id()));
+    let meta = ModuleMeta {
+        format: MODULE_FORMAT.into(),
+        elm: ec.clone(),
+        model_config: cfg.clone(),
+        base_model: "tiny".into(),
+    };
+    save_module(&dir, module, &meta).unwrap();
+    let (back, meta_back) = load_module(&dir).unwrap();
+    assert_eq!(meta_back, meta);
+    assert!(back.projection.is_none());
+    assert_eq!(back.block.wq, module.block.wq);
+    // A checkpoint whose elm.json says "injection" but lacks P is rejected, naming the tensor.
+    let mut wrong = meta.clone();
+    wrong.elm.injection = true;
+    elm::io::write_json_atomic(&dir.join("elm.json"), &wrong).unwrap();
+    let e = load_module(&dir).unwrap_err().to_string();
+    assert!(e.contains("p.w_z"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ElmConfig {
+        fixed_iterations: Some(0),
+        ..ElmConfig::new(1, 2)
+    }
+    .validate(cfg)
+    .is_err());
+}
+
+#[test]
+fn fixed_iteration_variants_train_by_unrolling() {
+    let w = tiny(Arch::Llama);
+    let mut rng = StdRng::seed_from_u64(2);
+    let data: Vec<TokenSequence> = (0..8)
+        .map(|_| {
+            let tokens: Vec<u32> = (0..10).map(|_| rng.gen_range(3..64)).collect();
+            let loss_mask = (0..10).map(|i| i >= 5).collect();
+            TokenSequence { tokens, loss_mask }
+        })
+        .collect();
+    let cfg = TrainConfig {
+        steps: 4,
+        batch_size: 4,
+        seq_len: 10,
+        lr: 3e-3,
+        clip: 1.0,
+        ..TrainConfig::default()
+    };
+    for injection in [false, true] {
+        let ec = ElmConfig {
+            injection,
+            fixed_iterations: Some(2),
+            ..ElmConfig::new(1, 3)
+        };
+        let module = ElmModule::init(&w, &ec).unwrap();
+        let mut t = Trainer::new(&w, ec.clone(), &module, cfg.clone(), "tiny".into()).unwrap();
+        let first = t.train_step(&data, 0).unwrap();
+        assert!(first.loss.is_finite() && first.grad_norm > 0.0, "{first:?}");
+        assert_eq!(first.sampled, None, "unrolled, not sampled");
+        for _ in 1..4 {
+            t.train_step(&data, 0).unwrap();
+        }
+        let trained = t.module().unwrap();
+        assert_ne!(trained.block.w_up, module.block.w_up);
+        assert_eq!(trained.projection.is_some(), injection);
+        // Another rule contradicts a fixed number of applications.
+        let bad = TrainConfig {
+            deq: Some(DeqConfig::new(GradientRule::Jfb)),
+            ..cfg.clone()
+        };
+        let e = Trainer::new(&w, ec, &module, bad, "tiny".into())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("fixed_iterations"), "{e}");
+    }
+}
