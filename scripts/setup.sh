@@ -7,3 +7,4 @@ if ! dpkg -s libopenblas-dev >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas-dev pkg-config >/dev/null
 fi
 bash scripts/fetch-smollm2.sh
+bash scripts/fetch-humaneval.sh
