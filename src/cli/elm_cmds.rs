@@ -413,11 +413,10 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     }
     let dir = resolve_data_dir(a.data_dir.as_deref())?;
     let data = TaskData::load(task, &dir, a.limit)?;
-    // Decode-bound tasks: one BLAS thread, batch-1 matvecs use the spin team (see
-    // `elm bench`); NLL is prefill-only and keeps OpenBLAS's default threads.
-    if matches!(task, Task::Gsm8k | Task::HumanEval)
-        && std::env::var_os("OPENBLAS_NUM_THREADS").is_none()
-    {
+    // One BLAS thread (unless the environment says otherwise): decode's batch-1 matvecs use
+    // the spin team (see `elm bench`), and NLL then runs one batch per core, which beats a
+    // 2-thread BLAS on the many small attention gemms.
+    if std::env::var_os("OPENBLAS_NUM_THREADS").is_none() {
         elm::model::ops::set_blas_threads(1);
     }
     let (model, tok) = ElmModel::load(&a.model, a.infer.elm.as_deref())?;

@@ -214,7 +214,7 @@ pub fn answer_nll(
     examples: &[QaExample],
     inference: &InferenceConfig,
     batch: usize,
-    on_progress: impl FnMut(usize),
+    on_progress: impl FnMut(usize) + Send,
 ) -> Result<NllRun> {
     check(ids, examples, batch)?;
     let seqs = ids

@@ -146,7 +146,7 @@ pub fn eval_humaneval(
     opts: &HumanEvalOptions,
     mut on_progress: impl FnMut(usize),
 ) -> Result<HumanEvalResult> {
-    if opts.batch == 0 || !(opts.timeout_s > 0.0) {
+    if opts.batch == 0 || !opts.timeout_s.is_finite() || opts.timeout_s <= 0.0 {
         return Err(ElmError::config(
             "humaneval",
             "batch must be >= 1 and timeout > 0",
@@ -216,7 +216,7 @@ pub fn solution_nll(
     problems: &[Problem],
     inference: &InferenceConfig,
     batch: usize,
-    on_progress: impl FnMut(usize),
+    on_progress: impl FnMut(usize) + Send,
 ) -> Result<NllRun> {
     let seqs = problems
         .iter()

@@ -6,7 +6,8 @@
 //! (dense layers over the padded batch, the fixed point per group of equal length — a row's
 //! NLL does not depend on what else is in its batch). Logits are computed only at the
 //! positions that predict a scored token, one sequence at a time (`[n_scored, V]`), and the
-//! log-softmax is taken in f64.
+//! log-softmax is taken in f64. With a single-threaded BLAS, batches run concurrently on
+//! rayon's pool (one per core); results do not depend on the schedule.
 
 use std::time::Instant;
 
@@ -15,6 +16,7 @@ use serde::Serialize;
 
 use crate::elm::infer::{ElmModel, ElmSession, FpStat, InferenceConfig};
 use crate::error::{ElmError, Result};
+use crate::model::ops::blas_threads;
 
 use super::gsm8k::SolverSummary;
 use super::stats::ItemScore;
@@ -67,6 +69,9 @@ pub struct NllRun {
     pub solver: SolverSummary,
 }
 
+/// One batch's `(sequence index, summed NLL)` pairs and its fixed-point statistics.
+type ChunkNll = (Vec<(usize, f64)>, Vec<FpStat>);
+
 /// `-log softmax(logits)[target]` in f64.
 pub fn token_nll(logits: ArrayView1<f32>, target: u32) -> f64 {
     let max = logits.fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
@@ -86,7 +91,7 @@ pub fn teacher_forced_nll(
     inference: &InferenceConfig,
     seqs: &[ScoredSequence],
     batch: usize,
-    mut on_progress: impl FnMut(usize),
+    mut on_progress: impl FnMut(usize) + Send,
 ) -> Result<NllRun> {
     if batch == 0 {
         return Err(ElmError::config("batch", "must be >= 1"));
@@ -115,28 +120,49 @@ pub fn teacher_forced_nll(
     // Longest first: the largest session is allocated first, and batches hold neighbours.
     let mut order: Vec<usize> = (0..seqs.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].tokens.len()));
-    let mut nll = vec![0.0f64; seqs.len()];
-    let mut stats: Vec<FpStat> = Vec::new();
-    let mut done = 0;
-    for chunk in order.chunks(batch) {
+    let chunks: Vec<&[usize]> = order.chunks(batch).collect();
+    let progress = std::sync::Mutex::new((0usize, &mut on_progress));
+    let run_chunk = |chunk: &[usize]| -> Result<ChunkNll> {
         let tokens: Vec<Vec<u32>> = chunk.iter().map(|&i| seqs[i].tokens.clone()).collect();
         let t_max = tokens.iter().map(Vec::len).max().unwrap_or(1);
         let mut session = ElmSession::new(model, inference.clone(), tokens.len(), t_max)?;
         let hidden = session.teacher_forced_hidden(&tokens)?; // [B, T, C]
+        let mut out = Vec::with_capacity(chunk.len());
         for (row, &i) in chunk.iter().enumerate() {
             let s = &seqs[i];
             // Position p predicts token p + 1.
             let h = hidden.slice(s![row, s.first_scored - 1..s.tokens.len() - 1, ..]);
             let logits: Array2<f32> = session.logits_of_hidden(h); // [n_scored, V]
-            nll[i] = s.tokens[s.first_scored..]
+            let nll = s.tokens[s.first_scored..]
                 .iter()
                 .enumerate()
                 .map(|(k, &target)| token_nll(logits.row(k), target))
                 .sum();
+            out.push((i, nll));
         }
-        stats.append(&mut session.prefill_stats);
-        done += chunk.len();
-        on_progress(done);
+        if let Ok(mut p) = progress.lock() {
+            p.0 += chunk.len();
+            let done = p.0;
+            (p.1)(done);
+        }
+        Ok((out, std::mem::take(&mut session.prefill_stats)))
+    };
+    // With a single-threaded BLAS every gemm runs on one core, so batches run concurrently,
+    // one per core (rayon's pool); with a multi-threaded BLAS, one after another.
+    let results: Vec<_> = if blas_threads() == 1 && rayon::current_num_threads() > 1 {
+        use rayon::prelude::*;
+        chunks.par_iter().map(|c| run_chunk(c)).collect()
+    } else {
+        chunks.iter().map(|c| run_chunk(c)).collect()
+    };
+    let mut nll = vec![0.0f64; seqs.len()];
+    let mut stats: Vec<FpStat> = Vec::new();
+    for r in results {
+        let (out, mut st) = r?;
+        for (i, v) in out {
+            nll[i] = v;
+        }
+        stats.append(&mut st);
     }
     let seconds = start.elapsed().as_secs_f64();
     let tokens_processed: usize = seqs.iter().map(|s| s.tokens.len()).sum();

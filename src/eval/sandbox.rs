@@ -8,7 +8,7 @@
 //! - its own process group, killed with SIGKILL (every member, repeatedly until none is
 //!   left) when the wall-clock timeout passes and again after it exits, so forked children
 //!   do not outlive it;
-//! - rlimits through `sh -c ulimit`: address space, CPU seconds, file size, processes;
+//! - rlimits through `prlimit`: address space, CPU seconds, file size, processes;
 //! - no network: `unshare -n` (a new, empty network namespace) when permitted;
 //! - when running as root: the program runs as `nobody` (`setpriv`), so RLIMIT_NPROC
 //!   applies and it cannot write where `nobody` may not;
@@ -137,16 +137,19 @@ fn is_root() -> bool {
 
 const NOBODY: u32 = 65534;
 
-/// Probes once which layers this machine permits for `python`.
-fn isolation_for(python: &Path) -> Isolation {
-    static PROBED: OnceLock<std::sync::Mutex<Vec<(PathBuf, Isolation)>>> = OnceLock::new();
+/// The interpreter and isolation layers this machine permits, probed once per configured
+/// interpreter by running an empty program through the real launch path: the unprivileged
+/// user may not reach a per-user interpreter (pyenv under /root), the system one is tried next.
+fn launch_for(python: &Path, cfg: &SandboxConfig) -> Result<(PathBuf, Isolation)> {
+    type Probed = Vec<(PathBuf, (PathBuf, Isolation))>;
+    static PROBED: OnceLock<std::sync::Mutex<Probed>> = OnceLock::new();
     let cache = PROBED.get_or_init(Default::default);
-    if let Some((_, iso)) = cache
+    if let Some(hit) = cache
         .lock()
         .ok()
-        .and_then(|c| c.iter().find(|(p, _)| p == python).cloned())
+        .and_then(|c| c.iter().find(|(p, _)| p == python).map(|(_, v)| v.clone()))
     {
-        return iso;
+        return Ok(hit);
     }
     let ok = |cmd: &mut Command| {
         cmd.stdout(Stdio::null())
@@ -155,19 +158,38 @@ fn isolation_for(python: &Path) -> Isolation {
             .is_ok_and(|s| s.success())
     };
     let network_namespace = ok(Command::new("unshare").args(["-n", "true"]));
-    let unprivileged_user = is_root()
-        && ok(Command::new("setpriv")
-            .args(setpriv_args())
-            .arg(python)
-            .args(["-c", "pass"]));
-    let iso = Isolation {
-        network_namespace,
-        unprivileged_user,
-    };
-    if let Ok(mut c) = cache.lock() {
-        c.push((python.to_path_buf(), iso.clone()));
+    let resolved = resolve_python(python);
+    let mut candidates = vec![];
+    if is_root() {
+        for p in [resolved.clone(), PathBuf::from("/usr/bin/python3")] {
+            candidates.push((p, true));
+        }
     }
-    iso
+    candidates.push((resolved, false));
+    let mut chosen = None;
+    for (p, unprivileged_user) in candidates {
+        let iso = Isolation {
+            network_namespace,
+            unprivileged_user,
+        };
+        let dir = fresh_dir()?;
+        let probe = run_in(&dir, &p, &iso, "pass\n", cfg);
+        let _ = std::fs::remove_dir_all(&dir);
+        if probe.is_ok_and(|r| r.verdict == Verdict::Passed) {
+            chosen = Some((p, iso));
+            break;
+        }
+    }
+    let chosen = chosen.ok_or_else(|| {
+        ElmError::InvalidArgument(format!(
+            "sandbox: {} cannot run an empty program (is python3 installed?)",
+            python.display()
+        ))
+    })?;
+    if let Ok(mut c) = cache.lock() {
+        c.push((python.to_path_buf(), chosen.clone()));
+    }
+    Ok(chosen)
 }
 
 fn setpriv_args() -> Vec<String> {
@@ -217,16 +239,7 @@ fn resolve_python(python: &Path) -> PathBuf {
 
 /// Runs `program` (Python source) under `cfg`; returns how it ended and what was isolated.
 pub fn run_python(program: &str, cfg: &SandboxConfig) -> Result<(RunOutcome, Isolation)> {
-    let mut python = resolve_python(&cfg.python);
-    let mut iso = isolation_for(&python);
-    if is_root() && !iso.unprivileged_user {
-        // A pyenv interpreter under /root is out of nobody's reach; the system one may not be.
-        let system = PathBuf::from("/usr/bin/python3");
-        if system.exists() && isolation_for(&system).unprivileged_user {
-            python = system;
-            iso = isolation_for(&python);
-        }
-    }
+    let (python, iso) = launch_for(&cfg.python, cfg)?;
     let dir = fresh_dir()?;
     let result = run_in(&dir, &python, &iso, program, cfg);
     let _ = std::fs::remove_dir_all(&dir);
@@ -250,13 +263,6 @@ fn run_in(
         std::os::unix::fs::chown(dir, Some(NOBODY), Some(NOBODY))
             .map_err(|e| ElmError::io(dir, e))?;
     }
-    let limits = format!(
-        "ulimit -v {} && ulimit -t {} && ulimit -f {} && ulimit -u {} && exec \"$0\" -I -B guard.py",
-        cfg.memory_bytes / 1024,
-        cfg.cpu_seconds,
-        cfg.file_bytes / 512,
-        cfg.max_processes
-    );
     let mut argv: Vec<String> = Vec::new();
     if iso.network_namespace {
         argv.extend(["unshare".into(), "-n".into(), "--".into()]);
@@ -265,8 +271,18 @@ fn run_in(
         argv.push("setpriv".into());
         argv.extend(setpriv_args());
     }
-    argv.extend(["/bin/sh".into(), "-c".into(), limits]);
-    argv.push(python.display().to_string());
+    argv.extend([
+        "prlimit".into(),
+        format!("--as={}", cfg.memory_bytes),
+        format!("--cpu={}", cfg.cpu_seconds),
+        format!("--fsize={}", cfg.file_bytes),
+        format!("--nproc={}", cfg.max_processes),
+        "--".into(),
+        python.display().to_string(),
+        "-I".into(),
+        "-B".into(),
+        "guard.py".into(),
+    ]);
     // stderr goes to a file, not a pipe: nothing the program leaves behind can hold us up.
     let err_path = dir.join("stderr.txt");
     let err_file = std::fs::File::create(&err_path).map_err(|e| ElmError::io(&err_path, e))?;

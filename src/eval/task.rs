@@ -206,7 +206,7 @@ pub fn run_task(
     task: Task,
     data: &TaskData,
     opts: &TaskOptions,
-    mut on_progress: impl FnMut(usize, usize),
+    mut on_progress: impl FnMut(usize, usize) + Send,
 ) -> Result<TaskRun> {
     opts.validate()?;
     if data.is_empty() {
