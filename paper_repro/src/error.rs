@@ -28,6 +28,9 @@ pub enum ReproError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// A library computation on decoded outputs (e.g. a paired comparison) failed.
+    #[error("{what}: {source}")]
+    Elm { what: String, source: elm::ElmError },
     /// Missing inputs (binary, model, data) detected before any step runs.
     #[error("{0}")]
     Setup(String),

@@ -42,7 +42,7 @@ struct Args {
     /// Dense model (.gguf or HF directory). Default: the SmolLM2 GGUF in ELM_MODELS_DIR (not for `paper`).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Dataset root (GSM8K under gsm8k/). Default: ELM_DATA_DIR or ../shared/data.
+    /// Dataset root (GSM8K under gsm8k/). Default: ELM_DATA_DIR or the repository's data/.
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// First replaced layer l.

@@ -11,6 +11,9 @@ pub enum Scale {
 
 /// Sizes of one scale.
 pub struct Limits {
+    /// GSM8K test problems of the answer-NLL figure (the primary signal).
+    pub nll_eval: usize,
+    /// GSM8K test problems of the exact-match figures (greedy generation).
     pub gsm8k_eval: usize,
     pub max_new_tokens: usize,
     pub train_steps: usize,
@@ -24,6 +27,7 @@ impl Scale {
     pub fn limits(self) -> Limits {
         match self {
             Scale::Smoke => Limits {
+                nll_eval: 2,
                 gsm8k_eval: 2,
                 max_new_tokens: 32,
                 train_steps: 2,
@@ -33,6 +37,7 @@ impl Scale {
                 bench: false,
             },
             Scale::Small => Limits {
+                nll_eval: 300,
                 gsm8k_eval: 30,
                 max_new_tokens: 200,
                 train_steps: 200,
@@ -42,6 +47,7 @@ impl Scale {
                 bench: true,
             },
             Scale::Paper => Limits {
+                nll_eval: 1319,
                 gsm8k_eval: 1319,
                 max_new_tokens: 256,
                 train_steps: 2000,

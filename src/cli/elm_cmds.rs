@@ -12,7 +12,8 @@ use elm::elm::module::{load_module, save_module, ElmModule, ModuleMeta, MODULE_F
 use elm::elm::train::{HeldOut, TrainEvent, Trainer, STATE_FILE};
 use elm::elm::ElmConfig;
 use elm::error::{ElmError, Result};
-use elm::eval::gsm8k::{chat_prompt, eval_gsm8k, Gsm8kOptions};
+use elm::eval::gsm8k::chat_prompt;
+use elm::eval::{run_task, BootstrapConfig, Task, TaskData, TaskOptions, TaskRun};
 use elm::io::tokenizer::Tokenizer;
 use elm::model::{load_pretrained, load_weights, ModelWeights};
 use elm::solver::{SolverConfig, StopCriteria};
@@ -167,7 +168,7 @@ pub struct TrainArgs {
     /// Training data: a .jsonl (question/answer or text) or text file; default GSM8K train.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Data directory holding gsm8k/ (default: $ELM_DATA_DIR or ../shared/data).
+    /// Data directory holding gsm8k/ (default: $ELM_DATA_DIR or the repo's data/).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Held-out GSM8K test problems for the distillation loss before/after (0 = skip).
@@ -333,91 +334,195 @@ pub struct EvalArgs {
     pub model: PathBuf,
     #[command(flatten)]
     pub infer: ElmInferArgs,
-    /// Task (only gsm8k).
-    #[arg(long, default_value = "gsm8k")]
+    /// gsm8k-nll | gsm8k | humaneval | humaneval-nll.
+    #[arg(long, default_value = "gsm8k-nll")]
     pub task: String,
-    /// Number of GSM8K test problems (from the start of the split).
-    #[arg(long, default_value_t = 20)]
-    pub limit: usize,
-    #[arg(long, default_value_t = 4)]
+    /// First N items of the split (default: all).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Sequences per forward batch.
+    #[arg(long, default_value_t = 8)]
     pub batch: usize,
+    /// Generation tasks: new tokens per item.
     #[arg(long, default_value_t = 256)]
     pub max_new_tokens: usize,
-    /// Skip the reference-answer perplexity.
+    /// Pair against the dense model of --model on the same items (Δ with its interval).
+    #[arg(long, conflicts_with = "compare_elm")]
+    pub compare_dense: bool,
+    /// Pair against this other ELM checkpoint (same solver settings) on the same items.
     #[arg(long)]
-    pub no_perplexity: bool,
-    /// Print every sample.
+    pub compare_elm: Option<PathBuf>,
+    /// Bootstrap resamples of every interval.
+    #[arg(long, default_value_t = 2000)]
+    pub bootstrap: usize,
+    /// Bootstrap seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// HumanEval: wall-clock limit per program, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub timeout: f64,
+    /// Print (and keep in the JSON) every generated sample.
     #[arg(long)]
     pub samples: bool,
+    /// Data directory holding gsm8k/ and humaneval/ (default: $ELM_DATA_DIR or the repo's data/).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
 
-/// `elm eval --task gsm8k`: greedy accuracy (exact match) + answer perplexity.
+/// Runs `task` on one model with a progress bar.
+fn run_one(
+    label: &str,
+    model: &ElmModel,
+    tok: &Tokenizer,
+    task: Task,
+    data: &TaskData,
+    opts: &TaskOptions,
+) -> Result<TaskRun> {
+    let bar = indicatif::ProgressBar::new(data.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{label} {{bar:30}} {{pos}}/{{len}} [{{elapsed_precise}}<{{eta_precise}}]"
+        ))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let run = run_task(model, tok, task, data, opts, |done, _| {
+        bar.set_position(done as u64)
+    });
+    bar.finish_and_clear();
+    run
+}
+
+/// `elm eval`: one task on one model (dense or ELM), each figure with its 95% bootstrap
+/// interval; with `--compare-dense` / `--compare-elm` also the paired difference.
 pub fn run_eval(a: EvalArgs) -> Result<()> {
-    if a.task != "gsm8k" {
-        return Err(ElmError::config(
-            "task",
-            format!("`{}`: only gsm8k is supported", a.task),
-        ));
-    }
-    let (model, tok) = ElmModel::load(&a.model, a.infer.elm.as_deref())?;
-    let dir = resolve_data_dir(a.data_dir.as_deref())?;
-    let test: Vec<_> = load_gsm8k(&dir, Split::Test)?
-        .into_iter()
-        .take(a.limit)
-        .collect();
-    let opts = Gsm8kOptions {
+    let task: Task = a.task.parse()?;
+    let opts = TaskOptions {
+        limit: a.limit,
         batch: a.batch,
         max_new_tokens: a.max_new_tokens,
         inference: a.infer.inference_config()?,
-        perplexity: !a.no_perplexity,
+        bootstrap: BootstrapConfig {
+            resamples: a.bootstrap,
+            seed: a.seed,
+            ..BootstrapConfig::default()
+        },
+        timeout_s: a.timeout,
     };
-    let bar = indicatif::ProgressBar::new(test.len() as u64);
-    let mut r = eval_gsm8k(&model, &tok, &test, &opts, |done| {
-        bar.set_position(done as u64)
-    })?;
-    bar.finish_and_clear();
+    opts.validate()?;
+    if matches!(task, Task::Gsm8k | Task::HumanEval) && a.max_new_tokens == 0 {
+        return Err(ElmError::config("max-new-tokens", "must be >= 1"));
+    }
+    if a.compare_dense && a.infer.elm.is_none() {
+        return Err(ElmError::config(
+            "compare-dense",
+            "needs --elm (the model compared with its dense reference)",
+        ));
+    }
+    let dir = resolve_data_dir(a.data_dir.as_deref())?;
+    let data = TaskData::load(task, &dir, a.limit)?;
+    // One BLAS thread (unless the environment says otherwise): decode's batch-1 matvecs use
+    // the spin team (see `elm bench`), and NLL then runs one batch per core, which beats a
+    // 2-thread BLAS on the many small attention gemms.
+    if std::env::var_os("OPENBLAS_NUM_THREADS").is_none() {
+        elm::model::ops::set_blas_threads(1);
+    }
+    let (model, tok) = ElmModel::load(&a.model, a.infer.elm.as_deref())?;
+    let mut run = run_one("model", &model, &tok, task, &data, &opts)?;
+    let reference_elm = a.compare_elm.as_ref();
+    let reference = if a.compare_dense || reference_elm.is_some() {
+        let reference_model = match reference_elm {
+            Some(dir) => ElmModel::load(&a.model, Some(dir))?.0,
+            None => ElmModel::dense(model.weights.clone()),
+        };
+        let r = run_one("reference", &reference_model, &tok, task, &data, &opts)?;
+        run.pair_with(&r, &opts.bootstrap)?;
+        Some(r)
+    } else {
+        None
+    };
     if !a.samples {
-        r.samples.iter_mut().for_each(|s| s.question.clear());
+        run.gsm8k_samples.clear();
+        run.humaneval_samples.clear();
     }
     if a.json {
-        let mut v = serde_json::to_value(&r).map_err(|e| ElmError::Json {
-            what: "result".into(),
-            msg: e.to_string(),
-        })?;
-        if !a.samples {
-            v.as_object_mut().map(|o| o.remove("samples"));
-        }
+        let to_value = |r: &TaskRun| {
+            serde_json::to_value(r).map_err(|e| ElmError::Json {
+                what: "result".into(),
+                msg: e.to_string(),
+            })
+        };
+        let mut v = to_value(&run)?;
         v["model"] = a.model.display().to_string().into();
         v["elm"] = a.infer.elm.as_ref().map(|p| p.display().to_string()).into();
+        v["data_dir"] = dir.display().to_string().into();
         v["inference"] = serde_json::to_value(&opts.inference).unwrap_or_default();
+        v["reference"] = match &reference {
+            Some(r) => {
+                let mut rv = to_value(r)?;
+                if let Some(o) = rv.as_object_mut() {
+                    o.remove("gsm8k_samples");
+                    o.remove("humaneval_samples");
+                }
+                rv["elm"] = reference_elm.map(|p| p.display().to_string()).into();
+                rv
+            }
+            None => serde_json::Value::Null,
+        };
         print_json(&v)?;
     } else {
-        println!(
-            "GSM8K {}/{} = {:.1}% | answer ppl {} | {:.1} tok/s | iterations/token {:.2} (max {}) | layer evals/token {:.2}",
-            r.correct,
-            r.n,
-            100.0 * r.accuracy,
-            r.answer_perplexity.map_or("-".into(), |p| format!("{p:.3}")),
-            r.tok_s,
-            r.solver.mean_iterations,
-            r.solver.max_iterations,
-            r.solver.layer_evals_per_token
-        );
-        if a.samples {
-            for s in &r.samples {
+        print_run("model", &run);
+        if let Some(r) = &reference {
+            print_run("reference", r);
+        }
+        for (name, m) in &run.metrics {
+            if let Some(p) = &m.paired {
                 println!(
-                    "---\n{}\n=> {:?} (ref {:?}) {}",
-                    s.prediction,
-                    s.extracted,
-                    s.reference,
-                    if s.correct { "✓" } else { "✗" }
+                    "{name}: Δ = {:+.4} [{:+.4}, {:+.4}] ({}){}",
+                    p.delta.value,
+                    p.delta.lo,
+                    p.delta.hi,
+                    p.verdict,
+                    p.ratio.as_ref().map_or(String::new(), |q| format!(
+                        ", ratio {:.3} [{:.3}, {:.3}]",
+                        q.value, q.lo, q.hi
+                    ))
                 );
             }
         }
+        for s in &run.gsm8k_samples {
+            println!(
+                "--- {}\n{}\n=> strict {} ({}), flexible {} ({})",
+                s.id,
+                s.prediction,
+                s.score.strict,
+                s.score.strict_correct,
+                s.score.flexible,
+                s.score.flexible_correct
+            );
+        }
+        for s in &run.humaneval_samples {
+            println!("--- {} {:?}\n{}", s.task_id, s.verdict, s.completion);
+        }
     }
     Ok(())
+}
+
+fn print_run(label: &str, r: &TaskRun) {
+    for (name, m) in &r.metrics {
+        let e = &m.estimate;
+        println!(
+            "{label}: {name} = {:.4} [{:.4}, {:.4}] (95% bootstrap, n = {})",
+            e.value, e.lo, e.hi, e.n
+        );
+    }
+    println!(
+        "{label}: {} tokens in {:.1}s = {:.1} tok/s{}",
+        r.tokens,
+        r.seconds,
+        r.tok_s,
+        r.perplexity
+            .map_or(String::new(), |p| format!(", perplexity {p:.3}"))
+    );
 }

@@ -38,7 +38,7 @@ pub enum Command {
     Compress(elm_cmds::CompressArgs),
     /// Train a fixed-point module (CE + distillation, SJFB).
     Train(elm_cmds::TrainArgs),
-    /// Evaluate a dense or ELM model on a task (GSM8K).
+    /// Evaluate a model (dense or ELM) on a task, with intervals and paired comparisons.
     Eval(elm_cmds::EvalArgs),
     /// Compress a model with a training-free baseline (ShortGPT, Shortened-LLaMA, window
     /// deletion, ReplaceMe, LaCo) into an HF model directory.

@@ -1,8 +1,9 @@
 //! Training/evaluation data: GSM8K and generic jsonl/text loaders, chat-formatted token
 //! sequences with answer-only loss masks, and a seeded, resumable batch order.
 //!
-//! Data lives outside the crate. Its directory is resolved as: the explicit `--data-dir`,
-//! else env `ELM_DATA_DIR`, else `<crate root>/../shared/data` when that exists.
+//! The data directory is resolved as: the explicit `--data-dir`, else env `ELM_DATA_DIR`,
+//! else the repository's own `data/` (GSM8K is committed there; HumanEval is fetched into it
+//! by `scripts/fetch-humaneval.sh`).
 
 use std::path::{Path, PathBuf};
 
@@ -43,6 +44,11 @@ impl Split {
     }
 }
 
+/// The repository's `data/` directory.
+pub fn default_data_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data")
+}
+
 /// Resolves the data directory (see module doc). Errors if none is found.
 pub fn resolve_data_dir(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = explicit {
@@ -51,7 +57,7 @@ pub fn resolve_data_dir(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Ok(p) = std::env::var("ELM_DATA_DIR") {
         return Ok(PathBuf::from(p));
     }
-    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data");
+    let default = default_data_dir();
     if default.is_dir() {
         return Ok(default);
     }
@@ -72,23 +78,58 @@ pub fn gsm8k_path(data_dir: &Path, split: Split) -> PathBuf {
 /// Loads a GSM8K split (`<data_dir>/gsm8k/{train,test}.jsonl`).
 pub fn load_gsm8k(data_dir: &Path, split: Split) -> Result<Vec<QaExample>> {
     let path = gsm8k_path(data_dir, split);
-    load_examples(&path)?
+    load_examples_with_lines(&path)?
         .into_iter()
-        .enumerate()
-        .map(|(i, e)| match e {
-            Example::Qa(q) => Ok(q),
+        .map(|(line, e)| match e {
+            Example::Qa(q) if gsm8k_final_answer(&q.answer).is_some() => Ok(q),
+            Example::Qa(q) => Err(ElmError::format(
+                &path,
+                format!(
+                    "line {line}: field `answer` has no final `#### N` marker (N a number): {:?}",
+                    tail(&q.answer)
+                ),
+            )),
             Example::Text(_) => Err(ElmError::format(
                 &path,
-                format!("line {}: expected `question` and `answer` fields", i + 1),
+                format!("line {line}: expected `question` and `answer` fields"),
             )),
         })
         .collect()
+}
+
+/// The last 60 characters of `s` (for error messages).
+fn tail(s: &str) -> &str {
+    let start = s.char_indices().rev().nth(59).map_or(0, |(i, _)| i);
+    &s[start..]
+}
+
+/// The final answer of a GSM8K solution: the text after its last `#### `, which must be a
+/// number (`-?[0-9.,]+` containing a digit, surrounding whitespace allowed); `None` when the
+/// marker or the number is missing.
+pub fn gsm8k_final_answer(answer: &str) -> Option<&str> {
+    let pos = answer.rfind("#### ")?;
+    let n = answer[pos + "#### ".len()..].trim();
+    let digits = n.strip_prefix('-').unwrap_or(n);
+    let numeric = !digits.is_empty()
+        && digits
+            .chars()
+            .all(|c| c.is_ascii_digit() || c == ',' || c == '.')
+        && digits.chars().any(|c| c.is_ascii_digit());
+    numeric.then_some(n)
 }
 
 /// Generic loader. `.jsonl`: one object per line with either `question`+`answer` (strings)
 /// or `text` (string); other fields are ignored. Any other extension: the whole file is one
 /// text example. Empty lines in jsonl are skipped.
 pub fn load_examples(path: &Path) -> Result<Vec<Example>> {
+    Ok(load_examples_with_lines(path)?
+        .into_iter()
+        .map(|(_, e)| e)
+        .collect())
+}
+
+/// [`load_examples`] with each example's 1-based line number (1 for a text file).
+pub fn load_examples_with_lines(path: &Path) -> Result<Vec<(usize, Example)>> {
     let raw = std::fs::read_to_string(path).map_err(|e| ElmError::io(path, e))?;
     let is_jsonl = path
         .extension()
@@ -97,7 +138,7 @@ pub fn load_examples(path: &Path) -> Result<Vec<Example>> {
         if raw.trim().is_empty() {
             return Err(ElmError::format(path, "text file is empty"));
         }
-        return Ok(vec![Example::Text(raw)]);
+        return Ok(vec![(1, Example::Text(raw))]);
     }
     let mut out = Vec::new();
     for (i, line) in raw.lines().enumerate() {
@@ -118,9 +159,9 @@ pub fn load_examples(path: &Path) -> Result<Vec<Example>> {
         };
         match (field("question")?, field("answer")?, field("text")?) {
             (Some(question), Some(answer), _) => {
-                out.push(Example::Qa(QaExample { question, answer }))
+                out.push((i + 1, Example::Qa(QaExample { question, answer })))
             }
-            (None, None, Some(t)) => out.push(Example::Text(t)),
+            (None, None, Some(t)) => out.push((i + 1, Example::Text(t))),
             _ => {
                 return Err(ElmError::format(
                     path,

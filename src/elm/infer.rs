@@ -368,6 +368,72 @@ impl<'m> ElmSession<'m> {
         Ok(self.logits(x2.view()))
     }
 
+    /// Final hidden states `[B, T, C]` (before the final norm; `T` = the longest sequence) of
+    /// one whole sequence per row, for teacher forcing on a fresh session. Lengths may
+    /// differ: rows are right-padded. Padding never reaches a real token: the dense layers are
+    /// causal, and the fixed point is solved per group of rows with the same length on their
+    /// real tokens only, so a row's solve (its iterates, residual, adaptive stop at δ·√len,
+    /// Anderson/Broyden mixing) is the one it would get alone. Hidden states at padded
+    /// positions are unspecified.
+    pub fn teacher_forced_hidden(&mut self, tokens: &[Vec<u32>]) -> Result<Array3<f32>> {
+        if tokens.len() != self.batch || tokens.iter().any(|t| t.is_empty()) {
+            return Err(ElmError::InvalidArgument(format!(
+                "teacher_forced_hidden: {} sequences (none may be empty) for a session of batch {}",
+                tokens.len(),
+                self.batch
+            )));
+        }
+        if self.lens().iter().any(|&l| l > 0) {
+            return Err(ElmError::InvalidArgument(
+                "teacher_forced_hidden needs a fresh session".into(),
+            ));
+        }
+        let lens: Vec<usize> = tokens.iter().map(Vec::len).collect();
+        let t_max = lens.iter().copied().max().unwrap_or(0);
+        if t_max > self.max_seq {
+            return Err(ElmError::InvalidArgument(format!(
+                "teacher_forced_hidden: {t_max} tokens for a session of max_seq {}",
+                self.max_seq
+            )));
+        }
+        let model = self.model;
+        let mc = model.config();
+        let seqs: Vec<usize> = (0..tokens.len()).collect();
+        let (mut x, _) = crate::model::embed_tokens(&model.weights, tokens)?; // [B, T, C]
+        let (front, back) = match &model.elm {
+            None => (mc.num_layers, 0),
+            Some((ec, _)) => (ec.start_layer, mc.num_layers - ec.end_layer()),
+        };
+        let kept = model.kept_layers();
+        for (slot, &layer) in kept.iter().enumerate().take(front) {
+            self.dense_layer(slot, layer, &mut x, &seqs)?;
+        }
+        if model.elm.is_some() {
+            let mut groups: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+            for (b, &len) in lens.iter().enumerate() {
+                groups.entry(len).or_default().push(b);
+            }
+            for (len, rows) in groups {
+                // h of the group's real tokens: [R, len, C].
+                let h = x.select(Axis(0), &rows).slice(s![.., ..len, ..]).to_owned();
+                let y = self.solve_fixed_point(h, &rows, true)?;
+                for (gi, &b) in rows.iter().enumerate() {
+                    x.slice_mut(s![b, ..len, ..])
+                        .assign(&y.index_axis(Axis(0), gi));
+                }
+            }
+        }
+        for (slot, &layer) in kept.iter().enumerate().skip(front).take(back) {
+            self.dense_layer(slot, layer, &mut x, &seqs)?;
+        }
+        Ok(x)
+    }
+
+    /// Final norm + LM head: hidden states `[N, C]` → logits `[N, V]`.
+    pub fn logits_of_hidden(&self, h: ArrayView2<f32>) -> Array2<f32> {
+        self.logits(h)
+    }
+
     /// Final hidden states `[R, T, C]` (before the final norm).
     fn forward_hidden(
         &mut self,

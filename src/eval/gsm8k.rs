@@ -1,16 +1,23 @@
-//! GSM8K: greedy generation in the chat template, answer extraction, exact match; and
-//! perplexity of the reference answers (teacher forcing), for a dense model or an ELM.
+//! GSM8K for a dense model or an ELM: greedy generation in the chat template scored by the
+//! harness's strict and flexible exact match ([`super::answer`]), and the teacher-forced NLL
+//! of the reference solutions ([`super::nll`]). Every figure is kept per item so that
+//! [`super::stats`] can put an interval on it and pair two models on the same problems.
 
 use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::elm::data::QaExample;
+use crate::elm::data::{tokenize_example, Example, QaExample};
 use crate::elm::infer::{generate_greedy, ElmModel, ElmSession, FpStat, InferenceConfig};
-use crate::error::Result;
+use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
 
-use super::answer::{exact_match, extract_answer};
+use super::answer::{score_response, AnswerScore};
+use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};
+use super::stats::ItemScore;
+
+/// Text that closes the assistant turn after a reference answer (what training appends).
+pub const ANSWER_SUFFIX: &str = "<|im_end|>\n";
 
 /// Fixed-point statistics over decode tokens.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -55,11 +62,12 @@ impl SolverSummary {
 /// One evaluated problem.
 #[derive(Clone, Debug, Serialize)]
 pub struct Sample {
+    /// Index of the problem in its split.
+    pub id: String,
     pub question: String,
-    pub reference: Option<String>,
+    pub reference: String,
     pub prediction: String,
-    pub extracted: Option<String>,
-    pub correct: bool,
+    pub score: AnswerScore,
 }
 
 /// GSM8K evaluation settings.
@@ -68,20 +76,19 @@ pub struct Gsm8kOptions {
     pub batch: usize,
     pub max_new_tokens: usize,
     pub inference: InferenceConfig,
-    /// Also compute the perplexity of the reference answers.
-    pub perplexity: bool,
 }
 
-/// GSM8K results.
+/// GSM8K exact match (greedy generation), both harness extractions, per item.
 #[derive(Clone, Debug, Serialize)]
 pub struct Gsm8kResult {
     pub n: usize,
-    pub correct: usize,
-    pub accuracy: f64,
-    /// `exp(mean NLL)` of the reference answer tokens given the chat prompt.
-    pub answer_perplexity: Option<f64>,
+    /// Per problem: `value` 1 when the strict extraction matches, weight 1.
+    pub strict_items: Vec<ItemScore>,
+    /// Per problem: `value` 1 when the flexible extraction matches, weight 1.
+    pub flexible_items: Vec<ItemScore>,
     pub generated_tokens: usize,
     pub seconds: f64,
+    /// Generated tokens per second.
     pub tok_s: f64,
     pub solver: SolverSummary,
     pub kv_bytes_per_sequence: usize,
@@ -104,25 +111,49 @@ pub fn stop_ids(tok: &Tokenizer) -> Vec<u32> {
     v
 }
 
-/// Runs GSM8K on `examples` with `model` (dense or ELM); `on_progress(done)` is called after
-/// each batch with the number of examples finished so far.
+/// Checks the options and that every example has an id (`ids.len() == examples.len()`).
+fn check(ids: &[String], examples: &[QaExample], batch: usize) -> Result<()> {
+    if batch == 0 {
+        return Err(ElmError::config("batch", "must be >= 1"));
+    }
+    if examples.is_empty() {
+        return Err(ElmError::InvalidArgument(
+            "no GSM8K problems to evaluate".into(),
+        ));
+    }
+    if ids.len() != examples.len() {
+        return Err(ElmError::InvalidArgument(format!(
+            "{} ids for {} problems",
+            ids.len(),
+            examples.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Greedy generation on `examples` (ids `ids`, e.g. their split indices) with `model` (dense
+/// or ELM) in the chat template, stopping at the end of the assistant turn; scores both
+/// harness extractions. `on_progress(done)` after each batch.
 pub fn eval_gsm8k(
     model: &ElmModel,
     tok: &Tokenizer,
+    ids: &[String],
     examples: &[QaExample],
     opts: &Gsm8kOptions,
     mut on_progress: impl FnMut(usize),
 ) -> Result<Gsm8kResult> {
+    check(ids, examples, opts.batch)?;
     let stops = stop_ids(tok);
     let start = Instant::now();
     let mut samples = Vec::with_capacity(examples.len());
     let mut stats = Vec::new();
     let mut generated = 0;
     let mut kv_bytes_per_sequence = 0;
-    for chunk in examples.chunks(opts.batch.max(1)) {
+    let indexed: Vec<(&String, &QaExample)> = ids.iter().zip(examples).collect();
+    for chunk in indexed.chunks(opts.batch) {
         let prompts = chunk
             .iter()
-            .map(|e| tok.encode(&chat_prompt(tok, &e.question), false))
+            .map(|(_, e)| tok.encode(&chat_prompt(tok, &e.question), false))
             .collect::<Result<Vec<_>>>()?;
         let max_prompt = prompts.iter().map(|p| p.len()).max().unwrap_or(1);
         let mut session = ElmSession::new(
@@ -134,32 +165,36 @@ pub fn eval_gsm8k(
         let outs = generate_greedy(&mut session, &prompts, opts.max_new_tokens, &stops)?;
         kv_bytes_per_sequence = session.kv_bytes() / prompts.len();
         stats.extend(session.decode_stats.iter().cloned());
-        for (e, out) in chunk.iter().zip(outs) {
+        for ((id, e), out) in chunk.iter().zip(outs) {
             generated += out.len();
-            let ids: Vec<u32> = out.into_iter().filter(|t| !stops.contains(t)).collect();
-            let prediction = tok.decode(&ids)?;
+            let kept: Vec<u32> = out.into_iter().filter(|t| !stops.contains(t)).collect();
+            let prediction = tok.decode(&kept)?;
             samples.push(Sample {
+                id: (*id).clone(),
                 question: e.question.clone(),
-                reference: extract_answer(&e.answer),
-                extracted: extract_answer(&prediction),
-                correct: exact_match(&prediction, &e.answer),
+                reference: e.answer.clone(),
+                score: score_response(&prediction, &e.answer),
                 prediction,
             });
         }
         on_progress(samples.len());
     }
     let seconds = start.elapsed().as_secs_f64();
-    let answer_perplexity = if opts.perplexity {
-        Some(answer_perplexity(model, tok, examples, &opts.inference)?)
-    } else {
-        None
+    let item = |s: &Sample, correct: bool| ItemScore {
+        id: s.id.clone(),
+        value: f64::from(u8::from(correct)),
+        weight: 1.0,
     };
-    let correct = samples.iter().filter(|s| s.correct).count();
     Ok(Gsm8kResult {
         n: samples.len(),
-        correct,
-        accuracy: correct as f64 / samples.len().max(1) as f64,
-        answer_perplexity,
+        strict_items: samples
+            .iter()
+            .map(|s| item(s, s.score.strict_correct))
+            .collect(),
+        flexible_items: samples
+            .iter()
+            .map(|s| item(s, s.score.flexible_correct))
+            .collect(),
         generated_tokens: generated,
         seconds,
         tok_s: generated as f64 / seconds.max(1e-9),
@@ -169,33 +204,39 @@ pub fn eval_gsm8k(
     })
 }
 
-/// `exp(mean NLL)` of the answer tokens (answer + `<|im_end|>\n`) given the chat prompt.
-pub fn answer_perplexity(
+/// Teacher-forced NLL of each reference solution given its question, in the chat template
+/// the model is tuned with (`prompt ++ answer ++ "<|im_end|>\n"`, exactly the tokens
+/// `elm train` puts its loss on; see [`crate::elm::data::tokenize_example`]).
+pub fn answer_nll(
     model: &ElmModel,
     tok: &Tokenizer,
+    ids: &[String],
     examples: &[QaExample],
     inference: &InferenceConfig,
-) -> Result<f64> {
-    let (mut nll, mut count) = (0.0f64, 0usize);
-    for e in examples {
-        let prompt = tok.encode(&chat_prompt(tok, &e.question), false)?;
-        let answer = tok.encode(&format!("{}<|im_end|>\n", e.answer), false)?;
-        let mut all = prompt.clone();
-        all.extend(&answer);
-        let mut s = ElmSession::new(model, inference.clone(), 1, all.len())?;
-        let logits = s.prefill_all_logits(0, &all)?;
-        for (i, &tgt) in answer.iter().enumerate() {
-            let row = logits.row(prompt.len() + i - 1);
-            let m = row.fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let lse = m as f64
-                + row
-                    .iter()
-                    .map(|&v| ((v - m) as f64).exp())
-                    .sum::<f64>()
-                    .ln();
-            nll += lse - row[tgt as usize] as f64;
-            count += 1;
-        }
-    }
-    Ok((nll / count.max(1) as f64).exp())
+    batch: usize,
+    on_progress: impl FnMut(usize) + Send,
+) -> Result<NllRun> {
+    check(ids, examples, batch)?;
+    let seqs = ids
+        .iter()
+        .zip(examples)
+        .map(|(id, e)| {
+            let seq = tokenize_example(
+                &Example::Qa(e.clone()),
+                usize::MAX,
+                &|q: &str| chat_prompt(tok, q),
+                ANSWER_SUFFIX,
+                &|text: &str| tok.encode(text, false),
+            )?;
+            let first = seq.loss_mask.iter().position(|&m| m).ok_or_else(|| {
+                ElmError::InvalidArgument(format!("problem {id}: answer has no tokens"))
+            })?;
+            Ok(ScoredSequence {
+                id: id.clone(),
+                tokens: seq.tokens,
+                first_scored: first,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    teacher_forced_nll(model, inference, &seqs, batch, on_progress)
 }

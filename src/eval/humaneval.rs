@@ -1,0 +1,232 @@
+//! HumanEval (164 Python problems, openai/human-eval, MIT): greedy pass@1 and the
+//! teacher-forced NLL of each canonical solution given its prompt.
+//!
+//! Prompting is completion-style, as in the HumanEval paper: the model continues the raw
+//! prompt (signature + docstring, no chat template) and the completion is cut at the first
+//! of [`STOP_SEQUENCES`] (a new top-level statement). The program `prompt + completion +
+//! "\n" + test + "\ncheck(entry_point)\n"` runs in [`super::sandbox`], never in this process.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::elm::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig};
+use crate::error::{ElmError, Result};
+use crate::io::tokenizer::Tokenizer;
+
+use super::gsm8k::{stop_ids, SolverSummary};
+use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};
+use super::sandbox::{run_python, Isolation, SandboxConfig, Verdict};
+use super::stats::ItemScore;
+
+/// Where a completion ends (the HumanEval paper's stop sequences).
+pub const STOP_SEQUENCES: [&str; 5] = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"];
+
+/// One problem of `HumanEval.jsonl`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Problem {
+    pub task_id: String,
+    pub prompt: String,
+    pub canonical_solution: String,
+    pub test: String,
+    pub entry_point: String,
+}
+
+/// `<data_dir>/humaneval/HumanEval.jsonl` (written by `scripts/fetch-humaneval.sh`).
+pub fn problems_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("humaneval").join("HumanEval.jsonl")
+}
+
+/// Loads and checks the problems (every field non-empty, ids unique).
+pub fn load_problems(path: &Path) -> Result<Vec<Problem>> {
+    let raw = std::fs::read_to_string(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            ElmError::format(
+                path,
+                "missing: run `bash scripts/fetch-humaneval.sh` (or scripts/setup.sh)",
+            )
+        } else {
+            ElmError::io(path, e)
+        }
+    })?;
+    let mut out: Vec<Problem> = Vec::new();
+    for (i, line) in raw.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let p: Problem = serde_json::from_str(line)
+            .map_err(|e| ElmError::format(path, format!("line {}: {e}", i + 1)))?;
+        let empty = [
+            ("task_id", &p.task_id),
+            ("prompt", &p.prompt),
+            ("canonical_solution", &p.canonical_solution),
+            ("test", &p.test),
+            ("entry_point", &p.entry_point),
+        ]
+        .into_iter()
+        .find(|(_, v)| v.trim().is_empty());
+        if let Some((field, _)) = empty {
+            return Err(ElmError::format(
+                path,
+                format!("line {}: field `{field}` is empty", i + 1),
+            ));
+        }
+        if out.iter().any(|q| q.task_id == p.task_id) {
+            return Err(ElmError::format(
+                path,
+                format!("line {}: duplicate task_id {}", i + 1, p.task_id),
+            ));
+        }
+        out.push(p);
+    }
+    if out.is_empty() {
+        return Err(ElmError::format(path, "no problems"));
+    }
+    Ok(out)
+}
+
+/// The completion up to the first stop sequence.
+pub fn truncate_completion(text: &str) -> &str {
+    let end = STOP_SEQUENCES
+        .iter()
+        .filter_map(|s| text.find(s))
+        .min()
+        .unwrap_or(text.len());
+    &text[..end]
+}
+
+/// The program that checks `completion` against the problem's tests.
+pub fn check_program(p: &Problem, completion: &str) -> String {
+    format!(
+        "{}{}\n\n{}\n\ncheck({})\n",
+        p.prompt, completion, p.test, p.entry_point
+    )
+}
+
+/// HumanEval settings.
+#[derive(Clone, Debug)]
+pub struct HumanEvalOptions {
+    pub batch: usize,
+    pub max_new_tokens: usize,
+    pub inference: InferenceConfig,
+    /// Wall-clock limit per program, seconds.
+    pub timeout_s: f64,
+}
+
+/// One evaluated problem.
+#[derive(Clone, Debug, Serialize)]
+pub struct HumanEvalSample {
+    pub task_id: String,
+    pub completion: String,
+    pub verdict: Verdict,
+    pub seconds: f64,
+    pub stderr_tail: String,
+}
+
+/// pass@1 results.
+#[derive(Clone, Debug, Serialize)]
+pub struct HumanEvalResult {
+    /// `value` 1 when the problem's tests pass, weight 1.
+    pub items: Vec<ItemScore>,
+    pub samples: Vec<HumanEvalSample>,
+    pub generated_tokens: usize,
+    pub seconds: f64,
+    pub tok_s: f64,
+    pub solver: SolverSummary,
+    pub isolation: Option<Isolation>,
+}
+
+/// Greedy completion of every problem, then its tests in the sandbox.
+pub fn eval_humaneval(
+    model: &ElmModel,
+    tok: &Tokenizer,
+    problems: &[Problem],
+    opts: &HumanEvalOptions,
+    mut on_progress: impl FnMut(usize),
+) -> Result<HumanEvalResult> {
+    if opts.batch == 0 || !opts.timeout_s.is_finite() || opts.timeout_s <= 0.0 {
+        return Err(ElmError::config(
+            "humaneval",
+            "batch must be >= 1 and timeout > 0",
+        ));
+    }
+    let sandbox = SandboxConfig {
+        timeout: Duration::from_secs_f64(opts.timeout_s),
+        ..SandboxConfig::default()
+    };
+    let stops = stop_ids(tok);
+    let start = Instant::now();
+    let (mut samples, mut items, mut stats) = (vec![], vec![], vec![]);
+    let (mut generated, mut isolation) = (0, None);
+    for chunk in problems.chunks(opts.batch) {
+        let prompts = chunk
+            .iter()
+            .map(|p| tok.encode(&p.prompt, false))
+            .collect::<Result<Vec<_>>>()?;
+        let max_prompt = prompts.iter().map(Vec::len).max().unwrap_or(1);
+        let mut session = ElmSession::new(
+            model,
+            opts.inference.clone(),
+            prompts.len(),
+            max_prompt + opts.max_new_tokens + 1,
+        )?;
+        let outs = generate_greedy(&mut session, &prompts, opts.max_new_tokens, &stops)?;
+        stats.extend(session.decode_stats.iter().cloned());
+        for (p, out) in chunk.iter().zip(outs) {
+            generated += out.len();
+            let kept: Vec<u32> = out.into_iter().filter(|t| !stops.contains(t)).collect();
+            let text = tok.decode(&kept)?;
+            let completion = truncate_completion(&text).to_string();
+            let (run, iso) = run_python(&check_program(p, &completion), &sandbox)?;
+            isolation = Some(iso);
+            items.push(ItemScore {
+                id: p.task_id.clone(),
+                value: f64::from(u8::from(run.verdict == Verdict::Passed)),
+                weight: 1.0,
+            });
+            samples.push(HumanEvalSample {
+                task_id: p.task_id.clone(),
+                completion,
+                verdict: run.verdict,
+                seconds: run.seconds,
+                stderr_tail: run.stderr_tail,
+            });
+        }
+        on_progress(samples.len());
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(HumanEvalResult {
+        items,
+        samples,
+        generated_tokens: generated,
+        seconds,
+        tok_s: generated as f64 / seconds.max(1e-9),
+        solver: SolverSummary::from_stats(&stats, model.kept_layers().len()),
+        isolation,
+    })
+}
+
+/// Teacher-forced NLL per token of each canonical solution given its prompt (the prompt and
+/// the solution are tokenized separately, as the completion would be).
+pub fn solution_nll(
+    model: &ElmModel,
+    tok: &Tokenizer,
+    problems: &[Problem],
+    inference: &InferenceConfig,
+    batch: usize,
+    on_progress: impl FnMut(usize) + Send,
+) -> Result<NllRun> {
+    let seqs = problems
+        .iter()
+        .map(|p| {
+            ScoredSequence::new(
+                p.task_id.clone(),
+                &tok.encode(&p.prompt, false)?,
+                &tok.encode(&p.canonical_solution, false)?,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    teacher_forced_nll(model, inference, &seqs, batch, on_progress)
+}

@@ -1,0 +1,291 @@
+//! One evaluation entry point for every model variant: a [`Task`] on an [`ElmModel`] (dense,
+//! LoRA-merged dense, ELM, any baseline that loads as one) gives named metrics, each with
+//! its per-item scores and bootstrap interval; [`TaskRun::pair_with`] adds the paired
+//! comparison against a reference run on the same items.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::elm::data::{load_gsm8k, Split};
+use crate::elm::infer::{ElmModel, InferenceConfig};
+use crate::error::{ElmError, Result};
+use crate::io::tokenizer::Tokenizer;
+
+use super::gsm8k::{answer_nll, eval_gsm8k, Gsm8kOptions, Sample, SolverSummary};
+use super::humaneval::{self, HumanEvalOptions, HumanEvalSample, Problem};
+use super::nll::NllRun;
+use super::stats::{estimate, paired, BootstrapConfig, Estimate, ItemScore, PairedComparison};
+
+/// What `elm eval --task` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Task {
+    /// Teacher-forced NLL per token of the GSM8K reference solutions.
+    Gsm8kNll,
+    /// GSM8K exact match (greedy), strict and flexible extraction.
+    Gsm8k,
+    /// HumanEval pass@1 (greedy), run in a sandboxed `python3`.
+    HumanEval,
+    /// Teacher-forced NLL per token of the HumanEval canonical solutions.
+    HumanEvalNll,
+}
+
+impl std::str::FromStr for Task {
+    type Err = ElmError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "gsm8k-nll" => Ok(Task::Gsm8kNll),
+            "gsm8k" => Ok(Task::Gsm8k),
+            "humaneval" => Ok(Task::HumanEval),
+            "humaneval-nll" => Ok(Task::HumanEvalNll),
+            _ => Err(ElmError::config(
+                "task",
+                format!("`{s}`: expected gsm8k-nll, gsm8k, humaneval or humaneval-nll"),
+            )),
+        }
+    }
+}
+
+/// Settings of a task run.
+#[derive(Clone, Debug)]
+pub struct TaskOptions {
+    /// First `limit` items of the split (`None` = all).
+    pub limit: Option<usize>,
+    /// Sequences per forward batch.
+    pub batch: usize,
+    /// Generation tasks: new tokens per item.
+    pub max_new_tokens: usize,
+    pub inference: InferenceConfig,
+    pub bootstrap: BootstrapConfig,
+    /// HumanEval: the sandbox's wall-clock limit per program, seconds.
+    pub timeout_s: f64,
+}
+
+impl TaskOptions {
+    pub fn validate(&self) -> Result<()> {
+        if self.limit == Some(0) {
+            return Err(ElmError::config(
+                "limit",
+                "must be >= 1 (omit it for all items)",
+            ));
+        }
+        if self.batch == 0 {
+            return Err(ElmError::config("batch", "must be >= 1"));
+        }
+        self.inference.validate()
+    }
+}
+
+/// One metric of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct MetricReport {
+    pub estimate: Estimate,
+    pub higher_is_better: bool,
+    /// Against the reference run, when one was paired.
+    pub paired: Option<PairedComparison>,
+    pub items: Vec<ItemScore>,
+}
+
+/// The items a task runs on, loaded and checked.
+pub enum TaskData {
+    Gsm8k {
+        ids: Vec<String>,
+        examples: Vec<crate::elm::data::QaExample>,
+    },
+    HumanEval(Vec<Problem>),
+}
+
+impl TaskData {
+    /// Loads the task's split from `data_dir` (GSM8K test, HumanEval), first `limit` items.
+    pub fn load(task: Task, data_dir: &Path, limit: Option<usize>) -> Result<Self> {
+        let take = limit.unwrap_or(usize::MAX);
+        Ok(match task {
+            Task::Gsm8k | Task::Gsm8kNll => {
+                let examples: Vec<_> = load_gsm8k(data_dir, Split::Test)?
+                    .into_iter()
+                    .take(take)
+                    .collect();
+                TaskData::Gsm8k {
+                    ids: (0..examples.len()).map(|i| i.to_string()).collect(),
+                    examples,
+                }
+            }
+            Task::HumanEval | Task::HumanEvalNll => TaskData::HumanEval(
+                humaneval::load_problems(&humaneval::problems_path(data_dir))?
+                    .into_iter()
+                    .take(take)
+                    .collect(),
+            ),
+        })
+    }
+    pub fn len(&self) -> usize {
+        match self {
+            TaskData::Gsm8k { ids, .. } => ids.len(),
+            TaskData::HumanEval(p) => p.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What one model did on a task.
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskRun {
+    pub task: Task,
+    pub n: usize,
+    /// Metric name → report (e.g. `answer_nll`; `strict_match` and `flexible_extract`).
+    pub metrics: BTreeMap<String, MetricReport>,
+    /// exp(mean NLL) for NLL tasks.
+    pub perplexity: Option<f64>,
+    pub seconds: f64,
+    /// Tokens per second: processed tokens (prompts included) for NLL tasks, generated
+    /// tokens for generation tasks.
+    pub tok_s: f64,
+    pub tokens: usize,
+    /// Fixed-point statistics (per sequence solve for NLL, per decoded token otherwise).
+    pub solver: SolverSummary,
+    pub gsm8k_samples: Vec<Sample>,
+    pub humaneval_samples: Vec<HumanEvalSample>,
+}
+
+impl TaskRun {
+    /// Adds to every metric its paired comparison against `reference` (same task, items).
+    pub fn pair_with(&mut self, reference: &TaskRun, cfg: &BootstrapConfig) -> Result<()> {
+        if reference.task != self.task {
+            return Err(ElmError::InvalidArgument(format!(
+                "pairing {:?} with a {:?} run",
+                self.task, reference.task
+            )));
+        }
+        for (name, m) in self.metrics.iter_mut() {
+            let r = reference.metrics.get(name).ok_or_else(|| {
+                ElmError::InvalidArgument(format!("reference run has no metric {name}"))
+            })?;
+            m.paired = Some(paired(&m.items, &r.items, cfg)?);
+        }
+        Ok(())
+    }
+}
+
+fn metric(
+    items: Vec<ItemScore>,
+    higher_is_better: bool,
+    cfg: &BootstrapConfig,
+) -> Result<MetricReport> {
+    Ok(MetricReport {
+        estimate: estimate(&items, cfg)?,
+        higher_is_better,
+        paired: None,
+        items,
+    })
+}
+
+fn nll_run(task: Task, run: NllRun, name: &str, cfg: &BootstrapConfig) -> Result<TaskRun> {
+    let m = metric(run.items, false, cfg)?;
+    Ok(TaskRun {
+        task,
+        n: m.items.len(),
+        perplexity: Some(m.estimate.value.exp()),
+        metrics: BTreeMap::from([(name.to_string(), m)]),
+        seconds: run.seconds,
+        tok_s: run.tok_s,
+        tokens: run.tokens_processed,
+        solver: run.solver,
+        gsm8k_samples: vec![],
+        humaneval_samples: vec![],
+    })
+}
+
+/// Runs `task` on `data` with `model`; `on_progress(done, total)` after each batch.
+pub fn run_task(
+    model: &ElmModel,
+    tok: &Tokenizer,
+    task: Task,
+    data: &TaskData,
+    opts: &TaskOptions,
+    mut on_progress: impl FnMut(usize, usize) + Send,
+) -> Result<TaskRun> {
+    opts.validate()?;
+    if data.is_empty() {
+        return Err(ElmError::InvalidArgument(format!("{task:?}: no items")));
+    }
+    let total = data.len();
+    let cfg = &opts.bootstrap;
+    match (task, data) {
+        (Task::Gsm8kNll, TaskData::Gsm8k { ids, examples }) => {
+            let run = answer_nll(
+                model,
+                tok,
+                ids,
+                examples,
+                &opts.inference,
+                opts.batch,
+                |d| on_progress(d, total),
+            )?;
+            nll_run(task, run, "answer_nll", cfg)
+        }
+        (Task::Gsm8k, TaskData::Gsm8k { ids, examples }) => {
+            let g = Gsm8kOptions {
+                batch: opts.batch,
+                max_new_tokens: opts.max_new_tokens,
+                inference: opts.inference.clone(),
+            };
+            let r = eval_gsm8k(model, tok, ids, examples, &g, |d| on_progress(d, total))?;
+            Ok(TaskRun {
+                task,
+                n: r.n,
+                metrics: BTreeMap::from([
+                    (
+                        "strict_match".to_string(),
+                        metric(r.strict_items, true, cfg)?,
+                    ),
+                    (
+                        "flexible_extract".to_string(),
+                        metric(r.flexible_items, true, cfg)?,
+                    ),
+                ]),
+                perplexity: None,
+                seconds: r.seconds,
+                tok_s: r.tok_s,
+                tokens: r.generated_tokens,
+                solver: r.solver,
+                gsm8k_samples: r.samples,
+                humaneval_samples: vec![],
+            })
+        }
+        (Task::HumanEvalNll, TaskData::HumanEval(problems)) => {
+            let run =
+                humaneval::solution_nll(model, tok, problems, &opts.inference, opts.batch, |d| {
+                    on_progress(d, total)
+                })?;
+            nll_run(task, run, "solution_nll", cfg)
+        }
+        (Task::HumanEval, TaskData::HumanEval(problems)) => {
+            let h = HumanEvalOptions {
+                batch: opts.batch,
+                max_new_tokens: opts.max_new_tokens,
+                inference: opts.inference.clone(),
+                timeout_s: opts.timeout_s,
+            };
+            let r = humaneval::eval_humaneval(model, tok, problems, &h, |d| on_progress(d, total))?;
+            Ok(TaskRun {
+                task,
+                n: r.samples.len(),
+                metrics: BTreeMap::from([("pass_at_1".to_string(), metric(r.items, true, cfg)?)]),
+                perplexity: None,
+                seconds: r.seconds,
+                tok_s: r.tok_s,
+                tokens: r.generated_tokens,
+                solver: r.solver,
+                gsm8k_samples: vec![],
+                humaneval_samples: r.samples,
+            })
+        }
+        _ => Err(ElmError::InvalidArgument(format!(
+            "{task:?}: data loaded for another task"
+        ))),
+    }
+}

@@ -1,0 +1,239 @@
+//! `elm eval` on the real SmolLM2 checkpoint: every NLL figure comes with its interval, n and
+//! tok/s; an ELM paired against its dense model gives Δ with its interval; the batched CLI
+//! figure equals the one-sequence path; data is found in the repository without ../shared;
+//! bad data and bad arguments are refused with a clear error.
+
+use std::process::Command;
+
+use elm::elm::data::{default_data_dir, load_gsm8k, Split};
+use elm::elm::infer::{ElmModel, ElmSession, InferenceConfig};
+use elm::eval::gsm8k::{chat_prompt, ANSWER_SUFFIX};
+use elm::eval::nll::token_nll;
+
+fn model_path() -> std::path::PathBuf {
+    let path = elm::model::default_model_path();
+    assert!(
+        path.exists(),
+        "{} missing: run scripts/fetch-smollm2.sh or set ELM_MODELS_DIR",
+        path.display()
+    );
+    path
+}
+
+/// Runs `elm` with no ELM_DATA_DIR (as in a fresh clone without ../shared).
+fn elm(args: &[&str]) -> (bool, serde_json::Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_elm"))
+        .args(args)
+        .env_remove("ELM_DATA_DIR")
+        .output()
+        .expect("run elm");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let json = serde_json::from_str(stdout.trim()).unwrap_or(serde_json::Value::Null);
+    (out.status.success(), json, stderr)
+}
+
+fn tmp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("elm-eval-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// NLL of the first `n` GSM8K test answers, one sequence at a time through
+/// `prefill_all_logits` (an independent path from the batched one).
+fn one_at_a_time_nll(model: &ElmModel, tok: &elm::io::tokenizer::Tokenizer, n: usize) -> f64 {
+    let test = load_gsm8k(&default_data_dir(), Split::Test).unwrap();
+    let (mut sum, mut count) = (0.0, 0usize);
+    for e in test.iter().take(n) {
+        let prompt = tok.encode(&chat_prompt(tok, &e.question), false).unwrap();
+        let answer = tok
+            .encode(&format!("{}{ANSWER_SUFFIX}", e.answer), false)
+            .unwrap();
+        let mut all = prompt.clone();
+        all.extend(&answer);
+        let mut s = ElmSession::new(model, InferenceConfig::default(), 1, all.len()).unwrap();
+        let logits = s.prefill_all_logits(0, &all).unwrap();
+        for (i, &t) in answer.iter().enumerate() {
+            sum += token_nll(logits.row(prompt.len() + i - 1), t);
+            count += 1;
+        }
+    }
+    sum / count as f64
+}
+
+#[test]
+fn gsm8k_nll_dense_and_paired_elm() {
+    let model = model_path();
+    let m = model.to_str().unwrap();
+    let (ok, v, err) = elm(&[
+        "eval",
+        "--model",
+        m,
+        "--task",
+        "gsm8k-nll",
+        "--limit",
+        "3",
+        "--batch",
+        "2",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    // The default data dir is the repository's data/.
+    assert_eq!(
+        std::path::Path::new(v["data_dir"].as_str().unwrap()),
+        default_data_dir()
+    );
+    let est = &v["metrics"]["answer_nll"]["estimate"];
+    let (value, lo, hi) = (
+        est["value"].as_f64().unwrap(),
+        est["lo"].as_f64().unwrap(),
+        est["hi"].as_f64().unwrap(),
+    );
+    assert_eq!(est["n"], 3);
+    assert!(lo <= value && value <= hi && lo < hi, "{est}");
+    assert!(v["tok_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        v["metrics"]["answer_nll"]["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    // The batched figure is the one-sequence-at-a-time figure.
+    let (dense, tok) = ElmModel::load(&model, None).unwrap();
+    let reference = one_at_a_time_nll(&dense, &tok, 3);
+    assert!(
+        (value - reference).abs() < 1e-3,
+        "batched {value} vs one at a time {reference}"
+    );
+
+    // An ELM (just compressed: W_z small, so near the dense model but not equal) paired
+    // with its dense model on the same 2 problems.
+    let ck = tmp_dir("ck");
+    let ck_s = ck.join("init");
+    let (ok, _, err) = elm(&[
+        "compress",
+        "--model",
+        m,
+        "--start",
+        "12",
+        "--num-replaced",
+        "8",
+        "--out",
+        ck_s.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, v, err) = elm(&[
+        "eval",
+        "--model",
+        m,
+        "--elm",
+        ck_s.to_str().unwrap(),
+        "--task",
+        "gsm8k-nll",
+        "--limit",
+        "2",
+        "--max-iter",
+        "4",
+        "--compare-dense",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let p = &v["metrics"]["answer_nll"]["paired"];
+    let d = &p["delta"];
+    let (dv, dlo, dhi) = (
+        d["value"].as_f64().unwrap(),
+        d["lo"].as_f64().unwrap(),
+        d["hi"].as_f64().unwrap(),
+    );
+    assert!(dlo <= dv && dv <= dhi, "{p}");
+    let elm_nll = v["metrics"]["answer_nll"]["estimate"]["value"]
+        .as_f64()
+        .unwrap();
+    let dense_nll = v["reference"]["metrics"]["answer_nll"]["estimate"]["value"]
+        .as_f64()
+        .unwrap();
+    assert!((dv - (elm_nll - dense_nll)).abs() < 1e-9);
+    // Replacing 8 layers by one untrained module costs likelihood.
+    assert!(dv > 0.0, "ΔNLL {dv}");
+    assert!(
+        v["solver"]["tokens"].as_u64().unwrap() == 2,
+        "{}",
+        v["solver"]
+    );
+    let _ = std::fs::remove_dir_all(&ck);
+}
+
+#[test]
+fn gsm8k_exact_match_reports_both_extractions() {
+    let model = model_path();
+    let (ok, v, err) = elm(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--task",
+        "gsm8k",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--samples",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    for name in ["strict_match", "flexible_extract"] {
+        let e = &v["metrics"][name]["estimate"];
+        assert_eq!(e["n"], 2, "{name}");
+        let val = e["value"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&val));
+    }
+    assert_eq!(v["gsm8k_samples"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn bad_data_and_arguments_are_refused() {
+    let model = model_path();
+    let m = model.to_str().unwrap();
+    // A GSM8K file whose answer lacks `#### N` is rejected, naming file and line.
+    let dir = tmp_dir("bad");
+    std::fs::create_dir_all(dir.join("gsm8k")).unwrap();
+    std::fs::write(
+        dir.join("gsm8k/test.jsonl"),
+        "{\"question\": \"1+1?\", \"answer\": \"2\\n#### 2\"}\n\
+         {\"question\": \"2+2?\", \"answer\": \"It is 4.\"}\n",
+    )
+    .unwrap();
+    let d = dir.to_str().unwrap();
+    for task in ["gsm8k-nll", "gsm8k"] {
+        let (ok, v, err) = elm(&[
+            "eval",
+            "--model",
+            m,
+            "--task",
+            task,
+            "--data-dir",
+            d,
+            "--json",
+        ]);
+        assert!(!ok && v.is_null(), "{task}: scored bad data: {v}");
+        assert!(
+            err.contains("test.jsonl") && err.contains("line 2") && err.contains("####"),
+            "{err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    for (args, want) in [
+        (vec!["--limit", "0"], "limit"),
+        (vec!["--batch", "0"], "batch"),
+        (vec!["--task", "mmlu"], "task"),
+        (vec!["--compare-dense"], "compare-dense"),
+    ] {
+        let mut a = vec!["eval", "--model", m, "--json"];
+        a.extend(args.iter());
+        let (ok, _, err) = elm(&a);
+        assert!(!ok, "{args:?} accepted");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,139 @@
+//! Teacher-forced NLL: the batched path against a float64 numpy forward of a tiny HF Llama
+//! (fixture from scripts/ref_eval_nll.py), and batched == one sequence at a time for the dense
+//! model and for an ELM with adaptive Anderson stopping (padding must not reach a real token,
+//! nor a row's fixed-point solve).
+
+use elm::elm::infer::{ElmModel, ElmSession, InferenceConfig, KvMode};
+use elm::elm::{ElmConfig, ElmModule};
+use elm::eval::nll::{teacher_forced_nll, token_nll, ScoredSequence};
+use elm::model::{load_weights, Arch, ModelConfig, ModelWeights};
+use elm::solver::{SolverConfig, StopCriteria};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+fn fixture() -> (ElmModel, Vec<ScoredSequence>, Vec<(f64, usize)>) {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let f: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{root}/tests/fixtures/eval/nll_ref.json")).unwrap(),
+    )
+    .unwrap();
+    let weights = load_weights(format!("{root}/tests/fixtures/io/hf_tiny_llama")).unwrap();
+    let mut seqs = vec![];
+    let mut want = vec![];
+    for it in f["items"].as_array().unwrap() {
+        let tokens: Vec<u32> = serde_json::from_value(it["tokens"].clone()).unwrap();
+        let first = it["first_scored"].as_u64().unwrap() as usize;
+        seqs.push(ScoredSequence {
+            id: it["id"].as_str().unwrap().into(),
+            tokens,
+            first_scored: first,
+        });
+        want.push((
+            it["nll_sum"].as_f64().unwrap(),
+            it["count"].as_u64().unwrap() as usize,
+        ));
+    }
+    (ElmModel::dense(weights), seqs, want)
+}
+
+#[test]
+fn batched_nll_matches_numpy_reference() {
+    let (model, seqs, want) = fixture();
+    for batch in [1, 3, 8] {
+        let run =
+            teacher_forced_nll(&model, &InferenceConfig::default(), &seqs, batch, |_| {}).unwrap();
+        assert_eq!(run.items.len(), seqs.len());
+        for (item, (nll, count)) in run.items.iter().zip(&want) {
+            assert_eq!(item.weight as usize, *count);
+            assert!(
+                (item.value - nll).abs() < 1e-4 * count.max(&1).to_owned() as f64,
+                "batch {batch} item {}: {} vs numpy {nll}",
+                item.id,
+                item.value
+            );
+        }
+        assert_eq!(run.scored_tokens, want.iter().map(|w| w.1).sum::<usize>());
+        assert!(run.tok_s > 0.0);
+    }
+}
+
+fn elm_model() -> ElmModel {
+    let mut cfg = ModelConfig::tiny(Arch::Llama);
+    cfg.num_layers = 5;
+    let w = ModelWeights::random(&cfg, 11);
+    let ec = ElmConfig::new(1, 3);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    ElmModel::new(w, ec, module).unwrap()
+}
+
+fn random_seqs(vocab: usize) -> Vec<ScoredSequence> {
+    let mut rng = StdRng::seed_from_u64(4);
+    // Two of the same length (one fixed-point group), the rest distinct.
+    [9usize, 14, 9, 4, 12, 2]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let t: Vec<u32> = (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect();
+            // Prompt: the first half (at least one token); the rest is scored.
+            let cut = (n / 2).max(1);
+            ScoredSequence::new(i.to_string(), &t[..cut], &t[cut..]).unwrap()
+        })
+        .collect()
+}
+
+/// NLL of one sequence through the session's one-sequence path (`prefill_all_logits`).
+fn single_nll(model: &ElmModel, cfg: &InferenceConfig, s: &ScoredSequence) -> f64 {
+    let mut session = ElmSession::new(model, cfg.clone(), 1, s.tokens.len()).unwrap();
+    let logits = session.prefill_all_logits(0, &s.tokens).unwrap();
+    (s.first_scored..s.tokens.len())
+        .map(|t| token_nll(logits.row(t - 1), s.tokens[t]))
+        .sum()
+}
+
+#[test]
+fn batched_equals_unbatched_for_dense_and_adaptive_elm() {
+    let elm = elm_model();
+    let dense = ElmModel::dense(elm.weights.clone());
+    let seqs = random_seqs(elm.config().vocab_size);
+    for (name, model) in [("dense", &dense), ("elm", &elm)] {
+        for solver in [SolverConfig::anderson(), SolverConfig::picard()] {
+            // A loose δ: rows stop at different iterations, so a padded or shared solve
+            // would show.
+            let cfg = InferenceConfig {
+                solver,
+                stop: StopCriteria::absolute(0.05, 30),
+                kv_mode: KvMode::OneStep,
+                adaptive_prefill: true,
+            };
+            let batched = teacher_forced_nll(model, &cfg, &seqs, 8, |_| {}).unwrap();
+            if name == "elm" {
+                assert_eq!(batched.solver.tokens, seqs.len(), "one solve per sequence");
+                assert!(batched.solver.mean_iterations > 1.0);
+            }
+            for (item, s) in batched.items.iter().zip(&seqs) {
+                let one = single_nll(model, &cfg, s);
+                assert!(
+                    (item.value - one).abs() < 1e-4 * (1.0 + one.abs()),
+                    "{name} item {}: batched {} vs alone {one}",
+                    item.id,
+                    item.value
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let (model, seqs, _) = fixture();
+    let cfg = InferenceConfig::default();
+    assert!(teacher_forced_nll(&model, &cfg, &seqs, 0, |_| {}).is_err());
+    assert!(teacher_forced_nll(&model, &cfg, &[], 2, |_| {}).is_err());
+    let mut bad = seqs[0].clone();
+    bad.first_scored = bad.tokens.len();
+    assert!(teacher_forced_nll(&model, &cfg, &[bad], 2, |_| {}).is_err());
+    let mut oov = seqs[0].clone();
+    oov.tokens[0] = 10_000;
+    let e = teacher_forced_nll(&model, &cfg, &[oov], 2, |_| {}).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    assert!(ScoredSequence::new("x", &[], &[1]).is_err());
+}

@@ -1,0 +1,130 @@
+//! Bootstrap intervals against analytic (normal-theory) intervals, and paired comparisons.
+
+use elm::eval::stats::{estimate, paired, BootstrapConfig, ItemScore};
+
+fn bernoulli(n: usize, hits: usize) -> Vec<ItemScore> {
+    (0..n)
+        .map(|i| ItemScore {
+            id: i.to_string(),
+            value: f64::from(u8::from(i < hits)),
+            weight: 1.0,
+        })
+        .collect()
+}
+
+#[test]
+fn accuracy_interval_matches_the_normal_approximation() {
+    // p = 0.3, n = 1000: p ± 1.96·sqrt(p(1−p)/n) = ±0.0284.
+    let items = bernoulli(1000, 300);
+    let e = estimate(
+        &items,
+        &BootstrapConfig {
+            resamples: 4000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let half = 1.96 * (0.3f64 * 0.7 / 1000.0).sqrt();
+    assert!((e.value - 0.3).abs() < 1e-12);
+    assert!((e.lo - (0.3 - half)).abs() < 0.004, "{e:?}");
+    assert!((e.hi - (0.3 + half)).abs() < 0.004, "{e:?}");
+    assert_eq!(e.n, 1000);
+    // Seeded: the same config gives the same interval.
+    let again = estimate(
+        &items,
+        &BootstrapConfig {
+            resamples: 4000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(e, again);
+}
+
+#[test]
+fn ratio_estimator_weights_items_by_tokens() {
+    // Mean NLL per token = Σ nll / Σ tokens, not the mean of per-item means.
+    let items = vec![
+        ItemScore {
+            id: "a".into(),
+            value: 10.0,
+            weight: 10.0,
+        },
+        ItemScore {
+            id: "b".into(),
+            value: 30.0,
+            weight: 10.0,
+        },
+        ItemScore {
+            id: "c".into(),
+            value: 2.0,
+            weight: 1.0,
+        },
+    ];
+    let e = estimate(&items, &BootstrapConfig::default()).unwrap();
+    assert!((e.value - 42.0 / 21.0).abs() < 1e-12);
+    assert!(e.lo <= e.value && e.value <= e.hi && e.lo < e.hi);
+}
+
+#[test]
+fn paired_difference_cancels_shared_item_variation() {
+    // Items of very different difficulty; the model is worse by exactly 0.1 nats on each.
+    let reference: Vec<ItemScore> = (0..200)
+        .map(|i| ItemScore {
+            id: i.to_string(),
+            value: (i % 17) as f64,
+            weight: 1.0,
+        })
+        .collect();
+    let model: Vec<ItemScore> = reference
+        .iter()
+        .rev() // order does not matter: items are matched by id
+        .map(|r| ItemScore {
+            value: r.value + 0.1,
+            ..r.clone()
+        })
+        .collect();
+    let p = paired(&model, &reference, &BootstrapConfig::default()).unwrap();
+    assert!((p.delta.value - 0.1).abs() < 1e-9);
+    assert!(
+        (p.delta.lo - 0.1).abs() < 1e-9 && (p.delta.hi - 0.1).abs() < 1e-9,
+        "{:?}",
+        p.delta
+    );
+    assert_eq!(p.verdict, "higher");
+    // Unpaired, each figure's own interval is wide and the two overlap.
+    assert!(p.model.lo < p.reference.hi);
+    // Identical models: Δ = 0 exactly, indistinguishable, ratio 1.
+    let same = paired(&reference, &reference, &BootstrapConfig::default()).unwrap();
+    assert_eq!((same.delta.lo, same.delta.hi), (0.0, 0.0));
+    assert_eq!(same.verdict, "indistinguishable");
+    assert!((same.ratio.unwrap().value - 1.0).abs() < 1e-12);
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let cfg = BootstrapConfig::default();
+    assert!(estimate(&[], &cfg).is_err());
+    let a = bernoulli(10, 3);
+    let mut b = bernoulli(10, 5);
+    b[0].id = "other".into();
+    assert!(paired(&a, &b, &cfg)
+        .unwrap_err()
+        .to_string()
+        .contains("no reference score"));
+    assert!(paired(&a, &bernoulli(9, 3), &cfg).is_err());
+    let nan = vec![ItemScore {
+        id: "x".into(),
+        value: f64::NAN,
+        weight: 1.0,
+    }];
+    assert!(estimate(&nan, &cfg).is_err());
+    assert!(estimate(
+        &a,
+        &BootstrapConfig {
+            resamples: 0,
+            ..cfg
+        }
+    )
+    .is_err());
+}
