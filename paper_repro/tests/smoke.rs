@@ -61,8 +61,9 @@ fn smoke_scale_writes_every_table() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     let steps = summary["steps"].as_array().unwrap();
-    // 6 problems × (3 solvers + 1 study), compress, train, dense eval, 3 solvers × 2 tolerances.
-    assert_eq!(steps.len(), 6 * 4 + 2 + 1 + 6);
+    // 6 problems × (3 solvers + 1 study), compress, train, and two tasks (gsm8k-nll, gsm8k) for
+    // the dense model and for 3 solvers × 2 tolerances.
+    assert_eq!(steps.len(), 6 * 4 + 2 + 2 * (1 + 6));
     for s in steps.iter().filter(|s| s["section"] == "solvers") {
         assert_eq!(s["result"]["converged"], true, "{s}");
     }
