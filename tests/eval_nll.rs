@@ -60,7 +60,12 @@ fn elm_model() -> ElmModel {
     let mut cfg = ModelConfig::tiny(Arch::Llama);
     cfg.num_layers = 5;
     let w = ModelWeights::random(&cfg, 11);
-    let ec = ElmConfig::new(1, 3);
+    // A large W_z: the map is far from constant in z, so the iterates after a few steps
+    // depend on the solver's history (the paper's 0.1 converges in ~2 steps whatever it sees).
+    let ec = ElmConfig {
+        wz_scale: 3.0,
+        ..ElmConfig::new(1, 3)
+    };
     let module = ElmModule::init(&w, &ec).unwrap();
     ElmModel::new(w, ec, module).unwrap()
 }
@@ -96,11 +101,12 @@ fn batched_equals_unbatched_for_dense_and_adaptive_elm() {
     let seqs = random_seqs(elm.config().vocab_size);
     for (name, model) in [("dense", &dense), ("elm", &elm)] {
         for solver in [SolverConfig::anderson(), SolverConfig::picard()] {
-            // A loose δ: rows stop at different iterations, so a padded or shared solve
-            // would show.
+            // A loose δ and few iterations: the solve stops far from the fixed point, where
+            // a row's iterate depends on when it stopped and on Anderson's mixing, so a solve
+            // that saw padding (or other rows) would show.
             let cfg = InferenceConfig {
                 solver,
-                stop: StopCriteria::absolute(0.05, 30),
+                stop: StopCriteria::absolute(0.3, 4),
                 kv_mode: KvMode::OneStep,
                 adaptive_prefill: true,
             };
@@ -112,7 +118,7 @@ fn batched_equals_unbatched_for_dense_and_adaptive_elm() {
             for (item, s) in batched.items.iter().zip(&seqs) {
                 let one = single_nll(model, &cfg, s);
                 assert!(
-                    (item.value - one).abs() < 1e-4 * (1.0 + one.abs()),
+                    (item.value - one).abs() < 1e-5 * (1.0 + one.abs()),
                     "{name} item {}: batched {} vs alone {one}",
                     item.id,
                     item.value

@@ -61,9 +61,18 @@ fn smoke_scale_writes_every_table() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     let steps = summary["steps"].as_array().unwrap();
-    // 6 problems × (3 solvers + 1 study), compress, train, and two tasks (gsm8k-nll, gsm8k) for
-    // the dense model and for 3 solvers × 2 tolerances.
+    // 6 problems × (3 solvers + 1 study), compress, train, then answer NLL and exact match
+    // for the dense model and 3 solvers × 2 tolerances.
     assert_eq!(steps.len(), 6 * 4 + 2 + 2 * (1 + 6));
+    // Every evaluation figure comes with its interval around it.
+    for s in steps.iter().filter(|s| s["section"] == "eval") {
+        for (name, m) in s["result"]["metrics"].as_object().unwrap() {
+            let e = &m["estimate"];
+            let (v, lo, hi) = (e["value"].as_f64(), e["lo"].as_f64(), e["hi"].as_f64());
+            let (v, lo, hi) = (v.unwrap(), lo.unwrap(), hi.unwrap());
+            assert!(lo <= v && v <= hi, "{name}: {e}");
+        }
+    }
     for s in steps.iter().filter(|s| s["section"] == "solvers") {
         assert_eq!(s["result"]["converged"], true, "{s}");
     }
