@@ -100,6 +100,40 @@ pub fn chat_prompt(tok: &Tokenizer, question: &str) -> String {
     tok.apply_chat_template(&[("user", question)], true)
 }
 
+/// What [`greedy_batch`] produced.
+pub struct GreedyBatch {
+    /// New tokens per prompt (stop token included).
+    pub tokens: Vec<Vec<u32>>,
+    /// Fixed-point statistics of every decoded token.
+    pub decode_stats: Vec<FpStat>,
+    /// K/V bytes the session allocated.
+    pub kv_bytes: usize,
+}
+
+/// Greedy decoding of one batch of prompts in a fresh session sized for them (shared by the
+/// generation tasks).
+pub fn greedy_batch(
+    model: &ElmModel,
+    inference: &InferenceConfig,
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    stops: &[u32],
+) -> Result<GreedyBatch> {
+    let max_prompt = prompts.iter().map(Vec::len).max().unwrap_or(1);
+    let mut session = ElmSession::new(
+        model,
+        inference.clone(),
+        prompts.len(),
+        max_prompt + max_new_tokens + 1,
+    )?;
+    let tokens = generate_greedy(&mut session, prompts, max_new_tokens, stops)?;
+    Ok(GreedyBatch {
+        tokens,
+        decode_stats: std::mem::take(&mut session.decode_stats),
+        kv_bytes: session.kv_bytes(),
+    })
+}
+
 /// Token ids that end an assistant turn: EOS and `<|im_end|>` when present.
 pub fn stop_ids(tok: &Tokenizer) -> Vec<u32> {
     let mut v: Vec<u32> = tok.eos_id().into_iter().collect();
@@ -155,16 +189,16 @@ pub fn eval_gsm8k(
             .iter()
             .map(|(_, e)| tok.encode(&chat_prompt(tok, &e.question), false))
             .collect::<Result<Vec<_>>>()?;
-        let max_prompt = prompts.iter().map(|p| p.len()).max().unwrap_or(1);
-        let mut session = ElmSession::new(
+        let batch = greedy_batch(
             model,
-            opts.inference.clone(),
-            prompts.len(),
-            max_prompt + opts.max_new_tokens + 1,
+            &opts.inference,
+            &prompts,
+            opts.max_new_tokens,
+            &stops,
         )?;
-        let outs = generate_greedy(&mut session, &prompts, opts.max_new_tokens, &stops)?;
-        kv_bytes_per_sequence = session.kv_bytes() / prompts.len();
-        stats.extend(session.decode_stats.iter().cloned());
+        kv_bytes_per_sequence = batch.kv_bytes / prompts.len();
+        stats.extend(batch.decode_stats);
+        let outs = batch.tokens;
         for ((id, e), out) in chunk.iter().zip(outs) {
             generated += out.len();
             let kept: Vec<u32> = out.into_iter().filter(|t| !stops.contains(t)).collect();

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::elm::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig};
+use crate::elm::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
 
-use super::gsm8k::{stop_ids, SolverSummary};
+use super::gsm8k::{greedy_batch, stop_ids, SolverSummary};
 use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};
 use super::sandbox::{run_python, Isolation, SandboxConfig, Verdict};
 use super::stats::ItemScore;
@@ -165,15 +165,15 @@ pub fn eval_humaneval(
             .iter()
             .map(|p| tok.encode(&p.prompt, false))
             .collect::<Result<Vec<_>>>()?;
-        let max_prompt = prompts.iter().map(Vec::len).max().unwrap_or(1);
-        let mut session = ElmSession::new(
+        let batch = greedy_batch(
             model,
-            opts.inference.clone(),
-            prompts.len(),
-            max_prompt + opts.max_new_tokens + 1,
+            &opts.inference,
+            &prompts,
+            opts.max_new_tokens,
+            &stops,
         )?;
-        let outs = generate_greedy(&mut session, &prompts, opts.max_new_tokens, &stops)?;
-        stats.extend(session.decode_stats.iter().cloned());
+        stats.extend(batch.decode_stats);
+        let outs = batch.tokens;
         for (p, out) in chunk.iter().zip(outs) {
             generated += out.len();
             let kept: Vec<u32> = out.into_iter().filter(|t| !stops.contains(t)).collect();
