@@ -601,6 +601,9 @@ pub struct BenchArgs {
     pub weights: String,
     #[arg(long)]
     pub json: bool,
+    /// With `--elm CKPT`, every storage is also benched as that ELM (solver options apply).
+    #[command(flatten)]
+    pub elm: super::elm_cmds::ElmInferArgs,
 }
 
 pub fn run_bench(args: BenchArgs) -> Result<()> {
@@ -617,7 +620,7 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
         .map(|w| w.trim().parse())
         .collect::<Result<_>>()?;
     let path = args.model.clone().unwrap_or_else(default_model_path);
-    let value = if storages == [WeightStorage::F32] {
+    let value = if storages == [WeightStorage::F32] && args.elm.elm.is_none() {
         // The single-configuration report, as before.
         let (model, _) = load(&path)?;
         let pb = spinner("bench");
@@ -632,7 +635,15 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
             let pb = spinner(&format!("bench {storage}"));
             let run = with_model!(&model, m => bench_run(m, "dense", &storage_label(&storage, m), &args, &pb))?;
             pb.finish_and_clear();
-            runs.push(run);
+            runs.push(serde_json::to_value(run).expect("serializable"));
+            drop(model);
+            if let Some(dir) = &args.elm.elm {
+                let (elm_model, _) = ElmModel::load_with(&path, Some(dir), storage)?;
+                let pb = spinner(&format!("bench elm {storage}"));
+                let run = bench_elm(&elm_model, storage, &args, &pb)?;
+                pb.finish_and_clear();
+                runs.push(run);
+            }
         }
         json!({
             "machine": machine_description(),
@@ -701,6 +712,101 @@ fn bench_run<W: DecoderWeights>(
         kv_bytes_per_token: bench::kv_bytes_per_token(model.config(), model.weights.layers().len()),
         report,
     })
+}
+
+/// ELM decode/prefill speed and memory on an [`ElmSession`]: best-step and mean decode
+/// tok/s at batch 1 and 8 (prefill excluded), prefill tok/s of one `prompt_len` prompt, block
+/// evaluations per token (kept dense layers + fixed-point evaluations incl. the commit one).
+fn bench_elm(
+    model: &ElmModel,
+    storage: WeightStorage,
+    args: &BenchArgs,
+    pb: &ProgressBar,
+) -> Result<serde_json::Value> {
+    use elm::elm::infer::ElmSession;
+    let cfg = args.elm.inference_config()?;
+    let vocab = model.config().vocab_size;
+    let toks = |n: usize, salt: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| ((i * 7919 + salt * 104_729 + 13) % vocab) as u32)
+            .collect()
+    };
+    let argmax = |row: ndarray::ArrayView1<f32>| elm::model::generate::argmax(row) as u32;
+    // Decode: (best tok/s, mean tok/s, block evaluations per token, KV bytes).
+    let decode = |batch: usize| -> Result<(f64, f64, f64, usize)> {
+        let steps = args.decode_steps;
+        let mut s = ElmSession::new(model, cfg.clone(), batch, 16 + steps + 1)?;
+        let prompts: Vec<Vec<u32>> = (0..batch).map(|b| toks(16, b + 1)).collect();
+        let mut logits = s.prefill(&prompts)?;
+        s.decode_stats.clear();
+        let mut times = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let next: Vec<u32> = (0..batch).map(|b| argmax(logits.row(b))).collect();
+            let t = Instant::now();
+            logits = s.decode_step(&next)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        let fp: f64 = s
+            .decode_stats
+            .iter()
+            .map(|st| st.iterations as f64)
+            .sum::<f64>()
+            / s.decode_stats.len().max(1) as f64;
+        let evals = model.kept_layers().len() as f64 + fp;
+        let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let total: f64 = times.iter().sum();
+        Ok((
+            batch as f64 / best,
+            (batch * steps) as f64 / total,
+            evals,
+            s.kv_bytes(),
+        ))
+    };
+    pb.set_message(format!("bench elm {storage}: peak RSS"));
+    let reset = bench::reset_peak_rss();
+    {
+        let mut s = ElmSession::new(model, cfg.clone(), 1, 64 + 33)?;
+        let mut logits = s.prefill(&[toks(64, 3)])?;
+        for _ in 0..32 {
+            logits = s.decode_step(&[argmax(logits.row(0))])?;
+        }
+    }
+    let peak_rss_bytes = if reset { bench::peak_rss_bytes() } else { None };
+    pb.set_message(format!("bench elm {storage}: prefill"));
+    let mut prefill_best = f64::INFINITY;
+    for _ in 0..3 {
+        let mut s = ElmSession::new(model, cfg.clone(), 1, args.prompt_len)?;
+        let t = Instant::now();
+        std::hint::black_box(s.prefill(&[toks(args.prompt_len, 0)])?);
+        prefill_best = prefill_best.min(t.elapsed().as_secs_f64());
+    }
+    pb.set_message(format!("bench elm {storage}: decode"));
+    let (b1, b1_mean, evals, _) = decode(1)?;
+    let (b8, b8_mean, evals8, _) = decode(8)?;
+    let kept = model.kept_layers().len() + 1; // one-step: one fixed-point cache
+    let label = match (&model.quant, storage) {
+        (None, _) => "f32".to_string(),
+        (Some(_), s) => s.to_string(),
+    };
+    Ok(json!({
+        "model": "elm",
+        "weights": label,
+        "resident_weight_bytes": model.weight_bytes(),
+        "peak_rss_bytes": peak_rss_bytes,
+        "kv_bytes_per_token": bench::kv_bytes_per_token(model.config(), kept),
+        "prefill_tokens": args.prompt_len,
+        "prefill_tok_s": args.prompt_len as f64 / prefill_best,
+        "decode_steps": args.decode_steps,
+        "decode_b1_tok_s": b1,
+        "decode_b1_mean_tok_s": b1_mean,
+        "decode_b8_tok_s": b8,
+        "decode_b8_mean_tok_s": b8_mean,
+        "block_evals_per_token_b1": evals,
+        "block_evals_per_token_b8": evals8,
+        "solver": cfg.solver.name(),
+        "abs_tol": cfg.stop.abs_tol,
+        "max_iter": cfg.stop.max_iter,
+    }))
 }
 
 /// CPU model and core count from /proc/cpuinfo.
