@@ -322,3 +322,63 @@ fn real_model_quantized_logits_and_greedy_text_track_f32() {
         assert_eq!(ga.tokens, gb.tokens, "greedy continuation of {p:?}");
     }
 }
+
+#[test]
+fn quantized_elm_session_tracks_f32_elm_and_holds_fewer_bytes() {
+    use elm::elm::infer::{ElmModel, ElmSession, InferenceConfig};
+    use elm::elm::{ElmConfig, ElmModule};
+    use elm::solver::{SolverConfig, StopCriteria};
+    let mut cfg = ModelConfig::tiny(elm::model::Arch::Qwen2);
+    cfg.num_layers = 5;
+    let w = ModelWeights::random(&cfg, 11);
+    let ec = ElmConfig::new(1, 3);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    // Picard with a fixed iteration count: both runs do the same evaluations.
+    let icfg = InferenceConfig::new(SolverConfig::picard(), StopCriteria::absolute(0.0, 6));
+    let prompt = vec![vec![3u32, 9, 27, 1, 4]];
+    let run = |m: &ElmModel| {
+        let mut s = ElmSession::new(m, icfg.clone(), 1, 16).unwrap();
+        let mut out = vec![s.prefill(&prompt).unwrap()];
+        for t in [5u32, 7, 2] {
+            out.push(s.decode_step(&[t]).unwrap());
+        }
+        out
+    };
+    let f32_model = ElmModel::new(w.clone(), ec.clone(), module.clone()).unwrap();
+    let want = run(&f32_model);
+    // All-f32 matrices through the quantized model's code path: the same numbers.
+    let same = ElmModel::quantized(
+        QuantWeights::from_f32(&w, None),
+        Some((ec.clone(), &module)),
+        None,
+    )
+    .unwrap();
+    for (a, b) in want.iter().zip(run(&same)) {
+        let d = (a - &b).mapv(f32::abs).fold(0f32, |m, &v| m.max(v));
+        assert!(d <= 1e-4, "f32 storage through the quantized session: {d}");
+    }
+    // Q8_0 everywhere (module included): close to the f32 ELM, and fewer bytes than the dense
+    // quantized model in the ratio of the parameter counts (up to the f32 norms).
+    let q = ElmModel::quantized(
+        QuantWeights::quantize(&w, QFormat::Q8_0),
+        Some((ec.clone(), &module)),
+        None,
+    )
+    .unwrap();
+    for (a, b) in want.iter().zip(run(&q)) {
+        let d = (a - &b).mapv(f32::abs).fold(0f32, |m, &v| m.max(v));
+        let scale = a.mapv(f32::abs).fold(0f32, |m, &v| m.max(v));
+        assert!(
+            d <= 0.05 * scale,
+            "q8_0 ELM vs f32 ELM: {d} (scale {scale})"
+        );
+    }
+    let dense_q = QuantWeights::quantize(&w, QFormat::Q8_0).bytes() as f64;
+    let elm_params = (w.num_params() - 3 * w.layers[0].num_params() + module.num_params()) as f64;
+    let bound = elm_params / w.num_params() as f64 * dense_q;
+    assert!(
+        (q.weight_bytes() as f64) <= bound * 1.02,
+        "quantized ELM {} bytes vs bound {bound}",
+        q.weight_bytes()
+    );
+}

@@ -212,17 +212,12 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
     }
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let pb = spinner(&format!("loading {}", path.display()));
-    let (model, tok) = if storage != WeightStorage::F32 {
-        if args.elm.elm.is_some() {
-            return Err(ElmError::Unsupported(
-                "--elm with --weights other than f32 is not implemented yet".into(),
-            ));
-        }
+    let (model, tok) = if storage != WeightStorage::F32 && args.elm.elm.is_none() {
         // The dense quantized path never holds the f32 weights.
         let (q, tok) = load_quant(&path, storage)?;
-        (QuantOrElm::Quant(q), tok)
+        (QuantOrElm::Quant(Box::new(q)), tok)
     } else {
-        let (m, tok) = ElmModel::load(&path, args.elm.elm.as_deref())?;
+        let (m, tok) = ElmModel::load_with(&path, args.elm.elm.as_deref(), storage)?;
         (QuantOrElm::Elm(Box::new(m)), tok)
     };
     pb.finish_and_clear();
@@ -243,7 +238,7 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
     let mut elm_report = None;
     let model = match model {
         QuantOrElm::Quant(q) => {
-            let out = generate_streaming(&q, &prompts, &config, &tok, stream)?;
+            let out = generate_streaming(q.as_ref(), &prompts, &config, &tok, stream)?;
             return report_generation(&args, &config, &tok, out, None);
         }
         QuantOrElm::Elm(m) => *m,
@@ -282,7 +277,7 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
 
 /// What `run_generate` loaded: a dense quantized model, or an [`ElmModel`] (dense or ELM).
 enum QuantOrElm {
-    Quant(Transformer<QuantWeights>),
+    Quant(Box<Transformer<QuantWeights>>),
     Elm(Box<ElmModel>),
 }
 
