@@ -16,7 +16,10 @@ use elm::cuda::{CudaModel, DeviceSpec, GpuModel};
 use elm::elm::infer::{ElmDecoder, ElmModel};
 use elm::eval::gsm8k::{stop_ids, SolverSummary};
 use elm::model::generate::{generate, Decoder, Generation, SamplingConfig};
-use elm::model::{default_model_path, load_pretrained, models_dir, ModelWeights, Transformer};
+use elm::model::{
+    default_model_path, load_inference, load_pretrained, models_dir, DecoderWeights, ModelWeights,
+    QuantWeights, Transformer, WeightStorage,
+};
 
 /// Single-threaded OpenBLAS unless the user chose (see [`elm::model::ops::set_blas_threads`]).
 fn default_blas_threads() {
@@ -41,6 +44,46 @@ fn load(path: &Path) -> Result<(Transformer, Tokenizer)> {
     let (weights, tokenizer) = load_pretrained(path)?;
     pb.finish_and_clear();
     Ok((Transformer::new(weights)?, tokenizer))
+}
+
+/// The dense model for inference with its matrices stored as `storage` says.
+fn load_quant(
+    path: &Path,
+    storage: WeightStorage,
+) -> Result<(Transformer<QuantWeights>, Tokenizer)> {
+    let pb = spinner(&format!("loading {} ({storage})", path.display()));
+    let (weights, tokenizer) = load_inference(path, storage)?;
+    pb.finish_and_clear();
+    Ok((Transformer::new(weights)?, tokenizer))
+}
+
+/// A dense model in either storage, so one command serves both paths.
+enum AnyModel {
+    F32(Transformer),
+    Quant(Transformer<QuantWeights>),
+}
+
+fn load_any(path: &Path, storage: WeightStorage) -> Result<(AnyModel, Tokenizer)> {
+    Ok(match storage {
+        WeightStorage::F32 => {
+            let (m, t) = load(path)?;
+            (AnyModel::F32(m), t)
+        }
+        _ => {
+            let (m, t) = load_quant(path, storage)?;
+            (AnyModel::Quant(m), t)
+        }
+    })
+}
+
+/// Runs `$body` with `$m` bound to the model of either storage.
+macro_rules! with_model {
+    ($any:expr, $m:ident => $body:expr) => {
+        match $any {
+            AnyModel::F32($m) => $body,
+            AnyModel::Quant($m) => $body,
+        }
+    };
 }
 
 /// The prompt's token ids, optionally wrapped in the ChatML template.
@@ -126,6 +169,10 @@ pub struct GenerateArgs {
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Weight storage of the CPU inference path: f32 | q8_0 | q4_0 | q4_1 | auto (auto keeps
+    /// a GGUF's quantized blocks; a block format quantizes on the fly).
+    #[arg(long, default_value = "f32")]
+    pub weights: String,
     /// One JSON object on stdout instead of streamed text.
     #[arg(long)]
     pub json: bool,
@@ -157,9 +204,22 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
             "ELM generation (--elm) runs on the CPU only".into(),
         ));
     }
+    let storage: WeightStorage = args.weights.parse()?;
+    if storage != WeightStorage::F32 && device != DeviceSpec::Cpu {
+        return Err(ElmError::Unsupported(
+            "--weights other than f32 runs on the CPU only".into(),
+        ));
+    }
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let pb = spinner(&format!("loading {}", path.display()));
-    let (model, tok) = ElmModel::load(&path, args.elm.elm.as_deref())?;
+    let (model, tok) = if storage != WeightStorage::F32 && args.elm.elm.is_none() {
+        // The dense quantized path never holds the f32 weights.
+        let (q, tok) = load_quant(&path, storage)?;
+        (QuantOrElm::Quant(Box::new(q)), tok)
+    } else {
+        let (m, tok) = ElmModel::load_with(&path, args.elm.elm.as_deref(), storage)?;
+        (QuantOrElm::Elm(Box::new(m)), tok)
+    };
     pb.finish_and_clear();
     let prompt = encode_prompt(&tok, &args.prompt, args.chat)?;
     let config = SamplingConfig {
@@ -176,6 +236,13 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
     let stream = !args.json;
     // ELM runs report their solver statistics too.
     let mut elm_report = None;
+    let model = match model {
+        QuantOrElm::Quant(q) => {
+            let out = generate_streaming(q.as_ref(), &prompts, &config, &tok, stream)?;
+            return report_generation(&args, &config, &tok, out, None);
+        }
+        QuantOrElm::Elm(m) => *m,
+    };
     let out = match device {
         DeviceSpec::Cpu if model.elm.is_some() => {
             let cfg = args.elm.inference_config()?;
@@ -205,6 +272,22 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
             generate_streaming(&gpu, &prompts, &config, &tok, stream)?
         }
     };
+    report_generation(&args, &config, &tok, out, elm_report)
+}
+
+/// What `run_generate` loaded: a dense quantized model, or an [`ElmModel`] (dense or ELM).
+enum QuantOrElm {
+    Quant(Box<Transformer<QuantWeights>>),
+    Elm(Box<ElmModel>),
+}
+
+fn report_generation(
+    args: &GenerateArgs,
+    config: &SamplingConfig,
+    tok: &Tokenizer,
+    out: Generation,
+    elm_report: Option<ElmGenerateStats>,
+) -> Result<()> {
     let texts: Vec<String> = out
         .tokens
         .iter()
@@ -350,6 +433,9 @@ pub struct LogitsArgs {
     pub prompt: String,
     #[arg(long)]
     pub chat: bool,
+    /// Weight storage: f32 | q8_0 | q4_0 | q4_1 | auto.
+    #[arg(long, default_value = "f32")]
+    pub weights: String,
     /// Number of `[token_id, logit]` pairs to print.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -360,10 +446,12 @@ pub struct LogitsArgs {
 pub fn run_logits(args: LogitsArgs) -> Result<()> {
     default_blas_threads();
     let path = args.model.clone().unwrap_or_else(default_model_path);
-    let (model, tok) = load(&path)?;
+    let (model, tok) = load_any(&path, args.weights.parse()?)?;
     let ids = encode_prompt(&tok, &args.prompt, args.chat)?;
-    let mut cache = model.new_cache(1, ids.len())?;
-    let logits = model.prefill(std::slice::from_ref(&ids), &mut cache)?;
+    let logits = with_model!(&model, m => {
+        let mut cache = m.new_cache(1, ids.len())?;
+        m.prefill(std::slice::from_ref(&ids), &mut cache)?
+    });
     let row = logits.row(0);
     let mut order: Vec<usize> = (0..row.len()).collect();
     let k = args.top.min(row.len());
@@ -394,6 +482,9 @@ pub struct PerplexityArgs {
     /// Evaluate at most this many tokens.
     #[arg(long, default_value_t = 4096)]
     pub max_tokens: usize,
+    /// Weight storage: f32 | q8_0 | q4_0 | q4_1 | auto.
+    #[arg(long, default_value = "f32")]
+    pub weights: String,
     /// Window length; the text is cut into non-overlapping windows.
     #[arg(long, default_value_t = 512)]
     pub context: usize,
@@ -442,7 +533,7 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
         return Err(ElmError::config("--context", "must be >= 2"));
     }
     let path = args.model.clone().unwrap_or_else(default_model_path);
-    let (model, tok) = load(&path)?;
+    let (model, tok) = load_any(&path, args.weights.parse()?)?;
     let text = read_text_file(&args.file)?;
     let mut ids = tok.encode(&text, false)?;
     ids.truncate(args.max_tokens);
@@ -460,7 +551,7 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
     let start = Instant::now();
     let (mut nll, mut scored) = (0.0f64, 0usize);
     for w in &windows {
-        let (sum, count) = model.sequence_nll(w)?;
+        let (sum, count) = with_model!(&model, m => m.sequence_nll(w))?;
         nll += sum;
         scored += count;
         pb.inc(1);
@@ -499,8 +590,15 @@ pub struct BenchArgs {
     pub prompt_len: usize,
     #[arg(long, default_value_t = 32)]
     pub decode_steps: usize,
+    /// Weight storages to compare, comma-separated (f32, auto, q8_0, q4_0, q4_1). With more
+    /// than one, the report is `{"runs": [...]}` with memory figures per configuration.
+    #[arg(long, default_value = "f32")]
+    pub weights: String,
     #[arg(long)]
     pub json: bool,
+    /// With `--elm CKPT`, every storage is also benched as that ELM (solver options apply).
+    #[command(flatten)]
+    pub elm: super::elm_cmds::ElmInferArgs,
 }
 
 pub fn run_bench(args: BenchArgs) -> Result<()> {
@@ -511,15 +609,43 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
             "must be >= 1",
         ));
     }
+    let storages: Vec<WeightStorage> = args
+        .weights
+        .split(',')
+        .map(|w| w.trim().parse())
+        .collect::<Result<_>>()?;
     let path = args.model.clone().unwrap_or_else(default_model_path);
-    let (model, _) = load(&path)?;
-    let pb = spinner("bench");
-    let report = run_bench_inner(&model, &args, &pb)?;
-    pb.finish_and_clear();
-    let value = serde_json::to_value(&report).map_err(|e| ElmError::Json {
-        what: "bench report".into(),
-        msg: e.to_string(),
-    })?;
+    let value = if storages == [WeightStorage::F32] && args.elm.elm.is_none() {
+        // The single-configuration report, as before.
+        let (model, _) = load(&path)?;
+        let pb = spinner("bench");
+        let report = run_bench_inner(&model, &args, &pb)?;
+        pb.finish_and_clear();
+        to_json(&report)?
+    } else {
+        let mut runs = Vec::new();
+        for storage in storages {
+            // One configuration in memory at a time, so RSS figures are its own.
+            let (model, _) = load_any(&path, storage)?;
+            let pb = spinner(&format!("bench {storage}"));
+            let run = with_model!(&model, m => bench_run(m, "dense", &storage_label(&storage, m), &args, &pb))?;
+            pb.finish_and_clear();
+            runs.push(serde_json::to_value(run).expect("serializable"));
+            drop(model);
+            if let Some(dir) = &args.elm.elm {
+                let (elm_model, _) = ElmModel::load_with(&path, Some(dir), storage)?;
+                let pb = spinner(&format!("bench elm {storage}"));
+                let run = bench_elm(&elm_model, storage, &args, &pb)?;
+                pb.finish_and_clear();
+                runs.push(run);
+            }
+        }
+        json!({
+            "machine": machine_description(),
+            "threads": elm::model::team::SpinTeam::global().parts(),
+            "runs": runs,
+        })
+    };
     if args.json {
         print_json(&value);
     } else {
@@ -529,6 +655,165 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<serde_json::Value> {
+    serde_json::to_value(v).map_err(|e| ElmError::Json {
+        what: "bench report".into(),
+        msg: e.to_string(),
+    })
+}
+
+/// `f32`, or the block formats the model actually holds (e.g. `auto` on a Q4_1 file whose
+/// embedding is Q8_0 gives `q4_1+q8_0`).
+fn storage_label<W: DecoderWeights>(storage: &WeightStorage, m: &Transformer<W>) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    let mut add = |l: elm::model::quant::LinearRef<'_>| {
+        let n = match l {
+            elm::model::quant::LinearRef::F32(_) => "f32",
+            elm::model::quant::LinearRef::Quant(q) => q.format().name(),
+        };
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    };
+    for l in m.weights.layers() {
+        let b = elm::model::BlockWeights::block_ref(l);
+        for w in [b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down] {
+            add(w);
+        }
+    }
+    add(m.weights.lm_head_ref());
+    format!("{storage} ({})", names.join("+"))
+}
+
+fn bench_run<W: DecoderWeights>(
+    model: &Transformer<W>,
+    kind: &str,
+    weights: &str,
+    args: &BenchArgs,
+    pb: &ProgressBar,
+) -> Result<bench::BenchRun> {
+    pb.set_message(format!("bench {kind} {weights}: peak RSS"));
+    let peak_rss_bytes = bench::generation_peak_rss(model, 64, 32)?;
+    let report = bench::run_bench(model, args.prompt_len, args.decode_steps, |stage| {
+        pb.set_message(format!("bench {kind} {weights}: {stage}"))
+    })?;
+    Ok(bench::BenchRun {
+        model: kind.to_string(),
+        weights: weights.to_string(),
+        resident_weight_bytes: model.weights.weight_bytes(),
+        peak_rss_bytes,
+        kv_bytes_per_token: bench::kv_bytes_per_token(model.config(), model.weights.layers().len()),
+        report,
+    })
+}
+
+/// ELM decode/prefill speed and memory on an [`ElmSession`]: best-step and mean decode
+/// tok/s at batch 1 and 8 (prefill excluded), prefill tok/s of one `prompt_len` prompt, block
+/// evaluations per token (kept dense layers + fixed-point evaluations incl. the commit one).
+fn bench_elm(
+    model: &ElmModel,
+    storage: WeightStorage,
+    args: &BenchArgs,
+    pb: &ProgressBar,
+) -> Result<serde_json::Value> {
+    use elm::elm::infer::ElmSession;
+    let cfg = args.elm.inference_config()?;
+    let vocab = model.config().vocab_size;
+    let toks = |n: usize, salt: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| ((i * 7919 + salt * 104_729 + 13) % vocab) as u32)
+            .collect()
+    };
+    let argmax = |row: ndarray::ArrayView1<f32>| elm::model::generate::argmax(row) as u32;
+    // Decode: (best tok/s, mean tok/s, block evaluations per token, KV bytes).
+    let decode = |batch: usize| -> Result<(f64, f64, f64, usize)> {
+        let steps = args.decode_steps;
+        let mut s = ElmSession::new(model, cfg.clone(), batch, 16 + steps + 1)?;
+        let prompts: Vec<Vec<u32>> = (0..batch).map(|b| toks(16, b + 1)).collect();
+        let mut logits = s.prefill(&prompts)?;
+        s.decode_stats.clear();
+        let mut times = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let next: Vec<u32> = (0..batch).map(|b| argmax(logits.row(b))).collect();
+            let t = Instant::now();
+            logits = s.decode_step(&next)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        let fp: f64 = s
+            .decode_stats
+            .iter()
+            .map(|st| st.iterations as f64)
+            .sum::<f64>()
+            / s.decode_stats.len().max(1) as f64;
+        let evals = model.kept_layers().len() as f64 + fp;
+        let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let total: f64 = times.iter().sum();
+        Ok((
+            batch as f64 / best,
+            (batch * steps) as f64 / total,
+            evals,
+            s.kv_bytes(),
+        ))
+    };
+    pb.set_message(format!("bench elm {storage}: peak RSS"));
+    let reset = bench::reset_peak_rss();
+    {
+        let mut s = ElmSession::new(model, cfg.clone(), 1, 64 + 33)?;
+        let mut logits = s.prefill(&[toks(64, 3)])?;
+        for _ in 0..32 {
+            logits = s.decode_step(&[argmax(logits.row(0))])?;
+        }
+    }
+    let peak_rss_bytes = if reset { bench::peak_rss_bytes() } else { None };
+    pb.set_message(format!("bench elm {storage}: prefill"));
+    let mut prefill_best = f64::INFINITY;
+    for _ in 0..3 {
+        let mut s = ElmSession::new(model, cfg.clone(), 1, args.prompt_len)?;
+        let t = Instant::now();
+        std::hint::black_box(s.prefill(&[toks(args.prompt_len, 0)])?);
+        prefill_best = prefill_best.min(t.elapsed().as_secs_f64());
+    }
+    pb.set_message(format!("bench elm {storage}: decode"));
+    let (b1, b1_mean, evals, _) = decode(1)?;
+    let (b8, b8_mean, evals8, _) = decode(8)?;
+    let kept = model.kept_layers().len() + 1; // one-step: one fixed-point cache
+    let label = match (&model.quant, storage) {
+        (None, _) => "f32".to_string(),
+        (Some(_), s) => s.to_string(),
+    };
+    Ok(json!({
+        "model": "elm",
+        "weights": label,
+        "resident_weight_bytes": model.weight_bytes(),
+        "peak_rss_bytes": peak_rss_bytes,
+        "kv_bytes_per_token": bench::kv_bytes_per_token(model.config(), kept),
+        "prefill_tokens": args.prompt_len,
+        "prefill_tok_s": args.prompt_len as f64 / prefill_best,
+        "decode_steps": args.decode_steps,
+        "decode_b1_tok_s": b1,
+        "decode_b1_mean_tok_s": b1_mean,
+        "decode_b8_tok_s": b8,
+        "decode_b8_mean_tok_s": b8_mean,
+        "block_evals_per_token_b1": evals,
+        "block_evals_per_token_b8": evals8,
+        "solver": cfg.solver.name(),
+        "abs_tol": cfg.stop.abs_tol,
+        "max_iter": cfg.stop.max_iter,
+    }))
+}
+
+/// CPU model and core count from /proc/cpuinfo.
+fn machine_description() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = info
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map_or("unknown CPU".to_string(), |s| s.trim().to_string());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{cpu}, {cores} cores available")
 }
 
 fn run_bench_inner(

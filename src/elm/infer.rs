@@ -26,9 +26,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
 use crate::model::generate::{generate, Decoder, SamplingConfig};
-use crate::model::ops::{linear_into, rms_norm_into};
+use crate::model::ops::{linear_any_into, linear_into, rms_norm_into};
+use crate::model::quant::{Linear, QActs, QFormat, QLayer, QuantWeights, WeightStorage};
 use crate::model::{
-    block_forward_rows, load_pretrained, KvCache, LayerKv, ModelConfig, ModelWeights, Scratch,
+    block_forward_rows, check_context, load_inference, load_pretrained, KvCache, LayerKv,
+    LayerWeights, ModelConfig, ModelWeights, Scratch,
 };
 use crate::solver::{
     FixedPointMap, FixedPointSolver, RowStatus, Solution, SolverConfig, StopCriteria,
@@ -135,21 +137,280 @@ impl InferenceConfig {
 
 /// A dense model with layers `[l, l+M)` replaced by a fixed-point module, or (when `elm` is
 /// `None`) the dense model itself, run by the same code.
+///
+/// With `quant` set (see [`ElmModel::quantized`]) inference runs on the quantized matrices
+/// there, and `weights` / the module in `elm` keep only the config and the ELM layout
+/// (their tensors are empty), so only what runs is resident.
 pub struct ElmModel {
     pub weights: ModelWeights,
     pub elm: Option<(ElmConfig, ElmModule)>,
+    pub quant: Option<QuantElm>,
+}
+
+/// What a quantized [`ElmModel`] runs on: the kept dense layers (in order, `layers[slot]`),
+/// embedding, final norm and LM head, and the fixed-point module, each matrix quantized.
+#[derive(Clone, Debug)]
+pub struct QuantElm {
+    /// `layers` holds only the kept dense layers, in the order they run.
+    pub dense: QuantWeights,
+    /// The module (`None` for a dense model).
+    pub module: Option<QuantModule>,
+}
+
+/// The fixed-point module with quantized matrices (`P = [W_z | W_h]` and the block).
+#[derive(Clone, Debug)]
+pub struct QuantModule {
+    pub block: QLayer,
+    /// The input injection (`None`: `u = z`, as [`ElmModule::projection`]).
+    pub projection: Option<QuantProjection>,
+}
+
+/// `P = [W_z | W_h]` and `b`, quantized.
+#[derive(Clone, Debug)]
+pub struct QuantProjection {
+    pub w_z: Linear,
+    pub w_h: Linear,
+    pub bias: ndarray::Array1<f32>,
+}
+
+impl QuantProjection {
+    fn bytes(&self) -> usize {
+        self.w_z.bytes() + self.w_h.bytes() + self.bias.len() * 4
+    }
+}
+
+impl QuantModule {
+    /// The module's matrices quantized to `format` (`None`: kept f32).
+    pub fn from_f32(m: &ElmModule, format: Option<QFormat>) -> Self {
+        QuantModule {
+            block: QLayer::from_f32(&m.block, format),
+            projection: m.projection.as_ref().map(|p| QuantProjection {
+                w_z: Linear::from_f32(&p.w_z, format),
+                w_h: Linear::from_f32(&p.w_h, format),
+                bias: p.bias.clone(),
+            }),
+        }
+    }
+
+    /// Bytes of weights held.
+    pub fn bytes(&self) -> usize {
+        self.block.bytes() + self.projection.as_ref().map_or(0, QuantProjection::bytes)
+    }
+
+    /// `φ(z, h)` for new tokens, as [`ElmModule::apply_cached`] on these matrices.
+    #[allow(clippy::too_many_arguments)] // the map's inputs plus its cache and buffers
+    fn apply_cached(
+        &self,
+        cfg: &ModelConfig,
+        z: ArrayView3<f32>,
+        h: ArrayView3<f32>,
+        seqs: &[usize],
+        cache: &mut LayerKv,
+        scratch: &mut Scratch,
+    ) -> Result<Array3<f32>> {
+        let (r, t, c) = z.dim();
+        let mut u = match &self.projection {
+            None => z.to_owned(),
+            Some(p) => {
+                let rows = |a: ArrayView3<f32>| -> Result<Array2<f32>> {
+                    a.to_shape((r * t, c))
+                        .map(|v| v.into_owned())
+                        .map_err(|e| ElmError::shape("QuantModule::apply", e.to_string()))
+                };
+                let (z2, h2) = (rows(z)?, rows(h)?);
+                // u = z·W_zᵀ + h·W_hᵀ + b   [R·T, C]
+                let mut u = Array2::<f32>::zeros((r * t, c));
+                let mut wh = Array2::<f32>::zeros((r * t, c));
+                linear_any_into(
+                    z2.view(),
+                    p.w_z.as_ref(),
+                    None,
+                    u.view_mut(),
+                    &mut scratch.qx,
+                );
+                linear_any_into(
+                    h2.view(),
+                    p.w_h.as_ref(),
+                    Some(&p.bias),
+                    wh.view_mut(),
+                    &mut scratch.qx,
+                );
+                u += &wh;
+                u.into_shape_with_order((r, t, c))
+                    .map_err(|e| ElmError::shape("QuantModule::apply", e.to_string()))?
+            }
+        };
+        let lens = vec![t; r];
+        block_forward_rows(
+            &self.block,
+            cfg,
+            u.view_mut(),
+            seqs,
+            &lens,
+            cache,
+            false,
+            scratch,
+        )?;
+        Ok(u)
+    }
+}
+
+/// A `[0, 0]` f32 matrix: the placeholder of a tensor that lives in [`QuantElm`].
+fn empty2() -> Array2<f32> {
+    Array2::zeros((0, 0))
+}
+
+fn empty_layer() -> LayerWeights {
+    let e1 = || ndarray::Array1::zeros(0);
+    LayerWeights {
+        attn_norm: e1(),
+        wq: empty2(),
+        wk: empty2(),
+        wv: empty2(),
+        wo: empty2(),
+        bq: None,
+        bk: None,
+        bv: None,
+        mlp_norm: e1(),
+        w_gate: empty2(),
+        w_up: empty2(),
+        w_down: empty2(),
+    }
 }
 
 impl ElmModel {
     pub fn dense(weights: ModelWeights) -> Self {
-        ElmModel { weights, elm: None }
+        ElmModel {
+            weights,
+            elm: None,
+            quant: None,
+        }
     }
     pub fn new(weights: ModelWeights, cfg: ElmConfig, module: ElmModule) -> Result<Self> {
         cfg.validate(&weights.config)?;
         Ok(ElmModel {
             weights,
             elm: Some((cfg, module)),
+            quant: None,
         })
+    }
+
+    /// The inference-only quantized form: the kept layers of `dense` (quantized as loaded,
+    /// e.g. by [`load_inference`]) and the module quantized to `module_format` (`None`: the
+    /// format of the layer it replaced, f32 if that is f32).
+    pub fn quantized(
+        dense: QuantWeights,
+        elm: Option<(ElmConfig, &ElmModule)>,
+        module_format: Option<QFormat>,
+    ) -> Result<Self> {
+        let config = dense.config.clone();
+        let (kept, module): (Vec<usize>, _) = match &elm {
+            None => ((0..config.num_layers).collect(), None),
+            Some((cfg, m)) => {
+                cfg.validate(&config)?;
+                let format = module_format.or(match dense.layers.get(cfg.start_layer) {
+                    Some(QLayer {
+                        wq: Linear::Quant(q),
+                        ..
+                    }) => Some(q.format()),
+                    _ => None,
+                });
+                let kept = (0..cfg.start_layer)
+                    .chain(cfg.end_layer()..config.num_layers)
+                    .collect();
+                (kept, Some(QuantModule::from_f32(m, format)))
+            }
+        };
+        let QuantWeights {
+            config: qc,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+        } = dense;
+        let layers = layers
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| kept.contains(i))
+            .map(|(_, l)| l)
+            .collect();
+        let shell = ModelWeights {
+            config: config.clone(),
+            embed: empty2(),
+            layers: vec![],
+            final_norm: ndarray::Array1::zeros(0),
+            lm_head: None,
+        };
+        let shell_module = || ElmModule {
+            block: empty_layer(),
+            projection: None,
+        };
+        Ok(ElmModel {
+            weights: shell,
+            elm: elm.map(|(c, _)| (c, shell_module())),
+            quant: Some(QuantElm {
+                dense: QuantWeights {
+                    config: qc,
+                    embed,
+                    layers,
+                    final_norm,
+                    lm_head,
+                },
+                module,
+            }),
+        })
+    }
+
+    /// Loads like [`Self::load`] with the matrices stored as `storage` says (f32: exactly
+    /// [`Self::load`]; otherwise [`Self::quantized`] on [`load_inference`]'s weights).
+    pub fn load_with(
+        model: &Path,
+        elm: Option<&Path>,
+        storage: WeightStorage,
+    ) -> Result<(Self, Tokenizer)> {
+        if storage == WeightStorage::F32 {
+            return Self::load(model, elm);
+        }
+        let (dense, tok) = load_inference(model, storage)?;
+        let module_format = match storage {
+            WeightStorage::Quant(f) => Some(f),
+            _ => None,
+        };
+        let loaded = match elm {
+            None => ElmModel::quantized(dense, None, module_format)?,
+            Some(dir) => {
+                let (module, meta) = load_module(dir)?;
+                if meta.model_config != dense.config {
+                    return Err(ElmError::config(
+                        "elm",
+                        format!(
+                            "{}: module was built for a different model than {}",
+                            dir.display(),
+                            model.display()
+                        ),
+                    ));
+                }
+                ElmModel::quantized(dense, Some((meta.elm, &module)), module_format)?
+            }
+        };
+        Ok((loaded, tok))
+    }
+
+    /// Bytes of weights held for inference (f32 tensors, or the quantized ones).
+    pub fn weight_bytes(&self) -> usize {
+        match &self.quant {
+            Some(q) => {
+                q.dense.embed.bytes()
+                    + q.dense.layers.iter().map(QLayer::bytes).sum::<usize>()
+                    + q.dense.final_norm.len() * 4
+                    + q.dense.lm_head.as_ref().map_or(0, Linear::bytes)
+                    + q.module.as_ref().map_or(0, QuantModule::bytes)
+            }
+            None => {
+                4 * (self.weights.num_params()
+                    + self.elm.as_ref().map_or(0, |(_, m)| m.num_params()))
+            }
+        }
     }
     /// Loads the dense model and its tokenizer and, with `elm`, the module checkpoint (which
     /// must have been cut from a model with the same config).
@@ -290,6 +551,7 @@ impl<'m> ElmSession<'m> {
             if p.is_empty() {
                 return Err(ElmError::InvalidArgument(format!("prompt {b} is empty")));
             }
+            check_context(self.model.config(), self.lens()[b] + p.len(), "prompt")?;
             let out = self.forward(&[b], &[p.as_slice()], true)?;
             logits.row_mut(b).assign(&out.row(0));
         }
@@ -345,6 +607,21 @@ impl<'m> ElmSession<'m> {
 
     /// Logits `[N, V]` of final hidden states `[N, C]`.
     fn logits(&self, h: ArrayView2<f32>) -> Array2<f32> {
+        if let Some(q) = &self.model.quant {
+            let d = &q.dense;
+            let mut hn = Array2::zeros(h.raw_dim());
+            rms_norm_into(h, &d.final_norm, d.config.rms_norm_eps, hn.view_mut());
+            let mut logits = Array2::zeros((h.nrows(), d.config.vocab_size));
+            let mut qx = QActs::default();
+            linear_any_into(
+                hn.view(),
+                d.lm_head().as_ref(),
+                None,
+                logits.view_mut(),
+                &mut qx,
+            );
+            return logits;
+        }
         let w = &self.model.weights;
         let mut hn = Array2::zeros(h.raw_dim());
         rms_norm_into(h, &w.final_norm, w.config.rms_norm_eps, hn.view_mut());
@@ -443,7 +720,10 @@ impl<'m> ElmSession<'m> {
     ) -> Result<Array3<f32>> {
         let model = self.model;
         let mc = model.config();
-        let (mut x, _) = crate::model::embed_tokens(&model.weights, tokens)?;
+        let (mut x, _) = match &model.quant {
+            Some(q) => crate::model::embed_tokens(&q.dense, tokens)?,
+            None => crate::model::embed_tokens(&model.weights, tokens)?,
+        };
         let (front, back) = match &self.model.elm {
             None => (mc.num_layers, 0),
             Some((ec, _)) => (ec.start_layer, mc.num_layers - ec.end_layer()),
@@ -474,6 +754,18 @@ impl<'m> ElmSession<'m> {
         let KvCache {
             layers, scratch, ..
         } = &mut self.dense_kv;
+        if let Some(q) = &self.model.quant {
+            return block_forward_rows(
+                &q.dense.layers[slot],
+                &w.config,
+                x.view_mut(),
+                seqs,
+                &lens,
+                &mut layers[slot],
+                true,
+                scratch,
+            );
+        }
         block_forward_rows(
             &w.layers[layer],
             &w.config,
@@ -506,6 +798,7 @@ impl<'m> ElmSession<'m> {
         self.fp_kv.iter_mut().for_each(LayerKv::discard_pending);
         let mut map = FpMap {
             module,
+            quant: model.quant.as_ref().and_then(|q| q.module.as_ref()),
             cfg: mc,
             h: h.view(),
             seqs,
@@ -568,6 +861,8 @@ impl<'m> ElmSession<'m> {
 /// The solver's view of the module: rows = sequences, state = `[T·C]`.
 struct FpMap<'a> {
     module: &'a ElmModule,
+    /// The quantized module, when the model runs quantized (then `module` is a shell).
+    quant: Option<&'a QuantModule>,
     cfg: &'a ModelConfig,
     /// Injection `h` `[R, T, C]`.
     h: ArrayView3<'a, f32>,
@@ -666,14 +961,25 @@ impl FpMap<'_> {
         }
         for (store, rows) in groups {
             let seq_ids: Vec<usize> = rows.iter().map(|&ri| self.seqs[ri]).collect();
-            let y = self.module.apply_cached(
-                self.cfg,
-                z.select(Axis(0), &rows).view(),
-                self.h.select(Axis(0), &rows).view(),
-                &seq_ids,
-                &mut self.fp_kv[store],
-                self.scratch,
-            )?;
+            let (zr, hr) = (z.select(Axis(0), &rows), self.h.select(Axis(0), &rows));
+            let y = match self.quant {
+                Some(q) => q.apply_cached(
+                    self.cfg,
+                    zr.view(),
+                    hr.view(),
+                    &seq_ids,
+                    &mut self.fp_kv[store],
+                    self.scratch,
+                )?,
+                None => self.module.apply_cached(
+                    self.cfg,
+                    zr.view(),
+                    hr.view(),
+                    &seq_ids,
+                    &mut self.fp_kv[store],
+                    self.scratch,
+                )?,
+            };
             for (gi, &ri) in rows.iter().enumerate() {
                 sink(ri, y.slice(s![gi, .., ..]));
                 self.evals[ri] += 1;
@@ -730,6 +1036,7 @@ pub fn solve_sequences(
     let seqs: Vec<usize> = (0..b).collect();
     let mut map = FpMap {
         module,
+        quant: None,
         cfg,
         h: h.view(),
         seqs: &seqs,

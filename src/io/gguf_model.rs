@@ -10,8 +10,9 @@ use std::collections::HashSet;
 
 use ndarray::{Array1, Array2, Axis};
 
-use super::gguf::GgufFile;
+use super::gguf::{GgmlType, GgufFile};
 use crate::error::{ElmError, Result};
+use crate::model::quant::{Linear, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage};
 use crate::model::{Arch, LayerWeights, ModelConfig, ModelWeights};
 
 /// Reads the model hyper-parameters from `{arch}.*` / `tokenizer.ggml.*` metadata.
@@ -166,6 +167,54 @@ impl Taker<'_> {
         self.gguf.tensor_f32_2d(name)
     }
 
+    /// A `[rows, cols]` matrix in the storage `storage` asks for: a quantized tensor of the
+    /// wanted (or, with `Auto`, any supported) block format is copied as raw blocks;
+    /// anything else is dequantized and, if a block format is wanted, quantized again.
+    /// `rope_heads`: undo llama.cpp's Q/K row permutation (whole rows, so exact on blocks).
+    fn linear(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        storage: WeightStorage,
+        rope_heads: Option<usize>,
+    ) -> Result<Linear> {
+        let file_format = self
+            .gguf
+            .tensor_info(name)
+            .and_then(|i| qformat_of(i.ggml_type));
+        let want = match storage {
+            WeightStorage::F32 => None,
+            WeightStorage::Auto => file_format,
+            WeightStorage::Quant(f) => Some(f),
+        };
+        let permute = |w: Array2<f32>| match rope_heads {
+            Some(h) => unpermute_rope_rows(&w, h),
+            None => w,
+        };
+        match want {
+            Some(f) if Some(f) == file_format && cols.is_multiple_of(32) => {
+                let info = self.gguf.tensor_info(name).expect("format read above");
+                if info.shape() != [rows, cols] {
+                    // Same message as the f32 path.
+                    return self.matrix(name, rows, cols).map(Linear::F32);
+                }
+                self.used.insert(name.to_string());
+                let q = QMatrix::from_blocks(f, rows, cols, self.gguf.tensor_bytes(name)?.to_vec())
+                    .map_err(|e| ElmError::tensor(name, e.to_string()))?;
+                Ok(Linear::Quant(match rope_heads {
+                    Some(h) => q.select_rows(&gguf_row_of_hf_row(rows, h))?,
+                    None => q,
+                }))
+            }
+            Some(f) => Ok(Linear::Quant(QMatrix::quantize(
+                permute(self.matrix(name, rows, cols)?).view(),
+                f,
+            ))),
+            None => Ok(Linear::F32(permute(self.matrix(name, rows, cols)?))),
+        }
+    }
+
     fn vector(&mut self, name: &str, len: usize) -> Result<Array1<f32>> {
         let info = self.gguf.tensor_info(name).ok_or_else(|| {
             ElmError::tensor(name, format!("missing from {}", self.gguf.path().display()))
@@ -261,6 +310,89 @@ pub fn load_gguf_weights(gguf: &GgufFile) -> Result<ModelWeights> {
     }
 
     Ok(ModelWeights {
+        config,
+        embed,
+        layers,
+        final_norm,
+        lm_head,
+    })
+}
+
+/// The block format of a GGUF tensor type the quantized kernels run on.
+pub fn qformat_of(t: GgmlType) -> Option<QFormat> {
+    match t {
+        GgmlType::Q8_0 => Some(QFormat::Q8_0),
+        GgmlType::Q4_0 => Some(QFormat::Q4_0),
+        GgmlType::Q4_1 => Some(QFormat::Q4_1),
+        _ => None,
+    }
+}
+
+/// Loads a Llama/Qwen2 GGUF for the inference path with its matrices stored as `storage`
+/// says (`Auto`: quantized tensors stay in their blocks, never expanded to f32). Strict like
+/// [`load_gguf_weights`].
+pub fn load_gguf_quant(gguf: &GgufFile, storage: WeightStorage) -> Result<QuantWeights> {
+    let config = config_from_gguf(gguf)?;
+    let (c, i_dim, v) = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.vocab_size,
+    );
+    let (h, kv, d) = (config.num_heads, config.num_kv_heads, config.head_dim);
+    let permuted = config.arch == Arch::Llama;
+    let mut t = Taker {
+        gguf,
+        used: HashSet::new(),
+    };
+    let embed = t.linear("token_embd.weight", v, c, storage, None)?;
+    let final_norm = t.vector("output_norm.weight", c)?;
+    let lm_head = if config.tie_word_embeddings {
+        None
+    } else {
+        Some(t.linear("output.weight", v, c, storage, None)?)
+    };
+    let mut layers = Vec::with_capacity(config.num_layers);
+    for l in 0..config.num_layers {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        let (bq, bk, bv) = if config.attention_bias {
+            let mut bq = t.vector(&n("attn_q.bias"), h * d)?;
+            let mut bk = t.vector(&n("attn_k.bias"), kv * d)?;
+            if permuted {
+                let col = |b: Array1<f32>| b.insert_axis(Axis(1));
+                bq = unpermute_rope_rows(&col(bq), h).remove_axis(Axis(1));
+                bk = unpermute_rope_rows(&col(bk), kv).remove_axis(Axis(1));
+            }
+            (
+                Some(bq),
+                Some(bk),
+                Some(t.vector(&n("attn_v.bias"), kv * d)?),
+            )
+        } else {
+            (None, None, None)
+        };
+        let rope = |heads: usize| permuted.then_some(heads);
+        layers.push(QLayer {
+            attn_norm: t.vector(&n("attn_norm.weight"), c)?,
+            wq: t.linear(&n("attn_q.weight"), h * d, c, storage, rope(h))?,
+            wk: t.linear(&n("attn_k.weight"), kv * d, c, storage, rope(kv))?,
+            wv: t.linear(&n("attn_v.weight"), kv * d, c, storage, None)?,
+            wo: t.linear(&n("attn_output.weight"), c, h * d, storage, None)?,
+            bq,
+            bk,
+            bv,
+            mlp_norm: t.vector(&n("ffn_norm.weight"), c)?,
+            w_gate: t.linear(&n("ffn_gate.weight"), i_dim, c, storage, None)?,
+            w_up: t.linear(&n("ffn_up.weight"), i_dim, c, storage, None)?,
+            w_down: t.linear(&n("ffn_down.weight"), c, i_dim, storage, None)?,
+        });
+    }
+    if let Some(extra) = gguf.tensors().iter().find(|x| !t.used.contains(&x.name)) {
+        return Err(ElmError::tensor(
+            &extra.name,
+            format!("unexpected tensor in {}", gguf.path().display()),
+        ));
+    }
+    Ok(QuantWeights {
         config,
         embed,
         layers,

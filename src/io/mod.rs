@@ -30,7 +30,8 @@ pub mod tokenizer;
 pub use atomic::{write_atomic, write_json_atomic};
 pub use gguf::GgufFile;
 pub use gguf_model::{
-    config_from_gguf, load_gguf_weights, permute_rope_rows, save_gguf_model, unpermute_rope_rows,
+    config_from_gguf, load_gguf_quant, load_gguf_weights, permute_rope_rows, qformat_of,
+    save_gguf_model, unpermute_rope_rows,
 };
 pub use hf::{config_from_hf_json, load_hf_model, read_hf_config, save_hf_model};
 pub use tokenizer::Tokenizer;

@@ -8,8 +8,9 @@ use ndarray::{linalg::general_mat_mul, Array2};
 use serde::Serialize;
 
 use super::generate::argmax;
+use super::quant::BlockWeights;
 use super::team::SpinTeam;
-use super::transformer::Transformer;
+use super::transformer::{DecoderWeights, Transformer};
 use super::weights::ModelWeights;
 use crate::error::Result;
 
@@ -118,25 +119,24 @@ pub fn decode_weight_bytes(w: &ModelWeights) -> usize {
 
 /// Useful FLOPs of a `t`-token prefill: the linear layers for every token, causal
 /// attention (`QKᵀ` and `PV` over positions `≤ p`), and the LM head for the last token.
-pub fn prefill_flops(w: &ModelWeights, t: usize) -> f64 {
-    let cfg = &w.config;
+pub fn prefill_flops<W: DecoderWeights + ?Sized>(w: &W, t: usize) -> f64 {
+    let cfg = w.config();
+    let elems = |l: crate::model::quant::LinearRef<'_>| l.dim().0 * l.dim().1;
     let linear: usize = w
-        .layers
+        .layers()
         .iter()
         .map(|l| {
-            l.wq.len()
-                + l.wk.len()
-                + l.wv.len()
-                + l.wo.len()
-                + l.w_gate.len()
-                + l.w_up.len()
-                + l.w_down.len()
+            let b = l.block_ref();
+            [b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down]
+                .into_iter()
+                .map(elems)
+                .sum::<usize>()
         })
         .sum();
     let hd = (cfg.num_heads * cfg.head_dim) as f64;
     let causal_pairs = (t * (t + 1) / 2) as f64;
     let attention = cfg.num_layers as f64 * 4.0 * hd * causal_pairs;
-    2.0 * linear as f64 * t as f64 + attention + 2.0 * w.lm_head().len() as f64
+    2.0 * linear as f64 * t as f64 + attention + 2.0 * elems(w.lm_head_ref()) as f64
 }
 
 /// Everything `elm bench` reports.
@@ -177,7 +177,11 @@ fn bench_tokens(vocab: usize, n: usize, salt: usize) -> Vec<u32> {
 }
 
 /// Best-of-`reps` prefill throughput (tokens/s) of one `prompt_len`-token prompt.
-pub fn bench_prefill(model: &Transformer, prompt_len: usize, reps: usize) -> Result<f64> {
+pub fn bench_prefill<W: DecoderWeights>(
+    model: &Transformer<W>,
+    prompt_len: usize,
+    reps: usize,
+) -> Result<f64> {
     let tokens = bench_tokens(model.config().vocab_size, prompt_len, 0);
     let mut cache = model.new_cache(1, prompt_len)?;
     let mut best = f64::INFINITY;
@@ -196,8 +200,8 @@ pub fn bench_prefill(model: &Transformer, prompt_len: usize, reps: usize) -> Res
 /// interference from other processes) and `mean` the total time.
 ///
 /// `before_step` runs, untimed, before every timed step (e.g. a bandwidth read).
-pub fn bench_decode(
-    model: &Transformer,
+pub fn bench_decode<W: DecoderWeights>(
+    model: &Transformer<W>,
     batch: usize,
     steps: usize,
     mut before_step: impl FnMut(),
@@ -230,8 +234,8 @@ pub fn bench_decode(
 }
 
 /// Runs every measurement in one process.
-pub fn run_bench(
-    model: &Transformer,
+pub fn run_bench<W: DecoderWeights>(
+    model: &Transformer<W>,
     prompt_len: usize,
     decode_steps: usize,
     mut progress: impl FnMut(&str),
@@ -247,7 +251,7 @@ pub fn run_bench(
     progress("decode batch 1 + read bandwidth");
     // A bandwidth read of the bytes one step streams before every step: both
     // best-of-N figures then come from the same stretch of time.
-    let probe = BandwidthProbe::new(decode_weight_bytes(&model.weights).max(1 << 28));
+    let probe = BandwidthProbe::new(model.weights.decode_bytes().max(1 << 28));
     let mut bw = 0.0f64;
     let (b1, b1_mean) = bench_decode(model, 1, decode_steps, || {
         bw = bw.max(probe.measure());
@@ -255,7 +259,7 @@ pub fn run_bench(
     drop(probe);
     progress("decode batch 8");
     let (b8, b8_mean) = bench_decode(model, 8, decode_steps, || {})?;
-    let bytes = decode_weight_bytes(&model.weights);
+    let bytes = model.weights.decode_bytes();
     let roofline = bw * 1e9 / bytes as f64;
     Ok(BenchReport {
         read_bandwidth_gb_s: bw,
@@ -279,4 +283,66 @@ pub fn run_bench(
             .and_then(|l| l.split_whitespace().next()?.parse().ok()),
         openblas_threads: super::ops::blas_threads(),
     })
+}
+
+/// Resets the process's peak resident set size (`VmHWM`) to the current one (Linux
+/// `clear_refs` 5); false where that is unavailable.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// Peak resident set size since the start or the last [`reset_peak_rss`], in bytes.
+pub fn peak_rss_bytes() -> Option<usize> {
+    proc_status_kb("VmHWM:").map(|kb| kb * 1024)
+}
+
+/// Current resident set size in bytes.
+pub fn rss_bytes() -> Option<usize> {
+    proc_status_kb("VmRSS:").map(|kb| kb * 1024)
+}
+
+fn proc_status_kb(key: &str) -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Peak RSS (bytes) while generating `new_tokens` greedy tokens after a `prompt_len`-token
+/// prompt, measured from a reset just before (so earlier runs and the load do not count).
+pub fn generation_peak_rss<W: DecoderWeights>(
+    model: &Transformer<W>,
+    prompt_len: usize,
+    new_tokens: usize,
+) -> Result<Option<usize>> {
+    let tokens = bench_tokens(model.config().vocab_size, prompt_len, 3);
+    let reset = reset_peak_rss();
+    let mut cache = model.new_cache(1, prompt_len + new_tokens)?;
+    let mut logits = model.prefill(std::slice::from_ref(&tokens), &mut cache)?;
+    let active = [true];
+    for _ in 0..new_tokens {
+        let next = [argmax(logits.row(0)) as u32];
+        model.decode_step_into(&next, &active, &mut cache, &mut logits)?;
+    }
+    Ok(if reset { peak_rss_bytes() } else { None })
+}
+
+/// K/V bytes one token adds per sequence over `layers` attention layers (f32 K and V).
+pub fn kv_bytes_per_token(cfg: &crate::model::ModelConfig, layers: usize) -> usize {
+    layers * 2 * cfg.num_kv_heads * cfg.head_dim * std::mem::size_of::<f32>()
+}
+
+/// One configuration (model × weight storage) of a comparative `elm bench`.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchRun {
+    /// `dense` or `elm`.
+    pub model: String,
+    /// `f32` or the block format(s) kept in memory.
+    pub weights: String,
+    /// Bytes of weights held by this configuration.
+    pub resident_weight_bytes: usize,
+    /// Peak RSS of the process while generating (see [`generation_peak_rss`]).
+    pub peak_rss_bytes: Option<usize>,
+    pub kv_bytes_per_token: usize,
+    #[serde(flatten)]
+    pub report: BenchReport,
 }

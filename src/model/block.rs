@@ -10,9 +10,9 @@ use ndarray::{s, Array3, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Z
 use super::config::ModelConfig;
 use super::kv_cache::{take, LayerKv, Scratch};
 use super::ops::{
-    linear_into, masked_softmax_inplace, matvecs_split, rms_norm_into, swiglu_inplace,
+    linear_any_into, linears_into, masked_softmax_inplace, rms_norm_into, swiglu_inplace,
 };
-use super::weights::LayerWeights;
+use super::quant::BlockWeights;
 use crate::error::{ElmError, Result};
 
 /// Runs one block on the new tokens `x` `[B, T, C]` of every sequence and returns
@@ -21,8 +21,8 @@ use crate::error::{ElmError, Result};
 /// All `T` tokens are new for every sequence. Their K/V are written to `cache` and
 /// appended to its history only when `commit` is true (else they stay pending, see
 /// [`LayerKv`]). For per-sequence token counts use [`block_forward_inplace`].
-pub fn block_forward_cached(
-    w: &LayerWeights,
+pub fn block_forward_cached<W: BlockWeights + ?Sized>(
+    w: &W,
     cfg: &ModelConfig,
     x: ArrayView3<f32>,
     cache: &mut LayerKv,
@@ -42,8 +42,8 @@ pub fn block_forward_cached(
 /// Sequence `b` has `new_lens[b] ≤ T` valid new tokens (right padding); padded rows
 /// and sequences with `new_lens[b] = 0` (inactive) leave the cache untouched and
 /// their outputs are unspecified.
-pub fn block_forward_inplace(
-    w: &LayerWeights,
+pub fn block_forward_inplace<W: BlockWeights + ?Sized>(
+    w: &W,
     cfg: &ModelConfig,
     x: ArrayViewMut3<f32>,
     new_lens: &[usize],
@@ -62,8 +62,8 @@ pub fn block_forward_inplace(
 /// Lets a caller run only the sequences that still need it (e.g. unconverged rows of a
 /// fixed-point solve) without computing the others.
 #[allow(clippy::too_many_arguments)] // the block's inputs plus its row → sequence map
-pub fn block_forward_rows(
-    w: &LayerWeights,
+pub fn block_forward_rows<W: BlockWeights + ?Sized>(
+    w: &W,
     cfg: &ModelConfig,
     x: ArrayViewMut3<f32>,
     seqs: &[usize],
@@ -93,8 +93,8 @@ pub fn block_forward_rows(
 /// Shared body: row `bi` of `x` is cache sequence `seqs[bi]` (`bi` itself when `None`,
 /// which keeps the full-batch path allocation-free).
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // `bi` indexes x and new_lens
-fn forward_rows(
-    w: &LayerWeights,
+fn forward_rows<W: BlockWeights + ?Sized>(
+    w: &W,
     cfg: &ModelConfig,
     mut x: ArrayViewMut3<f32>,
     seqs: Option<&[usize]>,
@@ -119,7 +119,9 @@ fn forward_rows(
         gate,
         up,
         tmp,
+        qx,
     } = scratch;
+    let w = w.block_ref();
     let xs = x
         .as_slice_mut()
         .ok_or_else(|| ElmError::shape("block_forward", "x must be in standard layout"))?;
@@ -127,34 +129,20 @@ fn forward_rows(
 
     // --- attention: q/k/v projections of the normalized stream, RoPE, cache write.
     let mut xn = ArrayViewMut2::from_shape((n, c), take(xn, n * c)).map_err(layout)?;
-    rms_norm_into(x2.view(), &w.attn_norm, cfg.rms_norm_eps, xn.view_mut());
+    rms_norm_into(x2.view(), w.attn_norm, cfg.rms_norm_eps, xn.view_mut());
     let mut q = ArrayViewMut2::from_shape((n, h * d), take(q, n * h * d)).map_err(layout)?;
     let mut k = ArrayViewMut2::from_shape((n, kv * d), take(k, n * kv * d)).map_err(layout)?;
     let mut v = ArrayViewMut2::from_shape((n, kv * d), take(v, n * kv * d)).map_err(layout)?;
-    if n == 1 {
-        // Batch-1 decode: the three projections share one fork-join.
-        matvecs_split(
-            xn.row(0),
-            &mut [
-                (w.wq.view(), q.row_mut(0)),
-                (w.wk.view(), k.row_mut(0)),
-                (w.wv.view(), v.row_mut(0)),
-            ],
-        );
-        for (bias, mut out) in [
-            (&w.bq, q.row_mut(0)),
-            (&w.bk, k.row_mut(0)),
-            (&w.bv, v.row_mut(0)),
-        ] {
-            if let Some(bias) = bias {
-                out += bias;
-            }
-        }
-    } else {
-        linear_into(xn.view(), &w.wq, w.bq.as_ref(), q.view_mut());
-        linear_into(xn.view(), &w.wk, w.bk.as_ref(), k.view_mut());
-        linear_into(xn.view(), &w.wv, w.bv.as_ref(), v.view_mut());
-    }
+    // Batch-1 decode: the three projections share one fork-join (and one quantized x).
+    linears_into(
+        xn.view(),
+        &mut [
+            (w.wq, w.bq, q.view_mut()),
+            (w.wk, w.bk, k.view_mut()),
+            (w.wv, w.bv, v.view_mut()),
+        ],
+        qx,
+    );
     for bi in 0..b {
         let cb = seq(bi);
         let p0 = cache.lens()[cb];
@@ -221,31 +209,27 @@ fn forward_rows(
     let attn2 = ArrayView2::from_shape((n, h * d), attn.as_slice().ok_or_else(not_contiguous)?)
         .map_err(layout)?;
     let mut tmp = ArrayViewMut2::from_shape((n, c), take(tmp, n * c)).map_err(layout)?;
-    linear_into(attn2, &w.wo, None, tmp.view_mut());
+    linear_any_into(attn2, w.wo, None, tmp.view_mut(), qx);
     x2 += &tmp;
 
     // --- SwiGLU MLP.
     let i = cfg.intermediate_size;
-    rms_norm_into(x2.view(), &w.mlp_norm, cfg.rms_norm_eps, xn.view_mut());
+    rms_norm_into(x2.view(), w.mlp_norm, cfg.rms_norm_eps, xn.view_mut());
     let mut gate = ArrayViewMut2::from_shape((n, i), take(gate, n * i)).map_err(layout)?;
     let mut up = ArrayViewMut2::from_shape((n, i), take(up, n * i)).map_err(layout)?;
-    if n == 1 {
-        matvecs_split(
-            xn.row(0),
-            &mut [
-                (w.w_gate.view(), gate.row_mut(0)),
-                (w.w_up.view(), up.row_mut(0)),
-            ],
-        );
-    } else {
-        linear_into(xn.view(), &w.w_gate, None, gate.view_mut());
-        linear_into(xn.view(), &w.w_up, None, up.view_mut());
-    }
+    linears_into(
+        xn.view(),
+        &mut [
+            (w.w_gate, None, gate.view_mut()),
+            (w.w_up, None, up.view_mut()),
+        ],
+        qx,
+    );
     swiglu_inplace(
         gate.as_slice_mut().ok_or_else(not_contiguous)?,
         up.as_slice().ok_or_else(not_contiguous)?,
     );
-    linear_into(gate.view(), &w.w_down, None, tmp.view_mut());
+    linear_any_into(gate.view(), w.w_down, None, tmp.view_mut(), qx);
     Zip::from(&mut x2).and(&tmp).for_each(|a, &b| *a += b);
 
     match seqs {

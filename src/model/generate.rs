@@ -9,7 +9,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::kv_cache::KvCache;
-use super::transformer::Transformer;
+use super::transformer::{DecoderWeights, Transformer};
 use crate::error::{ElmError, Result};
 
 /// What the sampling loop needs from a model.
@@ -33,7 +33,7 @@ pub trait Decoder {
     ) -> Result<()>;
 }
 
-impl Decoder for Transformer {
+impl<W: DecoderWeights> Decoder for Transformer<W> {
     type State = KvCache;
     fn vocab_size(&self) -> usize {
         self.config().vocab_size

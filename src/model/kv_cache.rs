@@ -4,6 +4,7 @@ use ndarray::Array4;
 
 use super::config::ModelConfig;
 use super::ops::RopeTable;
+use super::quant::QActs;
 use crate::error::{ElmError, Result};
 
 /// K/V of one attention layer for a batch of sequences, with per-sequence lengths.
@@ -140,6 +141,8 @@ pub struct Scratch {
     pub(crate) gate: Vec<f32>,
     pub(crate) up: Vec<f32>,
     pub(crate) tmp: Vec<f32>,
+    /// Activations quantized for the integer kernels of quantized weights.
+    pub(crate) qx: QActs,
 }
 
 impl Scratch {
@@ -165,7 +168,7 @@ impl Scratch {
             &self.tmp,
         ];
         let buffers: usize = vecs.iter().map(|v| v.capacity()).sum();
-        buffers * std::mem::size_of::<f32>() + self.rope.bytes()
+        buffers * std::mem::size_of::<f32>() + self.rope.bytes() + self.qx.bytes()
     }
 }
 

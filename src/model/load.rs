@@ -2,10 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
+use super::quant::{QuantWeights, WeightStorage};
 use super::weights::ModelWeights;
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
-use crate::io::{load_gguf_weights, load_hf_model, GgufFile};
+use crate::io::{load_gguf_quant, load_gguf_weights, load_hf_model, GgufFile};
 
 /// File name of the default real model.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -54,5 +55,27 @@ pub fn load_pretrained(path: impl AsRef<Path>) -> Result<(ModelWeights, Tokenize
         Ok((load_gguf_weights(&gguf)?, tokenizer))
     } else {
         Err(not_found(path))
+    }
+}
+
+/// Loads weights for the inference path, each matrix stored as `storage` says (`Auto` keeps
+/// a GGUF's quantized blocks as they are; an HF directory is read in f32 and quantized on the
+/// fly when a block format is asked for), plus the tokenizer.
+pub fn load_inference(
+    path: impl AsRef<Path>,
+    storage: WeightStorage,
+) -> Result<(QuantWeights, Tokenizer)> {
+    let path = path.as_ref();
+    if path.is_file() {
+        let gguf = GgufFile::open(path)?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        Ok((load_gguf_quant(&gguf, storage)?, tokenizer))
+    } else {
+        let (w, tokenizer) = load_pretrained(path)?;
+        let format = match storage {
+            WeightStorage::Quant(f) => Some(f),
+            WeightStorage::F32 | WeightStorage::Auto => None,
+        };
+        Ok((QuantWeights::from_f32(&w, format), tokenizer))
     }
 }

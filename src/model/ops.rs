@@ -5,6 +5,7 @@
 use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 
+use super::quant::{detected_kernel, qmatmul_rows, LinearRef, QActs, QMatrix};
 use super::team::SpinTeam;
 
 /// `y[N, out] = x[N, in] · wᵀ (+ bias)`, `w` is `[out, in]` (PyTorch layout).
@@ -115,6 +116,155 @@ struct SplitJob<'a> {
 
 // SAFETY: `w` is a shared view; `y` is written through disjoint ranges only.
 unsafe impl Sync for SplitJob<'_> {}
+
+/// One projection of a [`linears_into`] group: weight, optional bias, output `[N, out]`.
+pub type LinearJob<'a, 'b> = (
+    LinearRef<'a>,
+    Option<&'a Array1<f32>>,
+    ArrayViewMut2<'b, f32>,
+);
+
+/// Several `y_i = x · W_iᵀ (+ b_i)` sharing one input `x` `[N, in]` (q/k/v, gate/up),
+/// whatever each weight's storage.
+///
+/// f32 weights take exactly the f32 path ([`matvecs_split`] for one row, sgemm for more);
+/// quantized weights share one quantization of `x` (into `qx`) and one fork-join over the
+/// rows of every quantized matrix (see [`crate::model::quant`]).
+pub fn linears_into(x: ArrayView2<f32>, jobs: &mut [LinearJob<'_, '_>], qx: &mut QActs) {
+    let n = x.nrows();
+    let all_f32 = jobs.iter().all(|(w, _, _)| matches!(w, LinearRef::F32(_)));
+    if all_f32 && n == 1 && x.row(0).as_slice().is_some() {
+        // Up to 4 matrices per fork-join, like `matvecs_split`, without a heap list.
+        for group in jobs.chunks_mut(4) {
+            let len = group.len();
+            let mut views: [Option<(ArrayView2<f32>, ArrayViewMut1<f32>)>; 4] = Default::default();
+            for (slot, (w, _, y)) in views.iter_mut().zip(group.iter_mut()) {
+                if let LinearRef::F32(a) = w {
+                    *slot = Some((a.view(), y.row_mut(0)));
+                }
+            }
+            let mut list: [(ArrayView2<f32>, ArrayViewMut1<f32>); 4] =
+                views.map(|v| v.unwrap_or_else(empty_job));
+            matvecs_split(x.row(0), &mut list[..len]);
+        }
+        for (_, bias, y) in jobs.iter_mut() {
+            if let Some(b) = bias {
+                for mut row in y.rows_mut() {
+                    row += *b;
+                }
+            }
+        }
+        return;
+    }
+    let mut any_quant = false;
+    for (w, bias, y) in jobs.iter_mut() {
+        match w {
+            LinearRef::F32(a) => linear_into(x, a, *bias, y.view_mut()),
+            LinearRef::Quant(_) => any_quant = true,
+        }
+    }
+    if !any_quant {
+        return;
+    }
+    qx.quantize(x);
+    qmatmul_split(jobs, qx);
+    for (w, bias, y) in jobs.iter_mut() {
+        if let (LinearRef::Quant(_), Some(b)) = (w, bias) {
+            for mut row in y.rows_mut() {
+                row += *b;
+            }
+        }
+    }
+}
+
+/// `y[N, out] = x[N, in] · Wᵀ (+ bias)` for a weight in any storage (see [`linears_into`]).
+pub fn linear_any_into(
+    x: ArrayView2<f32>,
+    w: LinearRef<'_>,
+    bias: Option<&Array1<f32>>,
+    y: ArrayViewMut2<f32>,
+    qx: &mut QActs,
+) {
+    match w {
+        LinearRef::F32(a) => linear_into(x, a, bias, y),
+        LinearRef::Quant(_) => linears_into(x, &mut [(w, bias, y)], qx),
+    }
+}
+
+fn empty_job<'a>() -> (ArrayView2<'a, f32>, ArrayViewMut1<'a, f32>) {
+    (
+        ArrayView2::from_shape((0, 0), &[]).expect("empty"),
+        ArrayViewMut1::from(&mut [][..]),
+    )
+}
+
+/// The quantized jobs of a [`linears_into`] group against activations `acts` (quantized
+/// from their shared input), split over the [`SpinTeam`] by weight rows: each thread
+/// streams its share of every matrix once, for all activation rows.
+fn qmatmul_split(jobs: &mut [LinearJob<'_, '_>], acts: &QActs) {
+    let kernel = detected_kernel();
+    let n = acts.rows();
+    const GROUP: usize = 4;
+    let mut split: [Option<QJob>; GROUP] = Default::default();
+    let mut k = 0;
+    let team = SpinTeam::global();
+    let flush = |split: &mut [Option<QJob>; GROUP]| {
+        let total: usize = split.iter().flatten().map(|j| j.w.rows() * n).sum();
+        let parts = if total < 64 { 1 } else { team.parts() };
+        let run_part = |p: usize| {
+            for job in split.iter().flatten() {
+                let rows = job.w.rows();
+                let (lo, hi) = (rows * p / parts, rows * (p + 1) / parts);
+                // SAFETY: `y` is `[n, rows]` contiguous; part `p` alone writes columns `lo..hi`.
+                unsafe { qmatmul_rows(job.w, lo, hi, acts, job.y, rows, kernel) };
+            }
+        };
+        if parts == 1 {
+            run_part(0);
+        } else {
+            team.run(&|p| {
+                if p < parts {
+                    run_part(p)
+                }
+            });
+        }
+        split.iter_mut().for_each(|s| *s = None);
+    };
+    for (w, _, y) in jobs.iter_mut() {
+        let LinearRef::Quant(q) = w else { continue };
+        let Some(ys) = y.as_slice_mut() else {
+            // Not reached by the block (its buffers are contiguous); kept correct anyway.
+            let mut tmp = ndarray::Array2::<f32>::zeros(y.dim());
+            let ptr = tmp.as_mut_ptr();
+            // SAFETY: `tmp` is a fresh contiguous `[n, rows]` buffer written on this thread.
+            unsafe { qmatmul_rows(q, 0, q.rows(), acts, ptr, q.rows(), kernel) };
+            y.assign(&tmp);
+            continue;
+        };
+        split[k] = Some(QJob {
+            w: q,
+            y: ys.as_mut_ptr(),
+        });
+        k += 1;
+        if k == GROUP {
+            flush(&mut split);
+            k = 0;
+        }
+    }
+    if k > 0 {
+        flush(&mut split);
+    }
+}
+
+/// One quantized matrix of a [`qmatmul_split`] call, shareable across the team's threads.
+struct QJob<'a> {
+    w: &'a QMatrix,
+    /// Start of the contiguous output `[n, rows]`; threads write disjoint column ranges.
+    y: *mut f32,
+}
+
+// SAFETY: `w` is shared read-only; `y` is written through disjoint column ranges only.
+unsafe impl Sync for QJob<'_> {}
 
 /// `y = W · x` on one thread.
 ///

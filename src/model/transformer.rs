@@ -7,20 +7,97 @@ use ndarray::{s, Array2, Array3, ArrayView2, ArrayView3, ArrayViewMut3, Axis};
 use super::block::block_forward_inplace;
 use super::config::ModelConfig;
 use super::kv_cache::{take, KvCache, LayerKv, Scratch};
-use super::ops::{linear_into, rms_norm_into};
+use super::ops::{linear_any_into, rms_norm_into};
+use super::quant::{BlockWeights, LinearRef, QActs, QuantWeights};
 use super::weights::{LayerWeights, ModelWeights};
 use crate::error::{ElmError, Result};
 
-/// A decoder ready for inference: owns its weights (checked against the config).
+/// A decoder ready for inference: owns its weights (checked against the config), f32
+/// [`ModelWeights`] by default or quantized [`QuantWeights`].
 #[derive(Clone, Debug)]
-pub struct Transformer {
-    pub weights: ModelWeights,
+pub struct Transformer<W = ModelWeights> {
+    pub weights: W,
+}
+
+/// The weights of a whole decoder, in any storage: what the inference path needs.
+pub trait DecoderWeights: Sync {
+    type Layer: BlockWeights;
+    fn config(&self) -> &ModelConfig;
+    fn layers(&self) -> &[Self::Layer];
+    /// Embedding of token `token` (< vocab size, checked by the caller) into `out` `[C]`.
+    fn embed_row_into(&self, token: usize, out: &mut [f32]);
+    /// `[C]`
+    fn final_norm(&self) -> &ndarray::Array1<f32>;
+    /// `[V, C]` (the embedding when tied).
+    fn lm_head_ref(&self) -> LinearRef<'_>;
+    /// Every tensor's shape against the config.
+    fn check(&self) -> Result<()>;
+    /// Bytes of weights held in memory.
+    fn weight_bytes(&self) -> usize;
+    /// Weight bytes one batch-1 decode step reads: every block, the final norm, the LM
+    /// head (one embedding row is negligible).
+    fn decode_bytes(&self) -> usize {
+        let blocks: usize = self.layers().iter().map(|l| l.block_ref().bytes()).sum();
+        blocks + self.final_norm().len() * 4 + self.lm_head_ref().bytes()
+    }
+}
+
+impl DecoderWeights for ModelWeights {
+    type Layer = LayerWeights;
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+    fn layers(&self) -> &[LayerWeights] {
+        &self.layers
+    }
+    fn embed_row_into(&self, token: usize, out: &mut [f32]) {
+        for (o, &v) in out.iter_mut().zip(self.embed.row(token)) {
+            *o = v;
+        }
+    }
+    fn final_norm(&self) -> &ndarray::Array1<f32> {
+        &self.final_norm
+    }
+    fn lm_head_ref(&self) -> LinearRef<'_> {
+        LinearRef::F32(self.lm_head())
+    }
+    fn check(&self) -> Result<()> {
+        check_shapes(self)
+    }
+    fn weight_bytes(&self) -> usize {
+        self.num_params() * 4
+    }
+}
+
+impl DecoderWeights for QuantWeights {
+    type Layer = super::quant::QLayer;
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+    fn layers(&self) -> &[super::quant::QLayer] {
+        &self.layers
+    }
+    fn embed_row_into(&self, token: usize, out: &mut [f32]) {
+        self.embed.row_into(token, out)
+    }
+    fn final_norm(&self) -> &ndarray::Array1<f32> {
+        &self.final_norm
+    }
+    fn lm_head_ref(&self) -> LinearRef<'_> {
+        self.lm_head().as_ref()
+    }
+    fn check(&self) -> Result<()> {
+        check_quant_shapes(self)
+    }
+    fn weight_bytes(&self) -> usize {
+        self.bytes()
+    }
 }
 
 /// Token embeddings of `weights`, right-padded to the longest sequence: `[B, T, C]` and the
 /// per-sequence lengths. Every model path (dense, ELM, training) embeds through this.
-pub fn embed_tokens<S: AsRef<[u32]>>(
-    weights: &ModelWeights,
+pub fn embed_tokens<S: AsRef<[u32]>, W: DecoderWeights + ?Sized>(
+    weights: &W,
     tokens: &[S],
 ) -> Result<(Array3<f32>, Vec<usize>)> {
     if tokens.is_empty() {
@@ -28,36 +105,58 @@ pub fn embed_tokens<S: AsRef<[u32]>>(
     }
     let lens: Vec<usize> = tokens.iter().map(|t| t.as_ref().len()).collect();
     let t_max = lens.iter().copied().max().unwrap_or(0);
-    let mut x = Array3::zeros((tokens.len(), t_max, weights.config.hidden_size));
+    let mut x = Array3::zeros((tokens.len(), t_max, weights.config().hidden_size));
     for (bi, seq) in tokens.iter().enumerate() {
         for (ti, &tok) in seq.as_ref().iter().enumerate() {
-            x.slice_mut(s![bi, ti, ..])
-                .assign(&embedding_row(weights, tok)?);
+            let mut row = x.slice_mut(s![bi, ti, ..]);
+            embedding_row_into(weights, tok, row.as_slice_mut().ok_or_else(not_contiguous)?)?;
         }
     }
     Ok((x, lens))
 }
 
-/// The embedding of one token id (range-checked).
-fn embedding_row(weights: &ModelWeights, token: u32) -> Result<ndarray::ArrayView1<'_, f32>> {
-    let v = weights.config.vocab_size;
+/// The embedding of one token id (range-checked) into `out` `[C]`.
+fn embedding_row_into<W: DecoderWeights + ?Sized>(
+    weights: &W,
+    token: u32,
+    out: &mut [f32],
+) -> Result<()> {
+    let v = weights.config().vocab_size;
     if token as usize >= v {
         return Err(ElmError::InvalidArgument(format!(
             "token id {token} out of range for vocab size {v}"
         )));
     }
-    Ok(weights.embed.row(token as usize))
+    weights.embed_row_into(token as usize, out);
+    Ok(())
 }
 
-impl Transformer {
+fn not_contiguous() -> ElmError {
+    ElmError::shape("embed", "buffer is not contiguous")
+}
+
+/// Refuses sequences longer than the model's context (positions past it were never trained
+/// and the RoPE table would have to be extended silently).
+pub fn check_context(cfg: &ModelConfig, len: usize, what: &str) -> Result<()> {
+    if len > cfg.max_position_embeddings {
+        return Err(ElmError::InvalidArgument(format!(
+            "{what} of {len} tokens exceeds the model's context length of {} tokens \
+             (max_position_embeddings)",
+            cfg.max_position_embeddings
+        )));
+    }
+    Ok(())
+}
+
+impl<W: DecoderWeights> Transformer<W> {
     /// Validates the config and every tensor shape.
-    pub fn new(weights: ModelWeights) -> Result<Self> {
-        check_shapes(&weights)?;
+    pub fn new(weights: W) -> Result<Self> {
+        weights.check()?;
         Ok(Transformer { weights })
     }
 
     pub fn config(&self) -> &ModelConfig {
-        &self.weights.config
+        self.weights.config()
     }
 
     /// A KV cache for all layers.
@@ -82,14 +181,14 @@ impl Transformer {
         kv: &mut [LayerKv],
         scratch: &mut Scratch,
     ) -> Result<()> {
-        if layers.end > self.weights.layers.len() || kv.len() != layers.len() {
+        if layers.end > self.weights.layers().len() || kv.len() != layers.len() {
             return Err(ElmError::InvalidArgument(format!(
                 "run_layers {layers:?}: model has {} layers, {} caches given",
-                self.weights.layers.len(),
+                self.weights.layers().len(),
                 kv.len()
             )));
         }
-        for (w, cache) in self.weights.layers[layers].iter().zip(kv.iter_mut()) {
+        for (w, cache) in self.weights.layers()[layers].iter().zip(kv.iter_mut()) {
             block_forward_inplace(
                 w,
                 self.config(),
@@ -110,7 +209,7 @@ impl Transformer {
         new_lens: &[usize],
         cache: &mut KvCache,
     ) -> Result<()> {
-        let n_layers = self.weights.layers.len();
+        let n_layers = self.weights.layers().len();
         self.run_layers_inplace(
             0..n_layers,
             x,
@@ -156,7 +255,8 @@ impl Transformer {
     pub fn logits_from_hidden(&self, h: ArrayView2<f32>) -> Array2<f32> {
         let mut logits = Array2::zeros((h.nrows(), self.config().vocab_size));
         let mut normed = Vec::new();
-        self.logits_into(h, &mut normed, logits.view_mut());
+        let mut qx = QActs::default();
+        self.logits_into(h, &mut normed, &mut qx, logits.view_mut());
         logits
     }
 
@@ -164,6 +264,7 @@ impl Transformer {
         &self,
         h: ArrayView2<f32>,
         normed: &mut Vec<f32>,
+        qx: &mut QActs,
         logits: ndarray::ArrayViewMut2<f32>,
     ) {
         let (n, c) = h.dim();
@@ -171,11 +272,11 @@ impl Transformer {
             ndarray::ArrayViewMut2::from_shape((n, c), take(normed, n * c)).expect("sized");
         rms_norm_into(
             h,
-            &self.weights.final_norm,
+            self.weights.final_norm(),
             self.config().rms_norm_eps,
             hn.view_mut(),
         );
-        linear_into(hn.view(), self.weights.lm_head(), None, logits);
+        linear_any_into(hn.view(), self.weights.lm_head_ref(), None, logits, qx);
     }
 
     /// Prompt processing: appends every sequence's tokens (lengths may differ) to
@@ -193,6 +294,10 @@ impl Transformer {
         }
         if let Some(bi) = tokens.iter().position(|t| t.is_empty()) {
             return Err(ElmError::InvalidArgument(format!("sequence {bi} is empty")));
+        }
+        for (bi, t) in tokens.iter().enumerate() {
+            let cached = cache.lens().get(bi).copied().unwrap_or(0);
+            check_context(self.config(), cached + t.len(), "prompt")?;
         }
         let (mut x, lens) = self.embed(tokens)?;
         self.run_all_layers(x.view_mut(), &lens, cache)?;
@@ -244,13 +349,17 @@ impl Transformer {
         let mut x = ArrayViewMut3::from_shape((b, 1, c), take(hidden, b * c)).expect("sized");
         for (bi, (&tok, &on)) in tokens.iter().zip(active).enumerate() {
             new_lens[bi] = on as usize;
-            x.slice_mut(s![bi, 0, ..])
-                .assign(&embedding_row(&self.weights, tok)?);
+            let mut row = x.slice_mut(s![bi, 0, ..]);
+            embedding_row_into(
+                &self.weights,
+                tok,
+                row.as_slice_mut().ok_or_else(not_contiguous)?,
+            )?;
         }
-        let n_layers = self.weights.layers.len();
+        let n_layers = self.weights.layers().len();
         self.run_layers_inplace(0..n_layers, x.view_mut(), new_lens, layers, scratch)?;
         let h = x.index_axis(Axis(1), 0);
-        self.logits_into(h, &mut scratch.xn, logits.view_mut());
+        self.logits_into(h, &mut scratch.xn, &mut scratch.qx, logits.view_mut());
         Ok(())
     }
 
@@ -266,8 +375,8 @@ impl Transformer {
             )));
         }
         let mut cache = KvCache::with_layers(self.config(), 1, tokens.len(), t)?;
-        let mut states = Vec::with_capacity(self.weights.layers.len() + 1);
-        for w in &self.weights.layers {
+        let mut states = Vec::with_capacity(self.weights.layers().len() + 1);
+        for w in self.weights.layers() {
             states.push(x.clone());
             cache.reset();
             block_forward_inplace(
@@ -303,7 +412,7 @@ impl Transformer {
     }
 }
 
-impl Transformer {
+impl<W: DecoderWeights> Transformer<W> {
     /// Next-token negative log-likelihood of one sequence (natural log): the sum over
     /// positions `1..T` of `-log p(tokens[t] | tokens[..t])`, and the count `T - 1`.
     /// Log-softmax in f64 over the full vocabulary.
@@ -416,4 +525,80 @@ fn check_shapes(w: &ModelWeights) -> Result<()> {
         mat(p("w_down"), w_down, (c, i))?;
     }
     Ok(())
+}
+
+fn check_quant_shapes(w: &QuantWeights) -> Result<()> {
+    let cfg = &w.config;
+    cfg.validate()?;
+    let (c, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    let (hd, kvd) = (
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+    );
+    let mat = |name: String, a: LinearRef<'_>, want: (usize, usize)| -> Result<()> {
+        if a.dim() != want {
+            return Err(ElmError::tensor(
+                name,
+                format!("shape {:?}, config requires {:?}", a.dim(), want),
+            ));
+        }
+        Ok(())
+    };
+    let vecn = |name: String, a: Option<&ndarray::Array1<f32>>, want: Option<usize>| match (
+        a.map(|a| a.len()),
+        want,
+    ) {
+        (got, want) if got == want => Ok(()),
+        (got, want) => Err(ElmError::tensor(
+            name,
+            format!("length {got:?}, config requires {want:?}"),
+        )),
+    };
+    mat("embed".into(), w.embed.as_ref(), (v, c))?;
+    vecn("final_norm".into(), Some(&w.final_norm), Some(c))?;
+    match (&w.lm_head, cfg.tie_word_embeddings) {
+        (Some(h), false) => mat("lm_head".into(), h.as_ref(), (v, c))?,
+        (None, true) => {}
+        (h, tied) => {
+            return Err(ElmError::tensor(
+                "lm_head",
+                format!("present: {}, tie_word_embeddings: {tied}", h.is_some()),
+            ))
+        }
+    }
+    if w.layers.len() != cfg.num_layers {
+        return Err(ElmError::config(
+            "num_layers",
+            format!(
+                "{} in config, {} layers of weights",
+                cfg.num_layers,
+                w.layers.len()
+            ),
+        ));
+    }
+    let bias = |n: usize| cfg.attention_bias.then_some(n);
+    for (l, lw) in w.layers.iter().enumerate() {
+        let b = lw.block_ref();
+        let p = |s: &str| format!("layers.{l}.{s}");
+        vecn(p("attn_norm"), Some(b.attn_norm), Some(c))?;
+        vecn(p("mlp_norm"), Some(b.mlp_norm), Some(c))?;
+        mat(p("wq"), b.wq, (hd, c))?;
+        mat(p("wk"), b.wk, (kvd, c))?;
+        mat(p("wv"), b.wv, (kvd, c))?;
+        mat(p("wo"), b.wo, (c, hd))?;
+        vecn(p("bq"), b.bq, bias(hd))?;
+        vecn(p("bk"), b.bk, bias(kvd))?;
+        vecn(p("bv"), b.bv, bias(kvd))?;
+        mat(p("w_gate"), b.w_gate, (i, c))?;
+        mat(p("w_up"), b.w_up, (i, c))?;
+        mat(p("w_down"), b.w_down, (c, i))?;
+    }
+    Ok(())
+}
+
+impl Transformer<QuantWeights> {
+    /// Quantizes a dense f32 model's matrices to `format` (norms and biases stay f32).
+    pub fn quantized(weights: &ModelWeights, format: super::quant::QFormat) -> Result<Self> {
+        Transformer::new(QuantWeights::quantize(weights, format))
+    }
 }

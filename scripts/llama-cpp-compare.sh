@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# One-command comparison with llama.cpp on the same GGUF and the same thread count, in one run:
+# `elm bench --weights f32,auto [--elm CKPT]` then llama.cpp (llama-cpp-python) prefill and
+# batch-1 decode, alternated REPS times so both see the same interference; prints one JSON
+# object with every figure and the ratios ours / llama.cpp.
+#
+#   bash scripts/llama-cpp-compare.sh [MODEL.gguf]          (env: THREADS, REPS, ELM_CKPT,
+#                                                             PROMPT_LEN, DECODE_STEPS, LLAMA_VENV)
+#
+# llama-cpp-python is installed with pip into $LLAMA_VENV (it builds llama.cpp from source:
+# ~10-20 min on 2 busy cores the first time).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${1:-${ELM_MODELS_DIR:-models}/SmolLM2-135M-Instruct.Q4_1.gguf}
+THREADS=${THREADS:-$(nproc)}
+REPS=${REPS:-3}
+PROMPT_LEN=${PROMPT_LEN:-128}
+DECODE_STEPS=${DECODE_STEPS:-64}
+LLAMA_VENV=${LLAMA_VENV:-$HOME/.cache/elm-llama-venv}
+
+if [ ! -x "$LLAMA_VENV/bin/python" ] || ! "$LLAMA_VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
+  echo "installing llama-cpp-python into $LLAMA_VENV (builds llama.cpp)..." >&2
+  python3 -m venv "$LLAMA_VENV"
+  CMAKE_BUILD_PARALLEL_LEVEL=$THREADS "$LLAMA_VENV/bin/pip" install -q llama-cpp-python >&2
+fi
+cargo build --release --bin elm >&2
+
+OUT=$(mktemp -d)
+ELM_ARGS=()
+if [ -n "${ELM_CKPT:-}" ]; then ELM_ARGS=(--elm "$ELM_CKPT"); fi
+for r in $(seq 1 "$REPS"); do
+  echo "rep $r/$REPS: elm bench" >&2
+  # The spin team uses one thread per available core: pin to THREADS cores.
+  taskset -c "0-$((THREADS - 1))" target/release/elm bench --model "$MODEL" --weights f32,auto \
+    --prompt-len "$PROMPT_LEN" --decode-steps "$DECODE_STEPS" "${ELM_ARGS[@]}" --json > "$OUT/elm_$r.json"
+  echo "rep $r/$REPS: llama.cpp" >&2
+  "$LLAMA_VENV/bin/python" - "$MODEL" "$THREADS" "$PROMPT_LEN" "$DECODE_STEPS" > "$OUT/llama_$r.json" <<'EOF'
+import json, sys, time
+from llama_cpp import Llama
+model, threads, prompt_len, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=prompt_len + steps + 32,
+            n_batch=max(prompt_len, 32), verbose=False)
+vocab = llm.n_vocab()
+prompt = [(i * 7919 + 13) % vocab for i in range(prompt_len)]
+best_prefill = float("inf")
+for _ in range(3):
+    llm.reset()
+    t = time.perf_counter(); llm.eval(prompt); best_prefill = min(best_prefill, time.perf_counter() - t)
+# Batch-1 decode after a 16-token prompt; per-step times (best and mean, like elm bench).
+llm.reset(); llm.eval(prompt[:16])
+times = []
+tok = 1
+for _ in range(steps):
+    t = time.perf_counter(); llm.eval([tok]); times.append(time.perf_counter() - t)
+    tok = (tok * 31 + 7) % vocab  # fixed token stream: decode cost does not depend on it
+print(json.dumps({"prefill_tok_s": prompt_len / best_prefill, "decode_b1_tok_s": 1 / min(times),
+                  "decode_b1_mean_tok_s": steps / sum(times), "threads": threads}))
+EOF
+done
+
+python3 - "$OUT" "$REPS" "$MODEL" "$THREADS" <<'EOF'
+import json, sys, statistics
+out, reps, model, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+elm = [json.load(open(f"{out}/elm_{r}.json")) for r in range(1, reps + 1)]
+llama = [json.load(open(f"{out}/llama_{r}.json")) for r in range(1, reps + 1)]
+keys = ["prefill_tok_s", "decode_b1_tok_s", "decode_b1_mean_tok_s"]
+best_llama = {k: max(l[k] for l in llama) for k in keys}
+rows = {}
+for run in (r for e in elm for r in e["runs"]):
+    name = f'{run["model"]} {run["weights"]}'
+    row = rows.setdefault(name, {"runs": []})
+    row["runs"].append(run)
+table = {}
+for name, row in rows.items():
+    best = {k: max(r[k] for r in row["runs"]) for k in keys + ["decode_b8_tok_s"]}
+    last = row["runs"][-1]
+    table[name] = {**best,
+                   **{k: last.get(k) for k in ["resident_weight_bytes", "peak_rss_bytes", "kv_bytes_per_token",
+                                               "decode_b1_vs_roofline", "decode_weight_bytes_per_step",
+                                               "block_evals_per_token_b1"] if k in last},
+                   **{f"{k}_vs_llama_cpp": best[k] / best_llama[k] for k in keys}}
+# Ratios of the same repetition (same interference), dense quantized vs llama.cpp.
+per_rep = []
+for e, l in zip(elm, llama):
+    q = next((r for r in e["runs"] if r["model"] == "dense" and not r["weights"].startswith("f32")), None)
+    if q:
+        per_rep.append({k: q[k] / l[k] for k in keys})
+print(json.dumps({"model": model, "threads": threads, "reps": reps, "machine": elm[-1].get("machine"),
+                  "llama_cpp": best_llama, "llama_cpp_reps": llama, "elm": table,
+                  "dense_quant_vs_llama_cpp_per_rep": per_rep}, indent=1))
+EOF
