@@ -2,7 +2,9 @@
 //! multi-step == full recompute, batched == unbatched, exact KV bytes, parameter counts.
 
 use elm::elm::accounting::{kv_report, layer_kv_bytes, param_report};
-use elm::elm::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig, KvMode};
+use elm::elm::infer::{
+    generate_greedy, generate_greedy_until, ElmModel, ElmSession, InferenceConfig, KvMode,
+};
 use elm::elm::{ElmConfig, ElmModule};
 use elm::model::{block_forward_cached, Arch, LayerKv, ModelConfig, ModelWeights, Scratch};
 use elm::solver::{SolverConfig, StopCriteria};
@@ -239,6 +241,28 @@ fn batched_decode_equals_unbatched() {
     let cut = free[1].iter().position(|&t| t == stop).unwrap();
     assert_eq!(stopped[1], free[1][..=cut].to_vec());
     assert_eq!(s.lens()[1], ps[1].len() + cut);
+    // A stop text ends a sequence at the first token whose decoded text contains it.
+    let detok = |ids: &[u32]| -> elm::error::Result<String> {
+        Ok(ids.iter().map(|t| format!("<{t}>")).collect())
+    };
+    let text = format!("<{}><{}>", free[2][1], free[2][2]);
+    let mut s = ElmSession::new(
+        &model,
+        infer(SolverConfig::picard(), 1e-3, KvMode::OneStep),
+        3,
+        32,
+    )
+    .unwrap();
+    let until = generate_greedy_until(&mut s, &ps, 6, &[], &[text.as_str()], Some(&detok)).unwrap();
+    let first = (1..free[2].len())
+        .find(|&k| detok(&free[2][..=k]).unwrap().contains(&text))
+        .unwrap();
+    assert_eq!(until[2], free[2][..=first].to_vec());
+    for b in [0, 1] {
+        let hit = (0..free[b].len()).find(|&k| detok(&free[b][..=k]).unwrap().contains(&text));
+        let want = hit.map_or(free[b].clone(), |k| free[b][..=k].to_vec());
+        assert_eq!(until[b], want, "sequence {b}");
+    }
 }
 
 #[test]

@@ -237,3 +237,104 @@ fn bad_data_and_arguments_are_refused() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// `elm perplexity` runs the evaluation's teacher-forced path for dense and ELM alike: the
+/// batched figure over uneven windows equals a per-window reference (dense: the
+/// transformer's own `sequence_nll`; ELM: one-window sessions through `prefill_all_logits`).
+#[test]
+fn perplexity_dense_and_elm_match_per_window_references() {
+    let model = model_path();
+    let m = model.to_str().unwrap();
+    let dir = tmp_dir("ppl");
+    let text = dir.join("text.txt");
+    std::fs::write(
+        &text,
+        "The fixed point of a contraction is unique. Iterating the map from any start \
+         converges to it, and Anderson acceleration mixes the last few iterates to get \
+         there in fewer steps. Equilibrium models use this to replace many layers by one fixed-point module.",
+    )
+    .unwrap();
+    let ck = dir.join("elm");
+    let (ok, _, err) = elm(&[
+        "compress",
+        "--model",
+        m,
+        "--start",
+        "12",
+        "--num-replaced",
+        "8",
+        "--out",
+        ck.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let (dense, tok) = ElmModel::load(&model, None).unwrap();
+    let ids = tok
+        .encode(&std::fs::read_to_string(&text).unwrap(), false)
+        .unwrap();
+    let context = 16;
+    assert!(
+        ids.len() % context >= 2,
+        "the last window is shorter (padding in its batch)"
+    );
+    let transformer = elm::model::Transformer::new(dense.weights.clone()).unwrap();
+    let (mut sum, mut count) = (0.0, 0);
+    for w in ids.chunks(context) {
+        let (s, c) = transformer.sequence_nll(w).unwrap();
+        sum += s;
+        count += c;
+    }
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "perplexity",
+            "--model",
+            m,
+            "--file",
+            text.to_str().unwrap(),
+            "--context",
+            "16",
+            "--batch",
+            "3",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, v, err) = elm(&args);
+        assert!(ok, "{err}");
+        v
+    };
+    let v = run(&[]);
+    assert_eq!(v["scored_tokens"].as_u64().unwrap() as usize, count);
+    let got = v["mean_nll"].as_f64().unwrap();
+    assert!(
+        (got - sum / count as f64).abs() < 1e-3,
+        "{got} vs {}",
+        sum / count as f64
+    );
+
+    let (elm_model, _) = ElmModel::load(&model, Some(&ck)).unwrap();
+    let icfg = InferenceConfig::default();
+    let (mut esum, mut ecount) = (0.0, 0);
+    for w in ids.chunks(context) {
+        let mut s = ElmSession::new(&elm_model, icfg.clone(), 1, w.len()).unwrap();
+        let logits = s.prefill_all_logits(0, w).unwrap();
+        for (p, &t) in w.iter().enumerate().skip(1) {
+            esum += token_nll(logits.row(p - 1), t);
+            ecount += 1;
+        }
+    }
+    let v = run(&["--elm", ck.to_str().unwrap()]);
+    let got = v["mean_nll"].as_f64().unwrap();
+    assert!(
+        v["solver"]["tokens"].as_u64().unwrap() > 0,
+        "{}",
+        v["solver"]
+    );
+    assert!(
+        (got - esum / ecount as f64).abs() < 2e-3,
+        "ELM {got} vs {}",
+        esum / ecount as f64
+    );
+    // Eight layers replaced by an untrained module cost likelihood on plain text too.
+    assert!(got > sum / count as f64);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -15,6 +15,7 @@ use ndarray::Array2;
 use elm::cuda::{CudaModel, DeviceSpec, GpuModel};
 use elm::elm::infer::{ElmDecoder, ElmModel};
 use elm::eval::gsm8k::{stop_ids, SolverSummary};
+use elm::eval::nll::{teacher_forced_nll, ScoredSequence};
 use elm::model::generate::{generate, Decoder, Generation, SamplingConfig};
 use elm::model::{
     default_model_path, load_inference, load_pretrained, models_dir, DecoderWeights, ModelWeights,
@@ -488,6 +489,12 @@ pub struct PerplexityArgs {
     /// Window length; the text is cut into non-overlapping windows.
     #[arg(long, default_value_t = 512)]
     pub context: usize,
+    /// Windows per forward batch.
+    #[arg(long, default_value_t = 4)]
+    pub batch: usize,
+    /// `--elm DIR` scores the ELM checkpoint (solver flags as `elm eval`).
+    #[command(flatten)]
+    pub infer: crate::cli::elm_cmds::ElmInferArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -532,8 +539,12 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
     if args.context < 2 {
         return Err(ElmError::config("--context", "must be >= 2"));
     }
+    let inference = args.infer.inference_config()?;
     let path = args.model.clone().unwrap_or_else(default_model_path);
-    let (model, tok) = load_any(&path, args.weights.parse()?)?;
+    let pb = spinner(&format!("loading {}", path.display()));
+    let (model, tok) =
+        ElmModel::load_with(&path, args.infer.elm.as_deref(), args.weights.parse()?)?;
+    pb.finish_and_clear();
     let text = read_text_file(&args.file)?;
     let mut ids = tok.encode(&text, false)?;
     ids.truncate(args.max_tokens);
@@ -543,36 +554,43 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
             args.file.display()
         )));
     }
-    let windows: Vec<&[u32]> = ids.chunks(args.context).filter(|w| w.len() >= 2).collect();
-    let pb = ProgressBar::new(windows.len() as u64).with_style(
+    // Every window scores its tokens after the first, each from the tokens before it in the
+    // window: the same teacher-forced path (and ELM solve) as `elm eval`'s answer NLL.
+    let windows = ids
+        .chunks(args.context)
+        .filter(|w| w.len() >= 2)
+        .enumerate()
+        .map(|(i, w)| ScoredSequence::new(format!("window {i}"), &w[..1], &w[1..]))
+        .collect::<Result<Vec<_>>>()?;
+    let bar = ProgressBar::new(windows.len() as u64).with_style(
         ProgressStyle::with_template("perplexity {bar:30} {pos}/{len} windows {eta}")
             .expect("valid template"),
     );
-    let start = Instant::now();
-    let (mut nll, mut scored) = (0.0f64, 0usize);
-    for w in &windows {
-        let (sum, count) = with_model!(&model, m => m.sequence_nll(w))?;
-        nll += sum;
-        scored += count;
-        pb.inc(1);
-    }
-    pb.finish_and_clear();
-    let mean = nll / scored as f64;
+    let run = teacher_forced_nll(&model, &inference, &windows, args.batch, |done| {
+        bar.set_position(done as u64)
+    })?;
+    bar.finish_and_clear();
+    let nll: f64 = run.items.iter().map(|i| i.value).sum();
+    let mean = nll / run.scored_tokens as f64;
     if args.json {
         print_json(&json!({
             "file": args.file,
+            "elm": args.infer.elm,
             "tokens": ids.len(),
-            "scored_tokens": scored,
+            "scored_tokens": run.scored_tokens,
             "windows": windows.len(),
             "context": args.context,
             "mean_nll": mean,
             "perplexity": mean.exp(),
-            "tok_s": ids.len() as f64 / start.elapsed().as_secs_f64(),
+            "seconds": run.seconds,
+            "tok_s": run.tok_s,
+            "solver": run.solver,
         }));
     } else {
         println!(
-            "perplexity {:.4} (mean NLL {mean:.4} over {scored} tokens, {} windows of ≤ {})",
+            "perplexity {:.4} (mean NLL {mean:.4} over {} tokens, {} windows of ≤ {})",
             mean.exp(),
+            run.scored_tokens,
             windows.len(),
             args.context
         );

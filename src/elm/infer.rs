@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
-use crate::model::generate::{generate, Decoder, SamplingConfig};
+use crate::model::generate::{generate, Decoder, Detokenize, SamplingConfig};
 use crate::model::ops::{linear_any_into, linear_into, rms_norm_into};
 use crate::model::quant::{Linear, QActs, QFormat, QLayer, QuantWeights, WeightStorage};
 use crate::model::{
@@ -1060,12 +1060,26 @@ pub fn generate_greedy(
     max_new: usize,
     stop_ids: &[u32],
 ) -> Result<Vec<Vec<u32>>> {
+    generate_greedy_until(session, prompts, max_new, stop_ids, &[], None)
+}
+
+/// [`generate_greedy`] that also stops a sequence once its decoded new text contains one of
+/// `stop_strings` (`detokenize` is then required); the text is kept, the caller cuts it.
+pub fn generate_greedy_until(
+    session: &mut ElmSession<'_>,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    stop_ids: &[u32],
+    stop_strings: &[&str],
+    detokenize: Option<Detokenize<'_>>,
+) -> Result<Vec<Vec<u32>>> {
     if max_new == 0 {
         return Ok(vec![Vec::new(); prompts.len()]);
     }
     let config = SamplingConfig {
         max_new_tokens: max_new,
         stop_token_ids: stop_ids.to_vec(),
+        stop_strings: stop_strings.iter().map(|s| s.to_string()).collect(),
         ..SamplingConfig::default()
     };
     let vocab_size = session.model.config().vocab_size;
@@ -1073,7 +1087,7 @@ pub fn generate_greedy(
         session: RefCell::new(Some(session)),
         vocab_size,
     };
-    Ok(generate(&lent, prompts, &config, None, |_, _| {})?.tokens)
+    Ok(generate(&lent, prompts, &config, detokenize, |_, _| {})?.tokens)
 }
 
 /// Lends one existing session to the sampling loop as its state.

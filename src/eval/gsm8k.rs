@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::elm::data::{tokenize_example, Example, QaExample};
-use crate::elm::infer::{generate_greedy, ElmModel, ElmSession, FpStat, InferenceConfig};
+use crate::elm::infer::{generate_greedy_until, ElmModel, ElmSession, FpStat, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
 
@@ -110,14 +110,26 @@ pub struct GreedyBatch {
     pub kv_bytes: usize,
 }
 
+/// Where a generation task stops a sequence: the end-of-turn tokens, and (through the
+/// tokenizer) the task's stop texts.
+pub struct GreedyStops<'a> {
+    pub token_ids: &'a [u32],
+    pub strings: &'a [&'a str],
+    pub tokenizer: &'a Tokenizer,
+}
+
+/// What lm-evaluation-harness's `gsm8k` task generates `until` besides the end of turn: a
+/// response that starts the next few-shot question is over.
+pub const GSM8K_STOP_STRINGS: [&str; 1] = ["Question:"];
+
 /// Greedy decoding of one batch of prompts in a fresh session sized for them (shared by the
-/// generation tasks).
+/// generation tasks); a sequence stops at its first stop token or stop text.
 pub fn greedy_batch(
     model: &ElmModel,
     inference: &InferenceConfig,
     prompts: &[Vec<u32>],
     max_new_tokens: usize,
-    stops: &[u32],
+    stops: &GreedyStops<'_>,
 ) -> Result<GreedyBatch> {
     let max_prompt = prompts.iter().map(Vec::len).max().unwrap_or(1);
     let mut session = ElmSession::new(
@@ -126,7 +138,15 @@ pub fn greedy_batch(
         prompts.len(),
         max_prompt + max_new_tokens + 1,
     )?;
-    let tokens = generate_greedy(&mut session, prompts, max_new_tokens, stops)?;
+    let detok = |ids: &[u32]| stops.tokenizer.decode(ids);
+    let tokens = generate_greedy_until(
+        &mut session,
+        prompts,
+        max_new_tokens,
+        stops.token_ids,
+        stops.strings,
+        Some(&detok),
+    )?;
     Ok(GreedyBatch {
         tokens,
         decode_stats: std::mem::take(&mut session.decode_stats),
@@ -189,12 +209,17 @@ pub fn eval_gsm8k(
             .iter()
             .map(|(_, e)| tok.encode(&chat_prompt(tok, &e.question), false))
             .collect::<Result<Vec<_>>>()?;
+        let until = GreedyStops {
+            token_ids: &stops,
+            strings: &GSM8K_STOP_STRINGS,
+            tokenizer: tok,
+        };
         let batch = greedy_batch(
             model,
             &opts.inference,
             &prompts,
             opts.max_new_tokens,
-            &stops,
+            &until,
         )?;
         kv_bytes_per_sequence = batch.kv_bytes / prompts.len();
         stats.extend(batch.decode_stats);
@@ -202,7 +227,15 @@ pub fn eval_gsm8k(
         for ((id, e), out) in chunk.iter().zip(outs) {
             generated += out.len();
             let kept: Vec<u32> = out.into_iter().filter(|t| !stops.contains(t)).collect();
-            let prediction = tok.decode(&kept)?;
+            let mut prediction = tok.decode(&kept)?;
+            // As the harness: the response ends before its stop text.
+            if let Some(end) = GSM8K_STOP_STRINGS
+                .iter()
+                .filter_map(|s| prediction.find(s))
+                .min()
+            {
+                prediction.truncate(end);
+            }
             samples.push(Sample {
                 id: (*id).clone(),
                 question: e.question.clone(),

@@ -15,7 +15,7 @@ use crate::elm::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
 
-use super::gsm8k::{greedy_batch, stop_ids, SolverSummary};
+use super::gsm8k::{greedy_batch, stop_ids, GreedyStops, SolverSummary};
 use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};
 use super::sandbox::{run_python, Isolation, SandboxConfig, Verdict};
 use super::stats::ItemScore;
@@ -165,12 +165,18 @@ pub fn eval_humaneval(
             .iter()
             .map(|p| tok.encode(&p.prompt, false))
             .collect::<Result<Vec<_>>>()?;
+        // Generation stops at the first stop sequence: the completion is cut there anyway.
+        let until = GreedyStops {
+            token_ids: &stops,
+            strings: &STOP_SEQUENCES,
+            tokenizer: tok,
+        };
         let batch = greedy_batch(
             model,
             &opts.inference,
             &prompts,
             opts.max_new_tokens,
-            &stops,
+            &until,
         )?;
         stats.extend(batch.decode_stats);
         let outs = batch.tokens;
