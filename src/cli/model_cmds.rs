@@ -199,6 +199,12 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
     if args.batch == 0 {
         return Err(ElmError::config("--batch", "must be >= 1"));
     }
+    if args.max_new_tokens == 0 {
+        return Err(ElmError::config(
+            "--max-new-tokens",
+            "must be >= 1 (zero new tokens measures nothing)",
+        ));
+    }
     if args.elm.elm.is_some() && device != DeviceSpec::Cpu {
         return Err(ElmError::Unsupported(
             "ELM generation (--elm) runs on the CPU only".into(),
@@ -222,6 +228,11 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
     };
     pb.finish_and_clear();
     let prompt = encode_prompt(&tok, &args.prompt, args.chat)?;
+    let mc = match &model {
+        QuantOrElm::Quant(q) => q.config().clone(),
+        QuantOrElm::Elm(m) => m.config().clone(),
+    };
+    check_generation_size(&mc, prompt.len(), args.max_new_tokens, args.batch)?;
     let config = SamplingConfig {
         max_new_tokens: args.max_new_tokens,
         temperature: args.temperature,
@@ -273,6 +284,33 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         }
     };
     report_generation(&args, &config, &tok, out, elm_report)
+}
+
+/// Refuses, before anything is allocated, a generation past the model's context or whose
+/// prompts and KV caches for `--batch` sequences cannot fit in memory.
+fn check_generation_size(
+    mc: &elm::model::ModelConfig,
+    prompt: usize,
+    max_new: usize,
+    batch: usize,
+) -> Result<()> {
+    let total = elm::limits::checked_add("--max-new-tokens", prompt, max_new)?;
+    if total > mc.max_position_embeddings {
+        return Err(ElmError::config(
+            "--max-new-tokens",
+            format!(
+                "prompt of {prompt} tokens + {max_new} new tokens exceeds the model's context \
+                 length of {} tokens (max_position_embeddings)",
+                mc.max_position_embeddings
+            ),
+        ));
+    }
+    let kv = elm::limits::bytes_of(
+        2 * 4,
+        &[mc.num_layers, batch, mc.num_kv_heads, total, mc.head_dim],
+    );
+    let prompts = elm::limits::bytes_of(4, &[batch, total]);
+    elm::limits::check_alloc("--batch", kv.saturating_add(prompts))
 }
 
 /// What `run_generate` loaded: a dense quantized model, or an [`ElmModel`] (dense or ELM).
@@ -389,6 +427,9 @@ impl Decoder for CudaDecoder<'_> {
     type State = CudaModel;
     fn vocab_size(&self) -> usize {
         self.weights.config.vocab_size
+    }
+    fn context_len(&self) -> Option<usize> {
+        Some(self.weights.config.max_position_embeddings)
     }
     fn new_state(&self, batch: usize, max_seq: usize) -> Result<CudaModel> {
         CudaModel::new(self.weights, self.ordinal, batch, max_seq)
@@ -719,6 +760,7 @@ fn bench_elm(
     pb: &ProgressBar,
 ) -> Result<serde_json::Value> {
     use elm::elm::infer::ElmSession;
+    bench::check_bench_len(model.config(), args.prompt_len, args.decode_steps)?;
     let cfg = args.elm.inference_config()?;
     let vocab = model.config().vocab_size;
     let toks = |n: usize, salt: usize| -> Vec<u32> {

@@ -49,12 +49,20 @@ impl ModelConfig {
             ("num_heads", self.num_heads),
             ("num_kv_heads", self.num_kv_heads),
             ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position_embeddings),
         ];
         for (field, v) in positive {
             if v == 0 {
                 return Err(ElmError::config(field, "must be > 0"));
             }
         }
+        // Tensor sizes from a file must not overflow where they are multiplied out.
+        crate::limits::checked_product("vocab_size", &[self.vocab_size, self.hidden_size])?;
+        crate::limits::checked_product(
+            "intermediate_size",
+            &[self.intermediate_size, self.hidden_size],
+        )?;
+        crate::limits::checked_product("num_heads", &[self.num_heads, self.head_dim])?;
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(ElmError::config(
                 "num_kv_heads",
