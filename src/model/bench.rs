@@ -239,10 +239,11 @@ pub fn bench_decode<W: DecoderWeights>(
 /// (`--prompt-len 10^11` would otherwise try to allocate its tokens and caches).
 pub fn check_bench_len(cfg: &ModelConfig, prompt_len: usize, decode_steps: usize) -> Result<()> {
     let ctx = cfg.max_position_embeddings;
-    let total = crate::limits::checked_add("prompt_len", prompt_len, decode_steps)?;
+    let field = "prompt_len + decode_steps";
+    let total = crate::limits::checked_add(field, prompt_len, decode_steps)?;
     if total > ctx {
         return Err(crate::error::ElmError::config(
-            "prompt_len",
+            field,
             format!(
                 "prompt of {prompt_len} tokens + {decode_steps} decode steps exceeds the model's \
                  context length of {ctx} tokens (max_position_embeddings)"
