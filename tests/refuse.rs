@@ -896,7 +896,32 @@ fn arg_case(rng: &mut StdRng) -> Case {
         (
             owned(&["perplexity", "--model", tiny(), "--file", &data]),
             "--context",
-            [vec!["0", "1"], counts_bad()].concat(),
+            [vec!["0", "1", "129", U64_MAX], counts_bad()].concat(),
+        ),
+        (
+            owned(&["eval", "--model", tiny()]),
+            "--bootstrap",
+            [vec!["0", "1000000000000", U64_MAX], counts_bad()].concat(),
+        ),
+        (
+            owned(&["eval", "--model", tiny(), "--task", "humaneval"]),
+            "--timeout",
+            floats_bad(),
+        ),
+        (
+            owned(&[
+                "compress",
+                "--model",
+                tiny(),
+                "--out",
+                &out,
+                "--start",
+                "0",
+                "--num-replaced",
+                "1",
+            ]),
+            "--context",
+            vec![U64_MAX, "-1", "x"],
         ),
         (
             owned(&[
@@ -1188,6 +1213,7 @@ fn fuzz_bad_arguments_and_mutated_files_are_refused_cleanly() {
         .unwrap_or(400);
     let mut rng = StdRng::seed_from_u64(seed);
     let start = Instant::now();
+    let mut slowest = (0.0f64, String::new());
     for i in 0..cases {
         let mut case = if i % 3 == 2 {
             file_case(&mut rng)
@@ -1199,9 +1225,21 @@ fn fuzz_bad_arguments_and_mutated_files_are_refused_cleanly() {
         }
         let args: Vec<&str> = case.args.iter().map(String::as_str).collect();
         let names: Vec<&str> = case.names.iter().map(String::as_str).collect();
+        let t = Instant::now();
         let out = run(&args);
         assert_refused(&args, &out, &names);
+        let secs = t.elapsed().as_secs_f64();
+        // Refusals come before any real work: a slow one means the check came too late.
+        assert!(
+            secs < 10.0,
+            "took {secs:.1}s to refuse: elm {}",
+            args.join(" ")
+        );
+        if secs > slowest.0 {
+            slowest = (secs, args.join(" "));
+        }
     }
+    eprintln!("slowest case {:.2}s: elm {}", slowest.0, slowest.1);
     eprintln!(
         "{cases} cases (seed {seed}) in {:.1}s",
         start.elapsed().as_secs_f64()

@@ -66,6 +66,18 @@ pub struct CompressArgs {
 pub fn run_compress(a: CompressArgs) -> Result<()> {
     elm::limits::check_output_dir("out", &a.out, a.force)?;
     let dense = load_weights(&a.model)?;
+    // The KV report multiplies the context out: refuse one that overflows.
+    let mc = &dense.config;
+    elm::limits::checked_product(
+        "context",
+        &[
+            a.context,
+            mc.num_layers,
+            mc.num_kv_heads,
+            mc.head_dim,
+            2 * 4,
+        ],
+    )?;
     let ec = ElmConfig {
         init_seed: a.seed,
         injection: !a.no_injection,

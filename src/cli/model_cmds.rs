@@ -584,6 +584,17 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
             args.file.display()
         )));
     }
+    let ctx = with_model!(&model, m => m.config().max_position_embeddings);
+    if args.context > ctx {
+        return Err(ElmError::config(
+            "--context",
+            format!(
+                "windows of {} tokens exceed the model's context length of {ctx} tokens \
+                 (max_position_embeddings)",
+                args.context
+            ),
+        ));
+    }
     let windows: Vec<&[u32]> = ids.chunks(args.context).filter(|w| w.len() >= 2).collect();
     let pb = ProgressBar::new(windows.len() as u64).with_style(
         ProgressStyle::with_template("perplexity {bar:30} {pos}/{len} windows {eta}")
