@@ -437,8 +437,11 @@ impl<'a> Trainer<'a> {
         let step_dir = format!("step-{:07}", self.step);
         let sd = dir.join(&step_dir);
         std::fs::create_dir_all(&sd).map_err(|e| ElmError::io(&sd, e))?;
-        // The new step directory's entry must be durable before train_state.json names it.
+        // The new step directory's entry (and the run directory's own, on the first save) must
+        // be durable before train_state.json names it.
         crate::io::atomic::sync_dir(dir)?;
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+        crate::io::atomic::sync_dir(parent.unwrap_or(Path::new(".")))?;
         self.store.save(sd.join("params.safetensors"))?;
         self.opt.save(sd.join("optimizer.safetensors"))?;
         let state = TrainState {
