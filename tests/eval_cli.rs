@@ -219,7 +219,9 @@ fn bad_data_and_arguments_are_refused() {
         ]);
         // With --json a failure prints only the JSON error object, never figures.
         assert!(
-            !ok && v["error"]["file"].as_str().is_some_and(|f| f.ends_with("test.jsonl")),
+            !ok && v["error"]["file"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("test.jsonl")),
             "{task}: scored bad data: {v}"
         );
         assert!(

@@ -1245,3 +1245,22 @@ fn fuzz_bad_arguments_and_mutated_files_are_refused_cleanly() {
         start.elapsed().as_secs_f64()
     );
 }
+
+#[test]
+fn memory_budget_can_be_lowered_and_reports_needed_vs_available() {
+    // Anderson history 50 on the linear problem needs well over 1000 bytes.
+    let out = Command::new(env!("CARGO_BIN_EXE_elm"))
+        .args(["solve", "--problem", "linear", "--history", "50", "--json"])
+        .env("ELM_MEM_BUDGET", "1000")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["kind"], "budget", "{v}");
+    assert_eq!(v["error"]["field"], "history", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("needs") && msg.contains("1000 bytes"), "{msg}");
+    // Within the default budget the same solve runs.
+    let ok = run(&["solve", "--problem", "linear", "--history", "50"]);
+    assert_eq!(ok.code, Some(0), "{}", ok.stderr);
+}
