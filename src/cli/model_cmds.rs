@@ -294,6 +294,16 @@ fn check_generation_size(
     max_new: usize,
     batch: usize,
 ) -> Result<()> {
+    if prompt > mc.max_position_embeddings {
+        return Err(ElmError::config(
+            "--prompt",
+            format!(
+                "{prompt} tokens exceed the model's context length of {} tokens \
+                 (max_position_embeddings)",
+                mc.max_position_embeddings
+            ),
+        ));
+    }
     let total = elm::limits::checked_add("--max-new-tokens", prompt, max_new)?;
     if total > mc.max_position_embeddings {
         return Err(ElmError::config(
