@@ -49,6 +49,25 @@ pub enum ElmError {
     /// JSON (de)serialisation of a named file or value.
     #[error("json {what}: {msg}")]
     Json { what: String, msg: String },
+    /// An allocation driven by `field` would need more memory than the budget
+    /// ([`crate::limits::mem_budget`]).
+    #[error("`{field}`: needs {needed} bytes ({}), only {available} bytes ({}) available", gib(*needed), gib(*available))]
+    Budget {
+        field: String,
+        needed: u128,
+        available: u128,
+    },
+    /// An error found in a named file (e.g. a config field of a model file or checkpoint).
+    #[error("{}: {source}", path.display())]
+    InFile {
+        path: PathBuf,
+        #[source]
+        source: Box<ElmError>,
+    },
+}
+
+fn gib(bytes: u128) -> String {
+    format!("{:.3} GiB", bytes as f64 / (1u128 << 30) as f64)
 }
 
 /// Crate-wide result alias.
@@ -82,6 +101,67 @@ impl ElmError {
             name: name.into(),
             msg: msg.into(),
         }
+    }
+    /// Names the file this error was found in (a no-op when it already names one).
+    pub fn in_file(self, path: impl Into<PathBuf>) -> Self {
+        match self {
+            e @ (ElmError::Io { .. } | ElmError::Format { .. } | ElmError::InFile { .. }) => e,
+            e => ElmError::InFile {
+                path: path.into(),
+                source: Box::new(e),
+            },
+        }
+    }
+    /// A short machine-readable name of the variant (`config`, `io`, `budget`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ElmError::Io { .. } => "io",
+            ElmError::Format { .. } => "format",
+            ElmError::Tensor { .. } => "tensor",
+            ElmError::Config { .. } => "config",
+            ElmError::Shape { .. } => "shape",
+            ElmError::NonFinite(_) => "non_finite",
+            ElmError::Unsupported(_) => "unsupported",
+            ElmError::InvalidArgument(_) => "invalid_argument",
+            ElmError::Tokenizer(_) => "tokenizer",
+            ElmError::Linalg(_) => "linalg",
+            ElmError::Cuda(_) => "cuda",
+            ElmError::Json { .. } => "json",
+            ElmError::Budget { .. } => "budget",
+            ElmError::InFile { source, .. } => source.kind(),
+        }
+    }
+    /// The file the error concerns, when it names one.
+    pub fn file(&self) -> Option<PathBuf> {
+        match self {
+            ElmError::Io { path, .. } | ElmError::Format { path, .. } => Some(path.clone()),
+            ElmError::InFile { path, .. } => Some(path.clone()),
+            // `what` is a path when the JSON came from a file.
+            ElmError::Json { what, .. } if std::path::Path::new(what).exists() => {
+                Some(PathBuf::from(what))
+            }
+            _ => None,
+        }
+    }
+    /// The config field, argument or tensor the error concerns, when it names one.
+    pub fn field(&self) -> Option<String> {
+        match self {
+            ElmError::Config { field, .. } | ElmError::Budget { field, .. } => Some(field.clone()),
+            ElmError::Tensor { name, .. } => Some(name.clone()),
+            ElmError::InFile { source, .. } => source.field(),
+            _ => None,
+        }
+    }
+    /// `{"error": {"kind", "message", "file", "field"}}`: what `--json` prints on failure.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "kind": self.kind(),
+                "message": self.to_string(),
+                "file": self.file().map(|p| p.display().to_string()),
+                "field": self.field(),
+            }
+        })
     }
     /// A shape mismatch in an operation.
     pub fn shape(op: impl Into<String>, msg: impl Into<String>) -> Self {

@@ -13,6 +13,7 @@
 extern crate blas_src;
 
 pub mod error;
+pub mod limits;
 pub use error::{ElmError, Result};
 
 pub mod autograd;

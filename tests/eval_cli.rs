@@ -217,7 +217,13 @@ fn bad_data_and_arguments_are_refused() {
             d,
             "--json",
         ]);
-        assert!(!ok && v.is_null(), "{task}: scored bad data: {v}");
+        // With --json a failure prints only the JSON error object, never figures.
+        assert!(
+            !ok && v["error"]["file"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("test.jsonl")),
+            "{task}: scored bad data: {v}"
+        );
         assert!(
             err.contains("test.jsonl") && err.contains("line 2") && err.contains("####"),
             "{err}"

@@ -66,6 +66,8 @@ pub fn section(
         &m.to_string(),
         "--out",
         &path_arg(checkpoint),
+        // This run owns the directory: a rerun replaces it (elm refuses that without --force).
+        "--force",
     ]))?;
     summary.push("elm_compress", &[], step.raw);
     let CompressOutput { params: p, kv } = step.typed;

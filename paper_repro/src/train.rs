@@ -60,6 +60,8 @@ pub fn section(
         &path_arg(paths.config),
         "--out",
         &path_arg(paths.trained),
+        // This run owns the directory: a rerun replaces it (elm refuses that without --force).
+        "--force",
         "--data-dir",
         &path_arg(paths.data_dir),
         "--eval-examples",

@@ -8,7 +8,7 @@ use elm::elm::data::{
     load_examples, load_gsm8k, resolve_data_dir, tokenize_example, Example, Split,
 };
 use elm::elm::infer::{ElmModel, InferenceConfig, KvMode};
-use elm::elm::module::{load_module, save_module, ElmModule, ModuleMeta, MODULE_FORMAT};
+use elm::elm::module::{load_module_for, save_module, ElmModule, ModuleMeta, MODULE_FORMAT};
 use elm::elm::train::{HeldOut, TrainEvent, Trainer, STATE_FILE};
 use elm::elm::ElmConfig;
 use elm::error::{ElmError, Result};
@@ -55,13 +55,29 @@ pub struct CompressArgs {
     /// Context length for the KV-bytes report.
     #[arg(long, default_value_t = 1024)]
     pub context: usize,
+    /// Replace an existing non-empty --out.
+    #[arg(long)]
+    pub force: bool,
     #[arg(long)]
     pub json: bool,
 }
 
 /// Initialises the fixed-point module from layer `l` and reports parameter/KV accounting.
 pub fn run_compress(a: CompressArgs) -> Result<()> {
+    elm::limits::check_output_dir("out", &a.out, a.force)?;
     let dense = load_weights(&a.model)?;
+    // The KV report multiplies the context out: refuse one that overflows.
+    let mc = &dense.config;
+    elm::limits::checked_product(
+        "context",
+        &[
+            a.context,
+            mc.num_layers,
+            mc.num_kv_heads,
+            mc.head_dim,
+            2 * 4,
+        ],
+    )?;
     let ec = ElmConfig {
         init_seed: a.seed,
         injection: !a.no_injection,
@@ -165,6 +181,9 @@ pub struct TrainArgs {
     /// Continue the run saved in --out.
     #[arg(long)]
     pub resume: bool,
+    /// Start a new run in a non-empty --out, replacing what is there.
+    #[arg(long, conflicts_with = "resume")]
+    pub force: bool,
     /// Training data: a .jsonl (question/answer or text) or text file; default GSM8K train.
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -195,6 +214,10 @@ fn tokenize_all(
 
 /// `elm train`: trains the module, checkpointing atomically; `--resume` continues a run.
 pub fn run_train(a: TrainArgs) -> Result<()> {
+    if !a.resume {
+        // A new run never silently replaces an existing one (or any other files).
+        elm::limits::check_output_dir("out", &a.out, a.force)?;
+    }
     let (dense, tok): (ModelWeights, Tokenizer) = load_pretrained(&a.model)?;
     let mut trainer = if a.resume {
         if a.config.is_some()
@@ -225,13 +248,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         }
         let (ec, module) = match (&a.elm, a.start, a.num_replaced) {
             (Some(dir), None, None) => {
-                let (module, meta) = load_module(dir)?;
-                if meta.model_config != dense.config {
-                    return Err(ElmError::config(
-                        "elm",
-                        "module was built for a different model",
-                    ));
-                }
+                let (module, meta) = load_module_for(dir, &dense.config, &a.model)?;
                 (meta.elm, module)
             }
             (None, Some(l), Some(m)) => {

@@ -45,9 +45,37 @@ pub enum Command {
     Prune(prune::PruneArgs),
 }
 
-/// Parses arguments, runs the subcommand, maps errors to exit code 1.
+/// Parses arguments, runs the subcommand, maps errors to exit code 1 (2 for usage errors).
+/// With `--json` anywhere on the line, a failure is also one JSON object on stdout,
+/// `{"error": {"kind", "message", "file", "field"}}`, so scripts never parse an empty stream.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let json = std::env::args_os().any(|a| a == "--json");
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            if json && e.use_stderr() {
+                let field = e
+                    .get(clap::error::ContextKind::InvalidArg)
+                    .map(|v| v.to_string());
+                let message = e.render().to_string();
+                let message = message
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .trim_start_matches("error: ");
+                println!(
+                    "{}",
+                    serde_json::json!({"error": {
+                        "kind": "usage",
+                        "message": message,
+                        "file": null,
+                        "field": field,
+                    }})
+                );
+            }
+            e.exit()
+        }
+    };
     let result = match cli.command {
         Command::Solve(a) => solve::run_solve(a),
         Command::Study(a) => solve::run_study(a),
@@ -65,6 +93,9 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            if json {
+                println!("{}", e.to_json());
+            }
             ExitCode::FAILURE
         }
     }

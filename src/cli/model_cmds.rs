@@ -200,6 +200,12 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
     if args.batch == 0 {
         return Err(ElmError::config("--batch", "must be >= 1"));
     }
+    if args.max_new_tokens == 0 {
+        return Err(ElmError::config(
+            "--max-new-tokens",
+            "must be >= 1 (zero new tokens measures nothing)",
+        ));
+    }
     if args.elm.elm.is_some() && device != DeviceSpec::Cpu {
         return Err(ElmError::Unsupported(
             "ELM generation (--elm) runs on the CPU only".into(),
@@ -223,6 +229,11 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
     };
     pb.finish_and_clear();
     let prompt = encode_prompt(&tok, &args.prompt, args.chat)?;
+    let mc = match &model {
+        QuantOrElm::Quant(q) => q.config().clone(),
+        QuantOrElm::Elm(m) => m.config().clone(),
+    };
+    check_generation_size(&mc, prompt.len(), args.max_new_tokens, args.batch)?;
     let config = SamplingConfig {
         max_new_tokens: args.max_new_tokens,
         temperature: args.temperature,
@@ -274,6 +285,43 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         }
     };
     report_generation(&args, &config, &tok, out, elm_report)
+}
+
+/// Refuses, before anything is allocated, a generation past the model's context or whose
+/// prompts and KV caches for `--batch` sequences cannot fit in memory.
+fn check_generation_size(
+    mc: &elm::model::ModelConfig,
+    prompt: usize,
+    max_new: usize,
+    batch: usize,
+) -> Result<()> {
+    if prompt > mc.max_position_embeddings {
+        return Err(ElmError::config(
+            "--prompt",
+            format!(
+                "{prompt} tokens exceed the model's context length of {} tokens \
+                 (max_position_embeddings)",
+                mc.max_position_embeddings
+            ),
+        ));
+    }
+    let total = elm::limits::checked_add("--max-new-tokens", prompt, max_new)?;
+    if total > mc.max_position_embeddings {
+        return Err(ElmError::config(
+            "--max-new-tokens",
+            format!(
+                "prompt of {prompt} tokens + {max_new} new tokens exceeds the model's context \
+                 length of {} tokens (max_position_embeddings)",
+                mc.max_position_embeddings
+            ),
+        ));
+    }
+    let kv = elm::limits::bytes_of(
+        2 * 4,
+        &[mc.num_layers, batch, mc.num_kv_heads, total, mc.head_dim],
+    );
+    let prompts = elm::limits::bytes_of(4, &[batch, total]);
+    elm::limits::check_alloc("--batch", kv.saturating_add(prompts))
 }
 
 /// What `run_generate` loaded: a dense quantized model, or an [`ElmModel`] (dense or ELM).
@@ -390,6 +438,9 @@ impl Decoder for CudaDecoder<'_> {
     type State = CudaModel;
     fn vocab_size(&self) -> usize {
         self.weights.config.vocab_size
+    }
+    fn context_len(&self) -> Option<usize> {
+        Some(self.weights.config.max_position_embeddings)
     }
     fn new_state(&self, batch: usize, max_seq: usize) -> Result<CudaModel> {
         CudaModel::new(self.weights, self.ordinal, batch, max_seq)
@@ -553,6 +604,17 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
             "{}: fewer than 2 tokens to score",
             args.file.display()
         )));
+    }
+    let ctx = model.config().max_position_embeddings;
+    if args.context > ctx {
+        return Err(ElmError::config(
+            "--context",
+            format!(
+                "windows of {} tokens exceed the model's context length of {ctx} tokens \
+                 (max_position_embeddings)",
+                args.context
+            ),
+        ));
     }
     // Every window scores its tokens after the first, each from the tokens before it in the
     // window: the same teacher-forced path (and ELM solve) as `elm eval`'s answer NLL.
@@ -737,6 +799,7 @@ fn bench_elm(
     pb: &ProgressBar,
 ) -> Result<serde_json::Value> {
     use elm::elm::infer::ElmSession;
+    bench::check_bench_len(model.config(), args.prompt_len, args.decode_steps)?;
     let cfg = args.elm.inference_config()?;
     let vocab = model.config().vocab_size;
     let toks = |n: usize, salt: usize| -> Vec<u32> {

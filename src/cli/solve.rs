@@ -156,6 +156,12 @@ fn solver_config(args: &SolveArgs) -> Result<SolverConfig> {
             "broyden",
         ));
     }
+    if args.spectral_iters > elm::limits::MAX_ITER_CAP {
+        return Err(ElmError::config(
+            "spectral-iters",
+            format!("exceeds the cap of {}", elm::limits::MAX_ITER_CAP),
+        ));
+    }
     cfg.output_mut().spectral_radius_iters = args.spectral_iters;
     cfg.validate()?;
     Ok(cfg)

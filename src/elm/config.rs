@@ -52,16 +52,18 @@ impl ElmConfig {
             fixed_iterations: None,
         }
     }
-    /// One past the last replaced layer: `l + M`.
+    /// One past the last replaced layer: `l + M` (saturating: [`ElmConfig::validate`] refuses
+    /// configs where it overflows, before any layer is indexed).
     pub fn end_layer(&self) -> usize {
-        self.start_layer + self.num_replaced
+        self.start_layer.saturating_add(self.num_replaced)
     }
-    /// Checks `1 <= M` and `l + M <= N`.
+    /// Checks `1 <= M` and `l + M <= N` (without overflow).
     pub fn validate(&self, model: &ModelConfig) -> Result<()> {
         if self.num_replaced == 0 {
             return Err(ElmError::config("num_replaced", "must be >= 1"));
         }
-        if self.end_layer() > model.num_layers {
+        let end = crate::limits::checked_add("start_layer", self.start_layer, self.num_replaced)?;
+        if end > model.num_layers {
             return Err(ElmError::config(
                 "start_layer",
                 format!(
@@ -75,8 +77,8 @@ impl ElmConfig {
         if !self.wz_scale.is_finite() {
             return Err(ElmError::config("wz_scale", "must be finite"));
         }
-        if self.fixed_iterations == Some(0) {
-            return Err(ElmError::config("fixed_iterations", "must be >= 1"));
+        if let Some(k) = self.fixed_iterations {
+            crate::limits::check_max_iter("fixed_iterations", k)?;
         }
         Ok(())
     }
@@ -138,6 +140,9 @@ impl LambdaSchedule {
         (ce, self.distill)
     }
 }
+
+/// Largest `steps` a training config accepts.
+pub const MAX_TRAIN_STEPS: usize = 100_000_000;
 
 /// Optimisation settings of `elm train` (paper defaults).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -241,7 +246,9 @@ impl TrainConfig {
     }
     /// Reads a JSON config file; unknown keys are an error naming the file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        read_json(path)
+        let cfg: Self = read_json(path)?;
+        cfg.validate().map_err(|e| e.in_file(path))?;
+        Ok(cfg)
     }
     pub fn validate(&self) -> Result<()> {
         let pos = [
@@ -254,6 +261,14 @@ impl TrainConfig {
                 return Err(ElmError::config(f, "must be > 0"));
             }
         }
+        // A step count no run reaches is a typo, not a plan: bound the training loop.
+        if self.steps > MAX_TRAIN_STEPS {
+            return Err(ElmError::config(
+                "steps",
+                format!("{} exceeds the cap of {MAX_TRAIN_STEPS}", self.steps),
+            ));
+        }
+        crate::limits::checked_product("batch_size", &[self.batch_size, self.seq_len])?;
         let fin = [
             ("lr", self.lr),
             ("eps", self.eps),
@@ -284,8 +299,38 @@ impl TrainConfig {
 /// Reads a JSON file into a typed value, naming the file on error.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let raw = std::fs::read_to_string(path).map_err(|e| ElmError::io(path, e))?;
-    serde_json::from_str(&raw).map_err(|e| ElmError::Json {
-        what: path.display().to_string(),
-        msg: e.to_string(),
+    serde_json::from_str(&raw).map_err(|e| {
+        // serde names missing and unknown fields but not a wrong-typed one: find its key.
+        match (e.classify(), key_at(&raw, e.line(), e.column())) {
+            (serde_json::error::Category::Data, Some(key)) if !e.to_string().contains('`') => {
+                ElmError::config(key, e.to_string()).in_file(path)
+            }
+            _ => ElmError::Json {
+                what: path.display().to_string(),
+                msg: e.to_string(),
+            },
+        }
     })
+}
+
+/// The key whose value sits at (`line`, `column`) (1-based, as serde_json reports them): the
+/// last `"key":` before that position.
+fn key_at(raw: &str, line: usize, column: usize) -> Option<String> {
+    let line_start: usize = raw
+        .split_inclusive('\n')
+        .take(line.checked_sub(1)?)
+        .map(str::len)
+        .sum();
+    let end = (line_start + column).min(raw.len());
+    let prefix = raw.get(..end)?;
+    let mut search = prefix;
+    while let Some(colon) = search.rfind(':') {
+        let before = search[..colon].trim_end();
+        if let Some(body) = before.strip_suffix('"') {
+            let open = body.rfind('"')?;
+            return Some(body[open + 1..].to_string());
+        }
+        search = &search[..colon];
+    }
+    None
 }

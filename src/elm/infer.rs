@@ -38,7 +38,7 @@ use crate::solver::{
 
 use super::config::ElmConfig;
 use super::map::fresh_cache;
-use super::module::{load_module, ElmModule};
+use super::module::{load_module_for, ElmModule};
 
 /// KV-cache policy of the fixed-point block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -379,17 +379,7 @@ impl ElmModel {
         let loaded = match elm {
             None => ElmModel::quantized(dense, None, module_format)?,
             Some(dir) => {
-                let (module, meta) = load_module(dir)?;
-                if meta.model_config != dense.config {
-                    return Err(ElmError::config(
-                        "elm",
-                        format!(
-                            "{}: module was built for a different model than {}",
-                            dir.display(),
-                            model.display()
-                        ),
-                    ));
-                }
+                let (module, meta) = load_module_for(dir, &dense.config, model)?;
                 ElmModel::quantized(dense, Some((meta.elm, &module)), module_format)?
             }
         };
@@ -419,17 +409,7 @@ impl ElmModel {
         let loaded = match elm {
             None => ElmModel::dense(weights),
             Some(dir) => {
-                let (module, meta) = load_module(dir)?;
-                if meta.model_config != weights.config {
-                    return Err(ElmError::config(
-                        "elm",
-                        format!(
-                            "{}: module was built for a different model than {}",
-                            dir.display(),
-                            model.display()
-                        ),
-                    ));
-                }
+                let (module, meta) = load_module_for(dir, &weights.config, model)?;
                 ElmModel::new(weights, meta.elm, module)?
             }
         };
@@ -1179,6 +1159,9 @@ impl<'m> Decoder for ElmDecoder<'m> {
 
     fn vocab_size(&self) -> usize {
         self.model.config().vocab_size
+    }
+    fn context_len(&self) -> Option<usize> {
+        Some(self.model.config().max_position_embeddings)
     }
 
     fn new_state(&self, batch: usize, max_seq: usize) -> Result<ElmSession<'m>> {

@@ -265,6 +265,61 @@ pub fn save_module(dir: &Path, module: &ElmModule, meta: &ModuleMeta) -> Result<
 
 /// Reads a checkpoint directory written by [`save_module`] (or a training output dir).
 pub fn load_module(dir: &Path) -> Result<(ElmModule, ModuleMeta)> {
+    let meta = read_module_meta(dir)?;
+    load_module_tensors(dir, meta)
+}
+
+/// Reads a checkpoint directory for the dense model `model` (config `expected`): a checkpoint
+/// cut from another model, or an `elm.json` whose `model_config` was edited, is refused naming
+/// `elm.json` and the first differing field, before any tensor is read.
+pub fn load_module_for(
+    dir: &Path,
+    expected: &ModelConfig,
+    model: &Path,
+) -> Result<(ElmModule, ModuleMeta)> {
+    let meta = read_module_meta(dir)?;
+    if &meta.model_config != expected {
+        let field = first_difference(&meta.model_config, expected);
+        let (ours, theirs) = field.as_ref().map_or((String::new(), String::new()), |f| {
+            (field_value(&meta.model_config, f), field_value(expected, f))
+        });
+        let field = field.unwrap_or_else(|| "model_config".into());
+        return Err(ElmError::config(
+            format!("model_config.{field}"),
+            format!(
+                "{ours} in the checkpoint, {theirs} in {}: module was built for a different \
+                 model (or elm.json was edited)",
+                model.display()
+            ),
+        )
+        .in_file(dir.join(META_FILE)));
+    }
+    load_module_tensors(dir, meta)
+}
+
+fn config_json(c: &ModelConfig) -> serde_json::Map<String, serde_json::Value> {
+    match serde_json::to_value(c) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => Default::default(),
+    }
+}
+
+/// The first field (in declaration order) where two model configs differ.
+fn first_difference(a: &ModelConfig, b: &ModelConfig) -> Option<String> {
+    let (a, b) = (config_json(a), config_json(b));
+    a.iter()
+        .find(|(k, v)| b.get(k.as_str()) != Some(v))
+        .map(|(k, _)| k.clone())
+}
+
+fn field_value(c: &ModelConfig, field: &str) -> String {
+    config_json(c)
+        .get(field)
+        .map_or_else(|| "?".into(), |v| v.to_string())
+}
+
+/// `dir/elm.json`, checked: format, the model config and the layer range (errors name the file).
+pub fn read_module_meta(dir: &Path) -> Result<ModuleMeta> {
     let meta_path: PathBuf = dir.join(META_FILE);
     let meta: ModuleMeta = read_json(&meta_path)?;
     if meta.format != MODULE_FORMAT {
@@ -273,7 +328,14 @@ pub fn load_module(dir: &Path) -> Result<(ElmModule, ModuleMeta)> {
             format!("format `{}`, expected `{MODULE_FORMAT}`", meta.format),
         ));
     }
-    meta.elm.validate(&meta.model_config)?;
+    meta.model_config
+        .validate()
+        .and_then(|()| meta.elm.validate(&meta.model_config))
+        .map_err(|e| e.in_file(&meta_path))?;
+    Ok(meta)
+}
+
+fn load_module_tensors(dir: &Path, meta: ModuleMeta) -> Result<(ElmModule, ModuleMeta)> {
     let file = dir.join(MODULE_FILE);
     let module = ElmModule::from_tensors(
         load_tensors(&file)?,

@@ -437,6 +437,11 @@ impl<'a> Trainer<'a> {
         let step_dir = format!("step-{:07}", self.step);
         let sd = dir.join(&step_dir);
         std::fs::create_dir_all(&sd).map_err(|e| ElmError::io(&sd, e))?;
+        // The new step directory's entry (and the run directory's own, on the first save) must
+        // be durable before train_state.json names it.
+        crate::io::atomic::sync_dir(dir)?;
+        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+        crate::io::atomic::sync_dir(parent.unwrap_or(Path::new(".")))?;
         self.store.save(sd.join("params.safetensors"))?;
         self.opt.save(sd.join("optimizer.safetensors"))?;
         let state = TrainState {
@@ -473,6 +478,8 @@ impl<'a> Trainer<'a> {
     /// the λ schedule depend on the total step count, so it cannot change on resume).
     pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {
         let sp: PathBuf = dir.join(STATE_FILE);
+        // Temp files of a killed run were never renamed into place: nothing refers to them.
+        crate::io::atomic::remove_stale_temps(dir)?;
         let state: TrainState = read_json(&sp)?;
         if state.format != TRAIN_FORMAT {
             return Err(ElmError::format(
@@ -489,6 +496,12 @@ impl<'a> Trainer<'a> {
                 ),
             ));
         }
+        // A hand-edited state is refused naming the file before anything is sized from it.
+        state
+            .train
+            .validate()
+            .and_then(|()| state.elm.validate(&dense.config))
+            .map_err(|e| e.in_file(&sp))?;
         let sd = dir.join(&state.step_dir);
         let store = ParamStore::load(sd.join("params.safetensors"))?;
         let expected: Vec<String> = ElmParams::shapes(&dense.config, state.elm.injection)

@@ -43,8 +43,21 @@ impl Default for BootstrapConfig {
     }
 }
 
+/// Most bootstrap resamples an interval may ask for.
+pub const MAX_RESAMPLES: usize = 1_000_000;
+
 impl BootstrapConfig {
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
+        // The cap bounds the resampling loop and its buffers (an interval needs far fewer).
+        if self.resamples > MAX_RESAMPLES {
+            return Err(ElmError::config(
+                "bootstrap",
+                format!(
+                    "{} resamples exceed the cap of {MAX_RESAMPLES}",
+                    self.resamples
+                ),
+            ));
+        }
         if self.resamples < 10 || !(self.level > 0.0 && self.level < 1.0) {
             return Err(ElmError::config(
                 "bootstrap",

@@ -74,6 +74,15 @@ impl TaskOptions {
         if self.batch == 0 {
             return Err(ElmError::config("batch", "must be >= 1"));
         }
+        // Checked before any data is read or any model run, so a bad option costs nothing.
+        self.bootstrap.validate()?;
+        // Checked before any data is read, for every task (a wall-clock limit must be one).
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
+            return Err(ElmError::config(
+                "timeout",
+                format!("must be finite and > 0 seconds, got {}", self.timeout_s),
+            ));
+        }
         self.inference.validate()
     }
 }

@@ -51,3 +51,50 @@ pub fn write_json_atomic<T: serde::Serialize>(path: &Path, value: &T) -> Result<
     })?;
     write_atomic(path, s.as_bytes())
 }
+
+/// Whether `name` is a temporary file of [`write_atomic`] (`.<name>.tmp<pid>-<n>`).
+fn is_atomic_temp(name: &str) -> bool {
+    name.starts_with('.')
+        && name.rsplit_once(".tmp").is_some_and(|(_, tail)| {
+            tail.split_once('-').is_some_and(|(pid, n)| {
+                !pid.is_empty()
+                    && !n.is_empty()
+                    && pid.bytes().all(|b| b.is_ascii_digit())
+                    && n.bytes().all(|b| b.is_ascii_digit())
+            })
+        })
+}
+
+/// Removes the temporary files a killed writer left in `dir` and its immediate
+/// subdirectories (they are never referenced: the rename had not happened). Returns how many.
+/// Call only when no other process writes into `dir` (e.g. on resume of a run).
+pub fn remove_stale_temps(dir: &Path) -> Result<usize> {
+    let mut removed = 0;
+    let mut dirs = vec![dir.to_path_buf()];
+    if let Ok(rd) = fs::read_dir(dir) {
+        dirs.extend(
+            rd.flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+    }
+    for d in dirs {
+        let Ok(rd) = fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_file())
+                && is_atomic_temp(&e.file_name().to_string_lossy())
+            {
+                fs::remove_file(e.path()).map_err(|err| ElmError::io(e.path(), err))?;
+                removed += 1;
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Fsyncs directory `dir`, so entries created or renamed in it survive a power loss.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| ElmError::io(dir, e))
+}

@@ -99,7 +99,31 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
         bos_token_id: opt_id("tokenizer.ggml.bos_token_id")?,
         eos_token_id: opt_id("tokenizer.ggml.eos_token_id")?,
     };
-    config.validate()?;
+    // Name the file and the GGUF key the field came from, not only our field name.
+    config.validate().map_err(|e| match e {
+        ElmError::Config { field, msg } => {
+            let gguf_key = match field.as_str() {
+                "hidden_size" => key("embedding_length"),
+                "intermediate_size" => key("feed_forward_length"),
+                "num_layers" => key("block_count"),
+                "num_heads" => key("attention.head_count"),
+                "num_kv_heads" => key("attention.head_count_kv"),
+                "head_dim" => key("attention.key_length"),
+                "rope_theta" => key("rope.freq_base"),
+                "rms_norm_eps" => key("attention.layer_norm_rms_epsilon"),
+                "vocab_size" => key("vocab_size"),
+                "max_position_embeddings" => key("context_length"),
+                _ => String::new(),
+            };
+            let field = if gguf_key.is_empty() {
+                field
+            } else {
+                format!("{field} (GGUF key {gguf_key})")
+            };
+            ElmError::config(field, msg).in_file(gguf.path())
+        }
+        e => e.in_file(gguf.path()),
+    })?;
     Ok(config)
 }
 

@@ -326,7 +326,7 @@ pub fn read_hf_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join("config.json");
     let text = fs::read_to_string(&path).map_err(|e| ElmError::io(&path, e))?;
     let value: Value = serde_json::from_str(&text).map_err(|e| json_err(&path, e.to_string()))?;
-    config_from_hf_json(&value)
+    config_from_hf_json(&value).map_err(|e| e.in_file(&path))
 }
 
 /// The safetensors files of a checkpoint directory: `model.safetensors`, or the shards

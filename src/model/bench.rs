@@ -7,6 +7,7 @@ use std::time::Instant;
 use ndarray::{linalg::general_mat_mul, Array2};
 use serde::Serialize;
 
+use super::config::ModelConfig;
 use super::generate::argmax;
 use super::quant::BlockWeights;
 use super::team::SpinTeam;
@@ -234,6 +235,24 @@ pub fn bench_decode<W: DecoderWeights>(
 }
 
 /// Runs every measurement in one process.
+/// Refuses a benchmark whose prompt or prompt + decode steps exceed the model's context
+/// (`--prompt-len 10^11` would otherwise try to allocate its tokens and caches).
+pub fn check_bench_len(cfg: &ModelConfig, prompt_len: usize, decode_steps: usize) -> Result<()> {
+    let ctx = cfg.max_position_embeddings;
+    let field = "prompt_len + decode_steps";
+    let total = crate::limits::checked_add(field, prompt_len, decode_steps)?;
+    if total > ctx {
+        return Err(crate::error::ElmError::config(
+            field,
+            format!(
+                "prompt of {prompt_len} tokens + {decode_steps} decode steps exceeds the model's \
+                 context length of {ctx} tokens (max_position_embeddings)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub fn run_bench<W: DecoderWeights>(
     model: &Transformer<W>,
     prompt_len: usize,
@@ -241,6 +260,7 @@ pub fn run_bench<W: DecoderWeights>(
     mut progress: impl FnMut(&str),
 ) -> Result<BenchReport> {
     let decode_steps = decode_steps.max(1);
+    check_bench_len(model.config(), prompt_len, decode_steps)?;
     progress("sgemm peak");
     let sgemm_n = 1024;
     let peak = sgemm_gflops(sgemm_n, 5);

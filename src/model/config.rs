@@ -12,6 +12,11 @@ pub enum Arch {
     Qwen2,
 }
 
+/// Most layers a model config may declare.
+pub const MAX_LAYERS: usize = 65_536;
+/// Largest context length (`max_position_embeddings`) a model config may declare (2^24).
+pub const MAX_CONTEXT: usize = 1 << 24;
+
 /// Hyper-parameters of a Llama/Qwen2 decoder.
 ///
 /// Shapes used throughout the crate: `C = hidden_size`, `H = num_heads`,
@@ -49,12 +54,37 @@ impl ModelConfig {
             ("num_heads", self.num_heads),
             ("num_kv_heads", self.num_kv_heads),
             ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position_embeddings),
         ];
         for (field, v) in positive {
             if v == 0 {
                 return Err(ElmError::config(field, "must be > 0"));
             }
         }
+        // Loops over layers and position tables are sized by these: bound them where a
+        // corrupt or hand-edited file would otherwise run for ever.
+        if self.num_layers > MAX_LAYERS {
+            return Err(ElmError::config(
+                "num_layers",
+                format!("{} exceeds the cap of {MAX_LAYERS}", self.num_layers),
+            ));
+        }
+        if self.max_position_embeddings > MAX_CONTEXT {
+            return Err(ElmError::config(
+                "max_position_embeddings",
+                format!(
+                    "{} exceeds the cap of {MAX_CONTEXT}",
+                    self.max_position_embeddings
+                ),
+            ));
+        }
+        // Tensor sizes from a file must not overflow where they are multiplied out.
+        crate::limits::checked_product("vocab_size", &[self.vocab_size, self.hidden_size])?;
+        crate::limits::checked_product(
+            "intermediate_size",
+            &[self.intermediate_size, self.hidden_size],
+        )?;
+        crate::limits::checked_product("num_heads", &[self.num_heads, self.head_dim])?;
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(ElmError::config(
                 "num_kv_heads",

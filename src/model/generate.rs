@@ -17,6 +17,11 @@ pub trait Decoder {
     /// Per-generation state (KV caches, scratch).
     type State;
     fn vocab_size(&self) -> usize;
+    /// The model's context length (`max_position_embeddings`), when it has one: [`generate`]
+    /// refuses prompt + new tokens past it up front.
+    fn context_len(&self) -> Option<usize> {
+        None
+    }
     /// State for `batch` sequences of at most `max_seq` tokens.
     fn new_state(&self, batch: usize, max_seq: usize) -> Result<Self::State>;
     /// Processes the prompts (lengths may differ); logits of each last token `[B, V]`.
@@ -37,6 +42,9 @@ impl<W: DecoderWeights> Decoder for Transformer<W> {
     type State = KvCache;
     fn vocab_size(&self) -> usize {
         self.config().vocab_size
+    }
+    fn context_len(&self) -> Option<usize> {
+        Some(self.config().max_position_embeddings)
     }
     fn new_state(&self, batch: usize, max_seq: usize) -> Result<KvCache> {
         self.new_cache(batch, max_seq)
@@ -252,6 +260,19 @@ pub fn generate<D: Decoder + ?Sized>(
     }
     let mut sampler = Sampler::new(config, batch)?;
     let max_prompt = prompts.iter().map(|p| p.len()).max().expect("non-empty");
+    let total = crate::limits::checked_add("max_new_tokens", max_prompt, config.max_new_tokens)?;
+    if let Some(ctx) = model.context_len() {
+        if total > ctx {
+            return Err(ElmError::config(
+                "max_new_tokens",
+                format!(
+                    "prompt of {max_prompt} tokens + {} new tokens exceeds the model's context \
+                     length of {ctx} tokens (max_position_embeddings)",
+                    config.max_new_tokens
+                ),
+            ));
+        }
+    }
     let mut state = model.new_state(batch, max_prompt + config.max_new_tokens.max(1))?;
     let mut out = Generation {
         tokens: vec![Vec::new(); batch],

@@ -207,6 +207,18 @@ impl KvCache {
         batch: usize,
         max_seq: usize,
     ) -> Result<Self> {
+        // K and V of every layer, f32: refuse before allocating what cannot fit.
+        let bytes = crate::limits::bytes_of(
+            2 * 4,
+            &[
+                num_layers,
+                batch,
+                config.num_kv_heads,
+                max_seq,
+                config.head_dim,
+            ],
+        );
+        crate::limits::check_alloc("KV cache (batch x tokens)", bytes)?;
         let layers = (0..num_layers)
             .map(|_| LayerKv::new(config, batch, max_seq))
             .collect::<Result<Vec<_>>>()?;

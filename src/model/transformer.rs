@@ -422,6 +422,7 @@ impl<W: DecoderWeights> Transformer<W> {
                 "sequence_nll needs at least 2 tokens".into(),
             ));
         }
+        check_context(self.config(), tokens.len(), "sequence")?;
         let logits = self.forward_logits(&[tokens.to_vec()])?;
         let mut nll = 0.0f64;
         for (t, &next) in tokens.iter().enumerate().skip(1) {

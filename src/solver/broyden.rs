@@ -111,6 +111,13 @@ impl<T: SolverFloat> BroydenRule<T> {
 }
 
 impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
+    fn state_bytes(&self, batch: usize, dim: usize) -> (&'static str, u128) {
+        let t = std::mem::size_of::<T>();
+        (
+            "memory",
+            crate::limits::bytes_of(2 * t, &[batch, self.cfg.memory, dim]),
+        )
+    }
     fn init(&mut self, batch: usize, dim: usize) {
         let l = self.cfg.memory;
         self.dim = dim;

@@ -68,9 +68,7 @@ impl StopCriteria {
         nonneg("abs_tol", self.abs_tol)?;
         nonneg("rel_tol", self.rel_tol)?;
         nonneg("rel_eps", self.rel_eps)?;
-        if self.max_iter == 0 {
-            return Err(ElmError::config("stop.max_iter", "must be >= 1"));
-        }
+        crate::limits::check_max_iter("stop.max_iter", self.max_iter)?;
         if self.divergence_factor.is_nan() || self.divergence_factor <= 1.0 {
             return Err(ElmError::config(
                 "stop.divergence_factor",

@@ -32,6 +32,11 @@ pub trait IterationRule<T: SolverFloat> {
     /// Allocates all per-row buffers for a batch of `batch` rows of width `dim` (called once per
     /// solve, so `step` never allocates).
     fn init(&mut self, batch: usize, dim: usize);
+    /// What [`IterationRule::init`] will allocate for `batch` rows of width `dim`: the config
+    /// field that scales it and its bytes (saturating), checked against the memory budget first.
+    fn state_bytes(&self, _batch: usize, _dim: usize) -> (&'static str, u128) {
+        ("solver", 0)
+    }
     /// Overwrites `z` (the point where `fz = f(z)` was evaluated, `residual = ‖fz − z‖₂`) with the
     /// next iterate of row `row`. `z`, `fz`: `[D]`, contiguous.
     fn step(
@@ -84,6 +89,8 @@ pub fn run_fixed_point<T: SolverFloat>(
     } else {
         Vec::new()
     };
+    let (field, bytes) = rule.state_bytes(batch, dim);
+    crate::limits::check_alloc(field, bytes)?;
     rule.init(batch, dim);
 
     let mut map_evals = 0usize;

@@ -1,0 +1,118 @@
+//! Where user-controlled sizes are checked: checked size arithmetic, the memory budget, the
+//! iteration cap and output directories. Every size, count or index from a CLI argument, a
+//! JSON config, checkpoint metadata or a model file goes through these before it is used, so
+//! an impossible request is refused with an error naming the field instead of panicking,
+//! aborting on allocation failure or running without end.
+
+use std::path::Path;
+
+use crate::error::{ElmError, Result};
+
+/// Largest `max_iter` any solve accepts: a bound a script cannot hit by accident
+/// (`--max-iter 18446744073709551615` with `--tol 0` would otherwise never stop).
+pub const MAX_ITER_CAP: usize = 1_000_000;
+
+/// Environment variable capping the memory budget in bytes (below what the machine has).
+pub const MEM_BUDGET_ENV: &str = "ELM_MEM_BUDGET";
+
+/// `a + b`, or an error naming `field` when it overflows.
+pub fn checked_add(field: &str, a: usize, b: usize) -> Result<usize> {
+    a.checked_add(b)
+        .ok_or_else(|| ElmError::config(field, format!("{a} + {b} overflows")))
+}
+
+/// Product of `factors`, or an error naming `field` when it overflows `usize`.
+pub fn checked_product(field: &str, factors: &[usize]) -> Result<usize> {
+    factors
+        .iter()
+        .try_fold(1usize, |acc, &f| acc.checked_mul(f))
+        .ok_or_else(|| ElmError::config(field, format!("size {factors:?} overflows usize")))
+}
+
+/// Bytes of `factors` elements of `elem` bytes each, saturating at `u128::MAX` (for budgets:
+/// a saturated figure is still refused).
+pub fn bytes_of(elem: usize, factors: &[usize]) -> u128 {
+    factors
+        .iter()
+        .fold(elem as u128, |acc, &f| acc.saturating_mul(f as u128))
+}
+
+/// MemAvailable from /proc/meminfo, in bytes (`None` where unknown).
+pub fn mem_available() -> Option<u128> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The bytes one allocation may take: MemAvailable, lowered by `$ELM_MEM_BUDGET` when set.
+/// Unknown on both counts: unlimited (the allocator is then the last word).
+pub fn mem_budget() -> Option<u128> {
+    let cap = std::env::var(MEM_BUDGET_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u128>().ok());
+    match (mem_available(), cap) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
+}
+
+/// Refuses an allocation of `bytes` driven by `field` that exceeds [`mem_budget`], with the
+/// bytes it would need and the bytes available.
+pub fn check_alloc(field: &str, bytes: u128) -> Result<()> {
+    match mem_budget() {
+        Some(available) if bytes > available => Err(ElmError::Budget {
+            field: field.to_string(),
+            needed: bytes,
+            available,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses `max_iter` of 0 or above [`MAX_ITER_CAP`].
+pub fn check_max_iter(field: &str, max_iter: usize) -> Result<()> {
+    if max_iter == 0 {
+        return Err(ElmError::config(field, "must be >= 1"));
+    }
+    if max_iter > MAX_ITER_CAP {
+        return Err(ElmError::config(
+            field,
+            format!("{max_iter} exceeds the cap of {MAX_ITER_CAP} iterations"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses writing a run into `dir` when that would replace existing work: `dir` is a file,
+/// or a non-empty directory and `force` is off.
+pub fn check_output_dir(field: &str, dir: &Path, force: bool) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(ElmError::io(dir, e)),
+        Ok(m) if !m.is_dir() => Err(ElmError::InFile {
+            path: dir.to_path_buf(),
+            source: Box::new(ElmError::config(
+                field,
+                "exists and is not a directory; give a directory path",
+            )),
+        }),
+        Ok(_) => {
+            let non_empty = std::fs::read_dir(dir)
+                .map_err(|e| ElmError::io(dir, e))?
+                .next()
+                .is_some();
+            if non_empty && !force {
+                return Err(ElmError::InFile {
+                    path: dir.to_path_buf(),
+                    source: Box::new(ElmError::config(
+                        field,
+                        "directory exists and is not empty; pass --force to overwrite \
+                         (or --resume to continue a training run)",
+                    )),
+                });
+            }
+            Ok(())
+        }
+    }
+}
