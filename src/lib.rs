@@ -33,3 +33,6 @@ pub mod elm;
 pub mod eval;
 
 pub mod compress;
+
+pub mod lora;
+pub mod search;
