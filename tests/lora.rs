@@ -26,7 +26,13 @@ fn data(n: usize, seed: u64) -> Vec<TokenSequence> {
             // A learnable pattern: the answer repeats the prompt's first token.
             let first = rng.gen_range(3..64u32);
             let tokens: Vec<u32> = (0..len)
-                .map(|i| if i >= len / 2 { first } else { rng.gen_range(3..64) })
+                .map(|i| {
+                    if i >= len / 2 {
+                        first
+                    } else {
+                        rng.gen_range(3..64)
+                    }
+                })
                 .collect();
             let tokens = std::iter::once(first).chain(tokens).collect::<Vec<_>>();
             let n = tokens.len();
@@ -59,8 +65,7 @@ fn random_adapters(cfg: &ModelConfig, layers: usize, seed: u64) -> ParamStore {
     let mut rng = StdRng::seed_from_u64(seed + 1);
     for i in 0..s.len() {
         if s.name(i).ends_with("lora_b") {
-            s.value_mut(i)
-                .mapv_inplace(|_| rng.gen_range(-0.2f32..0.2));
+            s.value_mut(i).mapv_inplace(|_| rng.gen_range(-0.2f32..0.2));
         }
     }
     s
@@ -114,7 +119,9 @@ fn merged_linear_equals_the_unmerged_lora_forward() {
             .unwrap()
             .dot(&a.clone().into_dimensionality::<Ix2>().unwrap());
         let d = w1 - w0;
-        let err = (&d - &(ba * 4.0)).mapv(f32::abs).fold(0.0f32, |m, &v| m.max(v));
+        let err = (&d - &(ba * 4.0))
+            .mapv(f32::abs)
+            .fold(0.0f32, |m, &v| m.max(v));
         assert!(err < 1e-6 && d.iter().any(|v| v.abs() > 1e-4), "{t}");
     }
 }
@@ -212,7 +219,10 @@ fn sft_lowers_answer_ce_and_resume_equals_uninterrupted() {
     assert_eq!(full.history.len(), resumed.history.len());
     for (x, y) in full.history.iter().zip(&resumed.history) {
         assert_eq!((x.step, x.tokens), (y.step, y.tokens));
-        assert!((x.ce - y.ce).abs() <= 1e-12 * (1.0 + x.ce.abs()), "{x:?} vs {y:?}");
+        assert!(
+            (x.ce - y.ce).abs() <= 1e-12 * (1.0 + x.ce.abs()),
+            "{x:?} vs {y:?}"
+        );
     }
 }
 
@@ -227,13 +237,19 @@ fn bad_input_is_a_typed_error() {
         },
         ..LoraConfig::default()
     };
-    let e = LoraTrainer::new(&w, big, "t".into()).err().unwrap().to_string();
+    let e = LoraTrainer::new(&w, big, "t".into())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("rank") && e.contains("wk"), "{e}");
     let zero = LoraConfig {
         steps: 0,
         ..LoraConfig::default()
     };
-    let e = LoraTrainer::new(&w, zero, "t".into()).err().unwrap().to_string();
+    let e = LoraTrainer::new(&w, zero, "t".into())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("steps"), "{e}");
     let zr = LoraConfig {
         lora: LoraSpec {

@@ -11,9 +11,13 @@ use elm::elm::infer::{ElmModel, InferenceConfig};
 use elm::eval::{teacher_forced_nll, ScoredSequence};
 use elm::model::{Arch, ModelConfig, ModelWeights};
 use elm::search::candidate::{CandidateConfig, Candidates, TeacherBatch};
-use elm::search::policy::{advantages, entropy, log_softmax, ppo_objective, softmax, PolicyState, Transition};
+use elm::search::policy::{
+    advantages, entropy, log_softmax, ppo_objective, softmax, PolicyState, Transition,
+};
 use elm::search::report::{ranks, spearman};
-use elm::search::{enumerate, metric_choice, where_to_prune, EnumConfig, Gppo, GppoConfig, Selector};
+use elm::search::{
+    enumerate, metric_choice, where_to_prune, EnumConfig, Gppo, GppoConfig, Selector,
+};
 use rand::{rngs::StdRng, SeedableRng};
 
 fn close(a: f64, b: f64, tol: f64) -> bool {
@@ -44,9 +48,21 @@ fn ppo_clip_matches_a_hand_computation_and_finite_differences() {
     // Transition 2: action 1 sampled at π_old = 1/4 → ρ = 1.
     // Transition 3: action 0 sampled at π_old = 1/4 → ρ = 2, with a negative advantage.
     let batch = [
-        Transition { action: 0, reward: 0.0, old_logp: q },
-        Transition { action: 1, reward: 0.0, old_logp: q },
-        Transition { action: 0, reward: 0.0, old_logp: q },
+        Transition {
+            action: 0,
+            reward: 0.0,
+            old_logp: q,
+        },
+        Transition {
+            action: 1,
+            reward: 0.0,
+            old_logp: q,
+        },
+        Transition {
+            action: 0,
+            reward: 0.0,
+            old_logp: q,
+        },
     ];
     let adv = [1.0, 0.5, -1.0];
     let (obj, grad) = ppo_objective(&theta, &batch, &adv, 0.2, 0.0);
@@ -89,11 +105,18 @@ fn ppo_update_moves_probability_to_the_better_action() {
     let lp = log_softmax(&pol.theta);
     let batch: Vec<Transition> = [(0, 1.0), (1, 0.0), (2, 0.0), (0, 1.2), (1, -0.1)]
         .iter()
-        .map(|&(a, r)| Transition { action: a, reward: r, old_logp: lp[a] })
+        .map(|&(a, r)| Transition {
+            action: a,
+            reward: r,
+            old_logp: lp[a],
+        })
         .collect();
     pol.ppo_update(&batch, 2, 0.5, 0.0, 0.1).unwrap();
     let p = softmax(&pol.theta);
-    assert!(p[0] > 1.0 / 3.0 + 0.01 && p[0] > p[1] && p[0] > p[2], "{p:?}");
+    assert!(
+        p[0] > 1.0 / 3.0 + 0.01 && p[0] > p[1] && p[0] > p[2],
+        "{p:?}"
+    );
 }
 
 #[test]
@@ -101,7 +124,11 @@ fn spearman_matches_the_textbook_formula() {
     // No ties: ρ = 1 − 6 Σ d² / (n (n² − 1)); here d = (0, 1, −1, 0) → 1 − 12/60 = 0.8.
     let r = spearman(&[1.0, 2.0, 3.0, 4.0], &[10.0, 30.0, 20.0, 40.0]).unwrap();
     assert!(close(r, 0.8, 1e-12), "{r}");
-    assert!(close(spearman(&[1.0, 2.0, 3.0], &[3.0, 2.0, 1.0]).unwrap(), -1.0, 1e-12));
+    assert!(close(
+        spearman(&[1.0, 2.0, 3.0], &[3.0, 2.0, 1.0]).unwrap(),
+        -1.0,
+        1e-12
+    ));
     assert_eq!(ranks(&[5.0, 1.0, 5.0]), vec![2.5, 1.0, 2.5]);
     assert!(spearman(&[1.0, 1.0], &[1.0, 2.0]).is_none());
 }
@@ -244,9 +271,16 @@ fn gppo_and_enumeration_find_the_identity_window() {
     let dir = std::env::temp_dir().join(format!("elm_gppo_known_{}", std::process::id()));
     let mut g = Gppo::new(&w, gcfg, "tiny".into()).unwrap();
     let out = g.run(&seqs, 0, &dir, |_| {}).unwrap();
-    println!("θ {:?}\nπ {:?}\ncounts {:?}", out.theta, out.probs, out.action_counts);
+    println!(
+        "θ {:?}\nπ {:?}\ncounts {:?}",
+        out.theta, out.probs, out.action_counts
+    );
     assert_eq!(out.chosen_start, 2, "{:?}", out.probs);
-    assert!(out.probs[2] > 0.5, "π concentrates on the identity window: {:?}", out.probs);
+    assert!(
+        out.probs[2] > 0.5,
+        "π concentrates on the identity window: {:?}",
+        out.probs
+    );
     assert_eq!(out.trace.len(), 10);
 
     // The metric selectors see the identity window too; the report places every choice.
@@ -351,4 +385,44 @@ fn bad_input_is_a_typed_error() {
     )
     .is_err());
     assert!(Candidates::new(&w, cand_cfg(), &[5]).is_err());
+}
+
+#[test]
+fn report_places_off_grid_choices_on_the_best_enumerated_start() {
+    use elm::search::enumerate::{EnumEntry, Enumeration};
+    use elm::search::report::MetricChoice;
+    // Enumerated every 2nd start of 5 (0, 2, 4); NLL makes 4 best, then 0, then 2.
+    let entry = |start, nll| EnumEntry {
+        start,
+        nll,
+        nll_init: nll,
+        train_ce_last: nll,
+        seconds: 0.0,
+    };
+    let e = Enumeration {
+        config: EnumConfig {
+            candidate: cand_cfg(),
+            steps: 1,
+            every: 2,
+        },
+        num_layers: 6,
+        held_out_examples: 1,
+        held_out_tokens: 1,
+        dense_nll: 0.5,
+        entries: vec![entry(0, 1.2), entry(2, 1.5), entry(4, 1.0)],
+    };
+    assert_eq!(e.ranking(), vec![4, 0, 2]);
+    // A lower-is-better metric whose best start (1) was not enumerated: on the grid its best
+    // is 2 (score 0.2 < 0.3 at 0, 0.9 at 4), which ranks 3rd, 0.5 nats behind the best.
+    let mc = MetricChoice {
+        method: Selector::Bi,
+        scores: vec![0.3, 0.1, 0.2, 0.8, 0.9],
+        lower_is_better: true,
+        choice: 1,
+    };
+    let r = where_to_prune(&e, None, &[mc]).unwrap();
+    let p = &r.metrics[0];
+    assert_eq!((p.choice, p.choice_on_grid, p.enum_rank), (1, 2, 3));
+    assert!(close(p.nll_gap, 0.5, 1e-12));
+    assert!(r.gppo.is_none() && r.gppo_spearman.is_none());
 }

@@ -484,7 +484,11 @@ fn run_metric(a: &SearchArgs, method: Selector) -> Result<()> {
             "{}: chosen start {} (scores by start, {} is better: {:?})",
             method.name(),
             mc.choice,
-            if mc.lower_is_better { "lower" } else { "higher" },
+            if mc.lower_is_better {
+                "lower"
+            } else {
+                "higher"
+            },
             mc.scores
         );
     }
@@ -595,11 +599,9 @@ fn plot_theta(path: &Path, g: &GppoOutcome) -> Result<()> {
                 .chain(g.trace.iter().map(|u| (u.step as f64, u.probs[s])));
             let series = chart.draw_series(LineSeries::new(pts, color.stroke_width(width)))?;
             if s == g.chosen_start {
-                series
-                    .label(format!("start {s}"))
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
-                    });
+                series.label(format!("start {s}")).legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+                });
             }
         }
         chart
@@ -628,7 +630,10 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
         root.fill(&WHITE)?;
         let mut chart = ChartBuilder::on(&root)
             .caption(
-                format!("Where to prune (M = {}): held-out answer NLL by window start", r.num_replaced),
+                format!(
+                    "Where to prune (M = {}): held-out answer NLL by window start",
+                    r.num_replaced
+                ),
                 ("sans-serif", 20),
             )
             .margin(15)
@@ -670,19 +675,26 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
                         col.mix(0.35).filled(),
                     )
                 }))?
-                .label(format!("GPPO softmax θ (scaled; argmax {})", g.chosen_start))
-                .legend(move |(x, y)| Rectangle::new([(x, y - 4), (x + 20, y + 4)], col.mix(0.35).filled()));
+                .label(format!(
+                    "GPPO softmax θ (scaled; argmax {})",
+                    g.chosen_start
+                ))
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 4), (x + 20, y + 4)], col.mix(0.35).filled())
+                });
         }
         for (i, p) in r.metrics.iter().enumerate() {
             let color = Palette99::pick(i + 3).to_rgba();
             let x = p.choice as f64 + 0.08 * (i as f64 - 1.5);
             chart
-                .draw_series(LineSeries::new(
-                    [(x, lo), (x, hi)],
-                    color.stroke_width(2),
-                ))?
-                .label(format!("{} choice: {} (rank {})", p.method, p.choice, p.enum_rank))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                .draw_series(LineSeries::new([(x, lo), (x, hi)], color.stroke_width(2)))?
+                .label(format!(
+                    "{} choice: {} (rank {})",
+                    p.method, p.choice, p.enum_rank
+                ))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()

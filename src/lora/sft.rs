@@ -23,7 +23,9 @@ use crate::model::tape::{ModelTensors, ModelVars, Trainable};
 use crate::model::{ModelConfig, ModelWeights};
 use crate::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
 
-use super::adapter::{block_lora, insert_adapters, lora_block_forward, merge_model, LoraRun, LoraSpec};
+use super::adapter::{
+    block_lora, insert_adapters, lora_block_forward, merge_model, LoraRun, LoraSpec,
+};
 
 /// `elm lora` settings (paper: r = α = 16, dropout 0.05, lr 2e-4, AdamW (0.9, 0.95), wd 0.02,
 /// clip 0.1; warm-up then cosine to 1 % of the peak).
@@ -313,10 +315,7 @@ impl<'a> LoraTrainer<'a> {
             )));
         }
         let mut grads = tape.backward(ce)?;
-        let g: Vec<_> = vars
-            .iter()
-            .map(|v| v.and_then(|v| grads.take(v)))
-            .collect();
+        let g: Vec<_> = vars.iter().map(|v| v.and_then(|v| grads.take(v))).collect();
         let mut pg = crate::train::ParamGrads::new(g);
         let grad_norm = pg.clip_global_norm(self.cfg.clip as f64)?;
         let lr = self.sched.lr_at(self.step);

@@ -320,10 +320,10 @@ impl<'a> Candidates<'a> {
         let mut tape = Tape::<f32>::new();
         let mut vars: Vec<Option<Var>> = vec![None; self.store.len()];
         let prefix = format!("layers.{l}.");
-        for i in 0..self.store.len() {
+        for (i, v) in vars.iter_mut().enumerate() {
             let name = self.store.name(i);
             if i == iz || i == ih || i == ib || name.starts_with(&prefix) {
-                vars[i] = Some(tape.param(self.store.value(i).clone()));
+                *v = Some(tape.param(self.store.value(i).clone()));
             }
         }
         let (wz, wh, bias) = (vars[iz].unwrap(), vars[ih].unwrap(), vars[ib].unwrap());
@@ -377,10 +377,7 @@ impl<'a> Candidates<'a> {
             return Err(ElmError::NonFinite(format!("candidate {l} loss")));
         }
         let mut grads = tape.backward(loss)?;
-        let g: Vec<_> = vars
-            .iter()
-            .map(|v| v.and_then(|v| grads.take(v)))
-            .collect();
+        let g: Vec<_> = vars.iter().map(|v| v.and_then(|v| grads.take(v))).collect();
         let mut pg = ParamGrads::new(g);
         let grad_norm = pg.clip_global_norm(self.cfg.clip as f64)?;
         self.opt.step(&mut self.store, &pg, lr)?;
@@ -398,7 +395,11 @@ impl<'a> Candidates<'a> {
     pub fn module(&self, l: usize) -> Result<ElmModule> {
         let [nz, nh, nb] = projection_names(l);
         let two = |n: &str| -> Result<Array2<f32>> {
-            self.store.value(self.index(n)?).clone().into_dimensionality().map_err(|e| ElmError::tensor(n, e.to_string()))
+            self.store
+                .value(self.index(n)?)
+                .clone()
+                .into_dimensionality()
+                .map_err(|e| ElmError::tensor(n, e.to_string()))
         };
         let bias: Array1<f32> = self
             .store
@@ -451,7 +452,12 @@ pub fn answer_nll_of_hidden(
     if batch.targets.len() != b || batch.seq_len != t {
         return Err(ElmError::shape(
             "answer_nll_of_hidden",
-            format!("hidden {:?} vs batch {}x{}", hidden.dim(), batch.targets.len(), batch.seq_len),
+            format!(
+                "hidden {:?} vs batch {}x{}",
+                hidden.dim(),
+                batch.targets.len(),
+                batch.seq_len
+            ),
         ));
     }
     let (mut sum, mut count) = (0.0, 0);

@@ -93,7 +93,10 @@ impl Enumeration {
     }
     /// 1-based rank of `start` among the enumerated windows.
     pub fn rank_of(&self, start: usize) -> Option<usize> {
-        self.ranking().iter().position(|&s| s == start).map(|p| p + 1)
+        self.ranking()
+            .iter()
+            .position(|&s| s == start)
+            .map(|p| p + 1)
     }
 }
 
@@ -102,6 +105,7 @@ pub const ENUM_FILE: &str = "enumeration.json";
 /// Trains and scores every start of `cfg.starts`; `held` are held-out sequences (answer
 /// tokens scored). With `out`, progress is saved to `out/enumeration.json` after each start and
 /// starts already there are skipped. `on_start(start, entry)` after each.
+#[allow(clippy::too_many_arguments)] // model, settings, data, output and two callbacks
 pub fn enumerate(
     dense: &ModelWeights,
     cfg: &EnumConfig,

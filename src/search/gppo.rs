@@ -432,7 +432,11 @@ impl<'a> Gppo<'a> {
         let sd = dir.join(&state.step_dir);
         let store = ParamStore::load(sd.join("params.safetensors"))?;
         let k = state.config.candidate.num_starts(&dense.config);
-        let fresh = Candidates::new(dense, state.config.candidate.clone(), &(0..k).collect::<Vec<_>>())?;
+        let fresh = Candidates::new(
+            dense,
+            state.config.candidate.clone(),
+            &(0..k).collect::<Vec<_>>(),
+        )?;
         if store.names() != fresh.store.names() {
             return Err(ElmError::format(
                 sd.join("params.safetensors"),

@@ -138,9 +138,9 @@ impl PolicyState {
         }
         self.t += 1;
         let t = self.t as i32;
-        for j in 0..grad.len() {
-            self.m[j] = b1 * self.m[j] + (1.0 - b1) * grad[j];
-            self.v[j] = b2 * self.v[j] + (1.0 - b2) * grad[j] * grad[j];
+        for (j, &g) in grad.iter().enumerate() {
+            self.m[j] = b1 * self.m[j] + (1.0 - b1) * g;
+            self.v[j] = b2 * self.v[j] + (1.0 - b2) * g * g;
             let mh = self.m[j] / (1.0 - b1.powi(t));
             let vh = self.v[j] / (1.0 - b2.powi(t));
             self.theta[j] += lr * mh / (vh.sqrt() + 1e-8);

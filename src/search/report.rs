@@ -228,7 +228,9 @@ pub fn where_to_prune(
     metrics: &[MetricChoice],
 ) -> Result<WhereToPrune> {
     if e.entries.is_empty() {
-        return Err(ElmError::InvalidArgument("enumeration has no window".into()));
+        return Err(ElmError::InvalidArgument(
+            "enumeration has no window".into(),
+        ));
     }
     let m = e.config.candidate.num_replaced;
     let (gp, rho) = match gppo {
@@ -236,7 +238,10 @@ pub fn where_to_prune(
             if g.num_replaced != m {
                 return Err(ElmError::config(
                     "gppo",
-                    format!("GPPO searched M = {} but the enumeration M = {m}", g.num_replaced),
+                    format!(
+                        "GPPO searched M = {} but the enumeration M = {m}",
+                        g.num_replaced
+                    ),
                 ));
             }
             let p = place("gppo", &g.theta, false, e)?;
