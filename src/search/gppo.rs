@@ -170,6 +170,8 @@ pub const GPPO_STATE_FILE: &str = "gppo_state.json";
 pub struct GppoOutcome {
     pub num_replaced: usize,
     pub steps: usize,
+    /// Steps and wall time of this invocation of [`Gppo::run`] (0 in the `gppo_trace.json`
+    /// that checkpoints write; the run's own report has them).
     pub steps_this_run: usize,
     pub seconds: f64,
     /// `argmax θ` (first on ties).
