@@ -4,7 +4,8 @@
 //! `error` → `io::{atomic, tensor_file}` (the files the library writes) → `solver`, `autograd` →
 //! `nn`, `grad`, `train` → `model::{config, weights}` (plain
 //! data shared by every path) → `io` (fills those types from files) → the rest of `model`
-//! (training and inference paths) → `cuda` → `elm` → `eval` → `compress` (baselines). The command line is the `elm`
+//! (training and inference paths) → `cuda` → `elm` → `eval` → `compress` (baselines) → `lora`
+//! (stage-1 LoRA SFT + merge) → `search` (GPPO, enumeration, metric selectors). The command line is the `elm`
 //! binary (`src/main.rs`, feature `cli`), a thin shell over these modules; see ARCHITECTURE.md
 //! for the picture and for where a new solver, gradient rule, implicit layer or compression
 //! method goes.
@@ -34,3 +35,6 @@ pub mod elm;
 pub mod eval;
 
 pub mod compress;
+
+pub mod lora;
+pub mod search;

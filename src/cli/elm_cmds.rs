@@ -198,7 +198,7 @@ pub struct TrainArgs {
 }
 
 /// Tokenizes examples into training sequences (chat template for Q/A).
-fn tokenize_all(
+pub(crate) fn tokenize_all(
     tok: &Tokenizer,
     examples: &[Example],
     max_len: usize,

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 pub mod elm_cmds;
 pub mod model_cmds;
 pub mod prune;
+pub mod search;
 pub mod solve;
 
 /// Equilibrium Language Models: solvers, models, compression, evaluation.
@@ -43,6 +44,10 @@ pub enum Command {
     /// Compress a model with a training-free baseline (ShortGPT, Shortened-LLaMA, window
     /// deletion, ReplaceMe, LaCo) into an HF model directory.
     Prune(prune::PruneArgs),
+    /// LoRA SFT of the dense model, merged with α/r into a tuned dense model directory.
+    Lora(search::LoraArgs),
+    /// Choose the replaced window: GPPO, enumeration, metric selectors, or the report.
+    Search(search::SearchArgs),
 }
 
 /// Parses arguments, runs the subcommand, maps errors to exit code 1 (2 for usage errors).
@@ -88,6 +93,8 @@ pub fn main() -> ExitCode {
         Command::Train(a) => elm_cmds::run_train(a),
         Command::Eval(a) => elm_cmds::run_eval(a),
         Command::Prune(a) => prune::run_prune(a),
+        Command::Lora(a) => search::run_lora(a),
+        Command::Search(a) => search::run_search(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

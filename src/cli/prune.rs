@@ -53,17 +53,7 @@ pub fn run_prune(a: PruneArgs) -> Result<()> {
     if a.batch == 0 {
         return Err(ElmError::config("batch", "must be >= 1"));
     }
-    let occupied = a.out.is_file()
-        || std::fs::read_dir(&a.out).is_ok_and(|mut entries| entries.next().is_some());
-    if occupied && !a.force {
-        return Err(ElmError::config(
-            "out",
-            format!(
-                "{} exists and is not an empty directory (add --force to replace it)",
-                a.out.display()
-            ),
-        ));
-    }
+    elm::limits::check_output_dir("out", &a.out, a.force)?;
     let (weights, tok) = load_pretrained(&a.model)?;
     let calib_path = match &a.calibration {
         Some(p) => p.clone(),

@@ -1,0 +1,715 @@
+//! `elm lora` (stage 1: LoRA SFT + merge) and `elm search` (stage 2/3: GPPO, enumeration,
+//! metric selectors, the "where to prune" report) — argument parsing, progress bars, plots.
+
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+
+use elm::compress::{BoundaryStates, Calibration};
+use elm::elm::config::read_json;
+use elm::elm::data::{
+    gsm8k_path, load_examples, load_gsm8k, resolve_data_dir, Example, QaExample, Split,
+    TokenSequence,
+};
+use elm::error::{ElmError, Result};
+use elm::io::tokenizer::Tokenizer;
+use elm::io::{save_hf_model, write_json_atomic};
+use elm::lora::sft::LORA_STATE_FILE;
+use elm::lora::{answer_nll_mean, ce_ends, LoraConfig, LoraEvent, LoraReport, LoraTrainer};
+use elm::model::load_pretrained;
+use elm::search::gppo::{GppoEvent, GPPO_STATE_FILE};
+use elm::search::{
+    enumerate, metric_choice, where_to_prune, EnumConfig, Enumeration, Gppo, GppoConfig,
+    GppoOutcome, Selector,
+};
+
+use super::elm_cmds::tokenize_all;
+
+fn bar(len: usize, pos: usize) -> indicatif::ProgressBar {
+    let b = indicatif::ProgressBar::new(len as u64);
+    b.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    b.set_position(pos as u64);
+    b
+}
+
+fn json_err(e: serde_json::Error) -> ElmError {
+    ElmError::Json {
+        what: "output".into(),
+        msg: e.to_string(),
+    }
+}
+
+fn train_data(
+    tok: &Tokenizer,
+    data: Option<&Path>,
+    data_dir: Option<&Path>,
+    seq_len: usize,
+) -> Result<Vec<TokenSequence>> {
+    let examples: Vec<Example> = match data {
+        Some(p) => load_examples(p)?,
+        None => load_gsm8k(&resolve_data_dir(data_dir)?, Split::Train)?
+            .into_iter()
+            .map(Example::Qa)
+            .collect(),
+    };
+    let d = tokenize_all(tok, &examples, seq_len)?;
+    if d.is_empty() {
+        return Err(ElmError::InvalidArgument(
+            "training data has no usable sequence".into(),
+        ));
+    }
+    Ok(d)
+}
+
+fn test_problems(data_dir: Option<&Path>, n: usize) -> Result<Vec<QaExample>> {
+    Ok(load_gsm8k(&resolve_data_dir(data_dir)?, Split::Test)?
+        .into_iter()
+        .take(n)
+        .collect())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LoraArgs {
+    /// Dense model: a .gguf file or an HF directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// LoraConfig JSON (unknown keys rejected).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub steps: Option<usize>,
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// Run directory (resumable checkpoint, lora_report.json); the merged model goes to
+    /// OUT/model (an HF directory `elm` and `elm eval` read).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long)]
+    pub resume: bool,
+    /// Replace an existing non-empty --out (a fresh run).
+    #[arg(long)]
+    pub force: bool,
+    /// Training data (.jsonl); default GSM8K train.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Held-out GSM8K test problems for the answer NLL before/after (0 = skip).
+    #[arg(long, default_value_t = 32)]
+    pub eval_examples: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `elm lora`: LoRA SFT, merge with α/r, save the tuned dense model, answer NLL before/after.
+pub fn run_lora(a: LoraArgs) -> Result<()> {
+    let (dense, tok) = load_pretrained(&a.model)?;
+    let mut trainer = if a.resume {
+        if a.config.is_some() || a.steps.is_some() || a.seq_len.is_some() {
+            return Err(ElmError::config(
+                "resume",
+                "--resume continues the saved run as configured: drop --config/--steps/--seq-len",
+            ));
+        }
+        if !a.out.join(LORA_STATE_FILE).exists() {
+            return Err(ElmError::config(
+                "resume",
+                format!("no {LORA_STATE_FILE} in {}", a.out.display()),
+            ));
+        }
+        LoraTrainer::resume(&dense, &a.out)?
+    } else {
+        elm::limits::check_output_dir("out", &a.out, a.force)?;
+        let mut cfg = match &a.config {
+            Some(p) => LoraConfig::from_file(p)?,
+            None => LoraConfig::default(),
+        };
+        if let Some(s) = a.steps {
+            cfg.steps = s;
+        }
+        if let Some(s) = a.seq_len {
+            cfg.seq_len = s;
+        }
+        LoraTrainer::new(&dense, cfg, a.model.display().to_string())?
+    };
+    let data = train_data(
+        &tok,
+        a.data.as_deref(),
+        a.data_dir.as_deref(),
+        trainer.cfg.seq_len,
+    )?;
+    let pad = tok.eos_id().unwrap_or(0);
+    let test = test_problems(a.data_dir.as_deref(), a.eval_examples)?;
+    let before = if test.is_empty() {
+        None
+    } else {
+        Some(answer_nll_mean(&dense, &tok, &test, 4)?)
+    };
+    let b = bar(trainer.cfg.steps, trainer.step);
+    let seconds = trainer.run(&data, pad, &a.out, |ev| {
+        if let LoraEvent::Step(l) = ev {
+            b.set_message(format!(
+                "ce {:.4} lr {:.2e} |g| {:.3}",
+                l.ce, l.lr, l.grad_norm
+            ));
+            b.inc(1);
+        }
+    })?;
+    b.finish_and_clear();
+    let merged = trainer.merged()?;
+    let model_dir = a.out.join("model");
+    save_hf_model(&merged, &model_dir)?;
+    tok.save_dir(&model_dir)?;
+    let after = if test.is_empty() {
+        None
+    } else {
+        Some(answer_nll_mean(&merged, &tok, &test, 4)?)
+    };
+    let (first, last) = ce_ends(&trainer.history, 10);
+    let report = LoraReport {
+        steps: trainer.step,
+        seconds,
+        train_sequences: data.len(),
+        train_ce_first: first,
+        train_ce_last: last,
+        held_out_examples: test.len(),
+        answer_nll_before: before,
+        answer_nll_after: after,
+        out: model_dir.display().to_string(),
+    };
+    write_json_atomic(&a.out.join("lora_report.json"), &report)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&report).map_err(json_err)?);
+    } else {
+        println!(
+            "LoRA SFT {} steps ({seconds:.0}s): train CE {first:.4} -> {last:.4}; merged model -> {}",
+            report.steps,
+            model_dir.display()
+        );
+        if let (Some(b), Some(f)) = (before, after) {
+            println!(
+                "held-out answer NLL ({} GSM8K test problems): {b:.4} -> {f:.4} nats/token",
+                test.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SearchArgs {
+    /// Dense model (the tuned dense from `elm lora`, OUT/model, or the untuned one).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// gppo | enumerate | cosine | bi | angular | ppl | report.
+    #[arg(long)]
+    pub method: String,
+    /// Window length M.
+    #[arg(long = "num-replaced", alias = "m", default_value_t = 8)]
+    pub num_replaced: usize,
+    /// GppoConfig / EnumConfig JSON (unknown keys rejected); flags below override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// GPPO steps, or training steps per enumerated start.
+    #[arg(long)]
+    pub steps: Option<usize>,
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// Enumerate every k-th start.
+    #[arg(long)]
+    pub every: Option<usize>,
+    /// GPPO: policy update every p steps.
+    #[arg(long)]
+    pub update_every: Option<usize>,
+    /// GPPO: PPO epochs q per update.
+    #[arg(long)]
+    pub ppo_epochs: Option<usize>,
+    #[arg(long)]
+    pub clip_eps: Option<f64>,
+    #[arg(long)]
+    pub entropy_coef: Option<f64>,
+    #[arg(long)]
+    pub policy_lr: Option<f64>,
+    /// Reward-model / candidate learning rate.
+    #[arg(long)]
+    pub lr: Option<f32>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Output directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Continue the GPPO run (or enumeration) saved in --out.
+    #[arg(long)]
+    pub resume: bool,
+    /// Replace an existing non-empty --out (a fresh GPPO run).
+    #[arg(long)]
+    pub force: bool,
+    /// Held-out GSM8K test problems for the enumeration's answer NLL.
+    #[arg(long, default_value_t = 16)]
+    pub eval_examples: usize,
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Metric selectors: calibration tokens (GSM8K train in the chat template) and chunk length.
+    #[arg(long, default_value_t = 2048)]
+    pub calibration_tokens: usize,
+    #[arg(long, default_value_t = 128)]
+    pub calibration_seq_len: usize,
+    /// report: the GPPO run directory and the enumeration directory.
+    #[arg(long)]
+    pub gppo: Option<PathBuf>,
+    #[arg(long)]
+    pub enumeration: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn need_out(a: &SearchArgs) -> Result<&Path> {
+    a.out
+        .as_deref()
+        .ok_or_else(|| ElmError::config("out", format!("--method {} needs --out DIR", a.method)))
+}
+
+/// `elm search`.
+pub fn run_search(a: SearchArgs) -> Result<()> {
+    match a.method.as_str() {
+        "gppo" => run_gppo(&a),
+        "enumerate" => run_enumerate(&a),
+        "report" => run_report(&a),
+        other => run_metric(&a, other.parse()?),
+    }
+}
+
+fn apply_candidate_flags(a: &SearchArgs, c: &mut elm::search::candidate::CandidateConfig) {
+    if let Some(s) = a.seq_len {
+        c.seq_len = s;
+    }
+    if let Some(lr) = a.lr {
+        c.lr = lr;
+    }
+    if let Some(s) = a.seed {
+        c.seed = s;
+    }
+}
+
+fn run_gppo(a: &SearchArgs) -> Result<()> {
+    let out = need_out(a)?;
+    let (dense, tok) = load_pretrained(&a.model)?;
+    let mut g = if a.resume {
+        if !out.join(GPPO_STATE_FILE).exists() {
+            return Err(ElmError::config(
+                "resume",
+                format!("no {GPPO_STATE_FILE} in {}", out.display()),
+            ));
+        }
+        Gppo::resume(&dense, out)?
+    } else {
+        elm::limits::check_output_dir("out", out, a.force)?;
+        let mut cfg = match &a.config {
+            Some(p) => GppoConfig::from_file(p)?,
+            None => GppoConfig::new(a.num_replaced, a.steps.unwrap_or(100)),
+        };
+        if a.config.is_some() {
+            if let Some(s) = a.steps {
+                cfg.steps = s;
+            }
+        }
+        apply_candidate_flags(a, &mut cfg.candidate);
+        if let Some(v) = a.update_every {
+            cfg.update_every = v;
+        }
+        if let Some(v) = a.ppo_epochs {
+            cfg.ppo_epochs = v;
+        }
+        if let Some(v) = a.clip_eps {
+            cfg.clip_eps = v;
+        }
+        if let Some(v) = a.entropy_coef {
+            cfg.entropy_coef = v;
+        }
+        if let Some(v) = a.policy_lr {
+            cfg.policy_lr = v;
+        }
+        Gppo::new(&dense, cfg, a.model.display().to_string())?
+    };
+    let data = train_data(
+        &tok,
+        a.data.as_deref(),
+        a.data_dir.as_deref(),
+        g.cfg.candidate.seq_len,
+    )?;
+    let pad = tok.eos_id().unwrap_or(0);
+    let b = bar(g.cfg.steps, g.step);
+    let outcome = g.run(&data, pad, out, |ev| match ev {
+        GppoEvent::Step(l) => {
+            b.set_message(format!(
+                "start {} reward {:.3} distill {:.4}",
+                l.action, l.reward, l.candidate.distill
+            ));
+            b.inc(1);
+        }
+        GppoEvent::Update(u) => {
+            let top = elm::compress::metrics::argmax(&u.probs).unwrap_or(0);
+            b.println(format!(
+                "update at step {}: argmax θ = {top} (p = {:.3}), mean reward {:.3}",
+                u.step, u.probs[top], u.mean_reward
+            ));
+        }
+        GppoEvent::Checkpoint { .. } => {}
+    })?;
+    b.finish_and_clear();
+    plot_theta(&out.join("gppo_theta.svg"), &outcome)?;
+    if a.json {
+        let mut v = serde_json::to_value(&outcome).map_err(json_err)?;
+        v["out"] = out.display().to_string().into();
+        println!("{v}");
+    } else {
+        println!(
+            "GPPO {} steps ({:.0}s this run): chosen start = argmax θ = {}; softmax θ = [{}]; trace {}",
+            outcome.steps,
+            outcome.seconds,
+            outcome.chosen_start,
+            outcome
+                .probs
+                .iter()
+                .map(|p| format!("{p:.3}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            out.join("gppo_trace.json").display()
+        );
+    }
+    Ok(())
+}
+
+fn run_enumerate(a: &SearchArgs) -> Result<()> {
+    let out = need_out(a)?;
+    let (dense, tok) = load_pretrained(&a.model)?;
+    let existing = out.join(elm::search::enumerate::ENUM_FILE);
+    let mut cfg = if a.resume {
+        if !existing.exists() {
+            return Err(ElmError::config(
+                "resume",
+                format!("no {} to resume", existing.display()),
+            ));
+        }
+        read_json::<Enumeration>(&existing)?.config
+    } else {
+        if existing.exists() {
+            return Err(ElmError::config(
+                "out",
+                format!(
+                    "{} exists (add --resume to continue it)",
+                    existing.display()
+                ),
+            ));
+        }
+        match &a.config {
+            Some(p) => read_json(p)?,
+            None => EnumConfig {
+                candidate: elm::search::candidate::CandidateConfig::new(a.num_replaced),
+                steps: 10,
+                every: 1,
+            },
+        }
+    };
+    if !a.resume {
+        if let Some(s) = a.steps {
+            cfg.steps = s;
+        }
+        if let Some(k) = a.every {
+            cfg.every = k;
+        }
+        apply_candidate_flags(a, &mut cfg.candidate);
+    }
+    cfg.validate(&dense.config)?;
+    let seq = cfg.candidate.seq_len;
+    let data = train_data(&tok, a.data.as_deref(), a.data_dir.as_deref(), seq)?;
+    let test = test_problems(a.data_dir.as_deref(), a.eval_examples)?;
+    let held = tokenize_all(
+        &tok,
+        &test.into_iter().map(Example::Qa).collect::<Vec<_>>(),
+        seq,
+    )?;
+    let pad = tok.eos_id().unwrap_or(0);
+    let starts = cfg.starts(&dense.config);
+    let b = bar(starts.len() * cfg.steps, 0);
+    let e = enumerate(
+        &dense,
+        &cfg,
+        &data,
+        &held,
+        pad,
+        Some(out),
+        |start, step| {
+            b.set_message(format!("start {start} step {step}"));
+            b.inc(1);
+        },
+        |entry| {
+            b.println(format!(
+                "start {:2}: held-out answer NLL {:.4} (init {:.4}), {:.0}s",
+                entry.start, entry.nll, entry.nll_init, entry.seconds
+            ));
+        },
+    )?;
+    b.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string(&e).map_err(json_err)?);
+    } else {
+        println!(
+            "enumeration ({} starts, {} steps each; dense NLL {:.4}): ranking best first {:?}",
+            e.entries.len(),
+            cfg.steps,
+            e.dense_nll,
+            e.ranking()
+        );
+    }
+    Ok(())
+}
+
+fn calibration(a: &SearchArgs, tok: &Tokenizer) -> Result<Calibration> {
+    let path = match &a.data {
+        Some(p) => p.clone(),
+        None => gsm8k_path(&resolve_data_dir(a.data_dir.as_deref())?, Split::Train),
+    };
+    Calibration::from_file(tok, &path, a.calibration_seq_len, a.calibration_tokens)
+}
+
+fn run_metric(a: &SearchArgs, method: Selector) -> Result<()> {
+    let (dense, tok) = load_pretrained(&a.model)?;
+    let calib = calibration(a, &tok)?;
+    let states = BoundaryStates::collect(&dense, &calib, 4)?;
+    let mc = metric_choice(&dense, &calib, &states, method, a.num_replaced, 4)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&mc).map_err(json_err)?);
+    } else {
+        println!(
+            "{}: chosen start {} (scores by start, {} is better: {:?})",
+            method.name(),
+            mc.choice,
+            if mc.lower_is_better {
+                "lower"
+            } else {
+                "higher"
+            },
+            mc.scores
+        );
+    }
+    Ok(())
+}
+
+fn run_report(a: &SearchArgs) -> Result<()> {
+    let out = need_out(a)?;
+    let edir = a.enumeration.as_ref().ok_or_else(|| {
+        ElmError::config("enumeration", "--method report needs --enumeration DIR")
+    })?;
+    let e: Enumeration = read_json(&edir.join(elm::search::enumerate::ENUM_FILE))?;
+    let g: Option<GppoOutcome> = a
+        .gppo
+        .as_ref()
+        .map(|d| read_json(&d.join("gppo_trace.json")))
+        .transpose()?;
+    let (dense, tok) = load_pretrained(&a.model)?;
+    let calib = calibration(a, &tok)?;
+    let states = BoundaryStates::collect(&dense, &calib, 4)?;
+    let m = e.config.candidate.num_replaced;
+    let metrics = Selector::ALL
+        .into_iter()
+        .map(|s| metric_choice(&dense, &calib, &states, s, m, 4))
+        .collect::<Result<Vec<_>>>()?;
+    let r = where_to_prune(&e, g.as_ref(), &metrics)?;
+    std::fs::create_dir_all(out).map_err(|err| ElmError::io(out, err))?;
+    write_json_atomic(&out.join("where_to_prune.json"), &r)?;
+    plot_where(&out.join("where_to_prune.svg"), &r, g.as_ref())?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r).map_err(json_err)?);
+    } else {
+        println!("enumeration ranking (best first): {:?}", r.enum_ranking);
+        if let Some(p) = &r.gppo {
+            println!(
+                "gppo: argmax θ = {} (on grid {}), enumeration rank {} of {}, Spearman(θ, −NLL) = {}",
+                p.choice,
+                p.choice_on_grid,
+                p.enum_rank,
+                r.enum_ranking.len(),
+                r.gppo_spearman.map_or("n/a".into(), |v| format!("{v:.3}"))
+            );
+        }
+        for p in &r.metrics {
+            println!(
+                "{}: start {} (on grid {}), enumeration rank {}, NLL gap {:.4}",
+                p.method, p.choice, p.choice_on_grid, p.enum_rank, p.nll_gap
+            );
+        }
+    }
+    Ok(())
+}
+
+fn plot_err(path: &Path, e: impl std::fmt::Display) -> ElmError {
+    ElmError::format(path, format!("drawing plot: {e}"))
+}
+
+fn write_svg(
+    path: &Path,
+    draw: impl FnOnce(
+        DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    ) -> std::result::Result<(), Box<dyn std::error::Error>>,
+) -> Result<()> {
+    let tmp = path.with_extension("svg.tmp");
+    let res = {
+        let root = SVGBackend::new(&tmp, (900, 560)).into_drawing_area();
+        draw(root)
+    };
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(plot_err(path, e));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| ElmError::io(path, e))
+}
+
+/// softmax θ over the updates: one line per start (the chosen start drawn thick).
+fn plot_theta(path: &Path, g: &GppoOutcome) -> Result<()> {
+    if g.trace.is_empty() {
+        return Ok(());
+    }
+    let k = g.probs.len();
+    let max_step = g.trace.last().map_or(1, |u| u.step).max(1);
+    let pmax = g
+        .trace
+        .iter()
+        .flat_map(|u| u.probs.iter().copied())
+        .fold(1.0 / k as f64, f64::max);
+    write_svg(path, |root| {
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!("GPPO: softmax θ over steps (argmax = {})", g.chosen_start),
+                ("sans-serif", 20),
+            )
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..max_step as f64, 0f64..(pmax * 1.05))?;
+        chart
+            .configure_mesh()
+            .x_desc("reward-model steps")
+            .y_desc("π(start)")
+            .draw()?;
+        for s in 0..k {
+            let color = Palette99::pick(s).to_rgba();
+            let width = if s == g.chosen_start { 3 } else { 1 };
+            let pts = std::iter::once((0.0, 1.0 / k as f64))
+                .chain(g.trace.iter().map(|u| (u.step as f64, u.probs[s])));
+            let series = chart.draw_series(LineSeries::new(pts, color.stroke_width(width)))?;
+            if s == g.chosen_start {
+                series.label(format!("start {s}")).legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+                });
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    })
+}
+
+/// Where to prune: enumeration NLL by start (line + points), GPPO's final softmax θ (bars on a
+/// second scale, drawn as a rescaled line), and each metric's choice (vertical markers).
+fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome>) -> Result<()> {
+    let k = r.num_layers + 1 - r.num_replaced;
+    let (lo, hi) = r
+        .enum_nll
+        .iter()
+        .fold((r.dense_nll, f64::NEG_INFINITY), |(lo, hi), &(_, v)| {
+            (lo.min(v), hi.max(v))
+        });
+    let pad = ((hi - lo) * 0.1).max(1e-3);
+    let (lo, hi) = (lo - pad, hi + pad);
+    write_svg(path, |root| {
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!(
+                    "Where to prune (M = {}): held-out answer NLL by window start",
+                    r.num_replaced
+                ),
+                ("sans-serif", 20),
+            )
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(-0.5f64..(k as f64 - 0.5), lo..hi)?;
+        chart
+            .configure_mesh()
+            .x_desc("start layer l (window [l, l+M))")
+            .y_desc("answer NLL (nats/token)")
+            .draw()?;
+        chart
+            .draw_series(LineSeries::new(
+                r.enum_nll.iter().map(|&(s, v)| (s as f64, v)),
+                BLUE.stroke_width(2),
+            ))?
+            .label("enumeration (trained candidate)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+        chart.draw_series(
+            r.enum_nll
+                .iter()
+                .map(|&(s, v)| Circle::new((s as f64, v), 4, BLUE.filled())),
+        )?;
+        chart
+            .draw_series(LineSeries::new(
+                [(-0.5, r.dense_nll), (k as f64 - 0.5, r.dense_nll)],
+                BLACK.stroke_width(1),
+            ))?
+            .label("dense")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+        if let Some(g) = g {
+            let pm = g.probs.iter().copied().fold(0.0, f64::max).max(1e-12);
+            let col = RGBColor(200, 60, 0);
+            chart
+                .draw_series(g.probs.iter().enumerate().map(|(s, &p)| {
+                    let top = lo + (hi - lo) * 0.9 * p / pm;
+                    Rectangle::new(
+                        [(s as f64 - 0.3, lo), (s as f64 + 0.3, top)],
+                        col.mix(0.35).filled(),
+                    )
+                }))?
+                .label(format!(
+                    "GPPO softmax θ (scaled; argmax {})",
+                    g.chosen_start
+                ))
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 4), (x + 20, y + 4)], col.mix(0.35).filled())
+                });
+        }
+        for (i, p) in r.metrics.iter().enumerate() {
+            let color = Palette99::pick(i + 3).to_rgba();
+            let x = p.choice as f64 + 0.08 * (i as f64 - 1.5);
+            chart
+                .draw_series(LineSeries::new([(x, lo), (x, hi)], color.stroke_width(2)))?
+                .label(format!(
+                    "{} choice: {} (rank {})",
+                    p.method, p.choice, p.enum_rank
+                ))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    })
+}

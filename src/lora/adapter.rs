@@ -1,0 +1,313 @@
+//! LoRA adapters on the seven linear maps of a decoder block (q, k, v, o, gate, up, down):
+//! `y = x Wᵀ + b + (α/r) · B(A(dropout(x)))`, their tape forward, and the merge
+//! `W ← W + (α/r) · B A` (with the scaling; the reference code's merge drops it).
+
+use ndarray::{Array2, ArrayD, Ix2, IxDyn};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::autograd::{Tape, Var};
+use crate::error::{ElmError, Result};
+use crate::model::tape::{BlockParams, BlockVars};
+use crate::model::{LayerWeights, ModelConfig, ModelWeights};
+use crate::nn::{self, RopeLayout};
+use crate::train::ParamStore;
+
+/// The LoRA targets, in the order of [`BlockParams`]: q, k, v, o, gate, up, down.
+pub const TARGETS: [&str; 7] = ["wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"];
+
+/// Rank, scale and dropout of a LoRA (paper: r = 16, α = 16, dropout 0.05).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSpec {
+    #[serde(default = "d_rank")]
+    pub rank: usize,
+    #[serde(default = "d_alpha")]
+    pub alpha: f32,
+    /// Dropout probability on the LoRA input (training only).
+    #[serde(default = "d_dropout")]
+    pub dropout: f32,
+}
+
+fn d_rank() -> usize {
+    16
+}
+fn d_alpha() -> f32 {
+    16.0
+}
+fn d_dropout() -> f32 {
+    0.05
+}
+
+impl Default for LoraSpec {
+    fn default() -> Self {
+        LoraSpec {
+            rank: d_rank(),
+            alpha: d_alpha(),
+            dropout: d_dropout(),
+        }
+    }
+}
+
+impl LoraSpec {
+    /// `α / r`, the factor on `B A` in the forward pass and in the merge.
+    pub fn scale(&self) -> f32 {
+        self.alpha / self.rank as f32
+    }
+
+    /// Rank ≥ 1 and no larger than the smaller side of every target of `cfg`; finite α;
+    /// dropout in `[0, 1)`.
+    pub fn validate(&self, cfg: &ModelConfig) -> Result<()> {
+        if self.rank == 0 {
+            return Err(ElmError::config("rank", "must be >= 1"));
+        }
+        for t in TARGETS {
+            let (out, inp) = target_shape(cfg, t)?;
+            if self.rank > out.min(inp) {
+                return Err(ElmError::config(
+                    "rank",
+                    format!(
+                        "LoRA rank {} exceeds the smaller side of `{t}` ([{out}, {inp}]): a low-rank update must have rank <= {}",
+                        self.rank,
+                        out.min(inp)
+                    ),
+                ));
+            }
+        }
+        if !self.alpha.is_finite() {
+            return Err(ElmError::config("alpha", "must be finite"));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(ElmError::config(
+                "dropout",
+                format!("must be in [0, 1), got {}", self.dropout),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[out, in]` of target `t` in a block of `cfg`.
+pub fn target_shape(cfg: &ModelConfig, t: &str) -> Result<(usize, usize)> {
+    let shapes = BlockParams::shapes(cfg);
+    let s = shapes
+        .named()
+        .into_iter()
+        .find(|(n, _)| *n == t)
+        .map(|(_, s)| s.clone())
+        .ok_or_else(|| ElmError::config("target", format!("unknown LoRA target `{t}`")))?;
+    Ok((s[0], s[1]))
+}
+
+/// Store names of layer `layer`'s adapter on target `t`: `(A, B)`.
+pub fn lora_names(prefix: &str, layer: usize, t: &str) -> (String, String) {
+    (
+        format!("{prefix}layers.{layer}.{t}.lora_a"),
+        format!("{prefix}layers.{layer}.{t}.lora_b"),
+    )
+}
+
+/// Inserts fresh adapters for `layers` into `store` (names prefixed by `prefix`): `A` from
+/// PyTorch's Kaiming-uniform(a = √5) init, i.e. `U(−1/√in, 1/√in)`, seeded; `B = 0`.
+pub fn insert_adapters(
+    store: &mut ParamStore,
+    cfg: &ModelConfig,
+    spec: &LoraSpec,
+    prefix: &str,
+    layers: impl IntoIterator<Item = usize>,
+    seed: u64,
+) -> Result<()> {
+    spec.validate(cfg)?;
+    for l in layers {
+        for (ti, t) in TARGETS.iter().enumerate() {
+            let (out, inp) = target_shape(cfg, t)?;
+            let mut rng = StdRng::seed_from_u64(
+                seed ^ ((l as u64) << 8 | ti as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            );
+            let bound = 1.0 / (inp as f32).sqrt();
+            let a = ArrayD::from_shape_simple_fn(IxDyn(&[spec.rank, inp]), || {
+                rng.gen_range(-bound..bound)
+            });
+            let b = ArrayD::zeros(IxDyn(&[out, spec.rank]));
+            let (na, nb) = lora_names(prefix, l, t);
+            store.insert(na, a, true)?;
+            store.insert(nb, b, true)?;
+        }
+    }
+    Ok(())
+}
+
+/// `(A, B)` of one target on the tape.
+#[derive(Clone, Copy, Debug)]
+pub struct LoraVars {
+    pub a: Var,
+    pub b: Var,
+}
+
+/// A block's adapters on the tape, indexed like [`TARGETS`] (`None`: no adapter).
+pub type BlockLora = [Option<LoraVars>; 7];
+
+/// A block's adapters found in a store's registered vars (`vars[i]` = var of store entry `i`,
+/// `None` for entries not registered).
+pub fn block_lora(
+    store: &ParamStore,
+    vars: &[Option<Var>],
+    prefix: &str,
+    layer: usize,
+) -> BlockLora {
+    let mut out: BlockLora = [None; 7];
+    for (ti, t) in TARGETS.iter().enumerate() {
+        let (na, nb) = lora_names(prefix, layer, t);
+        if let (Some(ia), Some(ib)) = (store.index_of(&na), store.index_of(&nb)) {
+            if let (Some(Some(a)), Some(Some(b))) = (vars.get(ia), vars.get(ib)) {
+                out[ti] = Some(LoraVars { a: *a, b: *b });
+            }
+        }
+    }
+    out
+}
+
+/// How the LoRA path runs on one forward: scale `α/r`, and dropout masks drawn from `rng`
+/// (`None` or `p = 0`: no dropout, evaluation).
+pub struct LoraRun<'r> {
+    pub scale: f32,
+    pub dropout: f32,
+    pub rng: Option<&'r mut StdRng>,
+}
+
+impl LoraRun<'_> {
+    fn linear(
+        &mut self,
+        tape: &mut Tape<f32>,
+        x: Var,
+        w: Var,
+        bias: Option<Var>,
+        lora: Option<LoraVars>,
+    ) -> Result<Var> {
+        let Some(lv) = lora else {
+            return tape.matmul_t(x, w, bias);
+        };
+        match self.rng.as_deref_mut() {
+            Some(rng) if self.dropout > 0.0 => {
+                let keep = 1.0 - self.dropout;
+                let shape = tape.value(x).shape().to_vec();
+                let mask = ArrayD::from_shape_simple_fn(IxDyn(&shape), || {
+                    if rng.gen::<f32>() < keep {
+                        1.0 / keep
+                    } else {
+                        0.0
+                    }
+                });
+                let base = tape.matmul_t(x, w, bias)?;
+                let m = tape.constant(mask);
+                let xd = tape.mul(x, m)?;
+                let xa = tape.matmul_t(xd, lv.a, None)?;
+                let low = tape.matmul_t(xa, lv.b, None)?;
+                let low = tape.scale(low, self.scale);
+                tape.add(base, low)
+            }
+            _ => nn::lora_linear(tape, x, w, bias, lv.a, lv.b, self.scale),
+        }
+    }
+}
+
+/// One decoder block with adapters (same math as [`crate::model::tape::block_forward`] when
+/// every adapter is `None` or `B = 0`): `x: [B, T, C]` at positions `0..T`.
+pub fn lora_block_forward(
+    tape: &mut Tape<f32>,
+    b: &BlockVars,
+    lora: &BlockLora,
+    x: Var,
+    run: &mut LoraRun<'_>,
+) -> Result<Var> {
+    let s = tape.value(x).shape().to_vec();
+    if s.len() != 3 {
+        return Err(ElmError::shape(
+            "lora_block_forward",
+            format!("x must be [B, T, C], got {s:?}"),
+        ));
+    }
+    let (bsz, t) = (s[0], s[1]);
+    let sp = b.spec;
+    let eps = sp.rms_norm_eps as f32;
+    let h = nn::rms_norm(tape, x, b.attn_norm, eps)?;
+    let q = run.linear(tape, h, b.wq, b.bq, lora[0])?;
+    let q = tape.reshape(q, &[bsz, t, sp.num_heads, sp.head_dim])?;
+    let q = nn::rope(tape, q, sp.rope_theta, 0, RopeLayout::HalfSplit)?;
+    let k = run.linear(tape, h, b.wk, b.bk, lora[1])?;
+    let k = tape.reshape(k, &[bsz, t, sp.num_kv_heads, sp.head_dim])?;
+    let k = nn::rope(tape, k, sp.rope_theta, 0, RopeLayout::HalfSplit)?;
+    let v = run.linear(tape, h, b.wv, b.bv, lora[2])?;
+    let v = tape.reshape(v, &[bsz, t, sp.num_kv_heads, sp.head_dim])?;
+    let a = nn::attention(tape, q, k, v, None)?;
+    let a = tape.reshape(a, &[bsz, t, sp.num_heads * sp.head_dim])?;
+    let o = run.linear(tape, a, b.wo, None, lora[3])?;
+    let x = tape.add(x, o)?;
+    let h = nn::rms_norm(tape, x, b.mlp_norm, eps)?;
+    let g = run.linear(tape, h, b.w_gate, None, lora[4])?;
+    let u = run.linear(tape, h, b.w_up, None, lora[5])?;
+    let sw = nn::swiglu(tape, g, u)?;
+    let d = run.linear(tape, sw, b.w_down, None, lora[6])?;
+    tape.add(x, d)
+}
+
+fn as2(store: &ParamStore, name: &str) -> Result<Array2<f32>> {
+    store
+        .get(name)
+        .ok_or_else(|| ElmError::tensor(name, "missing LoRA tensor"))?
+        .clone()
+        .into_dimensionality::<Ix2>()
+        .map_err(|e| ElmError::tensor(name, e.to_string()))
+}
+
+/// Layer `layer` with its adapters (names with `prefix`) merged: `W + (α/r)·B A` for every
+/// target that has one.
+pub fn merge_layer(
+    w: &LayerWeights,
+    store: &ParamStore,
+    spec: &LoraSpec,
+    prefix: &str,
+    layer: usize,
+) -> Result<LayerWeights> {
+    let mut out = w.clone();
+    let scale = spec.scale();
+    for t in TARGETS {
+        let (na, nb) = lora_names(prefix, layer, t);
+        if store.index_of(&na).is_none() {
+            continue;
+        }
+        let (a, b) = (as2(store, &na)?, as2(store, &nb)?);
+        let delta = b.dot(&a) * scale;
+        let target = match t {
+            "wq" => &mut out.wq,
+            "wk" => &mut out.wk,
+            "wv" => &mut out.wv,
+            "wo" => &mut out.wo,
+            "w_gate" => &mut out.w_gate,
+            "w_up" => &mut out.w_up,
+            _ => &mut out.w_down,
+        };
+        if target.dim() != delta.dim() {
+            return Err(ElmError::tensor(
+                &na,
+                format!("B·A is {:?} but `{t}` is {:?}", delta.dim(), target.dim()),
+            ));
+        }
+        *target += &delta;
+    }
+    Ok(out)
+}
+
+/// The model with every adapter in `store` merged into its layer (`W + (α/r)·B A`).
+pub fn merge_model(
+    dense: &ModelWeights,
+    store: &ParamStore,
+    spec: &LoraSpec,
+    prefix: &str,
+) -> Result<ModelWeights> {
+    let mut out = dense.clone();
+    for (l, layer) in out.layers.iter_mut().enumerate() {
+        *layer = merge_layer(&dense.layers[l], store, spec, prefix, l)?;
+    }
+    Ok(out)
+}

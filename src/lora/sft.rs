@@ -1,0 +1,455 @@
+//! LoRA SFT of the dense model: adapters on q, k, v, o, gate, up, down of every layer, CE on
+//! the answer tokens only, AdamW with warm-up + cosine, then merged into the weights with the
+//! `α/r` scaling ("tuned dense").
+//!
+//! Resumability follows [`crate::elm::train`]: the batch order and the dropout masks are pure
+//! functions of `(seed, step)`, so a checkpoint is the adapters, the AdamW state and the step.
+//! A run directory holds `step-<k>/{params,optimizer}.safetensors`, then `lora_state.json`
+//! (written last, atomically: the commit point).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rand::{rngs::StdRng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::autograd::{Tape, Var};
+use crate::elm::checkpoint::write_json_atomic;
+use crate::elm::config::read_json;
+use crate::elm::data::{batch_indices, make_batch, TokenSequence};
+use crate::elm::train::step_seed;
+use crate::error::{ElmError, Result};
+use crate::model::tape::{ModelTensors, ModelVars, Trainable};
+use crate::model::{ModelConfig, ModelWeights};
+use crate::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
+
+use super::adapter::{
+    block_lora, insert_adapters, lora_block_forward, merge_model, LoraRun, LoraSpec,
+};
+
+/// `elm lora` settings (paper: r = α = 16, dropout 0.05, lr 2e-4, AdamW (0.9, 0.95), wd 0.02,
+/// clip 0.1; warm-up then cosine to 1 % of the peak).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraConfig {
+    #[serde(default)]
+    pub lora: LoraSpec,
+    #[serde(default = "d_steps")]
+    pub steps: usize,
+    #[serde(default = "d_batch")]
+    pub batch_size: usize,
+    /// Sequences are truncated to this many tokens.
+    #[serde(default = "d_seq_len")]
+    pub seq_len: usize,
+    #[serde(default = "d_lr")]
+    pub lr: f32,
+    #[serde(default = "d_betas")]
+    pub betas: [f32; 2],
+    #[serde(default = "d_eps")]
+    pub eps: f32,
+    #[serde(default = "d_warmup")]
+    pub warmup_frac: f32,
+    #[serde(default = "d_min_lr")]
+    pub min_lr_frac: f32,
+    #[serde(default = "d_wd")]
+    pub weight_decay: f32,
+    #[serde(default = "d_clip")]
+    pub clip: f32,
+    /// Seeds the data order, the adapters' init and the dropout masks.
+    #[serde(default)]
+    pub seed: u64,
+    /// Resumable checkpoint every this many steps (0 = only at the end).
+    #[serde(default = "d_ckpt")]
+    pub checkpoint_every: usize,
+}
+
+fn d_steps() -> usize {
+    100
+}
+fn d_batch() -> usize {
+    1
+}
+fn d_seq_len() -> usize {
+    256
+}
+fn d_lr() -> f32 {
+    2e-4
+}
+fn d_betas() -> [f32; 2] {
+    [0.9, 0.95]
+}
+fn d_eps() -> f32 {
+    1e-8
+}
+fn d_warmup() -> f32 {
+    0.1
+}
+fn d_min_lr() -> f32 {
+    0.01
+}
+fn d_wd() -> f32 {
+    0.02
+}
+fn d_clip() -> f32 {
+    0.1
+}
+fn d_ckpt() -> usize {
+    50
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        serde_json::from_str("{}").expect("defaults deserialize")
+    }
+}
+
+impl LoraConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        read_json(path)
+    }
+    /// Positive counts, finite non-negative rates, `lora` valid for `model`.
+    pub fn validate(&self, model: &ModelConfig) -> Result<()> {
+        for (f, v) in [
+            ("steps", self.steps),
+            ("batch_size", self.batch_size),
+            ("seq_len", self.seq_len),
+        ] {
+            if v == 0 {
+                return Err(ElmError::config(f, "must be > 0"));
+            }
+        }
+        for (f, v) in [
+            ("lr", self.lr),
+            ("eps", self.eps),
+            ("weight_decay", self.weight_decay),
+            ("clip", self.clip),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(ElmError::config(
+                    f,
+                    format!("must be finite and >= 0, got {v}"),
+                ));
+            }
+        }
+        if !self.betas.iter().all(|b| (0.0..1.0).contains(b)) {
+            return Err(ElmError::config("betas", "each must be in [0, 1)"));
+        }
+        if !(0.0..=1.0).contains(&self.warmup_frac) || !(0.0..=1.0).contains(&self.min_lr_frac) {
+            return Err(ElmError::config(
+                "warmup_frac/min_lr_frac",
+                "must be in [0, 1]",
+            ));
+        }
+        self.lora.validate(model)
+    }
+    fn adamw(&self) -> AdamWConfig {
+        AdamWConfig {
+            beta1: self.betas[0] as f64,
+            beta2: self.betas[1] as f64,
+            eps: self.eps as f64,
+            weight_decay: self.weight_decay as f64,
+            ..AdamWConfig::default()
+        }
+    }
+}
+
+/// One step's log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraStepLog {
+    pub step: usize,
+    pub lr: f64,
+    /// Mean CE over the batch's answer tokens.
+    pub ce: f64,
+    pub grad_norm: f64,
+    pub tokens: usize,
+}
+
+/// `lora_state.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraState {
+    pub format: String,
+    pub step: usize,
+    pub config: LoraConfig,
+    pub model_config: ModelConfig,
+    pub base_model: String,
+    pub step_dir: String,
+    pub history: Vec<LoraStepLog>,
+}
+
+pub const LORA_FORMAT: &str = "elm-lora-v1";
+pub const LORA_STATE_FILE: &str = "lora_state.json";
+
+/// What [`LoraTrainer::run`] reports as it goes.
+#[derive(Clone, Debug)]
+pub enum LoraEvent<'a> {
+    Step(&'a LoraStepLog),
+    Checkpoint { step: usize },
+}
+
+/// A LoRA SFT run in progress.
+pub struct LoraTrainer<'a> {
+    dense: &'a ModelWeights,
+    tensors: ModelTensors<f32>,
+    pub cfg: LoraConfig,
+    base_model: String,
+    store: ParamStore,
+    opt: AdamW,
+    sched: ScheduleConfig,
+    pub step: usize,
+    pub history: Vec<LoraStepLog>,
+}
+
+impl<'a> LoraTrainer<'a> {
+    /// A fresh run: adapters on every layer (B = 0, so the model starts as `dense`).
+    pub fn new(dense: &'a ModelWeights, cfg: LoraConfig, base_model: String) -> Result<Self> {
+        cfg.validate(&dense.config)?;
+        let mut store = ParamStore::new();
+        insert_adapters(
+            &mut store,
+            &dense.config,
+            &cfg.lora,
+            "",
+            0..dense.config.num_layers,
+            cfg.seed,
+        )?;
+        let opt = AdamW::new(cfg.adamw())?;
+        Self::build(dense, cfg, base_model, store, opt, 0, vec![])
+    }
+
+    fn build(
+        dense: &'a ModelWeights,
+        cfg: LoraConfig,
+        base_model: String,
+        store: ParamStore,
+        opt: AdamW,
+        step: usize,
+        history: Vec<LoraStepLog>,
+    ) -> Result<Self> {
+        cfg.validate(&dense.config)?;
+        let sched = ScheduleConfig::warmup_cosine(
+            cfg.lr as f64,
+            cfg.steps,
+            cfg.warmup_frac as f64,
+            cfg.min_lr_frac as f64,
+        );
+        sched.validate()?;
+        Ok(LoraTrainer {
+            tensors: ModelTensors::from_weights(dense)?,
+            dense,
+            cfg,
+            base_model,
+            store,
+            opt,
+            sched,
+            step,
+            history,
+        })
+    }
+
+    /// The adapters (names `layers.<l>.<target>.lora_{a,b}`).
+    pub fn adapters(&self) -> &ParamStore {
+        &self.store
+    }
+
+    /// The dense model with the current adapters merged (`W + (α/r)·B A`).
+    pub fn merged(&self) -> Result<ModelWeights> {
+        merge_model(self.dense, &self.store, &self.cfg.lora, "")
+    }
+
+    /// Mean answer-token CE of a padded batch of `seqs` under the current adapters, and the
+    /// tape gradients when `train` (dropout on, masks from `rng`).
+    fn forward(
+        &self,
+        tape: &mut Tape<f32>,
+        seqs: &[&TokenSequence],
+        pad_id: u32,
+        rng: Option<&mut StdRng>,
+    ) -> Result<(Var, Vec<Option<Var>>, usize)> {
+        let batch = make_batch(seqs, pad_id);
+        let (b, t) = (batch.tokens.len(), batch.seq_len);
+        let mv = ModelVars::register(tape, &self.tensors, &Trainable::none());
+        let vars = self.store.register(tape);
+        let vars: Vec<Option<Var>> = vars.vars().iter().map(|v| Some(*v)).collect();
+        let ids: Vec<usize> = batch.tokens.iter().flatten().map(|&x| x as usize).collect();
+        let mut x = mv.embed(tape, &ids, b, t)?;
+        let mut run = LoraRun {
+            scale: self.cfg.lora.scale(),
+            dropout: self.cfg.lora.dropout,
+            rng,
+        };
+        for (l, bv) in mv.layers.iter().enumerate() {
+            let lora = block_lora(&self.store, &vars, "", l);
+            x = lora_block_forward(tape, bv, &lora, x, &mut run)?;
+        }
+        let logits = mv.head(tape, x)?;
+        let targets: Vec<i64> = batch
+            .targets
+            .iter()
+            .flatten()
+            .map(|t| t.map_or(-1, |v| v as i64))
+            .collect();
+        let n = targets.iter().filter(|&&t| t >= 0).count();
+        if n == 0 {
+            return Err(ElmError::InvalidArgument(
+                "batch has no answer token to train on".into(),
+            ));
+        }
+        let ce = crate::nn::cross_entropy(tape, logits, &targets, -1)?;
+        Ok((ce, vars, n))
+    }
+
+    /// One optimisation step on batch `self.step`.
+    pub fn train_step(&mut self, data: &[TokenSequence], pad_id: u32) -> Result<LoraStepLog> {
+        let idx = batch_indices(data.len(), self.cfg.batch_size, self.step, self.cfg.seed);
+        let seqs: Vec<&TokenSequence> = idx.iter().map(|&i| &data[i]).collect();
+        let mut rng = StdRng::seed_from_u64(step_seed(self.cfg.seed ^ 0x10AA, self.step));
+        let mut tape = Tape::<f32>::new();
+        let (ce, vars, tokens) = self.forward(&mut tape, &seqs, pad_id, Some(&mut rng))?;
+        let ce_val = tape.scalar(ce) as f64;
+        if !ce_val.is_finite() {
+            return Err(ElmError::NonFinite(format!(
+                "LoRA CE at step {}",
+                self.step
+            )));
+        }
+        let mut grads = tape.backward(ce)?;
+        let g: Vec<_> = vars.iter().map(|v| v.and_then(|v| grads.take(v))).collect();
+        let mut pg = crate::train::ParamGrads::new(g);
+        let grad_norm = pg.clip_global_norm(self.cfg.clip as f64)?;
+        let lr = self.sched.lr_at(self.step);
+        self.opt.step(&mut self.store, &pg, lr)?;
+        let log = LoraStepLog {
+            step: self.step,
+            lr,
+            ce: ce_val,
+            grad_norm,
+            tokens,
+        };
+        self.step += 1;
+        self.history.push(log.clone());
+        Ok(log)
+    }
+
+    /// Mean answer-token CE of `seqs` (no dropout), `batch` at a time, on the tape path with
+    /// the adapters unmerged (the reference the merge is checked against).
+    pub fn eval_ce(&self, seqs: &[TokenSequence], pad_id: u32, batch: usize) -> Result<f64> {
+        let (mut sum, mut n) = (0.0f64, 0usize);
+        for chunk in seqs.chunks(batch.max(1)) {
+            let refs: Vec<&TokenSequence> = chunk.iter().collect();
+            let mut tape = Tape::<f32>::new();
+            let r = tape.no_grad(|tape| self.forward(tape, &refs, pad_id, None));
+            let (ce, _, count) = r?;
+            sum += tape.scalar(ce) as f64 * count as f64;
+            n += count;
+        }
+        Ok(sum / n.max(1) as f64)
+    }
+
+    /// Trains until `cfg.steps`, checkpointing into `out` every `checkpoint_every` steps and
+    /// at the end.
+    pub fn run(
+        &mut self,
+        data: &[TokenSequence],
+        pad_id: u32,
+        out: &Path,
+        mut on_event: impl FnMut(LoraEvent<'_>),
+    ) -> Result<f64> {
+        if data.is_empty() {
+            return Err(ElmError::InvalidArgument(
+                "training data has no usable sequence".into(),
+            ));
+        }
+        let t0 = Instant::now();
+        let every = self.cfg.checkpoint_every;
+        while self.step < self.cfg.steps {
+            let log = self.train_step(data, pad_id)?;
+            on_event(LoraEvent::Step(&log));
+            if every > 0 && self.step.is_multiple_of(every) && self.step < self.cfg.steps {
+                self.save(out)?;
+                on_event(LoraEvent::Checkpoint { step: self.step });
+            }
+        }
+        self.save(out)?;
+        on_event(LoraEvent::Checkpoint { step: self.step });
+        Ok(t0.elapsed().as_secs_f64())
+    }
+
+    /// Writes a resumable checkpoint into `dir`.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let step_dir = format!("step-{:07}", self.step);
+        let sd = dir.join(&step_dir);
+        std::fs::create_dir_all(&sd).map_err(|e| ElmError::io(&sd, e))?;
+        self.store.save(sd.join("params.safetensors"))?;
+        self.opt.save(sd.join("optimizer.safetensors"))?;
+        let state = LoraState {
+            format: LORA_FORMAT.into(),
+            step: self.step,
+            config: self.cfg.clone(),
+            model_config: self.dense.config.clone(),
+            base_model: self.base_model.clone(),
+            step_dir: step_dir.clone(),
+            history: self.history.clone(),
+        };
+        write_json_atomic(&dir.join(LORA_STATE_FILE), &state)?;
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.starts_with("step-") && name != step_dir {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Resumes from `dir/lora_state.json` with the run's own config.
+    pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {
+        let sp: PathBuf = dir.join(LORA_STATE_FILE);
+        let state: LoraState = read_json(&sp)?;
+        if state.format != LORA_FORMAT {
+            return Err(ElmError::format(
+                &sp,
+                format!("format `{}`, expected `{LORA_FORMAT}`", state.format),
+            ));
+        }
+        if state.model_config != dense.config {
+            return Err(ElmError::config(
+                "model",
+                format!(
+                    "{}: the adapters were trained on a different model config",
+                    sp.display()
+                ),
+            ));
+        }
+        let sd = dir.join(&state.step_dir);
+        let store = ParamStore::load(sd.join("params.safetensors"))?;
+        let mut fresh = ParamStore::new();
+        insert_adapters(
+            &mut fresh,
+            &dense.config,
+            &state.config.lora,
+            "",
+            0..dense.config.num_layers,
+            0,
+        )?;
+        if store.names() != fresh.names() {
+            return Err(ElmError::format(
+                sd.join("params.safetensors"),
+                "unexpected LoRA parameter names",
+            ));
+        }
+        let opt = AdamW::load(sd.join("optimizer.safetensors"))?;
+        opt.check_against(&store)?;
+        Self::build(
+            dense,
+            state.config,
+            state.base_model,
+            store,
+            opt,
+            state.step,
+            state.history,
+        )
+    }
+}

@@ -1,0 +1,23 @@
+//! Where to put the ELM: stage 2 (GPPO) and stage 3 (enumeration and metric selectors) of the
+//! paper's pipeline.
+//!
+//! - [`policy`]: the categorical policy over start layers and its clipped PPO update.
+//! - [`candidate`]: the reward model — per start `l` a projection and a LoRA on layer `l`
+//!   (layer `l` is the shared fixed-point block), M unrolled iterations, CE + distillation;
+//!   teacher states shared across candidates.
+//! - [`gppo`]: [`gppo::Gppo`] — sample, train, reward `−CE`, PPO every p steps; resumable;
+//!   the θ trace.
+//! - [`enumerate`]: train every (k-th) start for the same budget, rank by held-out answer NLL.
+//! - [`report`]: the metric selectors (window cosine, Block Influence, angular distance,
+//!   one-shot PPL), Spearman, and [`report::WhereToPrune`] (typed, for `paper_repro`).
+
+pub mod candidate;
+pub mod policy;
+
+pub mod enumerate;
+pub mod gppo;
+pub mod report;
+
+pub use enumerate::{enumerate, EnumConfig, EnumEntry, Enumeration};
+pub use gppo::{Gppo, GppoConfig, GppoOutcome};
+pub use report::{metric_choice, spearman, where_to_prune, MetricChoice, Selector, WhereToPrune};
