@@ -43,6 +43,8 @@ pub enum Command {
     /// Compress a model with a training-free baseline (ShortGPT, Shortened-LLaMA, window
     /// deletion, ReplaceMe, LaCo) into an HF model directory.
     Prune(prune::PruneArgs),
+    /// Spectral radius of a trained module's Jacobian ∂φ/∂z at its fixed point.
+    Spectral(elm_cmds::SpectralArgs),
 }
 
 /// Parses arguments, runs the subcommand, maps errors to exit code 1.
@@ -60,6 +62,7 @@ pub fn main() -> ExitCode {
         Command::Train(a) => elm_cmds::run_train(a),
         Command::Eval(a) => elm_cmds::run_eval(a),
         Command::Prune(a) => prune::run_prune(a),
+        Command::Spectral(a) => elm_cmds::run_spectral(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
