@@ -13,6 +13,11 @@ use crate::error::ReproError;
 use crate::runs::{self, Ctx, EvalRun, Subject, Trained, Variant};
 use crate::stage::Done;
 
+/// Named trainings of a run (for the throughput table).
+pub type Trainings = Vec<(String, Done<Trained>)>;
+/// Trained ELMs by replaced layers M.
+pub type ElmsByM = Vec<(usize, Done<Trained>)>;
+
 /// `value [lo, hi]` (95% bootstrap over problems).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -253,7 +258,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
         let em = runs::eval(ctx, &subject, "gsm8k")?;
         let v = nll.value.metric("answer_nll", method)?.estimate.value;
-        if best.as_ref().map_or(true, |(b, _)| v < *b) {
+        if best.as_ref().is_none_or(|(b, _)| v < *b) {
             best = Some((v, method.to_string()));
         }
         rows.push(row(
@@ -409,7 +414,7 @@ pub fn grad_ablation(
     ctx: &mut Ctx<'_>,
     dense: &Dense,
     main_elm: &Done<Trained>,
-) -> Result<(Vec<GradRow>, Vec<(String, Done<Trained>)>), ReproError> {
+) -> Result<(Vec<GradRow>, Trainings), ReproError> {
     let l = ctx.limits.clone();
     let _ = main_elm;
     let mut rows = vec![];
@@ -442,7 +447,7 @@ pub fn sweep(
     ctx: &mut Ctx<'_>,
     dense: &Dense,
     baseline: &str,
-) -> Result<(Vec<SweepRow>, Vec<(usize, Done<Trained>)>), ReproError> {
+) -> Result<(Vec<SweepRow>, ElmsByM), ReproError> {
     let l = ctx.limits.clone();
     let mut rows = vec![];
     let mut elms = vec![];
@@ -575,7 +580,7 @@ pub fn best_baseline(ctx: &mut Ctx<'_>, _dense: &Dense) -> Result<String, ReproE
         };
         let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
         let v = nll.value.metric("answer_nll", method)?.estimate.value;
-        if best.as_ref().map_or(true, |(b, _)| v < *b) {
+        if best.as_ref().is_none_or(|(b, _)| v < *b) {
             best = Some((v, method.to_string()));
         }
     }

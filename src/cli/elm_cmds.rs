@@ -604,7 +604,7 @@ pub fn run_spectral(a: SpectralArgs) -> Result<()> {
     };
     let (mut radii, mut residuals) = (vec![], vec![]);
     for s in &seqs {
-        let x = elm::elm::forward::embed(&dense, &[s.tokens.clone()])?;
+        let x = elm::elm::forward::embed(&dense, std::slice::from_ref(&s.tokens))?;
         let h = elm::elm::forward::run_dense_layers(&dense, x, 0..meta.elm.start_layer)?;
         let (rho, res) = module_spectral_radius(
             &meta.elm,
