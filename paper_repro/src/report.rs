@@ -568,7 +568,7 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool)) -> String {
         t.bench.as_ref().map_or_else(
             || "No benchmark at this scale.".to_string(),
             |b| format!(
-                "`elm bench` on this machine: sgemm {} GFLOP/s, dense prefill {} tok/s ({} GFLOP/s), decode batch 1 {} tok/s.",
+                "`elm bench` on this machine: sgemm {} GFLOP/s, dense prefill {} tok/s ({} GFLOP/s), decode batch 1 {} tok/s. A training token costs the teacher's forward over layers [0, l + M) (skipped on a teacher-cache hit), the solve and the taped backward of the module, and after half of training the back layers and LM head with their backward: expressed in dense-forward FLOPs it is a lower bound on the work done.",
                 float(b.sgemm_gflop_s), float(b.prefill_tok_s), float(b.prefill_gflop_s), float(b.decode_b1_tok_s)
             )
         ),

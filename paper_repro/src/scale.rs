@@ -110,7 +110,7 @@ impl Scale {
                     seq_len: 128,
                 },
                 study: Budget {
-                    steps: 80,
+                    steps: 60,
                     batch_size: 2,
                     seq_len: 128,
                 },

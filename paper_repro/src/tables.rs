@@ -232,14 +232,59 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             },
         })
     };
-    // The ELM first: its training fills the teacher cache the baselines then read.
+    // The ELM first (its training fills the teacher cache the trained baselines then read),
+    // each trained model evaluated right after its training so that a partial run already
+    // has the headline; rows keep the table's order.
+    let trained_row = |ctx: &mut Ctx<'_>,
+                       name: String,
+                       kind: &str,
+                       t: &Done<Trained>|
+     -> Result<MainRow, ReproError> {
+        let s = Subject::elm(t, "anderson", 0.5);
+        let nll = runs::eval(ctx, &s, "gsm8k-nll")?;
+        let em = runs::eval(ctx, &s, "gsm8k")?;
+        let kv1k = t.value.kv.one_step * 1024 / t.value.kv.context.max(1);
+        row(
+            name,
+            kind,
+            (
+                t.value.params.elm_total,
+                t.value.params.elm_non_embedding,
+                kv1k,
+            ),
+            &nll.value,
+            &em.value,
+        )
+    };
+    let budget = format!(
+        "trained, {} steps × {} × {} tokens",
+        l.main.steps, l.main.batch_size, l.main.seq_len
+    );
     let elm = runs::train(ctx, &Variant::elm(l.start, l.m), &l.main, None)?;
+    let elm_row = trained_row(
+        ctx,
+        "ELM (Anderson, δ = 0.5, one-step KV)".into(),
+        &format!("ELM, {budget}"),
+        &elm,
+    )?;
     let streamline = runs::train(ctx, &Variant::streamline(l.start, l.m), &l.main, None)?;
+    let streamline_row = trained_row(
+        ctx,
+        "LLM-Streamline (1 layer, 1 application)".into(),
+        &budget,
+        &streamline,
+    )?;
     let looped = runs::train(
         ctx,
         &Variant::looped(l.start, l.m, l.looped_k),
         &l.main,
         None,
+    )?;
+    let looped_row = trained_row(
+        ctx,
+        format!("looped block (K = {}, no injection)", l.looped_k),
+        &budget,
+        &looped,
     )?;
     rows.push(row(
         "SmolLM2-135M-Instruct (untuned; the LoRA-tuned dense model is pending issue 14)".into(),
@@ -273,49 +318,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             &em.value,
         )?);
     }
-    let trained_row = |ctx: &mut Ctx<'_>,
-                       name: String,
-                       kind: &str,
-                       t: &Done<Trained>|
-     -> Result<MainRow, ReproError> {
-        let s = Subject::elm(t, "anderson", 0.5);
-        let nll = runs::eval(ctx, &s, "gsm8k-nll")?;
-        let em = runs::eval(ctx, &s, "gsm8k")?;
-        let kv1k = t.value.kv.one_step * 1024 / t.value.kv.context.max(1);
-        row(
-            name,
-            kind,
-            (
-                t.value.params.elm_total,
-                t.value.params.elm_non_embedding,
-                kv1k,
-            ),
-            &nll.value,
-            &em.value,
-        )
-    };
-    let budget = format!(
-        "trained, {} steps × {} × {} tokens",
-        l.main.steps, l.main.batch_size, l.main.seq_len
-    );
-    rows.push(trained_row(
-        ctx,
-        "LLM-Streamline (1 layer, 1 application)".into(),
-        &budget,
-        &streamline,
-    )?);
-    rows.push(trained_row(
-        ctx,
-        format!("looped block (K = {}, no injection)", l.looped_k),
-        &budget,
-        &looped,
-    )?);
-    rows.push(trained_row(
-        ctx,
-        "ELM (Anderson, δ = 0.5, one-step KV)".into(),
-        &format!("ELM, {budget}"),
-        &elm,
-    )?);
+    rows.extend([streamline_row, looped_row, elm_row]);
     Ok(Main {
         rows,
         best_baseline: best.map(|b| b.1).unwrap_or_else(|| "short-gpt".into()),
