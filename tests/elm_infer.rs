@@ -345,3 +345,31 @@ fn bad_inputs_are_typed_errors() {
     assert!(ElmSession::new(&model, bad, 1, 4).is_err());
     assert!(ElmConfig::new(3, 3).validate(model.config()).is_err());
 }
+
+/// The decoder's record reports the bytes the session holds after decoding: multi-step
+/// caches are allocated as iterations reach them, so they must be counted at the end, not
+/// when the session is created.
+#[test]
+fn decoder_record_counts_lazily_allocated_multi_step_caches() {
+    use elm::elm::infer::ElmDecoder;
+    use elm::model::generate::Decoder;
+    let model = elm_model(Arch::Llama);
+    let cfg = model.config().clone();
+    let ec = model.elm.as_ref().unwrap().0.clone();
+    let (b, t) = (1, 16);
+    let mut bytes = vec![];
+    for mode in [KvMode::OneStep, KvMode::MultiStep] {
+        let mut c = infer(SolverConfig::picard(), 0.0, mode);
+        c.stop.max_iter = 2;
+        let dec = ElmDecoder::new(&model, c).unwrap();
+        let mut st = dec.new_state(b, t).unwrap();
+        let mut logits = dec.prefill(&[vec![3, 4, 5]], &mut st).unwrap();
+        dec.decode_step(&[7], &[true], &mut st, &mut logits)
+            .unwrap();
+        assert_eq!(dec.record().kv_bytes, st.kv_bytes());
+        bytes.push(dec.record().kv_bytes);
+    }
+    assert_eq!(bytes[0], kv_report(&cfg, &ec, b, t, 1).one_step);
+    // max_iter 2 + the commit evaluation = 3 fixed-point caches.
+    assert_eq!(bytes[1], kv_report(&cfg, &ec, b, t, 3).multi_step);
+}

@@ -422,3 +422,45 @@ fn stochastic_jfb_draws_follow_the_rules_seed() {
     );
     assert_ne!(a, draws(0, 12), "the rule's own seed must");
 }
+
+#[test]
+fn teacher_cache_is_shared_across_runs_and_bit_identical() {
+    let w = tiny(Arch::Llama);
+    let ec = ElmConfig::new(1, 3);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    let train = data(32, 3);
+    let dir = tmpdir("teacher_cache");
+    let run = |cache: bool| {
+        let mut t = Trainer::new(&w, ec.clone(), &module, cfg(6, 5), "tiny".into()).unwrap();
+        if cache {
+            t.set_teacher_cache(dir.join("teacher")).unwrap();
+        }
+        for _ in 0..6 {
+            t.train_step(&train, 0).unwrap();
+        }
+        (
+            t.history.clone(),
+            t.module().unwrap().to_tensors(&w.config),
+            t.teacher_cache_stats(),
+        )
+    };
+    let (hist, params, stats) = run(false);
+    assert_eq!(stats, None);
+    let (hist1, params1, stats1) = run(true);
+    // 6 steps of 4 out of 32 sequences: 6 distinct batches, all computed and written.
+    assert_eq!(stats1, Some((0, 6)));
+    let (hist2, params2, stats2) = run(true);
+    assert_eq!(stats2, Some((6, 0)), "second run reads every batch");
+    assert_eq!(hist, hist1);
+    assert_eq!(hist, hist2);
+    assert_eq!(params, params1);
+    assert_eq!(params, params2, "cached teacher states are the exact ones");
+    // Another window reads none of them.
+    let ec2 = ElmConfig::new(2, 2);
+    let module2 = ElmModule::init(&w, &ec2).unwrap();
+    let mut t = Trainer::new(&w, ec2, &module2, cfg(2, 5), "tiny".into()).unwrap();
+    t.set_teacher_cache(dir.join("teacher")).unwrap();
+    t.train_step(&train, 0).unwrap();
+    assert_eq!(t.teacher_cache_stats(), Some((0, 1)));
+    let _ = std::fs::remove_dir_all(&dir);
+}

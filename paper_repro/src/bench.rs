@@ -1,40 +1,41 @@
 //! Dense model speed on this machine (`elm bench`): bandwidth and sgemm rooflines, prefill and
 //! decode throughput.
 
-use std::path::Path;
-
 use serde::Deserialize;
 
-use crate::elm_cli::{args, path_arg, ElmCli};
+use crate::elm_cli::{args, path_arg, Unread};
 use crate::error::ReproError;
-use crate::markdown::{float, Table};
-use crate::summary::Summary;
+#[cfg(test)]
+use crate::markdown::float;
+use crate::report::BenchFigures;
+use crate::runs::Ctx;
 
 /// The metrics of `elm bench --json` (`elm::model::bench::BenchReport`) the table lists.
 #[derive(Debug, Deserialize)]
-struct BenchOutput {
-    decode_b1_mean_tok_s: f64,
-    decode_b1_tok_s: f64,
-    decode_b1_vs_roofline: f64,
-    decode_b8_mean_tok_s: f64,
-    decode_b8_tok_s: f64,
-    decode_roofline_tok_s: f64,
-    decode_steps: usize,
-    decode_weight_bytes_per_step: usize,
+pub struct BenchOutput {
+    pub decode_b1_mean_tok_s: f64,
+    pub decode_b1_tok_s: f64,
+    pub decode_b1_vs_roofline: f64,
+    pub decode_b8_mean_tok_s: f64,
+    pub decode_b8_tok_s: f64,
+    pub decode_roofline_tok_s: f64,
+    pub decode_steps: usize,
+    pub decode_weight_bytes_per_step: usize,
     /// Required key; null where the OS reports no load average.
     #[serde(deserialize_with = "Option::deserialize")]
-    load_average_1m: Option<f64>,
-    openblas_threads: usize,
-    prefill_gflop_s: f64,
-    prefill_tok_s: f64,
-    prefill_tokens: usize,
-    prefill_vs_sgemm_peak: f64,
-    rayon_threads: usize,
-    read_bandwidth_gb_s: f64,
-    sgemm_gflop_s: f64,
-    sgemm_n: usize,
+    pub load_average_1m: Option<f64>,
+    pub openblas_threads: usize,
+    pub prefill_gflop_s: f64,
+    pub prefill_tok_s: f64,
+    pub prefill_tokens: usize,
+    pub prefill_vs_sgemm_peak: f64,
+    pub rayon_threads: usize,
+    pub read_bandwidth_gb_s: f64,
+    pub sgemm_gflop_s: f64,
+    pub sgemm_n: usize,
 }
 
+#[cfg(test)]
 impl BenchOutput {
     /// `(metric, value)` rows, by metric name; no row for an absent load average.
     fn rows(&self) -> Vec<(&'static str, String)> {
@@ -69,18 +70,25 @@ impl BenchOutput {
     }
 }
 
-/// Benchmarks `model`; returns the Markdown section.
-pub fn section(elm: &ElmCli, model: &Path, summary: &mut Summary) -> Result<String, ReproError> {
-    let step = elm.run::<BenchOutput>(&args(&["bench", "--model", &path_arg(model)]))?;
-    let mut table = Table::new(&["metric", "value"]);
-    for (metric, value) in step.typed.rows() {
-        table.row(&[metric.to_string(), value]);
+/// The figures the training-throughput section compares against.
+pub fn figures(b: &BenchOutput) -> BenchFigures {
+    BenchFigures {
+        sgemm_gflop_s: b.sgemm_gflop_s,
+        prefill_tok_s: b.prefill_tok_s,
+        prefill_gflop_s: b.prefill_gflop_s,
+        decode_b1_tok_s: b.decode_b1_tok_s,
     }
-    summary.push("bench", &[], step.raw);
-    Ok(format!(
-        "## Dense model speed (`elm bench`)\n\n{}",
-        table.into_markdown()
-    ))
+}
+
+/// `elm bench --model MODEL --json` as a cached stage.
+pub fn run(ctx: &mut Ctx<'_>) -> Result<BenchOutput, ReproError> {
+    let config = serde_json::json!({"model": ctx.model_id, "bench": 1});
+    let a = args(&["bench", "--model", &path_arg(&ctx.model)]);
+    let elm = ctx.elm;
+    Ok(ctx
+        .stages
+        .run::<_, BenchOutput>("bench", &config, 60.0, |_| Ok(elm.run::<Unread>(&a)?.raw))?
+        .value)
 }
 
 #[cfg(test)]
@@ -88,6 +96,7 @@ mod tests {
     use super::*;
 
     /// The library's report, serialized as `elm bench --json` prints it, must decode.
+
     #[test]
     fn library_bench_report_decodes() {
         let report = elm::model::bench::BenchReport {

@@ -1,61 +1,249 @@
-//! Run sizes: `smoke` (minutes, CI), `small` (SmolLM2-135M on the CPU), `paper` (the paper's setting).
+//! Run sizes: `smoke` (CI, ≤ 2 minutes), `small` (SmolLM2-135M on a 2-core CPU, ≤ 90 minutes),
+//! `paper` (Qwen2.5-1.5B from local HF weights, for a machine with time or a GPU).
 
 use clap::ValueEnum;
+use serde::Serialize;
 
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Scale {
     Smoke,
     Small,
     Paper,
 }
 
+/// Steps and batch shape of one training budget (tokens = steps × batch × seq_len at most).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Budget {
+    pub steps: usize,
+    pub batch_size: usize,
+    pub seq_len: usize,
+}
+
+impl Budget {
+    pub fn max_tokens(&self) -> usize {
+        self.steps * self.batch_size * self.seq_len
+    }
+}
+
 /// Sizes of one scale.
+#[derive(Clone, Debug, Serialize)]
 pub struct Limits {
-    /// GSM8K test problems of the answer-NLL figure (the primary signal).
+    /// GSM8K test problems of the answer-NLL figure (the primary signal at 135M).
     pub nll_eval: usize,
     /// GSM8K test problems of the exact-match figures (greedy generation).
     pub gsm8k_eval: usize,
     pub max_new_tokens: usize,
-    pub train_steps: usize,
-    pub batch_size: usize,
-    pub seq_len: usize,
+    /// The main-results models (ELM and the trained baselines, one budget for all).
+    pub main: Budget,
+    /// The ablations (gradient rules, compression sweep, KV ablation), one budget for all.
+    pub study: Budget,
+    /// LoRA tuning of the dense reference: `main` at every scale but `smoke`, whose 32-token
+    /// sequences hold no answer token to tune on.
+    pub lora: Budget,
     pub held_out: usize,
     pub bench: bool,
+    /// First replaced layer of every window (the study's l).
+    pub start: usize,
+    /// M of the main results, solver and gradient-rule ablations.
+    pub m: usize,
+    /// M values of the compression sweep (table 5).
+    pub sweep: Vec<usize>,
+    /// M values of the one-step KV ablation (table 2).
+    pub kv_ms: Vec<usize>,
+    /// Per-token absolute residual tolerances δ of the solver ablation (table 3).
+    pub tolerances: Vec<f64>,
+    /// Training-free baselines (`elm prune --method`).
+    pub baselines: Vec<&'static str>,
+    pub calibration_tokens: usize,
+    /// Looped baseline: block applications K.
+    pub looped_k: usize,
+    /// GSM8K test sequences of the spectral-radius estimate.
+    pub spectral_sequences: usize,
+    /// Train on the first N GSM8K training problems only (`None`: all 7,473).
+    pub train_examples: Option<usize>,
+    /// Table 6: GPPO and the enumeration it is checked against.
+    pub search: SearchBudget,
 }
+
+/// Table 6's budget: GPPO steps, and the enumeration (every `enum_every`-th start trained
+/// `enum_steps` steps, scored on `enum_eval` held-out problems), all at `seq_len` tokens.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct SearchBudget {
+    pub gppo_steps: usize,
+    pub enum_steps: usize,
+    pub enum_every: usize,
+    pub enum_eval: usize,
+    pub seq_len: usize,
+}
+
+const BASELINES: [&str; 5] = [
+    "short-gpt",
+    "shortened-ppl",
+    "window-delete",
+    "replace-me-ls",
+    "la-co",
+];
 
 impl Scale {
     pub fn limits(self) -> Limits {
         match self {
             Scale::Smoke => Limits {
                 nll_eval: 2,
-                gsm8k_eval: 2,
-                max_new_tokens: 32,
-                train_steps: 2,
-                batch_size: 1,
-                seq_len: 64,
-                held_out: 2,
+                gsm8k_eval: 1,
+                max_new_tokens: 8,
+                main: Budget {
+                    steps: 2,
+                    batch_size: 1,
+                    seq_len: 32,
+                },
+                study: Budget {
+                    steps: 2,
+                    batch_size: 1,
+                    seq_len: 32,
+                },
+                lora: Budget {
+                    steps: 2,
+                    batch_size: 1,
+                    seq_len: 128,
+                },
+                held_out: 1,
                 bench: false,
+                start: 12,
+                m: 8,
+                sweep: vec![8, 14],
+                kv_ms: vec![8, 14],
+                tolerances: vec![1.0, 0.5],
+                // Three of the five keep smoke within its CI budget; `small` and `paper` run all.
+                baselines: vec!["short-gpt", "window-delete", "la-co"],
+                calibration_tokens: 64,
+                looped_k: 2,
+                spectral_sequences: 1,
+                train_examples: Some(32),
+                search: SearchBudget {
+                    gppo_steps: 2,
+                    enum_steps: 1,
+                    enum_every: 11,
+                    enum_eval: 1,
+                    seq_len: 128,
+                },
             },
             Scale::Small => Limits {
-                nll_eval: 300,
-                gsm8k_eval: 30,
-                max_new_tokens: 200,
-                train_steps: 200,
-                batch_size: 2,
-                seq_len: 128,
+                nll_eval: 60,
+                gsm8k_eval: 16,
+                max_new_tokens: 96,
+                main: Budget {
+                    steps: 300,
+                    batch_size: 2,
+                    seq_len: 128,
+                },
+                study: Budget {
+                    steps: 60,
+                    batch_size: 2,
+                    seq_len: 128,
+                },
+                lora: Budget {
+                    steps: 300,
+                    batch_size: 2,
+                    seq_len: 128,
+                },
                 held_out: 16,
                 bench: true,
+                start: 12,
+                m: 8,
+                sweep: vec![4, 6, 8, 10, 12, 14],
+                kv_ms: vec![8, 14],
+                tolerances: vec![2.0, 1.0, 0.5, 0.1],
+                baselines: BASELINES.to_vec(),
+                calibration_tokens: 2048,
+                looped_k: 4,
+                spectral_sequences: 8,
+                train_examples: None,
+                search: SearchBudget {
+                    gppo_steps: 100,
+                    enum_steps: 8,
+                    enum_every: 2,
+                    enum_eval: 16,
+                    seq_len: 128,
+                },
             },
             Scale::Paper => Limits {
                 nll_eval: 1319,
                 gsm8k_eval: 1319,
                 max_new_tokens: 256,
-                train_steps: 2000,
-                batch_size: 8,
-                seq_len: 256,
+                main: Budget {
+                    steps: 2000,
+                    batch_size: 8,
+                    seq_len: 256,
+                },
+                study: Budget {
+                    steps: 500,
+                    batch_size: 8,
+                    seq_len: 256,
+                },
+                lora: Budget {
+                    steps: 2000,
+                    batch_size: 8,
+                    seq_len: 256,
+                },
                 held_out: 64,
                 bench: true,
+                start: 12,
+                m: 8,
+                sweep: vec![4, 6, 8, 10, 12, 14],
+                kv_ms: vec![8, 14],
+                tolerances: vec![2.0, 1.0, 0.5, 0.1],
+                baselines: BASELINES.to_vec(),
+                calibration_tokens: 16384,
+                looped_k: 4,
+                spectral_sequences: 32,
+                train_examples: None,
+                search: SearchBudget {
+                    gppo_steps: 400,
+                    enum_steps: 50,
+                    enum_every: 1,
+                    enum_eval: 64,
+                    seq_len: 256,
+                },
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scale_fits_the_model_and_the_issue() {
+        for s in [Scale::Smoke, Scale::Small, Scale::Paper] {
+            let l = s.limits();
+            // SmolLM2-135M has 30 layers; Qwen2.5-1.5B 28.
+            for &m in l.sweep.iter().chain(&l.kv_ms).chain([&l.m]) {
+                assert!(
+                    l.start + m <= 28,
+                    "{s:?}: window [{}, {})",
+                    l.start,
+                    l.start + m
+                );
+            }
+            assert!(l.sweep.contains(&l.m), "{s:?}: the sweep holds the main M");
+            assert!(
+                l.kv_ms.iter().all(|m| l.sweep.contains(m)),
+                "{s:?}: KV models come from the sweep"
+            );
+        }
+        for s in [Scale::Small, Scale::Paper] {
+            let l = s.limits();
+            assert_eq!(
+                l.lora.max_tokens(),
+                l.main.max_tokens(),
+                "{s:?}: the reference is tuned with the trainings' budget"
+            );
+        }
+        let small = Scale::Small.limits();
+        assert_eq!(small.sweep, vec![4, 6, 8, 10, 12, 14]);
+        assert!(small.tolerances.len() >= 4);
+        assert_eq!(small.kv_ms, vec![8, 14]);
     }
 }

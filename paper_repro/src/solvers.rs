@@ -1,15 +1,13 @@
-//! Canonical solver study: every fixed-point solver on the canonical problems (no model), one
-//! table row per `elm solve` and one residual plot per `elm study`.
+//! Canonical solver study (table 7a): every fixed-point solver on the canonical problems (no
+//! model), one row per `elm solve` and one residual plot per `elm study`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
 use crate::elm_cli::{args, path_arg, ElmCli, Unread, SOLVERS};
 use crate::error::ReproError;
-use crate::markdown::{float, Table, NOT_APPLICABLE};
-use crate::summary::Summary;
+use crate::markdown::{float, NOT_APPLICABLE};
 
 /// Problems and, for `linear`, the spectral radius ρ of A.
 const PROBLEMS: [(&str, Option<&str>); 6] = [
@@ -37,11 +35,27 @@ struct SolveOutput {
     seconds: f64,
 }
 
-impl SolveOutput {
-    fn cells(&self, problem: &str, solver: &str) -> Vec<String> {
+/// One row of the canonical-solver table.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CanonicalRow {
+    pub problem: String,
+    pub solver: String,
+    pub converged: bool,
+    pub iterations: usize,
+    pub map_evals: usize,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub residual: Option<f64>,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub error_vs_exact: Option<f64>,
+    pub seconds: f64,
+}
+
+impl CanonicalRow {
+    pub fn cells(&self) -> Vec<String> {
         vec![
-            problem.to_string(),
-            solver.to_string(),
+            self.problem.clone(),
+            self.solver.clone(),
             self.converged.to_string(),
             self.iterations.to_string(),
             self.map_evals.to_string(),
@@ -53,19 +67,18 @@ impl SolveOutput {
     }
 }
 
-/// Runs the study; returns its Markdown section. Plots go to `out_dir/study_*.svg`.
-pub fn section(elm: &ElmCli, out_dir: &Path, summary: &mut Summary) -> Result<String, ReproError> {
-    let mut table = Table::new(&[
-        "problem",
-        "solver",
-        "converged",
-        "iterations",
-        "map evals",
-        "residual",
-        "error vs exact",
-        "seconds",
-    ]);
-    let bar = indicatif::ProgressBar::new((PROBLEMS.len() * (SOLVERS.len() + 1)) as u64);
+/// The study's rows and residual plots.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Canonical {
+    pub rows: Vec<CanonicalRow>,
+    pub plots: Vec<PathBuf>,
+}
+
+/// Runs the study; plots go to `out_dir/study_*.svg`.
+pub fn run(elm: &ElmCli, out_dir: &Path) -> Result<Canonical, ReproError> {
+    let mut rows = vec![];
+    let mut plots = vec![];
     for (problem, rho) in PROBLEMS {
         let label = match rho {
             Some(r) => format!("{problem} ρ={r}"),
@@ -75,10 +88,17 @@ pub fn section(elm: &ElmCli, out_dir: &Path, summary: &mut Summary) -> Result<St
         for solver in SOLVERS {
             let mut solve = args(&["solve", "--problem", problem, "--solver", solver]);
             solve.extend(rho_args.iter().cloned());
-            let step = elm.run::<SolveOutput>(&solve)?;
-            table.row(&step.typed.cells(&label, solver));
-            summary.push("solvers", &[("problem", json!(label))], step.raw);
-            bar.inc(1);
+            let o = elm.run::<SolveOutput>(&solve)?.typed;
+            rows.push(CanonicalRow {
+                problem: label.clone(),
+                solver: solver.into(),
+                converged: o.converged,
+                iterations: o.iterations,
+                map_evals: o.map_evals,
+                residual: o.residual,
+                error_vs_exact: o.error_vs_exact,
+                seconds: o.seconds,
+            });
         }
         let plot = out_dir.join(format!(
             "study_{}.svg",
@@ -87,19 +107,10 @@ pub fn section(elm: &ElmCli, out_dir: &Path, summary: &mut Summary) -> Result<St
         let mut study = args(&["study", "--problem", problem, "--plot"]);
         study.push(path_arg(&plot));
         study.extend(rho_args);
-        let step = elm.run::<Unread>(&study)?;
-        summary.push(
-            "study",
-            &[("problem", json!(label)), ("plot", json!(plot))],
-            step.raw,
-        );
-        bar.inc(1);
+        elm.run::<Unread>(&study)?;
+        plots.push(plot);
     }
-    bar.finish_and_clear();
-    Ok(format!(
-        "## Fixed-point solvers on canonical problems (tol 1e-8 absolute)\n\n{}",
-        table.into_markdown()
-    ))
+    Ok(Canonical { rows, plots })
 }
 
 #[cfg(test)]
@@ -112,8 +123,20 @@ mod tests {
 
     #[test]
     fn null_error_is_not_applicable() {
-        let step = decode::<SolveOutput>("elm solve", SOLVED.as_bytes()).unwrap();
-        let cells = step.typed.cells("tanh", "anderson");
+        let o = decode::<SolveOutput>("elm solve", SOLVED.as_bytes())
+            .unwrap()
+            .typed;
+        let row = CanonicalRow {
+            problem: "tanh".into(),
+            solver: "anderson".into(),
+            converged: o.converged,
+            iterations: o.iterations,
+            map_evals: o.map_evals,
+            residual: o.residual,
+            error_vs_exact: o.error_vs_exact,
+            seconds: o.seconds,
+        };
+        let cells = row.cells();
         assert_eq!(cells[5], "3.000e-9");
         assert_eq!(cells[6], NOT_APPLICABLE);
     }

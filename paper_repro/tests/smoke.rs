@@ -1,7 +1,13 @@
-//! The one-command reproduction at `smoke` scale, end to end on the real SmolLM2 checkpoint.
+//! The one-command reproduction at `smoke` scale, end to end on the real SmolLM2 checkpoint:
+//! every table exists and every cell is filled (tables.json is read back into paper_repro's
+//! typed rows, so a missing key fails here), and a second invocation reads every stage from
+//! the cache.
 
 use std::path::PathBuf;
 use std::process::Command;
+
+use paper_repro::report::Tables;
+use paper_repro::scale::Scale;
 
 fn model_path() -> PathBuf {
     let dir = std::env::var_os("ELM_MODELS_DIR")
@@ -10,8 +16,29 @@ fn model_path() -> PathBuf {
     dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
+fn run(out: &std::path::Path, model: &std::path::Path, extra: &[&str]) -> Tables {
+    let status = Command::new(env!("CARGO_BIN_EXE_paper_repro"))
+        .args(["--scale", "smoke", "--out"])
+        .arg(out)
+        .arg("--model")
+        .arg(model)
+        .args(extra)
+        .status()
+        .expect("run paper_repro");
+    assert!(status.success(), "paper_repro --scale smoke failed");
+    let text = std::fs::read_to_string(out.join("tables.json")).unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("tables.json is incomplete: {e}"))
+}
+
+fn check_interval(what: &str, i: &paper_repro::tables::Interval) {
+    assert!(
+        i.lo <= i.value && i.value <= i.hi && i.value.is_finite(),
+        "{what}: {i:?}"
+    );
+}
+
 #[test]
-fn smoke_scale_writes_every_table() {
+fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
     let model = model_path();
     if !model.exists() {
         assert!(
@@ -27,72 +54,142 @@ fn smoke_scale_writes_every_table() {
     }
     let out = std::env::temp_dir().join(format!("paper_repro_smoke_{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let status = Command::new(env!("CARGO_BIN_EXE_paper_repro"))
-        .args(["--scale", "smoke", "--out"])
-        .arg(&out)
-        .arg("--model")
-        .arg(&model)
-        .status()
-        .expect("run paper_repro");
-    assert!(status.success(), "paper_repro --scale smoke failed");
+    let t = run(&out, &model, &[]);
+    let l = Scale::Smoke.limits();
 
-    let report = std::fs::read_to_string(out.join("README.md")).unwrap();
-    for heading in [
-        "Fixed-point solvers",
-        "ELM: layers [12, 20)",
-        "| ELM | broyden | 0.5 |",
-    ] {
+    // Every table, with every row the scale asks for.
+    assert_eq!(t.main.len(), 2 + l.baselines.len() + 3, "{:?}", t.main);
+    assert_eq!(t.kv.len(), 2 * l.kv_ms.len());
+    assert_eq!(t.solver.len(), 3 * l.tolerances.len());
+    assert_eq!(t.grad.len(), 4);
+    assert_eq!(t.sweep.len(), 2 * l.sweep.len());
+    assert_eq!(t.canonical.len(), 6 * 3);
+    assert_eq!(
+        t.spectral.len(),
+        l.sweep.len(),
+        "the main ELM is the sweep's M = 8 model at smoke scale"
+    );
+    assert!(!t.speed.is_empty());
+    for r in &t.main {
+        check_interval(&r.model, &r.answer_nll);
+        check_interval(&r.model, &r.flexible_em);
+        check_interval(&r.model, &r.strict_em);
+        assert_eq!(r.delta_nll.is_none(), r.kind == "dense", "{r:?}");
+        if let Some(d) = &r.delta_nll {
+            check_interval(&r.model, d);
+        }
+    }
+    // The ELM keeps N − M + 1 of N layers' caches; the baselines N − M.
+    let dense_kv = t.main[0].kv_bytes_1k;
+    let elm = t.main.last().unwrap();
+    assert!(elm.kind.starts_with("ELM"), "{elm:?}");
+    assert_eq!(elm.kv_bytes_1k * 30, dense_kv * (30 - 8 + 1));
+    for r in &t.kv {
+        assert!(r.kv_bytes > 0 && r.ratio_vs_dense > 0.0, "{r:?}");
+        check_interval("kv", &r.flexible_em);
+        if r.mode == "one-step" {
+            let expected = (30 - r.m + 1) as f64 / 30.0;
+            assert!((r.ratio_vs_dense - expected).abs() < 1e-9, "{r:?}");
+        } else {
+            let one =
+                t.kv.iter()
+                    .find(|o| o.m == r.m && o.mode == "one-step")
+                    .unwrap();
+            assert!(
+                r.kv_bytes > one.kv_bytes,
+                "multi-step must allocate more: {r:?}"
+            );
+        }
+    }
+    for r in &t.solver {
+        check_interval(&r.solver, &r.answer_nll);
+        assert!(r.block_evals_per_token >= 1.0, "{r:?}");
+        if r.solver == "picard" {
+            assert_eq!(r.compute_saved_vs_picard, 0.0);
+        }
+    }
+    for r in &t.grad {
         assert!(
-            report.contains(heading),
-            "missing `{heading}` in report:\n{report}"
+            r.seconds_per_step > 0.0 && r.peak_rss_bytes > 100 << 20,
+            "{r:?}"
+        );
+        check_interval(&r.rule, &r.answer_nll);
+    }
+    for r in &t.spectral {
+        assert!(r.mean_radius.is_finite() && r.mean_radius > 0.0, "{r:?}");
+        assert!(r.min_radius <= r.mean_radius && r.mean_radius <= r.max_radius);
+    }
+    for r in &t.canonical {
+        assert!(r.converged, "{r:?}");
+    }
+    // Table 6: GPPO and every metric selector placed in the enumeration.
+    let w = t.where_to_prune.as_ref().expect("table 6");
+    assert_eq!(w.num_replaced, l.m);
+    assert!(w.enum_ranking.len() >= 2, "{w:?}");
+    let gppo = w.gppo.as_ref().expect("GPPO row");
+    // Two GPPO steps at smoke scale end before the first policy update: θ is uniform and no
+    // rank correlation exists; once it moved, the correlation is a finite number.
+    let probs = w.gppo_probs.as_ref().expect("GPPO probabilities");
+    let uniform = probs.iter().all(|p| (p - probs[0]).abs() < 1e-12);
+    assert_eq!(w.gppo_spearman.is_none(), uniform, "{w:?}");
+    assert!(w.gppo_spearman.is_none_or(f64::is_finite), "{w:?}");
+    assert!(!w.metrics.is_empty());
+    for p in std::iter::once(gppo).chain(&w.metrics) {
+        assert!(p.choice + l.m <= 30 && p.enum_rank >= 1, "{p:?}");
+        assert!(
+            p.enum_rank <= w.enum_ranking.len() && p.nll_gap >= 0.0,
+            "{p:?}"
         );
     }
-    // A value the CLI did not print is an error, never a placeholder; "n/a" marks cells that
-    // do not exist by definition (the dense model's solver columns, tanh's exact error).
-    for line in report.lines().filter(|l| l.starts_with('|')) {
+    // At smoke scale the main and ablation budgets are equal, so the main ELM is also the
+    // gradient study's SJFB row and the sweep's M = 8 model: those stages are shared.
+    assert!(t.stages.iter().any(|s| !s.cached));
+
+    // The README: every table, every cell filled (n/a only where a value cannot exist), plots.
+    let readme = std::fs::read_to_string(out.join("README.md")).unwrap();
+    for heading in [
+        "Table 1",
+        "Table 2",
+        "Table 3",
+        "Table 4",
+        "Table 5",
+        "Table 6",
+        "Table 7",
+        "**Paper:**",
+        "Headline",
+    ] {
+        assert!(readme.contains(heading), "missing `{heading}`:\n{readme}");
+    }
+    assert!(!readme.contains("Not computed"), "{readme}");
+    for line in readme.lines().filter(|l| l.starts_with('|')) {
         for cell in line.trim_matches('|').split('|').map(str::trim) {
             assert!(
-                !cell.is_empty() && cell != "—" && !cell.contains("NaN"),
+                !cell.is_empty() && cell != "—" && !cell.contains("NaN") && !cell.contains("inf"),
                 "placeholder cell `{cell}` in row `{line}`"
             );
         }
     }
-    assert!(!report.contains("NaN"), "NaN in report:\n{report}");
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
-    let steps = summary["steps"].as_array().unwrap();
-    // 6 problems × (3 solvers + 1 study), compress, train, then answer NLL and exact match
-    // for the dense model and 3 solvers × 2 tolerances.
-    assert_eq!(steps.len(), 6 * 4 + 2 + 2 * (1 + 6));
-    // Every evaluation figure comes with its interval around it.
-    for s in steps.iter().filter(|s| s["section"] == "eval") {
-        for (name, m) in s["result"]["metrics"].as_object().unwrap() {
-            let e = &m["estimate"];
-            let (v, lo, hi) = (e["value"].as_f64(), e["lo"].as_f64(), e["hi"].as_f64());
-            let (v, lo, hi) = (v.unwrap(), lo.unwrap(), hi.unwrap());
-            assert!(lo <= v && v <= hi, "{name}: {e}");
-        }
+    for plot in [
+        "solver_ablation.svg",
+        "compression_sweep.svg",
+        "where_to_prune.svg",
+    ] {
+        let svg = std::fs::read_to_string(out.join("plots").join(plot)).unwrap();
+        assert!(svg.contains("<svg") && svg.contains("polyline"), "{plot}");
     }
-    for s in steps.iter().filter(|s| s["section"] == "solvers") {
-        assert_eq!(s["result"]["converged"], true, "{s}");
-    }
-    for s in steps.iter().filter(|s| s["section"] == "study") {
-        assert!(std::path::Path::new(s["plot"].as_str().unwrap()).exists());
-    }
-    let comp = steps
-        .iter()
-        .find(|s| s["section"] == "elm_compress")
-        .unwrap();
-    // One-step KV keeps N − M + 1 of N layers' caches.
-    let ratio = comp["result"]["kv"]["one_step_ratio"].as_f64().unwrap();
-    assert!(
-        (ratio - 23.0 / 30.0).abs() < 1e-12,
-        "one-step ratio {ratio}"
+
+    // A rerun reads every stage from the cache and writes the same tables.
+    let again = run(&out, &model, &[]);
+    assert!(again.stages.iter().all(|s| s.cached), "{:?}", again.stages);
+    assert_eq!(again.stages.len(), t.stages.len());
+    assert_eq!(
+        serde_json::to_value(&again.main).unwrap(),
+        serde_json::to_value(&t.main).unwrap()
     );
-    let train = &steps.iter().find(|s| s["section"] == "elm_train").unwrap()["result"];
-    assert!(
-        train["distill_after"].as_f64().unwrap() < train["distill_before"].as_f64().unwrap(),
-        "training did not lower the distillation loss: {train}"
-    );
+    // `--only canonical --force` recomputes that table alone and keeps the others.
+    let forced = run(&out, &model, &["--only", "canonical", "--force"]);
+    assert_eq!(forced.stages.len(), 1);
+    assert!(!forced.stages[0].cached);
+    assert_eq!(forced.main.len(), t.main.len());
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -193,6 +193,10 @@ pub struct TrainArgs {
     /// Held-out GSM8K test problems for the distillation loss before/after (0 = skip).
     #[arg(long, default_value_t = 16)]
     pub eval_examples: usize,
+    /// Cache the teacher's states (h_l, h_{l+M}) of every batch in this directory, shared by
+    /// runs over the same model, window and batches (bit-identical results).
+    #[arg(long)]
+    pub teacher_cache: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
@@ -275,6 +279,9 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
                 .collect()
         }
     };
+    if let Some(dir) = &a.teacher_cache {
+        trainer.set_teacher_cache(dir.clone())?;
+    }
     let seq_len = trainer.cfg.seq_len;
     let data = tokenize_all(&tok, &examples, seq_len)?;
     if data.is_empty() {
@@ -325,6 +332,12 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         })?;
         v["out"] = a.out.display().to_string().into();
         v["params"] = serde_json::to_value(&params).unwrap_or_default();
+        // Measured high-water mark of this process (the whole training, evaluation included).
+        v["peak_rss_bytes"] = elm::io::peak_rss_bytes().into();
+        v["teacher_cache"] = trainer
+            .teacher_cache_stats()
+            .map(|(hits, misses)| serde_json::json!({"hits": hits, "misses": misses}))
+            .into();
         print_json(&v)?;
     } else {
         println!(
@@ -542,4 +555,102 @@ fn print_run(label: &str, r: &TaskRun) {
         r.perplexity
             .map_or(String::new(), |p| format!(", perplexity {p:.3}"))
     );
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SpectralArgs {
+    /// Dense model: a .gguf file or an HF directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// ELM checkpoint directory.
+    #[arg(long)]
+    pub elm: PathBuf,
+    /// GSM8K test problems (question + reference answer, chat template), one sequence each.
+    #[arg(long, default_value_t = 8)]
+    pub limit: usize,
+    /// Sequences are truncated to this many tokens.
+    #[arg(long, default_value_t = 128)]
+    pub seq_len: usize,
+    /// Solver of the fixed point the Jacobian is taken at.
+    #[arg(long, default_value = "anderson")]
+    pub solver: String,
+    /// Relative residual tolerance of that solve.
+    #[arg(long, default_value_t = 1e-4)]
+    pub tol: f64,
+    #[arg(long, default_value_t = 50)]
+    pub max_iter: usize,
+    /// Power iterations (Jacobian-vector products) per sequence.
+    #[arg(long, default_value_t = 30)]
+    pub iterations: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Data directory holding gsm8k/ (default: $ELM_DATA_DIR or the repo's data/).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `elm spectral`: ρ(∂φ/∂z) of a trained module at its fixed point, per GSM8K sequence.
+pub fn run_spectral(a: SpectralArgs) -> Result<()> {
+    use elm::elm::spectral::{module_spectral_radius, PowerIteration};
+    if a.limit == 0 {
+        return Err(ElmError::config("limit", "must be >= 1"));
+    }
+    let (dense, tok) = load_pretrained(&a.model)?;
+    let (module, meta) = load_module_for(&a.elm, &dense.config, &a.model)?;
+    let dir = resolve_data_dir(a.data_dir.as_deref())?;
+    let test: Vec<Example> = load_gsm8k(&dir, Split::Test)?
+        .into_iter()
+        .take(a.limit)
+        .map(Example::Qa)
+        .collect();
+    let seqs = tokenize_all(&tok, &test, a.seq_len)?;
+    let solver = SolverConfig::by_name(&a.solver)?;
+    let stop = StopCriteria::relative(a.tol, a.max_iter);
+    let power = PowerIteration {
+        iterations: a.iterations,
+        seed: a.seed,
+        ..PowerIteration::default()
+    };
+    let (mut radii, mut residuals) = (vec![], vec![]);
+    for s in &seqs {
+        let x = elm::elm::forward::embed(&dense, std::slice::from_ref(&s.tokens))?;
+        let h = elm::elm::forward::run_dense_layers(&dense, x, 0..meta.elm.start_layer)?;
+        let (rho, res) = module_spectral_radius(
+            &meta.elm,
+            &module,
+            &dense.config,
+            h.view(),
+            &solver,
+            &stop,
+            &power,
+        )?;
+        radii.push(rho);
+        residuals.push(res);
+    }
+    let n = radii.len().max(1) as f64;
+    let mean = radii.iter().sum::<f64>() / n;
+    let max = radii.iter().cloned().fold(f64::NAN, f64::max);
+    let min = radii.iter().cloned().fold(f64::NAN, f64::min);
+    let max_res = residuals.iter().cloned().fold(f64::NAN, f64::max);
+    if a.json {
+        print_json(&serde_json::json!({
+            "n": radii.len(),
+            "mean_radius": mean,
+            "min_radius": min,
+            "max_radius": max,
+            "radii": radii,
+            "max_rel_residual": max_res,
+            "solver": a.solver,
+            "tol": a.tol,
+            "power": power,
+        }))?;
+    } else {
+        println!(
+            "ρ(∂φ/∂z) at z* over {} sequences: mean {mean:.4}, min {min:.4}, max {max:.4} (max relative residual of z* {max_res:.2e})",
+            radii.len()
+        );
+    }
+    Ok(())
 }

@@ -48,6 +48,8 @@ pub enum Command {
     Lora(search::LoraArgs),
     /// Choose the replaced window: GPPO, enumeration, metric selectors, or the report.
     Search(search::SearchArgs),
+    /// Spectral radius of a trained module's Jacobian ∂φ/∂z at its fixed point.
+    Spectral(elm_cmds::SpectralArgs),
 }
 
 /// Parses arguments, runs the subcommand, maps errors to exit code 1 (2 for usage errors).
@@ -95,6 +97,7 @@ pub fn main() -> ExitCode {
         Command::Prune(a) => prune::run_prune(a),
         Command::Lora(a) => search::run_lora(a),
         Command::Search(a) => search::run_search(a),
+        Command::Spectral(a) => elm_cmds::run_spectral(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -57,11 +57,24 @@ fn train_data(
             .map(Example::Qa)
             .collect(),
     };
-    let d = tokenize_all(tok, &examples, seq_len)?;
+    let mut d = tokenize_all(tok, &examples, seq_len)?;
+    // A prompt longer than seq_len leaves no answer token to supervise: such a sequence
+    // carries no signal (and would make an all-prompt batch), so it is dropped and counted.
+    let total = d.len();
+    d.retain(|s| s.loss_mask.iter().skip(1).any(|&m| m));
     if d.is_empty() {
-        return Err(ElmError::InvalidArgument(
-            "training data has no usable sequence".into(),
+        return Err(ElmError::config(
+            "seq_len",
+            format!(
+                "{seq_len} tokens leave no answer token in any of the {total} training sequences"
+            ),
         ));
+    }
+    if d.len() < total {
+        eprintln!(
+            "note: {} of {total} training sequences have no answer token within {seq_len} tokens; dropped",
+            total - d.len()
+        );
     }
     Ok(d)
 }

@@ -1149,6 +1149,8 @@ impl<'m> ElmDecoder<'m> {
 
     fn take_stats(&self, session: &mut ElmSession<'m>) {
         let mut r = self.record.borrow_mut();
+        // Multi-step caches are allocated as iterations reach them: the bytes grow.
+        r.kv_bytes = session.kv_bytes();
         r.prefill_stats.append(&mut session.prefill_stats);
         r.decode_stats.append(&mut session.decode_stats);
     }

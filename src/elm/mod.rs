@@ -28,6 +28,7 @@ pub mod forward;
 pub mod infer;
 pub mod map;
 pub mod module;
+pub mod spectral;
 pub mod train;
 
 pub use accounting::{kv_report, param_report, KvReport, ParamReport};

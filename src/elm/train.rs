@@ -105,6 +105,92 @@ pub struct Trainer<'a> {
     lm_head: Arc<ArrayD<f32>>,
     pub step: usize,
     pub history: Vec<StepLog>,
+    teacher_cache: Option<TeacherCache>,
+}
+
+/// On-disk cache of the teacher's states `(h_l, h_{l+M})` of whole training batches.
+///
+/// The teacher (dense layers `[0, l+M)`, no tape) is a large share of a distillation step and
+/// does not depend on the module: runs that see the same batches over the same window (the
+/// gradient-rule and baseline variants of one study share the seed, batch size and sequence
+/// length, hence the batches) compute it once. A file is keyed by a hash of the model (config,
+/// path, file size and modification time), the window and the batch's token ids; it stores the
+/// exact f32 states, so a cached run is bit-identical to an uncached one. Writes are atomic, so
+/// concurrent or killed runs leave whole files only.
+#[derive(Clone, Debug)]
+pub struct TeacherCache {
+    dir: PathBuf,
+    model_key: String,
+    /// Batches read from the cache / computed (and written) this run.
+    pub hits: usize,
+    pub misses: usize,
+}
+
+impl TeacherCache {
+    fn new(dir: PathBuf, dense: &ModelWeights, base_model: &str) -> Result<Self> {
+        std::fs::create_dir_all(&dir).map_err(|e| ElmError::io(&dir, e))?;
+        let file = std::fs::metadata(base_model)
+            .ok()
+            .map(|m| {
+                let mtime = m
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_nanos());
+                format!("{}:{mtime}", m.len())
+            })
+            .unwrap_or_default();
+        let config = serde_json::to_string(&dense.config).map_err(|e| ElmError::Json {
+            what: "model config".into(),
+            msg: e.to_string(),
+        })?;
+        Ok(TeacherCache {
+            dir,
+            model_key: format!("{config}|{base_model}|{file}"),
+            hits: 0,
+            misses: 0,
+        })
+    }
+
+    fn path(&self, elm: &ElmConfig, batch: &Batch) -> PathBuf {
+        let mut h = Fnv64::new();
+        h.write(b"elm-teacher-v1");
+        h.write(self.model_key.as_bytes());
+        h.write(&(elm.start_layer as u64).to_le_bytes());
+        h.write(&(elm.end_layer() as u64).to_le_bytes());
+        for row in &batch.tokens {
+            h.write(&(row.len() as u64).to_le_bytes());
+            for t in row {
+                h.write(&t.to_le_bytes());
+            }
+        }
+        self.dir
+            .join(format!("teacher-{:016x}.safetensors", h.finish()))
+    }
+}
+
+/// FNV-1a, 64 bit: a stable content hash (std's `DefaultHasher` may change between releases).
+pub struct Fnv64(u64);
+
+impl Fnv64 {
+    pub fn new() -> Self {
+        Fnv64(0xcbf2_9ce4_8422_2325)
+    }
+    pub fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= b as u64;
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    pub fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl Default for Fnv64 {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// What [`Trainer::run`] reports as it goes.
@@ -237,7 +323,52 @@ impl<'a> Trainer<'a> {
             deq,
             step,
             history,
+            teacher_cache: None,
         })
+    }
+
+    /// Reads and writes the teacher's states of every batch in `dir` (see [`TeacherCache`]).
+    pub fn set_teacher_cache(&mut self, dir: PathBuf) -> Result<()> {
+        self.teacher_cache = Some(TeacherCache::new(dir, self.dense, &self.base_model)?);
+        Ok(())
+    }
+
+    /// `(hits, misses)` of the teacher cache this run, `None` without one.
+    pub fn teacher_cache_stats(&self) -> Option<(usize, usize)> {
+        self.teacher_cache.as_ref().map(|c| (c.hits, c.misses))
+    }
+
+    /// [`Self::dense_targets`] through the teacher cache when one is set.
+    fn teacher(&mut self, batch: &Batch) -> Result<(Array3<f32>, Array3<f32>)> {
+        let Some(cache) = &self.teacher_cache else {
+            return self.dense_targets(batch);
+        };
+        let path = cache.path(&self.elm, batch);
+        let (b, t) = (batch.tokens.len(), batch.tokens.first().map_or(0, Vec::len));
+        let c = self.dense.config.hidden_size;
+        if path.exists() {
+            let mut map = super::checkpoint::load_tensors(&path)?;
+            let h = super::checkpoint::take_tensor(&mut map, "h", &[b, t, c], &path)?;
+            let target = super::checkpoint::take_tensor(&mut map, "target", &[b, t, c], &path)?;
+            let to3 = |a: ArrayD<f32>| {
+                a.into_dimensionality::<ndarray::Ix3>()
+                    .map_err(|e| ElmError::format(&path, e.to_string()))
+            };
+            let out = (to3(h)?, to3(target)?);
+            if let Some(cache) = &mut self.teacher_cache {
+                cache.hits += 1;
+            }
+            return Ok(out);
+        }
+        let (h, target) = self.dense_targets(batch)?;
+        let mut map = TensorMap::new();
+        map.insert("h".into(), h.clone().into_dyn());
+        map.insert("target".into(), target.clone().into_dyn());
+        super::checkpoint::save_tensors(&path, &map, None)?;
+        if let Some(cache) = &mut self.teacher_cache {
+            cache.misses += 1;
+        }
+        Ok((h, target))
     }
 
     /// The current module.
@@ -274,7 +405,7 @@ impl<'a> Trainer<'a> {
         let idx = batch_indices(data.len(), self.cfg.batch_size, self.step, self.cfg.seed);
         let seqs: Vec<&TokenSequence> = idx.iter().map(|&i| &data[i]).collect();
         let batch = make_batch(&seqs, pad_id);
-        let (h, target) = self.dense_targets(&batch)?;
+        let (h, target) = self.teacher(&batch)?;
         let (bs, t, c) = h.dim();
         let (lambda_ce, lambda_distill) = self.cfg.lambda.at(self.step, self.cfg.steps);
         let valid: Vec<bool> = batch.valid.iter().flatten().copied().collect();

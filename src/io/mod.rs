@@ -24,6 +24,7 @@ pub mod atomic;
 pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
+pub mod process;
 pub mod tensor_file;
 pub mod tokenizer;
 
@@ -34,6 +35,7 @@ pub use gguf_model::{
     save_gguf_model, unpermute_rope_rows,
 };
 pub use hf::{config_from_hf_json, load_hf_model, read_hf_config, save_hf_model};
+pub use process::peak_rss_bytes;
 pub use tokenizer::Tokenizer;
 
 /// File name of the default real model (fetched by `scripts/fetch-smollm2.sh`).

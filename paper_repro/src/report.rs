@@ -1,0 +1,710 @@
+//! `OUT/tables.json` (typed, read back by the smoke test), `OUT/README.md` (every table next
+//! to what the paper reports for it, the plots embedded) and the SVG plots.
+
+use elm::search::report::WhereToPrune;
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ReproError;
+use crate::markdown::{float, Table, NOT_APPLICABLE};
+use crate::paper;
+use crate::solvers::CanonicalRow;
+use crate::stage::{seconds, StageLog};
+use crate::tables::*;
+
+/// `elm bench` figures the speed section reads.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BenchFigures {
+    pub sgemm_gflop_s: f64,
+    pub prefill_tok_s: f64,
+    pub prefill_gflop_s: f64,
+    pub decode_b1_tok_s: f64,
+}
+
+/// Every table of one run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tables {
+    pub scale: String,
+    pub model: String,
+    pub main: Vec<MainRow>,
+    pub kv: Vec<KvRow>,
+    pub solver: Vec<SolverRow>,
+    pub grad: Vec<GradRow>,
+    pub sweep: Vec<SweepRow>,
+    /// Table 6 (absent when `--only` never selected it).
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub where_to_prune: Option<WhereToPrune>,
+    pub canonical: Vec<CanonicalRow>,
+    pub spectral: Vec<SpectralRow>,
+    pub speed: Vec<SpeedRow>,
+    /// Absent at `smoke` (no benchmark).
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub bench: Option<BenchFigures>,
+    /// Stages of the last invocation, in order (cached or computed, with their seconds).
+    pub stages: Vec<StageLog>,
+    /// Wall seconds of the last invocation.
+    pub seconds: f64,
+    /// Settings of the scale (budgets, limits).
+    pub limits: serde_json::Value,
+}
+
+fn iv(i: &Interval) -> String {
+    format!("{} [{}, {}]", float(i.value), float(i.lo), float(i.hi))
+}
+
+fn signed(i: &Interval) -> String {
+    let s = |x: f64| format!("{}{}", if x >= 0.0 { "+" } else { "" }, float(x));
+    let mark = if i.lo > 0.0 {
+        " ↑"
+    } else if i.hi < 0.0 {
+        " ↓"
+    } else {
+        ""
+    };
+    format!("{} [{}, {}]{mark}", s(i.value), s(i.lo), s(i.hi))
+}
+
+fn opt(i: &Option<Interval>, f: fn(&Interval) -> String) -> String {
+    i.as_ref().map_or_else(|| NOT_APPLICABLE.to_string(), f)
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1}", b as f64 / (1u64 << 20) as f64)
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
+}
+
+pub fn main_table(rows: &[MainRow]) -> String {
+    let mut t = Table::new(&[
+        "model",
+        "kind",
+        "params",
+        "non-emb. params",
+        "KV bytes @1k",
+        "answer NLL",
+        "ΔNLL vs dense",
+        "flexible EM",
+        "strict EM",
+        "RP (flexible)",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.model.clone(),
+            r.kind.clone(),
+            r.params.to_string(),
+            r.non_embedding_params.to_string(),
+            r.kv_bytes_1k.to_string(),
+            iv(&r.answer_nll),
+            opt(&r.delta_nll, signed),
+            iv(&r.flexible_em),
+            iv(&r.strict_em),
+            opt(&r.rp_flexible, iv),
+        ]);
+    }
+    t.into_markdown()
+}
+
+fn kv_table(rows: &[KvRow]) -> String {
+    let mut t = Table::new(&[
+        "M",
+        "KV mode",
+        "KV bytes (allocated)",
+        "dense bytes",
+        "ratio vs dense",
+        "flexible EM",
+        "strict EM",
+        "mean it/token",
+        "layer evals/token",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.m.to_string(),
+            r.mode.clone(),
+            r.kv_bytes.to_string(),
+            r.dense_kv_bytes.to_string(),
+            format!("{:.3}", r.ratio_vs_dense),
+            iv(&r.flexible_em),
+            iv(&r.strict_em),
+            float(r.mean_iterations),
+            float(r.layer_evals_per_token),
+        ]);
+    }
+    t.into_markdown()
+}
+
+fn solver_table(rows: &[SolverRow]) -> String {
+    let mut t = Table::new(&[
+        "solver",
+        "δ",
+        "mean it",
+        "max it",
+        "block evals/token",
+        "layer evals/token",
+        "compute saved vs Picard",
+        "answer NLL",
+        "ΔNLL vs dense",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.solver.clone(),
+            float(r.tol),
+            float(r.mean_iterations),
+            r.max_iterations.to_string(),
+            float(r.block_evals_per_token),
+            float(r.layer_evals_per_token),
+            pct(r.compute_saved_vs_picard),
+            iv(&r.answer_nll),
+            signed(&r.delta_nll),
+        ]);
+    }
+    t.into_markdown()
+}
+
+fn grad_table(rows: &[GradRow]) -> String {
+    let mut t = Table::new(&[
+        "gradient rule",
+        "steps",
+        "s/step",
+        "tokens/s",
+        "peak RSS (MiB)",
+        "teacher cache hits/misses",
+        "held-out distill MSE",
+        "answer NLL",
+        "ΔNLL vs dense",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.rule.clone(),
+            r.steps.to_string(),
+            float(r.seconds_per_step),
+            float(r.tokens_per_s),
+            mib(r.peak_rss_bytes),
+            format!("{}/{}", r.teacher_cache_hits, r.teacher_cache_misses),
+            float(r.distill_after),
+            iv(&r.answer_nll),
+            signed(&r.delta_nll),
+        ]);
+    }
+    t.into_markdown()
+}
+
+fn sweep_table(rows: &[SweepRow]) -> String {
+    let mut t = Table::new(&[
+        "M",
+        "method",
+        "params",
+        "non-emb. params",
+        "KV bytes @1k",
+        "answer NLL",
+        "ΔNLL vs dense",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.m.to_string(),
+            r.method.clone(),
+            r.params.to_string(),
+            r.non_embedding_params.to_string(),
+            r.kv_bytes_1k.to_string(),
+            iv(&r.answer_nll),
+            signed(&r.delta_nll),
+        ]);
+    }
+    t.into_markdown()
+}
+
+fn canonical_table(rows: &[CanonicalRow]) -> String {
+    let mut t = Table::new(&[
+        "problem",
+        "solver",
+        "converged",
+        "iterations",
+        "map evals",
+        "residual",
+        "error vs exact",
+        "seconds",
+    ]);
+    for r in rows {
+        t.row(&r.cells());
+    }
+    t.into_markdown()
+}
+
+fn spectral_table(rows: &[SpectralRow]) -> String {
+    let mut t = Table::new(&[
+        "model",
+        "M",
+        "sequences",
+        "mean ρ",
+        "min ρ",
+        "max ρ",
+        "max ‖φ(z*)−z*‖/‖z*‖",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.model.clone(),
+            r.m.to_string(),
+            r.sequences.to_string(),
+            float(r.mean_radius),
+            float(r.min_radius),
+            float(r.max_radius),
+            float(r.max_rel_residual),
+        ]);
+    }
+    t.into_markdown()
+}
+
+fn speed_table(rows: &[SpeedRow], bench: &Option<BenchFigures>) -> String {
+    let mut t = Table::new(&[
+        "training",
+        "steps",
+        "tokens",
+        "seconds",
+        "tokens/s",
+        "× dense prefill tok/s",
+        "teacher cache hits/misses",
+        "peak RSS (MiB)",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.training.clone(),
+            r.steps.to_string(),
+            r.tokens.to_string(),
+            float(r.seconds),
+            float(r.tokens_per_s),
+            bench.as_ref().map_or_else(
+                || NOT_APPLICABLE.into(),
+                |b| format!("{:.3}", r.tokens_per_s / b.prefill_tok_s),
+            ),
+            format!("{}/{}", r.teacher_cache_hits, r.teacher_cache_misses),
+            mib(r.peak_rss_bytes),
+        ]);
+    }
+    t.into_markdown()
+}
+
+fn plot_err(path: &Path, e: impl std::fmt::Display) -> ReproError {
+    ReproError::io(path, std::io::Error::other(e.to_string()))
+}
+
+/// Compute (fixed-point block evaluations per token) vs answer NLL, one line per solver.
+pub fn plot_solvers(rows: &[SolverRow], dense_nll: f64, path: &Path) -> Result<(), ReproError> {
+    let xs: Vec<f64> = rows.iter().map(|r| r.block_evals_per_token).collect();
+    let ys: Vec<f64> = rows
+        .iter()
+        .map(|r| r.answer_nll.value)
+        .chain([dense_nll])
+        .collect();
+    let (x0, x1) = bounds(&xs);
+    let (y0, y1) = bounds(&ys);
+    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Solver ablation: compute vs quality (main ELM)",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("fixed-point block evaluations per token")
+        .y_desc("answer NLL (nats/token)")
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    let colors = [RED, BLUE, GREEN];
+    for (i, solver) in crate::elm_cli::SOLVERS.iter().enumerate() {
+        let mut pts: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r.solver == *solver)
+            .map(|r| (r.block_evals_per_token, r.answer_nll.value))
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let c = colors[i % colors.len()];
+        chart
+            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+            .map_err(|e| plot_err(path, e))?
+            .label(*solver)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
+            .map_err(|e| plot_err(path, e))?;
+    }
+    chart
+        .draw_series(LineSeries::new(
+            vec![(x0, dense_nll), (x1, dense_nll)],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(|e| plot_err(path, e))?
+        .label("dense")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))
+}
+
+/// Answer NLL vs M for the ELM and the baseline of the sweep.
+pub fn plot_sweep(rows: &[SweepRow], dense_nll: f64, path: &Path) -> Result<(), ReproError> {
+    let xs: Vec<f64> = rows.iter().map(|r| r.m as f64).collect();
+    let ys: Vec<f64> = rows
+        .iter()
+        .map(|r| r.answer_nll.value)
+        .chain([dense_nll])
+        .collect();
+    let (x0, x1) = bounds(&xs);
+    let (y0, y1) = bounds(&ys);
+    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Compression sweep: quality vs replaced layers M",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("replaced layers M")
+        .y_desc("answer NLL (nats/token)")
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    let mut methods: Vec<String> = rows.iter().map(|r| r.method.clone()).collect();
+    methods.dedup();
+    methods.sort();
+    methods.dedup();
+    let colors = [RED, BLUE, GREEN, MAGENTA];
+    for (i, method) in methods.iter().enumerate() {
+        let pts: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| &r.method == method)
+            .map(|r| (r.m as f64, r.answer_nll.value))
+            .collect();
+        let c = colors[i % colors.len()];
+        chart
+            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+            .map_err(|e| plot_err(path, e))?
+            .label(method.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
+            .map_err(|e| plot_err(path, e))?;
+    }
+    chart
+        .draw_series(LineSeries::new(
+            vec![(x0, dense_nll), (x1, dense_nll)],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(|e| plot_err(path, e))?
+        .label("dense")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))
+}
+
+/// Axis range covering `v` with a 5% margin (a unit range around a single value).
+fn bounds(v: &[f64]) -> (f64, f64) {
+    let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    if !(lo.is_finite() && hi.is_finite()) {
+        return (0.0, 1.0);
+    }
+    let pad = ((hi - lo) * 0.05).max(1e-3 * hi.abs().max(1.0));
+    (lo - pad, hi + pad)
+}
+
+/// A section: our table, then the paper's figure it mirrors.
+fn section(title: &str, ours: &str, paper: &str) -> String {
+    format!("## {title}\n\n{ours}\n**Paper:** {paper}\n\n")
+}
+
+fn dense_nll(t: &Tables) -> Option<f64> {
+    t.main
+        .iter()
+        .find(|r| r.kind == "dense")
+        .map(|r| r.answer_nll.value)
+}
+
+/// The headline: the ELM against the dense model and the best baseline.
+fn headline(t: &Tables) -> String {
+    let dense = t.main.iter().find(|r| r.kind == "dense");
+    let elm = t.main.iter().find(|r| r.kind.starts_with("ELM"));
+    let best = t
+        .main
+        .iter()
+        .filter(|r| !r.kind.starts_with("dense") && !r.kind.starts_with("ELM"))
+        .min_by(|a, b| a.answer_nll.value.total_cmp(&b.answer_nll.value));
+    match (dense, elm) {
+        (Some(d), Some(e)) => {
+            let mut s = format!(
+                "**Headline ({} scale, {}):** the ELM removes {} of the dense model's parameters ({} non-embedding) and {} of its KV cache; \
+                 its answer NLL is {} vs the LoRA-tuned dense model's {} (Δ {}, perplexity {:.2} vs {:.2}), flexible exact match {} vs {} (RP {}).",
+                t.scale,
+                t.model,
+                pct(1.0 - e.params as f64 / d.params as f64),
+                pct(1.0 - e.non_embedding_params as f64 / d.non_embedding_params as f64),
+                pct(1.0 - e.kv_bytes_1k as f64 / d.kv_bytes_1k as f64),
+                iv(&e.answer_nll),
+                iv(&d.answer_nll),
+                opt(&e.delta_nll, signed),
+                e.answer_nll.value.exp(),
+                d.answer_nll.value.exp(),
+                iv(&e.flexible_em),
+                iv(&d.flexible_em),
+                opt(&e.rp_flexible, iv),
+            );
+            if let Some(b) = best {
+                s += &format!(
+                    " Best other compressed model: {} ({}), answer NLL {}.",
+                    b.model,
+                    b.kind,
+                    iv(&b.answer_nll)
+                );
+            }
+            s + "\n\n"
+        }
+        _ => "The main-results table was not computed in this run (`--only`).\n\n".into(),
+    }
+}
+
+/// `OUT/README.md`.
+pub fn readme(t: &Tables, plots_ok: (bool, bool)) -> String {
+    let mut s = format!(
+        "# ELM study — `{}` scale\n\nRegenerated by `paper_repro --scale {}` (the main job: `bash scripts/main.sh`); \
+         every figure below comes from `tables.json` of the same run. Model: {}. Last invocation: {} \
+         ({} stages, {} computed, {} read from the stage cache).\n\n",
+        t.scale,
+        t.scale,
+        t.model,
+        seconds(t.seconds),
+        t.stages.len(),
+        t.stages.iter().filter(|s| !s.cached).count(),
+        t.stages.iter().filter(|s| s.cached).count(),
+    );
+    s += &headline(t);
+    s += &format!(
+        "Budgets: main results {}; ablations {} (see `tables.json` → `limits`). Quality: GSM8K test answer NLL \
+         (teacher-forced, nats/token, the primary signal at 135M) and exact match (greedy; strict `#### N` / flexible last number). \
+         Brackets are 95% bootstrap intervals over problems; Δ and RP are paired over the same problems (↑/↓: the interval excludes 0).\n\n",
+        budget(&t.limits["main"]),
+        budget(&t.limits["study"]),
+    );
+    s += &section(
+        "Table 1 — Main results (paper: main table / `assets/performance.png`)",
+        &nonempty(&t.main, main_table),
+        paper::MAIN,
+    );
+    s += &section(
+        "Table 2 — One-step vs multi-step KV (paper: one-step KV ablation)",
+        &format!(
+            "KV bytes are those the decoding session allocated for one GSM8K question (prompt + new tokens + 1 positions); the dense \
+             figure is N × the measured per-layer bytes. Quality: exact match of greedy decoding (teacher-forced NLL does not use the cache).\n\n{}",
+            nonempty(&t.kv, kv_table)
+        ),
+        paper::KV,
+    );
+    let solver_plot = if plots_ok.0 {
+        "\n![solver ablation](plots/solver_ablation.svg)\n"
+    } else {
+        ""
+    };
+    s += &section(
+        "Table 3 — Solver ablation (paper: solver comparison and early-exit threshold)",
+        &format!(
+            "Main ELM, teacher-forced GSM8K answer NLL; δ is the per-token absolute residual tolerance, at most 16 iterations. Iterations \
+             are those of the whole-sequence solve (every position iterated together, as in training), block evaluations per token are \
+             the fixed-point block's applications per token.\n\n{}{solver_plot}",
+            nonempty(&t.solver, solver_table)
+        ),
+        paper::SOLVERS,
+    );
+    s += &section(
+        "Table 4 — Gradient rules (paper: SJFB ablation)",
+        &format!(
+            "Same ELM, data, steps, optimiser and seed; only the gradient rule differs. Peak RSS: the training process's VmHWM (measured, \
+             evaluation of the held-out loss included). Every rule reads the same cached teacher states.\n\n{}",
+            nonempty(&t.grad, grad_table)
+        ),
+        paper::GRAD,
+    );
+    let sweep_plot = if plots_ok.1 {
+        "\n![compression sweep](plots/compression_sweep.svg)\n"
+    } else {
+        ""
+    };
+    s += &section(
+        "Table 5 — Compression sweep (paper: ratio column of the main table)",
+        &format!("ELM (ablation budget, Anderson δ = 0.5) and the strongest training-free baseline of table 1 at each M.\n\n{}{sweep_plot}", nonempty(&t.sweep, sweep_table)),
+        paper::SWEEP,
+    );
+    s += &section(
+        "Table 6 — Where to prune (paper: GPPO start-layer study)",
+        &t.where_to_prune.as_ref().map_or_else(
+            || "Not computed in this run (`--only` selected other tables).\n".to_string(),
+            |w| where_table(w, &t.limits["search"]),
+        ),
+        paper::WHERE,
+    );
+    s += &section(
+        "Table 7 — Fixed-point solvers on canonical problems, and the spectral radius of the trained maps",
+        &format!(
+            "{}\nρ(∂φ/∂z) at z* (power iteration on central-difference Jacobian-vector products, 30 iterations, GSM8K test sequences):\n\n{}",
+            nonempty(&t.canonical, canonical_table),
+            nonempty(&t.spectral, spectral_table)
+        ),
+        paper::SPECTRAL,
+    );
+    s += &format!(
+        "## Training throughput\n\nMeasured tokens/s of every training of this run (steps of this invocation; a cached training shows the run that \
+         computed it). {}\n\n{}\n",
+        t.bench.as_ref().map_or_else(
+            || "No benchmark at this scale.".to_string(),
+            |b| format!(
+                "`elm bench` on this machine: sgemm {} GFLOP/s, dense prefill {} tok/s ({} GFLOP/s), decode batch 1 {} tok/s. A training token costs the teacher's forward over layers [0, l + M) (skipped on a teacher-cache hit), the solve and the taped backward of the module, and after half of training the back layers and LM head with their backward: expressed in dense-forward FLOPs it is a lower bound on the work done.",
+                float(b.sgemm_gflop_s), float(b.prefill_tok_s), float(b.prefill_gflop_s), float(b.decode_b1_tok_s)
+            )
+        ),
+        nonempty(&t.speed, |r| speed_table(r, &t.bench))
+    );
+    s += paper::SCALES;
+    s
+}
+
+fn budget(v: &serde_json::Value) -> String {
+    format!(
+        "{} steps × batch {} × {} tokens",
+        v["steps"], v["batch_size"], v["seq_len"]
+    )
+}
+
+fn nonempty<T>(rows: &[T], f: impl Fn(&[T]) -> String) -> String {
+    if rows.is_empty() {
+        "Not computed in this run (`--only` selected other tables).\n".into()
+    } else {
+        f(rows)
+    }
+}
+
+/// Writes the plots (when their tables exist); returns which were written.
+pub fn plots(t: &Tables, dir: &Path) -> Result<(bool, bool), ReproError> {
+    std::fs::create_dir_all(dir).map_err(|e| ReproError::io(dir, e))?;
+    let Some(d) = dense_nll(t) else {
+        return Ok((false, false));
+    };
+    let a = !t.solver.is_empty();
+    if a {
+        plot_solvers(&t.solver, d, &dir.join("solver_ablation.svg"))?;
+    }
+    let b = !t.sweep.is_empty();
+    if b {
+        plot_sweep(&t.sweep, d, &dir.join("compression_sweep.svg"))?;
+    }
+    Ok((a, b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signed_interval_marks_sure_differences() {
+        let i = Interval {
+            value: 0.2,
+            lo: 0.1,
+            hi: 0.3,
+        };
+        assert_eq!(signed(&i), "+0.200 [+0.100, +0.300] ↑");
+        let i = Interval {
+            value: -0.2,
+            lo: -0.3,
+            hi: 0.1,
+        };
+        assert_eq!(signed(&i), "-0.200 [-0.300, +0.100]");
+    }
+
+    #[test]
+    fn bounds_pad_and_handle_single_values() {
+        let (lo, hi) = bounds(&[1.0, 3.0]);
+        assert!(lo < 1.0 && hi > 3.0);
+        let (lo, hi) = bounds(&[2.0]);
+        assert!(lo < 2.0 && hi > 2.0);
+    }
+}
+
+/// Table 6: each selector's window placed in the enumeration of trained windows.
+fn where_table(w: &WhereToPrune, budget: &serde_json::Value) -> String {
+    let mut s = format!(
+        "On the LoRA-tuned dense model, M = {}. Enumeration: every {}-th start (and the last) trained {} steps as a GPPO candidate \
+         (projection + LoRA on the kept layer, fixed iterations), scored by held-out answer NLL on {} GSM8K test problems \
+         (dense: {}); GPPO: {} steps. Rank 1 is the enumeration's best window; the gap is that window's NLL minus the best's.\n\n\
+         | selector | chosen start (layers) | nearest enumerated | rank of {} | NLL gap (nats/token) |\n|---|---|---|---|---|\n",
+        w.num_replaced,
+        budget["enum_every"],
+        budget["enum_steps"],
+        budget["enum_eval"],
+        float(w.dense_nll),
+        budget["gppo_steps"],
+        w.enum_ranking.len(),
+    );
+    let mut row = |p: &elm::search::report::Placement| {
+        s += &format!(
+            "| {} | {} ([{}, {})) | {} | {} | {} |\n",
+            p.method,
+            p.choice,
+            p.choice,
+            p.choice + w.num_replaced,
+            p.choice_on_grid,
+            p.enum_rank,
+            float(p.nll_gap)
+        );
+    };
+    if let Some(g) = &w.gppo {
+        row(g);
+    }
+    for p in &w.metrics {
+        row(p);
+    }
+    match w.gppo_spearman {
+        Some(r) => {
+            s += &format!(
+                "\nSpearman ρ between GPPO's policy logits and −NLL over the enumerated starts: {}.\n",
+                float(r)
+            )
+        }
+        None if w.gppo.is_some() => {
+            s += "\nGPPO's policy is still uniform (fewer steps than one policy update): its choice is the first of tied starts, \
+                  and no rank correlation exists.\n"
+        }
+        None => {}
+    }
+    let mut by_start = w.enum_nll.clone();
+    by_start.sort_by_key(|e| e.0);
+    s += &format!(
+        "\nEnumerated answer NLL by start: {}.\n\n![where to prune](plots/where_to_prune.svg)\n",
+        by_start
+            .iter()
+            .map(|(st, n)| format!("{st}: {}", float(*n)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    s
+}

@@ -1,0 +1,351 @@
+//! The main job: selects the tables, plans the stages, runs them (cached) and writes
+//! `OUT/tables.json`, `OUT/README.md` and the plots.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::elm_cli::ElmCli;
+use crate::error::ReproError;
+use crate::report::{self, Tables};
+use crate::runs::{self, Ctx, Variant};
+use crate::scale::{Limits, Scale};
+use crate::stage::Stages;
+use crate::tables;
+
+/// The study's tables (`--only`).
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum TableId {
+    /// Table 1: main results.
+    Main,
+    /// Table 2: one-step vs multi-step KV.
+    Kv,
+    /// Table 3: solver × δ ablation.
+    Solver,
+    /// Table 4: gradient rules.
+    Grad,
+    /// Table 5: compression sweep.
+    Sweep,
+    /// Table 6: where to prune (GPPO vs enumeration vs metric selectors).
+    Where,
+    /// Table 7a: solvers on canonical problems.
+    Canonical,
+    /// Table 7b: spectral radius of the trained maps.
+    Spectral,
+}
+
+/// Rebuild the study's tables and plots at one scale.
+#[derive(Parser, Debug)]
+#[command(name = "paper_repro", version, about)]
+pub struct Args {
+    #[arg(long, value_enum, default_value = "small")]
+    pub scale: Scale,
+    /// Output directory (README.md, tables.json, plots/, stages/, work/).
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+    /// Dense model (.gguf or HF directory). Default: the SmolLM2 GGUF in ELM_MODELS_DIR (not for `paper`).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Dataset root (GSM8K under gsm8k/). Default: ELM_DATA_DIR or the repository's data/.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Only these tables (repeatable); the others keep their figures from the last tables.json.
+    #[arg(long, value_enum)]
+    pub only: Vec<TableId>,
+    /// Recompute the selected tables' stages (and the trainings they read) instead of reading the cache.
+    #[arg(long)]
+    pub force: bool,
+    /// Path of the `elm` binary. Default: next to this executable.
+    #[arg(long)]
+    pub elm_bin: Option<PathBuf>,
+}
+
+/// The `elm` binary: `--elm-bin`, else the one built next to this executable.
+fn elm_binary(explicit: Option<PathBuf>) -> Result<PathBuf, ReproError> {
+    let bin = match explicit {
+        Some(bin) => bin,
+        None => std::env::current_exe()
+            .map_err(|e| ReproError::Setup(format!("cannot locate this executable: {e}")))?
+            .with_file_name(format!("elm{}", std::env::consts::EXE_SUFFIX)),
+    };
+    if !bin.exists() {
+        return Err(ReproError::Setup(format!(
+            "elm binary not found at {} (build it: cargo build --release)",
+            bin.display()
+        )));
+    }
+    Ok(bin)
+}
+
+/// Planned work units of the selected tables (the ETA's denominator; see `runs`).
+pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
+    let train = |b: &crate::scale::Budget| b.max_tokens() as f64 / 100.0;
+    let nll = l.nll_eval as f64 * 2.0;
+    let em = (l.gsm8k_eval * l.max_new_tokens) as f64 / 5.0;
+    let prune = l.calibration_tokens as f64 / 50.0;
+    let mut u = if l.bench { 60.0 } else { 0.0 };
+    let needs_dense = [
+        TableId::Main,
+        TableId::Solver,
+        TableId::Grad,
+        TableId::Sweep,
+        TableId::Where,
+    ]
+    .iter()
+    .any(|&t| sel(t));
+    if needs_dense {
+        // Untuned and LoRA-tuned dense evaluations and the LoRA run.
+        u += 2.0 * (nll + em) + train(&l.lora);
+    }
+    if sel(TableId::Main) {
+        u +=
+            3.0 * train(&l.main) + l.baselines.len() as f64 * (prune + nll + em) + 3.0 * (nll + em);
+    } else if sel(TableId::Solver) || sel(TableId::Grad) || sel(TableId::Spectral) {
+        u += train(&l.main);
+    }
+    if sel(TableId::Solver) {
+        u += l.tolerances.len() as f64 * 3.0 * nll;
+    }
+    if sel(TableId::Grad) {
+        u += 4.0 * (train(&l.study) + nll);
+    }
+    if sel(TableId::Sweep) || sel(TableId::Kv) || sel(TableId::Spectral) {
+        u += l.sweep.len() as f64 * (train(&l.study) + nll + prune + nll);
+    }
+    if sel(TableId::Kv) {
+        u += l.kv_ms.len() as f64 * (2.0 * l.max_new_tokens as f64 / 5.0 + 2.0 * em);
+    }
+    if sel(TableId::Where) {
+        let b = &l.search;
+        let windows = 23.0 / b.enum_every as f64;
+        u += (b.gppo_steps * b.seq_len) as f64 / 100.0
+            + windows * (b.enum_steps * b.seq_len) as f64 / 100.0
+            + prune;
+    }
+    if sel(TableId::Canonical) {
+        u += 5.0;
+    }
+    if sel(TableId::Spectral) {
+        u += (1 + l.sweep.len()) as f64 * l.spectral_sequences as f64 * 10.0;
+    }
+    u
+}
+
+pub fn run(args: Args) -> Result<(), ReproError> {
+    let elm = ElmCli::new(elm_binary(args.elm_bin)?);
+    let model = match (args.model, args.scale) {
+        (Some(m), _) => m,
+        (None, Scale::Paper) => return Err(ReproError::Setup(
+            "--scale paper needs --model pointing at a local HF directory of Qwen2.5-1.5B-Instruct"
+                .into(),
+        )),
+        (None, _) => elm::model::default_model_path(),
+    };
+    if !model.exists() {
+        return Err(ReproError::Setup(format!(
+            "model not found: {} (run scripts/fetch-smollm2.sh)",
+            model.display()
+        )));
+    }
+    let data_dir = elm::elm::data::resolve_data_dir(args.data_dir.as_deref())
+        .map_err(|e| ReproError::Setup(e.to_string()))?;
+    let out = args.out;
+    std::fs::create_dir_all(&out).map_err(|e| ReproError::io(&out, e))?;
+    let out = out.canonicalize().map_err(|e| ReproError::io(&out, e))?;
+    let limits = args.scale.limits();
+    let only = args.only.clone();
+    let sel = move |t: TableId| only.is_empty() || only.contains(&t);
+    let stages = Stages::new(&out, args.force, plan_units(&limits, &sel))?;
+    let mut ctx = Ctx {
+        elm: &elm,
+        stages,
+        model_id: runs::file_identity(&model),
+        model: model.clone(),
+        data_dir: data_dir.clone(),
+        limits: &limits,
+        teacher_cache: out.join("teacher_cache"),
+    };
+    let scale = format!("{:?}", args.scale).to_lowercase();
+    // Tables not selected keep their rows from the previous run.
+    let tables_path = out.join("tables.json");
+    let previous: Option<Tables> = std::fs::read_to_string(&tables_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .filter(|t: &Tables| t.scale == scale);
+    let mut t = previous.unwrap_or_else(|| Tables {
+        scale: scale.clone(),
+        model: model.display().to_string(),
+        main: vec![],
+        kv: vec![],
+        solver: vec![],
+        grad: vec![],
+        sweep: vec![],
+        where_to_prune: None,
+        canonical: vec![],
+        spectral: vec![],
+        speed: vec![],
+        bench: None,
+        stages: vec![],
+        seconds: 0.0,
+        limits: serde_json::Value::Null,
+    });
+    t.model = model.display().to_string();
+    t.limits = serde_json::to_value(&limits).map_err(|e| ReproError::Setup(e.to_string()))?;
+    let mut trainings = vec![];
+
+    if limits.bench {
+        let b = crate::bench::run(&mut ctx)?;
+        t.bench = Some(crate::bench::figures(&b));
+    }
+    let needs = |ids: &[TableId]| ids.iter().any(|&i| sel(i));
+    let dense = if needs(&[
+        TableId::Main,
+        TableId::Solver,
+        TableId::Grad,
+        TableId::Sweep,
+        TableId::Where,
+    ]) {
+        Some(tables::dense(&mut ctx)?)
+    } else {
+        None
+    };
+    let mut best_baseline = None;
+    let main_elm = if sel(TableId::Main) {
+        let d = dense.as_ref().expect("dense runs for the main table");
+        let m = tables::main_results(&mut ctx, d)?;
+        t.main = m.rows;
+        best_baseline = Some(m.best_baseline);
+        trainings.extend(m.trainings);
+        Some(m.elm)
+    } else if needs(&[TableId::Solver, TableId::Grad, TableId::Spectral]) {
+        let e = runs::train(
+            &mut ctx,
+            &Variant::elm(limits.start, limits.m),
+            &limits.main,
+            None,
+        )?;
+        trainings.push((format!("ELM M={} (main)", limits.m), e.clone_done()));
+        Some(e)
+    } else {
+        None
+    };
+    if sel(TableId::Solver) {
+        let (d, e) = (
+            dense.as_ref().expect("dense"),
+            main_elm.as_ref().expect("main ELM"),
+        );
+        t.solver = tables::solver_ablation(&mut ctx, d, e)?;
+    }
+    if sel(TableId::Grad) {
+        let (d, e) = (
+            dense.as_ref().expect("dense"),
+            main_elm.as_ref().expect("main ELM"),
+        );
+        let (rows, tr) = tables::grad_ablation(&mut ctx, d, e)?;
+        t.grad = rows;
+        trainings.extend(tr);
+    }
+    let sweep_elms = if needs(&[TableId::Sweep, TableId::Kv, TableId::Spectral]) {
+        let baseline = match (&best_baseline, &dense) {
+            (Some(b), _) => b.clone(),
+            (None, Some(d)) => tables::best_baseline(&mut ctx, d)?,
+            (None, None) => limits.baselines[0].to_string(),
+        };
+        if sel(TableId::Sweep) {
+            let d = dense.as_ref().expect("dense");
+            let (rows, elms) = tables::sweep(&mut ctx, d, &baseline)?;
+            t.sweep = rows;
+            elms
+        } else {
+            let mut elms = vec![];
+            for &m in &limits.sweep {
+                elms.push((
+                    m,
+                    runs::train(
+                        &mut ctx,
+                        &Variant::elm(limits.start, m),
+                        &limits.study,
+                        None,
+                    )?,
+                ));
+            }
+            elms
+        }
+    } else {
+        vec![]
+    };
+    for (m, e) in &sweep_elms {
+        trainings.push((format!("ELM M={m} (ablation budget)"), e.clone_done()));
+    }
+    if sel(TableId::Kv) {
+        let dir = elm::elm::data::gsm8k_path(&data_dir, elm::elm::data::Split::Test);
+        let q = elm::elm::data::load_gsm8k(&data_dir, elm::elm::data::Split::Test)
+            .map_err(|e| ReproError::Setup(format!("{}: {e}", dir.display())))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| ReproError::Setup(format!("{}: no problem", dir.display())))?;
+        t.kv = tables::kv_ablation(&mut ctx, &sweep_elms, &q.question)?;
+    }
+    if sel(TableId::Where) {
+        let d = dense.as_ref().expect("dense");
+        let (w, dir) = runs::where_to_prune(&mut ctx, &d.tuned, limits.m)?;
+        let plots = out.join("plots");
+        std::fs::create_dir_all(&plots).map_err(|e| ReproError::io(&plots, e))?;
+        let (from, to) = (
+            dir.join("where_to_prune.svg"),
+            plots.join("where_to_prune.svg"),
+        );
+        std::fs::copy(&from, &to).map_err(|e| ReproError::io(&from, e))?;
+        t.where_to_prune = Some(w.value);
+    }
+    if sel(TableId::Canonical) {
+        let elm_ref = ctx.elm;
+        let plots = out.join("plots");
+        std::fs::create_dir_all(&plots).map_err(|e| ReproError::io(&plots, e))?;
+        let c = ctx.stages.run::<_, crate::solvers::Canonical>(
+            "canonical",
+            &serde_json::json!({"problems": 6}),
+            5.0,
+            |_| runs::to_value(&crate::solvers::run(elm_ref, &plots)?),
+        )?;
+        t.canonical = c.value.rows;
+    }
+    if sel(TableId::Spectral) {
+        let mut models: Vec<(String, usize, &crate::stage::Done<runs::Trained>)> = vec![];
+        if let Some(e) = &main_elm {
+            models.push((format!("ELM M={} (main budget)", limits.m), limits.m, e));
+        }
+        for (m, e) in &sweep_elms {
+            if models.iter().all(|(_, _, d)| d.key != e.key) {
+                models.push((format!("ELM M={m} (ablation budget)"), *m, e));
+            }
+        }
+        t.spectral = tables::spectral(&mut ctx, &models)?;
+    }
+    if !trainings.is_empty() {
+        // One row per distinct training (the sweep's M = main M may be the gradient study's SJFB run).
+        let mut seen = std::collections::BTreeSet::new();
+        trainings.retain(|(_, d)| seen.insert(d.key.clone()));
+        t.speed = tables::speed_rows(&trainings);
+    }
+    t.stages = ctx.stages.log.clone();
+    t.seconds = ctx.stages.elapsed();
+    elm::io::write_json_atomic(&tables_path, &t).map_err(|source| ReproError::Elm {
+        what: format!("writing {}", tables_path.display()),
+        source,
+    })?;
+    let plots_ok = report::plots(&t, &out.join("plots"))?;
+    let readme = report::readme(&t, plots_ok);
+    let readme_path = out.join("README.md");
+    elm::io::write_atomic(&readme_path, readme.as_bytes()).map_err(|source| ReproError::Elm {
+        what: format!("writing {}", readme_path.display()),
+        source,
+    })?;
+    eprintln!(
+        "wrote {} and {} in {}",
+        readme_path.display(),
+        tables_path.display(),
+        crate::stage::seconds(t.seconds)
+    );
+    Ok(())
+}

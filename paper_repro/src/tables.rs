@@ -1,0 +1,624 @@
+//! The study's tables as typed rows (written to `OUT/tables.json`; the smoke test reads them
+//! back into these types, so a missing key fails it), and the code that fills them from the
+//! cached stages of [`crate::runs`]. Every number is a measurement or the library's own
+//! computation on measurements (paired intervals); `None` marks a cell that does not exist by
+//! definition (the dense model's Δ, a ratio over a zero dense score) and is written `n/a`.
+
+use elm::eval::stats::{paired, BootstrapConfig, Estimate, PairedComparison};
+use elm::grad::{DeqConfig, GradientRule};
+use elm::solver::{SolverConfig, StopCriteria};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ReproError;
+use crate::runs::{self, Ctx, EvalRun, Subject, Trained, Variant};
+use crate::stage::Done;
+
+/// Named trainings of a run (for the throughput table).
+pub type Trainings = Vec<(String, Done<Trained>)>;
+/// Trained ELMs by replaced layers M.
+pub type ElmsByM = Vec<(usize, Done<Trained>)>;
+
+/// `value [lo, hi]` (95% bootstrap over problems).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Interval {
+    pub value: f64,
+    pub lo: f64,
+    pub hi: f64,
+}
+
+impl From<&Estimate> for Interval {
+    fn from(e: &Estimate) -> Self {
+        Interval {
+            value: e.value,
+            lo: e.lo,
+            hi: e.hi,
+        }
+    }
+}
+
+/// Table 1: main results.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MainRow {
+    pub model: String,
+    /// How the row was obtained (dense, training-free, trained at the ELM's budget, ELM).
+    pub kind: String,
+    pub params: usize,
+    pub non_embedding_params: usize,
+    /// KV-cache bytes for one 1,024-token sequence (f32; the library's accounting).
+    pub kv_bytes_1k: usize,
+    pub answer_nll: Interval,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub delta_nll: Option<Interval>,
+    pub flexible_em: Interval,
+    pub strict_em: Interval,
+    /// Retention RP = model / dense flexible exact match, paired over problems.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub rp_flexible: Option<Interval>,
+}
+
+/// Table 2: one-step vs multi-step KV.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvRow {
+    pub m: usize,
+    pub mode: String,
+    /// Bytes of K/V the decoding session allocated (prompt + new tokens + 1 positions).
+    pub kv_bytes: usize,
+    /// Dense model's bytes for the same positions: N × (measured one-step bytes / (N − M + 1)).
+    pub dense_kv_bytes: usize,
+    pub ratio_vs_dense: f64,
+    pub flexible_em: Interval,
+    pub strict_em: Interval,
+    pub mean_iterations: f64,
+    pub layer_evals_per_token: f64,
+}
+
+/// Table 3: solver × δ.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SolverRow {
+    pub solver: String,
+    pub tol: f64,
+    pub mean_iterations: f64,
+    pub max_iterations: usize,
+    /// Fixed-point block evaluations per token.
+    pub block_evals_per_token: f64,
+    pub layer_evals_per_token: f64,
+    /// 1 − block evaluations / Picard's at the same δ.
+    pub compute_saved_vs_picard: f64,
+    pub answer_nll: Interval,
+    pub delta_nll: Interval,
+}
+
+/// Table 4: gradient rules.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GradRow {
+    pub rule: String,
+    pub steps: usize,
+    pub seconds_per_step: f64,
+    pub tokens_per_s: f64,
+    pub peak_rss_bytes: u64,
+    pub teacher_cache_hits: usize,
+    pub teacher_cache_misses: usize,
+    pub distill_after: f64,
+    pub answer_nll: Interval,
+    pub delta_nll: Interval,
+}
+
+/// Table 5: compression sweep.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepRow {
+    pub m: usize,
+    pub method: String,
+    pub params: usize,
+    pub non_embedding_params: usize,
+    pub kv_bytes_1k: usize,
+    pub answer_nll: Interval,
+    pub delta_nll: Interval,
+}
+
+/// Table 7b: spectral radius of trained ELM maps.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpectralRow {
+    pub model: String,
+    pub m: usize,
+    pub sequences: usize,
+    pub mean_radius: f64,
+    pub min_radius: f64,
+    pub max_radius: f64,
+    pub max_rel_residual: f64,
+}
+
+/// Training throughput of every training of the run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeedRow {
+    pub training: String,
+    pub steps: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+    pub tokens_per_s: f64,
+    pub teacher_cache_hits: usize,
+    pub teacher_cache_misses: usize,
+    pub peak_rss_bytes: u64,
+}
+
+fn pair(
+    model: &runs::Metric,
+    dense: &runs::Metric,
+    what: &str,
+) -> Result<PairedComparison, ReproError> {
+    paired(&model.items, &dense.items, &BootstrapConfig::default()).map_err(|source| {
+        ReproError::Elm {
+            what: what.to_string(),
+            source,
+        }
+    })
+}
+
+/// The dense model's runs. `nll` / `em` are the LoRA-tuned model's, the reference of every
+/// Δ and RP: the compressed models are trained on GSM8K, so only a dense model tuned with the
+/// same token budget says how much of it they keep (the untuned model is a row of its own).
+pub struct Dense {
+    pub nll: Done<EvalRun>,
+    pub em: Done<EvalRun>,
+    pub tuned: Done<runs::Tuned>,
+    pub untuned_nll: Done<EvalRun>,
+    pub untuned_em: Done<EvalRun>,
+}
+
+pub fn dense(ctx: &mut Ctx<'_>) -> Result<Dense, ReproError> {
+    let untuned_nll = runs::eval(ctx, &Subject::Dense, "gsm8k-nll")?;
+    let untuned_em = runs::eval(ctx, &Subject::Dense, "gsm8k")?;
+    let budget = ctx.limits.lora;
+    let tuned = runs::lora(ctx, &budget)?;
+    let subject = Subject::Model {
+        dir: tuned.value.out.clone(),
+        key: tuned.key.clone(),
+    };
+    Ok(Dense {
+        nll: runs::eval(ctx, &subject, "gsm8k-nll")?,
+        em: runs::eval(ctx, &subject, "gsm8k")?,
+        tuned,
+        untuned_nll,
+        untuned_em,
+    })
+}
+
+/// Answer NLL and its paired Δ vs dense of one NLL run.
+fn nll_cells(run: &EvalRun, dense: &Dense, what: &str) -> Result<(Interval, Interval), ReproError> {
+    let m = run.metric("answer_nll", what)?;
+    let d = dense.nll.value.metric("answer_nll", "dense")?;
+    Ok(((&m.estimate).into(), (&pair(m, d, what)?.delta).into()))
+}
+
+/// `kind` of the main table's reference row (the LoRA-tuned dense model).
+pub const REFERENCE_KIND: &str = "dense";
+
+/// Table 1 rows (and the trained ELM, reused by tables 3 and 7).
+pub struct Main {
+    pub rows: Vec<MainRow>,
+    pub elm: Done<Trained>,
+    /// The training-free method with the lowest answer NLL at M (the sweep's baseline).
+    pub best_baseline: String,
+    pub trainings: Vec<(String, Done<Trained>)>,
+}
+
+pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError> {
+    let l = ctx.limits.clone();
+    let dn = dense.nll.value.metric("answer_nll", "dense")?;
+    let df = dense.em.value.metric("flexible_extract", "dense")?;
+    let dense_params = |t: &Trained| {
+        (
+            t.params.dense_total,
+            t.params.dense_non_embedding,
+            t.kv.dense * 1024 / t.kv.context.max(1),
+        )
+    };
+    let mut rows = vec![];
+    let row = |model: String,
+               kind: &str,
+               p: (usize, usize, usize),
+               nll: &EvalRun,
+               em: &EvalRun|
+     -> Result<MainRow, ReproError> {
+        let n = nll.metric("answer_nll", &model)?;
+        let f = em.metric("flexible_extract", &model)?;
+        let is_reference = kind == REFERENCE_KIND;
+        Ok(MainRow {
+            model: model.clone(),
+            kind: kind.into(),
+            params: p.0,
+            non_embedding_params: p.1,
+            kv_bytes_1k: p.2,
+            answer_nll: (&n.estimate).into(),
+            delta_nll: if is_reference {
+                None
+            } else {
+                Some((&pair(n, dn, &model)?.delta).into())
+            },
+            flexible_em: (&f.estimate).into(),
+            strict_em: (&em.metric("strict_match", &model)?.estimate).into(),
+            rp_flexible: if is_reference {
+                None
+            } else {
+                pair(f, df, &model)?.ratio.as_ref().map(Into::into)
+            },
+        })
+    };
+    // The ELM first (its training fills the teacher cache the trained baselines then read),
+    // each trained model evaluated right after its training so that a partial run already
+    // has the headline; rows keep the table's order.
+    let trained_row = |ctx: &mut Ctx<'_>,
+                       name: String,
+                       kind: &str,
+                       t: &Done<Trained>|
+     -> Result<MainRow, ReproError> {
+        let s = Subject::elm(t, "anderson", 0.5);
+        let nll = runs::eval(ctx, &s, "gsm8k-nll")?;
+        let em = runs::eval(ctx, &s, "gsm8k")?;
+        let kv1k = t.value.kv.one_step * 1024 / t.value.kv.context.max(1);
+        row(
+            name,
+            kind,
+            (
+                t.value.params.elm_total,
+                t.value.params.elm_non_embedding,
+                kv1k,
+            ),
+            &nll.value,
+            &em.value,
+        )
+    };
+    let budget = format!(
+        "trained, {} steps × {} × {} tokens",
+        l.main.steps, l.main.batch_size, l.main.seq_len
+    );
+    let elm = runs::train(ctx, &Variant::elm(l.start, l.m), &l.main, None)?;
+    let elm_row = trained_row(
+        ctx,
+        "ELM (Anderson, δ = 0.5, one-step KV)".into(),
+        &format!("ELM, {budget}"),
+        &elm,
+    )?;
+    let streamline = runs::train(ctx, &Variant::streamline(l.start, l.m), &l.main, None)?;
+    let streamline_row = trained_row(
+        ctx,
+        "LLM-Streamline (1 layer, 1 application)".into(),
+        &budget,
+        &streamline,
+    )?;
+    let looped = runs::train(
+        ctx,
+        &Variant::looped(l.start, l.m, l.looped_k),
+        &l.main,
+        None,
+    )?;
+    let looped_row = trained_row(
+        ctx,
+        format!("looped block (K = {}, no injection)", l.looped_k),
+        &budget,
+        &looped,
+    )?;
+    rows.push(row(
+        format!(
+            "SmolLM2-135M-Instruct, LoRA-tuned (r = {}, {} steps × {} × {} tokens; the reference)",
+            elm::lora::LoraSpec::default().rank,
+            l.lora.steps,
+            l.lora.batch_size,
+            l.lora.seq_len
+        ),
+        REFERENCE_KIND,
+        dense_params(&elm.value),
+        &dense.nll.value,
+        &dense.em.value,
+    )?);
+    rows.push(row(
+        "SmolLM2-135M-Instruct (untuned)".into(),
+        "dense, untuned",
+        dense_params(&elm.value),
+        &dense.untuned_nll.value,
+        &dense.untuned_em.value,
+    )?);
+    let mut best: Option<(f64, String)> = None;
+    for method in &l.baselines {
+        let p = runs::prune(ctx, method, l.m)?;
+        let subject = Subject::Model {
+            dir: p.value.out.clone(),
+            key: p.key.clone(),
+        };
+        let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
+        let em = runs::eval(ctx, &subject, "gsm8k")?;
+        let v = nll.value.metric("answer_nll", method)?.estimate.value;
+        if best.as_ref().is_none_or(|(b, _)| v < *b) {
+            best = Some((v, method.to_string()));
+        }
+        rows.push(row(
+            format!("{method} (layers {:?})", p.value.removed_layers),
+            "training-free",
+            (
+                p.value.params,
+                p.value.non_embedding_params,
+                p.value.kv_bytes_1k,
+            ),
+            &nll.value,
+            &em.value,
+        )?);
+    }
+    rows.extend([streamline_row, looped_row, elm_row]);
+    Ok(Main {
+        rows,
+        best_baseline: best.map(|b| b.1).unwrap_or_else(|| "short-gpt".into()),
+        trainings: vec![
+            (format!("ELM M={} (main)", l.m), elm.clone_done()),
+            ("LLM-Streamline (main)".into(), streamline),
+            (format!("looped K={} (main)", l.looped_k), looped),
+        ],
+        elm,
+    })
+}
+
+impl Done<Trained> {
+    pub fn clone_done(&self) -> Self {
+        Done {
+            key: self.key.clone(),
+            value: self.value.clone(),
+            raw: self.raw.clone(),
+            cached: self.cached,
+            dir: self.dir.clone(),
+        }
+    }
+}
+
+/// Table 3 rows: every solver × δ on the main ELM.
+pub fn solver_ablation(
+    ctx: &mut Ctx<'_>,
+    dense: &Dense,
+    elm: &Done<Trained>,
+) -> Result<Vec<SolverRow>, ReproError> {
+    let tols = ctx.limits.tolerances.clone();
+    let mut rows: Vec<SolverRow> = vec![];
+    for &tol in &tols {
+        let mut picard_evals = None;
+        for solver in crate::elm_cli::SOLVERS {
+            let run = runs::eval(ctx, &Subject::elm(elm, solver, tol), "gsm8k-nll")?;
+            let what = format!("{solver} δ={tol}");
+            let (nll, delta) = nll_cells(&run.value, dense, &what)?;
+            let s = &run.value.solver;
+            // Kept dense layers + fixed-point evaluations = layer evaluations per token.
+            let kept = (elm.value.params.num_layers - elm.value.m) as f64;
+            let block = s.layer_evals_per_token - kept;
+            let picard = *picard_evals.get_or_insert(block);
+            rows.push(SolverRow {
+                solver: solver.into(),
+                tol,
+                mean_iterations: s.mean_iterations,
+                max_iterations: s.max_iterations,
+                block_evals_per_token: block,
+                layer_evals_per_token: s.layer_evals_per_token,
+                compute_saved_vs_picard: if picard > 0.0 {
+                    1.0 - block / picard
+                } else {
+                    0.0
+                },
+                answer_nll: nll,
+                delta_nll: delta,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// The gradient rules compared in table 4, for a module replacing `m` layers.
+pub fn gradient_rules(m: usize) -> Vec<(&'static str, Option<DeqConfig>)> {
+    let forward = (SolverConfig::anderson(), StopCriteria::relative(1e-4, 30));
+    vec![
+        ("SJFB (paper default)", None),
+        (
+            "JFB",
+            Some(
+                DeqConfig::new(GradientRule::Jfb)
+                    .with_forward(forward.0.clone(), forward.1.clone()),
+            ),
+        ),
+        (
+            "unroll (K = M/2 taped iterations)",
+            Some(DeqConfig::new(GradientRule::Unroll { k: (m / 2).max(1) })),
+        ),
+        (
+            "implicit (IFT, adjoint by Anderson)",
+            Some(
+                DeqConfig::new(GradientRule::Implicit {
+                    solver: SolverConfig::anderson(),
+                    stop: StopCriteria::relative(1e-3, 20),
+                })
+                .with_forward(forward.0, forward.1),
+            ),
+        ),
+    ]
+}
+
+/// Table 4 rows. The main ELM is trained first so that every rule reads the same cached
+/// teacher states (its batches include the study budget's), making the times comparable.
+pub fn grad_ablation(
+    ctx: &mut Ctx<'_>,
+    dense: &Dense,
+    main_elm: &Done<Trained>,
+) -> Result<(Vec<GradRow>, Trainings), ReproError> {
+    let l = ctx.limits.clone();
+    let _ = main_elm;
+    let mut rows = vec![];
+    let mut trainings = vec![];
+    for (name, deq) in gradient_rules(l.m) {
+        let t = runs::train(ctx, &Variant::elm(l.start, l.m), &l.study, deq)?;
+        let run = runs::eval(ctx, &Subject::elm(&t, "anderson", 0.5), "gsm8k-nll")?;
+        let (nll, delta) = nll_cells(&run.value, dense, name)?;
+        let v = &t.value;
+        rows.push(GradRow {
+            rule: name.into(),
+            steps: v.steps,
+            seconds_per_step: v.seconds_per_step(),
+            tokens_per_s: v.tokens_per_s(),
+            peak_rss_bytes: v.peak_rss_bytes,
+            teacher_cache_hits: v.teacher_cache.hits,
+            teacher_cache_misses: v.teacher_cache.misses,
+            distill_after: v.distill_after,
+            answer_nll: nll,
+            delta_nll: delta,
+        });
+        trainings.push((format!("ELM M={} {name} (study)", l.m), t));
+    }
+    Ok((rows, trainings))
+}
+
+/// Table 5 rows: an ELM (study budget) and the best training-free baseline per M; returns
+/// the ELMs by M for tables 2 and 7.
+pub fn sweep(
+    ctx: &mut Ctx<'_>,
+    dense: &Dense,
+    baseline: &str,
+) -> Result<(Vec<SweepRow>, ElmsByM), ReproError> {
+    let l = ctx.limits.clone();
+    let mut rows = vec![];
+    let mut elms = vec![];
+    for &m in &l.sweep {
+        let t = runs::train(ctx, &Variant::elm(l.start, m), &l.study, None)?;
+        let run = runs::eval(ctx, &Subject::elm(&t, "anderson", 0.5), "gsm8k-nll")?;
+        let (nll, delta) = nll_cells(&run.value, dense, &format!("ELM M={m}"))?;
+        rows.push(SweepRow {
+            m,
+            method: "ELM".into(),
+            params: t.value.params.elm_total,
+            non_embedding_params: t.value.params.elm_non_embedding,
+            kv_bytes_1k: t.value.kv.one_step * 1024 / t.value.kv.context.max(1),
+            answer_nll: nll,
+            delta_nll: delta,
+        });
+        let p = runs::prune(ctx, baseline, m)?;
+        let subject = Subject::Model {
+            dir: p.value.out.clone(),
+            key: p.key.clone(),
+        };
+        let run = runs::eval(ctx, &subject, "gsm8k-nll")?;
+        let (nll, delta) = nll_cells(&run.value, dense, &format!("{baseline} M={m}"))?;
+        rows.push(SweepRow {
+            m,
+            method: baseline.into(),
+            params: p.value.params,
+            non_embedding_params: p.value.non_embedding_params,
+            kv_bytes_1k: p.value.kv_bytes_1k,
+            answer_nll: nll,
+            delta_nll: delta,
+        });
+        elms.push((m, t));
+    }
+    Ok((rows, elms))
+}
+
+/// Table 2 rows: measured KV bytes and decoding quality, one-step vs multi-step.
+pub fn kv_ablation(
+    ctx: &mut Ctx<'_>,
+    elms: &[(usize, Done<Trained>)],
+    prompt: &str,
+) -> Result<Vec<KvRow>, ReproError> {
+    let kv_ms = ctx.limits.kv_ms.clone();
+    let mut rows = vec![];
+    for m in kv_ms {
+        let Some((_, t)) = elms.iter().find(|(mm, _)| *mm == m) else {
+            return Err(ReproError::Setup(format!(
+                "no trained ELM with M = {m} for the KV table"
+            )));
+        };
+        let n = t.value.params.num_layers;
+        let one = runs::kv_measure(ctx, t, "one-step", prompt)?;
+        let per_layer = one.value.kv_bytes / (n - m + 1);
+        for mode in ["one-step", "multi-step"] {
+            let measured = if mode == "one-step" {
+                one.value.kv_bytes
+            } else {
+                runs::kv_measure(ctx, t, mode, prompt)?.value.kv_bytes
+            };
+            let em = runs::eval(
+                ctx,
+                &Subject::elm(t, "anderson", 0.5).with_kv(mode),
+                "gsm8k",
+            )?;
+            let what = format!("M={m} {mode}");
+            rows.push(KvRow {
+                m,
+                mode: mode.into(),
+                kv_bytes: measured,
+                dense_kv_bytes: per_layer * n,
+                ratio_vs_dense: measured as f64 / (per_layer * n) as f64,
+                flexible_em: (&em.value.metric("flexible_extract", &what)?.estimate).into(),
+                strict_em: (&em.value.metric("strict_match", &what)?.estimate).into(),
+                mean_iterations: em.value.solver.mean_iterations,
+                layer_evals_per_token: em.value.solver.layer_evals_per_token,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Table 7b rows.
+pub fn spectral(
+    ctx: &mut Ctx<'_>,
+    models: &[(String, usize, &Done<Trained>)],
+) -> Result<Vec<SpectralRow>, ReproError> {
+    let mut rows = vec![];
+    for (name, m, t) in models {
+        let s = runs::spectral(ctx, t)?;
+        rows.push(SpectralRow {
+            model: name.clone(),
+            m: *m,
+            sequences: s.value.n,
+            mean_radius: s.value.mean_radius,
+            min_radius: s.value.min_radius,
+            max_radius: s.value.max_radius,
+            max_rel_residual: s.value.max_rel_residual,
+        });
+    }
+    Ok(rows)
+}
+
+pub fn speed_rows(trainings: &[(String, Done<Trained>)]) -> Vec<SpeedRow> {
+    trainings
+        .iter()
+        .map(|(name, t)| SpeedRow {
+            training: name.clone(),
+            steps: t.value.steps,
+            tokens: t.value.tokens,
+            seconds: t.value.seconds,
+            tokens_per_s: t.value.tokens_per_s(),
+            teacher_cache_hits: t.value.teacher_cache.hits,
+            teacher_cache_misses: t.value.teacher_cache.misses,
+            peak_rss_bytes: t.value.peak_rss_bytes,
+        })
+        .collect()
+}
+
+/// The training-free method with the lowest answer NLL at the main M (the same stages as
+/// table 1's baseline rows, so cached when table 1 ran).
+pub fn best_baseline(ctx: &mut Ctx<'_>, _dense: &Dense) -> Result<String, ReproError> {
+    let l = ctx.limits.clone();
+    let mut best: Option<(f64, String)> = None;
+    for method in &l.baselines {
+        let p = runs::prune(ctx, method, l.m)?;
+        let subject = Subject::Model {
+            dir: p.value.out.clone(),
+            key: p.key.clone(),
+        };
+        let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
+        let v = nll.value.metric("answer_nll", method)?.estimate.value;
+        if best.as_ref().is_none_or(|(b, _)| v < *b) {
+            best = Some((v, method.to_string()));
+        }
+    }
+    best.map(|b| b.1)
+        .ok_or_else(|| ReproError::Setup("no training-free baseline configured".into()))
+}
