@@ -621,35 +621,6 @@ pub fn plots(t: &Tables, dir: &Path) -> Result<(bool, bool), ReproError> {
     Ok((a, b))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn signed_interval_marks_sure_differences() {
-        let i = Interval {
-            value: 0.2,
-            lo: 0.1,
-            hi: 0.3,
-        };
-        assert_eq!(signed(&i), "+0.200 [+0.100, +0.300] ↑");
-        let i = Interval {
-            value: -0.2,
-            lo: -0.3,
-            hi: 0.1,
-        };
-        assert_eq!(signed(&i), "-0.200 [-0.300, +0.100]");
-    }
-
-    #[test]
-    fn bounds_pad_and_handle_single_values() {
-        let (lo, hi) = bounds(&[1.0, 3.0]);
-        assert!(lo < 1.0 && hi > 3.0);
-        let (lo, hi) = bounds(&[2.0]);
-        assert!(lo < 2.0 && hi > 2.0);
-    }
-}
-
 /// Table 6: each selector's window placed in the enumeration of trained windows.
 fn where_table(w: &WhereToPrune, budget: &serde_json::Value) -> String {
     let mut s = format!(
@@ -707,4 +678,33 @@ fn where_table(w: &WhereToPrune, budget: &serde_json::Value) -> String {
             .join(", ")
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signed_interval_marks_sure_differences() {
+        let i = Interval {
+            value: 0.2,
+            lo: 0.1,
+            hi: 0.3,
+        };
+        assert_eq!(signed(&i), "+0.200 [+0.100, +0.300] ↑");
+        let i = Interval {
+            value: -0.2,
+            lo: -0.3,
+            hi: 0.1,
+        };
+        assert_eq!(signed(&i), "-0.200 [-0.300, +0.100]");
+    }
+
+    #[test]
+    fn bounds_pad_and_handle_single_values() {
+        let (lo, hi) = bounds(&[1.0, 3.0]);
+        assert!(lo < 1.0 && hi > 3.0);
+        let (lo, hi) = bounds(&[2.0]);
+        assert!(lo < 2.0 && hi > 2.0);
+    }
 }
