@@ -19,6 +19,8 @@ use crate::stage::{Done, Stages};
 pub struct Ctx<'a> {
     pub elm: &'a ElmCli,
     pub stages: Stages,
+    /// The model compressed models are cut from: the given dense model until the LoRA stage,
+    /// then its tuned version.
     pub model: PathBuf,
     /// Path, size and modification time of the model file(s): part of every stage key.
     pub model_id: String,

@@ -86,10 +86,12 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
     let mut u = if l.bench { 60.0 } else { 0.0 };
     let needs_dense = [
         TableId::Main,
+        TableId::Kv,
         TableId::Solver,
         TableId::Grad,
         TableId::Sweep,
         TableId::Where,
+        TableId::Spectral,
     ]
     .iter()
     .any(|&t| sel(t));
@@ -198,14 +200,22 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         t.bench = Some(crate::bench::figures(&b));
     }
     let needs = |ids: &[TableId]| ids.iter().any(|&i| sel(i));
+    // Every table but the canonical problems cuts compressed models, and (as in the paper)
+    // they are cut from the LoRA-tuned dense model: tune it first, then point every later
+    // stage at it (the untuned model's runs are already done by then).
     let dense = if needs(&[
         TableId::Main,
+        TableId::Kv,
         TableId::Solver,
         TableId::Grad,
         TableId::Sweep,
         TableId::Where,
+        TableId::Spectral,
     ]) {
-        Some(tables::dense(&mut ctx)?)
+        let d = tables::dense(&mut ctx)?;
+        ctx.model = d.tuned.value.out.clone();
+        ctx.model_id = format!("lora-tuned {}", d.tuned.key);
+        Some(d)
     } else {
         None
     };
