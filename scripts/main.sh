@@ -7,4 +7,4 @@ bash scripts/setup.sh
 export ELM_MODELS_DIR="${ELM_MODELS_DIR:-$PWD/models}"
 scale="${SCALE:-small}"
 cargo build --release --workspace
-cargo run --release -p paper_repro -- --scale "$scale" --out results
+cargo run --release -p paper_repro -- --scale "$scale" --out results --readme README.md

@@ -680,9 +680,49 @@ fn where_table(w: &WhereToPrune, budget: &serde_json::Value) -> String {
     s
 }
 
+pub const HEADLINE_BEGIN: &str = "<!-- headline:begin -->";
+pub const HEADLINE_END: &str = "<!-- headline:end -->";
+
+/// The headline and table 1 of a run, for the repository README (`--readme`).
+pub fn headline_block(t: &Tables, full: &Path) -> String {
+    format!(
+        "{HEADLINE_BEGIN}\n*Written by `paper_repro --scale {}`: {} stages that took {} to compute on this machine \
+         (this invocation computed {} of them); all tables: [{}]({}).*\n\n{}{}{HEADLINE_END}",
+        t.scale,
+        t.stages.len(),
+        seconds(t.stages.iter().map(|s| s.seconds).sum()),
+        t.stages.iter().filter(|s| !s.cached).count(),
+        full.file_name().map_or("README.md".into(), |f| f.to_string_lossy().to_string()),
+        full.parent()
+            .and_then(|p| p.file_name())
+            .map_or_else(|| "README.md".to_string(), |d| format!("{}/README.md", d.to_string_lossy())),
+        headline(t),
+        nonempty(&t.main, main_table),
+    )
+}
+
+/// `text` with its headline block replaced by `block` (`None` when it has none).
+pub fn replace_headline_block(text: &str, block: &str) -> Option<String> {
+    let start = text.find(HEADLINE_BEGIN)?;
+    let end = text[start..].find(HEADLINE_END)? + start + HEADLINE_END.len();
+    Some(format!("{}{block}{}", &text[..start], &text[end..]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn headline_block_is_replaced_in_place_and_only_there() {
+        let text = format!("intro\n{HEADLINE_BEGIN}\nold\n{HEADLINE_END}\nrest\n");
+        let new =
+            replace_headline_block(&text, &format!("{HEADLINE_BEGIN}new{HEADLINE_END}")).unwrap();
+        assert_eq!(
+            new,
+            format!("intro\n{HEADLINE_BEGIN}new{HEADLINE_END}\nrest\n")
+        );
+        assert!(replace_headline_block("no block", "x").is_none());
+    }
 
     #[test]
     fn signed_interval_marks_sure_differences() {

@@ -58,6 +58,10 @@ pub struct Args {
     /// Path of the `elm` binary. Default: next to this executable.
     #[arg(long)]
     pub elm_bin: Option<PathBuf>,
+    /// Also replace the headline block (between `<!-- headline:begin -->` and
+    /// `<!-- headline:end -->`) of this file, e.g. the repository's README.md.
+    #[arg(long)]
+    pub readme: Option<PathBuf>,
 }
 
 /// The `elm` binary: `--elm-bin`, else the one built next to this executable.
@@ -351,6 +355,23 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         what: format!("writing {}", readme_path.display()),
         source,
     })?;
+    if let Some(path) = &args.readme {
+        let text = std::fs::read_to_string(path).map_err(|e| ReproError::io(path, e))?;
+        let link = out.join("README.md");
+        let updated = report::replace_headline_block(&text, &report::headline_block(&t, &link))
+            .ok_or_else(|| {
+                ReproError::Setup(format!(
+                    "{}: no `{}` … `{}` block to replace",
+                    path.display(),
+                    report::HEADLINE_BEGIN,
+                    report::HEADLINE_END
+                ))
+            })?;
+        elm::io::write_atomic(path, updated.as_bytes()).map_err(|source| ReproError::Elm {
+            what: format!("writing {}", path.display()),
+            source,
+        })?;
+    }
     eprintln!(
         "wrote {} and {} in {}",
         readme_path.display(),

@@ -178,8 +178,24 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         assert!(svg.contains("<svg") && svg.contains("polyline"), "{plot}");
     }
 
-    // A rerun reads every stage from the cache and writes the same tables.
-    let again = run(&out, &model, &[]);
+    // A rerun reads every stage from the cache and writes the same tables; with --readme it
+    // also rewrites the headline block of that file (and nothing else in it).
+    let page = out.join("page.md");
+    std::fs::write(
+        &page,
+        "top\n<!-- headline:begin -->\nold\n<!-- headline:end -->\nbottom\n",
+    )
+    .unwrap();
+    let again = run(&out, &model, &["--readme", page.to_str().unwrap()]);
+    let page = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        page.starts_with("top\n<!-- headline:begin -->")
+            && page.ends_with("<!-- headline:end -->\nbottom\n")
+    );
+    assert!(
+        page.contains("**Headline") && page.contains("| model |") && !page.contains("old"),
+        "{page}"
+    );
     assert!(again.stages.iter().all(|s| s.cached), "{:?}", again.stages);
     assert_eq!(again.stages.len(), t.stages.len());
     assert_eq!(

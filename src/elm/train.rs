@@ -593,15 +593,7 @@ impl<'a> Trainer<'a> {
             base_model: self.base_model.clone(),
         };
         save_module(dir, &self.module()?, &meta)?;
-        // Older step directories are no longer referenced.
-        if let Ok(rd) = std::fs::read_dir(dir) {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().to_string();
-                if name.starts_with("step-") && name != step_dir {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-        }
+        crate::io::atomic::remove_old_step_dirs(dir, &step_dir);
         Ok(())
     }
 

@@ -92,6 +92,21 @@ pub fn remove_stale_temps(dir: &Path) -> Result<usize> {
     Ok(removed)
 }
 
+/// Removes the `step-*` checkpoint directories of run directory `dir` except `keep`, the one
+/// its state file now names (written before this is called, so a crash in between leaves an
+/// extra directory, never a missing one). Best effort: a directory that cannot be removed only
+/// costs disk.
+pub fn remove_old_step_dirs(dir: &Path, keep: &str) {
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with("step-") && name != keep {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
 /// Fsyncs directory `dir`, so entries created or renamed in it survive a power loss.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     fs::File::open(dir)

@@ -393,20 +393,15 @@ impl<'a> LoraTrainer<'a> {
             history: self.history.clone(),
         };
         write_json_atomic(&dir.join(LORA_STATE_FILE), &state)?;
-        if let Ok(rd) = std::fs::read_dir(dir) {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().to_string();
-                if name.starts_with("step-") && name != step_dir {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-        }
+        crate::io::atomic::remove_old_step_dirs(dir, &step_dir);
         Ok(())
     }
 
     /// Resumes from `dir/lora_state.json` with the run's own config.
     pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {
         let sp: PathBuf = dir.join(LORA_STATE_FILE);
+        // Temp files of a killed run were never renamed into place: nothing refers to them.
+        crate::io::atomic::remove_stale_temps(dir)?;
         let state: LoraState = read_json(&sp)?;
         if state.format != LORA_FORMAT {
             return Err(ElmError::format(
