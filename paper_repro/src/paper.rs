@@ -48,8 +48,9 @@ problems check the solvers themselves against closed-form solutions.";
 pub const SCALES: &str = "## Scales and run times\n\n\
 - `smoke` (CI, part of `cargo test -p paper_repro`): every table at toy sizes (2 training steps, 1–2 problems); \
 about 2 minutes on 2 cores; checks that every table is filled, not the figures.\n\
-- `small` (the main job): SmolLM2-135M-Instruct (Q4_1 GGUF dequantised to f32) on the CPU; budgeted for 90 minutes on \
-2 cores (main results: 300 steps × 2 × 128 tokens per trained model; ablations: 60 steps; 60 problems for NLL, 16 for \
+- `small` (the main job): SmolLM2-135M-Instruct (Q4_1 GGUF dequantised to f32) on the CPU; the compute time of this \
+run is stated at the top of this page (main results and the LoRA reference: 300 steps × 2 × 128 tokens per trained model; \
+ablations: 60 steps; table 6: GPPO 100 steps, enumeration of every 2nd start × 8 steps; 60 problems for NLL, 16 for \
 exact match). The stage cache makes a rerun after a kill resume where it stopped.\n\
 - `paper`: `--model` pointing at a local HF directory of Qwen2.5-1.5B-Instruct (config.json, safetensors, \
 tokenizer.json), the full GSM8K test set, 2000 steps × 8 × 256 tokens; days on a CPU (training runs on the CPU \
