@@ -78,10 +78,19 @@ fn run(m: &ElmModel) -> Vec<Array2<f32>> {
     out
 }
 
+/// Teacher-forced logits of every position (the NLL / perplexity / eval path).
+fn scored(m: &ElmModel) -> Array2<f32> {
+    let tokens = vec![vec![3u32, 9, 27, 1, 4, 8, 8]];
+    let mut s = ElmSession::new(m, icfg(), 1, 16).unwrap();
+    let h = s.teacher_forced_hidden(&tokens).unwrap();
+    s.logits_of_hidden(h.index_axis(ndarray::Axis(0), 0))
+}
+
 fn assert_same_logits(a: &ElmModel, b: &ElmModel, what: &str) {
     for (x, y) in run(a).iter().zip(run(b)) {
         assert_eq!(x, &y, "{what}: logits differ");
     }
+    assert_eq!(scored(a), scored(b), "{what}: teacher-forced logits differ");
 }
 
 fn same_linear(a: &Linear, b: &Linear, what: &str) {

@@ -698,7 +698,11 @@ impl<'m> ElmSession<'m> {
         let model = self.model;
         let mc = model.config();
         let seqs: Vec<usize> = (0..tokens.len()).collect();
-        let (mut x, _) = crate::model::embed_tokens(&model.weights, tokens)?; // [B, T, C]
+        // [B, T, C]
+        let (mut x, _) = match &model.quant {
+            Some(q) => crate::model::embed_tokens(&q.dense, tokens)?,
+            None => crate::model::embed_tokens(&model.weights, tokens)?,
+        };
         let (front, back) = match &model.elm {
             None => (mc.num_layers, 0),
             Some((ec, _)) => (ec.start_layer, mc.num_layers - ec.end_layer()),

@@ -174,7 +174,7 @@ pub fn save_quant_gguf(path: &Path, model: &ElmModel, tokenizer: &Tokenizer) -> 
     if let Some(e) = elm_cfg {
         meta.push(kv(ELM_KEY, json_string("ELM config", e)?));
     }
-    let (tok_json, tok_cfg) = tokenizer.to_json_parts()?;
+    let (tok_json, tok_cfg) = tokenizer.to_json_parts(false)?;
     meta.push(kv(TOKENIZER_JSON_KEY, GgufValue::String(tok_json)));
     meta.push(kv(TOKENIZER_CONFIG_KEY, GgufValue::String(tok_cfg)));
 

@@ -372,15 +372,15 @@ impl Tokenizer {
     /// (e.g. a pruned model saved as an HF directory keeps its GGUF tokenizer's behaviour).
     pub fn save_dir(&self, dir: impl AsRef<Path>) -> Result<()> {
         let dir = dir.as_ref();
-        let (json, config) = self.to_json_parts()?;
+        let (json, config) = self.to_json_parts(true)?;
         super::write_atomic(&dir.join("tokenizer.json"), json.as_bytes())?;
         super::write_atomic(&dir.join("tokenizer_config.json"), config.as_bytes())
     }
 
     /// The texts [`Tokenizer::save_dir`] writes, `(tokenizer.json, tokenizer_config.json)`;
-    /// [`Tokenizer::from_json_parts`] reads them back.
-    pub fn to_json_parts(&self) -> Result<(String, String)> {
-        let json = self.inner.to_string(true).map_err(tok_err)?;
+    /// [`Tokenizer::from_json_parts`] reads them back. `pretty`: indented `tokenizer.json`.
+    pub fn to_json_parts(&self, pretty: bool) -> Result<(String, String)> {
+        let json = self.inner.to_string(pretty).map_err(tok_err)?;
         let token = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i));
         let template = match &self.default_system_prompt {
             // The system turn is a literal, as `default_system_prompt` reads it back.
