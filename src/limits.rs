@@ -128,9 +128,7 @@ pub fn check_output_file(field: &str, path: &Path, force: bool) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(ElmError::io(path, e)),
         Ok(m) if m.is_dir() => Err(refuse("is a directory; give a file path")),
-        Ok(_) if !force => Err(refuse(
-            "file exists; pass --force to overwrite",
-        )),
+        Ok(_) if !force => Err(refuse("file exists; pass --force to overwrite")),
         Ok(_) => Ok(()),
     }
 }

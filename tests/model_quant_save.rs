@@ -23,6 +23,9 @@ use elm::model::{
 use elm::solver::{SolverConfig, StopCriteria};
 use ndarray::Array2;
 
+/// GGUF metadata as written.
+type Meta = Vec<(String, elm::io::gguf::GgufValue)>;
+
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 fn temp(name: &str) -> PathBuf {
@@ -97,11 +100,7 @@ fn same_linear(a: &Linear, b: &Linear, what: &str) {
     match (a, b) {
         (Linear::Quant(x), Linear::Quant(y)) => assert_eq!(x, y, "{what}: blocks differ"),
         (Linear::F32(x), Linear::F32(y)) => assert_eq!(x, y, "{what}: f32 differs"),
-        _ => panic!(
-            "{what}: storage {} vs {}",
-            a.format_name(),
-            b.format_name()
-        ),
+        _ => panic!("{what}: storage {} vs {}", a.format_name(), b.format_name()),
     }
 }
 
@@ -204,7 +203,15 @@ fn save_load_round_trip_is_exact_for_dense_and_elm() {
                 None,
             )
             .unwrap();
-            assert!(m.quant.as_ref().unwrap().module.as_ref().unwrap().projection.is_some());
+            assert!(m
+                .quant
+                .as_ref()
+                .unwrap()
+                .module
+                .as_ref()
+                .unwrap()
+                .projection
+                .is_some());
             let path = round_trip(&m, &format!("{what} elm"));
             // A dense loader refuses the ELM file, naming the metadata.
             let e = match load_inference(&path, WeightStorage::Auto) {
@@ -269,8 +276,7 @@ fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
             assert_same_logits(&want, &back, &format!("{arch:?} {format:?}"));
             // `--elm FILE` through the generic loaders gives the same model.
             let (via, _) =
-                ElmModel::load_with(Path::new("unused"), Some(&path), WeightStorage::Auto)
-                    .unwrap();
+                ElmModel::load_with(Path::new("unused"), Some(&path), WeightStorage::Auto).unwrap();
             assert_same_logits(&want, &via, "load_with(--elm FILE)");
             // Loading as another block format re-quantizes every matrix.
             let (q8, _) = load_quant_gguf_with(&path, WeightStorage::Quant(QFormat::Q8_0)).unwrap();
@@ -334,17 +340,16 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
         })
         .collect();
     let meta = g.metadata().to_vec();
-    let rewrite = |name: &str,
-                   edit_meta: &dyn Fn(&mut Vec<(String, elm::io::gguf::GgufValue)>),
-                   edit_t: &dyn Fn(&mut Vec<GgufTensorData>)| {
-        let (mut m2, mut t2) = (meta.clone(), tensors.clone());
-        edit_meta(&mut m2);
-        edit_t(&mut t2);
-        let p = temp(name);
-        write_gguf(&p, &m2, &t2).unwrap();
-        p
-    };
-    let none_m = |_: &mut Vec<(String, elm::io::gguf::GgufValue)>| {};
+    let rewrite =
+        |name: &str, edit_meta: &dyn Fn(&mut Meta), edit_t: &dyn Fn(&mut Vec<GgufTensorData>)| {
+            let (mut m2, mut t2) = (meta.clone(), tensors.clone());
+            edit_meta(&mut m2);
+            edit_t(&mut t2);
+            let p = temp(name);
+            write_gguf(&p, &m2, &t2).unwrap();
+            p
+        };
+    let none_m = |_: &mut Meta| {};
     let none_t = |_: &mut Vec<GgufTensorData>| {};
     // The unedited rewrite loads (the helper itself is sound).
     load_quant_gguf(&rewrite("same.gguf", &none_m, &none_t)).unwrap();
@@ -362,7 +367,11 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
     assert_kind(&load_err(&p), "tensor", "elm.proj_z.weight");
 
     let p = rewrite("replaced-layer.gguf", &none_m, &|t| {
-        let mut extra = t.iter().find(|x| x.name == "blk.0.ffn_norm.weight").unwrap().clone();
+        let mut extra = t
+            .iter()
+            .find(|x| x.name == "blk.0.ffn_norm.weight")
+            .unwrap()
+            .clone();
         extra.name = "blk.1.ffn_norm.weight".into();
         t.push(extra);
     });
@@ -420,7 +429,10 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
 
     // A wrong-shaped module matrix.
     let p = rewrite("shape.gguf", &none_m, &|t| {
-        let x = t.iter_mut().find(|x| x.name == "elm.proj_h.weight").unwrap();
+        let x = t
+            .iter_mut()
+            .find(|x| x.name == "elm.proj_h.weight")
+            .unwrap();
         x.shape = vec![x.shape[1] / 2, x.shape[0] * 2];
     });
     assert_kind(&load_err(&p), "tensor", "elm.proj_h.weight");
@@ -460,7 +472,10 @@ fn cli_quantize_refuses_existing_out_and_generate_loads_the_file() {
     let o = quantize(false);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["bytes"].as_u64().unwrap(), std::fs::metadata(&out).unwrap().len());
+    assert_eq!(
+        v["bytes"].as_u64().unwrap(),
+        std::fs::metadata(&out).unwrap().len()
+    );
     assert_eq!(v["matrices"]["q8_0"].as_u64().unwrap(), 1 + 7 * 4 + 2);
     let o = quantize(false);
     assert!(!o.status.success());
@@ -468,7 +483,15 @@ fn cli_quantize_refuses_existing_out_and_generate_loads_the_file() {
     assert!(err.contains("--force"), "{err}");
     assert!(quantize(true).status.success());
     let o = std::process::Command::new(elm_bin)
-        .args(["generate", "--weights", "auto", "--prompt", "w3 w9", "--max-new-tokens", "3"])
+        .args([
+            "generate",
+            "--weights",
+            "auto",
+            "--prompt",
+            "w3 w9",
+            "--max-new-tokens",
+            "3",
+        ])
         .args(["--solver", "picard", "--json", "--elm"])
         .arg(&out)
         .output()
@@ -500,16 +523,25 @@ fn real_checkpoint_elm_saves_smaller_and_decodes_the_same_tokens() {
         "f32 model {f32_bytes} bytes, dense Q4_1 GGUF {dense_gguf} bytes, saved quantized ELM \
          GGUF {bytes} bytes"
     );
-    assert!((bytes as usize) < f32_bytes / 4, "{bytes} vs f32 {f32_bytes}");
+    assert!(
+        (bytes as usize) < f32_bytes / 4,
+        "{bytes} vs f32 {f32_bytes}"
+    );
     assert!(bytes < dense_gguf, "{bytes} vs dense GGUF {dense_gguf}");
     let (back, tok2) = load_quant_gguf(&out).unwrap();
     same_quant(mem.quant.as_ref().unwrap(), back.quant.as_ref().unwrap());
     let prompt = tok
-        .encode(&tok.apply_chat_template(&[("user", "What is 2+2?")], true), false)
+        .encode(
+            &tok.apply_chat_template(&[("user", "What is 2+2?")], true),
+            false,
+        )
         .unwrap();
     assert_eq!(
-        tok2.encode(&tok2.apply_chat_template(&[("user", "What is 2+2?")], true), false)
-            .unwrap(),
+        tok2.encode(
+            &tok2.apply_chat_template(&[("user", "What is 2+2?")], true),
+            false
+        )
+        .unwrap(),
         prompt,
         "the embedded tokenizer encodes like the GGUF one"
     );

@@ -369,7 +369,11 @@ impl ElmModel {
                     format!(
                         "{} but the module {} a projection",
                         cfg.injection,
-                        if m.projection.is_some() { "has" } else { "lacks" }
+                        if m.projection.is_some() {
+                            "has"
+                        } else {
+                            "lacks"
+                        }
                     ),
                 ))
             }

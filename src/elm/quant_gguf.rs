@@ -53,8 +53,7 @@ pub const PROJ_BIAS: &str = "elm.proj.bias";
 
 /// Whether `path` is a GGUF file carrying [`FORMAT_KEY`] (written by [`save_quant_gguf`]).
 pub fn is_quant_gguf(path: &Path) -> bool {
-    path.is_file()
-        && GgufFile::open(path).is_ok_and(|g| g.get(FORMAT_KEY).is_some())
+    path.is_file() && GgufFile::open(path).is_ok_and(|g| g.get(FORMAT_KEY).is_some())
 }
 
 fn ggml_type_of(f: QFormat) -> GgmlType {

@@ -465,7 +465,7 @@ pub fn load_gguf_quant(gguf: &GgufFile, storage: WeightStorage) -> Result<QuantW
 /// `{arch}.*` metadata, Q/K rows permuted for Llama): the inverse of
 /// [`load_gguf_weights`]. Used for tiny test models and tools; atomic.
 pub fn save_gguf_model(weights: &ModelWeights, path: impl AsRef<std::path::Path>) -> Result<()> {
-    use super::gguf::{GgufTensorData, write_gguf};
+    use super::gguf::{write_gguf, GgufTensorData};
     let cfg = &weights.config;
     cfg.validate()?;
     let meta = arch_metadata(cfg);
