@@ -116,3 +116,19 @@ pub fn check_output_dir(field: &str, dir: &Path, force: bool) -> Result<()> {
         }
     }
 }
+
+/// Refuses writing an output FILE at `path` when that would replace existing work: `path`
+/// is a directory, or an existing file and `force` is off.
+pub fn check_output_file(field: &str, path: &Path, force: bool) -> Result<()> {
+    let refuse = |msg: &str| ElmError::InFile {
+        path: path.to_path_buf(),
+        source: Box::new(ElmError::config(field, msg)),
+    };
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(ElmError::io(path, e)),
+        Ok(m) if m.is_dir() => Err(refuse("is a directory; give a file path")),
+        Ok(_) if !force => Err(refuse("file exists; pass --force to overwrite")),
+        Ok(_) => Ok(()),
+    }
+}

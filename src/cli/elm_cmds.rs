@@ -122,7 +122,9 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
 /// Options selecting and solving an ELM at inference (shared by generate and eval).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ElmInferArgs {
-    /// ELM checkpoint directory (from `elm compress` or `elm train`); omit for the dense model.
+    /// ELM checkpoint directory (from `elm compress` or `elm train`), or a quantized GGUF
+    /// from `elm quantize --elm` (the whole model: --model is then not read for it); omit
+    /// for the dense model.
     #[arg(long)]
     pub elm: Option<PathBuf>,
     /// Fixed-point solver: picard | anderson | broyden.
@@ -464,6 +466,8 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     let reference = if a.compare_dense || reference_elm.is_some() {
         let reference_model = match reference_elm {
             Some(dir) => ElmModel::load(&a.model, Some(dir))?.0,
+            // A quantized --elm file holds no f32 weights: the reference is --model itself.
+            None if model.quant.is_some() => ElmModel::load(&a.model, None)?.0,
             None => ElmModel::dense(model.weights.clone()),
         };
         let r = run_one("reference", &reference_model, &tok, task, &data, &opts)?;

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 pub mod elm_cmds;
 pub mod model_cmds;
 pub mod prune;
+pub mod quantize;
 pub mod search;
 pub mod solve;
 
@@ -48,6 +49,8 @@ pub enum Command {
     Lora(search::LoraArgs),
     /// Choose the replaced window: GPPO, enumeration, metric selectors, or the report.
     Search(search::SearchArgs),
+    /// Save a model (dense, or with --elm an ELM) as one quantized GGUF for deployment.
+    Quantize(quantize::QuantizeArgs),
     /// Spectral radius of a trained module's Jacobian ∂φ/∂z at its fixed point.
     Spectral(elm_cmds::SpectralArgs),
 }
@@ -98,6 +101,7 @@ pub fn main() -> ExitCode {
         Command::Lora(a) => search::run_lora(a),
         Command::Search(a) => search::run_search(a),
         Command::Spectral(a) => elm_cmds::run_spectral(a),
+        Command::Quantize(a) => quantize::run_quantize(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -321,19 +321,64 @@ impl ElmModel {
                 (kept, Some(QuantModule::from_f32(m, format)))
             }
         };
-        let QuantWeights {
-            config: qc,
-            embed,
-            layers,
-            final_norm,
-            lm_head,
-        } = dense;
-        let layers = layers
+        let mut dense = dense;
+        dense.layers = std::mem::take(&mut dense.layers)
             .into_iter()
             .enumerate()
             .filter(|(i, _)| kept.contains(i))
             .map(|(_, l)| l)
             .collect();
+        ElmModel::from_quant(elm.map(|(c, _)| c), QuantElm { dense, module })
+    }
+
+    /// A quantized model from its parts: `quant.dense.layers` holds only the kept layers
+    /// (all of them without `elm`) and `quant.module` is present exactly when `elm` is.
+    pub fn from_quant(elm: Option<ElmConfig>, quant: QuantElm) -> Result<Self> {
+        let config = quant.dense.config.clone();
+        config.validate()?;
+        let kept = match &elm {
+            None => config.num_layers,
+            Some(cfg) => {
+                cfg.validate(&config)?;
+                config.num_layers - cfg.num_replaced
+            }
+        };
+        if quant.dense.layers.len() != kept {
+            return Err(ElmError::shape(
+                "ElmModel::from_quant",
+                format!(
+                    "{} dense layers for the {kept} kept layers",
+                    quant.dense.layers.len()
+                ),
+            ));
+        }
+        match (&elm, &quant.module) {
+            (Some(_), None) => {
+                return Err(ElmError::InvalidArgument(
+                    "ElmModel::from_quant: an ELM config without its module".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(ElmError::InvalidArgument(
+                    "ElmModel::from_quant: a module without its ELM config".into(),
+                ))
+            }
+            (Some(cfg), Some(m)) if cfg.injection != m.projection.is_some() => {
+                return Err(ElmError::config(
+                    "injection",
+                    format!(
+                        "{} but the module {} a projection",
+                        cfg.injection,
+                        if m.projection.is_some() {
+                            "has"
+                        } else {
+                            "lacks"
+                        }
+                    ),
+                ))
+            }
+            _ => {}
+        }
         let shell = ModelWeights {
             config: config.clone(),
             embed: empty2(),
@@ -347,17 +392,8 @@ impl ElmModel {
         };
         Ok(ElmModel {
             weights: shell,
-            elm: elm.map(|(c, _)| (c, shell_module())),
-            quant: Some(QuantElm {
-                dense: QuantWeights {
-                    config: qc,
-                    embed,
-                    layers,
-                    final_norm,
-                    lm_head,
-                },
-                module,
-            }),
+            elm: elm.map(|c| (c, shell_module())),
+            quant: Some(quant),
         })
     }
 
@@ -368,6 +404,10 @@ impl ElmModel {
         elm: Option<&Path>,
         storage: WeightStorage,
     ) -> Result<(Self, Tokenizer)> {
+        if let Some(file) = elm.filter(|p| p.is_file()) {
+            // A deployable file from `elm quantize`: it holds the whole model.
+            return super::quant_gguf::load_quant_gguf_with(file, storage);
+        }
         if storage == WeightStorage::F32 {
             return Self::load(model, elm);
         }
@@ -404,7 +444,13 @@ impl ElmModel {
     }
     /// Loads the dense model and its tokenizer and, with `elm`, the module checkpoint (which
     /// must have been cut from a model with the same config).
+    ///
+    /// `elm` may also be a quantized GGUF from `elm quantize` (see [`super::quant_gguf`]):
+    /// that file holds the whole model, loaded with its matrices as stored (`model` is not read).
     pub fn load(model: &Path, elm: Option<&Path>) -> Result<(Self, Tokenizer)> {
+        if let Some(file) = elm.filter(|p| p.is_file()) {
+            return super::quant_gguf::load_quant_gguf_with(file, WeightStorage::Auto);
+        }
         let (weights, tok) = load_pretrained(model)?;
         let loaded = match elm {
             None => ElmModel::dense(weights),
@@ -656,7 +702,11 @@ impl<'m> ElmSession<'m> {
         let model = self.model;
         let mc = model.config();
         let seqs: Vec<usize> = (0..tokens.len()).collect();
-        let (mut x, _) = crate::model::embed_tokens(&model.weights, tokens)?; // [B, T, C]
+        // [B, T, C]
+        let (mut x, _) = match &model.quant {
+            Some(q) => crate::model::embed_tokens(&q.dense, tokens)?,
+            None => crate::model::embed_tokens(&model.weights, tokens)?,
+        };
         let (front, back) = match &model.elm {
             None => (mc.num_layers, 0),
             Some((ec, _)) => (ec.start_layer, mc.num_layers - ec.end_layer()),

@@ -28,6 +28,7 @@ pub mod forward;
 pub mod infer;
 pub mod map;
 pub mod module;
+pub mod quant_gguf;
 pub mod spectral;
 pub mod train;
 

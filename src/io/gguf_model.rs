@@ -15,11 +15,24 @@ use crate::error::{ElmError, Result};
 use crate::model::quant::{Linear, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage};
 use crate::model::{Arch, LayerWeights, ModelConfig, ModelWeights};
 
+/// GGUF metadata key of a saved quantized ELM's [`crate::elm::ElmConfig`] (JSON); a file
+/// with it is not a dense model (see `elm::quant_gguf`).
+pub const ELM_CONFIG_KEY: &str = "elm.config";
+
 /// Reads the model hyper-parameters from `{arch}.*` / `tokenizer.ggml.*` metadata.
 ///
 /// Rejects metadata that would change the math we implement (RoPE scaling, partial
 /// rotary dims, unequal K/V head sizes) with a `Config` error naming the key.
 pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
+    if gguf.get(ELM_CONFIG_KEY).is_some() {
+        return Err(ElmError::format(
+            gguf.path(),
+            format!(
+                "holds an ELM (`{ELM_CONFIG_KEY}` metadata, written by `elm quantize --elm`), \
+                 not a dense model: pass it as `--elm FILE` (ElmModel::load_with)"
+            ),
+        ));
+    }
     let arch_name = gguf.get_str("general.architecture")?;
     let arch = match arch_name {
         "llama" => Arch::Llama,
@@ -167,12 +180,35 @@ pub fn permute_rope_rows(w: &Array2<f32>, n_head: usize) -> Array2<f32> {
 
 /// Pulls tensors out of a GGUF file by name, checking shapes, and remembers which
 /// names were used so that leftovers can be reported as unexpected.
-struct Taker<'a> {
+pub(crate) struct Taker<'a> {
     gguf: &'a GgufFile,
     used: HashSet<String>,
 }
 
-impl Taker<'_> {
+impl<'a> Taker<'a> {
+    pub(crate) fn new(gguf: &'a GgufFile) -> Self {
+        Taker {
+            gguf,
+            used: HashSet::new(),
+        }
+    }
+
+    /// The first tensor of the file no `take` used, as an `unexpected tensor` error.
+    pub(crate) fn finish(&self) -> Result<()> {
+        match self
+            .gguf
+            .tensors()
+            .iter()
+            .find(|x| !self.used.contains(&x.name))
+        {
+            Some(extra) => Err(ElmError::tensor(
+                &extra.name,
+                format!("unexpected tensor in {}", self.gguf.path().display()),
+            )),
+            None => Ok(()),
+        }
+    }
+
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Array2<f32>> {
         let info = self.gguf.tensor_info(name).ok_or_else(|| {
             ElmError::tensor(name, format!("missing from {}", self.gguf.path().display()))
@@ -195,7 +231,7 @@ impl Taker<'_> {
     /// wanted (or, with `Auto`, any supported) block format is copied as raw blocks;
     /// anything else is dequantized and, if a block format is wanted, quantized again.
     /// `rope_heads`: undo llama.cpp's Q/K row permutation (whole rows, so exact on blocks).
-    fn linear(
+    pub(crate) fn linear(
         &mut self,
         name: &str,
         rows: usize,
@@ -239,7 +275,7 @@ impl Taker<'_> {
         }
     }
 
-    fn vector(&mut self, name: &str, len: usize) -> Result<Array1<f32>> {
+    pub(crate) fn vector(&mut self, name: &str, len: usize) -> Result<Array1<f32>> {
         let info = self.gguf.tensor_info(name).ok_or_else(|| {
             ElmError::tensor(name, format!("missing from {}", self.gguf.path().display()))
         })?;
@@ -429,49 +465,11 @@ pub fn load_gguf_quant(gguf: &GgufFile, storage: WeightStorage) -> Result<QuantW
 /// `{arch}.*` metadata, Q/K rows permuted for Llama): the inverse of
 /// [`load_gguf_weights`]. Used for tiny test models and tools; atomic.
 pub fn save_gguf_model(weights: &ModelWeights, path: impl AsRef<std::path::Path>) -> Result<()> {
-    use super::gguf::{kv, write_gguf, GgufTensorData, GgufValue as V};
+    use super::gguf::{write_gguf, GgufTensorData};
     let cfg = &weights.config;
     cfg.validate()?;
-    let arch = match cfg.arch {
-        Arch::Llama => "llama",
-        Arch::Qwen2 => "qwen2",
-    };
+    let meta = arch_metadata(cfg);
     let permuted = cfg.arch == Arch::Llama;
-    let k = |s: &str| format!("{arch}.{s}");
-    let mut meta = vec![
-        kv("general.architecture", V::String(arch.into())),
-        kv(&k("vocab_size"), V::U32(cfg.vocab_size as u32)),
-        kv(
-            &k("context_length"),
-            V::U32(cfg.max_position_embeddings as u32),
-        ),
-        kv(&k("embedding_length"), V::U32(cfg.hidden_size as u32)),
-        kv(
-            &k("feed_forward_length"),
-            V::U32(cfg.intermediate_size as u32),
-        ),
-        kv(&k("block_count"), V::U32(cfg.num_layers as u32)),
-        kv(&k("attention.head_count"), V::U32(cfg.num_heads as u32)),
-        kv(
-            &k("attention.head_count_kv"),
-            V::U32(cfg.num_kv_heads as u32),
-        ),
-        kv(&k("attention.key_length"), V::U32(cfg.head_dim as u32)),
-        kv(&k("attention.value_length"), V::U32(cfg.head_dim as u32)),
-        kv(&k("rope.dimension_count"), V::U32(cfg.head_dim as u32)),
-        kv(&k("rope.freq_base"), V::F32(cfg.rope_theta)),
-        kv(
-            &k("attention.layer_norm_rms_epsilon"),
-            V::F32(cfg.rms_norm_eps),
-        ),
-    ];
-    if let Some(id) = cfg.bos_token_id {
-        meta.push(kv("tokenizer.ggml.bos_token_id", V::U32(id)));
-    }
-    if let Some(id) = cfg.eos_token_id {
-        meta.push(kv("tokenizer.ggml.eos_token_id", V::U32(id)));
-    }
-
     let mat = |name: String, w: &Array2<f32>| {
         let w = w.as_standard_layout();
         GgufTensorData::f32(&name, w.shape(), w.as_slice().expect("standard layout"))
@@ -519,4 +517,60 @@ pub fn save_gguf_model(weights: &ModelWeights, path: impl AsRef<std::path::Path>
         tensors.push(mat(n("ffn_down.weight"), &lw.w_down));
     }
     write_gguf(path, &meta, &tensors)
+}
+
+/// The `general.architecture` / `{arch}.*` / BOS-EOS metadata llama.cpp reads for `cfg`
+/// (what [`config_from_gguf`] parses back).
+pub fn arch_metadata(cfg: &ModelConfig) -> Vec<(String, super::gguf::GgufValue)> {
+    use super::gguf::{kv, GgufValue as V};
+    let arch = match cfg.arch {
+        Arch::Llama => "llama",
+        Arch::Qwen2 => "qwen2",
+    };
+    let k = |s: &str| format!("{arch}.{s}");
+    let mut meta = vec![
+        kv("general.architecture", V::String(arch.into())),
+        kv(&k("vocab_size"), V::U32(cfg.vocab_size as u32)),
+        kv(
+            &k("context_length"),
+            V::U32(cfg.max_position_embeddings as u32),
+        ),
+        kv(&k("embedding_length"), V::U32(cfg.hidden_size as u32)),
+        kv(
+            &k("feed_forward_length"),
+            V::U32(cfg.intermediate_size as u32),
+        ),
+        kv(&k("block_count"), V::U32(cfg.num_layers as u32)),
+        kv(&k("attention.head_count"), V::U32(cfg.num_heads as u32)),
+        kv(
+            &k("attention.head_count_kv"),
+            V::U32(cfg.num_kv_heads as u32),
+        ),
+        kv(&k("attention.key_length"), V::U32(cfg.head_dim as u32)),
+        kv(&k("attention.value_length"), V::U32(cfg.head_dim as u32)),
+        kv(&k("rope.dimension_count"), V::U32(cfg.head_dim as u32)),
+        kv(&k("rope.freq_base"), V::F32(cfg.rope_theta)),
+        kv(
+            &k("attention.layer_norm_rms_epsilon"),
+            V::F32(cfg.rms_norm_eps),
+        ),
+    ];
+    if let Some(id) = cfg.bos_token_id {
+        meta.push(kv("tokenizer.ggml.bos_token_id", V::U32(id)));
+    }
+    if let Some(id) = cfg.eos_token_id {
+        meta.push(kv("tokenizer.ggml.eos_token_id", V::U32(id)));
+    }
+
+    meta
+}
+
+/// HF half-split row order → GGUF interleaved-RoPE order of a quantized Q/K matrix
+/// (whole rows move, so it is exact on blocks; inverse of the load-time un-permutation).
+pub fn permute_rope_qrows(q: &QMatrix, n_head: usize) -> Result<QMatrix> {
+    let mut hf_row_of_gguf_row = vec![0; q.rows()];
+    for (hf_row, gguf_row) in gguf_row_of_hf_row(q.rows(), n_head).into_iter().enumerate() {
+        hf_row_of_gguf_row[gguf_row] = hf_row;
+    }
+    q.select_rows(&hf_row_of_gguf_row)
 }

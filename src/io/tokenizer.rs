@@ -59,6 +59,12 @@ fn split_regexes(pre: &str) -> Option<Vec<&'static str>> {
     }
 }
 
+/// GGUF metadata key holding a tokenizer as HF `tokenizer.json` text (files written by
+/// `elm quantize`; read by [`Tokenizer::from_gguf`] when `tokenizer.ggml.*` is absent).
+pub const TOKENIZER_JSON_KEY: &str = "elm.tokenizer.json";
+/// GGUF metadata key of the matching `tokenizer_config.json` text.
+pub const TOKENIZER_CONFIG_KEY: &str = "elm.tokenizer.config";
+
 /// A text tokenizer with BOS/EOS ids and a ChatML prompt formatter.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -101,7 +107,22 @@ impl Tokenizer {
                 std::io::Error::new(std::io::ErrorKind::NotFound, "tokenizer file not found"),
             ));
         }
-        let inner = tokenizers::Tokenizer::from_file(path)
+        let json = std::fs::read_to_string(path).map_err(|e| ElmError::io(path, e))?;
+        let cfg_path = path.with_file_name("tokenizer_config.json");
+        let cfg_text = if cfg_path.is_file() {
+            Some(std::fs::read_to_string(&cfg_path).map_err(|e| ElmError::io(&cfg_path, e))?)
+        } else {
+            None
+        };
+        Self::from_json_parts(&json, cfg_text.as_deref(), path)
+    }
+
+    /// [`Tokenizer::from_file`] on the texts of a `tokenizer.json` and (optionally) its
+    /// `tokenizer_config.json`; `origin` names them in errors.
+    pub fn from_json_parts(json: &str, config: Option<&str>, origin: &Path) -> Result<Tokenizer> {
+        let path = origin;
+        let inner: tokenizers::Tokenizer = json
+            .parse()
             .map_err(|e| ElmError::format(path, format!("invalid tokenizer.json: {e}")))?;
         let mut tok = Tokenizer {
             inner,
@@ -110,13 +131,10 @@ impl Tokenizer {
             prepend_bos: false,
             default_system_prompt: None,
         };
-        let cfg_path = path.with_file_name("tokenizer_config.json");
-        if cfg_path.is_file() {
-            let text =
-                std::fs::read_to_string(&cfg_path).map_err(|e| ElmError::io(&cfg_path, e))?;
+        if let Some(text) = config {
             let cfg: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| ElmError::Json {
-                    what: cfg_path.display().to_string(),
+                serde_json::from_str(text).map_err(|e| ElmError::Json {
+                    what: format!("{} (tokenizer_config.json)", path.display()),
                     msg: e.to_string(),
                 })?;
             let token = |k: &str| -> Option<u32> {
@@ -142,6 +160,19 @@ impl Tokenizer {
     /// (byte-level BPE, `tokenizer.ggml.model = "gpt2"`).
     pub fn from_gguf(gguf: &GgufFile) -> Result<Tokenizer> {
         let path = gguf.path();
+        if gguf.get("tokenizer.ggml.model").is_none() {
+            if let Some(json) = gguf.get(TOKENIZER_JSON_KEY) {
+                // A file written by `elm quantize`: the tokenizer as HF JSON.
+                let json = json.as_str().ok_or_else(|| {
+                    ElmError::format(path, format!("{TOKENIZER_JSON_KEY} is not a string"))
+                })?;
+                let config = match gguf.get(TOKENIZER_CONFIG_KEY) {
+                    Some(_) => Some(gguf.get_str(TOKENIZER_CONFIG_KEY)?),
+                    None => None,
+                };
+                return Self::from_json_parts(json, config, path);
+            }
+        }
         let model = gguf.get_str("tokenizer.ggml.model")?;
         if model != "gpt2" {
             return Err(ElmError::Unsupported(format!(
@@ -341,7 +372,15 @@ impl Tokenizer {
     /// (e.g. a pruned model saved as an HF directory keeps its GGUF tokenizer's behaviour).
     pub fn save_dir(&self, dir: impl AsRef<Path>) -> Result<()> {
         let dir = dir.as_ref();
-        self.save(dir.join("tokenizer.json"))?;
+        let (json, config) = self.to_json_parts(true)?;
+        super::write_atomic(&dir.join("tokenizer.json"), json.as_bytes())?;
+        super::write_atomic(&dir.join("tokenizer_config.json"), config.as_bytes())
+    }
+
+    /// The texts [`Tokenizer::save_dir`] writes, `(tokenizer.json, tokenizer_config.json)`;
+    /// [`Tokenizer::from_json_parts`] reads them back. `pretty`: indented `tokenizer.json`.
+    pub fn to_json_parts(&self, pretty: bool) -> Result<(String, String)> {
+        let json = self.inner.to_string(pretty).map_err(tok_err)?;
         let token = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i));
         let template = match &self.default_system_prompt {
             // The system turn is a literal, as `default_system_prompt` reads it back.
@@ -360,7 +399,7 @@ impl Tokenizer {
             what: "tokenizer_config.json".into(),
             msg: e.to_string(),
         })?;
-        super::write_atomic(&dir.join("tokenizer_config.json"), text.as_bytes())
+        Ok((json, text))
     }
 
     /// Renders a ChatML prompt, `<|im_start|>{role}\n{content}<|im_end|>\n` per message,

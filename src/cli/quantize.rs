@@ -1,0 +1,66 @@
+//! `elm quantize`: a dense model or an ELM saved as one deployable quantized GGUF.
+
+use std::path::PathBuf;
+
+use elm::elm::infer::ElmModel;
+use elm::elm::quant_gguf::{save_quant_gguf, storage_summary};
+use elm::error::{ElmError, Result};
+use elm::model::{default_model_path, WeightStorage};
+
+#[derive(clap::Args, Debug)]
+pub struct QuantizeArgs {
+    /// Dense model: a .gguf file or an HF directory (default: the SmolLM2 GGUF).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// ELM checkpoint directory (from `elm compress` / `elm train`) cut from --model; omit
+    /// to save the dense model.
+    #[arg(long)]
+    pub elm: Option<PathBuf>,
+    /// Block format of every matrix: q8_0 | q4_0 | q4_1, or auto (a GGUF's blocks kept as
+    /// they are, the module in its replaced layer's format; f32 sources stay f32).
+    #[arg(long)]
+    pub format: String,
+    /// Output .gguf file.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace an existing --out.
+    #[arg(long)]
+    pub force: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run_quantize(a: QuantizeArgs) -> Result<()> {
+    let storage: WeightStorage = a.format.parse()?;
+    if storage == WeightStorage::F32 {
+        return Err(ElmError::config(
+            "format",
+            "f32 is not a quantized format: expected q8_0, q4_0, q4_1 or auto",
+        ));
+    }
+    elm::limits::check_output_file("out", &a.out, a.force)?;
+    let model_path = a.model.clone().unwrap_or_else(default_model_path);
+    let (model, tok) = ElmModel::load_with(&model_path, a.elm.as_deref(), storage)?;
+    let bytes = save_quant_gguf(&a.out, &model, &tok)?;
+    let formats = storage_summary(&model);
+    if a.json {
+        let value = serde_json::json!({
+            "out": a.out,
+            "bytes": bytes,
+            "format": storage.to_string(),
+            "model": model_path,
+            "elm": a.elm,
+            "weight_bytes": model.weight_bytes(),
+            "matrices": formats.iter().map(|(f, n)| (f.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+        });
+        println!("{value}");
+    } else {
+        let formats: Vec<String> = formats.iter().map(|(f, n)| format!("{n} {f}")).collect();
+        println!(
+            "wrote {} ({bytes} bytes; matrices: {})",
+            a.out.display(),
+            formats.join(", ")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,364 @@
+//! A deployable quantized model (dense or ELM) as ONE GGUF file, and its strict loader.
+//!
+//! Layout (GGUF v3, llama.cpp names and Q/K row order):
+//! - metadata: `general.architecture` and the `{arch}.*` keys of the full model (so
+//!   `block_count` is the original N), `elm.format = "elm-quant-v1"`, `elm.model_config`
+//!   (the [`ModelConfig`] as JSON: the source of truth at load), `elm.config` (the
+//!   [`ElmConfig`] as JSON, ELMs only), and the tokenizer as HF JSON (`elm.tokenizer.json`,
+//!   `elm.tokenizer.config`, read back by [`Tokenizer::from_gguf`]).
+//! - tensors: `token_embd.weight`, `output_norm.weight`, `output.weight` (untied heads), and
+//!   the kept dense layers under their ORIGINAL indices `blk.{i}.*`; for an ELM the module's
+//!   block under `elm.blk.*` and its input projection as `elm.proj_z.weight`,
+//!   `elm.proj_h.weight`, `elm.proj.bias`.
+//! - Q8_0/Q4_0/Q4_1 matrices are written byte-for-byte as held in memory (rows reordered into
+//!   llama.cpp's interleaved-RoPE order for Llama Q/K, whole rows, so exact); anything kept f32
+//!   (and every norm and bias) is F32.
+//!
+//! A dense file (no `elm.config`) is an ordinary Llama/Qwen2 GGUF that the dense loaders read
+//! too; a file with `elm.config` is refused by them and read by [`load_quant_gguf`] (or
+//! `ElmModel::load_with(_, Some(file), _)`, i.e. `--elm FILE.gguf` on the command line).
+
+use std::path::Path;
+
+use ndarray::{Array1, Axis};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::config::ElmConfig;
+use super::infer::{ElmModel, QuantElm, QuantModule, QuantProjection};
+use crate::error::{ElmError, Result};
+use crate::io::gguf::{kv, write_gguf, GgmlType, GgufFile, GgufTensorData, GgufValue};
+use crate::io::gguf_model::{
+    arch_metadata, permute_rope_qrows, permute_rope_rows, unpermute_rope_rows, Taker,
+    ELM_CONFIG_KEY,
+};
+use crate::io::tokenizer::{Tokenizer, TOKENIZER_CONFIG_KEY, TOKENIZER_JSON_KEY};
+use crate::model::quant::{Linear, QFormat, QLayer, QuantWeights, WeightStorage, QK};
+use crate::model::{Arch, ModelConfig};
+
+/// Value of [`FORMAT_KEY`] in the files this module writes.
+pub const QUANT_FORMAT: &str = "elm-quant-v1";
+/// Metadata key naming the layout version.
+pub const FORMAT_KEY: &str = "elm.format";
+/// Metadata key of the model config (JSON).
+pub const MODEL_CONFIG_KEY: &str = "elm.model_config";
+/// Metadata key of the ELM config (JSON); re-exported from the GGUF reader, which refuses
+/// such files as dense models.
+pub const ELM_KEY: &str = ELM_CONFIG_KEY;
+/// Name prefix of the module's block tensors.
+pub const MODULE_PREFIX: &str = "elm.blk.";
+pub const PROJ_Z: &str = "elm.proj_z.weight";
+pub const PROJ_H: &str = "elm.proj_h.weight";
+pub const PROJ_BIAS: &str = "elm.proj.bias";
+
+/// Whether `path` is a GGUF file carrying [`FORMAT_KEY`] (written by [`save_quant_gguf`]).
+pub fn is_quant_gguf(path: &Path) -> bool {
+    path.is_file() && GgufFile::open(path).is_ok_and(|g| g.get(FORMAT_KEY).is_some())
+}
+
+fn ggml_type_of(f: QFormat) -> GgmlType {
+    match f {
+        QFormat::Q8_0 => GgmlType::Q8_0,
+        QFormat::Q4_0 => GgmlType::Q4_0,
+        QFormat::Q4_1 => GgmlType::Q4_1,
+    }
+}
+
+/// `Some(heads)` when Q/K rows are stored permuted (Llama).
+fn rope(cfg: &ModelConfig, heads: usize) -> Option<usize> {
+    (cfg.arch == Arch::Llama).then_some(heads)
+}
+
+fn linear_tensor(name: &str, l: &Linear, rope_heads: Option<usize>) -> Result<GgufTensorData> {
+    match l {
+        Linear::F32(w) => {
+            let w = match rope_heads {
+                Some(h) => permute_rope_rows(w, h),
+                None => w.as_standard_layout().into_owned(),
+            };
+            Ok(GgufTensorData::f32(
+                name,
+                w.shape(),
+                w.as_slice().expect("standard layout"),
+            ))
+        }
+        Linear::Quant(q) => {
+            if !q.cols().is_multiple_of(QK) {
+                return Err(ElmError::tensor(
+                    name,
+                    format!(
+                        "{} columns: GGUF stores {} blocks only for rows of whole {QK}-blocks",
+                        q.cols(),
+                        q.format().name()
+                    ),
+                ));
+            }
+            let data = match rope_heads {
+                Some(h) => permute_rope_qrows(q, h)?.data().to_vec(),
+                None => q.data().to_vec(),
+            };
+            Ok(GgufTensorData {
+                name: name.to_string(),
+                shape: vec![q.rows(), q.cols()],
+                ggml_type: ggml_type_of(q.format()),
+                data,
+            })
+        }
+    }
+}
+
+fn vec_tensor(name: &str, v: &Array1<f32>, rope_heads: Option<usize>) -> GgufTensorData {
+    let v = match rope_heads {
+        Some(h) => permute_rope_rows(&v.clone().insert_axis(Axis(1)), h).remove_axis(Axis(1)),
+        None => v.clone(),
+    };
+    GgufTensorData::f32(name, &[v.len()], &v.to_vec())
+}
+
+/// The tensors of one block under `prefix` (`blk.{i}.` or [`MODULE_PREFIX`]).
+fn layer_tensors(
+    prefix: &str,
+    l: &QLayer,
+    cfg: &ModelConfig,
+    out: &mut Vec<GgufTensorData>,
+) -> Result<()> {
+    let n = |s: &str| format!("{prefix}{s}");
+    let (h, kv) = (cfg.num_heads, cfg.num_kv_heads);
+    out.push(vec_tensor(&n("attn_norm.weight"), &l.attn_norm, None));
+    out.push(linear_tensor(&n("attn_q.weight"), &l.wq, rope(cfg, h))?);
+    out.push(linear_tensor(&n("attn_k.weight"), &l.wk, rope(cfg, kv))?);
+    out.push(linear_tensor(&n("attn_v.weight"), &l.wv, None)?);
+    out.push(linear_tensor(&n("attn_output.weight"), &l.wo, None)?);
+    if let Some(b) = &l.bq {
+        out.push(vec_tensor(&n("attn_q.bias"), b, rope(cfg, h)));
+    }
+    if let Some(b) = &l.bk {
+        out.push(vec_tensor(&n("attn_k.bias"), b, rope(cfg, kv)));
+    }
+    if let Some(b) = &l.bv {
+        out.push(vec_tensor(&n("attn_v.bias"), b, None));
+    }
+    out.push(vec_tensor(&n("ffn_norm.weight"), &l.mlp_norm, None));
+    out.push(linear_tensor(&n("ffn_gate.weight"), &l.w_gate, None)?);
+    out.push(linear_tensor(&n("ffn_up.weight"), &l.w_up, None)?);
+    out.push(linear_tensor(&n("ffn_down.weight"), &l.w_down, None)?);
+    Ok(())
+}
+
+fn json_string<T: Serialize>(what: &str, v: &T) -> Result<GgufValue> {
+    serde_json::to_string(v)
+        .map(GgufValue::String)
+        .map_err(|e| ElmError::Json {
+            what: what.into(),
+            msg: e.to_string(),
+        })
+}
+
+/// Writes `model` (quantized: [`ElmModel::quantized`] / [`ElmModel::load_with`]) and its
+/// tokenizer as one GGUF file at `path` (atomic; an existing file is replaced — callers
+/// refuse it first if they must). Returns the bytes written.
+pub fn save_quant_gguf(path: &Path, model: &ElmModel, tokenizer: &Tokenizer) -> Result<u64> {
+    let q = model.quant.as_ref().ok_or_else(|| {
+        ElmError::InvalidArgument(
+            "save_quant_gguf: the model holds f32 weights; load it quantized \
+             (ElmModel::load_with with a block format, or ElmModel::quantized)"
+                .into(),
+        )
+    })?;
+    let cfg = &q.dense.config;
+    let elm_cfg = model.elm.as_ref().map(|(c, _)| c);
+    let mut meta = arch_metadata(cfg);
+    meta.push(kv(FORMAT_KEY, GgufValue::String(QUANT_FORMAT.into())));
+    meta.push(kv(MODEL_CONFIG_KEY, json_string("model config", cfg)?));
+    if let Some(e) = elm_cfg {
+        meta.push(kv(ELM_KEY, json_string("ELM config", e)?));
+    }
+    let (tok_json, tok_cfg) = tokenizer.to_json_parts(false)?;
+    meta.push(kv(TOKENIZER_JSON_KEY, GgufValue::String(tok_json)));
+    meta.push(kv(TOKENIZER_CONFIG_KEY, GgufValue::String(tok_cfg)));
+
+    let mut tensors = vec![
+        linear_tensor("token_embd.weight", &q.dense.embed, None)?,
+        vec_tensor("output_norm.weight", &q.dense.final_norm, None),
+    ];
+    if let Some(head) = &q.dense.lm_head {
+        tensors.push(linear_tensor("output.weight", head, None)?);
+    }
+    let kept = model.kept_layers();
+    if kept.len() != q.dense.layers.len() {
+        return Err(ElmError::shape(
+            "save_quant_gguf",
+            format!(
+                "{} dense layers held for {} kept layers",
+                q.dense.layers.len(),
+                kept.len()
+            ),
+        ));
+    }
+    for (i, layer) in kept.iter().zip(&q.dense.layers) {
+        layer_tensors(&format!("blk.{i}."), layer, cfg, &mut tensors)?;
+    }
+    if let Some(m) = &q.module {
+        layer_tensors(MODULE_PREFIX, &m.block, cfg, &mut tensors)?;
+        if let Some(p) = &m.projection {
+            tensors.push(linear_tensor(PROJ_Z, &p.w_z, None)?);
+            tensors.push(linear_tensor(PROJ_H, &p.w_h, None)?);
+            tensors.push(vec_tensor(PROJ_BIAS, &p.bias, None));
+        }
+    }
+    write_gguf(path, &meta, &tensors)?;
+    std::fs::metadata(path)
+        .map(|m| m.len())
+        .map_err(|e| ElmError::io(path, e))
+}
+
+fn json_key<T: DeserializeOwned>(gguf: &GgufFile, key: &str) -> Result<T> {
+    let text = gguf.get_str(key)?;
+    serde_json::from_str(text)
+        .map_err(|e| ElmError::format(gguf.path(), format!("metadata `{key}`: {e}")))
+}
+
+/// One block read from `prefix` (inverse of [`layer_tensors`]).
+fn read_layer(
+    t: &mut Taker<'_>,
+    prefix: &str,
+    cfg: &ModelConfig,
+    storage: WeightStorage,
+) -> Result<QLayer> {
+    let n = |s: &str| format!("{prefix}{s}");
+    let (c, i_dim) = (cfg.hidden_size, cfg.intermediate_size);
+    let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let unrope = |b: Array1<f32>, heads: usize| match rope(cfg, heads) {
+        Some(h) => unpermute_rope_rows(&b.insert_axis(Axis(1)), h).remove_axis(Axis(1)),
+        None => b,
+    };
+    let (bq, bk, bv) = if cfg.attention_bias {
+        (
+            Some(unrope(t.vector(&n("attn_q.bias"), h * d)?, h)),
+            Some(unrope(t.vector(&n("attn_k.bias"), kv * d)?, kv)),
+            Some(t.vector(&n("attn_v.bias"), kv * d)?),
+        )
+    } else {
+        (None, None, None)
+    };
+    Ok(QLayer {
+        attn_norm: t.vector(&n("attn_norm.weight"), c)?,
+        wq: t.linear(&n("attn_q.weight"), h * d, c, storage, rope(cfg, h))?,
+        wk: t.linear(&n("attn_k.weight"), kv * d, c, storage, rope(cfg, kv))?,
+        wv: t.linear(&n("attn_v.weight"), kv * d, c, storage, None)?,
+        wo: t.linear(&n("attn_output.weight"), c, h * d, storage, None)?,
+        bq,
+        bk,
+        bv,
+        mlp_norm: t.vector(&n("ffn_norm.weight"), c)?,
+        w_gate: t.linear(&n("ffn_gate.weight"), i_dim, c, storage, None)?,
+        w_up: t.linear(&n("ffn_up.weight"), i_dim, c, storage, None)?,
+        w_down: t.linear(&n("ffn_down.weight"), c, i_dim, storage, None)?,
+    })
+}
+
+/// Loads a file written by [`save_quant_gguf`] with its matrices as stored.
+pub fn load_quant_gguf(path: &Path) -> Result<(ElmModel, Tokenizer)> {
+    load_quant_gguf_with(path, WeightStorage::Auto)
+}
+
+/// Loads a file written by [`save_quant_gguf`]: `Auto` keeps every matrix as stored (blocks
+/// byte-for-byte); `Quant(f)` re-quantizes matrices of another format; `F32` dequantizes.
+///
+/// Strict: a wrong `elm.format`, missing or invalid config metadata, or a missing,
+/// mis-shaped or unexpected tensor is an error naming the file and the key or tensor.
+pub fn load_quant_gguf_with(path: &Path, storage: WeightStorage) -> Result<(ElmModel, Tokenizer)> {
+    let gguf = GgufFile::open(path)?;
+    let format = gguf.get_str(FORMAT_KEY)?;
+    if format != QUANT_FORMAT {
+        return Err(ElmError::format(
+            path,
+            format!("metadata `{FORMAT_KEY}` = `{format}`, expected `{QUANT_FORMAT}`"),
+        ));
+    }
+    let cfg: ModelConfig = json_key(&gguf, MODEL_CONFIG_KEY)?;
+    cfg.validate().map_err(|e| e.in_file(path))?;
+    let elm: Option<ElmConfig> = match gguf.get(ELM_KEY) {
+        None => None,
+        Some(_) => {
+            let e: ElmConfig = json_key(&gguf, ELM_KEY)?;
+            e.validate(&cfg).map_err(|e| e.in_file(path))?;
+            Some(e)
+        }
+    };
+    let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    let (c, v) = (cfg.hidden_size, cfg.vocab_size);
+    let mut t = Taker::new(&gguf);
+    let embed = t.linear("token_embd.weight", v, c, storage, None)?;
+    let final_norm = t.vector("output_norm.weight", c)?;
+    let lm_head = if cfg.tie_word_embeddings {
+        None
+    } else {
+        Some(t.linear("output.weight", v, c, storage, None)?)
+    };
+    let kept: Vec<usize> = match &elm {
+        None => (0..cfg.num_layers).collect(),
+        Some(e) => (0..e.start_layer)
+            .chain(e.end_layer()..cfg.num_layers)
+            .collect(),
+    };
+    let layers = kept
+        .iter()
+        .map(|i| read_layer(&mut t, &format!("blk.{i}."), &cfg, storage))
+        .collect::<Result<Vec<_>>>()?;
+    let module = match &elm {
+        None => None,
+        Some(e) => Some(QuantModule {
+            block: read_layer(&mut t, MODULE_PREFIX, &cfg, storage)?,
+            projection: if e.injection {
+                Some(QuantProjection {
+                    w_z: t.linear(PROJ_Z, c, c, storage, None)?,
+                    w_h: t.linear(PROJ_H, c, c, storage, None)?,
+                    bias: t.vector(PROJ_BIAS, c)?,
+                })
+            } else {
+                None
+            },
+        }),
+    };
+    t.finish()?;
+    let quant = QuantElm {
+        dense: QuantWeights {
+            config: cfg,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+        },
+        module,
+    };
+    let model = ElmModel::from_quant(elm, quant).map_err(|e| e.in_file(path))?;
+    Ok((model, tokenizer))
+}
+
+fn layer_linears(l: &QLayer) -> [&Linear; 7] {
+    [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+}
+
+/// Storage names of the matrices a quantized model holds, with their counts (for reports).
+pub fn storage_summary(model: &ElmModel) -> Vec<(String, usize)> {
+    let mut all: Vec<&Linear> = vec![];
+    if let Some(q) = &model.quant {
+        all.push(&q.dense.embed);
+        all.extend(q.dense.lm_head.as_ref());
+        for l in &q.dense.layers {
+            all.extend(layer_linears(l));
+        }
+        if let Some(m) = &q.module {
+            all.extend(layer_linears(&m.block));
+            if let Some(p) = &m.projection {
+                all.extend([&p.w_z, &p.w_h]);
+            }
+        }
+    }
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for l in all {
+        *counts.entry(l.format_name().to_string()).or_default() += 1;
+    }
+    counts.into_iter().collect()
+}
