@@ -56,6 +56,11 @@ pub struct MainRow {
     /// Retention RP = model / dense flexible exact match, paired over problems.
     #[serde(deserialize_with = "Option::deserialize")]
     pub rp_flexible: Option<Interval>,
+    /// This compressed model's answer NLL minus the ELM's, paired over problems (the study's
+    /// question: is the equilibrium module better than deleting or replacing the same layers?).
+    /// `None` on the dense rows and the ELM's own.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub delta_nll_vs_elm: Option<Interval>,
 }
 
 /// Table 2: one-step vs multi-step KV.
@@ -249,6 +254,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             } else {
                 pair(f, df, &model)?.ratio.as_ref().map(Into::into)
             },
+            delta_nll_vs_elm: None,
         })
     };
     // The ELM first (its training fills the teacher cache the trained baselines then read),
@@ -258,12 +264,13 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
                        name: String,
                        kind: &str,
                        t: &Done<Trained>|
-     -> Result<MainRow, ReproError> {
+     -> Result<(MainRow, runs::Metric), ReproError> {
         let s = Subject::elm(t, "anderson", 0.5);
         let nll = runs::eval(ctx, &s, "gsm8k-nll")?;
         let em = runs::eval(ctx, &s, "gsm8k")?;
         let kv1k = t.value.kv.one_step * 1024 / t.value.kv.context.max(1);
-        row(
+        let items = nll.value.metric("answer_nll", &name)?.clone();
+        let r = row(
             name,
             kind,
             (
@@ -273,7 +280,8 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             ),
             &nll.value,
             &em.value,
-        )
+        )?;
+        Ok((r, items))
     };
     let budget = format!(
         "trained, {} steps × {} × {} tokens",
@@ -325,6 +333,8 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         &dense.untuned_nll.value,
         &dense.untuned_em.value,
     )?);
+    // Per-problem answer NLL of each compressed row, paired with the ELM's below.
+    let mut compressed: Vec<(usize, runs::Metric)> = vec![];
     let mut best: Option<(f64, String)> = None;
     for method in &l.baselines {
         let p = runs::prune(ctx, method, l.m)?;
@@ -338,6 +348,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         if best.as_ref().is_none_or(|(b, _)| v < *b) {
             best = Some((v, method.to_string()));
         }
+        compressed.push((rows.len(), nll.value.metric("answer_nll", method)?.clone()));
         rows.push(row(
             format!("{method} (layers {:?})", p.value.removed_layers),
             "training-free",
@@ -350,7 +361,16 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             &em.value,
         )?);
     }
-    rows.extend([streamline_row, looped_row, elm_row]);
+    for (r, items) in [streamline_row, looped_row] {
+        compressed.push((rows.len(), items));
+        rows.push(r);
+    }
+    let (elm_row, elm_items) = elm_row;
+    for (i, items) in compressed {
+        let what = format!("{} vs the ELM", rows[i].model);
+        rows[i].delta_nll_vs_elm = Some((&pair(&items, &elm_items, &what)?.delta).into());
+    }
+    rows.push(elm_row);
     Ok(Main {
         rows,
         best_baseline: best.map(|b| b.1).unwrap_or_else(|| "short-gpt".into()),
