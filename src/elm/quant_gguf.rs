@@ -29,8 +29,7 @@ use super::infer::{ElmModel, QuantElm, QuantModule, QuantProjection};
 use crate::error::{ElmError, Result};
 use crate::io::gguf::{kv, write_gguf, GgmlType, GgufFile, GgufTensorData, GgufValue};
 use crate::io::gguf_model::{
-    arch_metadata, permute_rope_qrows, permute_rope_rows, unpermute_rope_rows, Taker,
-    ELM_CONFIG_KEY,
+    arch_metadata, permute_rope_qrows, permute_rope_rows, Taker, ELM_CONFIG_KEY,
 };
 use crate::io::tokenizer::{Tokenizer, TOKENIZER_CONFIG_KEY, TOKENIZER_JSON_KEY};
 use crate::model::quant::{Linear, QFormat, QLayer, QuantWeights, WeightStorage, QK};
@@ -228,19 +227,7 @@ fn read_layer(
     let n = |s: &str| format!("{prefix}{s}");
     let (c, i_dim) = (cfg.hidden_size, cfg.intermediate_size);
     let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-    let unrope = |b: Array1<f32>, heads: usize| match rope(cfg, heads) {
-        Some(h) => unpermute_rope_rows(&b.insert_axis(Axis(1)), h).remove_axis(Axis(1)),
-        None => b,
-    };
-    let (bq, bk, bv) = if cfg.attention_bias {
-        (
-            Some(unrope(t.vector(&n("attn_q.bias"), h * d)?, h)),
-            Some(unrope(t.vector(&n("attn_k.bias"), kv * d)?, kv)),
-            Some(t.vector(&n("attn_v.bias"), kv * d)?),
-        )
-    } else {
-        (None, None, None)
-    };
+    let (bq, bk, bv) = t.attention_biases(cfg, n)?;
     Ok(QLayer {
         attn_norm: t.vector(&n("attn_norm.weight"), c)?,
         wq: t.linear(&n("attn_q.weight"), h * d, c, storage, rope(cfg, h))?,

@@ -180,6 +180,13 @@ pub fn permute_rope_rows(w: &Array2<f32>, n_head: usize) -> Array2<f32> {
 
 /// Pulls tensors out of a GGUF file by name, checking shapes, and remembers which
 /// names were used so that leftovers can be reported as unexpected.
+/// `(b_q, b_k, b_v)` of one layer.
+pub(crate) type AttentionBiases = (
+    Option<Array1<f32>>,
+    Option<Array1<f32>>,
+    Option<Array1<f32>>,
+);
+
 pub(crate) struct Taker<'a> {
     gguf: &'a GgufFile,
     used: HashSet<String>,
@@ -275,6 +282,31 @@ impl<'a> Taker<'a> {
         }
     }
 
+    /// The q/k/v biases of one layer (`name` maps `attn_q.bias` etc. to its tensor name), `None`
+    /// without attention bias; for Llama the q/k rows go back from llama.cpp's rope order to HF's.
+    pub(crate) fn attention_biases(
+        &mut self,
+        cfg: &ModelConfig,
+        name: impl Fn(&str) -> String,
+    ) -> Result<AttentionBiases> {
+        if !cfg.attention_bias {
+            return Ok((None, None, None));
+        }
+        let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let unrope = |b: Array1<f32>, heads: usize| {
+            if cfg.arch == Arch::Llama {
+                unpermute_rope_rows(&b.insert_axis(Axis(1)), heads).remove_axis(Axis(1))
+            } else {
+                b
+            }
+        };
+        Ok((
+            Some(unrope(self.vector(&name("attn_q.bias"), h * d)?, h)),
+            Some(unrope(self.vector(&name("attn_k.bias"), kv * d)?, kv)),
+            Some(self.vector(&name("attn_v.bias"), kv * d)?),
+        ))
+    }
+
     pub(crate) fn vector(&mut self, name: &str, len: usize) -> Result<Array1<f32>> {
         let info = self.gguf.tensor_info(name).ok_or_else(|| {
             ElmError::tensor(name, format!("missing from {}", self.gguf.path().display()))
@@ -326,22 +358,7 @@ pub fn load_gguf_weights(gguf: &GgufFile) -> Result<ModelWeights> {
             wq = unpermute_rope_rows(&wq, h);
             wk = unpermute_rope_rows(&wk, kv);
         }
-        let (bq, bk, bv) = if config.attention_bias {
-            let mut bq = t.vector(&n("attn_q.bias"), h * d)?;
-            let mut bk = t.vector(&n("attn_k.bias"), kv * d)?;
-            if permuted {
-                let col = |b: Array1<f32>| b.insert_axis(Axis(1));
-                bq = unpermute_rope_rows(&col(bq), h).remove_axis(Axis(1));
-                bk = unpermute_rope_rows(&col(bk), kv).remove_axis(Axis(1));
-            }
-            (
-                Some(bq),
-                Some(bk),
-                Some(t.vector(&n("attn_v.bias"), kv * d)?),
-            )
-        } else {
-            (None, None, None)
-        };
+        let (bq, bk, bv) = t.attention_biases(&config, n)?;
         layers.push(LayerWeights {
             attn_norm: t.vector(&n("attn_norm.weight"), c)?,
             wq,
@@ -414,22 +431,7 @@ pub fn load_gguf_quant(gguf: &GgufFile, storage: WeightStorage) -> Result<QuantW
     let mut layers = Vec::with_capacity(config.num_layers);
     for l in 0..config.num_layers {
         let n = |s: &str| format!("blk.{l}.{s}");
-        let (bq, bk, bv) = if config.attention_bias {
-            let mut bq = t.vector(&n("attn_q.bias"), h * d)?;
-            let mut bk = t.vector(&n("attn_k.bias"), kv * d)?;
-            if permuted {
-                let col = |b: Array1<f32>| b.insert_axis(Axis(1));
-                bq = unpermute_rope_rows(&col(bq), h).remove_axis(Axis(1));
-                bk = unpermute_rope_rows(&col(bk), kv).remove_axis(Axis(1));
-            }
-            (
-                Some(bq),
-                Some(bk),
-                Some(t.vector(&n("attn_v.bias"), kv * d)?),
-            )
-        } else {
-            (None, None, None)
-        };
+        let (bq, bk, bv) = t.attention_biases(&config, n)?;
         let rope = |heads: usize| permuted.then_some(heads);
         layers.push(QLayer {
             attn_norm: t.vector(&n("attn_norm.weight"), c)?,
