@@ -98,6 +98,21 @@ impl Variant {
             fixed_iterations: Some(k),
         }
     }
+    /// The ELM's ablation: its module (with injection) applied exactly K times at train and
+    /// test time instead of solved (K = 1: one iteration).
+    pub fn elm_fixed(start: usize, m: usize, k: usize) -> Self {
+        Variant {
+            fixed_iterations: Some(k),
+            ..Variant::elm(start, m)
+        }
+    }
+    /// The ELM's ablation: solved to its fixed point, without input injection.
+    pub fn elm_no_injection(start: usize, m: usize) -> Self {
+        Variant {
+            injection: false,
+            ..Variant::elm(start, m)
+        }
+    }
 }
 
 /// `elm::elm::accounting::ParamReport`, the fields the tables read.
@@ -497,22 +512,65 @@ pub struct Tuned {
 /// `elm lora` of the dense model with the trainings' token budget (steps × batch × sequence
 /// length), so that the reference saw as much task data as each trained compressed model.
 pub fn lora(ctx: &mut Ctx<'_>, budget: &Budget) -> Result<Done<Tuned>, ReproError> {
+    let (model, identity) = (ctx.model.clone(), json!(ctx.model_id));
+    lora_stage(
+        ctx,
+        &model,
+        identity,
+        elm::lora::LoraSpec::default(),
+        budget,
+    )
+}
+
+/// LoRA rank of the healing fine-tune (Shortened-LLaMA's recovery: r = 8, α = 16, dropout
+/// 0.05 on every linear layer).
+pub const HEAL_RANK: usize = 8;
+
+/// The healing fine-tune of a training-free baseline: LoRA (r = [`HEAL_RANK`], α = 16) on the
+/// pruned model with `budget`, merged afterwards.
+pub fn heal(
+    ctx: &mut Ctx<'_>,
+    pruned: &Done<Pruned>,
+    budget: &Budget,
+) -> Result<Done<Tuned>, ReproError> {
+    let spec = elm::lora::LoraSpec {
+        rank: HEAL_RANK,
+        ..elm::lora::LoraSpec::default()
+    };
+    lora_stage(
+        ctx,
+        &pruned.value.out,
+        json!({ "pruned": pruned.key }),
+        spec,
+        budget,
+    )
+}
+
+/// `elm lora` of `model` (whose identity in the stage key is `identity`), resumable.
+fn lora_stage(
+    ctx: &mut Ctx<'_>,
+    model: &Path,
+    identity: Value,
+    spec: elm::lora::LoraSpec,
+    budget: &Budget,
+) -> Result<Done<Tuned>, ReproError> {
     let cfg = elm::lora::LoraConfig {
         steps: budget.steps,
         batch_size: budget.batch_size,
         seq_len: budget.seq_len,
         checkpoint_every: (budget.steps / 4).max(1),
+        lora: spec,
         ..elm::lora::LoraConfig::default()
     };
     let train_examples = ctx.limits.train_examples;
     let config = json!({
-        "model": ctx.model_id,
+        "model": identity,
         "data": ctx.data_dir,
         "train_examples": train_examples,
         "lora": cfg,
     });
     let units = (budget.steps * budget.batch_size * budget.seq_len) as f64 / 100.0;
-    let (elm, model, data_dir) = (ctx.elm, ctx.model.clone(), ctx.data_dir.clone());
+    let (elm, model, data_dir) = (ctx.elm, model.to_path_buf(), ctx.data_dir.clone());
     ctx.stages.run("lora", &config, units, |dir| {
         let run = dir.join("run");
         let mut a = if run.join(elm::lora::sft::LORA_STATE_FILE).exists() {
@@ -691,6 +749,8 @@ pub struct Pruned {
     pub dense_params: usize,
     pub kv_bytes_1k: usize,
     pub dense_kv_bytes_1k: usize,
+    /// Wall seconds of the selection (calibration forwards) and the surgery.
+    pub seconds: f64,
 }
 
 /// `elm prune --method METHOD --m M` into the stage's directory.

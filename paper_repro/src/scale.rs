@@ -55,6 +55,10 @@ pub struct Limits {
     pub tolerances: Vec<f64>,
     /// Training-free baselines (`elm prune --method`).
     pub baselines: Vec<&'static str>,
+    /// Baselines of `baselines` that also get a LoRA healing fine-tune (r = 8, α = 16, all
+    /// linear layers) with the `lora` budget (= `main` but at smoke), merged afterwards (Shortened-LLaMA's recovery;
+    /// "ReplaceMe + the same fine-tune").
+    pub healed: Vec<&'static str>,
     pub calibration_tokens: usize,
     /// Looped baseline: block applications K.
     pub looped_k: usize,
@@ -84,6 +88,8 @@ const BASELINES: [&str; 5] = [
     "replace-me-ls",
     "la-co",
 ];
+
+const HEALED: [&str; 2] = ["shortened-ppl", "replace-me-ls"];
 
 impl Scale {
     pub fn limits(self) -> Limits {
@@ -116,6 +122,7 @@ impl Scale {
                 tolerances: vec![1.0, 0.5],
                 // Three of the five keep smoke within its CI budget; `small` and `paper` run all.
                 baselines: vec!["short-gpt", "window-delete", "la-co"],
+                healed: vec!["window-delete"],
                 calibration_tokens: 64,
                 looped_k: 2,
                 spectral_sequences: 1,
@@ -155,6 +162,7 @@ impl Scale {
                 kv_ms: vec![8, 14],
                 tolerances: vec![2.0, 1.0, 0.5, 0.1],
                 baselines: BASELINES.to_vec(),
+                healed: HEALED.to_vec(),
                 calibration_tokens: 2048,
                 looped_k: 4,
                 spectral_sequences: 8,
@@ -194,6 +202,7 @@ impl Scale {
                 kv_ms: vec![8, 14],
                 tolerances: vec![2.0, 1.0, 0.5, 0.1],
                 baselines: BASELINES.to_vec(),
+                healed: HEALED.to_vec(),
                 calibration_tokens: 16384,
                 looped_k: 4,
                 spectral_sequences: 32,
@@ -231,6 +240,10 @@ mod tests {
             assert!(
                 l.kv_ms.iter().all(|m| l.sweep.contains(m)),
                 "{s:?}: KV models come from the sweep"
+            );
+            assert!(
+                l.healed.iter().all(|h| l.baselines.contains(h)),
+                "{s:?}: a healed baseline is one of the baselines"
             );
         }
         for s in [Scale::Small, Scale::Paper] {

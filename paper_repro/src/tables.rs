@@ -48,6 +48,13 @@ pub struct MainRow {
     pub non_embedding_params: usize,
     /// KV-cache bytes for one 1,024-token sequence (f32; the library's accounting).
     pub kv_bytes_1k: usize,
+    /// Token budget (steps × batch × sequence length) of the row's own training after the
+    /// shared LoRA tuning every compressed model is cut from: the module's training, the
+    /// healing fine-tune, or the reference's LoRA run; 0 for the training-free rows.
+    pub train_tokens: usize,
+    /// Wall seconds of the row's own compute on this machine: training, healing, and a
+    /// baseline's selection and surgery (calibration forwards); evaluation excluded.
+    pub train_seconds: f64,
     pub answer_nll: Interval,
     #[serde(deserialize_with = "Option::deserialize")]
     pub delta_nll: Option<Interval>,
@@ -229,6 +236,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     let row = |model: String,
                kind: &str,
                p: (usize, usize, usize),
+               cost: (usize, f64),
                nll: &EvalRun,
                em: &EvalRun|
      -> Result<MainRow, ReproError> {
@@ -241,6 +249,8 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             params: p.0,
             non_embedding_params: p.1,
             kv_bytes_1k: p.2,
+            train_tokens: cost.0,
+            train_seconds: cost.1,
             answer_nll: (&n.estimate).into(),
             delta_nll: if is_reference {
                 None
@@ -278,6 +288,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
                 t.value.params.elm_non_embedding,
                 kv1k,
             ),
+            (l.main.max_tokens(), t.value.seconds),
             &nll.value,
             &em.value,
         )?;
@@ -323,6 +334,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         ),
         REFERENCE_KIND,
         dense_params(&elm.value),
+        (l.lora.max_tokens(), dense.tuned.value.seconds),
         &dense.nll.value,
         &dense.em.value,
     )?);
@@ -330,12 +342,14 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         "SmolLM2-135M-Instruct (untuned)".into(),
         "dense, untuned",
         dense_params(&elm.value),
+        (0, 0.0),
         &dense.untuned_nll.value,
         &dense.untuned_em.value,
     )?);
     // Per-problem answer NLL of each compressed row, paired with the ELM's below.
     let mut compressed: Vec<(usize, runs::Metric)> = vec![];
     let mut best: Option<(f64, String)> = None;
+    let mut to_heal = vec![];
     for method in &l.baselines {
         let p = runs::prune(ctx, method, l.m)?;
         let subject = Subject::Model {
@@ -349,13 +363,50 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             best = Some((v, method.to_string()));
         }
         compressed.push((rows.len(), nll.value.metric("answer_nll", method)?.clone()));
+        let shape = (
+            p.value.params,
+            p.value.non_embedding_params,
+            p.value.kv_bytes_1k,
+        );
         rows.push(row(
             format!("{method} (layers {:?})", p.value.removed_layers),
             "training-free",
+            shape,
+            (0, p.value.seconds),
+            &nll.value,
+            &em.value,
+        )?);
+        if l.healed.contains(method) {
+            to_heal.push((method, p, shape));
+        }
+    }
+    // The healing fine-tunes after every training-free row, so that a partial run already
+    // has those rows.
+    // The LoRA budget: the ELM's (`main`) at every scale but smoke, whose 32-token sequences
+    // hold no answer token to tune on.
+    for (method, p, shape) in to_heal {
+        let healed = runs::heal(ctx, &p, &l.lora)?;
+        let subject = Subject::Model {
+            dir: healed.value.out.clone(),
+            key: healed.key.clone(),
+        };
+        let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
+        let em = runs::eval(ctx, &subject, "gsm8k")?;
+        let name = format!(
+            "{method} + LoRA healing (r = {}, α = 16, merged)",
+            runs::HEAL_RANK
+        );
+        compressed.push((rows.len(), nll.value.metric("answer_nll", &name)?.clone()));
+        rows.push(row(
+            name,
+            &format!(
+                "training-free + healing, {} steps × {} × {} tokens",
+                l.lora.steps, l.lora.batch_size, l.lora.seq_len
+            ),
+            shape,
             (
-                p.value.params,
-                p.value.non_embedding_params,
-                p.value.kv_bytes_1k,
+                l.lora.max_tokens(),
+                p.value.seconds + healed.value.seconds,
             ),
             &nll.value,
             &em.value,
@@ -364,6 +415,31 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     for (r, items) in [streamline_row, looped_row] {
         compressed.push((rows.len(), items));
         rows.push(r);
+    }
+    // The ELM's own ablations, at its budget: what its solve and its injection contribute.
+    let mut ablations = vec![];
+    for (name, variant) in [
+        (
+            "ELM ablation: one iteration (with injection)".to_string(),
+            Variant::elm_fixed(l.start, l.m, 1),
+        ),
+        (
+            format!(
+                "ELM ablation: fixed K = {} at train and test (with injection)",
+                l.looped_k
+            ),
+            Variant::elm_fixed(l.start, l.m, l.looped_k),
+        ),
+        (
+            "ELM ablation: no input injection (solved)".to_string(),
+            Variant::elm_no_injection(l.start, l.m),
+        ),
+    ] {
+        let t = runs::train(ctx, &variant, &l.main, None)?;
+        let (r, items) = trained_row(ctx, name.clone(), &format!("ablation of the ELM, {budget}"), &t)?;
+        compressed.push((rows.len(), items));
+        rows.push(r);
+        ablations.push((format!("{name} (main)"), t));
     }
     let (elm_row, elm_items) = elm_row;
     for (i, items) in compressed {
@@ -374,11 +450,14 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     Ok(Main {
         rows,
         best_baseline: best.map(|b| b.1).unwrap_or_else(|| "short-gpt".into()),
-        trainings: vec![
+        trainings: [
             (format!("ELM M={} (main)", l.m), elm.clone_done()),
             ("LLM-Streamline (main)".into(), streamline),
             (format!("looped K={} (main)", l.looped_k), looped),
-        ],
+        ]
+        .into_iter()
+        .chain(ablations)
+        .collect(),
         elm,
     })
 }

@@ -58,7 +58,14 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
     let l = Scale::Smoke.limits();
 
     // Every table, with every row the scale asks for.
-    assert_eq!(t.main.len(), 2 + l.baselines.len() + 3, "{:?}", t.main);
+    // Dense (tuned, untuned), the baselines, their healed versions, Streamline, looped, the
+    // ELM's three ablations and the ELM.
+    assert_eq!(
+        t.main.len(),
+        2 + l.baselines.len() + l.healed.len() + 2 + 3 + 1,
+        "{:?}",
+        t.main
+    );
     assert_eq!(t.kv.len(), 2 * l.kv_ms.len());
     assert_eq!(t.solver.len(), 3 * l.tolerances.len());
     assert_eq!(t.grad.len(), 4);
@@ -80,7 +87,23 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         if let Some(d) = &r.delta_nll {
             check_interval(&r.model, d);
         }
+        // Each row's own training budget and compute: the reference's LoRA run, nothing for
+        // the untuned model and the training-free rows (whose compute is their selection),
+        // the ELM's budget for every trained row and the LoRA budget (the ELM's but at smoke)
+        // for the healed ones.
+        let expected_tokens = match r.kind.as_str() {
+            "dense" => l.lora.max_tokens(),
+            "dense, untuned" | "training-free" => 0,
+            k if k.starts_with("training-free + healing") => l.lora.max_tokens(),
+            _ => l.main.max_tokens(),
+        };
+        assert_eq!(r.train_tokens, expected_tokens, "{r:?}");
+        assert_eq!(r.train_seconds > 0.0, r.kind != "dense, untuned", "{r:?}");
     }
+    let healed: Vec<_> = t.main.iter().filter(|r| r.kind.starts_with("training-free + healing")).collect();
+    assert_eq!(healed.len(), l.healed.len(), "{:?}", t.main);
+    let ablations = t.main.iter().filter(|r| r.kind.starts_with("ablation of the ELM")).count();
+    assert_eq!(ablations, 3, "{:?}", t.main);
     // The ELM keeps N − M + 1 of N layers' caches; the baselines N − M.
     let dense_kv = t.main[0].kv_bytes_1k;
     let elm = t.main.last().unwrap();
