@@ -2,14 +2,21 @@
 //! independent reference (a numpy fixture, an explicit formula, an SVD least-squares solve, a
 //! model built so that the right answer is known), plus the CLI end to end on SmolLM2.
 
-use elm::compress::methods::{delete_layers, mlp_split, rdsc_merge, replace_me_map};
+use std::sync::Arc;
+
+use elm::compress::methods::{
+    delete_layers, mlp_split, rdsc_merge, replace_me_map, shortened_plus_select,
+};
 use elm::compress::metrics::{
-    angular_distance, block_influence, lowest, removal_nll, window_cosine, window_removal_nll,
+    angular_distance, block_influence, lowest, removal_nll, taylor_importance, taylor_sums,
+    window_cosine, window_removal_nll,
 };
 use elm::compress::{prune, BoundaryStates, Calibration, PruneMethod, PruneOptions};
 use elm::elm::forward::run_dense_layers;
+use elm::error::ElmError;
+use elm::model::tape::ModelTensors;
 use elm::model::{Arch, ModelConfig, ModelWeights};
-use ndarray::{Array2, Array3};
+use ndarray::{s, Array2, Array3, ArrayD, IxDyn};
 use ndarray_linalg::LeastSquaresSvd;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -302,6 +309,191 @@ fn window_methods_choose_by_their_metric() {
     );
 }
 
+/// Mean next-token CE of the calibration chunks through the tape-free f64 forward
+/// (`run_layers_plain`, then the final norm, the LM head and a log-sum-exp written out here):
+/// no tape, no backward.
+fn plain_ce_f64(mt: &ModelTensors<f64>, calib: &Calibration) -> f64 {
+    let cfg = &mt.config;
+    let (n, t, c) = (calib.chunks.len(), calib.seq_len(), cfg.hidden_size);
+    let x = ArrayD::from_shape_fn(IxDyn(&[n, t, c]), |ix| {
+        mt.embed[[calib.chunks[ix[0]][ix[1]] as usize, ix[2]].as_slice()]
+    });
+    let h = mt.run_layers_plain(0..cfg.num_layers, &x, 0).unwrap();
+    let (hn, _) = elm::nn::rmsnorm::forward(&h, &mt.final_norm, cfg.rms_norm_eps as f64).unwrap();
+    let head = mt.lm_head.as_ref().unwrap_or(&mt.embed);
+    let logits = elm::autograd::ops::linear_forward(&hn, head, None).unwrap();
+    let logits = logits.into_dimensionality::<ndarray::Ix3>().unwrap();
+    let mut sum = 0.0;
+    for i in 0..n {
+        for j in 0..t - 1 {
+            let row = logits.slice(s![i, j, ..]);
+            let max = row.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+            let lse = max + row.iter().map(|&z| (z - max).exp()).sum::<f64>().ln();
+            sum += lse - row[calib.chunks[i][j + 1] as usize];
+        }
+    }
+    sum / (n * (t - 1)) as f64
+}
+
+/// `mt` with parameter `name` of layer `layer` scaled by `factor`.
+fn scale_param(mt: &ModelTensors<f64>, layer: usize, name: &str, factor: f64) -> ModelTensors<f64> {
+    let mut out = mt.clone();
+    out.layers[layer] = mt.layers[layer].map(|n, a| {
+        if n == name {
+            Arc::new(a.as_ref() * factor)
+        } else {
+            a.clone()
+        }
+    });
+    out
+}
+
+/// `S_W = Σ W ⊙ ∂CE/∂W` from the f64 tape equals `d/dε CE(W·(1 + ε))` at 0 by a central
+/// difference through the tape-free f64 forward, for every weight, norm and bias of every block
+/// (Llama: tied head, no biases; Qwen2: untied head, Q/K/V biases), with calibration split into
+/// batches of unequal size. The f32 inference path (`run_dense_layers`) agrees too, to f32
+/// accuracy, for the matrices of every block.
+#[test]
+fn taylor_sums_are_the_derivative_of_the_loss_under_weight_scaling() {
+    for (arch, seed) in [(Arch::Llama, 21), (Arch::Qwen2, 22)] {
+        let mut cfg = ModelConfig::tiny(arch);
+        cfg.num_layers = 3;
+        let w = ModelWeights::random(&cfg, seed);
+        let calib = calibration(5, 12, seed + 1);
+        // Batches of 2, 2, 1 chunks: the token weighting makes the sums independent of batch.
+        let sums = taylor_sums::<f64>(&w, &calib, 2).unwrap();
+        let whole = taylor_sums::<f64>(&w, &calib, 5).unwrap();
+        let sums32 = taylor_sums::<f32>(&w, &calib, 2).unwrap();
+        let mt = ModelTensors::<f64>::from_weights(&w).unwrap();
+        let eps = 1e-4;
+        let (mut worst, mut checked) = (0.0f64, 0);
+        for (l, block) in sums.iter().enumerate() {
+            let names = block.named();
+            assert_eq!(names.len(), if arch == Arch::Qwen2 { 12 } else { 9 });
+            for (k, (name, &got)) in names.into_iter().enumerate() {
+                let plus = plain_ce_f64(&scale_param(&mt, l, name, 1.0 + eps), &calib);
+                let minus = plain_ce_f64(&scale_param(&mt, l, name, 1.0 - eps), &calib);
+                let fd = (plus - minus) / (2.0 * eps);
+                let err = (got - fd).abs() / (1e-6 + fd.abs());
+                worst = worst.max(err);
+                assert!(
+                    err < 1e-6,
+                    "{arch:?} layer {l} {name}: tape {got:e} vs finite difference {fd:e}"
+                );
+                let one_batch = *whole[l].named()[k].1;
+                assert!(close(got, one_batch, 1e-9), "{got} vs {one_batch}");
+                let f32_tape = *sums32[l].named()[k].1;
+                assert!(
+                    (f32_tape - got).abs() < 1e-3 * got.abs() + 1e-6,
+                    "{arch:?} layer {l} {name}: f32 tape {f32_tape:e} vs f64 {got:e}"
+                );
+                checked += 1;
+            }
+        }
+        println!(
+            "{arch:?}: {checked} sums, worst relative error vs f64 finite difference {worst:e}"
+        );
+        // The ordinary f32 inference path (residual states, then removal_nll of nothing removed).
+        let ce32 = |w: &ModelWeights| {
+            let st = BoundaryStates::collect(w, &calib, 5).unwrap();
+            removal_nll(w, &st, &calib, 0, 0, 5).unwrap()
+        };
+        let e32 = 1e-2;
+        for (l, block) in sums.iter().enumerate() {
+            type Pick = fn(&mut elm::model::LayerWeights) -> &mut Array2<f32>;
+            let picks: [(&str, Pick); 3] = [
+                ("wq", |x| &mut x.wq),
+                ("wo", |x| &mut x.wo),
+                ("w_down", |x| &mut x.w_down),
+            ];
+            for (name, pick) in picks {
+                let scaled = |f: f32| {
+                    let mut v = w.clone();
+                    *pick(&mut v.layers[l]) *= f;
+                    ce32(&v)
+                };
+                let fd = (scaled(1.0 + e32 as f32) - scaled(1.0 - e32 as f32)) / (2.0 * e32);
+                let got = *block
+                    .named()
+                    .into_iter()
+                    .find(|(n, _)| *n == name)
+                    .unwrap()
+                    .1;
+                println!("{arch:?} layer {l} {name}: tape {got:.6e}, f32 inference FD {fd:.6e}");
+                assert!(
+                    (got - fd).abs() < 2e-3 * got.abs() + 1e-5,
+                    "{arch:?} layer {l} {name}: tape {got:e} vs f32 inference FD {fd:e}"
+                );
+            }
+        }
+        assert_eq!(taylor_importance(&sums).len(), 3);
+    }
+}
+
+/// A block whose o_proj and down_proj are zero is the identity and its weights get no
+/// gradient: Taylor+ importance exactly 0. Among the prunable blocks (not the first 4, not the
+/// last 2) it is the least important and Shortened-Taylor deletes it, while an identity block
+/// inside the protected first 4 keeps its 0 score in the report and is never deleted.
+#[test]
+fn taylor_plus_ranks_an_identity_block_least_important() {
+    let mut w = tiny(10, 31);
+    for l in [1, 6] {
+        w.layers[l].wo.fill(0.0);
+        w.layers[l].w_down.fill(0.0);
+    }
+    let calib = calibration(4, 16, 8);
+    let states = BoundaryStates::collect(&w, &calib, 2).unwrap();
+    let sums = taylor_sums::<f64>(&w, &calib, 3).unwrap();
+    for (name, &s) in sums[6].named() {
+        assert_eq!(s, 0.0, "identity block's {name}");
+    }
+    let imp = taylor_importance(&sums);
+    println!("Taylor+ importance: {imp:?}");
+    assert_eq!((imp[1], imp[6]), (0.0, 0.0));
+    assert!(imp
+        .iter()
+        .enumerate()
+        .all(|(l, &v)| l == 1 || l == 6 || v > 0.0));
+    let run = |m| {
+        prune(
+            &w,
+            &calib,
+            &states,
+            &PruneOptions {
+                method: PruneMethod::ShortenedTaylor,
+                num_replaced: m,
+                start: None,
+                batch: 2,
+            },
+        )
+        .unwrap()
+    };
+    let one = run(1);
+    let r = &one.report;
+    assert_eq!(r.removed_layers, vec![6]);
+    assert_eq!(one.weights.config.num_layers, 9);
+    assert_eq!(r.method, PruneMethod::ShortenedTaylor);
+    assert!(r.metric.starts_with("taylor+"), "{}", r.metric);
+    // Scores of every block, the protected ones included (as shortened-ppl reports them).
+    assert_eq!(r.scores.len(), 10);
+    assert_eq!((r.scores[1], r.scores[6]), (0.0, 0.0));
+    for (a, b) in r.scores.iter().zip(&imp) {
+        assert!(close(*a, *b, 1e-3), "f32 {a} vs f64 {b}");
+    }
+    // Without the "+" rule block 1 would be first.
+    assert_eq!(lowest(&r.scores, 1), vec![1]);
+    // Two blocks: the identity and the least important other prunable block (4, 5 or 7).
+    let two = run(2);
+    let next = [4, 5, 7]
+        .into_iter()
+        .min_by(|&a, &b| imp[a].total_cmp(&imp[b]))
+        .unwrap();
+    let mut want = vec![6, next];
+    want.sort_unstable();
+    assert_eq!(two.report.removed_layers, want);
+    assert_eq!(shortened_plus_select(&r.scores, 2), want);
+}
+
 #[test]
 fn bad_requests_are_refused() {
     let w = tiny(4, 17);
@@ -329,6 +521,38 @@ fn bad_requests_are_refused() {
     assert!(e.contains("start") && e.contains("outside"), "{e}");
     let e = run(PruneMethod::ShortGpt, 2, Some(0)).unwrap();
     assert!(e.contains("start"), "{e}");
+    // Shortened-Taylor refuses M >= N with the same typed error as every method
+    // (shortened-ppl included); it runs no backward first.
+    for method in [PruneMethod::ShortenedTaylor, PruneMethod::ShortenedPpl] {
+        let err = prune(
+            &w,
+            &calib,
+            &states,
+            &PruneOptions {
+                method,
+                num_replaced: 4,
+                start: None,
+                batch: 2,
+            },
+        )
+        .err()
+        .expect("M >= N is refused");
+        assert!(
+            matches!(&err, ElmError::Config { field, .. } if field == "num_replaced"),
+            "{err}"
+        );
+    }
+    let e = run(PruneMethod::ShortenedTaylor, 2, Some(0)).unwrap();
+    assert!(e.contains("start") && e.contains("selects its own"), "{e}");
+    assert_eq!(
+        "shortened-taylor".parse::<PruneMethod>().unwrap(),
+        PruneMethod::ShortenedTaylor
+    );
+    // The "+" rule needs N > M + 6; a shallower request drops it (as shortened-ppl always has)
+    // rather than failing: with 8 blocks, M = 1 may only take blocks 4 or 5, M = 2 any block.
+    let scores = [0.0, 0.1, 0.2, 0.3, 0.9, 0.8, 0.05, 0.01];
+    assert_eq!(shortened_plus_select(&scores, 1), vec![5]);
+    assert_eq!(shortened_plus_select(&scores, 2), vec![0, 7]);
     let e = "nope".parse::<PruneMethod>().unwrap_err().to_string();
     assert!(
         e.contains("unknown method") && e.contains("short-gpt"),

@@ -13,7 +13,7 @@ pub struct PruneArgs {
     /// Dense model: a .gguf file or an HF directory.
     #[arg(long)]
     pub model: PathBuf,
-    /// short-gpt | shortened-ppl | window-delete | replace-me-ls | la-co.
+    /// short-gpt | shortened-ppl | shortened-taylor | window-delete | replace-me-ls | la-co.
     #[arg(long)]
     pub method: String,
     /// Layers removed, M.
@@ -34,7 +34,7 @@ pub struct PruneArgs {
     /// Calibration chunk length.
     #[arg(long, default_value_t = 128)]
     pub seq_len: usize,
-    /// Chunks per forward batch.
+    /// Chunks per forward batch (for shortened-taylor: per forward and backward on the tape).
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
     /// Output HF model directory (config.json, model.safetensors, tokenizer files, prune.json).

@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use super::calibration::{BoundaryStates, Calibration};
 use super::metrics::{
-    angular_distance, argmax, block_influence, lowest, window_cosine, window_removal_nll,
+    angular_distance, argmax, block_influence, lowest, taylor_importance, taylor_sums,
+    window_cosine, window_removal_nll,
 };
 use crate::autograd::Tape;
 use crate::elm::accounting::{embedding_params, layer_kv_bytes};
@@ -26,6 +27,10 @@ pub enum PruneMethod {
     /// Shortened-LLaMA (PPL criterion, one shot): delete the M blocks whose single removal
     /// raises the calibration NLL least, never the first 4 or the last 2 (its "+" rule).
     ShortenedPpl,
+    /// Shortened-LLaMA (Taylor+ criterion, one shot): block importance `Σ_W |Σ W ⊙ ∂CE/∂W|` over
+    /// the block's weights on the calibration LM loss; delete the M least important blocks,
+    /// never the first 4 or the last 2 (the same "+" rule as [`PruneMethod::ShortenedPpl`]).
+    ShortenedTaylor,
     /// UIDL-style window deletion: delete the window of lowest last-token angular distance.
     WindowDelete,
     /// ReplaceMe (least squares): delete the window of lowest angular distance and fold the
@@ -36,9 +41,10 @@ pub enum PruneMethod {
 }
 
 impl PruneMethod {
-    pub const ALL: [PruneMethod; 5] = [
+    pub const ALL: [PruneMethod; 6] = [
         PruneMethod::ShortGpt,
         PruneMethod::ShortenedPpl,
+        PruneMethod::ShortenedTaylor,
         PruneMethod::WindowDelete,
         PruneMethod::ReplaceMeLs,
         PruneMethod::LaCo,
@@ -48,6 +54,7 @@ impl PruneMethod {
         match self {
             PruneMethod::ShortGpt => "short-gpt",
             PruneMethod::ShortenedPpl => "shortened-ppl",
+            PruneMethod::ShortenedTaylor => "shortened-taylor",
             PruneMethod::WindowDelete => "window-delete",
             PruneMethod::ReplaceMeLs => "replace-me-ls",
             PruneMethod::LaCo => "la-co",
@@ -55,8 +62,27 @@ impl PruneMethod {
     }
     /// Whether the method removes one contiguous window (so `--start` may fix it).
     pub fn is_window(self) -> bool {
-        !matches!(self, PruneMethod::ShortGpt | PruneMethod::ShortenedPpl)
+        !matches!(
+            self,
+            PruneMethod::ShortGpt | PruneMethod::ShortenedPpl | PruneMethod::ShortenedTaylor
+        )
     }
+}
+
+/// Shortened-LLaMA's selection: the `m` lowest of `scores` (one per block), never the first 4 or
+/// the last 2 blocks (its "+" rule) when the model is deep enough for that (`N > M + 6`);
+/// otherwise the `m` lowest of all. Sorted ascending by layer index.
+pub fn shortened_plus_select(scores: &[f64], m: usize) -> Vec<usize> {
+    let n = scores.len();
+    let protected = |l: usize| n > m + 6 && (l < 4 || l + 2 >= n);
+    let masked: Vec<f64> = scores
+        .iter()
+        .enumerate()
+        .map(|(l, &v)| if protected(l) { f64::INFINITY } else { v })
+        .collect();
+    let mut remove = lowest(&masked, m);
+    remove.sort_unstable();
+    remove
 }
 
 impl std::str::FromStr for PruneMethod {
@@ -322,20 +348,21 @@ pub fn prune(
         }
         PruneMethod::ShortenedPpl => {
             let nll = window_removal_nll(weights, states, calib, 1, opts.batch)?;
-            // Never the first 4 or the last 2 blocks (when the model is deep enough for that).
-            let protected = |l: usize| n > m + 6 && (l < 4 || l + 2 >= n);
-            let masked: Vec<f64> = nll
-                .iter()
-                .enumerate()
-                .map(|(l, &v)| if protected(l) { f64::INFINITY } else { v })
-                .collect();
-            let mut remove = lowest(&masked, m);
-            remove.sort_unstable();
             (
-                remove,
+                shortened_plus_select(&nll, m),
                 None,
                 "calibration NLL without the block".to_string(),
                 nll,
+                None,
+            )
+        }
+        PruneMethod::ShortenedTaylor => {
+            let importance = taylor_importance(&taylor_sums::<f32>(weights, calib, opts.batch)?);
+            (
+                shortened_plus_select(&importance, m),
+                None,
+                "taylor+ |Σ W·∂CE/∂W|".to_string(),
+                importance,
                 None,
             )
         }

@@ -5,10 +5,12 @@
 //!   layer boundary on them, computed once and shared by every metric and method.
 //! - [`metrics`]: layer- and window-selection scores — Block Influence (ShortGPT), window cosine
 //!   (LLM-Streamline), last-token angular distance (ReplaceMe/UIDL), and the NLL of the model with
-//!   a window removed (Shortened-LLaMA's one-shot PPL; a window of one is its per-block form).
+//!   a window removed (Shortened-LLaMA's one-shot PPL; a window of one is its per-block form), and
+//!   Shortened-LLaMA's Taylor+ block importance `Σ_W |Σ W ⊙ ∂CE/∂W|` from one backward pass on
+//!   the autograd tape per calibration batch.
 //! - [`methods`]: the training-free methods, each producing an ordinary dense model with fewer
 //!   layers that every command loads like any other (`--model DIR`): deletion (ShortGPT,
-//!   Shortened-LLaMA, a deleted window), ReplaceMe's least-squares map folded into the last kept
+//!   Shortened-LLaMA PPL and Taylor+, a deleted window), ReplaceMe's least-squares map folded into the last kept
 //!   layer's down projection, and LaCo's merge of a window into one layer.
 //!
 //! Trained variants (LLM-Streamline, looped layers, ELM ablations) and LoRA healing build on
