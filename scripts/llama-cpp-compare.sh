@@ -5,7 +5,11 @@
 # object with every figure and the ratios ours / llama.cpp.
 #
 #   bash scripts/llama-cpp-compare.sh [MODEL.gguf]          (env: THREADS, REPS, ELM_CKPT,
-#                                                             PROMPT_LEN, DECODE_STEPS, LLAMA_VENV)
+#                                                             PROMPT_LEN, DECODE_STEPS, LLAMA_VENV,
+#                                                             README)
+#
+# With README=PATH the table and the targets' verdicts (markdown, from this run's figures) also
+# replace the block between `<!-- perf:begin -->` and `<!-- perf:end -->` of PATH.
 #
 # llama-cpp-python is installed with pip into $LLAMA_VENV (it builds llama.cpp from source:
 # ~10-20 min on 2 busy cores the first time).
@@ -58,9 +62,10 @@ print(json.dumps({"prefill_tok_s": prompt_len / best_prefill, "decode_b1_tok_s":
 EOF
 done
 
-python3 - "$OUT" "$REPS" "$MODEL" "$THREADS" <<'EOF'
+python3 - "$OUT" "$REPS" "$MODEL" "$THREADS" "${README:-}" "${ELM_CKPT:-}" "$PROMPT_LEN" "$DECODE_STEPS" <<'EOF'
 import json, sys, statistics
 out, reps, model, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+readme, ckpt, prompt_len, steps = sys.argv[5], sys.argv[6], sys.argv[7], sys.argv[8]
 elm = [json.load(open(f"{out}/elm_{r}.json")) for r in range(1, reps + 1)]
 llama = [json.load(open(f"{out}/llama_{r}.json")) for r in range(1, reps + 1)]
 keys = ["prefill_tok_s", "decode_b1_tok_s", "decode_b1_mean_tok_s"]
@@ -75,9 +80,11 @@ for name, row in rows.items():
     best = {k: max(r[k] for r in row["runs"]) for k in keys + ["decode_b8_tok_s"]}
     last = row["runs"][-1]
     table[name] = {**best,
-                   **{k: last.get(k) for k in ["resident_weight_bytes", "peak_rss_bytes", "kv_bytes_per_token",
-                                               "decode_b1_vs_roofline", "decode_weight_bytes_per_step",
-                                               "block_evals_per_token_b1"] if k in last},
+                   "decode_b1_mean_tok_s": max(r["decode_b1_mean_tok_s"] for r in row["runs"]),
+                   **{k: last.get(k) for k in ["resident_weight_bytes", "params", "peak_rss_bytes",
+                                               "kv_bytes_per_token", "decode_b1_vs_roofline",
+                                               "decode_weight_bytes_per_step", "block_evals_per_token_b1",
+                                               "solver", "abs_tol"] if k in last},
                    **{f"{k}_vs_llama_cpp": best[k] / best_llama[k] for k in keys}}
 # Ratios of the same repetition (same interference), dense quantized vs llama.cpp.
 per_rep = []
@@ -85,7 +92,61 @@ for e, l in zip(elm, llama):
     q = next((r for r in e["runs"] if r["model"] == "dense" and not r["weights"].startswith("f32")), None)
     if q:
         per_rep.append({k: q[k] / l[k] for k in keys})
-print(json.dumps({"model": model, "threads": threads, "reps": reps, "machine": elm[-1].get("machine"),
-                  "llama_cpp": best_llama, "llama_cpp_reps": llama, "elm": table,
-                  "dense_quant_vs_llama_cpp_per_rep": per_rep}, indent=1))
+report = {"model": model, "threads": threads, "reps": reps, "machine": elm[-1].get("machine"),
+          "llama_cpp": best_llama, "llama_cpp_reps": llama, "elm": table,
+          "dense_quant_vs_llama_cpp_per_rep": per_rep}
+
+# Targets of the quantized-inference issue, from this run's figures.
+def find(kind, quant):
+    return next((v for k, v in table.items()
+                 if k.split(" ")[0] == kind and (not k.split(" ", 1)[1].startswith("f32")) == quant), None)
+targets = []
+dq, df, eq, ef = find("dense", True), find("dense", False), find("elm", True), find("elm", False)
+if dq:
+    targets.append(("quantized decode b1 ≥ llama.cpp", dq["decode_b1_tok_s_vs_llama_cpp"],
+                    f'{dq["decode_b1_tok_s_vs_llama_cpp"]:.2f}× best step, {dq["decode_b1_mean_tok_s_vs_llama_cpp"]:.2f}× mean; '
+                    "per repetition " + ", ".join(f"{r['decode_b1_tok_s']:.2f}" for r in per_rep)))
+    targets.append(("prefill ≥ llama.cpp", dq["prefill_tok_s_vs_llama_cpp"],
+                    f'{dq["prefill_tok_s_vs_llama_cpp"]:.2f}×'))
+for e, d, label in [(eq, dq, "quantized"), (ef, df, "f32")]:
+    if e and d and e.get("block_evals_per_token_b1"):
+        want = d["decode_b1_tok_s"] * 30 / e["block_evals_per_token_b1"]
+        targets.append((f"ELM decode ≥ dense × 30 / block evaluations per token ({label})",
+                        e["decode_b1_tok_s"] / want,
+                        f'{e["decode_b1_tok_s"]:.1f} tok/s vs {d["decode_b1_tok_s"]:.1f} × 30 / {e["block_evals_per_token_b1"]:.2f} = {want:.1f}'))
+if eq and dq and eq.get("params") and dq.get("params"):
+    bound = eq["params"] / dq["params"] * dq["resident_weight_bytes"]
+    targets.append(("quantized ELM resident weights ≤ (ELM params / dense params) × quantized dense",
+                    bound / eq["resident_weight_bytes"],
+                    f'{eq["resident_weight_bytes"] / 1e6:.1f} MB vs ({eq["params"] / 1e6:.1f} M / {dq["params"] / 1e6:.1f} M) × {dq["resident_weight_bytes"] / 1e6:.1f} MB = {bound / 1e6:.1f} MB'))
+report["targets"] = [{"target": t, "ratio": r, "met": r >= 1.0, "figures": f} for t, r, f in targets]
+print(json.dumps(report, indent=1))
+
+if readme:
+    mb = lambda b: "–" if b is None else f"{b / 1e6:.1f} MB"
+    lines = [f"Generated by `README={readme} REPS={reps} DECODE_STEPS={steps} PROMPT_LEN={prompt_len}"
+             + (f" ELM_CKPT={ckpt}" if ckpt else "") + " bash scripts/llama-cpp-compare.sh` "
+             f"({report['machine']}; {threads} threads for both engines; best of {reps} repetitions alternating "
+             "with llama.cpp; ratios in brackets are ours / llama.cpp).", "",
+             "| model | weights | decode b1 tok/s | b1 mean | decode b8 tok/s | prefill tok/s | weights resident | params | peak RSS generating | KV / token | block evals / token | decode b1 / roofline |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|",
+             f"| llama.cpp | file | {best_llama['decode_b1_tok_s']:.1f} | {best_llama['decode_b1_mean_tok_s']:.1f} | – | {best_llama['prefill_tok_s']:.1f} | – | – | – | – | – | – |"]
+    for name, v in table.items():
+        kind, weights = name.split(" ", 1)
+        ratio = lambda k: f" ({v[k + '_vs_llama_cpp']:.2f}×)" if kind == "dense" and not weights.startswith("f32") else ""
+        lines.append(f"| {kind} | {weights} | {v['decode_b1_tok_s']:.1f}{ratio('decode_b1_tok_s')} | {v['decode_b1_mean_tok_s']:.1f}{ratio('decode_b1_mean_tok_s')} | "
+                     f"{v['decode_b8_tok_s']:.1f} | {v['prefill_tok_s']:.1f}{ratio('prefill_tok_s')} | {mb(v.get('resident_weight_bytes'))} | "
+                     f"{v.get('params', 0) / 1e6:.1f} M | {mb(v.get('peak_rss_bytes'))} | {v['kv_bytes_per_token'] / 1e3:.1f} kB | "
+                     f"{v.get('block_evals_per_token_b1', 30 if kind == 'dense' else 0):.2f} | "
+                     + (f"{v['decode_b1_vs_roofline']:.2f}" if v.get("decode_b1_vs_roofline") else "–") + " |")
+    lines += ["", "Targets:", ""]
+    lines += [f"- {t}: **{'met' if r >= 1.0 else 'missed'}** ({f})" for t, r, f in targets]
+    text = open(readme).read()
+    begin, end = "<!-- perf:begin -->", "<!-- perf:end -->"
+    if begin not in text or end not in text:
+        sys.exit(f"{readme}: no {begin} … {end} block to replace")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    open(readme + ".tmp", "w").write(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
+    import os; os.replace(readme + ".tmp", readme)
 EOF

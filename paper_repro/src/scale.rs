@@ -81,9 +81,10 @@ pub struct SearchBudget {
     pub seq_len: usize,
 }
 
-const BASELINES: [&str; 5] = [
+const BASELINES: [&str; 6] = [
     "short-gpt",
     "shortened-ppl",
+    "shortened-taylor",
     "window-delete",
     "replace-me-ls",
     "la-co",

@@ -404,10 +404,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
                 l.lora.steps, l.lora.batch_size, l.lora.seq_len
             ),
             shape,
-            (
-                l.lora.max_tokens(),
-                p.value.seconds + healed.value.seconds,
-            ),
+            (l.lora.max_tokens(), p.value.seconds + healed.value.seconds),
             &nll.value,
             &em.value,
         )?);
@@ -436,7 +433,12 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         ),
     ] {
         let t = runs::train(ctx, &variant, &l.main, None)?;
-        let (r, items) = trained_row(ctx, name.clone(), &format!("ablation of the ELM, {budget}"), &t)?;
+        let (r, items) = trained_row(
+            ctx,
+            name.clone(),
+            &format!("ablation of the ELM, {budget}"),
+            &t,
+        )?;
         compressed.push((rows.len(), items));
         rows.push(r);
         ablations.push((format!("{name} (main)"), t));

@@ -100,9 +100,17 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         assert_eq!(r.train_tokens, expected_tokens, "{r:?}");
         assert_eq!(r.train_seconds > 0.0, r.kind != "dense, untuned", "{r:?}");
     }
-    let healed: Vec<_> = t.main.iter().filter(|r| r.kind.starts_with("training-free + healing")).collect();
+    let healed: Vec<_> = t
+        .main
+        .iter()
+        .filter(|r| r.kind.starts_with("training-free + healing"))
+        .collect();
     assert_eq!(healed.len(), l.healed.len(), "{:?}", t.main);
-    let ablations = t.main.iter().filter(|r| r.kind.starts_with("ablation of the ELM")).count();
+    let ablations = t
+        .main
+        .iter()
+        .filter(|r| r.kind.starts_with("ablation of the ELM"))
+        .count();
     assert_eq!(ablations, 3, "{:?}", t.main);
     // The ELM keeps N − M + 1 of N layers' caches; the baselines N − M.
     let dense_kv = t.main[0].kv_bytes_1k;

@@ -783,6 +783,7 @@ fn bench_run<W: DecoderWeights>(
         model: kind.to_string(),
         weights: weights.to_string(),
         resident_weight_bytes: model.weights.weight_bytes(),
+        params: elm::elm::accounting::dense_params(model.config()),
         peak_rss_bytes,
         kv_bytes_per_token: bench::kv_bytes_per_token(model.config(), model.weights.layers().len()),
         report,
@@ -868,6 +869,10 @@ fn bench_elm(
         "model": "elm",
         "weights": label,
         "resident_weight_bytes": model.weight_bytes(),
+        "params": model.elm.as_ref().map_or_else(
+            || elm::elm::accounting::dense_params(model.config()),
+            |(ec, _)| elm::elm::accounting::param_report(model.config(), ec).elm_total
+        ),
         "peak_rss_bytes": peak_rss_bytes,
         "kv_bytes_per_token": bench::kv_bytes_per_token(model.config(), kept),
         "prefill_tokens": args.prompt_len,

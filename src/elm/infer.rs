@@ -20,7 +20,7 @@
 use std::cell::RefCell;
 use std::path::Path;
 
-use ndarray::{s, Array2, Array3, ArrayView2, ArrayView3, ArrayViewMut2, Axis};
+use ndarray::{s, Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2, Axis};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ElmError, Result};
@@ -29,15 +29,15 @@ use crate::model::generate::{generate, Decoder, Detokenize, SamplingConfig};
 use crate::model::ops::{linear_any_into, linear_into, rms_norm_into};
 use crate::model::quant::{Linear, QActs, QFormat, QLayer, QuantWeights, WeightStorage};
 use crate::model::{
-    block_forward_rows, check_context, load_inference, load_pretrained, KvCache, LayerKv,
-    LayerWeights, ModelConfig, ModelWeights, Scratch,
+    block_forward_rows, check_context, load_inference, load_pretrained, BlockWeights, KvCache,
+    LayerKv, LayerWeights, ModelConfig, ModelWeights, Scratch,
 };
 use crate::solver::{
-    FixedPointMap, FixedPointSolver, RowStatus, Solution, SolverConfig, StopCriteria,
+    FixedPointMap, FixedPointSolver, RowStatus, SolveWorkspace, SolverConfig, StopCriteria,
 };
 
 use super::config::ElmConfig;
-use super::map::fresh_cache;
+use super::map::{fresh_cache, ModuleView};
 use super::module::{load_module_for, ElmModule};
 
 /// KV-cache policy of the fixed-point block.
@@ -197,61 +197,15 @@ impl QuantModule {
         self.block.bytes() + self.projection.as_ref().map_or(0, QuantProjection::bytes)
     }
 
-    /// `φ(z, h)` for new tokens, as [`ElmModule::apply_cached`] on these matrices.
-    #[allow(clippy::too_many_arguments)] // the map's inputs plus its cache and buffers
-    fn apply_cached(
-        &self,
-        cfg: &ModelConfig,
-        z: ArrayView3<f32>,
-        h: ArrayView3<f32>,
-        seqs: &[usize],
-        cache: &mut LayerKv,
-        scratch: &mut Scratch,
-    ) -> Result<Array3<f32>> {
-        let (r, t, c) = z.dim();
-        let mut u = match &self.projection {
-            None => z.to_owned(),
-            Some(p) => {
-                let rows = |a: ArrayView3<f32>| -> Result<Array2<f32>> {
-                    a.to_shape((r * t, c))
-                        .map(|v| v.into_owned())
-                        .map_err(|e| ElmError::shape("QuantModule::apply", e.to_string()))
-                };
-                let (z2, h2) = (rows(z)?, rows(h)?);
-                // u = z·W_zᵀ + h·W_hᵀ + b   [R·T, C]
-                let mut u = Array2::<f32>::zeros((r * t, c));
-                let mut wh = Array2::<f32>::zeros((r * t, c));
-                linear_any_into(
-                    z2.view(),
-                    p.w_z.as_ref(),
-                    None,
-                    u.view_mut(),
-                    &mut scratch.qx,
-                );
-                linear_any_into(
-                    h2.view(),
-                    p.w_h.as_ref(),
-                    Some(&p.bias),
-                    wh.view_mut(),
-                    &mut scratch.qx,
-                );
-                u += &wh;
-                u.into_shape_with_order((r, t, c))
-                    .map_err(|e| ElmError::shape("QuantModule::apply", e.to_string()))?
-            }
-        };
-        let lens = vec![t; r];
-        block_forward_rows(
-            &self.block,
-            cfg,
-            u.view_mut(),
-            seqs,
-            &lens,
-            cache,
-            false,
-            scratch,
-        )?;
-        Ok(u)
+    /// The module as the no-tape kernels see it (the path of [`ElmModule`]'s f32 matrices).
+    fn view(&self) -> ModuleView<'_, dyn BlockWeights> {
+        ModuleView {
+            block: &self.block,
+            projection: self
+                .projection
+                .as_ref()
+                .map(|p| (p.w_z.as_ref(), p.w_h.as_ref(), &p.bias)),
+        }
     }
 }
 
@@ -496,6 +450,8 @@ pub struct ElmSession<'m> {
     dense_kv: KvCache,
     /// Caches of the fixed-point block: one (one-step) or one per iteration (multi-step).
     fp_kv: Vec<LayerKv>,
+    /// The fixed-point solves' buffers, kept across tokens.
+    fp_work: FpWork,
     batch: usize,
     max_seq: usize,
     /// Decode-step statistics, in order.
@@ -527,6 +483,7 @@ impl<'m> ElmSession<'m> {
         };
         Ok(ElmSession {
             model,
+            fp_work: FpWork::new(&cfg),
             cfg,
             dense_kv,
             fp_kv,
@@ -722,8 +679,8 @@ impl<'m> ElmSession<'m> {
             }
             for (len, rows) in groups {
                 // h of the group's real tokens: [R, len, C].
-                let h = x.select(Axis(0), &rows).slice(s![.., ..len, ..]).to_owned();
-                let y = self.solve_fixed_point(h, &rows, true)?;
+                let mut y = x.select(Axis(0), &rows).slice(s![.., ..len, ..]).to_owned();
+                self.solve_fixed_point(&mut y, &rows, true)?;
                 for (gi, &b) in rows.iter().enumerate() {
                     x.slice_mut(s![b, ..len, ..])
                         .assign(&y.index_axis(Axis(0), gi));
@@ -758,15 +715,15 @@ impl<'m> ElmSession<'m> {
             None => (mc.num_layers, 0),
             Some((ec, _)) => (ec.start_layer, mc.num_layers - ec.end_layer()),
         };
-        let kept = self.model.kept_layers();
-        for (slot, &layer) in kept.iter().enumerate().take(front) {
-            self.dense_layer(slot, layer, &mut x, seqs)?;
+        // Kept layers: slots 0..front are layers 0..front, slots front.. the last `back`.
+        for slot in 0..front {
+            self.dense_layer(slot, slot, &mut x, seqs)?;
         }
         if self.model.elm.is_some() {
-            x = self.solve_fixed_point(x, seqs, prefill)?;
+            self.solve_fixed_point(&mut x, seqs, prefill)?;
         }
-        for (slot, &layer) in kept.iter().enumerate().skip(front).take(back) {
-            self.dense_layer(slot, layer, &mut x, seqs)?;
+        for slot in front..front + back {
+            self.dense_layer(slot, mc.num_layers - back + (slot - front), &mut x, seqs)?;
         }
         Ok(x)
     }
@@ -780,7 +737,10 @@ impl<'m> ElmSession<'m> {
         seqs: &[usize],
     ) -> Result<()> {
         let w = &self.model.weights;
-        let lens = vec![x.dim().1; seqs.len()];
+        let lens = &mut self.fp_work.bufs.lens;
+        lens.clear();
+        lens.resize(seqs.len(), x.dim().1);
+        let lens = &*lens;
         let KvCache {
             layers, scratch, ..
         } = &mut self.dense_kv;
@@ -790,7 +750,7 @@ impl<'m> ElmSession<'m> {
                 &w.config,
                 x.view_mut(),
                 seqs,
-                &lens,
+                lens,
                 &mut layers[slot],
                 true,
                 scratch,
@@ -801,20 +761,22 @@ impl<'m> ElmSession<'m> {
             &w.config,
             x.view_mut(),
             seqs,
-            &lens,
+            lens,
             &mut layers[slot],
             true,
             scratch,
         )
     }
 
-    /// Solves `z = f(z, h)` for each row, commits the final iterate's K/V, returns `f(z*)`.
+    /// Solves `z = f(z, h)` for each row of `x` (= `h` `[R, T, C]`), commits the final
+    /// iterate's K/V and leaves `f(z*)` in `x`. Every buffer comes from the session's
+    /// [`FpWork`], so a decode step allocates nothing here after the first.
     fn solve_fixed_point(
         &mut self,
-        h: Array3<f32>,
+        x: &mut Array3<f32>,
         seqs: &[usize],
         prefill: bool,
-    ) -> Result<Array3<f32>> {
+    ) -> Result<()> {
         let model = self.model;
         let Some((ec, module)) = model.elm.as_ref() else {
             return Err(ElmError::InvalidArgument(
@@ -822,45 +784,68 @@ impl<'m> ElmSession<'m> {
             ));
         };
         let mc = &model.weights.config;
-        let (r, t, _) = h.dim();
+        let (r, t, c) = x.dim();
         let adaptive = !prefill || self.cfg.adaptive_prefill;
+        let stop = self.cfg.stop_for(t, adaptive);
         // Pending K/V left by a failed earlier call must not be committed below.
         self.fp_kv.iter_mut().for_each(LayerKv::discard_pending);
+        let scratch = &mut self.dense_kv.scratch;
+        let FpWork {
+            solver,
+            solve,
+            inj,
+            z,
+            next,
+            all,
+            bufs,
+        } = &mut self.fp_work;
+        let view: ModuleView<'_, dyn BlockWeights> =
+            match model.quant.as_ref().and_then(|q| q.module.as_ref()) {
+                Some(q) => q.view(),
+                None => module.view(),
+            };
+        {
+            let h2 = x
+                .view()
+                .into_shape_with_order((r * t, c))
+                .map_err(|e| ElmError::shape("solve_fixed_point h", e.to_string()))?;
+            view.injection_term_into(h2, inj, &mut scratch.qx);
+            reshape2(z, r, t * c);
+            if ec.injection {
+                z.fill(0.0);
+            } else {
+                z.assign(
+                    &x.view()
+                        .into_shape_with_order((r, t * c))
+                        .map_err(|e| ElmError::shape("solve_fixed_point h", e.to_string()))?,
+                );
+            }
+        }
+        reshape2(next, r, t * c);
+        all.clear();
+        all.resize(r, true);
+        bufs.evals.clear();
+        bufs.evals.resize(r, 0);
         let mut map = FpMap {
-            module,
-            quant: model.quant.as_ref().and_then(|q| q.module.as_ref()),
+            module: view,
             cfg: mc,
-            h: h.view(),
+            inj: inj.view(),
+            dims: (r, t, c),
             seqs,
             mode: self.cfg.kv_mode,
             fp_kv: &mut self.fp_kv,
-            scratch: &mut self.dense_kv.scratch,
-            evals: vec![0; r],
+            scratch,
+            bufs: &mut *bufs,
         };
-        let solver = self.cfg.build_solver();
-        let (z_star, statuses) =
-            map.iterate(ec, solver.as_ref(), &self.cfg.stop_for(t, adaptive), true)?;
+        let solved = map.iterate(ec, solver.as_ref(), &stop, true, solve, z, next)?;
         // Final evaluation at z*: its K/V are what the cache keeps; its output goes on.
-        let zs = map.rows_as_states(z_star.view())?;
-        let all: Vec<bool> = vec![true; r];
-        let store_idx: Vec<usize> = (0..r).map(|ri| map.store_for(ri)).collect::<Result<_>>()?;
-        let mut y = Array3::<f32>::zeros(h.dim());
-        map.eval_rows(zs.view(), &all, &store_idx, |ri, out| {
-            y.slice_mut(s![ri, .., ..]).assign(&out);
-        })?;
-        let residuals: Vec<f64> = (0..r)
-            .map(|ri| {
-                let d = &y.slice(s![ri, .., ..]) - &zs.slice(s![ri, .., ..]);
-                (d.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / t as f64).sqrt()
-            })
-            .collect();
+        map.eval(z.view(), all, next.view_mut())?;
         // Commit: every cache holds, as pending K/V, the iterate that belongs in it.
-        let FpMap { evals, .. } = map;
         if self.cfg.kv_mode == KvMode::MultiStep {
             // Caches past a row's final evaluation (reached by rows that iterated longer)
             // get that final iterate's K/V.
             for (ri, &b) in seqs.iter().enumerate() {
-                let last = store_idx[ri];
+                let last = bufs.store_idx[ri];
                 let (done, later) = self.fp_kv.split_at_mut(last + 1);
                 for kv in later {
                     kv.copy_pending_from(&done[last], b)?;
@@ -871,12 +856,23 @@ impl<'m> ElmSession<'m> {
             kv.commit();
         }
         for (ri, &b) in seqs.iter().enumerate() {
+            let d2: f64 = next
+                .row(ri)
+                .iter()
+                .zip(z.row(ri))
+                .map(|(y, z)| ((*y - *z) as f64).powi(2))
+                .sum();
             let stat = FpStat {
                 sequence: b,
                 tokens: t,
-                iterations: evals[ri],
-                residual: residuals[ri],
-                status: statuses[ri],
+                iterations: bufs.evals[ri],
+                residual: (d2 / t as f64).sqrt(),
+                status: if solved {
+                    solve.rows()[ri].status
+                } else {
+                    // A fixed budget has no convergence test: every row ran it out.
+                    RowStatus::MaxIter
+                },
             };
             if prefill {
                 self.prefill_stats.push(stat);
@@ -884,74 +880,121 @@ impl<'m> ElmSession<'m> {
                 self.decode_stats.push(stat);
             }
         }
-        Ok(y)
+        x.assign(
+            &next
+                .view()
+                .into_shape_with_order((r, t, c))
+                .map_err(|e| ElmError::shape("solve_fixed_point y", e.to_string()))?,
+        );
+        Ok(())
     }
+}
+
+/// `a` as a `[rows, cols]` matrix, reallocated only when the shape changes.
+fn reshape2(a: &mut Array2<f32>, rows: usize, cols: usize) {
+    if a.dim() != (rows, cols) {
+        *a = Array2::zeros((rows, cols));
+    }
+}
+
+/// The buffers of a session's fixed-point solves, kept across tokens: after the first decode
+/// step of a batch shape, the solve allocates nothing (see `tests/elm_decode_alloc.rs`).
+struct FpWork {
+    /// Built once per session (with `return_best`: the committed K/V are the best iterate's).
+    solver: Box<dyn FixedPointSolver<f32>>,
+    /// The solver's buffers and per-row state.
+    solve: SolveWorkspace<f32>,
+    /// The injection term `h·W_hᵀ + b` `[R·T, C]`, constant over a solve.
+    inj: Array2<f32>,
+    /// The iterate `[R, T·C]` (z⁰, then z*).
+    z: Array2<f32>,
+    /// `[R, T·C]`: fixed-K ping-pong buffer, then `f(z*)`.
+    next: Array2<f32>,
+    /// Every row active (the commit evaluation).
+    all: Vec<bool>,
+    bufs: EvalBufs,
+}
+
+impl FpWork {
+    fn new(cfg: &InferenceConfig) -> Self {
+        FpWork {
+            solver: cfg.build_solver(),
+            solve: SolveWorkspace::new(),
+            inj: Array2::zeros((0, 0)),
+            z: Array2::zeros((0, 0)),
+            next: Array2::zeros((0, 0)),
+            all: vec![],
+            bufs: EvalBufs::default(),
+        }
+    }
+}
+
+/// Per-evaluation buffers of [`FpMap`] (refilled within their capacity).
+#[derive(Default)]
+struct EvalBufs {
+    /// Evaluations so far per row (= index of the next iteration).
+    evals: Vec<usize>,
+    /// The cache each row's latest evaluation ran against.
+    store_idx: Vec<usize>,
+    lens: Vec<usize>,
+    /// Rows, sequence ids, inputs, injection terms and outputs of one group of rows that
+    /// share a cache, gathered (only when not every row is evaluated against one cache).
+    group: Vec<usize>,
+    seq_ids: Vec<usize>,
+    zg: Vec<f32>,
+    ig: Vec<f32>,
+    ug: Vec<f32>,
 }
 
 /// The solver's view of the module: rows = sequences, state = `[T·C]`.
 struct FpMap<'a> {
-    module: &'a ElmModule,
-    /// The quantized module, when the model runs quantized (then `module` is a shell).
-    quant: Option<&'a QuantModule>,
+    module: ModuleView<'a, dyn BlockWeights>,
     cfg: &'a ModelConfig,
-    /// Injection `h` `[R, T, C]`.
-    h: ArrayView3<'a, f32>,
+    /// Injection term `h·W_hᵀ + b` `[R·T, C]` (empty without injection).
+    inj: ArrayView2<'a, f32>,
+    /// `(R, T, C)`.
+    dims: (usize, usize, usize),
     seqs: &'a [usize],
     mode: KvMode,
     /// Each evaluation leaves its K/V pending in the cache it ran against (for a given
     /// token, row `ri` visits multi-step cache `j` only at iteration `j`).
     fp_kv: &'a mut Vec<LayerKv>,
     scratch: &'a mut Scratch,
-    /// Evaluations so far per row (= index of the next iteration).
-    evals: Vec<usize>,
+    bufs: &'a mut EvalBufs,
 }
 
 impl FpMap<'_> {
-    /// Runs the module's iteration as `ec` defines it, from `z⁰` = 0 with injection or `h`
-    /// without: solved by `solver` until `stop`, or `K` plain applications for a fixed-K
-    /// module — `K − 1` when `then_commit` (the caller's commit evaluation is the K-th).
-    /// Returns the state rows `[R, T·C]` and each row's status.
+    /// Runs the module's iteration as `ec` defines it from `z` (holding z⁰: 0 with injection,
+    /// `h` without): solved by `solver` until `stop` in `ws`, or `K` plain applications for a
+    /// fixed-K module — `K − 1` when `then_commit` (the caller's commit evaluation is the K-th).
+    /// Leaves the state rows `[R, T·C]` in `z` (`next` is scratch of the same shape); returns
+    /// whether they were solved (their statuses are then `ws.rows()`).
+    #[allow(clippy::too_many_arguments)] // the iteration's settings plus its buffers
     fn iterate(
         &mut self,
         ec: &ElmConfig,
         solver: &dyn FixedPointSolver<f32>,
         stop: &StopCriteria,
         then_commit: bool,
-    ) -> Result<(Array2<f32>, Vec<RowStatus>)> {
-        let (r, t, c) = self.h.dim();
-        let z0 = if ec.injection {
-            Array2::<f32>::zeros((r, t * c))
-        } else {
-            self.h
-                .to_shape((r, t * c))
-                .map_err(|e| ElmError::shape("FpMap h", e.to_string()))?
-                .into_owned()
-        };
+        ws: &mut SolveWorkspace<f32>,
+        z: &mut Array2<f32>,
+        next: &mut Array2<f32>,
+    ) -> Result<bool> {
+        let r = self.dims.0;
         match ec.fixed_iterations {
             Some(k) => {
-                let mut z = z0;
-                let mut next = Array2::<f32>::zeros(z.raw_dim());
-                let all = vec![true; r];
                 for _ in 0..k - usize::from(then_commit) {
-                    self.eval(z.view(), &all, next.view_mut())?;
-                    std::mem::swap(&mut z, &mut next);
+                    self.eval_where(z.view(), |_| true, r, next.view_mut())?;
+                    std::mem::swap(z, next);
                 }
-                // A fixed budget has no convergence test: every row ran it out.
-                Ok((z, vec![RowStatus::MaxIter; r]))
+                Ok(false)
             }
             None => {
-                let sol: Solution<f32> = solver.solve(self, z0.view(), stop)?;
-                let statuses = sol.rows.iter().map(|row| row.status).collect();
-                Ok((sol.z, statuses))
+                solver.solve_in(ws, self, z.view(), stop)?;
+                z.assign(&ws.z());
+                Ok(true)
             }
         }
-    }
-
-    /// Solver rows `[R, T·C]` as states `[R, T, C]`.
-    fn rows_as_states(&self, z: ArrayView2<f32>) -> Result<Array3<f32>> {
-        z.to_shape(self.h.dim())
-            .map(|v| v.into_owned())
-            .map_err(|e| ElmError::shape("FpMap z", e.to_string()))
     }
 
     /// Cache that row `ri`'s next evaluation attends to; creates multi-step caches lazily
@@ -961,7 +1004,7 @@ impl FpMap<'_> {
         match self.mode {
             KvMode::OneStep => Ok(0),
             KvMode::MultiStep => {
-                let j = self.evals[ri];
+                let j = self.bufs.evals[ri];
                 while self.fp_kv.len() <= j {
                     let last = self.fp_kv.last().cloned().ok_or_else(|| {
                         ElmError::InvalidArgument("multi-step KV: no fixed-point cache".into())
@@ -973,46 +1016,95 @@ impl FpMap<'_> {
         }
     }
 
-    /// Evaluates `φ(z, h)` (`z` `[R, T, C]`) for rows with `active`, row `ri` against cache
-    /// `store_idx[ri]` (its K/V left pending there); counts the evaluation; hands `y [T, C]`
-    /// to `sink`.
-    fn eval_rows(
+    /// Evaluates `φ(z, h)` (`z` `[R, T·C]`) for the rows where `active(ri)`, row `ri` against
+    /// cache [`Self::store_for`] (its K/V left pending there), into `out`; counts the
+    /// evaluation. When every evaluated row runs against one cache (one-step KV; decode with
+    /// all rows active) the rows go through the block in place, without gathering.
+    fn eval_where(
         &mut self,
-        z: ArrayView3<f32>,
-        active: &[bool],
-        store_idx: &[usize],
-        mut sink: impl FnMut(usize, ndarray::ArrayView2<f32>),
+        z: ArrayView2<f32>,
+        active: impl Fn(usize) -> bool,
+        n_rows: usize,
+        mut out: ArrayViewMut2<f32>,
     ) -> Result<()> {
-        let mut groups: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-        for (ri, &a) in active.iter().enumerate() {
-            if a {
-                groups.entry(store_idx[ri]).or_default().push(ri);
-            }
-        }
-        for (store, rows) in groups {
-            let seq_ids: Vec<usize> = rows.iter().map(|&ri| self.seqs[ri]).collect();
-            let (zr, hr) = (z.select(Axis(0), &rows), self.h.select(Axis(0), &rows));
-            let y = match self.quant {
-                Some(q) => q.apply_cached(
-                    self.cfg,
-                    zr.view(),
-                    hr.view(),
-                    &seq_ids,
-                    &mut self.fp_kv[store],
-                    self.scratch,
-                )?,
-                None => self.module.apply_cached(
-                    self.cfg,
-                    zr.view(),
-                    hr.view(),
-                    &seq_ids,
-                    &mut self.fp_kv[store],
-                    self.scratch,
-                )?,
+        let (r, t, c) = self.dims;
+        let shape_err = |e: ndarray::ShapeError| ElmError::shape("FpMap", e.to_string());
+        self.bufs.store_idx.clear();
+        let mut stores = (usize::MAX, 0usize);
+        for ri in 0..n_rows {
+            let s = if active(ri) {
+                self.store_for(ri)?
+            } else {
+                usize::MAX
             };
-            for (gi, &ri) in rows.iter().enumerate() {
-                sink(ri, y.slice(s![gi, .., ..]));
-                self.evals[ri] += 1;
+            if s != usize::MAX {
+                stores = (stores.0.min(s), stores.1.max(s));
+            }
+            self.bufs.store_idx.push(s);
+        }
+        if stores.0 == usize::MAX {
+            return Ok(());
+        }
+        let every_row = (0..r).all(&active);
+        if every_row && stores.0 == stores.1 {
+            let z3 = z.into_shape_with_order((r, t, c)).map_err(shape_err)?;
+            let o3 = out
+                .view_mut()
+                .into_shape_with_order((r, t, c))
+                .map_err(shape_err)?;
+            self.module.apply_cached_into(
+                self.cfg,
+                z3,
+                self.inj,
+                self.seqs,
+                &mut self.fp_kv[stores.0],
+                self.scratch,
+                &mut self.bufs.lens,
+                o3,
+            )?;
+            self.bufs.evals.iter_mut().for_each(|e| *e += 1);
+            return Ok(());
+        }
+        let injected = self.module.projection.is_some();
+        let (tc, b) = (t * c, &mut *self.bufs);
+        for store in stores.0..=stores.1 {
+            b.group.clear();
+            b.group
+                .extend((0..r).filter(|&ri| b.store_idx[ri] == store));
+            if b.group.is_empty() {
+                continue;
+            }
+            let n = b.group.len();
+            b.seq_ids.clear();
+            b.zg.clear();
+            b.ig.clear();
+            for &ri in &b.group {
+                b.seq_ids.push(self.seqs[ri]);
+                b.zg.extend(z.row(ri).iter());
+                if injected {
+                    b.ig.extend(self.inj.slice(s![ri * t..(ri + 1) * t, ..]).iter());
+                }
+            }
+            b.ug.clear();
+            b.ug.resize(n * tc, 0.0);
+            let zg = ArrayView3::from_shape((n, t, c), &b.zg).map_err(shape_err)?;
+            let ig = ArrayView2::from_shape((if injected { n * t } else { 0 }, c), &b.ig)
+                .map_err(shape_err)?;
+            let ug = ndarray::ArrayViewMut3::from_shape((n, t, c), &mut b.ug).map_err(shape_err)?;
+            self.module.apply_cached_into(
+                self.cfg,
+                zg,
+                ig,
+                &b.seq_ids,
+                &mut self.fp_kv[store],
+                self.scratch,
+                &mut b.lens,
+                ug,
+            )?;
+            for (gi, &ri) in b.group.iter().enumerate() {
+                out.row_mut(ri)
+                    .assign(&ArrayView1::from(&b.ug[gi * tc..(gi + 1) * tc]));
+                b.evals[ri] += 1;
             }
         }
         Ok(())
@@ -1021,31 +1113,10 @@ impl FpMap<'_> {
 
 impl FixedPointMap<f32> for FpMap<'_> {
     fn dim(&self) -> usize {
-        self.h.dim().1 * self.h.dim().2
+        self.dims.1 * self.dims.2
     }
-    fn eval(
-        &mut self,
-        z: ArrayView2<f32>,
-        active: &[bool],
-        mut out: ArrayViewMut2<f32>,
-    ) -> Result<()> {
-        let z3 = self.rows_as_states(z)?;
-        let mut store_idx = vec![0; active.len()];
-        for (ri, &a) in active.iter().enumerate() {
-            if a {
-                store_idx[ri] = self.store_for(ri)?;
-            }
-        }
-        let d = self.dim();
-        let mut failed = None;
-        self.eval_rows(z3.view(), active, &store_idx, |ri, y| match y.to_shape(d) {
-            Ok(row) => out.row_mut(ri).assign(&row),
-            Err(e) => failed = Some(e),
-        })?;
-        match failed {
-            Some(e) => Err(ElmError::shape("FpMap out", e.to_string())),
-            None => Ok(()),
-        }
+    fn eval(&mut self, z: ArrayView2<f32>, active: &[bool], out: ArrayViewMut2<f32>) -> Result<()> {
+        self.eval_where(z, |ri| active[ri], active.len(), out)
     }
 }
 
@@ -1060,23 +1131,56 @@ pub fn solve_sequences(
     solver: &SolverConfig,
     stop: &StopCriteria,
 ) -> Result<Array3<f32>> {
-    let (b, t, _) = h.dim();
+    let (b, t, c) = h.dim();
     let (cache, mut scratch) = fresh_cache(cfg, b, t)?;
     let mut caches = vec![cache];
     let seqs: Vec<usize> = (0..b).collect();
+    let view = module.view();
+    let h2 = h.as_standard_layout();
+    let mut inj = Array2::zeros((0, 0));
+    view.injection_term_into(
+        h2.view()
+            .into_shape_with_order((b * t, c))
+            .map_err(|e| ElmError::shape("solve_sequences h", e.to_string()))?,
+        &mut inj,
+        &mut scratch.qx,
+    );
+    let mut z = if ec.injection {
+        Array2::zeros((b, t * c))
+    } else {
+        h2.view()
+            .into_shape_with_order((b, t * c))
+            .map_err(|e| ElmError::shape("solve_sequences h", e.to_string()))?
+            .to_owned()
+    };
+    let mut next = Array2::zeros((b, t * c));
+    let mut bufs = EvalBufs {
+        evals: vec![0; b],
+        ..EvalBufs::default()
+    };
     let mut map = FpMap {
-        module,
-        quant: None,
+        module: view,
         cfg,
-        h: h.view(),
+        inj: inj.view(),
+        dims: (b, t, c),
         seqs: &seqs,
         mode: KvMode::OneStep,
         fp_kv: &mut caches,
         scratch: &mut scratch,
-        evals: vec![0; b],
+        bufs: &mut bufs,
     };
-    let (z, _) = map.iterate(ec, solver.build().as_ref(), stop, false)?;
-    map.rows_as_states(z.view())
+    let mut ws = SolveWorkspace::new();
+    map.iterate(
+        ec,
+        solver.build().as_ref(),
+        stop,
+        false,
+        &mut ws,
+        &mut z,
+        &mut next,
+    )?;
+    z.into_shape_with_order((b, t, c))
+        .map_err(|e| ElmError::shape("solve_sequences z", e.to_string()))
 }
 
 /// Greedy batched generation on an existing session through the shared sampling loop

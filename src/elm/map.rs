@@ -11,15 +11,93 @@
 
 use std::sync::{Arc, Mutex};
 
-use ndarray::{Array2, Array3, ArrayD, ArrayView2, ArrayView3, Ix3};
+use ndarray::{Array1, Array2, Array3, ArrayD, ArrayView2, ArrayView3, ArrayViewMut3, Ix3};
 
 use crate::autograd::{Tape, Var};
 use crate::error::{ElmError, Result};
 use crate::grad::ImplicitLayer;
+use crate::model::ops::linear_any_into;
+use crate::model::quant::{LinearRef, QActs};
 use crate::model::tape::block_forward;
-use crate::model::{block_forward_rows, LayerKv, ModelConfig, Scratch};
+use crate::model::{block_forward_rows, BlockWeights, LayerKv, ModelConfig, Scratch};
 
 use super::module::{ElmModule, ElmParams};
+
+/// The fixed-point module as the no-tape kernels see it, with f32 or quantized matrices (the
+/// one code path of [`ElmModule`] and of the quantized module of `super::infer`): its block,
+/// and its projection `(W_z, W_h, b)` (`None` without injection).
+pub(crate) struct ModuleView<'a, W: ?Sized> {
+    pub block: &'a W,
+    pub projection: Option<(LinearRef<'a>, LinearRef<'a>, &'a Array1<f32>)>,
+}
+
+impl<W: BlockWeights + ?Sized> ModuleView<'_, W> {
+    /// The part of the block input that a solve does not change, `h·W_hᵀ + b` (`h` `[N, C]`),
+    /// into `out` (reshaped to `[N, C]` when needed), so that each iteration adds only
+    /// `z·W_zᵀ`. Without injection the block input is `z` alone and `out` is left as it is.
+    pub fn injection_term_into(&self, h: ArrayView2<f32>, out: &mut Array2<f32>, qx: &mut QActs) {
+        if let Some((_, w_h, bias)) = self.projection {
+            if out.dim() != h.dim() {
+                *out = Array2::zeros(h.dim());
+            }
+            linear_any_into(h, w_h, Some(bias), out.view_mut(), qx);
+        }
+    }
+
+    /// `φ(z, h)` for new tokens into `u` `[R, T, C]`, given the injection term `inj` `[R·T, C]`
+    /// of [`Self::injection_term_into`]: `u = f*(z·W_zᵀ + inj)`, or `f*(z)` without injection.
+    /// Row `r` of `z` holds `T` new tokens of sequence `seqs[r]` of `cache`, which they attend
+    /// to after its history; their K/V stay pending in `cache` (the caller commits the iterate
+    /// it keeps). `lens` is a buffer refilled here, so a caller that keeps it (and `u`)
+    /// allocates nothing.
+    #[allow(clippy::too_many_arguments)] // the map's inputs plus its cache and buffers
+    pub fn apply_cached_into(
+        &self,
+        cfg: &ModelConfig,
+        z: ArrayView3<f32>,
+        inj: ArrayView2<f32>,
+        seqs: &[usize],
+        cache: &mut LayerKv,
+        scratch: &mut Scratch,
+        lens: &mut Vec<usize>,
+        mut u: ArrayViewMut3<f32>,
+    ) -> Result<()> {
+        let (r, t, c) = z.dim();
+        let shape_err = |e: ndarray::ShapeError| ElmError::shape("ElmModule::apply", e.to_string());
+        if u.dim() != (r, t, c) {
+            return Err(ElmError::shape(
+                "ElmModule::apply",
+                format!("z is {:?} but the output is {:?}", z.dim(), u.dim()),
+            ));
+        }
+        match self.projection {
+            Some((w_z, _, _)) => {
+                if inj.dim() != (r * t, c) {
+                    return Err(ElmError::shape(
+                        "ElmModule::apply",
+                        format!(
+                            "{} rows of z but the injection term is {:?}",
+                            r * t,
+                            inj.dim()
+                        ),
+                    ));
+                }
+                let z2 = z.into_shape_with_order((r * t, c)).map_err(shape_err)?;
+                let mut u2 = u
+                    .view_mut()
+                    .into_shape_with_order((r * t, c))
+                    .map_err(shape_err)?;
+                // u = z·W_zᵀ + (h·W_hᵀ + b)   [R·T, C]
+                linear_any_into(z2, w_z, None, u2.view_mut(), &mut scratch.qx);
+                u2 += &inj;
+            }
+            None => u.assign(&z),
+        }
+        lens.clear();
+        lens.resize(r, t);
+        block_forward_rows(self.block, cfg, u, seqs, lens, cache, false, scratch)
+    }
+}
 
 impl ElmModule {
     /// Block input `u = z·W_zᵀ + h·W_hᵀ + b` (without injection: `u = z`). z, h: `[N, C]` →
@@ -33,6 +111,17 @@ impl ElmModule {
                 u
             }
             None => z.to_owned(),
+        }
+    }
+
+    /// The module as the no-tape kernels see it.
+    pub(crate) fn view(&self) -> ModuleView<'_, dyn BlockWeights> {
+        ModuleView {
+            block: &self.block,
+            projection: self
+                .projection
+                .as_ref()
+                .map(|p| (LinearRef::F32(&p.w_z), LinearRef::F32(&p.w_h), &p.bias)),
         }
     }
 
@@ -55,25 +144,23 @@ impl ElmModule {
                 format!("z is {:?} but h is {:?}", z.dim(), h.dim()),
             ));
         }
-        let as_rows = |a: ArrayView3<f32>| -> Result<Array2<f32>> {
-            a.to_shape((r * t, c))
-                .map(|v| v.into_owned())
-                .map_err(|e| ElmError::shape("ElmModule::apply", e.to_string()))
-        };
-        let mut u = self
-            .inject(as_rows(z)?.view(), as_rows(h)?.view())
-            .into_shape_with_order((r, t, c))
+        let h2 = h
+            .to_shape((r * t, c))
             .map_err(|e| ElmError::shape("ElmModule::apply", e.to_string()))?;
-        let lens = vec![t; r];
-        block_forward_rows(
-            &self.block,
+        let view = self.view();
+        let mut inj = Array2::zeros((0, 0));
+        view.injection_term_into(h2.view(), &mut inj, &mut scratch.qx);
+        let z = z.as_standard_layout();
+        let mut u = Array3::zeros((r, t, c));
+        view.apply_cached_into(
             cfg,
-            u.view_mut(),
+            z.view(),
+            inj.view(),
             seqs,
-            &lens,
             cache,
-            false,
             scratch,
+            &mut vec![],
+            u.view_mut(),
         )?;
         Ok(u)
     }

@@ -360,6 +360,8 @@ pub struct BenchRun {
     pub weights: String,
     /// Bytes of weights held by this configuration.
     pub resident_weight_bytes: usize,
+    /// Parameters of the model (embedding included).
+    pub params: usize,
     /// Peak RSS of the process while generating (see [`generation_peak_rss`]).
     pub peak_rss_bytes: Option<usize>,
     pub kv_bytes_per_token: usize,

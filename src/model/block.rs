@@ -72,9 +72,10 @@ pub fn block_forward_rows<W: BlockWeights + ?Sized>(
     commit: bool,
     scratch: &mut Scratch,
 ) -> Result<()> {
-    let mut seen = vec![false; cache.batch()];
-    for &s in seqs {
-        if s >= cache.batch() || std::mem::replace(&mut seen[s], true) {
+    // Quadratic in the (few) rows rather than a per-call `seen` vector: decode calls this
+    // once per layer and token, and allocates nothing here.
+    for (i, &s) in seqs.iter().enumerate() {
+        if s >= cache.batch() || seqs[..i].contains(&s) {
             return Err(ElmError::InvalidArgument(format!(
                 "block_forward_rows: sequence ids {seqs:?} must be distinct and < batch {}",
                 cache.batch()

@@ -12,7 +12,7 @@
 
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
 
-use super::engine::{run_fixed_point, IterationRule, StepEvent};
+use super::engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
 use super::kernels::dot2_f64;
 use super::{
     cast, AndersonConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
@@ -145,19 +145,20 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
         ("history", bytes)
     }
     fn init(&mut self, batch: usize, dim: usize) {
+        use super::engine::refill;
         let m = self.m;
         self.dim = dim;
-        self.w = vec![T::zero(); batch * m * dim];
-        self.dg = vec![T::zero(); batch * m * dim];
-        self.gram = vec![0.0; batch * m * m];
-        self.z_prev = vec![T::zero(); batch * dim];
-        self.g_prev = vec![T::zero(); batch * dim];
-        self.has_prev = vec![false; batch];
-        self.count = vec![0; batch];
-        self.head = vec![0; batch];
-        self.g = vec![T::zero(); dim];
-        self.chol = vec![0.0; m * m];
-        self.gamma = vec![0.0; m];
+        refill(&mut self.w, batch * m * dim, T::zero());
+        refill(&mut self.dg, batch * m * dim, T::zero());
+        refill(&mut self.gram, batch * m * m, 0.0);
+        refill(&mut self.z_prev, batch * dim, T::zero());
+        refill(&mut self.g_prev, batch * dim, T::zero());
+        refill(&mut self.has_prev, batch, false);
+        refill(&mut self.count, batch, 0);
+        refill(&mut self.head, batch, 0);
+        refill(&mut self.g, dim, T::zero());
+        refill(&mut self.chol, m * m, 0.0);
+        refill(&mut self.gamma, m, 0.0);
     }
 
     fn step(
@@ -299,5 +300,28 @@ impl<T: SolverFloat> FixedPointSolver<T> for Anderson {
         self.config.validate()?;
         let mut rule = AndersonRule::<T>::new(&self.config);
         run_fixed_point(&mut rule, stop, &self.config.output, map, z0, observer)
+    }
+    fn solve_in(
+        &self,
+        ws: &mut SolveWorkspace<T>,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        stop: &StopCriteria,
+    ) -> Result<()> {
+        self.config.validate()?;
+        ws.run_with_rule(
+            || AndersonRule::<T>::new(&self.config),
+            // The kept buffers are resized by `init`; only the settings are taken anew.
+            |r| {
+                let fresh = AndersonRule::<T>::new(&self.config);
+                (r.m, r.lambda, r.beta, r.max_condition) =
+                    (fresh.m, fresh.lambda, fresh.beta, fresh.max_condition);
+            },
+            stop,
+            &self.config.output,
+            map,
+            z0,
+            &mut super::NoObserver,
+        )
     }
 }

@@ -12,7 +12,7 @@
 
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
 
-use super::engine::{run_fixed_point, IterationRule, StepEvent};
+use super::engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
 use super::kernels::{dot2_mixed, dot_mixed};
 use super::{
     cast, BroydenConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
@@ -58,6 +58,31 @@ struct BroydenRule<T> {
 }
 
 impl<T: SolverFloat> BroydenRule<T> {
+    /// Settings of `cfg`, no buffers yet (`init` sizes them).
+    fn new(cfg: &BroydenConfig) -> Self {
+        BroydenRule {
+            cfg: cfg.clone(),
+            beta: cfg.beta,
+            dim: 0,
+            u: Vec::new(),
+            v: Vec::new(),
+            z_prev: Vec::new(),
+            g_prev: Vec::new(),
+            res_prev: Vec::new(),
+            has_prev: Vec::new(),
+            backtracks: Vec::new(),
+            count: Vec::new(),
+            head: Vec::new(),
+            g: Vec::new(),
+            s: Vec::new(),
+            y: Vec::new(),
+            hy: Vec::new(),
+            hts: Vec::new(),
+            hg: Vec::new(),
+            coef: Vec::new(),
+        }
+    }
+
     /// `hg = −β g` (H with empty memory).
     fn set_hg_initial(&mut self) {
         for (h, g) in self.hg.iter_mut().zip(&self.g) {
@@ -119,17 +144,18 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
         )
     }
     fn init(&mut self, batch: usize, dim: usize) {
+        use super::engine::refill;
         let l = self.cfg.memory;
         self.dim = dim;
-        self.u = vec![T::zero(); batch * l * dim];
-        self.v = vec![T::zero(); batch * l * dim];
-        self.z_prev = vec![T::zero(); batch * dim];
-        self.g_prev = vec![T::zero(); batch * dim];
-        self.res_prev = vec![f64::INFINITY; batch];
-        self.has_prev = vec![false; batch];
-        self.backtracks = vec![0; batch];
-        self.count = vec![0; batch];
-        self.head = vec![0; batch];
+        refill(&mut self.u, batch * l * dim, T::zero());
+        refill(&mut self.v, batch * l * dim, T::zero());
+        refill(&mut self.z_prev, batch * dim, T::zero());
+        refill(&mut self.g_prev, batch * dim, T::zero());
+        refill(&mut self.res_prev, batch, f64::INFINITY);
+        refill(&mut self.has_prev, batch, false);
+        refill(&mut self.backtracks, batch, 0);
+        refill(&mut self.count, batch, 0);
+        refill(&mut self.head, batch, 0);
         for buf in [
             &mut self.g,
             &mut self.s,
@@ -138,9 +164,9 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
             &mut self.hts,
             &mut self.hg,
         ] {
-            *buf = vec![0.0; dim];
+            refill(buf, dim, 0.0);
         }
-        self.coef = vec![0.0; l];
+        refill(&mut self.coef, l, 0.0);
     }
 
     fn step(
@@ -272,27 +298,29 @@ impl<T: SolverFloat> FixedPointSolver<T> for Broyden {
         observer: &mut dyn Observer<T>,
     ) -> Result<Solution<T>> {
         self.config.validate()?;
-        let mut rule = BroydenRule::<T> {
-            cfg: self.config.clone(),
-            beta: self.config.beta,
-            dim: 0,
-            u: Vec::new(),
-            v: Vec::new(),
-            z_prev: Vec::new(),
-            g_prev: Vec::new(),
-            res_prev: Vec::new(),
-            has_prev: Vec::new(),
-            backtracks: Vec::new(),
-            count: Vec::new(),
-            head: Vec::new(),
-            g: Vec::new(),
-            s: Vec::new(),
-            y: Vec::new(),
-            hy: Vec::new(),
-            hts: Vec::new(),
-            hg: Vec::new(),
-            coef: Vec::new(),
-        };
+        let mut rule = BroydenRule::<T>::new(&self.config);
         run_fixed_point(&mut rule, stop, &self.config.output, map, z0, observer)
+    }
+    fn solve_in(
+        &self,
+        ws: &mut SolveWorkspace<T>,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        stop: &StopCriteria,
+    ) -> Result<()> {
+        self.config.validate()?;
+        ws.run_with_rule(
+            || BroydenRule::<T>::new(&self.config),
+            // The kept buffers are resized by `init`; only the settings are taken anew.
+            |r| {
+                r.cfg.clone_from(&self.config);
+                r.beta = self.config.beta;
+            },
+            stop,
+            &self.config.output,
+            map,
+            z0,
+            &mut super::NoObserver,
+        )
     }
 }

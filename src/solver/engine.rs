@@ -48,139 +48,302 @@ pub trait IterationRule<T: SolverFloat> {
     ) -> StepEvent;
 }
 
-/// Runs `rule` on `map` from `z0 [B, D]` until every row stops (see [`crate::solver`] for the stop
-/// criteria).
-pub fn run_fixed_point<T: SolverFloat>(
-    rule: &mut dyn IterationRule<T>,
-    stop: &StopCriteria,
-    output: &OutputOptions,
-    map: &mut dyn FixedPointMap<T>,
-    z0: ArrayView2<T>,
-    observer: &mut dyn Observer<T>,
-) -> Result<Solution<T>> {
-    stop.validate()?;
-    let (batch, dim) = z0.dim();
-    if dim != map.dim() {
-        return Err(ElmError::shape(
-            "fixed-point solve",
-            format!("z0 is [{batch}, {dim}] but the map has dim {}", map.dim()),
-        ));
-    }
-    // Owned, standard-layout buffers: rows are contiguous slices for the rules.
-    let mut z = z0.as_standard_layout().into_owned();
-    let mut fz = Array2::<T>::zeros((batch, dim));
-    let mut best_z = if output.return_best {
-        z.clone()
-    } else {
-        Array2::zeros((0, dim))
-    };
-    let mut best_res = vec![f64::INFINITY; batch];
-    let mut best_rel = vec![f64::NAN; batch];
-    let mut res = vec![f64::NAN; batch];
-    let mut rel = vec![f64::NAN; batch];
-    let mut first_res = vec![f64::NAN; batch];
-    let mut iterations = vec![0usize; batch];
-    let mut restarts = vec![0usize; batch];
-    let mut backtracks = vec![0usize; batch];
-    let mut status: Vec<Option<RowStatus>> = vec![None; batch];
-    let mut active = vec![true; batch];
-    let mut traces: Vec<Vec<f64>> = if output.trace {
-        vec![Vec::with_capacity(stop.max_iter.min(4096)); batch]
-    } else {
-        Vec::new()
-    };
-    let (field, bytes) = rule.state_bytes(batch, dim);
-    crate::limits::check_alloc(field, bytes)?;
-    rule.init(batch, dim);
+/// Every buffer of a batched solve, kept between solves so that a caller that solves once per
+/// token (an ELM decode session) allocates nothing after its first solve of a given shape:
+/// vectors are cleared and refilled within their capacity, matrices kept while the shape holds,
+/// and the solver's own per-row state (its [`IterationRule`]) kept in the slot it last used.
+/// The result of the last solve is read from it ([`SolveWorkspace::z`], [`SolveWorkspace::rows`]).
+pub struct SolveWorkspace<T> {
+    z: Array2<T>,
+    fz: Array2<T>,
+    best_z: Array2<T>,
+    best_res: Vec<f64>,
+    best_rel: Vec<f64>,
+    res: Vec<f64>,
+    rel: Vec<f64>,
+    first_res: Vec<f64>,
+    iterations: Vec<usize>,
+    restarts: Vec<usize>,
+    backtracks: Vec<usize>,
+    status: Vec<Option<RowStatus>>,
+    active: Vec<bool>,
+    traces: Vec<Vec<f64>>,
+    spectral: Vec<Option<f64>>,
+    rows: Vec<RowOutcome>,
+    map_evals: usize,
+    spectral_map_evals: usize,
+    /// Largest rule state already checked against the memory budget (the check reads
+    /// /proc/meminfo, which a solve per token must not do each time).
+    checked_bytes: u128,
+    /// The iteration rule of the solver that last used this workspace.
+    rule: Option<Box<dyn std::any::Any + Send>>,
+}
 
-    let mut map_evals = 0usize;
-    let mut n_active = batch;
-    while n_active > 0 {
-        map.eval(z.view(), &active, fz.view_mut())?;
-        map_evals += 1;
-        for b in 0..batch {
-            if !active[b] {
-                continue;
-            }
-            iterations[b] += 1;
-            let (abs, rel_b) = residual_norms(z.row(b), fz.row(b), stop.rel_eps);
-            res[b] = abs;
-            rel[b] = rel_b;
-            if output.trace {
-                traces[b].push(abs);
-            }
-            let verdict = if !abs.is_finite() || !rel_b.is_finite() {
-                Some(RowStatus::NonFinite)
-            } else {
-                if first_res[b].is_nan() {
-                    first_res[b] = abs;
+impl<T: SolverFloat> Default for SolveWorkspace<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// `v` as `n` copies of `x`, within its capacity when it suffices.
+pub(crate) fn refill<X: Clone>(v: &mut Vec<X>, n: usize, x: X) {
+    v.clear();
+    v.resize(n, x);
+}
+
+/// `a` as a `[rows, cols]` matrix; reallocated only when the shape changes (contents are
+/// overwritten by the caller).
+fn reshape<T: SolverFloat>(a: &mut Array2<T>, rows: usize, cols: usize) {
+    if a.dim() != (rows, cols) {
+        *a = Array2::zeros((rows, cols));
+    }
+}
+
+impl<T: SolverFloat> SolveWorkspace<T> {
+    pub fn new() -> Self {
+        SolveWorkspace {
+            z: Array2::zeros((0, 0)),
+            fz: Array2::zeros((0, 0)),
+            best_z: Array2::zeros((0, 0)),
+            best_res: vec![],
+            best_rel: vec![],
+            res: vec![],
+            rel: vec![],
+            first_res: vec![],
+            iterations: vec![],
+            restarts: vec![],
+            backtracks: vec![],
+            status: vec![],
+            active: vec![],
+            traces: vec![],
+            spectral: vec![],
+            rows: vec![],
+            map_evals: 0,
+            spectral_map_evals: 0,
+            checked_bytes: 0,
+            rule: None,
+        }
+    }
+
+    /// `[B, D]`: the last solve's returned iterate per row (see [`OutputOptions::return_best`]).
+    pub fn z(&self) -> ArrayView2<'_, T> {
+        self.z.view()
+    }
+
+    /// The last solve's outcome per row.
+    pub fn rows(&self) -> &[RowOutcome] {
+        &self.rows
+    }
+
+    /// Batched map calls of the last solve's iteration.
+    pub fn map_evals(&self) -> usize {
+        self.map_evals
+    }
+
+    /// The last solve as an owned [`Solution`] (copies `z` and the row outcomes).
+    pub fn to_solution(&self) -> Solution<T> {
+        Solution {
+            z: self.z.clone(),
+            rows: self.rows.clone(),
+            map_evals: self.map_evals,
+            spectral_map_evals: self.spectral_map_evals,
+        }
+    }
+
+    /// Stores a solution computed elsewhere as this workspace's result.
+    pub fn set_solution(&mut self, s: Solution<T>) {
+        self.z = s.z;
+        self.rows = s.rows;
+        self.map_evals = s.map_evals;
+        self.spectral_map_evals = s.spectral_map_evals;
+    }
+
+    /// Runs `rule` of type `R` (the one kept from the previous solve, or `make()` when the
+    /// previous solve used another rule) with `configure` applied first, on `map` from `z0`.
+    #[allow(clippy::too_many_arguments)] // `run`'s inputs plus how to make and set the rule
+    pub fn run_with_rule<R>(
+        &mut self,
+        make: impl FnOnce() -> R,
+        configure: impl FnOnce(&mut R),
+        stop: &StopCriteria,
+        output: &OutputOptions,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        observer: &mut dyn Observer<T>,
+    ) -> Result<()>
+    where
+        R: IterationRule<T> + Send + 'static,
+    {
+        let mut slot = self.rule.take();
+        if !slot.as_ref().is_some_and(|r| r.is::<R>()) {
+            slot = Some(Box::new(make()));
+        }
+        let rule = slot
+            .as_mut()
+            .and_then(|r| r.downcast_mut::<R>())
+            .expect("the slot holds an R: set just above");
+        configure(rule);
+        let result = self.run(rule, stop, output, map, z0, observer);
+        self.rule = slot;
+        result
+    }
+
+    /// Runs `rule` on `map` from `z0 [B, D]` until every row stops (see [`crate::solver`] for
+    /// the stop criteria); the result stays in the workspace.
+    pub fn run(
+        &mut self,
+        rule: &mut dyn IterationRule<T>,
+        stop: &StopCriteria,
+        output: &OutputOptions,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        observer: &mut dyn Observer<T>,
+    ) -> Result<()> {
+        stop.validate()?;
+        let (batch, dim) = z0.dim();
+        if dim != map.dim() {
+            return Err(ElmError::shape(
+                "fixed-point solve",
+                format!("z0 is [{batch}, {dim}] but the map has dim {}", map.dim()),
+            ));
+        }
+        // Standard-layout buffers: rows are contiguous slices for the rules.
+        reshape(&mut self.z, batch, dim);
+        self.z.assign(&z0);
+        reshape(&mut self.fz, batch, dim);
+        if output.return_best {
+            reshape(&mut self.best_z, batch, dim);
+            self.best_z.assign(&z0);
+        }
+        refill(&mut self.best_res, batch, f64::INFINITY);
+        refill(&mut self.best_rel, batch, f64::NAN);
+        refill(&mut self.res, batch, f64::NAN);
+        refill(&mut self.rel, batch, f64::NAN);
+        refill(&mut self.first_res, batch, f64::NAN);
+        refill(&mut self.iterations, batch, 0);
+        refill(&mut self.restarts, batch, 0);
+        refill(&mut self.backtracks, batch, 0);
+        refill(&mut self.status, batch, None);
+        refill(&mut self.active, batch, true);
+        refill(&mut self.spectral, batch, None);
+        self.traces.clear();
+        if output.trace {
+            self.traces
+                .resize_with(batch, || Vec::with_capacity(stop.max_iter.min(4096)));
+        }
+        let (field, bytes) = rule.state_bytes(batch, dim);
+        if bytes > self.checked_bytes {
+            crate::limits::check_alloc(field, bytes)?;
+            self.checked_bytes = bytes;
+        }
+        rule.init(batch, dim);
+
+        let SolveWorkspace {
+            z,
+            fz,
+            best_z,
+            best_res,
+            best_rel,
+            res,
+            rel,
+            first_res,
+            iterations,
+            restarts,
+            backtracks,
+            status,
+            active,
+            traces,
+            spectral,
+            rows,
+            ..
+        } = self;
+        let mut map_evals = 0usize;
+        let mut n_active = batch;
+        while n_active > 0 {
+            map.eval(z.view(), active, fz.view_mut())?;
+            map_evals += 1;
+            for b in 0..batch {
+                if !active[b] {
+                    continue;
                 }
-                if output.return_best && abs < best_res[b] {
-                    best_res[b] = abs;
-                    best_rel[b] = rel_b;
-                    best_z.row_mut(b).assign(&z.row(b));
+                iterations[b] += 1;
+                let (abs, rel_b) = residual_norms(z.row(b), fz.row(b), stop.rel_eps);
+                res[b] = abs;
+                rel[b] = rel_b;
+                if output.trace {
+                    traces[b].push(abs);
                 }
-                if (stop.abs_tol > 0.0 && abs <= stop.abs_tol)
-                    || (stop.rel_tol > 0.0 && rel_b <= stop.rel_tol)
-                {
-                    Some(RowStatus::Converged)
-                } else if abs > stop.divergence_factor * first_res[b].max(1e-30) {
-                    Some(RowStatus::Diverged)
-                } else if iterations[b] >= stop.max_iter {
-                    Some(RowStatus::MaxIter)
+                let verdict = if !abs.is_finite() || !rel_b.is_finite() {
+                    Some(RowStatus::NonFinite)
                 } else {
-                    None
+                    if first_res[b].is_nan() {
+                        first_res[b] = abs;
+                    }
+                    if output.return_best && abs < best_res[b] {
+                        best_res[b] = abs;
+                        best_rel[b] = rel_b;
+                        best_z.row_mut(b).assign(&z.row(b));
+                    }
+                    if (stop.abs_tol > 0.0 && abs <= stop.abs_tol)
+                        || (stop.rel_tol > 0.0 && rel_b <= stop.rel_tol)
+                    {
+                        Some(RowStatus::Converged)
+                    } else if abs > stop.divergence_factor * first_res[b].max(1e-30) {
+                        Some(RowStatus::Diverged)
+                    } else if iterations[b] >= stop.max_iter {
+                        Some(RowStatus::MaxIter)
+                    } else {
+                        None
+                    }
+                };
+                match verdict {
+                    Some(s) => {
+                        // Freeze: z keeps the last evaluated iterate, the map sees the row inactive.
+                        status[b] = Some(s);
+                        active[b] = false;
+                        n_active -= 1;
+                    }
+                    None => match rule.step(b, z.row_mut(b), fz.row(b), abs) {
+                        StepEvent::Normal => {}
+                        StepEvent::Restart => restarts[b] += 1,
+                        StepEvent::Backtrack => backtracks[b] += 1,
+                    },
                 }
-            };
-            match verdict {
-                Some(s) => {
-                    // Freeze: z keeps the last evaluated iterate, the map sees the row inactive.
-                    status[b] = Some(s);
-                    active[b] = false;
-                    n_active -= 1;
+            }
+            observer.observe(&IterationInfo {
+                map_evals,
+                z: z.view(),
+                residuals: res,
+                rel_residuals: rel,
+                active,
+            });
+        }
+
+        if output.return_best {
+            for b in 0..batch {
+                if best_res[b].is_finite() {
+                    z.row_mut(b).assign(&best_z.row(b));
+                    res[b] = best_res[b];
+                    rel[b] = best_rel[b];
                 }
-                None => match rule.step(b, z.row_mut(b), fz.row(b), abs) {
-                    StepEvent::Normal => {}
-                    StepEvent::Restart => restarts[b] += 1,
-                    StepEvent::Backtrack => backtracks[b] += 1,
-                },
             }
         }
-        observer.observe(&IterationInfo {
-            map_evals,
-            z: z.view(),
-            residuals: &res,
-            rel_residuals: &rel,
-            active: &active,
-        });
-    }
 
-    if output.return_best {
-        for b in 0..batch {
-            if best_res[b].is_finite() {
-                z.row_mut(b).assign(&best_z.row(b));
-                res[b] = best_res[b];
-                rel[b] = best_rel[b];
-            }
+        let mut spectral_map_evals = 0;
+        if output.spectral_radius_iters > 0 {
+            let eligible: Vec<bool> = (0..batch).map(|b| res[b].is_finite()).collect();
+            spectral_map_evals = estimate_spectral_radius(
+                map,
+                z.view(),
+                &eligible,
+                output.spectral_radius_iters,
+                output.seed,
+                spectral,
+            )?;
         }
-    }
 
-    let mut spectral = vec![None; batch];
-    let mut spectral_map_evals = 0;
-    if output.spectral_radius_iters > 0 {
-        let eligible: Vec<bool> = (0..batch).map(|b| res[b].is_finite()).collect();
-        spectral_map_evals = estimate_spectral_radius(
-            map,
-            z.view(),
-            &eligible,
-            output.spectral_radius_iters,
-            output.seed,
-            &mut spectral,
-        )?;
-    }
-
-    let rows = (0..batch)
-        .map(|b| RowOutcome {
+        rows.clear();
+        rows.extend((0..batch).map(|b| RowOutcome {
             status: status[b].unwrap_or(RowStatus::MaxIter),
             iterations: iterations[b],
             residual: res[b],
@@ -193,14 +356,36 @@ pub fn run_fixed_point<T: SolverFloat>(
             spectral_radius: spectral[b],
             restarts: restarts[b],
             backtracks: backtracks[b],
-        })
-        .collect();
-    Ok(Solution {
-        z,
-        rows,
-        map_evals,
-        spectral_map_evals,
-    })
+        }));
+        self.map_evals = map_evals;
+        self.spectral_map_evals = spectral_map_evals;
+        Ok(())
+    }
+
+    /// Moves the last solve out as a [`Solution`] (the workspace keeps empty buffers).
+    fn into_solution(self) -> Solution<T> {
+        Solution {
+            z: self.z,
+            rows: self.rows,
+            map_evals: self.map_evals,
+            spectral_map_evals: self.spectral_map_evals,
+        }
+    }
+}
+
+/// Runs `rule` on `map` from `z0 [B, D]` until every row stops, in fresh buffers (see
+/// [`SolveWorkspace`] to reuse them across solves).
+pub fn run_fixed_point<T: SolverFloat>(
+    rule: &mut dyn IterationRule<T>,
+    stop: &StopCriteria,
+    output: &OutputOptions,
+    map: &mut dyn FixedPointMap<T>,
+    z0: ArrayView2<T>,
+    observer: &mut dyn Observer<T>,
+) -> Result<Solution<T>> {
+    let mut ws = SolveWorkspace::new();
+    ws.run(rule, stop, output, map, z0, observer)?;
+    Ok(ws.into_solution())
 }
 
 /// `(‖fz − z‖₂, ‖fz − z‖₂ / (‖fz‖₂ + eps))`, accumulated in f64.

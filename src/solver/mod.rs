@@ -80,7 +80,7 @@ pub use broyden::Broyden;
 pub use config::{
     AndersonConfig, BroydenConfig, OutputOptions, PicardConfig, SolverConfig, StopCriteria,
 };
-pub use engine::{run_fixed_point, IterationRule, StepEvent};
+pub use engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
 pub use picard::Picard;
 
 use std::fmt::Debug;
@@ -315,6 +315,21 @@ pub trait FixedPointSolver<T: SolverFloat> {
         stop: &StopCriteria,
     ) -> Result<Solution<T>> {
         self.solve_observed(map, z0, stop, &mut NoObserver)
+    }
+    /// Solves `z = f(z)` from `z0 [B, D]` until every row meets `stop`, reusing `ws`'s buffers
+    /// (and this solver's per-row state kept there by the previous solve), so that repeated
+    /// solves of one shape allocate nothing; the result is read from `ws`. The built-in solvers
+    /// override it; the default solves in fresh buffers and stores the result in `ws`.
+    fn solve_in(
+        &self,
+        ws: &mut SolveWorkspace<T>,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        stop: &StopCriteria,
+    ) -> Result<()> {
+        let solution = self.solve(map, z0, stop)?;
+        ws.set_solution(solution);
+        Ok(())
     }
 }
 

@@ -2,7 +2,7 @@
 
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
 
-use super::engine::{run_fixed_point, IterationRule, StepEvent};
+use super::engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
 use super::{
     cast, FixedPointMap, FixedPointSolver, Observer, PicardConfig, Solution, SolverFloat,
     StopCriteria,
@@ -57,5 +57,24 @@ impl<T: SolverFloat> FixedPointSolver<T> for Picard {
             beta: cast::<T>(self.config.beta),
         };
         run_fixed_point(&mut rule, stop, &self.config.output, map, z0, observer)
+    }
+    fn solve_in(
+        &self,
+        ws: &mut SolveWorkspace<T>,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        stop: &StopCriteria,
+    ) -> Result<()> {
+        self.config.validate()?;
+        let beta = cast::<T>(self.config.beta);
+        ws.run_with_rule(
+            || PicardRule { beta },
+            |r| r.beta = beta,
+            stop,
+            &self.config.output,
+            map,
+            z0,
+            &mut super::NoObserver,
+        )
     }
 }
