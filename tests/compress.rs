@@ -217,6 +217,100 @@ fn la_co_merge_follows_the_rdsc_formula() {
     }
 }
 
+/// LaCo's search against a direct replay of its rule: every candidate model built whole (RDSC
+/// merges put in place, merged-away layers deleted) and run from the embeddings, the same
+/// top-down walk and threshold grid. Same threshold and merges, same similarities, and the
+/// pruned model's final states are that similar to the dense ones.
+#[test]
+fn la_co_search_replays_its_rule() {
+    use elm::compress::methods::{laco_search, mean_flat_cosine, LACO_MERGE_SIZE, LACO_SAMPLES};
+    let build = |w: &ModelWeights, merges: &[(usize, usize)]| {
+        let mut base = w.clone();
+        let mut removed = vec![];
+        for &(l, k) in merges {
+            base.layers[l] = rdsc_merge(&w.layers[l..l + k]).unwrap();
+            removed.extend(l + 1..l + k);
+        }
+        delete_layers(&base, &removed).unwrap()
+    };
+    for (layers, m, seed) in [(12usize, 4usize, 5u64), (10, 3, 8)] {
+        let w = tiny(layers, seed);
+        let calib = calibration(7, 8, seed);
+        let states = BoundaryStates::collect(&w, &calib, 3).unwrap();
+        let found = laco_search(&w, &states, m).unwrap();
+        eprintln!("{layers} layers, M = {m}: {found:?}");
+        // The replay: final states of whole candidate models on the first LACO_SAMPLES chunks.
+        let chunks: Vec<Vec<u32>> = calib.chunks[..LACO_SAMPLES].to_vec();
+        let x0 = elm::elm::forward::embed(&w, &chunks).unwrap();
+        let dense = run_dense_layers(&w, x0.clone(), 0..layers).unwrap();
+        let sim = |merges: &[(usize, usize)]| {
+            let p = build(&w, merges);
+            let n = p.config.num_layers;
+            mean_flat_cosine(&run_dense_layers(&p, x0.clone(), 0..n).unwrap(), &dense)
+        };
+        let c = LACO_MERGE_SIZE;
+        let mut grid: Vec<f64> = (0..19).map(|i| (95 - 5 * i) as f64 / 100.0).collect();
+        grid.push(-1.0);
+        let mut replay = None;
+        for t in grid {
+            let (mut merges, mut sims, mut removed, mut top) = (vec![], vec![], 0usize, layers);
+            let mut l = layers - c;
+            while removed < m {
+                let k = c.min(m - removed + 1);
+                l = l.min(top - k);
+                if l < 1 {
+                    break;
+                }
+                let mut cand = merges.clone();
+                cand.push((l, k));
+                let v = sim(&cand);
+                if v > t {
+                    (merges, top) = (cand, l);
+                    sims.push(v);
+                    removed += k - 1;
+                    if l < c {
+                        break;
+                    }
+                    l -= c;
+                } else {
+                    l -= 1;
+                }
+            }
+            if removed == m {
+                replay = Some((t, merges, sims));
+                break;
+            }
+        }
+        let (t, merges, sims) = replay.expect("the replay reaches M");
+        assert_eq!(found.threshold, t, "{layers} layers, M = {m}");
+        assert_eq!(found.merges, merges);
+        for (a, b) in found.similarities.iter().zip(&sims) {
+            assert!(close(*a, *b, 1e-4), "{a} vs {b}");
+        }
+        // prune() builds the same model: RDSC layers in place, merged-away layers gone.
+        let out = prune(
+            &w,
+            &calib,
+            &states,
+            &PruneOptions {
+                method: PruneMethod::LaCoSearch,
+                num_replaced: m,
+                start: None,
+                batch: 2,
+            },
+        )
+        .unwrap();
+        let want = build(&w, &merges);
+        assert_eq!(out.weights.layers.len(), layers - m);
+        for (a, b) in out.weights.layers.iter().zip(&want.layers) {
+            assert_eq!(a.wq, b.wq);
+            assert_eq!(a.w_down, b.w_down);
+        }
+        assert_eq!(out.report.removed_layers.len(), m);
+        assert_eq!(out.report.scores, found.similarities);
+    }
+}
+
 /// ReplaceMe's map from the f64 normal equations equals LAPACK's SVD least-squares solution of
 /// the same problem, and the folded model computes `mid + Mo·T` in the layer before the window.
 #[test]

@@ -81,13 +81,14 @@ pub struct SearchBudget {
     pub seq_len: usize,
 }
 
-const BASELINES: [&str; 6] = [
+const BASELINES: [&str; 7] = [
     "short-gpt",
     "shortened-ppl",
     "shortened-taylor",
     "window-delete",
     "replace-me-ls",
     "la-co",
+    "la-co-search",
 ];
 
 const HEALED: [&str; 2] = ["shortened-ppl", "replace-me-ls"];

@@ -13,7 +13,8 @@ pub struct PruneArgs {
     /// Dense model: a .gguf file or an HF directory.
     #[arg(long)]
     pub model: PathBuf,
-    /// short-gpt | shortened-ppl | shortened-taylor | window-delete | replace-me-ls | la-co.
+    /// short-gpt | shortened-ppl | shortened-taylor | window-delete | replace-me-ls | la-co |
+    /// la-co-search.
     #[arg(long)]
     pub method: String,
     /// Layers removed, M.

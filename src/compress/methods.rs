@@ -38,16 +38,20 @@ pub enum PruneMethod {
     ReplaceMeLs,
     /// LaCo's RDSC merge of the window of highest window cosine into its first layer.
     LaCo,
+    /// LaCo's own top-down search: merges of [`LACO_MERGE_SIZE`] layers accepted while the final
+    /// hidden states stay similar above a threshold, the highest threshold reaching M.
+    LaCoSearch,
 }
 
 impl PruneMethod {
-    pub const ALL: [PruneMethod; 6] = [
+    pub const ALL: [PruneMethod; 7] = [
         PruneMethod::ShortGpt,
         PruneMethod::ShortenedPpl,
         PruneMethod::ShortenedTaylor,
         PruneMethod::WindowDelete,
         PruneMethod::ReplaceMeLs,
         PruneMethod::LaCo,
+        PruneMethod::LaCoSearch,
     ];
     /// The CLI / JSON name.
     pub fn name(self) -> &'static str {
@@ -58,13 +62,17 @@ impl PruneMethod {
             PruneMethod::WindowDelete => "window-delete",
             PruneMethod::ReplaceMeLs => "replace-me-ls",
             PruneMethod::LaCo => "la-co",
+            PruneMethod::LaCoSearch => "la-co-search",
         }
     }
     /// Whether the method removes one contiguous window (so `--start` may fix it).
     pub fn is_window(self) -> bool {
         !matches!(
             self,
-            PruneMethod::ShortGpt | PruneMethod::ShortenedPpl | PruneMethod::ShortenedTaylor
+            PruneMethod::ShortGpt
+                | PruneMethod::ShortenedPpl
+                | PruneMethod::ShortenedTaylor
+                | PruneMethod::LaCoSearch
         )
     }
 }
@@ -288,6 +296,167 @@ pub fn mlp_split(
     })
 }
 
+/// Layers per merge of LaCo's search (its C): an accepted merge folds `C` consecutive layers
+/// into the first, removing `C − 1`.
+pub const LACO_MERGE_SIZE: usize = 3;
+/// Calibration chunks LaCo's similarity test reads (the paper uses 5 short text prefixes).
+pub const LACO_SAMPLES: usize = 5;
+
+/// What LaCo's search accepted.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LacoSearch {
+    /// The highest threshold T (0.95, 0.90, …, 0.05, then −1 = accept anything) at which the
+    /// search merged away M layers.
+    pub threshold: f64,
+    /// Accepted merges, top-down: (first original layer, layers merged into it).
+    pub merges: Vec<(usize, usize)>,
+    /// Mean cosine similarity of the final hidden states to the dense model's after each
+    /// accepted merge (the last one is the pruned model's).
+    pub similarities: Vec<f64>,
+    /// Candidate merges whose similarity was computed (cached across thresholds).
+    pub candidates_evaluated: usize,
+}
+
+/// A LaCo candidate: the merges accepted above it (first layer, size), its first layer, its size.
+type CandidateKey = (Vec<(usize, usize)>, usize, usize);
+
+/// Mean over chunks of the cosine similarity of the flattened `[T·C]` states of `a` and `b`.
+pub fn mean_flat_cosine(a: &Array3<f32>, b: &Array3<f32>) -> f64 {
+    let n = a.dim().0.max(1);
+    a.outer_iter()
+        .zip(b.outer_iter())
+        .map(|(x, y)| {
+            let (mut xy, mut xx, mut yy) = (0.0f64, 0.0f64, 0.0f64);
+            for (&p, &q) in x.iter().zip(y.iter()) {
+                let (p, q) = (p as f64, q as f64);
+                xy += p * q;
+                xx += p * p;
+                yy += q * q;
+            }
+            xy / (xx.sqrt() * yy.sqrt()).max(1e-30)
+        })
+        .sum::<f64>()
+        / n as f64
+}
+
+/// Runs `layers` in order on `x [B, T, C]` (positions from 0).
+fn run_layers<'a>(
+    cfg: &crate::model::ModelConfig,
+    layers: impl Iterator<Item = &'a LayerWeights>,
+    mut x: Array3<f32>,
+) -> Result<Array3<f32>> {
+    let (b, t, _) = x.dim();
+    let (mut kv, mut scratch) = crate::elm::map::fresh_cache(cfg, b, t)?;
+    let lens = vec![t; b];
+    for w in layers {
+        crate::model::block_forward_inplace(
+            w,
+            cfg,
+            x.view_mut(),
+            &lens,
+            &mut kv,
+            false,
+            &mut scratch,
+        )?;
+    }
+    Ok(x)
+}
+
+/// LaCo's layer-collapse search (Yang et al. 2024) for `m` removed layers: going down from the
+/// top, the candidate merges layers `[l, l + k)` into `l` by RDSC (`k` = [`LACO_MERGE_SIZE`],
+/// fewer for the last merge so that exactly `m` go); it is accepted when the mean cosine
+/// similarity of the flattened final hidden states (before the final norm) of the merged model
+/// and the dense one, on the first [`LACO_SAMPLES`] calibration chunks, exceeds the threshold T,
+/// and the search then moves down `C` layers (merges never overlap); otherwise it moves down one
+/// layer. Layer 0 is never merged into. Thresholds are tried from 0.95 down in steps of 0.05
+/// (then −1: accept anything); the highest that removes `m` layers wins.
+pub fn laco_search(
+    weights: &ModelWeights,
+    states: &BoundaryStates,
+    m: usize,
+) -> Result<LacoSearch> {
+    let n = weights.config.num_layers;
+    let c = LACO_MERGE_SIZE;
+    if m == 0 || m + 1 >= n {
+        return Err(ElmError::config(
+            "num_replaced",
+            format!("LaCo's search cannot merge away {m} of {n} layers (layer 0 is kept)"),
+        ));
+    }
+    let samples = states.states[0].dim().0.min(LACO_SAMPLES);
+    let rows = |a: &Array3<f32>| a.slice(s![..samples, .., ..]).to_owned();
+    let reference = rows(&states.states[n]);
+    // Similarity of a candidate, keyed by the merges accepted above it and its window: the
+    // same candidate recurs at every threshold until the first acceptance differs.
+    let mut cache: std::collections::HashMap<CandidateKey, f64> = Default::default();
+    let mut thresholds: Vec<f64> = (0..19).map(|i| (95 - 5 * i) as f64 / 100.0).collect();
+    thresholds.push(-1.0);
+    for threshold in thresholds {
+        let mut merges: Vec<(usize, usize)> = vec![];
+        let mut merged_layers: Vec<LayerWeights> = vec![];
+        let mut similarities = vec![];
+        let (mut removed, mut top) = (0usize, n);
+        let mut l = n.saturating_sub(c);
+        while removed < m {
+            let k = c.min(m - removed + 1);
+            l = l.min(top.saturating_sub(k));
+            if l < 1 {
+                break;
+            }
+            let key = (merges.clone(), l, k);
+            let sim = match cache.get(&key) {
+                Some(&v) => v,
+                None => {
+                    let candidate = rdsc_merge(&weights.layers[l..l + k])?;
+                    // Layers above the window: originals, and the merges accepted so far (each
+                    // replacing its window by its first layer).
+                    let mut above: Vec<&LayerWeights> = vec![&candidate];
+                    let mut j = l + k;
+                    while j < n {
+                        match merges.iter().position(|&(s, _)| s == j) {
+                            Some(i) => {
+                                above.push(&merged_layers[i]);
+                                j += merges[i].1;
+                            }
+                            None => {
+                                above.push(&weights.layers[j]);
+                                j += 1;
+                            }
+                        }
+                    }
+                    let out =
+                        run_layers(&weights.config, above.into_iter(), rows(&states.states[l]))?;
+                    let v = mean_flat_cosine(&out, &reference);
+                    cache.insert(key, v);
+                    v
+                }
+            };
+            if sim > threshold {
+                merged_layers.push(rdsc_merge(&weights.layers[l..l + k])?);
+                merges.push((l, k));
+                similarities.push(sim);
+                removed += k - 1;
+                top = l;
+                l = l.saturating_sub(c);
+            } else {
+                l -= 1;
+            }
+        }
+        if removed == m {
+            return Ok(LacoSearch {
+                threshold,
+                merges,
+                similarities,
+                candidates_evaluated: cache.len(),
+            });
+        }
+    }
+    Err(ElmError::config(
+        "num_replaced",
+        format!("LaCo's search found no {m} layers to merge in {n}"),
+    ))
+}
+
 /// Parameters in total and without the embeddings, for a model config.
 fn param_counts(weights: &ModelWeights) -> (usize, usize) {
     let total = weights.num_params();
@@ -344,7 +513,7 @@ pub fn prune(
             let bi = block_influence(states);
             let mut remove = lowest(&bi, m);
             remove.sort_unstable();
-            (remove, None, "block influence".to_string(), bi, None)
+            (remove, None, "block influence".to_string(), bi, vec![])
         }
         PruneMethod::ShortenedPpl => {
             let nll = window_removal_nll(weights, states, calib, 1, opts.batch)?;
@@ -353,7 +522,7 @@ pub fn prune(
                 None,
                 "calibration NLL without the block".to_string(),
                 nll,
-                None,
+                vec![],
             )
         }
         PruneMethod::ShortenedTaylor => {
@@ -363,7 +532,7 @@ pub fn prune(
                 None,
                 "taylor+ |Σ W·∂CE/∂W|".to_string(),
                 importance,
-                None,
+                vec![],
             )
         }
         PruneMethod::WindowDelete | PruneMethod::ReplaceMeLs | PruneMethod::LaCo => {
@@ -377,11 +546,12 @@ pub fn prune(
                 }
                 None => angular_window(min_start)?,
             };
-            let merged = (opts.method == PruneMethod::LaCo)
-                .then(|| rdsc_merge(&weights.layers[s..s + m]))
-                .transpose()?;
+            let merged = match opts.method {
+                PruneMethod::LaCo => vec![(s, rdsc_merge(&weights.layers[s..s + m])?)],
+                _ => vec![],
+            };
             // LaCo keeps (the merged) layer s; the others drop the whole window.
-            let first_removed = if merged.is_some() { s + 1 } else { s };
+            let first_removed = if merged.is_empty() { s } else { s + 1 };
             (
                 (first_removed..s + m).collect(),
                 Some(s),
@@ -390,9 +560,33 @@ pub fn prune(
                 merged,
             )
         }
+        PruneMethod::LaCoSearch => {
+            let found = laco_search(weights, states, m)?;
+            let mut removed: Vec<usize> = found
+                .merges
+                .iter()
+                .flat_map(|&(l, k)| l + 1..l + k)
+                .collect();
+            removed.sort_unstable();
+            let merged = found
+                .merges
+                .iter()
+                .map(|&(l, k)| Ok((l, rdsc_merge(&weights.layers[l..l + k])?)))
+                .collect::<Result<Vec<_>>>()?;
+            (
+                removed,
+                None,
+                format!(
+                    "LaCo search: threshold {:.2}, merges (first layer, size) {:?}, cosine of the final states after each",
+                    found.threshold, found.merges
+                ),
+                found.similarities,
+                merged,
+            )
+        }
     };
     let mut base = weights.clone();
-    if let (Some(layer), Some(s)) = (merged, start) {
+    for (s, layer) in merged {
         base.layers[s] = layer;
     }
     if opts.method == PruneMethod::ReplaceMeLs {
