@@ -311,6 +311,29 @@ fn la_co_search_replays_its_rule() {
     }
 }
 
+/// `elm compress --block-init la-co`: the module's block is the RDSC merge of the window, its
+/// projection the usual init; the default keeps a copy of the first replaced layer.
+#[test]
+fn la_co_block_init_is_the_merged_window() {
+    use elm::compress::methods::{init_module, BlockInit};
+    let w = tiny(6, 4);
+    let ec = elm::elm::ElmConfig::new(1, 3);
+    let plain = elm::elm::ElmModule::init(&w, &ec).unwrap();
+    let laco = init_module(&w, &ec, BlockInit::LaCo).unwrap();
+    let merged = rdsc_merge(&w.layers[1..4]).unwrap();
+    assert_eq!(laco.block.wq, merged.wq);
+    assert_eq!(laco.block.w_down, merged.w_down);
+    assert_ne!(laco.block.wq, w.layers[1].wq);
+    let p = (laco.projection().unwrap(), plain.projection().unwrap());
+    assert_eq!(p.0.w_z, p.1.w_z);
+    let first = init_module(&w, &ec, BlockInit::FirstLayer).unwrap();
+    assert_eq!(first.block.wq, w.layers[1].wq);
+    assert!(matches!(
+        "merge".parse::<BlockInit>(),
+        Err(ElmError::Config { .. })
+    ));
+}
+
 /// ReplaceMe's map from the f64 normal equations equals LAPACK's SVD least-squares solution of
 /// the same problem, and the folded model computes `mid + Mo·T` in the layer before the window.
 #[test]

@@ -69,6 +69,10 @@ pub struct Variant {
     pub injection: bool,
     /// Exactly K block applications (looped, Streamline), else solved (ELM).
     pub fixed_iterations: Option<usize>,
+    /// `elm compress --block-init` (absent: a copy of the first replaced layer; kept out of
+    /// the stage key then, so the keys of earlier runs hold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_init: Option<String>,
 }
 
 impl Variant {
@@ -78,6 +82,7 @@ impl Variant {
             m,
             injection: true,
             fixed_iterations: None,
+            block_init: None,
         }
     }
     /// LLM-Streamline (layer replacement): one block, one application, no injection.
@@ -87,6 +92,7 @@ impl Variant {
             m,
             injection: false,
             fixed_iterations: Some(1),
+            block_init: None,
         }
     }
     /// A looped block applied K times, no injection.
@@ -96,6 +102,7 @@ impl Variant {
             m,
             injection: false,
             fixed_iterations: Some(k),
+            block_init: None,
         }
     }
     /// The ELM's ablation: its module (with injection) applied exactly K times at train and
@@ -104,6 +111,13 @@ impl Variant {
         Variant {
             fixed_iterations: Some(k),
             ..Variant::elm(start, m)
+        }
+    }
+    /// This variant with its block initialised by LaCo's RDSC merge of the window.
+    pub fn la_co_init(self) -> Self {
+        Variant {
+            block_init: Some("la-co".into()),
+            ..self
         }
     }
     /// The ELM's ablation: solved to its fixed point, without input injection.
@@ -256,6 +270,9 @@ pub fn train(
         }
         if let Some(k) = variant.fixed_iterations {
             c.extend(args(&["--fixed-iterations", &k.to_string()]));
+        }
+        if let Some(init) = &variant.block_init {
+            c.extend(args(&["--block-init", init]));
         }
         let comp = elm.run::<CompressOut>(&c)?.typed;
         let trained = dir.join("trained");

@@ -413,7 +413,8 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         compressed.push((rows.len(), items));
         rows.push(r);
     }
-    // The ELM's own ablations, at its budget: what its solve and its injection contribute.
+    // The ELM's own ablations, at its budget (what its solve and its injection contribute),
+    // and the ELM and Streamline started from LaCo's merge instead of the window's first layer.
     let mut ablations = vec![];
     for (name, variant) in [
         (
@@ -431,14 +432,21 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             "ELM ablation: no input injection (solved)".to_string(),
             Variant::elm_no_injection(l.start, l.m),
         ),
+        (
+            "ELM initialised by LaCo's merge of the window (RDSC)".to_string(),
+            Variant::elm(l.start, l.m).la_co_init(),
+        ),
+        (
+            "LLM-Streamline initialised by LaCo's merge of the window (RDSC)".to_string(),
+            Variant::streamline(l.start, l.m).la_co_init(),
+        ),
     ] {
         let t = runs::train(ctx, &variant, &l.main, None)?;
-        let (r, items) = trained_row(
-            ctx,
-            name.clone(),
-            &format!("ablation of the ELM, {budget}"),
-            &t,
-        )?;
+        let kind = match variant.block_init {
+            Some(_) => format!("LaCo-merged init, {budget}"),
+            None => format!("ablation of the ELM, {budget}"),
+        };
+        let (r, items) = trained_row(ctx, name.clone(), &kind, &t)?;
         compressed.push((rows.len(), items));
         rows.push(r);
         ablations.push((format!("{name} (main)"), t));

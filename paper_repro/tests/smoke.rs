@@ -59,10 +59,10 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
 
     // Every table, with every row the scale asks for.
     // Dense (tuned, untuned), the baselines, their healed versions, Streamline, looped, the
-    // ELM's three ablations and the ELM.
+    // ELM's three ablations, ELM and Streamline from LaCo's merge, and the ELM.
     assert_eq!(
         t.main.len(),
-        2 + l.baselines.len() + l.healed.len() + 2 + 3 + 1,
+        2 + l.baselines.len() + l.healed.len() + 2 + 5 + 1,
         "{:?}",
         t.main
     );
@@ -112,6 +112,12 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         .filter(|r| r.kind.starts_with("ablation of the ELM"))
         .count();
     assert_eq!(ablations, 3, "{:?}", t.main);
+    let la_co_init = t
+        .main
+        .iter()
+        .filter(|r| r.kind.starts_with("LaCo-merged init"))
+        .count();
+    assert_eq!(la_co_init, 2, "{:?}", t.main);
     // The ELM keeps N − M + 1 of N layers' caches; the baselines N − M.
     let dense_kv = t.main[0].kv_bytes_1k;
     let elm = t.main.last().unwrap();

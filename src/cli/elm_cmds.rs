@@ -49,6 +49,10 @@ pub struct CompressArgs {
     /// Exactly K applications of the block at training and inference instead of a solve.
     #[arg(long)]
     pub fixed_iterations: Option<usize>,
+    /// The block's init: first-layer (a copy of layer l) | la-co (LaCo's RDSC merge of the
+    /// window's layers).
+    #[arg(long, default_value = "first-layer")]
+    pub block_init: String,
     /// Output checkpoint directory (elm.json + module.safetensors).
     #[arg(long)]
     pub out: PathBuf,
@@ -64,6 +68,7 @@ pub struct CompressArgs {
 
 /// Initialises the fixed-point module from layer `l` and reports parameter/KV accounting.
 pub fn run_compress(a: CompressArgs) -> Result<()> {
+    let block_init: elm::compress::methods::BlockInit = a.block_init.parse()?;
     elm::limits::check_output_dir("out", &a.out, a.force)?;
     let dense = load_weights(&a.model)?;
     // The KV report multiplies the context out: refuse one that overflows.
@@ -84,7 +89,7 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
         fixed_iterations: a.fixed_iterations,
         ..ElmConfig::new(a.start, a.num_replaced)
     };
-    let module = ElmModule::init(&dense, &ec)?;
+    let module = elm::compress::methods::init_module(&dense, &ec, block_init)?;
     let meta = ModuleMeta {
         format: MODULE_FORMAT.into(),
         elm: ec.clone(),
@@ -97,6 +102,7 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
     if a.json {
         print_json(&serde_json::json!({
             "out": a.out.display().to_string(),
+            "block_init": block_init,
             "params": params,
             "kv": kv,
         }))?;

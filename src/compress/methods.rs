@@ -296,6 +296,45 @@ pub fn mlp_split(
     })
 }
 
+/// How `elm compress` initialises the module's block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BlockInit {
+    /// A copy of the first replaced layer (the ELM paper's init).
+    FirstLayer,
+    /// LaCo's RDSC merge of the whole window (`θ_l + Σ_k (θ_{l+k} − θ_l)`): the window's
+    /// layers collapsed into one as a zero-training starting point.
+    LaCo,
+}
+
+impl std::str::FromStr for BlockInit {
+    type Err = ElmError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "first-layer" => Ok(BlockInit::FirstLayer),
+            "la-co" => Ok(BlockInit::LaCo),
+            other => Err(ElmError::config(
+                "block_init",
+                format!("unknown block init `{other}` (expected first-layer or la-co)"),
+            )),
+        }
+    }
+}
+
+/// The module of `cfg` initialised as `init` says ([`ElmModule::init`], then for
+/// [`BlockInit::LaCo`] the block replaced by the RDSC merge of the window).
+pub fn init_module(
+    dense: &ModelWeights,
+    cfg: &crate::elm::ElmConfig,
+    init: BlockInit,
+) -> Result<crate::elm::ElmModule> {
+    let mut module = crate::elm::ElmModule::init(dense, cfg)?;
+    if init == BlockInit::LaCo {
+        module.block = rdsc_merge(&dense.layers[cfg.start_layer..cfg.end_layer()])?;
+    }
+    Ok(module)
+}
+
 /// Layers per merge of LaCo's search (its C): an accepted merge folds `C` consecutive layers
 /// into the first, removing `C − 1`.
 pub const LACO_MERGE_SIZE: usize = 3;
