@@ -378,29 +378,6 @@ pub fn mean_flat_cosine(a: &Array3<f32>, b: &Array3<f32>) -> f64 {
         / n as f64
 }
 
-/// Runs `layers` in order on `x [B, T, C]` (positions from 0).
-fn run_layers<'a>(
-    cfg: &crate::model::ModelConfig,
-    layers: impl Iterator<Item = &'a LayerWeights>,
-    mut x: Array3<f32>,
-) -> Result<Array3<f32>> {
-    let (b, t, _) = x.dim();
-    let (mut kv, mut scratch) = crate::elm::map::fresh_cache(cfg, b, t)?;
-    let lens = vec![t; b];
-    for w in layers {
-        crate::model::block_forward_inplace(
-            w,
-            cfg,
-            x.view_mut(),
-            &lens,
-            &mut kv,
-            false,
-            &mut scratch,
-        )?;
-    }
-    Ok(x)
-}
-
 /// LaCo's layer-collapse search (Yang et al. 2024) for `m` removed layers: going down from the
 /// top, the candidate merges layers `[l, l + k)` into `l` by RDSC (`k` = [`LACO_MERGE_SIZE`],
 /// fewer for the last merge so that exactly `m` go); it is accepted when the mean cosine
@@ -463,8 +440,11 @@ pub fn laco_search(
                             }
                         }
                     }
-                    let out =
-                        run_layers(&weights.config, above.into_iter(), rows(&states.states[l]))?;
+                    let out = crate::elm::forward::run_layers(
+                        &weights.config,
+                        above.into_iter(),
+                        rows(&states.states[l]),
+                    )?;
                     let v = mean_flat_cosine(&out, &reference);
                     cache.insert(key, v);
                     v

@@ -6,7 +6,7 @@
 use ndarray::Array3;
 
 use crate::error::{ElmError, Result};
-use crate::model::{block_forward_inplace, embed_tokens, ModelWeights};
+use crate::model::{block_forward_inplace, embed_tokens, LayerWeights, ModelConfig, ModelWeights};
 
 use super::map::fresh_cache;
 
@@ -25,24 +25,25 @@ pub fn embed(weights: &ModelWeights, tokens: &[Vec<u32>]) -> Result<Array3<f32>>
 /// Runs dense layers `range` on `x [B, T, C]` (positions from 0).
 pub fn run_dense_layers(
     weights: &ModelWeights,
-    mut x: Array3<f32>,
+    x: Array3<f32>,
     range: std::ops::Range<usize>,
 ) -> Result<Array3<f32>> {
-    let cfg = &weights.config;
+    run_layers(&weights.config, weights.layers[range].iter(), x)
+}
+
+/// Runs `layers` in order on `x [B, T, C]` (positions from 0); they need not be one model's
+/// (e.g. a merged candidate followed by a model's upper layers).
+pub fn run_layers<'a>(
+    cfg: &ModelConfig,
+    layers: impl Iterator<Item = &'a LayerWeights>,
+    mut x: Array3<f32>,
+) -> Result<Array3<f32>> {
     let (b, t, _) = x.dim();
     let (mut kv, mut scratch) = fresh_cache(cfg, b, t)?;
     // commit = false: every layer sees an empty history, so one cache serves them all.
     let lens = vec![t; b];
-    for l in range {
-        block_forward_inplace(
-            &weights.layers[l],
-            cfg,
-            x.view_mut(),
-            &lens,
-            &mut kv,
-            false,
-            &mut scratch,
-        )?;
+    for w in layers {
+        block_forward_inplace(w, cfg, x.view_mut(), &lens, &mut kv, false, &mut scratch)?;
     }
     Ok(x)
 }
