@@ -1,5 +1,6 @@
-//! Run sizes: `smoke` (CI, ≤ 2 minutes), `small` (SmolLM2-135M on a 2-core CPU, ≤ 90 minutes),
-//! `paper` (Qwen2.5-1.5B from local HF weights, for a machine with time or a GPU).
+//! Run sizes: `smoke` (CI, about 2 minutes), `small` (SmolLM2-135M on a 2-core CPU; the compute
+//! time of its last run is in the README's headline block), `paper` (Qwen2.5-1.5B from local HF
+//! weights, for a machine with time or a GPU).
 
 use clap::ValueEnum;
 use serde::Serialize;
