@@ -224,24 +224,7 @@ fn read_layer(
     cfg: &ModelConfig,
     storage: WeightStorage,
 ) -> Result<QLayer> {
-    let n = |s: &str| format!("{prefix}{s}");
-    let (c, i_dim) = (cfg.hidden_size, cfg.intermediate_size);
-    let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-    let (bq, bk, bv) = t.attention_biases(cfg, n)?;
-    Ok(QLayer {
-        attn_norm: t.vector(&n("attn_norm.weight"), c)?,
-        wq: t.linear(&n("attn_q.weight"), h * d, c, storage, rope(cfg, h))?,
-        wk: t.linear(&n("attn_k.weight"), kv * d, c, storage, rope(cfg, kv))?,
-        wv: t.linear(&n("attn_v.weight"), kv * d, c, storage, None)?,
-        wo: t.linear(&n("attn_output.weight"), c, h * d, storage, None)?,
-        bq,
-        bk,
-        bv,
-        mlp_norm: t.vector(&n("ffn_norm.weight"), c)?,
-        w_gate: t.linear(&n("ffn_gate.weight"), i_dim, c, storage, None)?,
-        w_up: t.linear(&n("ffn_up.weight"), i_dim, c, storage, None)?,
-        w_down: t.linear(&n("ffn_down.weight"), c, i_dim, storage, None)?,
-    })
+    t.qlayer(cfg, |s: &str| format!("{prefix}{s}"), storage)
 }
 
 /// Loads a file written by [`save_quant_gguf`] with its matrices as stored.

@@ -307,6 +307,35 @@ impl<'a> Taker<'a> {
         ))
     }
 
+    /// One block for the inference path (`name` maps `attn_q.weight` etc. to its tensor name),
+    /// its matrices stored as `storage` says; for Llama the q/k rows go back from llama.cpp's
+    /// rope order to HF's.
+    pub(crate) fn qlayer(
+        &mut self,
+        cfg: &ModelConfig,
+        name: impl Fn(&str) -> String,
+        storage: WeightStorage,
+    ) -> Result<QLayer> {
+        let (c, i_dim) = (cfg.hidden_size, cfg.intermediate_size);
+        let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let rope = |heads: usize| (cfg.arch == Arch::Llama).then_some(heads);
+        let (bq, bk, bv) = self.attention_biases(cfg, &name)?;
+        Ok(QLayer {
+            attn_norm: self.vector(&name("attn_norm.weight"), c)?,
+            wq: self.linear(&name("attn_q.weight"), h * d, c, storage, rope(h))?,
+            wk: self.linear(&name("attn_k.weight"), kv * d, c, storage, rope(kv))?,
+            wv: self.linear(&name("attn_v.weight"), kv * d, c, storage, None)?,
+            wo: self.linear(&name("attn_output.weight"), c, h * d, storage, None)?,
+            bq,
+            bk,
+            bv,
+            mlp_norm: self.vector(&name("ffn_norm.weight"), c)?,
+            w_gate: self.linear(&name("ffn_gate.weight"), i_dim, c, storage, None)?,
+            w_up: self.linear(&name("ffn_up.weight"), i_dim, c, storage, None)?,
+            w_down: self.linear(&name("ffn_down.weight"), c, i_dim, storage, None)?,
+        })
+    }
+
     pub(crate) fn vector(&mut self, name: &str, len: usize) -> Result<Array1<f32>> {
         let info = self.gguf.tensor_info(name).ok_or_else(|| {
             ElmError::tensor(name, format!("missing from {}", self.gguf.path().display()))
@@ -410,13 +439,7 @@ pub fn qformat_of(t: GgmlType) -> Option<QFormat> {
 /// [`load_gguf_weights`].
 pub fn load_gguf_quant(gguf: &GgufFile, storage: WeightStorage) -> Result<QuantWeights> {
     let config = config_from_gguf(gguf)?;
-    let (c, i_dim, v) = (
-        config.hidden_size,
-        config.intermediate_size,
-        config.vocab_size,
-    );
-    let (h, kv, d) = (config.num_heads, config.num_kv_heads, config.head_dim);
-    let permuted = config.arch == Arch::Llama;
+    let (c, v) = (config.hidden_size, config.vocab_size);
     let mut t = Taker {
         gguf,
         used: HashSet::new(),
@@ -430,23 +453,7 @@ pub fn load_gguf_quant(gguf: &GgufFile, storage: WeightStorage) -> Result<QuantW
     };
     let mut layers = Vec::with_capacity(config.num_layers);
     for l in 0..config.num_layers {
-        let n = |s: &str| format!("blk.{l}.{s}");
-        let (bq, bk, bv) = t.attention_biases(&config, n)?;
-        let rope = |heads: usize| permuted.then_some(heads);
-        layers.push(QLayer {
-            attn_norm: t.vector(&n("attn_norm.weight"), c)?,
-            wq: t.linear(&n("attn_q.weight"), h * d, c, storage, rope(h))?,
-            wk: t.linear(&n("attn_k.weight"), kv * d, c, storage, rope(kv))?,
-            wv: t.linear(&n("attn_v.weight"), kv * d, c, storage, None)?,
-            wo: t.linear(&n("attn_output.weight"), c, h * d, storage, None)?,
-            bq,
-            bk,
-            bv,
-            mlp_norm: t.vector(&n("ffn_norm.weight"), c)?,
-            w_gate: t.linear(&n("ffn_gate.weight"), i_dim, c, storage, None)?,
-            w_up: t.linear(&n("ffn_up.weight"), i_dim, c, storage, None)?,
-            w_down: t.linear(&n("ffn_down.weight"), c, i_dim, storage, None)?,
-        });
+        layers.push(t.qlayer(&config, |s: &str| format!("blk.{l}.{s}"), storage)?);
     }
     if let Some(extra) = gguf.tensors().iter().find(|x| !t.used.contains(&x.name)) {
         return Err(ElmError::tensor(
