@@ -315,16 +315,7 @@ fn tiny_parts() -> (Vec<(String, GgufValue)>, Vec<GgufTensorData>) {
     let path = dir.join("m.gguf");
     save_gguf_model(&random_weights(&tiny(Arch::Llama), 5), &path).unwrap();
     let g = GgufFile::open(&path).unwrap();
-    let tensors = g
-        .tensors()
-        .iter()
-        .map(|t| GgufTensorData {
-            name: t.name.clone(),
-            shape: t.shape(),
-            ggml_type: t.ggml_type,
-            data: g.tensor_bytes(&t.name).unwrap().to_vec(),
-        })
-        .collect();
+    let tensors: Vec<GgufTensorData> = g.tensor_data().unwrap();
     (g.metadata().to_vec(), tensors)
 }
 

@@ -329,16 +329,7 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
 
     // Rewrite the file with edited metadata / tensors.
     let g = GgufFile::open(&good).unwrap();
-    let tensors: Vec<GgufTensorData> = g
-        .tensors()
-        .iter()
-        .map(|t| GgufTensorData {
-            name: t.name.clone(),
-            shape: t.shape(),
-            ggml_type: t.ggml_type,
-            data: g.tensor_bytes(&t.name).unwrap().to_vec(),
-        })
-        .collect();
+    let tensors: Vec<GgufTensorData> = g.tensor_data().unwrap();
     let meta = g.metadata().to_vec();
     let rewrite =
         |name: &str, edit_meta: &dyn Fn(&mut Meta), edit_t: &dyn Fn(&mut Vec<GgufTensorData>)| {

@@ -627,6 +627,22 @@ impl GgufFile {
         Ok(&self.mmap[start..start + size as usize])
     }
 
+    /// Every tensor as writable data (name, shape, type, raw bytes), in file order: what
+    /// [`write_gguf`] takes to rewrite the file, e.g. with edited metadata.
+    pub fn tensor_data(&self) -> Result<Vec<GgufTensorData>> {
+        self.tensors()
+            .iter()
+            .map(|t| {
+                Ok(GgufTensorData {
+                    name: t.name.clone(),
+                    shape: t.shape(),
+                    ggml_type: t.ggml_type,
+                    data: self.tensor_bytes(&t.name)?.to_vec(),
+                })
+            })
+            .collect()
+    }
+
     fn unsupported(&self, info: &TensorInfo) -> ElmError {
         ElmError::Unsupported(format!(
             "tensor `{}` in {} has type {} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
