@@ -5,6 +5,10 @@
 //! files are typed errors; on the real SmolLM2 checkpoint a compressed ELM saved quantized is
 //! smaller than the model and decodes the same greedy tokens.
 
+mod io_common;
+
+use io_common::word_tokenizer_json as tokenizer_json;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -33,24 +37,6 @@ fn temp(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     dir.join(format!("{n}-{name}"))
-}
-
-/// A word-level tokenizer over the tiny models' 64 ids.
-fn tokenizer_json() -> String {
-    let mut vocab = serde_json::Map::new();
-    for (i, t) in ["<unk>", "<s>", "</s>"].iter().enumerate() {
-        vocab.insert(t.to_string(), i.into());
-    }
-    for i in 3..64 {
-        vocab.insert(format!("w{i}"), i.into());
-    }
-    serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
-        "decoder": {"type": "Fuse"},
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
-    })
-    .to_string()
 }
 
 fn tokenizer() -> Tokenizer {

@@ -6,6 +6,10 @@
 //! over random bad arguments and mutated/truncated files. Everything runs on a tiny random
 //! model (context 128) built in a temp dir, so no download is needed and each run is fast.
 
+mod io_common;
+
+use io_common::word_tokenizer_json as tokenizer_json;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,29 +41,6 @@ static COUNTER: AtomicUsize = AtomicUsize::new(0);
 fn fresh(name: &str) -> PathBuf {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     fixture().dir.join(format!("{name}-{n}"))
-}
-
-/// A word-level tokenizer over the tiny model's 64 ids: `<unk>`, `<s>`, `</s>`, `w3`..`w63`.
-fn tokenizer_json() -> String {
-    let mut vocab = serde_json::Map::new();
-    for (i, t) in ["<unk>", "<s>", "</s>"].iter().enumerate() {
-        vocab.insert(t.to_string(), i.into());
-    }
-    for i in 3..64 {
-        vocab.insert(format!("w{i}"), i.into());
-    }
-    serde_json::json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": [],
-        "normalizer": null,
-        "pre_tokenizer": {"type": "Whitespace"},
-        "post_processor": null,
-        "decoder": {"type": "Fuse"},
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
-    })
-    .to_string()
 }
 
 fn fixture() -> &'static Fixture {

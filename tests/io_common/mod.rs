@@ -143,3 +143,27 @@ pub fn tiny(arch: Arch) -> ModelConfig {
     c.num_layers = 2;
     c
 }
+
+/// A word-level tokenizer (HF `tokenizer.json`) over the tiny models' 64 ids: `<unk>`, `<s>`,
+/// `</s>`, `w3`..`w63`.
+pub fn word_tokenizer_json() -> String {
+    let mut vocab = serde_json::Map::new();
+    for (i, t) in ["<unk>", "<s>", "</s>"].iter().enumerate() {
+        vocab.insert(t.to_string(), i.into());
+    }
+    for i in 3..64 {
+        vocab.insert(format!("w{i}"), i.into());
+    }
+    serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null,
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    })
+    .to_string()
+}
