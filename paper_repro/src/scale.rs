@@ -92,7 +92,14 @@ const BASELINES: [&str; 7] = [
     "la-co-search",
 ];
 
-const HEALED: [&str; 2] = ["shortened-ppl", "replace-me-ls"];
+/// Every deletion criterion of the issue gets the shared heal: Shortened-LLaMA's two criteria
+/// (its recipe), and ShortGPT and ReplaceMe "with the same fine-tune" for fairness.
+const HEALED: [&str; 4] = [
+    "shortened-ppl",
+    "shortened-taylor",
+    "short-gpt",
+    "replace-me-ls",
+];
 
 impl Scale {
     pub fn limits(self) -> Limits {
