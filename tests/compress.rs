@@ -321,13 +321,14 @@ fn la_co_block_init_is_the_merged_window() {
     let plain = elm::elm::ElmModule::init(&w, &ec).unwrap();
     let laco = init_module(&w, &ec, BlockInit::LaCo).unwrap();
     let merged = rdsc_merge(&w.layers[1..4]).unwrap();
-    assert_eq!(laco.block.wq, merged.wq);
-    assert_eq!(laco.block.w_down, merged.w_down);
-    assert_ne!(laco.block.wq, w.layers[1].wq);
+    let block = laco.block.decoder().unwrap();
+    assert_eq!(block.wq, merged.wq);
+    assert_eq!(block.w_down, merged.w_down);
+    assert_ne!(block.wq, w.layers[1].wq);
     let p = (laco.projection().unwrap(), plain.projection().unwrap());
     assert_eq!(p.0.w_z, p.1.w_z);
     let first = init_module(&w, &ec, BlockInit::FirstLayer).unwrap();
-    assert_eq!(first.block.wq, w.layers[1].wq);
+    assert_eq!(first.block.decoder().unwrap().wq, w.layers[1].wq);
     assert!(matches!(
         "merge".parse::<BlockInit>(),
         Err(ElmError::Config { .. })

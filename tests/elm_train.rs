@@ -3,7 +3,7 @@
 //! a resumed run equals an uninterrupted one bit for bit.
 
 use elm::autograd::Tape;
-use elm::elm::config::{ElmConfig, TrainConfig};
+use elm::elm::config::{BlockKind, ElmConfig, TrainConfig};
 use elm::elm::data::TokenSequence;
 use elm::elm::forward::run_dense_layers;
 use elm::elm::infer::{ElmModel, ElmSession, InferenceConfig};
@@ -124,9 +124,17 @@ fn first_module_iteration_equals_model_transformer_layer_l() {
 
 #[test]
 fn tape_module_equals_inference_module() {
-    for arch in [Arch::Llama, Arch::Qwen2] {
+    // Both block kinds: the FFN block's taped path (ffn_forward) against its no-tape path (the
+    // block kernel with the attention sublayer absent).
+    let cases = [Arch::Llama, Arch::Qwen2]
+        .into_iter()
+        .flat_map(|a| [(a, BlockKind::Decoder), (a, BlockKind::Ffn)]);
+    for (arch, kind) in cases {
         let w = tiny(arch);
-        let ec = ElmConfig::new(1, 3);
+        let ec = ElmConfig {
+            block: kind,
+            ..ElmConfig::new(1, 3)
+        };
         let module = ElmModule::init(&w, &ec).unwrap();
         // Make P non-trivial so every term matters.
         let mut rng = StdRng::seed_from_u64(1);
@@ -138,28 +146,29 @@ fn tape_module_equals_inference_module() {
         let z = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
         let h = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
         let want = m2.apply(&w.config, z.view(), h.view()).unwrap().into_dyn();
-        let layer = ElmLayer::new(&w.config, true);
+        let layer = ElmLayer::new(&w.config, true, kind);
         let trainer = Trainer::new(&w, ec.clone(), &m2, cfg(1, 0), "tiny".into()).unwrap();
         let _ = trainer;
         let mut tape = Tape::<f32>::new();
         let tensors = m2.to_tensors(&w.config);
-        let names = elm_param_names(&w.config);
+        let names = elm_param_names(&w.config, kind);
         // The typed parameters carry exactly the checkpoint keys, in this order.
-        let typed: Vec<String> = ElmParams::shapes(&w.config, true)
+        let typed: Vec<String> = ElmParams::shapes(&w.config, true, kind)
             .named()
             .into_iter()
             .map(|(n, _)| n)
             .collect();
         assert_eq!(typed, names);
         assert_eq!(tensors.keys().count(), names.len());
-        let params = ElmParams::shapes(&w.config, true).map(|n, _| tape.param(tensors[n].clone()));
+        let params =
+            ElmParams::shapes(&w.config, true, kind).map(|n, _| tape.param(tensors[n].clone()));
         let zv = tape.constant(z.into_dyn());
         let hv = tape.constant(h.clone().into_dyn());
         let out = layer.forward(&mut tape, zv, hv, &params).unwrap();
         let d = max_abs(tape.value(out), &want);
         assert!(
             d < 1e-4,
-            "{arch:?}: tape vs inference module max abs diff {d}"
+            "{arch:?} {kind:?}: tape vs inference module max abs diff {d}"
         );
         let arcs: Vec<_> = names
             .iter()
@@ -179,15 +188,14 @@ fn tape_module_equals_inference_module() {
             .iter()
             .map(|a| std::sync::Arc::new(a.mapv(|v| v * 0.9)))
             .collect();
-        let mut m3 = m2.clone();
-        let p3 = m3.projection.as_mut().unwrap();
-        p3.w_z.mapv_inplace(|v| v * 0.9);
-        p3.w_h.mapv_inplace(|v| v * 0.9);
-        p3.bias.mapv_inplace(|v| v * 0.9);
-        m3.block = elm::model::LayerWeights::from_block(
-            &m2.block
-                .block_views(&w.config)
-                .map(|_, a| a.mapv(|v| v * 0.9)),
+        let scaled = tensors
+            .iter()
+            .map(|(n, a)| (n.clone(), a.mapv(|v| v * 0.9)));
+        let m3 = ElmModule::from_tensors(
+            scaled.collect(),
+            &w.config,
+            &ec,
+            std::path::Path::new("<scaled>"),
         )
         .unwrap();
         let z_again = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
@@ -204,16 +212,20 @@ fn tape_module_equals_inference_module() {
                 &shifted,
             )
             .unwrap();
-        assert_eq!(fast3, want3, "{arch:?}: eval with new values");
+        assert_eq!(fast3, want3, "{arch:?} {kind:?}: eval with new values");
     }
 }
 
-fn elm_param_names(cfg: &ModelConfig) -> Vec<String> {
+fn elm_param_names(cfg: &ModelConfig, kind: BlockKind) -> Vec<String> {
     let mut v: Vec<String> = vec!["p.w_z".into(), "p.w_h".into(), "p.bias".into()];
-    for n in ["attn_norm", "wq", "wk", "wv", "wo"] {
+    let attention = kind == BlockKind::Decoder;
+    for n in ["attn_norm", "wq", "wk", "wv", "wo"]
+        .into_iter()
+        .filter(|_| attention)
+    {
         v.push(format!("block.{n}"));
     }
-    if cfg.attention_bias {
+    if attention && cfg.attention_bias {
         for n in ["bq", "bk", "bv"] {
             v.push(format!("block.{n}"));
         }

@@ -4,16 +4,18 @@
 //! looped layer (K applications, multi-step KV) is the dense model with that layer repeated K times.
 
 use elm::compress::methods::delete_layers;
-use elm::elm::accounting::{block_params, module_params, param_report};
+use elm::elm::accounting::{
+    block_params, ffn_params, kv_report, layer_kv_bytes, module_params, param_report,
+};
 use elm::elm::config::TrainConfig;
 use elm::elm::data::TokenSequence;
 use elm::elm::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig, KvMode};
 use elm::elm::module::{load_module, save_module, ModuleMeta, MODULE_FORMAT};
 use elm::elm::train::Trainer;
-use elm::elm::{ElmConfig, ElmModule};
+use elm::elm::{BlockKind, ElmConfig, ElmModule, ModuleBlock};
 use elm::grad::{DeqConfig, GradientRule};
 use elm::model::generate::{generate, SamplingConfig};
-use elm::model::{Arch, ModelConfig, ModelWeights, Transformer};
+use elm::model::{Arch, LayerWeights, ModelConfig, ModelWeights, Transformer};
 use elm::solver::SolverConfig;
 use ndarray::Array2;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -33,9 +35,14 @@ fn prompts() -> Vec<Vec<u32>> {
 }
 
 fn variant(w: &ModelWeights, injection: bool, k: usize) -> ElmModel {
+    variant_of(w, injection, k, BlockKind::Decoder)
+}
+
+fn variant_of(w: &ModelWeights, injection: bool, k: usize, block: BlockKind) -> ElmModel {
     let ec = ElmConfig {
         injection,
         fixed_iterations: Some(k),
+        block,
         ..ElmConfig::new(1, 3)
     };
     let module = ElmModule::init(w, &ec).unwrap();
@@ -92,6 +99,103 @@ fn streamline_layer_is_the_dense_model_without_the_rest_of_the_window() {
     }
 }
 
+/// Layer `l` of `w` with its attention output projection zeroed: the decoder layer then adds
+/// only its MLP branch, `x + MLP(RMSNorm(x))`, which is what a feed-forward-only block is.
+fn mlp_only(w: &ModelWeights, l: usize) -> LayerWeights {
+    let mut layer = w.layers[l].clone();
+    layer.wo.fill(0.0);
+    layer
+}
+
+#[test]
+fn streamline_ffn_is_the_dense_model_with_the_first_layers_mlp_alone() {
+    // Reference: the dense transformer (independent code) with the rest of the window deleted
+    // and layer 1's attention silenced; the ELM side runs the attention-free block kernel.
+    for arch in [Arch::Llama, Arch::Qwen2] {
+        let w = tiny(arch);
+        let mut reference = delete_layers(&w, &[2, 3]).unwrap();
+        reference.layers[1] = mlp_only(&w, 1);
+        let ffn = variant_of(&w, false, 1, BlockKind::Ffn);
+        for mode in [KvMode::OneStep, KvMode::MultiStep] {
+            assert_same_as_dense(&ffn, reference.clone(), mode, "streamline ffn");
+        }
+        // Looped three times: the MLP half repeated.
+        let mut looped = w.clone();
+        looped.layers = vec![
+            w.layers[0].clone(),
+            mlp_only(&w, 1),
+            mlp_only(&w, 1),
+            mlp_only(&w, 1),
+            w.layers[4].clone(),
+            w.layers[5].clone(),
+        ];
+        let ffn3 = variant_of(&w, false, 3, BlockKind::Ffn);
+        assert_same_as_dense(&ffn3, looped, KvMode::MultiStep, "looped ffn");
+    }
+}
+
+#[test]
+fn ffn_module_holds_no_kv_and_counts_only_its_mlp() {
+    let w = tiny(Arch::Qwen2);
+    let cfg = &w.config;
+    let model = variant_of(&w, true, 2, BlockKind::Ffn);
+    let (ec, module) = model.elm.as_ref().unwrap();
+    let (c, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let mlp = c + 3 * c * i;
+    assert_eq!(ffn_params(cfg), mlp);
+    assert_eq!(module.num_params(), mlp + 2 * c * c + c);
+    assert_eq!(param_report(cfg, ec).module, module.num_params());
+    // The session allocates K/V for the kept layers only, as the report says, in both modes.
+    for (mode, iterations) in [(KvMode::OneStep, 1), (KvMode::MultiStep, 2)] {
+        let icfg = InferenceConfig {
+            kv_mode: mode,
+            ..InferenceConfig::default()
+        };
+        let mut s = ElmSession::new(&model, icfg, 2, 16).unwrap();
+        s.prefill(&[vec![5, 6, 7], vec![8, 9]]).unwrap();
+        let rep = kv_report(cfg, ec, 2, 16, iterations);
+        assert_eq!(s.kv_bytes(), rep.one_step, "{mode:?}");
+        assert_eq!(rep.one_step, rep.multi_step);
+        assert_eq!(
+            rep.one_step,
+            (cfg.num_layers - 3) * layer_kv_bytes(cfg, 2, 16)
+        );
+        // Positions still advance (the capacity check holds for every block).
+        assert_eq!(s.lens(), vec![3, 2]);
+    }
+    // Checkpoint: only the MLP tensors, and elm.json names the kind.
+    let dir = std::env::temp_dir().join(format!("elm_ffn_ckpt_{}", std::process::id()));
+    let meta = ModuleMeta {
+        format: MODULE_FORMAT.into(),
+        elm: ec.clone(),
+        model_config: cfg.clone(),
+        base_model: "tiny".into(),
+    };
+    save_module(&dir, module, &meta).unwrap();
+    let json = std::fs::read_to_string(dir.join("elm.json")).unwrap();
+    assert!(json.contains("\"block\": \"ffn\""), "{json}");
+    let (back, meta_back) = load_module(&dir).unwrap();
+    assert_eq!(meta_back, meta);
+    let (f, g) = (back.block.ffn().unwrap(), module.block.ffn().unwrap());
+    assert_eq!(
+        (&f.w_gate, &f.w_up, &f.w_down),
+        (&g.w_gate, &g.w_up, &g.w_down)
+    );
+    // The same tensors read as a decoder module: refused, naming the first missing tensor.
+    let mut wrong = meta.clone();
+    wrong.elm.block = BlockKind::Decoder;
+    elm::io::write_json_atomic(&dir.join("elm.json"), &wrong).unwrap();
+    let e = load_module(&dir).unwrap_err().to_string();
+    assert!(e.contains("block.attn_norm"), "{e}");
+    // An unknown kind in elm.json is a config error naming the field.
+    let bad = json.replace("\"ffn\"", "\"mlp\"");
+    std::fs::write(dir.join("elm.json"), bad).unwrap();
+    let e = load_module(&dir).unwrap_err().to_string();
+    assert!(e.contains("mlp"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!("attention".parse::<BlockKind>().is_err());
+}
+
 #[test]
 fn looped_layer_is_the_layer_repeated() {
     for arch in [Arch::Llama, Arch::Qwen2] {
@@ -124,7 +228,10 @@ fn variants_count_their_parameters_and_round_trip_checkpoints() {
     let (ec, module) = looped.elm.as_ref().unwrap();
     assert!(module.projection.is_none());
     assert_eq!(module.num_params(), block_params(cfg));
-    assert_eq!(module_params(cfg, false), block_params(cfg));
+    assert_eq!(
+        module_params(cfg, false, BlockKind::Decoder),
+        block_params(cfg)
+    );
     let report = param_report(cfg, ec);
     assert_eq!(report.module, block_params(cfg));
     assert_eq!(report.dense_total - report.elm_total, 2 * block_params(cfg));
@@ -139,7 +246,10 @@ fn variants_count_their_parameters_and_round_trip_checkpoints() {
     let (back, meta_back) = load_module(&dir).unwrap();
     assert_eq!(meta_back, meta);
     assert!(back.projection.is_none());
-    assert_eq!(back.block.wq, module.block.wq);
+    assert_eq!(
+        back.block.decoder().unwrap().wq,
+        module.block.decoder().unwrap().wq
+    );
     // A checkpoint whose elm.json says "injection" but lacks P is rejected, naming the tensor.
     let mut wrong = meta.clone();
     wrong.elm.injection = true;
@@ -174,10 +284,16 @@ fn fixed_iteration_variants_train_by_unrolling() {
         clip: 1.0,
         ..TrainConfig::default()
     };
-    for injection in [false, true] {
+    let cases = [
+        (false, BlockKind::Decoder),
+        (true, BlockKind::Decoder),
+        (false, BlockKind::Ffn),
+    ];
+    for (injection, block) in cases {
         let ec = ElmConfig {
             injection,
             fixed_iterations: Some(2),
+            block,
             ..ElmConfig::new(1, 3)
         };
         let module = ElmModule::init(&w, &ec).unwrap();
@@ -189,7 +305,12 @@ fn fixed_iteration_variants_train_by_unrolling() {
             t.train_step(&data, 0).unwrap();
         }
         let trained = t.module().unwrap();
-        assert_ne!(trained.block.w_up, module.block.w_up);
+        let w_up = |m: &ElmModule| match &m.block {
+            ModuleBlock::Decoder(b) => b.w_up.clone(),
+            ModuleBlock::Ffn(f) => f.w_up.clone(),
+        };
+        assert_ne!(w_up(&trained), w_up(&module), "{block:?}");
+        assert_eq!(trained.block.kind(), block);
         assert_eq!(trained.projection.is_some(), injection);
         // Another rule contradicts a fixed number of applications.
         let bad = TrainConfig {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use elm::elm::infer::{ElmDecoder, ElmModel, ElmSession, InferenceConfig, QuantElm};
 use elm::elm::quant_gguf::{load_quant_gguf, load_quant_gguf_with, save_quant_gguf};
-use elm::elm::{ElmConfig, ElmModule};
+use elm::elm::{BlockKind, ElmConfig, ElmModule, ModuleBlock};
 use elm::error::ElmError;
 use elm::io::gguf::{kv, write_gguf, GgufFile, GgufTensorData};
 use elm::io::tokenizer::Tokenizer;
@@ -127,7 +127,18 @@ fn same_quant(a: &QuantElm, b: &QuantElm) {
     match (&a.module, &b.module) {
         (None, None) => {}
         (Some(x), Some(y)) => {
-            same_layer(&x.block, &y.block, "module.block");
+            match (&x.block, &y.block) {
+                (ModuleBlock::Decoder(a), ModuleBlock::Decoder(b)) => {
+                    same_layer(a, b, "module.block")
+                }
+                (ModuleBlock::Ffn(a), ModuleBlock::Ffn(b)) => {
+                    assert_eq!(a.mlp_norm, b.mlp_norm, "module.block.mlp_norm");
+                    same_linear(&a.w_gate, &b.w_gate, "module.block.w_gate");
+                    same_linear(&a.w_up, &b.w_up, "module.block.w_up");
+                    same_linear(&a.w_down, &b.w_down, "module.block.w_down");
+                }
+                _ => panic!("module block kinds differ"),
+            }
             match (&x.projection, &y.projection) {
                 (None, None) => {}
                 (Some(p), Some(q)) => {
@@ -216,6 +227,33 @@ fn save_load_round_trip_is_exact_for_dense_and_elm() {
             )
             .unwrap();
             round_trip(&m, &format!("{what} looped"));
+            // LLM-Streamline's FFN block: only the block's ffn_* tensors are written.
+            let mut ffn = ElmConfig::new(1, 3);
+            ffn.injection = false;
+            ffn.fixed_iterations = Some(1);
+            ffn.block = BlockKind::Ffn;
+            let fm = ElmModule::init(&w, &ffn).unwrap();
+            let m = ElmModel::quantized(QuantWeights::quantize(&w, format), Some((ffn, &fm)), None)
+                .unwrap();
+            let path = round_trip(&m, &format!("{what} ffn"));
+            let names: Vec<String> = GgufFile::open(&path)
+                .unwrap()
+                .tensors()
+                .iter()
+                .map(|t| t.name.clone())
+                .filter(|n| n.starts_with("elm.blk."))
+                .collect();
+            assert_eq!(
+                names,
+                [
+                    "ffn_norm.weight",
+                    "ffn_gate.weight",
+                    "ffn_up.weight",
+                    "ffn_down.weight"
+                ]
+                .map(|n| format!("elm.blk.{n}")),
+                "{what}"
+            );
         }
         // Mixed storage: f32 matrices next to blocks (the module kept f32) round-trip too.
         let ec = ElmConfig::new(0, 2);

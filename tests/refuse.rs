@@ -1245,3 +1245,50 @@ fn memory_budget_can_be_lowered_and_reports_needed_vs_available() {
     let ok = run(&["solve", "--problem", "linear", "--history", "50"]);
     assert_eq!(ok.code, Some(0), "{}", ok.stderr);
 }
+
+#[test]
+fn unknown_block_kind_is_refused_and_an_ffn_module_runs_from_the_cli() {
+    let out = fresh("block");
+    let base = [
+        "compress",
+        "--model",
+        tiny(),
+        "--start",
+        "1",
+        "--num-replaced",
+        "2",
+        "--no-injection",
+        "--fixed-iterations",
+        "1",
+        "--out",
+        s(&out),
+        "--json",
+    ];
+    let bad: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--block", "attention"])
+        .collect();
+    refused(&bad, &["block", "attention"]);
+    let good: Vec<&str> = base.iter().copied().chain(["--block", "ffn"]).collect();
+    let o = run(&good);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let report: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(report["block"], "ffn", "{report}");
+    // The FFN module holds no K/V: one-step keeps only the N − M kept layers' caches.
+    let (kv, n) = (&report["kv"], 4.0);
+    let ratio = kv["one_step_ratio"].as_f64().unwrap();
+    assert!((ratio - (n - 2.0) / n).abs() < 1e-12, "{report}");
+    let g = run(&[
+        "generate",
+        "--model",
+        tiny(),
+        "--elm",
+        s(&out),
+        "--prompt",
+        "w3 w4",
+        "--max-new-tokens",
+        "2",
+    ]);
+    assert_eq!(g.code, Some(0), "{}", g.stderr);
+}

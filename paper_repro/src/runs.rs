@@ -73,6 +73,9 @@ pub struct Variant {
     /// the stage key then, so the keys of earlier runs hold).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_init: Option<String>,
+    /// `elm compress --block` (absent: a decoder block; kept out of the stage key then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<String>,
 }
 
 impl Variant {
@@ -83,6 +86,7 @@ impl Variant {
             injection: true,
             fixed_iterations: None,
             block_init: None,
+            block: None,
         }
     }
     /// LLM-Streamline (layer replacement): one block, one application, no injection.
@@ -93,6 +97,15 @@ impl Variant {
             injection: false,
             fixed_iterations: Some(1),
             block_init: None,
+            block: None,
+        }
+    }
+    /// LLM-Streamline's FFN replacement: the first replaced layer's MLP half (no attention, no
+    /// KV cache), one application, no injection.
+    pub fn streamline_ffn(start: usize, m: usize) -> Self {
+        Variant {
+            block: Some("ffn".into()),
+            ..Variant::streamline(start, m)
         }
     }
     /// A looped block applied K times, no injection.
@@ -103,6 +116,7 @@ impl Variant {
             injection: false,
             fixed_iterations: Some(k),
             block_init: None,
+            block: None,
         }
     }
     /// The ELM's ablation: its module (with injection) applied exactly K times at train and
@@ -273,6 +287,9 @@ pub fn train(
         }
         if let Some(init) = &variant.block_init {
             c.extend(args(&["--block-init", init]));
+        }
+        if let Some(block) = &variant.block {
+            c.extend(args(&["--block", block]));
         }
         let comp = elm.run::<CompressOut>(&c)?.typed;
         let trained = dir.join("trained");

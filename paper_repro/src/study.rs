@@ -104,8 +104,9 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
         u += 2.0 * (nll + em) + train(&l.lora);
     }
     if sel(TableId::Main) {
-        // ELM, Streamline, looped and the ELM's three ablations; the healing fine-tunes.
-        u += 6.0 * (train(&l.main) + nll + em)
+        // ELM, Streamline (layer and FFN), looped, the ELM's three ablations and the two
+        // LaCo-merged inits; the healing fine-tunes.
+        u += 9.0 * (train(&l.main) + nll + em)
             + l.baselines.len() as f64 * (prune + nll + em)
             + l.healed.len() as f64 * (train(&l.lora) + nll + em);
     } else if sel(TableId::Solver) || sel(TableId::Grad) || sel(TableId::Spectral) {

@@ -312,6 +312,13 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         &budget,
         &streamline,
     )?;
+    let streamline_ffn = runs::train(ctx, &Variant::streamline_ffn(l.start, l.m), &l.main, None)?;
+    let streamline_ffn_row = trained_row(
+        ctx,
+        "LLM-Streamline FFN (layer l's MLP alone, 1 application)".into(),
+        &budget,
+        &streamline_ffn,
+    )?;
     let looped = runs::train(
         ctx,
         &Variant::looped(l.start, l.m, l.looped_k),
@@ -409,7 +416,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             &em.value,
         )?);
     }
-    for (r, items) in [streamline_row, looped_row] {
+    for (r, items) in [streamline_row, streamline_ffn_row, looped_row] {
         compressed.push((rows.len(), items));
         rows.push(r);
     }
@@ -463,6 +470,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         trainings: [
             (format!("ELM M={} (main)", l.m), elm.clone_done()),
             ("LLM-Streamline (main)".into(), streamline),
+            ("LLM-Streamline FFN (main)".into(), streamline_ffn),
             (format!("looped K={} (main)", l.looped_k), looped),
         ]
         .into_iter()

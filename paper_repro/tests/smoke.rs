@@ -58,11 +58,11 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
     let l = Scale::Smoke.limits();
 
     // Every table, with every row the scale asks for.
-    // Dense (tuned, untuned), the baselines, their healed versions, Streamline, looped, the
-    // ELM's three ablations, ELM and Streamline from LaCo's merge, and the ELM.
+    // Dense (tuned, untuned), the baselines, their healed versions, Streamline (layer and FFN),
+    // looped, the ELM's three ablations, ELM and Streamline from LaCo's merge, and the ELM.
     assert_eq!(
         t.main.len(),
-        2 + l.baselines.len() + l.healed.len() + 2 + 5 + 1,
+        2 + l.baselines.len() + l.healed.len() + 3 + 5 + 1,
         "{:?}",
         t.main
     );
@@ -123,6 +123,20 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
     let elm = t.main.last().unwrap();
     assert!(elm.kind.starts_with("ELM"), "{elm:?}");
     assert_eq!(elm.kv_bytes_1k * 30, dense_kv * (30 - 8 + 1));
+    // LLM-Streamline's FFN block attends to nothing: it keeps only the N − M kept layers' caches,
+    // and holds the MLP half of one layer.
+    let ffn = t
+        .main
+        .iter()
+        .find(|r| r.model.starts_with("LLM-Streamline FFN"))
+        .unwrap();
+    let layer = t
+        .main
+        .iter()
+        .find(|r| r.model.starts_with("LLM-Streamline (1 layer"))
+        .unwrap();
+    assert_eq!(ffn.kv_bytes_1k * 30, dense_kv * (30 - 8), "{ffn:?}");
+    assert!(ffn.params < layer.params, "{ffn:?} vs {layer:?}");
     for r in &t.kv {
         assert!(r.kv_bytes > 0 && r.ratio_vs_dense > 0.0, "{r:?}");
         check_interval("kv", &r.flexible_em);

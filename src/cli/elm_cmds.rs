@@ -53,6 +53,10 @@ pub struct CompressArgs {
     /// window's layers).
     #[arg(long, default_value = "first-layer")]
     pub block_init: String,
+    /// The block's kind: decoder (attention + MLP) | ffn (the MLP half alone, no attention and
+    /// no KV cache: LLM-Streamline's FFN replacement).
+    #[arg(long, default_value = "decoder")]
+    pub block: String,
     /// Output checkpoint directory (elm.json + module.safetensors).
     #[arg(long)]
     pub out: PathBuf,
@@ -69,6 +73,7 @@ pub struct CompressArgs {
 /// Initialises the fixed-point module from layer `l` and reports parameter/KV accounting.
 pub fn run_compress(a: CompressArgs) -> Result<()> {
     let block_init: elm::compress::methods::BlockInit = a.block_init.parse()?;
+    let block: elm::elm::BlockKind = a.block.parse()?;
     elm::limits::check_output_dir("out", &a.out, a.force)?;
     let dense = load_weights(&a.model)?;
     // The KV report multiplies the context out: refuse one that overflows.
@@ -87,6 +92,7 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
         init_seed: a.seed,
         injection: !a.no_injection,
         fixed_iterations: a.fixed_iterations,
+        block,
         ..ElmConfig::new(a.start, a.num_replaced)
     };
     let module = elm::compress::methods::init_module(&dense, &ec, block_init)?;
@@ -103,6 +109,7 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
         print_json(&serde_json::json!({
             "out": a.out.display().to_string(),
             "block_init": block_init,
+            "block": block,
             "params": params,
             "kv": kv,
         }))?;

@@ -759,7 +759,7 @@ fn storage_label<W: DecoderWeights>(storage: &WeightStorage, m: &Transformer<W>)
     };
     for l in m.weights.layers() {
         let b = elm::model::BlockWeights::block_ref(l);
-        for w in [b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down] {
+        for w in b.linears() {
             add(w);
         }
     }

@@ -322,7 +322,8 @@ impl std::str::FromStr for BlockInit {
 }
 
 /// The module of `cfg` initialised as `init` says ([`ElmModule::init`], then for
-/// [`BlockInit::LaCo`] the block replaced by the RDSC merge of the window).
+/// [`BlockInit::LaCo`] the block replaced by the RDSC merge of the window — its MLP half for
+/// an FFN block).
 pub fn init_module(
     dense: &ModelWeights,
     cfg: &crate::elm::ElmConfig,
@@ -330,7 +331,8 @@ pub fn init_module(
 ) -> Result<crate::elm::ElmModule> {
     let mut module = crate::elm::ElmModule::init(dense, cfg)?;
     if init == BlockInit::LaCo {
-        module.block = rdsc_merge(&dense.layers[cfg.start_layer..cfg.end_layer()])?;
+        let merged = rdsc_merge(&dense.layers[cfg.start_layer..cfg.end_layer()])?;
+        module.block = crate::elm::ModuleBlock::of_layer(&merged, cfg.block);
     }
     Ok(module)
 }

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::model::ModelConfig;
 
-use super::config::ElmConfig;
+use super::config::{BlockKind, ElmConfig};
 
 /// Scalar parameters of one decoder block of `cfg`.
 pub fn block_params(cfg: &ModelConfig) -> usize {
@@ -17,6 +17,11 @@ pub fn block_params(cfg: &ModelConfig) -> usize {
     );
     let bias = if cfg.attention_bias { q + 2 * kv } else { 0 };
     2 * c + c * q + 2 * c * kv + q * c + bias + 3 * c * i
+}
+
+/// Scalar parameters of a feed-forward-only block of `cfg` (a decoder block's MLP half).
+pub fn ffn_params(cfg: &ModelConfig) -> usize {
+    cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
 }
 
 /// Token embedding plus the LM head when untied.
@@ -34,11 +39,15 @@ pub fn dense_params(cfg: &ModelConfig) -> usize {
     cfg.num_layers * block_params(cfg) + cfg.hidden_size + embedding_params(cfg)
 }
 
-/// Parameters of the fixed-point module: one block plus, with injection, `P = [W_z | W_h]`
-/// (2C → C) and `b`.
-pub fn module_params(cfg: &ModelConfig, injection: bool) -> usize {
+/// Parameters of the fixed-point module: one block of kind `block` plus, with injection,
+/// `P = [W_z | W_h]` (2C → C) and `b`.
+pub fn module_params(cfg: &ModelConfig, injection: bool, block: BlockKind) -> usize {
     let c = cfg.hidden_size;
-    block_params(cfg) + if injection { 2 * c * c + c } else { 0 }
+    let block = match block {
+        BlockKind::Decoder => block_params(cfg),
+        BlockKind::Ffn => ffn_params(cfg),
+    };
+    block + if injection { 2 * c * c + c } else { 0 }
 }
 
 /// Dense vs ELM parameter counts.
@@ -66,7 +75,7 @@ pub fn param_report(cfg: &ModelConfig, elm: &ElmConfig) -> ParamReport {
     let dense_total = dense_params(cfg);
     let dense_non_embedding = dense_total - embedding_params(cfg);
     let removed = elm.num_replaced * block_params(cfg);
-    let module = module_params(cfg, elm.injection);
+    let module = module_params(cfg, elm.injection, elm.block);
     let elm_total = dense_total - removed + module;
     let elm_non_embedding = dense_non_embedding - removed + module;
     ParamReport {
@@ -95,9 +104,10 @@ pub struct KvReport {
     pub batch: usize,
     pub context: usize,
     pub dense: usize,
-    /// N − M + 1 layer caches.
+    /// N − M + 1 layer caches (N − M for a feed-forward-only block, which attends to nothing).
     pub one_step: usize,
-    /// N − M + K caches, K = per-iteration caches of the fixed-point block.
+    /// N − M + K caches, K = per-iteration caches of the fixed-point block (N − M for a
+    /// feed-forward-only block).
     pub multi_step: usize,
     pub multi_step_iterations: usize,
     /// `one_step / dense` = (N−M+1)/N.
@@ -116,8 +126,9 @@ pub fn kv_report(
     let per = layer_kv_bytes(cfg, batch, context);
     let kept = cfg.num_layers - elm.num_replaced;
     let dense = cfg.num_layers * per;
-    let one_step = (kept + 1) * per;
-    let multi_step = (kept + iterations) * per;
+    let attends = usize::from(elm.block.has_attention());
+    let one_step = (kept + attends) * per;
+    let multi_step = (kept + attends * iterations) * per;
     KvReport {
         batch,
         context,

@@ -31,6 +31,47 @@ pub struct ElmConfig {
     /// baselines; `None`: solved to tolerance (the ELM).
     #[serde(default)]
     pub fixed_iterations: Option<usize>,
+    /// The module's block: a decoder block (the ELM, default) or a feed-forward-only block
+    /// (LLM-Streamline's FFN replacement). Left out of `elm.json` when it is the default, so
+    /// the files of decoder modules are as before.
+    #[serde(default, skip_serializing_if = "BlockKind::is_decoder")]
+    pub block: BlockKind,
+}
+
+/// The kind of block a module weight-ties.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BlockKind {
+    /// Attention + SwiGLU MLP, initialised from the first replaced layer.
+    #[default]
+    Decoder,
+    /// `x + MLP(RMSNorm(x))` only, initialised from the first replaced layer's MLP half; it
+    /// needs no KV cache.
+    Ffn,
+}
+
+impl BlockKind {
+    pub fn is_decoder(&self) -> bool {
+        *self == BlockKind::Decoder
+    }
+    /// Whether the block attends (and so keeps a KV cache).
+    pub fn has_attention(&self) -> bool {
+        self.is_decoder()
+    }
+}
+
+impl std::str::FromStr for BlockKind {
+    type Err = ElmError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "decoder" => Ok(BlockKind::Decoder),
+            "ffn" => Ok(BlockKind::Ffn),
+            other => Err(ElmError::config(
+                "block",
+                format!("unknown block kind `{other}` (expected decoder or ffn)"),
+            )),
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -50,6 +91,7 @@ impl ElmConfig {
             wz_scale: default_wz_scale(),
             injection: true,
             fixed_iterations: None,
+            block: BlockKind::Decoder,
         }
     }
     /// One past the last replaced layer: `l + M` (saturating: [`ElmConfig::validate`] refuses

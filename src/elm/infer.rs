@@ -27,7 +27,7 @@ use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
 use crate::model::generate::{generate, Decoder, Detokenize, SamplingConfig};
 use crate::model::ops::{linear_any_into, linear_into, rms_norm_into};
-use crate::model::quant::{Linear, QActs, QFormat, QLayer, QuantWeights, WeightStorage};
+use crate::model::quant::{Linear, QActs, QFfn, QFormat, QLayer, QuantWeights, WeightStorage};
 use crate::model::{
     block_forward_rows, check_context, load_inference, load_pretrained, BlockWeights, KvCache,
     LayerKv, LayerWeights, ModelConfig, ModelWeights, Scratch,
@@ -38,7 +38,7 @@ use crate::solver::{
 
 use super::config::ElmConfig;
 use super::map::{fresh_cache, ModuleView};
-use super::module::{load_module_for, ElmModule};
+use super::module::{load_module_for, ElmModule, ModuleBlock};
 
 /// KV-cache policy of the fixed-point block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,7 +160,7 @@ pub struct QuantElm {
 /// The fixed-point module with quantized matrices (`P = [W_z | W_h]` and the block).
 #[derive(Clone, Debug)]
 pub struct QuantModule {
-    pub block: QLayer,
+    pub block: ModuleBlock<QLayer, QFfn>,
     /// The input injection (`None`: `u = z`, as [`ElmModule::projection`]).
     pub projection: Option<QuantProjection>,
 }
@@ -183,7 +183,10 @@ impl QuantModule {
     /// The module's matrices quantized to `format` (`None`: kept f32).
     pub fn from_f32(m: &ElmModule, format: Option<QFormat>) -> Self {
         QuantModule {
-            block: QLayer::from_f32(&m.block, format),
+            block: match &m.block {
+                ModuleBlock::Decoder(b) => ModuleBlock::Decoder(QLayer::from_f32(b, format)),
+                ModuleBlock::Ffn(b) => ModuleBlock::Ffn(QFfn::from_f32(b, format)),
+            },
             projection: m.projection.as_ref().map(|p| QuantProjection {
                 w_z: Linear::from_f32(&p.w_z, format),
                 w_h: Linear::from_f32(&p.w_h, format),
@@ -194,7 +197,7 @@ impl QuantModule {
 
     /// Bytes of weights held.
     pub fn bytes(&self) -> usize {
-        self.block.bytes() + self.projection.as_ref().map_or(0, QuantProjection::bytes)
+        self.block.block_ref().bytes() + self.projection.as_ref().map_or(0, QuantProjection::bytes)
     }
 
     /// The module as the no-tape kernels see it (the path of [`ElmModule`]'s f32 matrices).
@@ -331,6 +334,16 @@ impl ElmModel {
                     ),
                 ))
             }
+            (Some(cfg), Some(m)) if cfg.block != m.block.kind() => {
+                return Err(ElmError::config(
+                    "block",
+                    format!(
+                        "{:?} but the module's block is {:?}",
+                        cfg.block,
+                        m.block.kind()
+                    ),
+                ))
+            }
             _ => {}
         }
         let shell = ModelWeights {
@@ -340,13 +353,16 @@ impl ElmModel {
             final_norm: ndarray::Array1::zeros(0),
             lm_head: None,
         };
-        let shell_module = || ElmModule {
-            block: empty_layer(),
+        let shell_module = |kind| ElmModule {
+            block: ModuleBlock::of_layer(&empty_layer(), kind),
             projection: None,
         };
         Ok(ElmModel {
             weights: shell,
-            elm: elm.map(|c| (c, shell_module())),
+            elm: elm.map(|c| {
+                let m = shell_module(c.block);
+                (c, m)
+            }),
             quant: Some(quant),
         })
     }
@@ -476,10 +492,11 @@ impl<'m> ElmSession<'m> {
         }
         let mc = model.config();
         let dense_kv = KvCache::with_layers(mc, model.kept_layers().len(), batch, max_seq)?;
-        let fp_kv = if model.elm.is_some() {
-            vec![LayerKv::new(mc, batch, max_seq)?]
-        } else {
-            vec![]
+        let fp_kv = match &model.elm {
+            Some((e, _)) if e.block.has_attention() => vec![LayerKv::new(mc, batch, max_seq)?],
+            // The FFN block attends to nothing: its cache only counts tokens.
+            Some(_) => vec![LayerKv::without_kv(mc, batch, max_seq)?],
+            None => vec![],
         };
         Ok(ElmSession {
             model,

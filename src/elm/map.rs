@@ -18,10 +18,11 @@ use crate::error::{ElmError, Result};
 use crate::grad::ImplicitLayer;
 use crate::model::ops::linear_any_into;
 use crate::model::quant::{LinearRef, QActs};
-use crate::model::tape::block_forward;
+use crate::model::tape::{block_forward, ffn_forward};
 use crate::model::{block_forward_rows, BlockWeights, LayerKv, ModelConfig, Scratch};
 
-use super::module::{ElmModule, ElmParams};
+use super::config::BlockKind;
+use super::module::{ElmModule, ElmParams, ModuleBlock};
 
 /// The fixed-point module as the no-tape kernels see it, with f32 or quantized matrices (the
 /// one code path of [`ElmModule`] and of the quantized module of `super::infer`): its block,
@@ -195,7 +196,10 @@ pub fn apply_taped(tape: &mut Tape<f32>, p: &ElmParams<Var>, z: Var, h: Var) -> 
         }
         None => z,
     };
-    block_forward(tape, &p.block, u, 0)
+    match &p.block {
+        ModuleBlock::Decoder(b) => block_forward(tape, b, u, 0),
+        ModuleBlock::Ffn(f) => ffn_forward(tape, f, u),
+    }
 }
 
 /// The module as an [`ImplicitLayer`] (state `z` and injection `h`: `[B, T, C]`).
@@ -207,6 +211,7 @@ pub fn apply_taped(tape: &mut Tape<f32>, p: &ElmParams<Var>, z: Var, h: Var) -> 
 pub struct ElmLayer {
     cfg: ModelConfig,
     injection: bool,
+    block: BlockKind,
     built: Arc<Mutex<Option<BuiltModule>>>,
 }
 
@@ -215,11 +220,13 @@ pub struct ElmLayer {
 type BuiltModule = (Vec<Arc<ArrayD<f32>>>, Arc<ElmModule>);
 
 impl ElmLayer {
-    /// The layer of a module for model `cfg`, with or without input injection.
-    pub fn new(cfg: &ModelConfig, injection: bool) -> Self {
+    /// The layer of a module for model `cfg`, with or without input injection, whose block is
+    /// of kind `block`.
+    pub fn new(cfg: &ModelConfig, injection: bool, block: BlockKind) -> Self {
         ElmLayer {
             cfg: cfg.clone(),
             injection,
+            block,
             built: Arc::new(Mutex::new(None)),
         }
     }
@@ -237,18 +244,19 @@ impl ElmLayer {
             }
         }
         let mut it = values.iter();
-        let named = ElmParams::shapes(&self.cfg, self.injection).try_map(|name, shape| {
-            let v = it
-                .next()
-                .ok_or_else(|| ElmError::tensor(name, "ElmLayer: no value given"))?;
-            if v.shape() != shape.as_slice() {
-                return Err(ElmError::tensor(
-                    name,
-                    format!("ElmLayer: shape {:?}, expected {:?}", v.shape(), shape),
-                ));
-            }
-            Ok(v.clone())
-        })?;
+        let named =
+            ElmParams::shapes(&self.cfg, self.injection, self.block).try_map(|name, shape| {
+                let v = it
+                    .next()
+                    .ok_or_else(|| ElmError::tensor(name, "ElmLayer: no value given"))?;
+                if v.shape() != shape.as_slice() {
+                    return Err(ElmError::tensor(
+                        name,
+                        format!("ElmLayer: shape {:?}, expected {:?}", v.shape(), shape),
+                    ));
+                }
+                Ok(v.clone())
+            })?;
         if it.next().is_some() {
             return Err(ElmError::shape(
                 "ElmLayer",

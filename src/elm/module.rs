@@ -2,8 +2,9 @@
 //! checkpoint format. The map itself is in [`super::map`].
 //!
 //! `P = [W_z | W_h]` maps `2C → C`; `block` is one pre-norm decoder block (attention +
-//! SwiGLU). Initialisation makes the first iteration from `z⁰ = 0` reproduce layer `l`
-//! exactly: `block` = layer `l`, `W_h = I`, `b = 0`, and `W_z` small and random.
+//! SwiGLU), or its MLP half alone ([`BlockKind::Ffn`]). Initialisation makes the first
+//! iteration from `z⁰ = 0` reproduce layer `l` exactly: `block` = layer `l` (its MLP half for
+//! an FFN block), `W_h = I`, `b = 0`, and `W_z` small and random.
 
 use std::path::{Path, PathBuf};
 
@@ -14,13 +15,14 @@ use serde::{Deserialize, Serialize};
 use crate::autograd::Var;
 use crate::error::{ElmError, Result};
 use crate::grad::{check_param_count, ParamSet};
-use crate::model::tape::{AsArray, BlockParams};
-use crate::model::{LayerWeights, ModelConfig, ModelWeights};
+use crate::model::quant::{BlockRef, BlockWeights};
+use crate::model::tape::{AsArray, BlockParams, FfnParams};
+use crate::model::{FfnWeights, LayerWeights, ModelConfig, ModelWeights};
 
 use super::checkpoint::{
     expect_empty, load_tensors, save_tensors, take_tensor, write_json_atomic, TensorMap,
 };
-use super::config::{read_json, ElmConfig};
+use super::config::{read_json, BlockKind, ElmConfig};
 
 /// The input injection `u = z·W_zᵀ + h·W_hᵀ + b` over any handle type.
 #[derive(Clone, Debug)]
@@ -33,6 +35,50 @@ pub struct Projection<H> {
     pub bias: H,
 }
 
+/// The module's weight-tied block in any representation: `D` a decoder block's, `F` a
+/// feed-forward-only block's (parameter handles, f32 weights, quantized weights).
+#[derive(Clone, Debug)]
+pub enum ModuleBlock<D, F> {
+    Decoder(D),
+    Ffn(F),
+}
+
+impl<D, F> ModuleBlock<D, F> {
+    /// Which kind of block this is.
+    pub fn kind(&self) -> BlockKind {
+        match self {
+            ModuleBlock::Decoder(_) => BlockKind::Decoder,
+            ModuleBlock::Ffn(_) => BlockKind::Ffn,
+        }
+    }
+    /// The decoder block, if it is one.
+    pub fn decoder(&self) -> Option<&D> {
+        match self {
+            ModuleBlock::Decoder(d) => Some(d),
+            ModuleBlock::Ffn(_) => None,
+        }
+    }
+    /// The feed-forward-only block, if it is one.
+    pub fn ffn(&self) -> Option<&F> {
+        match self {
+            ModuleBlock::Decoder(_) => None,
+            ModuleBlock::Ffn(f) => Some(f),
+        }
+    }
+}
+
+impl<D: BlockWeights, F: BlockWeights> BlockWeights for ModuleBlock<D, F> {
+    fn block_ref(&self) -> BlockRef<'_> {
+        match self {
+            ModuleBlock::Decoder(d) => d.block_ref(),
+            ModuleBlock::Ffn(f) => f.block_ref(),
+        }
+    }
+}
+
+/// The module's block parameters over a handle type.
+pub type BlockParamsOf<H> = ModuleBlock<BlockParams<H>, FfnParams<H>>;
+
 /// The module's parameters over any handle type: tape vars while training, shared tensors,
 /// named arrays in a checkpoint. Names (= checkpoint keys) and order are written once, in
 /// [`ElmParams::try_map`] (the block's part in [`BlockParams::try_map`]).
@@ -40,8 +86,8 @@ pub struct Projection<H> {
 pub struct ElmParams<H> {
     /// `P` and `b`; `None` for a module without injection (`u = z`).
     pub projection: Option<Projection<H>>,
-    /// The weight-tied decoder block `f*`.
-    pub block: BlockParams<H>,
+    /// The weight-tied block `f*`.
+    pub block: BlockParamsOf<H>,
 }
 
 impl<H> ElmParams<H> {
@@ -59,10 +105,12 @@ impl<H> ElmParams<H> {
             }),
             None => None,
         };
-        Ok(ElmParams {
-            projection,
-            block: self.block.try_map(|n, h| f(&format!("block.{n}"), h))?,
-        })
+        let mut named = |n: &str, h| f(&format!("block.{n}"), h);
+        let block = match &self.block {
+            ModuleBlock::Decoder(b) => ModuleBlock::Decoder(b.try_map(&mut named)?),
+            ModuleBlock::Ffn(b) => ModuleBlock::Ffn(b.try_map(&mut named)?),
+        };
+        Ok(ElmParams { projection, block })
     }
 
     /// Infallible [`Self::try_map`].
@@ -83,8 +131,8 @@ impl<H> ElmParams<H> {
 
 impl ElmParams<Vec<usize>> {
     /// The shape of every parameter of a module for model `cfg` (with `P` and `b` when
-    /// `injection`).
-    pub fn shapes(cfg: &ModelConfig, injection: bool) -> Self {
+    /// `injection`, and a block of kind `block`).
+    pub fn shapes(cfg: &ModelConfig, injection: bool, block: BlockKind) -> Self {
         let c = cfg.hidden_size;
         ElmParams {
             projection: injection.then(|| Projection {
@@ -92,7 +140,10 @@ impl ElmParams<Vec<usize>> {
                 w_h: vec![c, c],
                 bias: vec![c],
             }),
-            block: BlockParams::shapes(cfg),
+            block: match block {
+                BlockKind::Decoder => ModuleBlock::Decoder(BlockParams::shapes(cfg)),
+                BlockKind::Ffn => ModuleBlock::Ffn(FfnParams::shapes(cfg)),
+            },
         }
     }
 }
@@ -106,6 +157,16 @@ impl ParamSet for ElmParams<Var> {
         check_param_count(vars.len(), self.vars().len())?;
         let mut it = vars.iter().copied();
         Ok(self.map(|_, &own| it.next().unwrap_or(own)))
+    }
+}
+
+impl ModuleBlock<LayerWeights, FfnWeights> {
+    /// A block of kind `kind` from decoder layer `layer` (its MLP half for an FFN block).
+    pub fn of_layer(layer: &LayerWeights, kind: BlockKind) -> Self {
+        match kind {
+            BlockKind::Decoder => ModuleBlock::Decoder(layer.clone()),
+            BlockKind::Ffn => ModuleBlock::Ffn(FfnWeights::from_layer(layer)),
+        }
     }
 }
 
@@ -123,8 +184,8 @@ pub struct ProjectionWeights {
 /// Parameters of the fixed-point module as f32 arrays (what inference runs on).
 #[derive(Clone, Debug)]
 pub struct ElmModule {
-    /// The weight-tied decoder block `f*`.
-    pub block: LayerWeights,
+    /// The weight-tied block `f*`.
+    pub block: ModuleBlock<LayerWeights, FfnWeights>,
     /// The input injection; `None`: `u = z`, iterated from `z⁰ = h` (no-injection ablation,
     /// looped layer, LLM-Streamline's replacement layer).
     pub projection: Option<ProjectionWeights>,
@@ -134,7 +195,8 @@ impl ElmModule {
     /// Paper initialisation from layer `cfg.start_layer` of `dense`.
     ///
     /// `W_z = wz_scale × U(−1/√(2C), 1/√(2C))` — PyTorch's default `nn.Linear(2C, C)` init —
-    /// seeded by `cfg.init_seed`; `W_h = I`, `b = 0`. Without injection only the block is copied.
+    /// seeded by `cfg.init_seed`; `W_h = I`, `b = 0`. Without injection only the block is copied
+    /// (for an FFN block, the layer's MLP half).
     pub fn init(dense: &ModelWeights, cfg: &ElmConfig) -> Result<Self> {
         cfg.validate(&dense.config)?;
         let c = dense.config.hidden_size;
@@ -147,8 +209,9 @@ impl ElmModule {
             w_h: Array2::eye(c),
             bias: Array1::zeros(c),
         });
+        let layer = &dense.layers[cfg.start_layer];
         Ok(ElmModule {
-            block: dense.layers[cfg.start_layer].clone(),
+            block: ModuleBlock::of_layer(layer, cfg.block),
             projection,
         })
     }
@@ -166,7 +229,11 @@ impl ElmModule {
             .projection
             .as_ref()
             .map_or(0, |p| p.w_z.len() + p.w_h.len() + p.bias.len());
-        self.block.num_params() + p
+        let block = match &self.block {
+            ModuleBlock::Decoder(b) => b.num_params(),
+            ModuleBlock::Ffn(b) => b.num_params(),
+        };
+        block + p
     }
 
     /// Views of every parameter, with the names and order of [`ElmParams`].
@@ -177,7 +244,10 @@ impl ElmModule {
                 w_h: p.w_h.view().into_dyn(),
                 bias: p.bias.view().into_dyn(),
             }),
-            block: self.block.block_views(cfg),
+            block: match &self.block {
+                ModuleBlock::Decoder(b) => ModuleBlock::Decoder(b.block_views(cfg)),
+                ModuleBlock::Ffn(b) => ModuleBlock::Ffn(b.views(cfg)),
+            },
         }
     }
 
@@ -203,10 +273,11 @@ impl ElmModule {
             }),
             None => None,
         };
-        Ok(ElmModule {
-            block: LayerWeights::from_block(&p.block)?,
-            projection,
-        })
+        let block = match &p.block {
+            ModuleBlock::Decoder(b) => ModuleBlock::Decoder(LayerWeights::from_block(b)?),
+            ModuleBlock::Ffn(b) => ModuleBlock::Ffn(FfnWeights::from_params(b)?),
+        };
+        Ok(ElmModule { block, projection })
     }
 
     /// Named tensors (checkpoint keys of [`ElmParams`]).
@@ -218,15 +289,15 @@ impl ElmModule {
             .collect()
     }
 
-    /// Inverse of [`Self::to_tensors`]; strict names and shapes checked against `cfg` (with `P`
-    /// and `b` when `injection`).
+    /// Inverse of [`Self::to_tensors`]; strict names and shapes checked against `cfg` and the
+    /// module layout of `elm` (`P` and `b` with injection, the block's kind).
     pub fn from_tensors(
         mut m: TensorMap,
         cfg: &ModelConfig,
-        injection: bool,
+        elm: &ElmConfig,
         file: &Path,
     ) -> Result<Self> {
-        let p = ElmParams::shapes(cfg, injection)
+        let p = ElmParams::shapes(cfg, elm.injection, elm.block)
             .try_map(|name, shape| take_tensor(&mut m, name, shape, file))?;
         expect_empty(&m, file)?;
         Self::from_params(&p)
@@ -337,11 +408,7 @@ pub fn read_module_meta(dir: &Path) -> Result<ModuleMeta> {
 
 fn load_module_tensors(dir: &Path, meta: ModuleMeta) -> Result<(ElmModule, ModuleMeta)> {
     let file = dir.join(MODULE_FILE);
-    let module = ElmModule::from_tensors(
-        load_tensors(&file)?,
-        &meta.model_config,
-        meta.elm.injection,
-        &file,
-    )?;
+    let module =
+        ElmModule::from_tensors(load_tensors(&file)?, &meta.model_config, &meta.elm, &file)?;
     Ok((module, meta))
 }

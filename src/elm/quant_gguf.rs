@@ -8,7 +8,8 @@
 //!   `elm.tokenizer.config`, read back by [`Tokenizer::from_gguf`]).
 //! - tensors: `token_embd.weight`, `output_norm.weight`, `output.weight` (untied heads), and
 //!   the kept dense layers under their ORIGINAL indices `blk.{i}.*`; for an ELM the module's
-//!   block under `elm.blk.*` and its input projection as `elm.proj_z.weight`,
+//!   block under `elm.blk.*` (only its `ffn_*` tensors for a feed-forward-only block) and its
+//!   input projection as `elm.proj_z.weight`,
 //!   `elm.proj_h.weight`, `elm.proj.bias`.
 //! - Q8_0/Q4_0/Q4_1 matrices are written byte-for-byte as held in memory (rows reordered into
 //!   llama.cpp's interleaved-RoPE order for Llama Q/K, whole rows, so exact); anything kept f32
@@ -24,8 +25,9 @@ use ndarray::{Array1, Axis};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::config::ElmConfig;
+use super::config::{BlockKind, ElmConfig};
 use super::infer::{ElmModel, QuantElm, QuantModule, QuantProjection};
+use super::module::ModuleBlock;
 use crate::error::{ElmError, Result};
 use crate::io::gguf::{kv, write_gguf, GgmlType, GgufFile, GgufTensorData, GgufValue};
 use crate::io::gguf_model::{
@@ -137,10 +139,22 @@ fn layer_tensors(
     if let Some(b) = &l.bv {
         out.push(vec_tensor(&n("attn_v.bias"), b, None));
     }
-    out.push(vec_tensor(&n("ffn_norm.weight"), &l.mlp_norm, None));
-    out.push(linear_tensor(&n("ffn_gate.weight"), &l.w_gate, None)?);
-    out.push(linear_tensor(&n("ffn_up.weight"), &l.w_up, None)?);
-    out.push(linear_tensor(&n("ffn_down.weight"), &l.w_down, None)?);
+    ffn_tensors(prefix, &l.mlp_norm, [&l.w_gate, &l.w_up, &l.w_down], out)
+}
+
+/// The MLP half's tensors under `prefix`: `[gate, up, down]` and the norm before them (all a
+/// feed-forward-only block has).
+fn ffn_tensors(
+    prefix: &str,
+    norm: &Array1<f32>,
+    [gate, up, down]: [&Linear; 3],
+    out: &mut Vec<GgufTensorData>,
+) -> Result<()> {
+    let n = |s: &str| format!("{prefix}{s}");
+    out.push(vec_tensor(&n("ffn_norm.weight"), norm, None));
+    out.push(linear_tensor(&n("ffn_gate.weight"), gate, None)?);
+    out.push(linear_tensor(&n("ffn_up.weight"), up, None)?);
+    out.push(linear_tensor(&n("ffn_down.weight"), down, None)?);
     Ok(())
 }
 
@@ -198,7 +212,15 @@ pub fn save_quant_gguf(path: &Path, model: &ElmModel, tokenizer: &Tokenizer) -> 
         layer_tensors(&format!("blk.{i}."), layer, cfg, &mut tensors)?;
     }
     if let Some(m) = &q.module {
-        layer_tensors(MODULE_PREFIX, &m.block, cfg, &mut tensors)?;
+        match &m.block {
+            ModuleBlock::Decoder(b) => layer_tensors(MODULE_PREFIX, b, cfg, &mut tensors)?,
+            ModuleBlock::Ffn(f) => ffn_tensors(
+                MODULE_PREFIX,
+                &f.mlp_norm,
+                [&f.w_gate, &f.w_up, &f.w_down],
+                &mut tensors,
+            )?,
+        }
         if let Some(p) = &m.projection {
             tensors.push(linear_tensor(PROJ_Z, &p.w_z, None)?);
             tensors.push(linear_tensor(PROJ_H, &p.w_h, None)?);
@@ -279,7 +301,16 @@ pub fn load_quant_gguf_with(path: &Path, storage: WeightStorage) -> Result<(ElmM
     let module = match &elm {
         None => None,
         Some(e) => Some(QuantModule {
-            block: read_layer(&mut t, MODULE_PREFIX, &cfg, storage)?,
+            block: match e.block {
+                BlockKind::Decoder => {
+                    ModuleBlock::Decoder(read_layer(&mut t, MODULE_PREFIX, &cfg, storage)?)
+                }
+                BlockKind::Ffn => ModuleBlock::Ffn(t.qffn(
+                    &cfg,
+                    |s: &str| format!("{MODULE_PREFIX}{s}"),
+                    storage,
+                )?),
+            },
             projection: if e.injection {
                 Some(QuantProjection {
                     w_z: t.linear(PROJ_Z, c, c, storage, None)?,
@@ -320,7 +351,10 @@ pub fn storage_summary(model: &ElmModel) -> Vec<(String, usize)> {
             all.extend(layer_linears(l));
         }
         if let Some(m) = &q.module {
-            all.extend(layer_linears(&m.block));
+            match &m.block {
+                ModuleBlock::Decoder(b) => all.extend(layer_linears(b)),
+                ModuleBlock::Ffn(f) => all.extend([&f.w_gate, &f.w_up, &f.w_down]),
+            }
             if let Some(p) = &m.projection {
                 all.extend([&p.w_z, &p.w_h]);
             }

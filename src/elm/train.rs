@@ -38,9 +38,9 @@ use super::map::ElmLayer;
 use super::module::{save_module, ElmModule, ElmParams, ModuleMeta, MODULE_FORMAT};
 
 /// The module's parameters registered on `tape`, typed (store order = [`ElmParams`] order).
-fn params_on_tape(cfg: &ModelConfig, injection: bool, vars: &ParamVars) -> Result<ElmParams<Var>> {
+fn params_on_tape(cfg: &ModelConfig, elm: &ElmConfig, vars: &ParamVars) -> Result<ElmParams<Var>> {
     let mut i = 0;
-    ElmParams::shapes(cfg, injection).try_map(|name, _| {
+    ElmParams::shapes(cfg, elm.injection, elm.block).try_map(|name, _| {
         let v = vars
             .vars()
             .get(i)
@@ -310,7 +310,7 @@ impl<'a> Trainer<'a> {
             .collect();
         Ok(Trainer {
             dense,
-            layer: ElmLayer::new(mc, elm.injection),
+            layer: ElmLayer::new(mc, elm.injection, elm.block),
             back,
             final_norm: Arc::new(dense.final_norm.clone().into_dyn()),
             lm_head: Arc::new(dense.lm_head().clone().into_dyn()),
@@ -383,7 +383,7 @@ impl<'a> Trainer<'a> {
         ElmModule::from_tensors(
             map,
             &self.dense.config,
-            self.elm.injection,
+            &self.elm,
             Path::new("<param store>"),
         )
     }
@@ -412,7 +412,7 @@ impl<'a> Trainer<'a> {
 
         let mut tape = Tape::<f32>::new();
         let vars = self.store.register(&mut tape);
-        let params = params_on_tape(&self.dense.config, self.elm.injection, &vars)?;
+        let params = params_on_tape(&self.dense.config, &self.elm, &vars)?;
         // With injection the iteration starts at 0 (h enters through P); without, at h itself.
         let z0 = if self.elm.injection {
             ArrayD::<f32>::zeros(IxDyn(&[bs, t, c]))
@@ -627,11 +627,12 @@ impl<'a> Trainer<'a> {
             .map_err(|e| e.in_file(&sp))?;
         let sd = dir.join(&state.step_dir);
         let store = ParamStore::load(sd.join("params.safetensors"))?;
-        let expected: Vec<String> = ElmParams::shapes(&dense.config, state.elm.injection)
-            .named()
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect();
+        let expected: Vec<String> =
+            ElmParams::shapes(&dense.config, state.elm.injection, state.elm.block)
+                .named()
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect();
         if store.names() != expected.as_slice() {
             return Err(ElmError::format(
                 sd.join("params.safetensors"),

@@ -12,7 +12,7 @@ use ndarray::{Array1, Array2, Axis};
 
 use super::gguf::{GgmlType, GgufFile};
 use crate::error::{ElmError, Result};
-use crate::model::quant::{Linear, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage};
+use crate::model::quant::{Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage};
 use crate::model::{Arch, LayerWeights, ModelConfig, ModelWeights};
 
 /// GGUF metadata key of a saved quantized ELM's [`crate::elm::ElmConfig`] (JSON); a file
@@ -316,10 +316,11 @@ impl<'a> Taker<'a> {
         name: impl Fn(&str) -> String,
         storage: WeightStorage,
     ) -> Result<QLayer> {
-        let (c, i_dim) = (cfg.hidden_size, cfg.intermediate_size);
+        let c = cfg.hidden_size;
         let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let rope = |heads: usize| (cfg.arch == Arch::Llama).then_some(heads);
         let (bq, bk, bv) = self.attention_biases(cfg, &name)?;
+        let ffn = self.qffn(cfg, &name, storage)?;
         Ok(QLayer {
             attn_norm: self.vector(&name("attn_norm.weight"), c)?,
             wq: self.linear(&name("attn_q.weight"), h * d, c, storage, rope(h))?,
@@ -329,6 +330,22 @@ impl<'a> Taker<'a> {
             bq,
             bk,
             bv,
+            mlp_norm: ffn.mlp_norm,
+            w_gate: ffn.w_gate,
+            w_up: ffn.w_up,
+            w_down: ffn.w_down,
+        })
+    }
+
+    /// A feed-forward-only block for the inference path: the `ffn_*` tensors of a block.
+    pub(crate) fn qffn(
+        &mut self,
+        cfg: &ModelConfig,
+        name: impl Fn(&str) -> String,
+        storage: WeightStorage,
+    ) -> Result<QFfn> {
+        let (c, i_dim) = (cfg.hidden_size, cfg.intermediate_size);
+        Ok(QFfn {
             mlp_norm: self.vector(&name("ffn_norm.weight"), c)?,
             w_gate: self.linear(&name("ffn_gate.weight"), i_dim, c, storage, None)?,
             w_up: self.linear(&name("ffn_up.weight"), i_dim, c, storage, None)?,

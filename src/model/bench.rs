@@ -128,10 +128,7 @@ pub fn prefill_flops<W: DecoderWeights + ?Sized>(w: &W, t: usize) -> f64 {
         .iter()
         .map(|l| {
             let b = l.block_ref();
-            [b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down]
-                .into_iter()
-                .map(elems)
-                .sum::<usize>()
+            b.linears().into_iter().map(elems).sum::<usize>()
         })
         .sum();
     let hd = (cfg.num_heads * cfg.head_dim) as f64;

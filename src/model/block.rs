@@ -128,90 +128,96 @@ fn forward_rows<W: BlockWeights + ?Sized>(
         .ok_or_else(|| ElmError::shape("block_forward", "x must be in standard layout"))?;
     let mut x2 = ArrayViewMut2::from_shape((n, c), xs).map_err(layout)?;
 
-    // --- attention: q/k/v projections of the normalized stream, RoPE, cache write.
     let mut xn = ArrayViewMut2::from_shape((n, c), take(xn, n * c)).map_err(layout)?;
-    rms_norm_into(x2.view(), w.attn_norm, cfg.rms_norm_eps, xn.view_mut());
-    let mut q = ArrayViewMut2::from_shape((n, h * d), take(q, n * h * d)).map_err(layout)?;
-    let mut k = ArrayViewMut2::from_shape((n, kv * d), take(k, n * kv * d)).map_err(layout)?;
-    let mut v = ArrayViewMut2::from_shape((n, kv * d), take(v, n * kv * d)).map_err(layout)?;
-    // Batch-1 decode: the three projections share one fork-join (and one quantized x).
-    linears_into(
-        xn.view(),
-        &mut [
-            (w.wq, w.bq, q.view_mut()),
-            (w.wk, w.bk, k.view_mut()),
-            (w.wv, w.bv, v.view_mut()),
-        ],
-        qx,
-    );
-    for bi in 0..b {
-        let cb = seq(bi);
-        let p0 = cache.lens()[cb];
-        for ti in 0..new_lens[bi] {
-            let row = bi * t + ti;
-            rope.apply(
-                q.row_mut(row).as_slice_mut().ok_or_else(not_contiguous)?,
-                p0 + ti,
-            );
-            rope.apply(
-                k.row_mut(row).as_slice_mut().ok_or_else(not_contiguous)?,
-                p0 + ti,
-            );
-            for kh in 0..kv {
-                let cols = kh * d..(kh + 1) * d;
-                cache
-                    .k
-                    .slice_mut(s![cb, kh, p0 + ti, ..])
-                    .assign(&k.slice(s![row, cols.clone()]));
-                cache
-                    .v
-                    .slice_mut(s![cb, kh, p0 + ti, ..])
-                    .assign(&v.slice(s![row, cols]));
+    let mut tmp = ArrayViewMut2::from_shape((n, c), take(tmp, n * c)).map_err(layout)?;
+    // A feed-forward-only block has no attention: its cache only counts the tokens it saw.
+    if let Some(a) = w.attn {
+        // --- attention: q/k/v projections of the normalized stream, RoPE, cache write.
+        rms_norm_into(x2.view(), a.attn_norm, cfg.rms_norm_eps, xn.view_mut());
+        let mut q = ArrayViewMut2::from_shape((n, h * d), take(q, n * h * d)).map_err(layout)?;
+        let mut k = ArrayViewMut2::from_shape((n, kv * d), take(k, n * kv * d)).map_err(layout)?;
+        let mut v = ArrayViewMut2::from_shape((n, kv * d), take(v, n * kv * d)).map_err(layout)?;
+        // Batch-1 decode: the three projections share one fork-join (and one quantized x).
+        linears_into(
+            xn.view(),
+            &mut [
+                (a.wq, a.bq, q.view_mut()),
+                (a.wk, a.bk, k.view_mut()),
+                (a.wv, a.bv, v.view_mut()),
+            ],
+            qx,
+        );
+        for bi in 0..b {
+            let cb = seq(bi);
+            let p0 = cache.lens()[cb];
+            for ti in 0..new_lens[bi] {
+                let row = bi * t + ti;
+                rope.apply(
+                    q.row_mut(row).as_slice_mut().ok_or_else(not_contiguous)?,
+                    p0 + ti,
+                );
+                rope.apply(
+                    k.row_mut(row).as_slice_mut().ok_or_else(not_contiguous)?,
+                    p0 + ti,
+                );
+                for kh in 0..kv {
+                    let cols = kh * d..(kh + 1) * d;
+                    cache
+                        .k
+                        .slice_mut(s![cb, kh, p0 + ti, ..])
+                        .assign(&k.slice(s![row, cols.clone()]));
+                    cache
+                        .v
+                        .slice_mut(s![cb, kh, p0 + ti, ..])
+                        .assign(&v.slice(s![row, cols]));
+                }
             }
         }
-    }
 
-    // --- scaled dot-product attention per (sequence, head): two small GEMMs each.
-    let scale = 1.0 / (d as f32).sqrt();
-    let group = cfg.group_size();
-    let qv = ArrayView3::from_shape((b, t, h * d), q.as_slice().ok_or_else(not_contiguous)?)
-        .map_err(layout)?;
-    let mut attn =
-        ArrayViewMut3::from_shape((b, t, h * d), take(attn, n * h * d)).map_err(layout)?;
-    attn.fill(0.0);
-    for bi in 0..b {
-        let nl = new_lens[bi];
-        if nl == 0 {
-            continue;
-        }
-        let cb = seq(bi);
-        let p0 = cache.lens()[cb];
-        let total = p0 + nl;
-        for hi in 0..h {
-            let kh = hi / group;
-            let cols = hi * d..(hi + 1) * d;
-            let q_h = qv.slice(s![bi, ..nl, cols.clone()]);
-            let k_h = cache.k.slice(s![cb, kh, ..total, ..]);
-            let v_h = cache.v.slice(s![cb, kh, ..total, ..]);
-            let mut out_h = attn.slice_mut(s![bi, ..nl, cols]);
-            if nl <= FEW_QUERIES {
-                attend_few(q_h, k_h, v_h, p0, scale, scores, out_h)?;
+        // --- scaled dot-product attention per (sequence, head): two small GEMMs each.
+        let scale = 1.0 / (d as f32).sqrt();
+        let group = cfg.group_size();
+        let qv = ArrayView3::from_shape((b, t, h * d), q.as_slice().ok_or_else(not_contiguous)?)
+            .map_err(layout)?;
+        let mut attn =
+            ArrayViewMut3::from_shape((b, t, h * d), take(attn, n * h * d)).map_err(layout)?;
+        attn.fill(0.0);
+        for bi in 0..b {
+            let nl = new_lens[bi];
+            if nl == 0 {
                 continue;
             }
-            let mut sc =
-                ArrayViewMut2::from_shape((nl, total), take(scores, nl * total)).map_err(layout)?;
-            general_mat_mul(scale, &q_h, &k_h.t(), 0.0, &mut sc);
-            for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
-                masked_softmax_inplace(row.as_slice_mut().ok_or_else(not_contiguous)?, p0 + ti + 1);
+            let cb = seq(bi);
+            let p0 = cache.lens()[cb];
+            let total = p0 + nl;
+            for hi in 0..h {
+                let kh = hi / group;
+                let cols = hi * d..(hi + 1) * d;
+                let q_h = qv.slice(s![bi, ..nl, cols.clone()]);
+                let k_h = cache.k.slice(s![cb, kh, ..total, ..]);
+                let v_h = cache.v.slice(s![cb, kh, ..total, ..]);
+                let mut out_h = attn.slice_mut(s![bi, ..nl, cols]);
+                if nl <= FEW_QUERIES {
+                    attend_few(q_h, k_h, v_h, p0, scale, scores, out_h)?;
+                    continue;
+                }
+                let mut sc = ArrayViewMut2::from_shape((nl, total), take(scores, nl * total))
+                    .map_err(layout)?;
+                general_mat_mul(scale, &q_h, &k_h.t(), 0.0, &mut sc);
+                for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
+                    masked_softmax_inplace(
+                        row.as_slice_mut().ok_or_else(not_contiguous)?,
+                        p0 + ti + 1,
+                    );
+                }
+                general_mat_mul(1.0, &sc.view(), &v_h, 0.0, &mut out_h);
             }
-            general_mat_mul(1.0, &sc.view(), &v_h, 0.0, &mut out_h);
         }
+        let attn2 = ArrayView2::from_shape((n, h * d), attn.as_slice().ok_or_else(not_contiguous)?)
+            .map_err(layout)?;
+        linear_any_into(attn2, a.wo, None, tmp.view_mut(), qx);
+        x2 += &tmp;
     }
-    let attn2 = ArrayView2::from_shape((n, h * d), attn.as_slice().ok_or_else(not_contiguous)?)
-        .map_err(layout)?;
-    let mut tmp = ArrayViewMut2::from_shape((n, c), take(tmp, n * c)).map_err(layout)?;
-    linear_any_into(attn2, w.wo, None, tmp.view_mut(), qx);
-    x2 += &tmp;
 
     // --- SwiGLU MLP.
     let i = cfg.intermediate_size;

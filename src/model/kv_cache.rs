@@ -40,6 +40,17 @@ impl LayerKv {
         })
     }
 
+    /// A cache for a block without attention (a feed-forward-only block): it counts each
+    /// sequence's tokens and checks the capacity like [`Self::new`] but holds no K/V (its
+    /// arrays have zero heads, so [`Self::bytes`] is 0).
+    pub fn without_kv(config: &ModelConfig, batch: usize, max_seq: usize) -> Result<Self> {
+        let no_heads = ModelConfig {
+            num_kv_heads: 0,
+            ..config.clone()
+        };
+        Self::new(&no_heads, batch, max_seq)
+    }
+
     /// Number of sequences.
     pub fn batch(&self) -> usize {
         self.lens.len()

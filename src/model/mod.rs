@@ -35,6 +35,8 @@ pub use block::{block_forward_cached, block_forward_inplace, block_forward_rows}
 pub use config::{Arch, ModelConfig};
 pub use kv_cache::{KvCache, LayerKv, Scratch};
 pub use load::{default_model_path, load_inference, load_pretrained, load_weights, models_dir};
-pub use quant::{BlockWeights, Linear, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage};
+pub use quant::{
+    BlockWeights, Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage,
+};
 pub use transformer::{check_context, embed_tokens, DecoderWeights, Transformer};
-pub use weights::{LayerWeights, ModelWeights};
+pub use weights::{FfnWeights, LayerWeights, ModelWeights};

@@ -21,7 +21,7 @@ use half::f16;
 use ndarray::{Array1, Array2, ArrayView2};
 
 use super::config::ModelConfig;
-use super::weights::{LayerWeights, ModelWeights};
+use super::weights::{FfnWeights, LayerWeights, ModelWeights};
 use crate::error::{ElmError, Result};
 
 /// Elements per quantization block (all supported formats).
@@ -713,10 +713,22 @@ impl LinearRef<'_> {
     }
 }
 
-/// Borrowed weights of one decoder block, whatever their storage: what
-/// [`super::block`] runs on.
+/// Borrowed weights of one block, whatever their storage: what [`super::block`] runs on.
+/// A decoder block has both sublayers; a feed-forward-only block ([`FfnWeights`], [`QFfn`])
+/// has no attention.
 #[derive(Clone, Copy, Debug)]
 pub struct BlockRef<'a> {
+    /// The attention sublayer (`None`: the block is `x + MLP(RMSNorm(x))`).
+    pub attn: Option<AttnRef<'a>>,
+    pub mlp_norm: &'a Array1<f32>,
+    pub w_gate: LinearRef<'a>,
+    pub w_up: LinearRef<'a>,
+    pub w_down: LinearRef<'a>,
+}
+
+/// Borrowed weights of a block's attention sublayer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnRef<'a> {
     pub attn_norm: &'a Array1<f32>,
     pub wq: LinearRef<'a>,
     pub wk: LinearRef<'a>,
@@ -725,37 +737,33 @@ pub struct BlockRef<'a> {
     pub bq: Option<&'a Array1<f32>>,
     pub bk: Option<&'a Array1<f32>>,
     pub bv: Option<&'a Array1<f32>>,
-    pub mlp_norm: &'a Array1<f32>,
-    pub w_gate: LinearRef<'a>,
-    pub w_up: LinearRef<'a>,
-    pub w_down: LinearRef<'a>,
 }
 
 impl BlockRef<'_> {
+    /// The block's matrices: attention's (when it has it), then the MLP's.
+    pub fn linears(&self) -> Vec<LinearRef<'_>> {
+        let mut v = Vec::with_capacity(7);
+        if let Some(a) = &self.attn {
+            v.extend([a.wq, a.wk, a.wv, a.wo]);
+        }
+        v.extend([self.w_gate, self.w_up, self.w_down]);
+        v
+    }
+
     /// Bytes of every tensor of the block.
     pub fn bytes(&self) -> usize {
         let vec = |v: Option<&Array1<f32>>| v.map_or(0, |v| v.len() * 4);
-        [
-            self.wq,
-            self.wk,
-            self.wv,
-            self.wo,
-            self.w_gate,
-            self.w_up,
-            self.w_down,
-        ]
-        .iter()
-        .map(|l| l.bytes())
-        .sum::<usize>()
-            + vec(Some(self.attn_norm))
+        let attn_vectors = self.attn.as_ref().map_or(0, |a| {
+            vec(Some(a.attn_norm)) + vec(a.bq) + vec(a.bk) + vec(a.bv)
+        });
+        self.linears().iter().map(|l| l.bytes()).sum::<usize>()
             + vec(Some(self.mlp_norm))
-            + vec(self.bq)
-            + vec(self.bk)
-            + vec(self.bv)
+            + attn_vectors
     }
 }
 
-/// Weights of a decoder block in any storage (f32 [`LayerWeights`] or [`QLayer`]).
+/// Weights of a block in any storage (f32 [`LayerWeights`] or [`QLayer`], and their
+/// feed-forward-only twins [`FfnWeights`] and [`QFfn`]).
 pub trait BlockWeights: Sync {
     fn block_ref(&self) -> BlockRef<'_>;
 }
@@ -763,18 +771,81 @@ pub trait BlockWeights: Sync {
 impl BlockWeights for LayerWeights {
     fn block_ref(&self) -> BlockRef<'_> {
         BlockRef {
-            attn_norm: &self.attn_norm,
-            wq: LinearRef::F32(&self.wq),
-            wk: LinearRef::F32(&self.wk),
-            wv: LinearRef::F32(&self.wv),
-            wo: LinearRef::F32(&self.wo),
-            bq: self.bq.as_ref(),
-            bk: self.bk.as_ref(),
-            bv: self.bv.as_ref(),
+            attn: Some(AttnRef {
+                attn_norm: &self.attn_norm,
+                wq: LinearRef::F32(&self.wq),
+                wk: LinearRef::F32(&self.wk),
+                wv: LinearRef::F32(&self.wv),
+                wo: LinearRef::F32(&self.wo),
+                bq: self.bq.as_ref(),
+                bk: self.bk.as_ref(),
+                bv: self.bv.as_ref(),
+            }),
             mlp_norm: &self.mlp_norm,
             w_gate: LinearRef::F32(&self.w_gate),
             w_up: LinearRef::F32(&self.w_up),
             w_down: LinearRef::F32(&self.w_down),
+        }
+    }
+}
+
+impl BlockWeights for FfnWeights {
+    fn block_ref(&self) -> BlockRef<'_> {
+        BlockRef {
+            attn: None,
+            mlp_norm: &self.mlp_norm,
+            w_gate: LinearRef::F32(&self.w_gate),
+            w_up: LinearRef::F32(&self.w_up),
+            w_down: LinearRef::F32(&self.w_down),
+        }
+    }
+}
+
+/// A feed-forward-only block ([`FfnWeights`]) with its matrices in any storage.
+#[derive(Clone, Debug)]
+pub struct QFfn {
+    pub mlp_norm: Array1<f32>,
+    pub w_gate: Linear,
+    pub w_up: Linear,
+    pub w_down: Linear,
+}
+
+impl QFfn {
+    /// Every matrix of `f` quantized to `format` (`None`: kept f32).
+    pub fn from_f32(f: &FfnWeights, format: Option<QFormat>) -> Self {
+        let q = |w: &Array2<f32>| Linear::from_f32(w, format);
+        QFfn {
+            mlp_norm: f.mlp_norm.clone(),
+            w_gate: q(&f.w_gate),
+            w_up: q(&f.w_up),
+            w_down: q(&f.w_down),
+        }
+    }
+
+    /// The block's f32 weights (dequantized).
+    pub fn to_f32(&self) -> FfnWeights {
+        FfnWeights {
+            mlp_norm: self.mlp_norm.clone(),
+            w_gate: self.w_gate.to_f32(),
+            w_up: self.w_up.to_f32(),
+            w_down: self.w_down.to_f32(),
+        }
+    }
+
+    /// Bytes of weights held.
+    pub fn bytes(&self) -> usize {
+        self.block_ref().bytes()
+    }
+}
+
+impl BlockWeights for QFfn {
+    fn block_ref(&self) -> BlockRef<'_> {
+        BlockRef {
+            attn: None,
+            mlp_norm: &self.mlp_norm,
+            w_gate: self.w_gate.as_ref(),
+            w_up: self.w_up.as_ref(),
+            w_down: self.w_down.as_ref(),
         }
     }
 }
@@ -845,14 +916,16 @@ impl QLayer {
 impl BlockWeights for QLayer {
     fn block_ref(&self) -> BlockRef<'_> {
         BlockRef {
-            attn_norm: &self.attn_norm,
-            wq: self.wq.as_ref(),
-            wk: self.wk.as_ref(),
-            wv: self.wv.as_ref(),
-            wo: self.wo.as_ref(),
-            bq: self.bq.as_ref(),
-            bk: self.bk.as_ref(),
-            bv: self.bv.as_ref(),
+            attn: Some(AttnRef {
+                attn_norm: &self.attn_norm,
+                wq: self.wq.as_ref(),
+                wk: self.wk.as_ref(),
+                wv: self.wv.as_ref(),
+                wo: self.wo.as_ref(),
+                bq: self.bq.as_ref(),
+                bk: self.bk.as_ref(),
+                bv: self.bv.as_ref(),
+            }),
             mlp_norm: &self.mlp_norm,
             w_gate: self.w_gate.as_ref(),
             w_up: self.w_up.as_ref(),

@@ -15,7 +15,7 @@ use ndarray::{ArrayD, ArrayViewD, Dimension};
 
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
-use crate::model::{LayerWeights, ModelConfig, ModelWeights};
+use crate::model::{FfnWeights, LayerWeights, ModelConfig, ModelWeights};
 use crate::nn::{self, RopeLayout};
 
 /// Per-block hyper-parameters (copied from [`ModelConfig`]).
@@ -137,6 +137,92 @@ impl BlockParams<Vec<usize>> {
     }
 }
 
+/// A feed-forward-only block's parameters over any handle type ([`FfnWeights`]' tape and
+/// checkpoint forms): a decoder block's MLP half, with the same names.
+#[derive(Clone, Debug)]
+pub struct FfnParams<H> {
+    pub spec: BlockSpec,
+    pub mlp_norm: H,
+    pub w_gate: H,
+    pub w_up: H,
+    pub w_down: H,
+}
+
+impl<H> FfnParams<H> {
+    /// `f(name, handle)` for every parameter in the fixed order (names as in [`FfnWeights`]).
+    pub fn try_map<'a, G, E>(
+        &'a self,
+        mut f: impl FnMut(&'static str, &'a H) -> std::result::Result<G, E>,
+    ) -> std::result::Result<FfnParams<G>, E> {
+        Ok(FfnParams {
+            spec: self.spec,
+            mlp_norm: f("mlp_norm", &self.mlp_norm)?,
+            w_gate: f("w_gate", &self.w_gate)?,
+            w_up: f("w_up", &self.w_up)?,
+            w_down: f("w_down", &self.w_down)?,
+        })
+    }
+}
+
+impl FfnParams<Vec<usize>> {
+    /// The shape of every parameter of a feed-forward-only block of `cfg`.
+    pub fn shapes(cfg: &ModelConfig) -> Self {
+        let b = BlockParams::shapes(cfg);
+        FfnParams {
+            spec: b.spec,
+            mlp_norm: b.mlp_norm,
+            w_gate: b.w_gate,
+            w_up: b.w_up,
+            w_down: b.w_down,
+        }
+    }
+}
+
+impl<H: Clone> BlockParams<H> {
+    /// The block's MLP half as a feed-forward-only block.
+    pub fn ffn(&self) -> FfnParams<H> {
+        FfnParams {
+            spec: self.spec,
+            mlp_norm: self.mlp_norm.clone(),
+            w_gate: self.w_gate.clone(),
+            w_up: self.w_up.clone(),
+            w_down: self.w_down.clone(),
+        }
+    }
+}
+
+impl FfnWeights {
+    /// Views of every weight, with the names and order of [`FfnParams`].
+    pub fn views(&self, cfg: &ModelConfig) -> FfnParams<ArrayViewD<'_, f32>> {
+        FfnParams {
+            spec: BlockSpec::from_config(cfg),
+            mlp_norm: self.mlp_norm.view().into_dyn(),
+            w_gate: self.w_gate.view().into_dyn(),
+            w_up: self.w_up.view().into_dyn(),
+            w_down: self.w_down.view().into_dyn(),
+        }
+    }
+
+    /// The inverse of [`Self::views`] from any handle holding an f32 array; errors name the
+    /// tensor whose rank is wrong.
+    pub fn from_params<H: AsArray>(p: &FfnParams<H>) -> Result<Self> {
+        Ok(FfnWeights {
+            mlp_norm: to_rank("mlp_norm", &p.mlp_norm)?,
+            w_gate: to_rank("w_gate", &p.w_gate)?,
+            w_up: to_rank("w_up", &p.w_up)?,
+            w_down: to_rank("w_down", &p.w_down)?,
+        })
+    }
+}
+
+/// An owned copy of `h`'s array as rank `D`, naming the tensor `name` when the rank differs.
+fn to_rank<H: AsArray, D: Dimension>(name: &str, h: &H) -> Result<ndarray::Array<f32, D>> {
+    h.as_array()
+        .to_owned()
+        .into_dimensionality()
+        .map_err(|e| ElmError::tensor(name, e.to_string()))
+}
+
 impl LayerWeights {
     /// Views of every weight, with the names and order of [`BlockParams`].
     pub fn block_views(&self, cfg: &ModelConfig) -> BlockParams<ArrayViewD<'_, f32>> {
@@ -160,32 +246,20 @@ impl LayerWeights {
     /// The inverse of [`Self::block_views`]: any handle that gives an f32 array (owned tensors
     /// of a checkpoint, shared tape values). Errors name the tensor whose rank is wrong.
     pub fn from_block<H: AsArray>(p: &BlockParams<H>) -> Result<Self> {
-        fn one<H: AsArray>(name: &str, h: &H) -> Result<ndarray::Array1<f32>> {
-            h.as_array()
-                .to_owned()
-                .into_dimensionality()
-                .map_err(|e| ElmError::tensor(name, e.to_string()))
-        }
-        fn two<H: AsArray>(name: &str, h: &H) -> Result<ndarray::Array2<f32>> {
-            h.as_array()
-                .to_owned()
-                .into_dimensionality()
-                .map_err(|e| ElmError::tensor(name, e.to_string()))
-        }
-        let bias = |name: &str, h: &Option<H>| h.as_ref().map(|h| one(name, h)).transpose();
+        let bias = |name: &str, h: &Option<H>| h.as_ref().map(|h| to_rank(name, h)).transpose();
         Ok(LayerWeights {
-            attn_norm: one("attn_norm", &p.attn_norm)?,
-            wq: two("wq", &p.wq)?,
-            wk: two("wk", &p.wk)?,
-            wv: two("wv", &p.wv)?,
-            wo: two("wo", &p.wo)?,
+            attn_norm: to_rank("attn_norm", &p.attn_norm)?,
+            wq: to_rank("wq", &p.wq)?,
+            wk: to_rank("wk", &p.wk)?,
+            wv: to_rank("wv", &p.wv)?,
+            wo: to_rank("wo", &p.wo)?,
             bq: bias("bq", &p.bq)?,
             bk: bias("bk", &p.bk)?,
             bv: bias("bv", &p.bv)?,
-            mlp_norm: one("mlp_norm", &p.mlp_norm)?,
-            w_gate: two("w_gate", &p.w_gate)?,
-            w_up: two("w_up", &p.w_up)?,
-            w_down: two("w_down", &p.w_down)?,
+            mlp_norm: to_rank("mlp_norm", &p.mlp_norm)?,
+            w_gate: to_rank("w_gate", &p.w_gate)?,
+            w_up: to_rank("w_up", &p.w_up)?,
+            w_down: to_rank("w_down", &p.w_down)?,
         })
     }
 }
@@ -320,11 +394,23 @@ pub fn attention_branch<T: AdFloat>(
 /// The SwiGLU MLP branch `W_down·(silu(W_gate·n) ⊙ W_up·n)`, `n = RMSNorm(x)`, that a block adds
 /// to `x` `[B, T, C]` after attention → `[B, T, C]`.
 pub fn mlp_branch<T: AdFloat>(tape: &mut Tape<T>, b: &BlockVars, x: Var) -> Result<Var> {
-    let h = nn::rms_norm(tape, x, b.mlp_norm, T::of(b.spec.rms_norm_eps))?;
-    let g = tape.matmul_t(h, b.w_gate, None)?;
-    let u = tape.matmul_t(h, b.w_up, None)?;
+    ffn_branch(tape, &b.ffn(), x)
+}
+
+/// [`mlp_branch`] of a feed-forward-only block's parameters.
+pub fn ffn_branch<T: AdFloat>(tape: &mut Tape<T>, f: &FfnParams<Var>, x: Var) -> Result<Var> {
+    let h = nn::rms_norm(tape, x, f.mlp_norm, T::of(f.spec.rms_norm_eps))?;
+    let g = tape.matmul_t(h, f.w_gate, None)?;
+    let u = tape.matmul_t(h, f.w_up, None)?;
     let s = nn::swiglu(tape, g, u)?;
-    tape.matmul_t(s, b.w_down, None)
+    tape.matmul_t(s, f.w_down, None)
+}
+
+/// A feed-forward-only block `x + MLP(RMSNorm(x))`, `x` `[B, T, C]` → `[B, T, C]` (position
+/// independent: it has no attention).
+pub fn ffn_forward<T: AdFloat>(tape: &mut Tape<T>, f: &FfnParams<Var>, x: Var) -> Result<Var> {
+    let d = ffn_branch(tape, f, x)?;
+    tape.add(x, d)
 }
 
 fn to_t<T: AdFloat, D: Dimension>(a: &ndarray::Array<f32, D>) -> Arc<ArrayD<T>> {

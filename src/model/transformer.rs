@@ -581,15 +581,18 @@ fn check_quant_shapes(w: &QuantWeights) -> Result<()> {
     for (l, lw) in w.layers.iter().enumerate() {
         let b = lw.block_ref();
         let p = |s: &str| format!("layers.{l}.{s}");
-        vecn(p("attn_norm"), Some(b.attn_norm), Some(c))?;
+        let a = b
+            .attn
+            .ok_or_else(|| ElmError::tensor(p("attn_norm"), "a decoder layer needs attention"))?;
+        vecn(p("attn_norm"), Some(a.attn_norm), Some(c))?;
         vecn(p("mlp_norm"), Some(b.mlp_norm), Some(c))?;
-        mat(p("wq"), b.wq, (hd, c))?;
-        mat(p("wk"), b.wk, (kvd, c))?;
-        mat(p("wv"), b.wv, (kvd, c))?;
-        mat(p("wo"), b.wo, (c, hd))?;
-        vecn(p("bq"), b.bq, bias(hd))?;
-        vecn(p("bk"), b.bk, bias(kvd))?;
-        vecn(p("bv"), b.bv, bias(kvd))?;
+        mat(p("wq"), a.wq, (hd, c))?;
+        mat(p("wk"), a.wk, (kvd, c))?;
+        mat(p("wv"), a.wv, (kvd, c))?;
+        mat(p("wo"), a.wo, (c, hd))?;
+        vecn(p("bq"), a.bq, bias(hd))?;
+        vecn(p("bk"), a.bk, bias(kvd))?;
+        vecn(p("bv"), a.bv, bias(kvd))?;
         mat(p("w_gate"), b.w_gate, (i, c))?;
         mat(p("w_up"), b.w_up, (i, c))?;
         mat(p("w_down"), b.w_down, (c, i))?;

@@ -76,6 +76,37 @@ impl LayerWeights {
     }
 }
 
+/// Weights of a feed-forward-only block `x + MLP(RMSNorm(x))`: a decoder block without its
+/// attention sublayer (LLM-Streamline's FFN replacement). Names as in [`LayerWeights`].
+#[derive(Clone, Debug)]
+pub struct FfnWeights {
+    /// `[C]` RMSNorm gain before the MLP.
+    pub mlp_norm: Array1<f32>,
+    /// `[I, C]`
+    pub w_gate: Array2<f32>,
+    /// `[I, C]`
+    pub w_up: Array2<f32>,
+    /// `[C, I]`
+    pub w_down: Array2<f32>,
+}
+
+impl FfnWeights {
+    /// The MLP half (norm and SwiGLU) of a decoder block.
+    pub fn from_layer(l: &LayerWeights) -> Self {
+        FfnWeights {
+            mlp_norm: l.mlp_norm.clone(),
+            w_gate: l.w_gate.clone(),
+            w_up: l.w_up.clone(),
+            w_down: l.w_down.clone(),
+        }
+    }
+
+    /// Number of scalar parameters in this block.
+    pub fn num_params(&self) -> usize {
+        self.mlp_norm.len() + self.w_gate.len() + self.w_up.len() + self.w_down.len()
+    }
+}
+
 impl ModelWeights {
     /// Seeded random weights for tests and examples (any config, e.g. [`ModelConfig::tiny`]).
     ///

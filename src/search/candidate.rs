@@ -408,7 +408,13 @@ impl<'a> Candidates<'a> {
             .into_dimensionality()
             .map_err(|e| ElmError::tensor(&nb, e.to_string()))?;
         Ok(ElmModule {
-            block: merge_layer(&self.dense.layers[l], &self.store, &self.cfg.lora, "", l)?,
+            block: crate::elm::ModuleBlock::Decoder(merge_layer(
+                &self.dense.layers[l],
+                &self.store,
+                &self.cfg.lora,
+                "",
+                l,
+            )?),
             projection: Some(ProjectionWeights {
                 w_z: two(&nz)?,
                 w_h: two(&nh)?,
