@@ -49,6 +49,24 @@ fn variant_of(w: &ModelWeights, injection: bool, k: usize, block: BlockKind) -> 
     ElmModel::new(w.clone(), ec, module).unwrap()
 }
 
+/// `module` saved as a checkpoint in a fresh temp dir named after `what`.
+fn saved(
+    module: &ElmModule,
+    ec: &ElmConfig,
+    cfg: &ModelConfig,
+    what: &str,
+) -> (std::path::PathBuf, ModuleMeta) {
+    let dir = std::env::temp_dir().join(format!("elm_{what}_ckpt_{}", std::process::id()));
+    let meta = ModuleMeta {
+        format: MODULE_FORMAT.into(),
+        elm: ec.clone(),
+        model_config: cfg.clone(),
+        base_model: "tiny".into(),
+    };
+    save_module(&dir, module, &meta).unwrap();
+    (dir, meta)
+}
+
 fn max_abs(a: &Array2<f32>, b: &Array2<f32>) -> f32 {
     a.iter()
         .zip(b)
@@ -164,14 +182,7 @@ fn ffn_module_holds_no_kv_and_counts_only_its_mlp() {
         assert_eq!(s.lens(), vec![3, 2]);
     }
     // Checkpoint: only the MLP tensors, and elm.json names the kind.
-    let dir = std::env::temp_dir().join(format!("elm_ffn_ckpt_{}", std::process::id()));
-    let meta = ModuleMeta {
-        format: MODULE_FORMAT.into(),
-        elm: ec.clone(),
-        model_config: cfg.clone(),
-        base_model: "tiny".into(),
-    };
-    save_module(&dir, module, &meta).unwrap();
+    let (dir, meta) = saved(module, ec, cfg, "ffn");
     let json = std::fs::read_to_string(dir.join("elm.json")).unwrap();
     assert!(json.contains("\"block\": \"ffn\""), "{json}");
     let (back, meta_back) = load_module(&dir).unwrap();
@@ -235,14 +246,7 @@ fn variants_count_their_parameters_and_round_trip_checkpoints() {
     let report = param_report(cfg, ec);
     assert_eq!(report.module, block_params(cfg));
     assert_eq!(report.dense_total - report.elm_total, 2 * block_params(cfg));
-    let dir = std::env::temp_dir().join(format!("elm_variant_ckpt_{}", std::process::id()));
-    let meta = ModuleMeta {
-        format: MODULE_FORMAT.into(),
-        elm: ec.clone(),
-        model_config: cfg.clone(),
-        base_model: "tiny".into(),
-    };
-    save_module(&dir, module, &meta).unwrap();
+    let (dir, meta) = saved(module, ec, cfg, "variant");
     let (back, meta_back) = load_module(&dir).unwrap();
     assert_eq!(meta_back, meta);
     assert!(back.projection.is_none());
