@@ -216,6 +216,15 @@ fn tape_module_equals_inference_module() {
     }
 }
 
+/// A run's step logs without their wall times (which no two runs share) for comparing runs.
+fn untimed(history: &[elm::elm::train::StepLog]) -> Vec<elm::elm::train::StepLog> {
+    let zero = |s: &elm::elm::train::StepLog| elm::elm::train::StepLog {
+        seconds: 0.0,
+        ..s.clone()
+    };
+    history.iter().map(zero).collect()
+}
+
 fn elm_param_names(cfg: &ModelConfig, kind: BlockKind) -> Vec<String> {
     let mut v: Vec<String> = vec!["p.w_z".into(), "p.w_h".into(), "p.bias".into()];
     let attention = kind == BlockKind::Decoder;
@@ -254,7 +263,7 @@ fn short_run_lowers_distillation_loss_and_is_reproducible() {
         (
             before,
             after,
-            t.history.clone(),
+            untimed(&t.history),
             t.module().unwrap().to_tensors(&w.config),
         )
     };
@@ -315,6 +324,8 @@ fn resume_after_interruption_equals_uninterrupted_run() {
             resumed = Trainer::resume(&w, &dir).unwrap();
         }
     }
+    // Every step's wall time survives the resumes (the compute of a run across them).
+    assert!(resumed.history.iter().all(|s| s.seconds > 0.0));
     // Parameters must match bit for bit; the logged history went through JSON (serde_json
     // float parsing may differ in the last ulp), so its floats are compared to 1e-12.
     assert_eq!(resumed.history.len(), full.history.len());
@@ -451,7 +462,7 @@ fn teacher_cache_is_shared_across_runs_and_bit_identical() {
             t.train_step(&train, 0).unwrap();
         }
         (
-            t.history.clone(),
+            untimed(&t.history),
             t.module().unwrap().to_tensors(&w.config),
             t.teacher_cache_stats(),
         )

@@ -205,9 +205,17 @@ fn sft_lowers_answer_ce_and_resume_equals_uninterrupted() {
         part.train_step(&seqs, 0).unwrap();
     }
     part.save(&d2).unwrap();
+    let first_seconds: Vec<f64> = part.history.iter().map(|s| s.seconds).collect();
     drop(part);
     let mut resumed = LoraTrainer::resume(&w, &d2).unwrap();
     assert_eq!(resumed.step, 10);
+    // The first run's step times come back with its history: a resumed run's compute counts
+    // them (the report's seconds_all_runs sums every step).
+    assert!(first_seconds.iter().all(|&s| s > 0.0), "{first_seconds:?}");
+    let back: Vec<f64> = resumed.history.iter().map(|s| s.seconds).collect();
+    for (x, y) in first_seconds.iter().zip(&back) {
+        assert!((x - y).abs() <= 1e-12 * x.abs().max(1e-9), "{x} vs {y}");
+    }
     resumed.run(&seqs, 0, &d2, |_| {}).unwrap();
     let a = full.adapters();
     let b = resumed.adapters();

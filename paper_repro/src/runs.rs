@@ -181,6 +181,10 @@ pub struct Trained {
     pub kv: KvFormula,
     /// Wall seconds of this process's steps (evaluation excluded).
     pub seconds: f64,
+    /// Wall seconds of every step across resumed runs (0 in records written before `elm
+    /// train` reported it): see [`Trained::compute_seconds`].
+    #[serde(default)]
+    pub seconds_all_runs: f64,
     pub steps: usize,
     pub steps_this_run: usize,
     /// Training tokens (valid, non-padding) of the whole run.
@@ -192,7 +196,22 @@ pub struct Trained {
     pub teacher_cache: TeacherCacheStats,
 }
 
+/// A training's own compute: the steps of every run it took (a killed and resumed stage
+/// counts its earlier runs' steps too), or this process's seconds for a record from before
+/// the steps' times were kept.
+fn compute_seconds(this_run: f64, all_runs: f64) -> f64 {
+    if all_runs > 0.0 {
+        all_runs
+    } else {
+        this_run
+    }
+}
+
 impl Trained {
+    /// The training's own compute (see [`compute_seconds`]).
+    pub fn compute_seconds(&self) -> f64 {
+        compute_seconds(self.seconds, self.seconds_all_runs)
+    }
     pub fn seconds_per_step(&self) -> f64 {
         self.seconds / self.steps_this_run.max(1) as f64
     }
@@ -212,6 +231,7 @@ struct CompressOut {
 #[derive(Deserialize)]
 struct TrainOut {
     seconds: f64,
+    seconds_all_runs: f64,
     steps: usize,
     steps_this_run: usize,
     distill_before: f64,
@@ -344,6 +364,7 @@ pub fn train(
             params: comp.params,
             kv: comp.kv,
             seconds: o.seconds,
+            seconds_all_runs: o.seconds_all_runs,
             steps: o.steps,
             steps_this_run: o.steps_this_run,
             tokens: state.history.iter().map(|s| s.tokens).sum(),
@@ -539,8 +560,18 @@ pub struct Tuned {
     pub out: PathBuf,
     pub steps: usize,
     pub seconds: f64,
+    /// As [`Trained::seconds_all_runs`].
+    #[serde(default)]
+    pub seconds_all_runs: f64,
     pub train_ce_first: f64,
     pub train_ce_last: f64,
+}
+
+impl Tuned {
+    /// The LoRA run's own compute (see [`compute_seconds`]).
+    pub fn compute_seconds(&self) -> f64 {
+        compute_seconds(self.seconds, self.seconds_all_runs)
+    }
 }
 
 /// `elm lora` of the dense model with the trainings' token budget (steps × batch × sequence

@@ -288,7 +288,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
                 t.value.params.elm_non_embedding,
                 kv1k,
             ),
-            (l.main.max_tokens(), t.value.seconds),
+            (l.main.max_tokens(), t.value.compute_seconds()),
             &nll.value,
             &em.value,
         )?;
@@ -341,7 +341,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         ),
         REFERENCE_KIND,
         dense_params(&elm.value),
-        (l.lora.max_tokens(), dense.tuned.value.seconds),
+        (l.lora.max_tokens(), dense.tuned.value.compute_seconds()),
         &dense.nll.value,
         &dense.em.value,
     )?);
@@ -411,7 +411,10 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
                 l.lora.steps, l.lora.batch_size, l.lora.seq_len
             ),
             shape,
-            (l.lora.max_tokens(), p.value.seconds + healed.value.seconds),
+            (
+                l.lora.max_tokens(),
+                p.value.seconds + healed.value.compute_seconds(),
+            ),
             &nll.value,
             &em.value,
         )?);

@@ -187,6 +187,7 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
     let report = LoraReport {
         steps: trainer.step,
         seconds,
+        seconds_all_runs: trainer.history.iter().map(|s| s.seconds).sum(),
         train_sequences: data.len(),
         train_ce_first: first,
         train_ce_last: last,

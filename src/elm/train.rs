@@ -68,6 +68,10 @@ pub struct StepLog {
     /// `(gradient-free, differentiable)` iterations drawn by stochastic JFB.
     pub sampled: Option<(usize, usize)>,
     pub tokens: usize,
+    /// Wall seconds of the step (0 in states written before it was recorded): summed over the
+    /// history, the compute of a run across resumes.
+    #[serde(default)]
+    pub seconds: f64,
 }
 
 /// `train_state.json`.
@@ -232,6 +236,10 @@ pub struct TrainOutcome {
     pub steps_this_run: usize,
     /// Wall time of this run's steps and checkpoints (evaluation excluded).
     pub seconds: f64,
+    /// Wall time of every step of the run, this process's and those of the runs it resumed
+    /// (the steps' recorded seconds; steps a killed run lost after its last checkpoint are not
+    /// counted, their redoing is).
+    pub seconds_all_runs: f64,
     /// Training sequences.
     pub sequences: usize,
     pub distill_before: Option<f64>,
@@ -402,6 +410,7 @@ impl<'a> Trainer<'a> {
 
     /// One optimisation step on batch `self.step` of `data`.
     pub fn train_step(&mut self, data: &[TokenSequence], pad_id: u32) -> Result<StepLog> {
+        let t0 = Instant::now();
         let idx = batch_indices(data.len(), self.cfg.batch_size, self.step, self.cfg.seed);
         let seqs: Vec<&TokenSequence> = idx.iter().map(|&i| &data[i]).collect();
         let batch = make_batch(&seqs, pad_id);
@@ -480,6 +489,7 @@ impl<'a> Trainer<'a> {
             grad_norm,
             sampled: rep.sampled,
             tokens: valid.iter().filter(|v| **v).count(),
+            seconds: t0.elapsed().as_secs_f64(),
         };
         self.step += 1;
         self.history.push(log.clone());
@@ -555,6 +565,7 @@ impl<'a> Trainer<'a> {
             steps: self.step,
             steps_this_run: self.step - start_step,
             seconds,
+            seconds_all_runs: self.history.iter().map(|s| s.seconds).sum(),
             sequences: data.len(),
             distill_before,
             distill_after,

@@ -52,7 +52,11 @@ pub fn answer_nll_mean(
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LoraReport {
     pub steps: usize,
+    /// Wall seconds of this process's training.
     pub seconds: f64,
+    /// Wall seconds of every step, across the runs this one resumed (see
+    /// [`crate::elm::train::TrainOutcome::seconds_all_runs`]).
+    pub seconds_all_runs: f64,
     pub train_sequences: usize,
     /// Mean answer-token CE of the first and last 10 steps.
     pub train_ce_first: f64,

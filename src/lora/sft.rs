@@ -163,6 +163,9 @@ pub struct LoraStepLog {
     pub ce: f64,
     pub grad_norm: f64,
     pub tokens: usize,
+    /// Wall seconds of the step (0 in states written before it was recorded).
+    #[serde(default)]
+    pub seconds: f64,
 }
 
 /// `lora_state.json`.
@@ -302,6 +305,7 @@ impl<'a> LoraTrainer<'a> {
 
     /// One optimisation step on batch `self.step`.
     pub fn train_step(&mut self, data: &[TokenSequence], pad_id: u32) -> Result<LoraStepLog> {
+        let t0 = Instant::now();
         let idx = batch_indices(data.len(), self.cfg.batch_size, self.step, self.cfg.seed);
         let seqs: Vec<&TokenSequence> = idx.iter().map(|&i| &data[i]).collect();
         let mut rng = StdRng::seed_from_u64(step_seed(self.cfg.seed ^ 0x10AA, self.step));
@@ -326,6 +330,7 @@ impl<'a> LoraTrainer<'a> {
             ce: ce_val,
             grad_norm,
             tokens,
+            seconds: t0.elapsed().as_secs_f64(),
         };
         self.step += 1;
         self.history.push(log.clone());
