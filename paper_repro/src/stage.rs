@@ -6,10 +6,14 @@
 //! `--force` recomputes the selected tables' stages. Files the stage writes (checkpoints,
 //! pruned models) go to `OUT/work/<name>-<key>/`, so they are content-addressed too. Results
 //! are written atomically (`elm::io::write_json_atomic`): a killed stage leaves no result and
-//! reruns.
+//! reruns. A stage's recorded seconds are its whole compute: a heartbeat keeps the time spent
+//! so far in its work directory, so a killed and resumed stage also counts its earlier runs.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use elm::elm::train::Fnv64;
 use serde::de::DeserializeOwned;
@@ -59,7 +63,66 @@ pub struct Stages {
     computed_units: f64,
     computed_seconds: f64,
     start: Instant,
+    /// How often a running stage's heartbeat records its time spent (a killed run loses at
+    /// most this much of its count).
+    beat: Duration,
     pub log: Vec<StageLog>,
+}
+
+/// Seconds a stage spent in invocations that did not finish it, in its work directory.
+const SPENT_FILE: &str = "spent_seconds.json";
+
+/// Writes `before + (time since start)` to a stage's [`SPENT_FILE`] every `every` while the
+/// stage runs, and once more when dropped (a stage that returns an error keeps an exact count).
+struct Heartbeat {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    write: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Heartbeat {
+    fn start(path: PathBuf, before: f64, start: Instant, every: Duration) -> Self {
+        let write: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            // Best effort: a count that cannot be written only understates a resumed stage.
+            let _ = elm::io::write_json_atomic(&path, &(before + start.elapsed().as_secs_f64()));
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, w) = (stop.clone(), write.clone());
+        let thread = std::thread::spawn(move || {
+            let mut last = Instant::now();
+            while !s.load(Ordering::Relaxed) {
+                std::thread::sleep(every.min(Duration::from_millis(100)));
+                if last.elapsed() >= every {
+                    w();
+                    last = Instant::now();
+                }
+            }
+        });
+        Heartbeat {
+            stop,
+            thread: Some(thread),
+            write,
+        }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        (self.write)();
+    }
+}
+
+/// The seconds in a stage's [`SPENT_FILE`] (0 when there is none or it does not read).
+fn spent_before(dir: &Path) -> f64 {
+    std::fs::read_to_string(dir.join(SPENT_FILE))
+        .ok()
+        .and_then(|t| serde_json::from_str::<f64>(&t).ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .unwrap_or(0.0)
 }
 
 /// Content key of a stage: FNV-1a of its name and canonical config JSON (which holds the keys
@@ -86,6 +149,7 @@ impl Stages {
             computed_units: 0.0,
             computed_seconds: 0.0,
             start: Instant::now(),
+            beat: Duration::from_secs(5),
             log: vec![],
         })
     }
@@ -144,9 +208,16 @@ impl Stages {
             eta.map_or("?".into(), seconds)
         );
         std::fs::create_dir_all(&dir).map_err(|e| ReproError::io(&dir, e))?;
+        let before = spent_before(&dir);
+        if before > 0.0 {
+            eprintln!("  {label}: {} spent in earlier runs", seconds(before));
+        }
         let t0 = Instant::now();
-        let result = f(&dir)?;
-        let secs = t0.elapsed().as_secs_f64();
+        let result = {
+            let _beat = Heartbeat::start(dir.join(SPENT_FILE), before, t0, self.beat);
+            f(&dir)
+        }?;
+        let secs = before + t0.elapsed().as_secs_f64();
         let value = T::deserialize(&result).map_err(|source| ReproError::Schema {
             command: format!("stage {name}"),
             source,
@@ -162,6 +233,8 @@ impl Stages {
             what: format!("writing {}", file.display()),
             source,
         })?;
+        // Counted in the record; a forced recomputation starts from zero.
+        let _ = std::fs::remove_file(dir.join(SPENT_FILE));
         self.done_units += units;
         self.computed_units += units;
         self.computed_seconds += secs;
@@ -271,6 +344,38 @@ mod tests {
             .run::<_, String>("t", &json!(1), 1.0, |_| Ok(json!("x")))
             .unwrap();
         assert!(!r.cached);
+        let _ = std::fs::remove_dir_all(&out);
+    }
+
+    #[test]
+    fn a_resumed_stage_counts_the_time_of_its_killed_runs() {
+        let out = tmp("spent");
+        let mut st = Stages::new(&out, false, 1.0).unwrap();
+        st.beat = Duration::from_millis(20);
+        // A run that fails after 300 ms leaves its time in the work directory.
+        let r = st.run::<_, u32>("t", &json!(1), 1.0, |_| {
+            std::thread::sleep(Duration::from_millis(300));
+            Err(ReproError::Setup("killed".into()))
+        });
+        assert!(r.is_err());
+        let dir = out
+            .join("work")
+            .join(format!("t-{}", key_of("t", &json!(1))));
+        let spent = spent_before(&dir);
+        assert!((0.3..1.3).contains(&spent), "{spent}");
+        // A killed process leaves the heartbeat's last write: simulate 100 s of earlier runs.
+        elm::io::write_json_atomic(&dir.join(SPENT_FILE), &(spent + 100.0)).unwrap();
+        let done = st
+            .run::<_, u32>("t", &json!(1), 1.0, |_| Ok(json!(1)))
+            .unwrap();
+        assert!(!done.cached);
+        let rec = read_record(&out.join("stages").join(format!("t-{}.json", done.key))).unwrap();
+        assert!(
+            rec.seconds >= spent + 100.0 && rec.seconds < spent + 102.0,
+            "{} vs {spent} + 100",
+            rec.seconds
+        );
+        assert!(!dir.join(SPENT_FILE).exists(), "counted, then cleared");
         let _ = std::fs::remove_dir_all(&out);
     }
 
