@@ -59,7 +59,7 @@ fn main() {
         .warm_up_time(std::time::Duration::from_millis(500))
         .measurement_time(std::time::Duration::from_secs(2))
         .configure_from_args();
-    let solvers = ["picard", "anderson", "broyden"];
+    let solvers = elm::solver::BUILTIN_SOLVERS;
     for &batch in &[1usize, 64] {
         let mut group = c.benchmark_group(format!("solver_D{D}_B{batch}_{K}iters"));
         let mut p = problem(batch);

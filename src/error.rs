@@ -57,6 +57,9 @@ pub enum ElmError {
         needed: u128,
         available: u128,
     },
+    /// A fixed-point map's own error that is not an `ElmError` (a user's map).
+    #[error("fixed-point map: {0}")]
+    Map(String),
     /// An error found in a named file (e.g. a config field of a model file or checkpoint).
     #[error("{}: {source}", path.display())]
     InFile {
@@ -68,6 +71,43 @@ pub enum ElmError {
 
 fn gib(bytes: u128) -> String {
     format!("{:.3} GiB", bytes as f64 / (1u128 << 30) as f64)
+}
+
+/// The solver crate's errors as this crate's, variant for variant; a map's own `ElmError`
+/// comes back unchanged out of the solve that carried it.
+impl From<crate::solver::SolverError> for ElmError {
+    fn from(e: crate::solver::SolverError) -> Self {
+        use crate::solver::SolverError as S;
+        match e {
+            S::Config { field, msg } => ElmError::Config { field, msg },
+            S::Shape { op, msg } => ElmError::Shape { op, msg },
+            S::InvalidArgument(msg) => ElmError::InvalidArgument(msg),
+            S::Budget {
+                field,
+                needed,
+                available,
+            } => ElmError::Budget {
+                field,
+                needed,
+                available,
+            },
+            S::Json { what, msg } => ElmError::Json { what, msg },
+            S::Map(inner) => match inner.downcast::<ElmError>() {
+                Ok(own) => *own,
+                Err(other) => match other.downcast::<S>() {
+                    Ok(solver) => ElmError::from(*solver),
+                    Err(other) => ElmError::Map(other.to_string()),
+                },
+            },
+        }
+    }
+}
+
+/// A map's error (see [`crate::solver::MapError`]): an `ElmError` inside comes back as itself.
+impl From<crate::solver::MapError> for ElmError {
+    fn from(e: crate::solver::MapError) -> Self {
+        ElmError::from(crate::solver::SolverError::Map(e))
+    }
 }
 
 /// Crate-wide result alias.
@@ -128,6 +168,7 @@ impl ElmError {
             ElmError::Cuda(_) => "cuda",
             ElmError::Json { .. } => "json",
             ElmError::Budget { .. } => "budget",
+            ElmError::Map(_) => "map",
             ElmError::InFile { source, .. } => source.kind(),
         }
     }

@@ -22,7 +22,9 @@ pub mod grad;
 pub mod io;
 pub mod model;
 pub mod nn;
-pub mod solver;
+/// The fixed-point solvers: the `elm-solver` crate (no system libraries), re-exported so that
+/// `elm::solver::...` paths keep working.
+pub use elm_solver as solver;
 pub mod train;
 
 #[cfg(feature = "cuda")]

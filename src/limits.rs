@@ -8,12 +8,7 @@ use std::path::Path;
 
 use crate::error::{ElmError, Result};
 
-/// Largest `max_iter` any solve accepts: a bound a script cannot hit by accident
-/// (`--max-iter 18446744073709551615` with `--tol 0` would otherwise never stop).
-pub const MAX_ITER_CAP: usize = 1_000_000;
-
-/// Environment variable capping the memory budget in bytes (below what the machine has).
-pub const MEM_BUDGET_ENV: &str = "ELM_MEM_BUDGET";
+pub use crate::solver::error::{bytes_of, mem_available, mem_budget, MAX_ITER_CAP, MEM_BUDGET_ENV};
 
 /// `a + b`, or an error naming `field` when it overflows.
 pub fn checked_add(field: &str, a: usize, b: usize) -> Result<usize> {
@@ -29,59 +24,15 @@ pub fn checked_product(field: &str, factors: &[usize]) -> Result<usize> {
         .ok_or_else(|| ElmError::config(field, format!("size {factors:?} overflows usize")))
 }
 
-/// Bytes of `factors` elements of `elem` bytes each, saturating at `u128::MAX` (for budgets:
-/// a saturated figure is still refused).
-pub fn bytes_of(elem: usize, factors: &[usize]) -> u128 {
-    factors
-        .iter()
-        .fold(elem as u128, |acc, &f| acc.saturating_mul(f as u128))
-}
-
-/// MemAvailable from /proc/meminfo, in bytes (`None` where unknown).
-pub fn mem_available() -> Option<u128> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u128 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// The bytes one allocation may take: MemAvailable, lowered by `$ELM_MEM_BUDGET` when set.
-/// Unknown on both counts: unlimited (the allocator is then the last word).
-pub fn mem_budget() -> Option<u128> {
-    let cap = std::env::var(MEM_BUDGET_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<u128>().ok());
-    match (mem_available(), cap) {
-        (Some(a), Some(c)) => Some(a.min(c)),
-        (a, c) => a.or(c),
-    }
-}
-
 /// Refuses an allocation of `bytes` driven by `field` that exceeds [`mem_budget`], with the
-/// bytes it would need and the bytes available.
+/// bytes it would need and the bytes available (one rule for the solvers and the rest).
 pub fn check_alloc(field: &str, bytes: u128) -> Result<()> {
-    match mem_budget() {
-        Some(available) if bytes > available => Err(ElmError::Budget {
-            field: field.to_string(),
-            needed: bytes,
-            available,
-        }),
-        _ => Ok(()),
-    }
+    crate::solver::error::check_alloc(field, bytes).map_err(Into::into)
 }
 
 /// Refuses `max_iter` of 0 or above [`MAX_ITER_CAP`].
 pub fn check_max_iter(field: &str, max_iter: usize) -> Result<()> {
-    if max_iter == 0 {
-        return Err(ElmError::config(field, "must be >= 1"));
-    }
-    if max_iter > MAX_ITER_CAP {
-        return Err(ElmError::config(
-            field,
-            format!("{max_iter} exceeds the cap of {MAX_ITER_CAP} iterations"),
-        ));
-    }
-    Ok(())
+    crate::solver::error::check_max_iter(field, max_iter).map_err(Into::into)
 }
 
 /// Refuses writing a run into `dir` when that would replace existing work: `dir` is a file,

@@ -19,7 +19,7 @@ fn elm(args: &[&str]) -> (bool, String, String) {
 
 #[test]
 fn solve_json_reports_required_fields_and_small_error() {
-    for solver in ["picard", "anderson", "broyden"] {
+    for solver in elm::solver::BUILTIN_SOLVERS {
         let (ok, stdout, stderr) = elm(&[
             "solve",
             "--problem",

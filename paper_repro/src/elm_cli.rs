@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::error::ReproError;
 
 /// Fixed-point solvers compared in every section, in table order.
-pub const SOLVERS: [&str; 3] = ["picard", "anderson", "broyden"];
+pub use elm::solver::BUILTIN_SOLVERS as SOLVERS;
 
 /// One step's output: the JSON as printed (for `summary.json`) and the part a table reads.
 pub struct StepOutput<T> {

@@ -8,10 +8,9 @@ use serde_json::{json, Value};
 
 use elm::error::{ElmError, Result};
 use elm::solver::problems::{max_row_error, Problem};
-use elm::solver::{IterationInfo, Solution, SolverConfig, StopCriteria};
+use elm::solver::{IterationInfo, Solution, SolverConfig, StopCriteria, BUILTIN_SOLVERS};
 
 const PROBLEMS: [&str; 4] = ["linear", "tanh", "cos", "poisson"];
-const SOLVERS: [&str; 3] = ["picard", "anderson", "broyden"];
 
 /// Arguments of `elm solve`.
 #[derive(clap::Args, Debug)]
@@ -23,7 +22,7 @@ pub struct SolveArgs {
     #[arg(long, default_value_t = 0.9)]
     pub rho: f64,
     /// Solver.
-    #[arg(long, value_parser = SOLVERS, default_value = "anderson")]
+    #[arg(long, value_parser = BUILTIN_SOLVERS, default_value = "anderson")]
     pub solver: String,
     /// Anderson history length.
     #[arg(long, alias = "m")]
@@ -95,7 +94,7 @@ fn solver_config(args: &SolveArgs) -> Result<SolverConfig> {
     let mut cfg = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| ElmError::io(path, e))?;
-            SolverConfig::from_json(&text).map_err(|e| match e {
+            SolverConfig::from_json(&text).map_err(|e| match ElmError::from(e) {
                 ElmError::Json { msg, .. } => ElmError::Json {
                     what: path.display().to_string(),
                     msg,
@@ -105,56 +104,18 @@ fn solver_config(args: &SolveArgs) -> Result<SolverConfig> {
         }
         None => SolverConfig::by_name(&args.solver)?,
     };
-    let only = |flag: &str, solver: &str| {
-        ElmError::config(flag, format!("only applies to --solver {solver}"))
-    };
-    match &mut cfg {
-        SolverConfig::Picard(c) => {
-            if let Some(b) = args.beta {
-                c.beta = b;
-            }
+    // Each flag sets the field of that name; a solver without it refuses, naming the ones with it.
+    let params: [(&str, Option<Value>); 5] = [
+        ("history", args.history.map(|v| json!(v))),
+        ("lambda", args.lambda.map(|v| json!(v))),
+        ("beta", args.beta.map(|v| json!(v))),
+        ("memory", args.memory.map(|v| json!(v))),
+        ("backtrack", args.backtrack.then(|| json!(true))),
+    ];
+    for (key, value) in params {
+        if let Some(value) = value {
+            cfg = cfg.with_param(key, value)?;
         }
-        SolverConfig::Anderson(c) => {
-            if let Some(h) = args.history {
-                c.history = h;
-            }
-            if let Some(l) = args.lambda {
-                c.lambda = l;
-            }
-            if let Some(b) = args.beta {
-                c.beta = b;
-            }
-        }
-        SolverConfig::Broyden(c) => {
-            if let Some(l) = args.memory {
-                c.memory = l;
-            }
-            if let Some(b) = args.beta {
-                c.beta = b;
-            }
-            c.backtrack |= args.backtrack;
-        }
-    }
-    let name = cfg.name();
-    if name != "anderson" && (args.history.is_some() || args.lambda.is_some()) {
-        return Err(only(
-            if args.history.is_some() {
-                "history"
-            } else {
-                "lambda"
-            },
-            "anderson",
-        ));
-    }
-    if name != "broyden" && (args.memory.is_some() || args.backtrack) {
-        return Err(only(
-            if args.memory.is_some() {
-                "memory"
-            } else {
-                "backtrack"
-            },
-            "broyden",
-        ));
     }
     if args.spectral_iters > elm::limits::MAX_ITER_CAP {
         return Err(ElmError::config(
@@ -162,7 +123,9 @@ fn solver_config(args: &SolveArgs) -> Result<SolverConfig> {
             format!("exceeds the cap of {}", elm::limits::MAX_ITER_CAP),
         ));
     }
-    cfg.output_mut().spectral_radius_iters = args.spectral_iters;
+    if let Some(output) = cfg.output_mut() {
+        output.spectral_radius_iters = args.spectral_iters;
+    }
     cfg.validate()?;
     Ok(cfg)
 }
@@ -283,7 +246,7 @@ pub fn run_study(args: StudyArgs) -> Result<()> {
     let mut problem = Problem::by_name(&args.problem, args.rho, args.seed)?;
     let z0 = problem.z0();
     let mut curves = Vec::new();
-    for name in SOLVERS {
+    for name in BUILTIN_SOLVERS {
         let cfg = SolverConfig::by_name(name)?;
         let stop = StopCriteria::absolute(args.abs_tol, args.max_iter);
         stop.validate()?;

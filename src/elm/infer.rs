@@ -33,7 +33,8 @@ use crate::model::{
     LayerKv, LayerWeights, ModelConfig, ModelWeights, Scratch,
 };
 use crate::solver::{
-    FixedPointMap, FixedPointSolver, RowStatus, SolveWorkspace, SolverConfig, StopCriteria,
+    FixedPointMap, FixedPointSolver, MapError, RowStatus, SolveWorkspace, SolverConfig,
+    StopCriteria,
 };
 
 use super::config::ElmConfig;
@@ -126,12 +127,14 @@ impl InferenceConfig {
     /// The solver, returning each row's best iterate (its K/V are the ones committed).
     fn build_solver(&self) -> Box<dyn FixedPointSolver<f32>> {
         let mut cfg = self.solver.clone();
-        cfg.output_mut().return_best = true;
+        if let Some(output) = cfg.output_mut() {
+            output.return_best = true;
+        }
         cfg.build()
     }
     pub fn validate(&self) -> Result<()> {
         self.stop.validate()?;
-        self.solver.validate()
+        Ok(self.solver.validate()?)
     }
 }
 
@@ -1132,8 +1135,13 @@ impl FixedPointMap<f32> for FpMap<'_> {
     fn dim(&self) -> usize {
         self.dims.1 * self.dims.2
     }
-    fn eval(&mut self, z: ArrayView2<f32>, active: &[bool], out: ArrayViewMut2<f32>) -> Result<()> {
-        self.eval_where(z, |ri| active[ri], active.len(), out)
+    fn eval(
+        &mut self,
+        z: ArrayView2<f32>,
+        active: &[bool],
+        out: ArrayViewMut2<f32>,
+    ) -> std::result::Result<(), MapError> {
+        Ok(self.eval_where(z, |ri| active[ri], active.len(), out)?)
     }
 }
 

@@ -10,7 +10,9 @@ use serde::Serialize;
 
 use super::rule::{DeqConfig, GradientRule};
 use crate::autograd::{AdFloat, Tape, Var};
-use crate::solver::{FixedPointMap, FixedPointSolver, RowOutcome, RowStatus, SolverFloat};
+use crate::solver::{
+    FixedPointMap, FixedPointSolver, MapError, RowOutcome, RowStatus, SolverFloat,
+};
 use crate::{ElmError, Result};
 
 /// Scalars the gradient rules run on: tape scalars that the solvers also accept (`f32`, `f64`).
@@ -254,7 +256,7 @@ impl<T: GradFloat, L: ImplicitLayer<T>> FixedPointMap<T> for LayerMap<'_, T, L> 
         z: ArrayView2<T>,
         _active: &[bool],
         mut out: ArrayViewMut2<T>,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), MapError> {
         let zs = z
             .to_owned()
             .into_shape_with_order(IxDyn(&self.shape))
@@ -268,7 +270,8 @@ impl<T: GradFloat, L: ImplicitLayer<T>> FixedPointMap<T> for LayerMap<'_, T, L> 
                     y.shape(),
                     self.shape
                 ),
-            ));
+            )
+            .into());
         }
         out.assign(&to_rows(&y, z.nrows(), z.ncols())?);
         Ok(())
@@ -496,7 +499,10 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
         let solve = {
             let mut map = crate::solver::FnMap::new(
                 d,
-                |u: ArrayView2<T>, _active: &[bool], mut out: ArrayViewMut2<T>| -> Result<()> {
+                |u: ArrayView2<T>,
+                 _active: &[bool],
+                 mut out: ArrayViewMut2<T>|
+                 -> std::result::Result<(), MapError> {
                     let seed = u
                         .to_owned()
                         .into_shape_with_order(IxDyn(&shape))

@@ -1,29 +1,33 @@
-//! Tests of `elm::solver` against references nobody here tuned: exact linear solves (LAPACK), the
+//! Tests of `elm_solver` against references nobody here tuned: exact linear solves, the
 //! Dottie number, the DST solution of the discrete Poisson problem, contraction error bounds and
 //! analytically known spectral radii.
 
-use elm::solver::problems::{
+use elm_solver::problems::{
     max_row_error, CosProblem, LinearProblem, PoissonJacobi, Problem, TanhProblem, DOTTIE,
 };
-use elm::solver::{
+use elm_solver::SolverError;
+use elm_solver::{
     FixedPointMap, FnMap, IterationInfo, OutputOptions, RowFnMap, RowStatus, Solution,
     SolverConfig, StopCriteria,
 };
-use elm::ElmError;
 use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2};
 
-const SOLVERS: [&str; 3] = ["picard", "anderson", "broyden"];
+use elm_solver::BUILTIN_SOLVERS as SOLVERS;
 
+#[cfg(feature = "lapack")]
 extern "C" {
     fn openblas_set_num_threads(n: std::os::raw::c_int);
 }
 
-/// The system OpenBLAS (pthreads build) crashes (SIGSEGV) when several test threads call it
-/// concurrently with its own thread pool on; single-threaded BLAS is safe. Every test calls this
-/// first.
+/// With `lapack` (the workspace build, where ndarray calls the system OpenBLAS): that OpenBLAS
+/// (pthreads build) crashes (SIGSEGV) when several test threads call it concurrently with its own
+/// thread pool on; single-threaded BLAS is safe. Every test calls this first.
 fn setup() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| unsafe { openblas_set_num_threads(1) });
+    #[cfg(feature = "lapack")]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| unsafe { openblas_set_num_threads(1) });
+    }
 }
 
 /// A solver and the stop criteria its solves use.
@@ -64,7 +68,7 @@ fn assert_all_converged(sol: &Solution<f64>, what: &str) {
 }
 
 /// Every solver reaches abs_tol on z = Az + b (ρ < 1, so Picard must converge too) and lands
-/// within the contraction bound of the LAPACK solution.
+/// within the contraction bound of the exact solution `Q diag(1/(1−λ)) Qᵀ b`.
 #[test]
 fn linear_all_solvers_converge_to_exact_solution() {
     setup();
@@ -276,7 +280,7 @@ fn converged_rows_are_frozen_and_reported_inactive() {
             history.push((info.active.to_vec(), info.z.row(0).to_owned()));
         };
         let mut cfg = config(name, 1e-9, 5000);
-        cfg.solver.output_mut().return_best = false;
+        cfg.solver.output_mut().unwrap().return_best = false;
         let sol = cfg
             .solver
             .build::<f64>()
@@ -378,7 +382,7 @@ fn picard_diverges_on_expanding_map_and_returns_best_iterate() {
     let mut p = LinearProblem::new(20, 1.5, 1, 5).unwrap();
     let mut cfg = config("picard", 1e-10, 10_000);
     cfg.stop.divergence_factor = 1e6;
-    cfg.solver.output_mut().trace = true;
+    cfg.solver.output_mut().unwrap().trace = true;
     let sol = solve(&cfg, &mut p, Array2::zeros((1, 20)).view());
     let row = &sol.rows[0];
     assert_eq!(row.status, RowStatus::Diverged);
@@ -458,7 +462,7 @@ fn spectral_radius_estimate_matches_known_values() {
     for &rho in &[0.5, 0.9] {
         let mut p = LinearProblem::new(50, rho, 2, 1).unwrap();
         let mut cfg = config("anderson", 1e-10, 1000);
-        cfg.solver.output_mut().spectral_radius_iters = 200;
+        cfg.solver.output_mut().unwrap().spectral_radius_iters = 200;
         let sol = solve(&cfg, &mut p, Array2::zeros((2, 50)).view());
         for r in &sol.rows {
             let est = r.spectral_radius.unwrap();
@@ -468,7 +472,7 @@ fn spectral_radius_estimate_matches_known_values() {
         assert_eq!(sol.spectral_map_evals, 201);
     }
     let mut cfg = config("broyden", 1e-12, 100);
-    cfg.solver.output_mut().spectral_radius_iters = 5;
+    cfg.solver.output_mut().unwrap().spectral_radius_iters = 5;
     let sol = solve(&cfg, &mut CosProblem, Array2::zeros((1, 1)).view());
     let est = sol.rows[0].spectral_radius.unwrap();
     let exact = DOTTIE.sin(); // |d cos z / dz| at the fixed point
@@ -479,7 +483,7 @@ fn spectral_radius_estimate_matches_known_values() {
     // tanh: ρ(J) ≤ ‖diag(1 − z²) W‖₂ ≤ 0.95.
     let mut p = TanhProblem::<f64>::new(40, 8, 4, 0.95, 2).unwrap();
     let mut cfg = config("anderson", 1e-10, 1000);
-    cfg.solver.output_mut().spectral_radius_iters = 100;
+    cfg.solver.output_mut().unwrap().spectral_radius_iters = 100;
     let sol = solve(&cfg, &mut p, Array2::zeros((4, 40)).view());
     for r in &sol.rows {
         let est = r.spectral_radius.unwrap();
@@ -490,6 +494,7 @@ fn spectral_radius_estimate_matches_known_values() {
     }
 }
 
+#[cfg(feature = "serde")]
 #[test]
 fn configs_roundtrip_and_reject_unknown_keys() {
     setup();
@@ -505,7 +510,7 @@ fn configs_roundtrip_and_reject_unknown_keys() {
     match ok {
         SolverConfig::Anderson(a) => {
             assert_eq!(a.history, 3);
-            assert_eq!(a.lambda, elm::solver::AndersonConfig::default().lambda);
+            assert_eq!(a.lambda, elm_solver::AndersonConfig::default().lambda);
         }
         other => panic!("wrong variant {other:?}"),
     }
@@ -519,7 +524,7 @@ fn configs_roundtrip_and_reject_unknown_keys() {
         r#"{"m":3}"#,
     ] {
         let err = SolverConfig::from_json(bad).unwrap_err();
-        assert!(matches!(err, ElmError::Json { .. }), "{bad}: {err}");
+        assert!(matches!(err, SolverError::Json { .. }), "{bad}: {err}");
         println!("{bad} -> {err}");
     }
     for (bad, field) in [
@@ -529,10 +534,16 @@ fn configs_roundtrip_and_reject_unknown_keys() {
         (r#"{"kind":"broyden","memory":0}"#, "memory"),
     ] {
         match SolverConfig::from_json(bad) {
-            Err(ElmError::Config { field: f, .. }) => assert_eq!(f, field, "{bad}"),
+            Err(SolverError::Config { field: f, .. }) => assert_eq!(f, field, "{bad}"),
             other => panic!("{bad}: expected config error, got {other:?}"),
         }
     }
+}
+
+/// Stop criteria and configs built in code are validated at solve time, naming the field.
+#[test]
+fn invalid_stop_and_config_are_refused_at_solve_time() {
+    setup();
     // Stop criteria are validated at solve time with the field named.
     let zero_iter = StopCriteria {
         max_iter: 0,
@@ -543,7 +554,7 @@ fn configs_roundtrip_and_reject_unknown_keys() {
         Array2::zeros((1, 1)).view(),
         &zero_iter,
     ) {
-        Err(ElmError::Config { field, .. }) => assert_eq!(field, "stop.max_iter"),
+        Err(SolverError::Config { field, .. }) => assert_eq!(field, "stop.max_iter"),
         other => panic!("expected config error, got {other:?}"),
     }
     // An invalid config built directly is rejected at solve time, not by a panic.
@@ -556,7 +567,7 @@ fn configs_roundtrip_and_reject_unknown_keys() {
         Array2::zeros((1, 1)).view(),
         &StopCriteria::default(),
     );
-    assert!(matches!(err, Err(ElmError::Config { .. })));
+    assert!(matches!(err, Err(SolverError::Config { .. })));
 }
 
 #[test]
@@ -568,7 +579,7 @@ fn shape_mismatch_is_an_error() {
         Array2::zeros((1, 9)).view(),
         &StopCriteria::default(),
     );
-    assert!(matches!(err, Err(ElmError::Shape { .. })));
+    assert!(matches!(err, Err(SolverError::Shape { .. })));
 }
 
 #[test]
@@ -600,7 +611,7 @@ fn problem_registry() {
     }
     assert!(matches!(
         Problem::by_name("bogus", 0.9, 0),
-        Err(ElmError::Config { .. })
+        Err(SolverError::Config { .. })
     ));
 }
 
@@ -641,7 +652,7 @@ fn broyden_backtracks_and_restarts_reach_the_row_report() {
 #[test]
 fn workspace_solves_equal_fresh_solves() {
     setup();
-    let mut ws = elm::solver::SolveWorkspace::<f64>::new();
+    let mut ws = elm_solver::SolveWorkspace::<f64>::new();
     for (i, name) in ["anderson", "anderson", "broyden", "picard", "anderson"]
         .into_iter()
         .enumerate()

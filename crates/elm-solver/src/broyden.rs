@@ -140,7 +140,7 @@ impl<T: SolverFloat> IterationRule<T> for BroydenRule<T> {
         let t = std::mem::size_of::<T>();
         (
             "memory",
-            crate::limits::bytes_of(2 * t, &[batch, self.cfg.memory, dim]),
+            crate::error::bytes_of(2 * t, &[batch, self.cfg.memory, dim]),
         )
     }
     fn init(&mut self, batch: usize, dim: usize) {

@@ -3,19 +3,19 @@
 //!
 //! | problem | map | D × B | exact solution |
 //! |---|---|---|---|
-//! | [`LinearProblem`] | `z = A z + b`, `A = Q diag(λ) Qᵀ`, λ = linspace(−ρ, ρ) | 100 × 1 | `(I − A)⁻¹ b` (LAPACK) |
+//! | [`LinearProblem`] | `z = A z + b`, `A = Q diag(λ) Qᵀ`, λ = linspace(−ρ, ρ) | 100 × 1 | `Q diag(1/(1 − λ)) Qᵀ b` |
 //! | [`TanhProblem`] | `z = tanh(W z + U x + b)`, `‖W‖₂ = 0.95` | 200 × 64 | none; error ≤ residual / (1 − 0.95) |
 //! | [`CosProblem`] | `z = cos z` | 1 × 1 | Dottie number 0.739085133215160641… |
 //! | [`PoissonJacobi`] | Jacobi sweep for `−Δu = 1` on a 50×50 grid | 2500 × 1 | discrete sine transform |
 
 use ndarray::{linalg::general_mat_mul, s, Array1, Array2, ArrayView2, ArrayViewMut2, Axis};
-use ndarray_linalg::{Solve, QR, SVD};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
 use super::{FixedPointMap, SolverFloat};
-use crate::error::{ElmError, Result};
+use crate::error::{MapError, Result, SolverError};
+use crate::linalg::{apply_eigen, householder_q, largest_singular_value};
 
 /// The fixed point of `cos`, `z = cos z` (Dottie number), to f64 precision.
 pub const DOTTIE: f64 = 0.739_085_133_215_160_7;
@@ -51,7 +51,7 @@ fn affine_rows<T: SolverFloat>(
 
 fn check_shape(what: &str, z: &ArrayView2<impl Sized>, batch: usize, dim: usize) -> Result<()> {
     if z.dim() != (batch, dim) {
-        return Err(ElmError::shape(
+        return Err(SolverError::shape(
             what,
             format!("expected z [{batch}, {dim}], got {:?}", z.dim()),
         ));
@@ -74,36 +74,30 @@ impl LinearProblem {
     /// `A = Q diag(linspace(−ρ, ρ, n)) Qᵀ` with `Q` the orthogonal factor of a Gaussian matrix.
     pub fn new(n: usize, rho: f64, batch: usize, seed: u64) -> Result<Self> {
         if n < 2 || batch == 0 {
-            return Err(ElmError::InvalidArgument(format!(
+            return Err(SolverError::InvalidArgument(format!(
                 "linear problem needs n >= 2 and batch >= 1, got n={n}, batch={batch}"
             )));
         }
         if !(rho.is_finite() && rho >= 0.0) {
-            return Err(ElmError::config(
+            return Err(SolverError::config(
                 "rho",
                 format!("must be finite and >= 0, got {rho}"),
             ));
         }
         let mut rng = StdRng::seed_from_u64(seed);
         let g: Array2<f64> = gaussian(&mut rng, (n, n), 1.0);
-        let (q, _r) = g.qr().map_err(|e| ElmError::Linalg(format!("QR: {e}")))?;
+        let q = householder_q(&g);
         let lambdas = Array1::linspace(-rho, rho, n);
         if lambdas.iter().any(|l| (1.0 - l).abs() < 1e-9) {
-            return Err(ElmError::config(
+            return Err(SolverError::config(
                 "rho",
                 "I − A would be singular (eigenvalue 1)",
             ));
         }
         let a = (&q * &lambdas).dot(&q.t());
         let b: Array2<f64> = gaussian(&mut rng, (batch, n), 1.0);
-        let i_minus_a = Array2::<f64>::eye(n) - &a;
-        let mut exact = Array2::zeros((batch, n));
-        for r in 0..batch {
-            let x = i_minus_a
-                .solve(&b.row(r).to_owned())
-                .map_err(|e| ElmError::Linalg(format!("solve (I − A) z = b: {e}")))?;
-            exact.row_mut(r).assign(&x);
-        }
+        // (I − A)⁻¹ = Q diag(1/(1 − λ)) Qᵀ: exact up to rounding, no factorisation needed.
+        let exact = apply_eigen(&q, &lambdas.mapv(|l| 1.0 / (1.0 - l)), &b);
         Ok(LinearProblem { a, b, exact, rho })
     }
     /// The canonical instance: n = 100, one row.
@@ -116,7 +110,12 @@ impl FixedPointMap<f64> for LinearProblem {
     fn dim(&self) -> usize {
         self.a.nrows()
     }
-    fn eval(&mut self, z: ArrayView2<f64>, active: &[bool], out: ArrayViewMut2<f64>) -> Result<()> {
+    fn eval(
+        &mut self,
+        z: ArrayView2<f64>,
+        active: &[bool],
+        out: ArrayViewMut2<f64>,
+    ) -> Result<(), MapError> {
         check_shape("linear problem", &z, self.b.nrows(), self.a.nrows())?;
         affine_rows(z, &self.a, &self.b, active, out);
         Ok(())
@@ -137,16 +136,14 @@ impl<T: SolverFloat> TanhProblem<T> {
     /// `x ~ N(0, 1)`, `b ~ N(0, 0.01)`.
     pub fn new(n: usize, nx: usize, batch: usize, w_norm: f64, seed: u64) -> Result<Self> {
         if n == 0 || nx == 0 || batch == 0 {
-            return Err(ElmError::InvalidArgument(format!(
+            return Err(SolverError::InvalidArgument(format!(
                 "tanh problem needs n, nx, batch >= 1, got {n}, {nx}, {batch}"
             )));
         }
         let mut rng = StdRng::seed_from_u64(seed);
         let g: Array2<f64> = gaussian(&mut rng, (n, n), 1.0);
-        let (_, sv, _) = g
-            .svd(false, false)
-            .map_err(|e| ElmError::Linalg(format!("SVD: {e}")))?;
-        let w64 = g * (w_norm / sv[0]);
+        let sigma_max = largest_singular_value(&g, 100_000);
+        let w64 = g * (w_norm / sigma_max);
         let u: Array2<f64> = gaussian(&mut rng, (n, nx), 1.0 / (nx as f64).sqrt());
         let bias: Array2<f64> = gaussian(&mut rng, (1, n), 0.1);
         let x: Array2<f64> = gaussian(&mut rng, (batch, nx), 1.0);
@@ -170,7 +167,12 @@ impl<T: SolverFloat> FixedPointMap<T> for TanhProblem<T> {
     fn dim(&self) -> usize {
         self.w.nrows()
     }
-    fn eval(&mut self, z: ArrayView2<T>, active: &[bool], mut out: ArrayViewMut2<T>) -> Result<()> {
+    fn eval(
+        &mut self,
+        z: ArrayView2<T>,
+        active: &[bool],
+        mut out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
         check_shape("tanh problem", &z, self.injection.nrows(), self.w.nrows())?;
         affine_rows(z, &self.w, &self.injection, active, out.view_mut());
         for (b, mut row) in out.axis_iter_mut(Axis(0)).enumerate() {
@@ -189,7 +191,12 @@ impl<T: SolverFloat> FixedPointMap<T> for CosProblem {
     fn dim(&self) -> usize {
         1
     }
-    fn eval(&mut self, z: ArrayView2<T>, active: &[bool], mut out: ArrayViewMut2<T>) -> Result<()> {
+    fn eval(
+        &mut self,
+        z: ArrayView2<T>,
+        active: &[bool],
+        mut out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
         for (b, &a) in active.iter().enumerate() {
             if a {
                 out[[b, 0]] = z[[b, 0]].cos();
@@ -215,7 +222,7 @@ impl PoissonJacobi {
     /// diagonalises the 5-point Laplacian: eigenvalues `(μ_k + μ_l)/h²`, `μ_k = 4 sin²(πk h/2)`.
     pub fn new(n: usize) -> Result<Self> {
         if n == 0 {
-            return Err(ElmError::InvalidArgument(
+            return Err(SolverError::InvalidArgument(
                 "poisson grid needs n >= 1".into(),
             ));
         }
@@ -275,13 +282,14 @@ impl FixedPointMap<f64> for PoissonJacobi {
         z: ArrayView2<f64>,
         active: &[bool],
         mut out: ArrayViewMut2<f64>,
-    ) -> Result<()> {
+    ) -> Result<(), MapError> {
         let n = self.n;
         if z.ncols() != n * n {
-            return Err(ElmError::shape(
+            return Err(SolverError::shape(
                 "poisson jacobi",
                 format!("expected z [B, {}], got {:?}", n * n, z.dim()),
-            ));
+            )
+            .into());
         }
         let h2 = 1.0 / ((n + 1) as f64).powi(2);
         for (b, &a) in active.iter().enumerate() {
@@ -291,7 +299,7 @@ impl FixedPointMap<f64> for PoissonJacobi {
             let u = z.row(b);
             let u = u
                 .as_slice()
-                .ok_or_else(|| ElmError::shape("poisson jacobi", "z rows must be contiguous"))?;
+                .ok_or_else(|| SolverError::shape("poisson jacobi", "z rows must be contiguous"))?;
             let mut o = out.row_mut(b);
             for i in 0..n {
                 for j in 0..n {
@@ -333,7 +341,7 @@ impl Problem {
             "cos" => Problem::Cos(CosProblem),
             "poisson" => Problem::Poisson(PoissonJacobi::canonical()?),
             other => {
-                return Err(ElmError::config(
+                return Err(SolverError::config(
                     "problem",
                     format!("unknown problem `{other}` (expected linear|tanh|cos|poisson)"),
                 ))

@@ -13,7 +13,7 @@ use super::{
     cast, FixedPointMap, IterationInfo, Observer, OutputOptions, RowOutcome, RowStatus, Solution,
     SolverFloat, StopCriteria,
 };
-use crate::error::{ElmError, Result};
+use crate::error::{Result, SolverError};
 
 /// What a step did besides moving the row; counted into the row's [`RowOutcome`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,7 +202,7 @@ impl<T: SolverFloat> SolveWorkspace<T> {
         stop.validate()?;
         let (batch, dim) = z0.dim();
         if dim != map.dim() {
-            return Err(ElmError::shape(
+            return Err(SolverError::shape(
                 "fixed-point solve",
                 format!("z0 is [{batch}, {dim}] but the map has dim {}", map.dim()),
             ));
@@ -233,7 +233,7 @@ impl<T: SolverFloat> SolveWorkspace<T> {
         }
         let (field, bytes) = rule.state_bytes(batch, dim);
         if bytes > self.checked_bytes {
-            crate::limits::check_alloc(field, bytes)?;
+            crate::error::check_alloc(field, bytes)?;
             self.checked_bytes = bytes;
         }
         rule.init(batch, dim);

@@ -32,7 +32,7 @@
 //!
 //! ## Solve your own fixed point in a few lines
 //! ```
-//! use elm::solver::{FixedPointSolver, RowFnMap, RowStatus, SolverConfig, StopCriteria};
+//! use elm_solver::{FixedPointSolver, RowFnMap, RowStatus, SolverConfig, StopCriteria};
 //! use ndarray::Array2;
 //!
 //! // z = cos(z), four independent scalar systems solved as one batch.
@@ -67,28 +67,35 @@ pub(crate) fn has_avx2() -> bool {
     }
 }
 
+// With `lapack`, ndarray-linalg (and through it the system OpenBLAS) is linked into every binary
+// of the crate, tests included: ndarray's `blas` feature, switched on by a workspace that uses
+// it, then finds its symbols.
+#[cfg(feature = "lapack")]
+use ndarray_linalg as _;
+
 mod anderson;
 mod broyden;
 mod config;
 mod engine;
+pub mod error;
 mod kernels;
+mod linalg;
 mod picard;
 pub mod problems;
 
 pub use anderson::Anderson;
 pub use broyden::Broyden;
 pub use config::{
-    AndersonConfig, BroydenConfig, OutputOptions, PicardConfig, SolverConfig, StopCriteria,
+    AndersonConfig, BroydenConfig, CustomSolver, OutputOptions, PicardConfig, SolverConfig,
+    StopCriteria, BUILTIN_SOLVERS,
 };
 pub use engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
+pub use error::{MapError, Result, SolverError};
 pub use picard::Picard;
 
 use std::fmt::Debug;
 
 use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
-use serde::{Deserialize, Serialize};
-
-use crate::error::Result;
 
 /// Scalar type of solver states: `f32` or `f64`.
 pub trait SolverFloat:
@@ -105,6 +112,8 @@ pub trait SolverFloat:
     fn widen(self) -> f64;
     /// Rounding from f64.
     fn narrow(x: f64) -> Self;
+    /// `solver` for states of this type.
+    fn custom_solver(solver: &CustomSolver) -> Box<dyn FixedPointSolver<Self>>;
 }
 impl SolverFloat for f32 {
     #[inline(always)]
@@ -114,6 +123,9 @@ impl SolverFloat for f32 {
     #[inline(always)]
     fn narrow(x: f64) -> Self {
         x as f32
+    }
+    fn custom_solver(solver: &CustomSolver) -> Box<dyn FixedPointSolver<Self>> {
+        solver.for_f32()
     }
 }
 impl SolverFloat for f64 {
@@ -125,6 +137,9 @@ impl SolverFloat for f64 {
     fn narrow(x: f64) -> Self {
         x
     }
+    fn custom_solver(solver: &CustomSolver) -> Box<dyn FixedPointSolver<Self>> {
+        solver.for_f64()
+    }
 }
 
 /// A batched map `f` whose fixed points are sought. Rows may be independent systems.
@@ -132,8 +147,14 @@ pub trait FixedPointMap<T: SolverFloat> {
     /// State width D.
     fn dim(&self) -> usize;
     /// `out[b] = f(z[b])` for every row b with `active[b]`; rows not active may be left untouched.
-    /// z, out: `[B, D]`.
-    fn eval(&mut self, z: ArrayView2<T>, active: &[bool], out: ArrayViewMut2<T>) -> Result<()>;
+    /// z, out: `[B, D]`. The error is the map's own, boxed: the solve returns it unchanged inside
+    /// [`SolverError::Map`].
+    fn eval(
+        &mut self,
+        z: ArrayView2<T>,
+        active: &[bool],
+        out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError>;
 }
 
 /// A [`FixedPointMap`] from a closure over the whole batch: `f(z [B, D], active [B], out [B, D])`.
@@ -152,12 +173,17 @@ impl<F> FnMap<F> {
 impl<T, F> FixedPointMap<T> for FnMap<F>
 where
     T: SolverFloat,
-    F: FnMut(ArrayView2<T>, &[bool], ArrayViewMut2<T>) -> Result<()>,
+    F: FnMut(ArrayView2<T>, &[bool], ArrayViewMut2<T>) -> Result<(), MapError>,
 {
     fn dim(&self) -> usize {
         self.dim
     }
-    fn eval(&mut self, z: ArrayView2<T>, active: &[bool], out: ArrayViewMut2<T>) -> Result<()> {
+    fn eval(
+        &mut self,
+        z: ArrayView2<T>,
+        active: &[bool],
+        out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
         (self.f)(z, active, out)
     }
 }
@@ -184,7 +210,12 @@ where
     fn dim(&self) -> usize {
         self.dim
     }
-    fn eval(&mut self, z: ArrayView2<T>, active: &[bool], mut out: ArrayViewMut2<T>) -> Result<()> {
+    fn eval(
+        &mut self,
+        z: ArrayView2<T>,
+        active: &[bool],
+        mut out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
         for (b, &is_active) in active.iter().enumerate() {
             if is_active {
                 (self.f)(z.row(b), out.row_mut(b));
@@ -195,8 +226,9 @@ where
 }
 
 /// Why a row stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum RowStatus {
     /// Reached `abs_tol` or `rel_tol`.
     Converged,
@@ -209,7 +241,8 @@ pub enum RowStatus {
 }
 
 /// Outcome of one row of the batch.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RowOutcome {
     /// Why the row stopped.
     pub status: RowStatus,
@@ -226,10 +259,10 @@ pub struct RowOutcome {
     /// Steps at which the solver dropped its history and fell back to a plain (damped) step:
     /// Anderson's ill-conditioned least squares; Broyden's full memory, degenerate secant update
     /// or failed backtracking.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub restarts: usize,
     /// Broyden's step halvings (backtracking).
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub backtracks: usize,
 }
 

@@ -138,7 +138,7 @@ impl<T: SolverFloat> AndersonRule<T> {
 
 impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
     fn state_bytes(&self, batch: usize, dim: usize) -> (&'static str, u128) {
-        use crate::limits::bytes_of;
+        use crate::error::bytes_of;
         let t = std::mem::size_of::<T>();
         let bytes = bytes_of(2 * t, &[batch, self.m, dim])
             .saturating_add(bytes_of(8, &[batch, self.m, self.m]));

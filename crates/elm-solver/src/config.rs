@@ -1,0 +1,509 @@
+//! Typed solver configs (serde-(de)serialisable with the `serde` feature; unknown keys are
+//! rejected at every level) and [`CustomSolver`], which lets any [`FixedPointSolver`] stand
+//! wherever a config is taken.
+//!
+//! A new built-in solver is its own file (`<name>.rs`), its config struct, variant and entry in
+//! [`BUILTIN_SOLVERS`] here, and its `mod`/`pub use` line in `lib.rs`: everything else (the CLI's
+//! `--solver`, the benches, the tests, paper_repro) reads [`BUILTIN_SOLVERS`].
+
+use std::sync::Arc;
+
+use super::{Anderson, Broyden, FixedPointSolver, Picard, SolverFloat};
+use crate::error::{Result, SolverError};
+
+/// When a row stops; shared by every solver and passed with each solve (semantics documented in
+/// [`crate::solver`]). Defaults: `rel_tol` 1e-6, at most 1000 evaluations.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct StopCriteria {
+    /// Converged when `‖f(z)−z‖₂ ≤ abs_tol`; 0 disables the test.
+    pub abs_tol: f64,
+    /// Converged when `‖f(z)−z‖₂ / (‖f(z)‖₂ + rel_eps) ≤ rel_tol`; 0 disables the test.
+    pub rel_tol: f64,
+    /// Guards the relative residual's denominator.
+    pub rel_eps: f64,
+    /// Maximum map evaluations per row (≥ 1).
+    pub max_iter: usize,
+    /// Diverged when the residual exceeds this factor times the row's first residual.
+    pub divergence_factor: f64,
+}
+
+impl Default for StopCriteria {
+    fn default() -> Self {
+        StopCriteria {
+            abs_tol: 0.0,
+            rel_tol: 1e-6,
+            rel_eps: 1e-12,
+            max_iter: 1000,
+            divergence_factor: 1e8,
+        }
+    }
+}
+
+impl StopCriteria {
+    /// Stop on the absolute residual `‖f(z)−z‖₂ ≤ abs_tol` or after `max_iter` evaluations.
+    pub fn absolute(abs_tol: f64, max_iter: usize) -> Self {
+        StopCriteria {
+            abs_tol,
+            rel_tol: 0.0,
+            max_iter,
+            ..StopCriteria::default()
+        }
+    }
+    /// Stop on the relative residual `≤ rel_tol` or after `max_iter` evaluations.
+    pub fn relative(rel_tol: f64, max_iter: usize) -> Self {
+        StopCriteria {
+            abs_tol: 0.0,
+            rel_tol,
+            max_iter,
+            ..StopCriteria::default()
+        }
+    }
+    /// Checks value ranges; errors name the offending field.
+    pub fn validate(&self) -> Result<()> {
+        let nonneg = |name: &str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(SolverError::config(
+                    format!("stop.{name}"),
+                    format!("must be finite and >= 0, got {v}"),
+                ))
+            }
+        };
+        nonneg("abs_tol", self.abs_tol)?;
+        nonneg("rel_tol", self.rel_tol)?;
+        nonneg("rel_eps", self.rel_eps)?;
+        crate::error::check_max_iter("stop.max_iter", self.max_iter)?;
+        if self.divergence_factor.is_nan() || self.divergence_factor <= 1.0 {
+            return Err(SolverError::config(
+                "stop.divergence_factor",
+                format!("must be > 1 (or inf), got {}", self.divergence_factor),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a solve returns besides the state.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct OutputOptions {
+    /// Return each row's lowest-residual iterate (true) or its last evaluated iterate (false).
+    pub return_best: bool,
+    /// Record each row's absolute residual after every map evaluation.
+    pub trace: bool,
+    /// Power-iteration steps for the per-row spectral radius of `∂f/∂z` at the solution; 0 = off.
+    /// Costs `1 + spectral_radius_iters` extra batched map evaluations.
+    pub spectral_radius_iters: usize,
+    /// Seed of the random start vector of the power iteration.
+    pub seed: u64,
+}
+
+impl Default for OutputOptions {
+    fn default() -> Self {
+        OutputOptions {
+            return_best: true,
+            trace: false,
+            spectral_radius_iters: 0,
+            seed: 0,
+        }
+    }
+}
+
+/// Damped Picard iteration `z ← (1−β) z + β f(z)`.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct PicardConfig {
+    /// Damping β ∈ (0, 1]; 1 = plain iteration.
+    pub beta: f64,
+    pub output: OutputOptions,
+}
+
+impl Default for PicardConfig {
+    fn default() -> Self {
+        PicardConfig {
+            beta: 1.0,
+            output: OutputOptions::default(),
+        }
+    }
+}
+
+/// Anderson acceleration (type II) with per-row history.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct AndersonConfig {
+    /// History length ≥ 1 (number of residual differences kept).
+    pub history: usize,
+    /// Ridge λ ≥ 0, relative to the mean diagonal of the Gram matrix.
+    pub lambda: f64,
+    /// Mixing β ∈ (0, 1].
+    pub beta: f64,
+    /// Restart a row's history when the estimated condition number of its (ridged) Gram matrix
+    /// exceeds this.
+    pub max_condition: f64,
+    pub output: OutputOptions,
+}
+
+impl Default for AndersonConfig {
+    fn default() -> Self {
+        AndersonConfig {
+            history: 5,
+            lambda: 1e-10,
+            beta: 1.0,
+            max_condition: 1e12,
+            output: OutputOptions::default(),
+        }
+    }
+}
+
+/// "Good" Broyden with a limited-memory inverse Jacobian.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct BroydenConfig {
+    /// Memory L ≥ 1: rank-one updates kept (oldest overwritten first).
+    pub memory: usize,
+    /// Initial inverse Jacobian of `g(z) = f(z) − z` is `−β·I`, so the first step is a damped
+    /// Picard step.
+    pub beta: f64,
+    /// Halve the step (up to `max_backtracks` times) when the residual grows by more than
+    /// `backtrack_growth`×. Off by default: Broyden's residual is not monotone, and measured on
+    /// the canonical problems backtracking with growth 1 cost up to 100× more evaluations.
+    pub backtrack: bool,
+    pub backtrack_growth: f64,
+    pub max_backtracks: usize,
+    pub output: OutputOptions,
+}
+
+impl Default for BroydenConfig {
+    fn default() -> Self {
+        BroydenConfig {
+            memory: 10,
+            beta: 1.0,
+            backtrack: false,
+            backtrack_growth: 10.0,
+            max_backtracks: 4,
+            output: OutputOptions::default(),
+        }
+    }
+}
+
+fn check_beta(field: &str, beta: f64) -> Result<()> {
+    if beta > 0.0 && beta <= 1.0 {
+        Ok(())
+    } else {
+        Err(SolverError::config(
+            field,
+            format!("must be in (0, 1], got {beta}"),
+        ))
+    }
+}
+
+impl PicardConfig {
+    pub fn validate(&self) -> Result<()> {
+        check_beta("beta", self.beta)
+    }
+}
+
+impl AndersonConfig {
+    pub fn validate(&self) -> Result<()> {
+        check_beta("beta", self.beta)?;
+        if self.history == 0 {
+            return Err(SolverError::config("history", "must be >= 1"));
+        }
+        if !(self.lambda.is_finite() && self.lambda >= 0.0) {
+            return Err(SolverError::config(
+                "lambda",
+                format!("must be finite and >= 0, got {}", self.lambda),
+            ));
+        }
+        if self.max_condition.is_nan() || self.max_condition <= 1.0 {
+            return Err(SolverError::config("max_condition", "must be > 1"));
+        }
+        Ok(())
+    }
+}
+
+impl BroydenConfig {
+    pub fn validate(&self) -> Result<()> {
+        check_beta("beta", self.beta)?;
+        if self.memory == 0 {
+            return Err(SolverError::config("memory", "must be >= 1"));
+        }
+        if !(self.backtrack_growth.is_finite() && self.backtrack_growth >= 1.0) {
+            return Err(SolverError::config(
+                "backtrack_growth",
+                "must be finite and >= 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The built-in solvers by name, in the order the CLI, the benches, the tests and paper_repro list
+/// them. [`SolverConfig::by_name`] builds each one's default config.
+pub const BUILTIN_SOLVERS: [&str; 3] = ["picard", "anderson", "broyden"];
+
+/// Any solver's config: the algorithm and what a solve reports, never when it stops (that is a
+/// [`StopCriteria`] passed with each solve). JSON form `{"kind": "anderson", "history": 5}`.
+/// [`SolverConfig::Custom`] carries a solver written outside this crate; it has no JSON form
+/// to read (it is supplied in code) and is written as `{"kind": "custom", "name": ...}`.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(
+    feature = "serde",
+    serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)
+)]
+pub enum SolverConfig {
+    Picard(PicardConfig),
+    Anderson(AndersonConfig),
+    Broyden(BroydenConfig),
+    /// Any [`FixedPointSolver`] of the user's, for `f32` and `f64` states.
+    Custom(CustomSolver),
+}
+
+impl Default for SolverConfig {
+    fn default() -> Self {
+        SolverConfig::anderson()
+    }
+}
+
+impl SolverConfig {
+    /// Default Picard (β = 1).
+    pub fn picard() -> Self {
+        SolverConfig::Picard(PicardConfig::default())
+    }
+    /// Default Anderson (history 5, λ = 1e-10, β = 1).
+    pub fn anderson() -> Self {
+        SolverConfig::Anderson(AndersonConfig::default())
+    }
+    /// Default Broyden (L = 10, no backtracking).
+    pub fn broyden() -> Self {
+        SolverConfig::Broyden(BroydenConfig::default())
+    }
+    /// A solver written outside this crate (see [`CustomSolver::new`]).
+    pub fn custom<S>(solver: S) -> Self
+    where
+        S: FixedPointSolver<f32> + FixedPointSolver<f64> + Send + Sync + 'static,
+    {
+        SolverConfig::Custom(CustomSolver::new(solver))
+    }
+    /// Default config of the built-in solver `name` (one of [`BUILTIN_SOLVERS`]).
+    pub fn by_name(name: &str) -> Result<Self> {
+        match name {
+            "picard" => Ok(Self::picard()),
+            "anderson" => Ok(Self::anderson()),
+            "broyden" => Ok(Self::broyden()),
+            other => Err(SolverError::config(
+                "kind",
+                format!(
+                    "unknown solver `{other}` (expected {})",
+                    BUILTIN_SOLVERS.join("|")
+                ),
+            )),
+        }
+    }
+    /// Solver name: the built-in's, or the custom solver's own.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SolverConfig::Picard(_) => "picard",
+            SolverConfig::Anderson(_) => "anderson",
+            SolverConfig::Broyden(_) => "broyden",
+            SolverConfig::Custom(c) => c.name(),
+        }
+    }
+    /// Checks every value range (a custom solver checks its own when it solves).
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            SolverConfig::Picard(c) => c.validate(),
+            SolverConfig::Anderson(c) => c.validate(),
+            SolverConfig::Broyden(c) => c.validate(),
+            SolverConfig::Custom(_) => Ok(()),
+        }
+    }
+    /// Mutable output options of a built-in solver; `None` for a custom one (its outputs are its
+    /// own business).
+    pub fn output_mut(&mut self) -> Option<&mut OutputOptions> {
+        match self {
+            SolverConfig::Picard(c) => Some(&mut c.output),
+            SolverConfig::Anderson(c) => Some(&mut c.output),
+            SolverConfig::Broyden(c) => Some(&mut c.output),
+            SolverConfig::Custom(_) => None,
+        }
+    }
+    /// Builder-style: replace the output options (no effect on a custom solver).
+    pub fn with_output(mut self, output: OutputOptions) -> Self {
+        if let Some(o) = self.output_mut() {
+            *o = output;
+        }
+        self
+    }
+    /// The solver. Configs are validated when `solve` is called (invalid ones return
+    /// [`SolverError::Config`] there).
+    pub fn build<T: SolverFloat>(&self) -> Box<dyn FixedPointSolver<T>> {
+        match self {
+            SolverConfig::Picard(c) => Box::new(Picard::new(c.clone())),
+            SolverConfig::Anderson(c) => Box::new(Anderson::new(c.clone())),
+            SolverConfig::Broyden(c) => Box::new(Broyden::new(c.clone())),
+            SolverConfig::Custom(c) => T::custom_solver(c),
+        }
+    }
+}
+
+#[cfg(feature = "serde")]
+impl SolverConfig {
+    /// Parses and validates a JSON config.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let cfg: SolverConfig = serde_json::from_str(text).map_err(|e| SolverError::Json {
+            what: "solver config".into(),
+            msg: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+    /// Builder-style: sets the field `key` of a built-in config to `value` (JSON), as in its
+    /// JSON form. A key this solver does not have is refused, naming the built-in solvers that
+    /// do have it; the result is validated.
+    pub fn with_param(self, key: &str, value: serde_json::Value) -> Result<Self> {
+        let mut json = serde_json::to_value(&self).map_err(|e| SolverError::Json {
+            what: "solver config".into(),
+            msg: e.to_string(),
+        })?;
+        let has = |j: &serde_json::Value| key != "kind" && j.get(key).is_some();
+        if !has(&json) || matches!(self, SolverConfig::Custom(_)) {
+            let owners: Vec<&str> = BUILTIN_SOLVERS
+                .iter()
+                .copied()
+                .filter(|n| {
+                    Self::by_name(n)
+                        .ok()
+                        .and_then(|c| serde_json::to_value(c).ok())
+                        .is_some_and(|j| has(&j))
+                })
+                .collect();
+            let msg = if owners.is_empty() {
+                format!("no solver has a parameter `{key}`")
+            } else {
+                format!("only applies to --solver {}", owners.join("|"))
+            };
+            return Err(SolverError::config(key, msg));
+        }
+        if value.is_null() {
+            // serde_json writes NaN and ±∞ as null.
+            return Err(SolverError::config(key, "must be a finite number"));
+        }
+        json[key] = value;
+        let cfg: SolverConfig = serde_json::from_value(json).map_err(|e| SolverError::Json {
+            what: format!("solver config `{key}`"),
+            msg: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// A solver written outside this crate, for `f32` and `f64` states: it plugs in wherever a
+/// [`SolverConfig`] is taken (training's forward and backward solvers, inference). Cloning
+/// shares the solver. Two are equal when they are the same solver.
+#[derive(Clone)]
+pub struct CustomSolver {
+    name: &'static str,
+    f32: Arc<dyn FixedPointSolver<f32> + Send + Sync>,
+    f64: Arc<dyn FixedPointSolver<f64> + Send + Sync>,
+}
+
+impl CustomSolver {
+    /// Wraps `solver`, named by its [`FixedPointSolver::name`].
+    pub fn new<S>(solver: S) -> Self
+    where
+        S: FixedPointSolver<f32> + FixedPointSolver<f64> + Send + Sync + 'static,
+    {
+        let shared = Arc::new(solver);
+        CustomSolver {
+            name: FixedPointSolver::<f32>::name(&*shared),
+            f32: shared.clone(),
+            f64: shared,
+        }
+    }
+    /// The solver's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+    pub(crate) fn for_f32(&self) -> Box<dyn FixedPointSolver<f32>> {
+        Box::new(Shared(self.f32.clone()))
+    }
+    pub(crate) fn for_f64(&self) -> Box<dyn FixedPointSolver<f64>> {
+        Box::new(Shared(self.f64.clone()))
+    }
+}
+
+impl PartialEq for CustomSolver {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.f64, &other.f64)
+    }
+}
+
+impl std::fmt::Debug for CustomSolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("CustomSolver").field(&self.name).finish()
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for CustomSolver {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("CustomSolver", 1)?;
+        st.serialize_field("name", self.name)?;
+        st.end()
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for CustomSolver {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Named {
+            name: String,
+        }
+        let n = Named::deserialize(d)?;
+        Err(serde::de::Error::custom(format!(
+            "custom solver `{}` is supplied in code (SolverConfig::custom), it cannot be read from JSON",
+            n.name
+        )))
+    }
+}
+
+/// A shared solver behind a `Box<dyn FixedPointSolver>`; delegates every method, `solve_in`
+/// included, so the solver's own workspace reuse is kept.
+struct Shared<T>(Arc<dyn FixedPointSolver<T> + Send + Sync>);
+
+impl<T: SolverFloat> FixedPointSolver<T> for Shared<T> {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn solve_observed(
+        &self,
+        map: &mut dyn crate::FixedPointMap<T>,
+        z0: ndarray::ArrayView2<T>,
+        stop: &StopCriteria,
+        observer: &mut dyn crate::Observer<T>,
+    ) -> Result<crate::Solution<T>> {
+        self.0.solve_observed(map, z0, stop, observer)
+    }
+    fn solve_in(
+        &self,
+        ws: &mut crate::SolveWorkspace<T>,
+        map: &mut dyn crate::FixedPointMap<T>,
+        z0: ndarray::ArrayView2<T>,
+        stop: &StopCriteria,
+    ) -> Result<()> {
+        self.0.solve_in(ws, map, z0, stop)
+    }
+}
