@@ -5,7 +5,14 @@
 //! rescaled to spectral norm ≤ 0.9 so the layer stays a contraction (fixed point unique, every
 //! rule well defined). Test accuracy is measured at the solved fixed point for every rule.
 //!
-//! `cargo run --release --example deq_classifier [-- --json] [--steps N] [--seed S]`
+//! `--solver NAME` picks the forward solver and the implicit rule's backward solver: a built-in
+//! (`picard`, `anderson`, `broyden`) or `adaptive-picard`, a solver written outside the library
+//! (`support/adaptive_picard.rs`); with it the implicit rules run it forward and backward.
+//!
+//! `cargo run --release --example deq_classifier [-- --json] [--steps N] [--seed S] [--solver NAME]`
+
+#[path = "support/adaptive_picard.rs"]
+mod adaptive_picard;
 
 use std::time::Instant;
 
@@ -170,6 +177,7 @@ fn accuracy(store: &ParamStore, x: &Array2<f32>, y: &[usize], deq: &DeqConfig) -
 
 fn train(
     rule: GradientRule,
+    solver: &SolverConfig,
     steps: usize,
     seed: u64,
     data: &(Array2<f32>, Vec<usize>, Array2<f32>, Vec<usize>),
@@ -201,7 +209,7 @@ fn train(
     })?;
     let sched = ScheduleConfig::warmup_cosine(2e-2, steps, 0.05, 0.05);
     let deq = DeqConfig::new(rule.clone()).with_forward(
-        SolverConfig::anderson(),
+        solver.clone(),
         StopCriteria {
             rel_tol: 1e-5,
             max_iter: 60,
@@ -267,24 +275,43 @@ fn main() -> elm::Result<()> {
     };
     let steps = arg("--steps", 200)? as usize;
     let seed = arg("--seed", 0)?;
+    let solver = match args.iter().position(|a| a == "--solver") {
+        Some(i) => match args.get(i + 1).map(String::as_str) {
+            Some("adaptive-picard") => {
+                SolverConfig::custom(adaptive_picard::AdaptivePicard::default())
+            }
+            Some(name) => SolverConfig::by_name(name)?,
+            None => return Err(elm::ElmError::config("--solver", "expects a solver name")),
+        },
+        None => SolverConfig::anderson(),
+    };
     let mut rng = elm::train::seeded_rng(seed);
     let (xtr, ytr) = spirals(N_POINTS, 0.08, &mut rng);
     let (xte, yte) = spirals(N_POINTS, 0.08, &mut rng);
     let data = (xtr, ytr, xte, yte);
 
-    let rules = vec![
+    // The implicit rule's backward solver: Anderson and Broyden by default, the chosen one else.
+    let backward = if args.iter().any(|a| a == "--solver") {
+        vec![solver.clone()]
+    } else {
+        vec![SolverConfig::anderson(), SolverConfig::broyden()]
+    };
+    let mut rules = vec![
         GradientRule::Unroll { k: 20 },
         GradientRule::Jfb,
         GradientRule::sjfb_default(8, seed),
-        GradientRule::implicit(SolverConfig::anderson(), 1e-4, 60),
-        GradientRule::implicit(SolverConfig::broyden(), 1e-4, 60),
     ];
+    rules.extend(
+        backward
+            .into_iter()
+            .map(|b| GradientRule::implicit(b, 1e-4, 60)),
+    );
     let mut results = vec![];
     for rule in rules {
         if !json {
             eprintln!("training with {} ...", rule.name());
         }
-        results.push(train(rule, steps, seed, &data)?);
+        results.push(train(rule, &solver, steps, seed, &data)?);
     }
     if json {
         let rows: Vec<_> = results
@@ -301,7 +328,7 @@ fn main() -> elm::Result<()> {
             .collect();
         println!(
             "{}",
-            serde_json::json!({ "steps": steps, "seed": seed, "hidden": HIDDEN, "n_train": N_POINTS, "n_test": N_POINTS, "results": rows })
+            serde_json::json!({ "steps": steps, "seed": seed, "solver": solver.name(), "hidden": HIDDEN, "n_train": N_POINTS, "n_test": N_POINTS, "results": rows })
         );
     } else {
         println!("two spirals, {steps} steps, hidden {HIDDEN}, {N_POINTS} train / {N_POINTS} test points, seed {seed}");

@@ -8,10 +8,13 @@ use elm::elm::train::Trainer;
 use elm::elm::{ElmConfig, ElmModule, TrainConfig};
 use elm::eval::gsm8k::{chat_prompt, stop_ids};
 use elm::model::{default_model_path, load_pretrained};
-use elm::solver::{SolverConfig, StopCriteria};
+use elm::solver::{RowStatus, SolverConfig, StopCriteria};
 
-#[test]
-fn smollm2_compress_train_generate() {
+#[path = "../examples/support/adaptive_picard.rs"]
+mod adaptive_picard;
+
+/// The real checkpoint, or `None` (with a note) outside CI; CI must have it.
+fn real_model() -> Option<std::path::PathBuf> {
     let path = default_model_path();
     if !path.exists() {
         assert!(
@@ -23,8 +26,14 @@ fn smollm2_compress_train_generate() {
             "skipping: {} not found (set ELM_MODELS_DIR)",
             path.display()
         );
-        return;
+        return None;
     }
+    Some(path)
+}
+
+#[test]
+fn smollm2_compress_train_generate() {
+    let Some(path) = real_model() else { return };
     let (dense, tok) = load_pretrained(&path).unwrap();
     assert_eq!(dense.config.num_layers, 30);
     let ec = ElmConfig::new(12, 8);
@@ -108,4 +117,36 @@ fn smollm2_compress_train_generate() {
         .iter()
         .all(|st| st.iterations >= 2 && st.iterations <= 9));
     eprintln!("ELM output: {:?}", tok.decode(&out[0]).unwrap());
+}
+
+/// A solver written outside the library (`examples/support/adaptive_picard.rs`) decodes an ELM
+/// cut from the real checkpoint through `InferenceConfig`: every token converges, and at a tight
+/// tolerance the greedy tokens are Anderson's (both reach the same fixed points).
+#[test]
+fn a_solver_written_outside_the_library_decodes_the_real_elm() {
+    let Some(path) = real_model() else { return };
+    let (dense, tok) = load_pretrained(&path).unwrap();
+    let ec = ElmConfig::new(12, 8);
+    let module = ElmModule::init(&dense, &ec).unwrap();
+    let model = ElmModel::new(dense, ec, module).unwrap();
+    let prompt = tok.encode("The capital of France is", true).unwrap();
+    let stop = StopCriteria::absolute(1e-3, 200);
+    let mut tokens = vec![];
+    for solver in [
+        SolverConfig::custom(adaptive_picard::AdaptivePicard::default()),
+        SolverConfig::anderson(),
+    ] {
+        let name = solver.name();
+        let cfg = InferenceConfig::new(solver, stop.clone());
+        let mut s = ElmSession::new(&model, cfg, 1, prompt.len() + 8).unwrap();
+        let out = generate_greedy(&mut s, std::slice::from_ref(&prompt), 6, &[]).unwrap();
+        assert_eq!(out[0].len(), 6, "{name}");
+        let stats = s.prefill_stats.iter().chain(&s.decode_stats);
+        for st in stats {
+            assert_eq!(st.status, RowStatus::Converged, "{name}: {st:?}");
+        }
+        println!("{name}: {:?} {:?}", out[0], tok.decode(&out[0]).unwrap());
+        tokens.push(out[0].clone());
+    }
+    assert_eq!(tokens[0], tokens[1]);
 }

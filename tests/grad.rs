@@ -11,6 +11,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
+#[path = "../examples/support/adaptive_picard.rs"]
+mod adaptive_picard;
+
 elm::param_set! {
     /// W [D, D], U [D, Dx], b [D].
     struct TanhParams { w, u, b }
@@ -124,6 +127,16 @@ struct Got {
 
 /// Runs `rule` on the tape (x is a param so dL/dx is checked too) and returns the gradients.
 fn tape_grads(p: &Problem, rule: &GradientRule, driver: Option<&mut ImplicitDriver<f64>>) -> Got {
+    tape_grads_with(p, rule, driver, SolverConfig::anderson())
+}
+
+/// [`tape_grads`] with `forward` as the forward solver.
+fn tape_grads_with(
+    p: &Problem,
+    rule: &GradientRule,
+    driver: Option<&mut ImplicitDriver<f64>>,
+    forward: SolverConfig,
+) -> Got {
     let mut tape = Tape::<f64>::new();
     let w = tape.param(p.w.clone().into_dyn());
     let u = tape.param(p.u.clone().into_dyn());
@@ -132,7 +145,7 @@ fn tape_grads(p: &Problem, rule: &GradientRule, driver: Option<&mut ImplicitDriv
     let c = tape.constant(p.c.clone().into_dyn());
     let z0 = ArrayD::zeros(vec![B, D]);
     let fwd = (
-        SolverConfig::anderson(),
+        forward,
         elm::solver::StopCriteria {
             rel_tol: 1e-13,
             max_iter: 500,
@@ -238,14 +251,21 @@ fn dense_reference_matches_finite_differences() {
 fn implicit_gradient_matches_dense_solve_for_every_backward_solver() {
     let p = problem(2, 0.9);
     let ex = flat(&exact_grads(&p));
-    for solver in [
-        SolverConfig::picard(),
-        SolverConfig::anderson(),
-        SolverConfig::broyden(),
-    ] {
+    // Every built-in, and a solver written outside the library (forward and backward).
+    let custom = SolverConfig::custom(adaptive_picard::AdaptivePicard::default());
+    let solvers = elm::solver::BUILTIN_SOLVERS
+        .iter()
+        .map(|n| SolverConfig::by_name(n).unwrap())
+        .chain([custom.clone()]);
+    for solver in solvers {
         let name = solver.name();
+        let forward = if solver == custom {
+            custom.clone()
+        } else {
+            SolverConfig::anderson()
+        };
         let rule = GradientRule::implicit(solver, 1e-12, 500);
-        let got = tape_grads(&p, &rule, None);
+        let got = tape_grads_with(&p, &rule, None, forward);
         let (rel, max_abs) = rel_err(&flat_got(&got), &ex);
         let back = got.report.backward.get().expect("backward report filled");
         println!("implicit/{name}: rel err {rel:e}, max abs {max_abs:e}, backward iters {}, residual {:e}", back.iterations, back.residual);

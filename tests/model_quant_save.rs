@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use elm::elm::infer::{ElmDecoder, ElmModel, ElmSession, InferenceConfig, QuantElm};
-use elm::elm::quant_gguf::{load_quant_gguf, load_quant_gguf_with, save_quant_gguf};
 use elm::elm::{BlockKind, ElmConfig, ElmModule, ModuleBlock};
 use elm::error::ElmError;
 use elm::io::gguf::{kv, write_gguf, GgufFile, GgufTensorData};
@@ -156,9 +155,9 @@ fn same_quant(a: &QuantElm, b: &QuantElm) {
 /// Saves `m`, loads it back, and checks blocks and logits are identical.
 fn round_trip(m: &ElmModel, what: &str) -> PathBuf {
     let path = temp("model.gguf");
-    let bytes = save_quant_gguf(&path, m, &tokenizer()).unwrap();
+    let bytes = m.save_quant_gguf(&path, &tokenizer()).unwrap();
     assert!(bytes > 0);
-    let (back, tok) = load_quant_gguf(&path).unwrap();
+    let (back, tok) = ElmModel::load_quant_gguf(&path).unwrap();
     assert_eq!(tok.encode("w3 w9 w27", false).unwrap(), vec![3, 9, 27]);
     assert_eq!(back.kept_layers(), m.kept_layers(), "{what}");
     assert_eq!(
@@ -287,8 +286,8 @@ fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
             let storage = WeightStorage::Quant(format);
             let (loaded, tok) = ElmModel::load_with(&dir, Some(&ckpt), storage).unwrap();
             let path = temp("fly.gguf");
-            save_quant_gguf(&path, &loaded, &tok).unwrap();
-            let (back, _) = load_quant_gguf(&path).unwrap();
+            loaded.save_quant_gguf(&path, &tok).unwrap();
+            let (back, _) = ElmModel::load_quant_gguf(&path).unwrap();
             // In memory: the same f32 weights quantized directly.
             let want = ElmModel::quantized(
                 QuantWeights::quantize(&w, format),
@@ -303,7 +302,8 @@ fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
                 ElmModel::load_with(Path::new("unused"), Some(&path), WeightStorage::Auto).unwrap();
             assert_same_logits(&want, &via, "load_with(--elm FILE)");
             // Loading as another block format re-quantizes every matrix.
-            let (q8, _) = load_quant_gguf_with(&path, WeightStorage::Quant(QFormat::Q8_0)).unwrap();
+            let (q8, _) =
+                ElmModel::load_quant_gguf_with(&path, WeightStorage::Quant(QFormat::Q8_0)).unwrap();
             let q = q8.quant.as_ref().unwrap();
             assert_eq!(q.dense.embed.format_name(), "q8_0");
         }
@@ -311,7 +311,7 @@ fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
 }
 
 fn load_err(p: &Path) -> ElmError {
-    match load_quant_gguf(p) {
+    match ElmModel::load_quant_gguf(p) {
         Ok(_) => panic!("{} loaded", p.display()),
         Err(e) => e,
     }
@@ -336,7 +336,7 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
     )
     .unwrap();
     let good = temp("good.gguf");
-    save_quant_gguf(&good, &m, &tokenizer()).unwrap();
+    m.save_quant_gguf(&good, &tokenizer()).unwrap();
     let bytes = std::fs::read(&good).unwrap();
 
     // Truncated: the tensor data runs past the end.
@@ -367,7 +367,7 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
     let none_m = |_: &mut Meta| {};
     let none_t = |_: &mut Vec<GgufTensorData>| {};
     // The unedited rewrite loads (the helper itself is sound).
-    load_quant_gguf(&rewrite("same.gguf", &none_m, &none_t)).unwrap();
+    ElmModel::load_quant_gguf(&rewrite("same.gguf", &none_m, &none_t)).unwrap();
 
     let p = rewrite("missing.gguf", &none_m, &|t| {
         t.retain(|x| x.name != "elm.blk.ffn_up.weight")
@@ -532,7 +532,7 @@ fn real_checkpoint_elm_saves_smaller_and_decodes_the_same_tokens() {
     let (qw, _) = load_inference(&path, WeightStorage::Auto).unwrap();
     let mem = ElmModel::quantized(qw, Some((ec, &module)), None).unwrap();
     let out = temp("smollm2-elm.gguf");
-    let bytes = save_quant_gguf(&out, &mem, &tok).unwrap();
+    let bytes = mem.save_quant_gguf(&out, &tok).unwrap();
     let dense_gguf = std::fs::metadata(&path).unwrap().len();
     eprintln!(
         "f32 model {f32_bytes} bytes, dense Q4_1 GGUF {dense_gguf} bytes, saved quantized ELM \
@@ -543,7 +543,7 @@ fn real_checkpoint_elm_saves_smaller_and_decodes_the_same_tokens() {
         "{bytes} vs f32 {f32_bytes}"
     );
     assert!(bytes < dense_gguf, "{bytes} vs dense GGUF {dense_gguf}");
-    let (back, tok2) = load_quant_gguf(&out).unwrap();
+    let (back, tok2) = ElmModel::load_quant_gguf(&out).unwrap();
     same_quant(mem.quant.as_ref().unwrap(), back.quant.as_ref().unwrap());
     let prompt = tok
         .encode(

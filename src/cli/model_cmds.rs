@@ -14,8 +14,9 @@ use ndarray::Array2;
 
 use elm::cuda::{CudaModel, DeviceSpec, GpuModel};
 use elm::elm::infer::{ElmDecoder, ElmModel};
-use elm::eval::gsm8k::{stop_ids, SolverSummary};
+use elm::eval::gsm8k::stop_ids;
 use elm::eval::nll::{teacher_forced_nll, ScoredSequence};
+use elm::eval::SolverSummary;
 use elm::model::generate::{generate, Decoder, Generation, SamplingConfig};
 use elm::model::{
     default_model_path, load_inference, load_pretrained, models_dir, DecoderWeights, ModelWeights,

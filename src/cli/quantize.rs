@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use elm::elm::infer::ElmModel;
-use elm::elm::quant_gguf::{save_quant_gguf, storage_summary};
+use elm::elm::quant_gguf::storage_summary;
 use elm::error::{ElmError, Result};
 use elm::model::{default_model_path, WeightStorage};
 
@@ -41,8 +41,8 @@ pub fn run_quantize(a: QuantizeArgs) -> Result<()> {
     elm::limits::check_output_file("out", &a.out, a.force)?;
     let model_path = a.model.clone().unwrap_or_else(default_model_path);
     let (model, tok) = ElmModel::load_with(&model_path, a.elm.as_deref(), storage)?;
-    let bytes = save_quant_gguf(&a.out, &model, &tok)?;
-    let formats = storage_summary(&model);
+    let bytes = model.save_quant_gguf(&a.out, &tok)?;
+    let formats = storage_summary(model.quant.as_ref());
     if a.json {
         let value = serde_json::json!({
             "out": a.out,

@@ -110,7 +110,7 @@ fn solver_config(args: &SolveArgs) -> Result<SolverConfig> {
         ("lambda", args.lambda.map(|v| json!(v))),
         ("beta", args.beta.map(|v| json!(v))),
         ("memory", args.memory.map(|v| json!(v))),
-        ("backtrack", args.backtrack.then(|| json!(true))),
+        ("backtrack", args.backtrack.then_some(json!(true))),
     ];
     for (key, value) in params {
         if let Some(value) = value {

@@ -12,10 +12,15 @@
 //!   checkpoint directory format (`elm.json` + `module.safetensors`).
 //! - [`map`]: the map `φ(z, h) = f*(W_z·z + W_h·h + b)`, written once, on the tape, without
 //!   tape, and against a KV cache; [`map::ElmLayer`] is its [`crate::grad::ImplicitLayer`].
-//! - [`infer`]: [`infer::ElmSession`] — prefill/decode with any fixed-point solver, adaptive
-//!   per-token stopping, one-step or multi-step KV cache, batched decode; greedy generation.
-//!   Built on the model's inference blocks and KV caches ([`crate::model::block_forward_rows`],
-//!   [`crate::model::LayerKv`]).
+//! - Inference, one file per job (gathered under [`infer`]): [`inference_config`] (solver,
+//!   stopping, KV mode), [`model`] ([`model::ElmModel`] and its loading), [`quant_module`] (the
+//!   quantized forms), [`session`] ([`session::ElmSession`] — prefill/decode with any fixed-point
+//!   solver, adaptive per-token stopping, one-step or multi-step KV cache, batched decode),
+//!   [`fixed_point`] (the module as the solver's map, and the solve buffers kept across tokens),
+//!   [`sequences`] (whole sequences, nothing cached) and [`decode`] (greedy and sampled
+//!   generation). Built on the model's inference blocks and KV caches.
+//! - [`quant_gguf`]: the quantized GGUF file format (below the model code: it reads and writes
+//!   [`quant_module::QuantElm`], never an [`model::ElmModel`]).
 //! - [`forward`]: cache-free dense passes (embeddings, hidden states at layer boundaries).
 //! - [`train`]: [`train::Trainer`] — distillation + CE, any [`crate::grad::DeqConfig`], AdamW,
 //!   resumable checkpoints, and the whole run ([`train::Trainer::run`]) with progress callbacks.
@@ -24,11 +29,18 @@ pub mod accounting;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod decode;
+pub mod fixed_point;
 pub mod forward;
 pub mod infer;
+pub mod inference_config;
 pub mod map;
+pub mod model;
 pub mod module;
 pub mod quant_gguf;
+pub mod quant_module;
+pub mod sequences;
+pub mod session;
 pub mod spectral;
 pub mod train;
 

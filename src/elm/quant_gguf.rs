@@ -26,8 +26,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::config::{BlockKind, ElmConfig};
-use super::infer::{ElmModel, QuantElm, QuantModule, QuantProjection};
 use super::module::ModuleBlock;
+use super::quant_module::{QuantElm, QuantModule, QuantProjection};
 use crate::error::{ElmError, Result};
 use crate::io::gguf::{kv, write_gguf, GgmlType, GgufFile, GgufTensorData, GgufValue};
 use crate::io::gguf_model::{
@@ -167,19 +167,17 @@ fn json_string<T: Serialize>(what: &str, v: &T) -> Result<GgufValue> {
         })
 }
 
-/// Writes `model` (quantized: [`ElmModel::quantized`] / [`ElmModel::load_with`]) and its
+/// Writes a quantized model (`elm_cfg`: its ELM layout, `None` for a dense model) and its
 /// tokenizer as one GGUF file at `path` (atomic; an existing file is replaced — callers
-/// refuse it first if they must). Returns the bytes written.
-pub fn save_quant_gguf(path: &Path, model: &ElmModel, tokenizer: &Tokenizer) -> Result<u64> {
-    let q = model.quant.as_ref().ok_or_else(|| {
-        ElmError::InvalidArgument(
-            "save_quant_gguf: the model holds f32 weights; load it quantized \
-             (ElmModel::load_with with a block format, or ElmModel::quantized)"
-                .into(),
-        )
-    })?;
+/// refuse it first if they must). Returns the bytes written. `ElmModel::save_quant_gguf` is
+/// the model-level call.
+pub fn write_quant_gguf(
+    path: &Path,
+    elm_cfg: Option<&ElmConfig>,
+    q: &QuantElm,
+    tokenizer: &Tokenizer,
+) -> Result<u64> {
     let cfg = &q.dense.config;
-    let elm_cfg = model.elm.as_ref().map(|(c, _)| c);
     let mut meta = arch_metadata(cfg);
     meta.push(kv(FORMAT_KEY, GgufValue::String(QUANT_FORMAT.into())));
     meta.push(kv(MODEL_CONFIG_KEY, json_string("model config", cfg)?));
@@ -197,7 +195,12 @@ pub fn save_quant_gguf(path: &Path, model: &ElmModel, tokenizer: &Tokenizer) -> 
     if let Some(head) = &q.dense.lm_head {
         tensors.push(linear_tensor("output.weight", head, None)?);
     }
-    let kept = model.kept_layers();
+    let kept: Vec<usize> = match elm_cfg {
+        None => (0..cfg.num_layers).collect(),
+        Some(e) => (0..e.start_layer)
+            .chain(e.end_layer()..cfg.num_layers)
+            .collect(),
+    };
     if kept.len() != q.dense.layers.len() {
         return Err(ElmError::shape(
             "save_quant_gguf",
@@ -249,17 +252,16 @@ fn read_layer(
     t.qlayer(cfg, |s: &str| format!("{prefix}{s}"), storage)
 }
 
-/// Loads a file written by [`save_quant_gguf`] with its matrices as stored.
-pub fn load_quant_gguf(path: &Path) -> Result<(ElmModel, Tokenizer)> {
-    load_quant_gguf_with(path, WeightStorage::Auto)
-}
-
-/// Loads a file written by [`save_quant_gguf`]: `Auto` keeps every matrix as stored (blocks
+/// Reads a file written by [`write_quant_gguf`]: the ELM layout (`None` for a dense model), the
+/// quantized weights and the tokenizer (`ElmModel::load_quant_gguf_with` builds the model). `Auto` keeps every matrix as stored (blocks
 /// byte-for-byte); `Quant(f)` re-quantizes matrices of another format; `F32` dequantizes.
 ///
 /// Strict: a wrong `elm.format`, missing or invalid config metadata, or a missing,
 /// mis-shaped or unexpected tensor is an error naming the file and the key or tensor.
-pub fn load_quant_gguf_with(path: &Path, storage: WeightStorage) -> Result<(ElmModel, Tokenizer)> {
+pub fn read_quant_gguf_with(
+    path: &Path,
+    storage: WeightStorage,
+) -> Result<(Option<ElmConfig>, QuantElm, Tokenizer)> {
     let gguf = GgufFile::open(path)?;
     let format = gguf.get_str(FORMAT_KEY)?;
     if format != QUANT_FORMAT {
@@ -333,8 +335,7 @@ pub fn load_quant_gguf_with(path: &Path, storage: WeightStorage) -> Result<(ElmM
         },
         module,
     };
-    let model = ElmModel::from_quant(elm, quant).map_err(|e| e.in_file(path))?;
-    Ok((model, tokenizer))
+    Ok((elm, quant, tokenizer))
 }
 
 fn layer_linears(l: &QLayer) -> [&Linear; 7] {
@@ -342,9 +343,9 @@ fn layer_linears(l: &QLayer) -> [&Linear; 7] {
 }
 
 /// Storage names of the matrices a quantized model holds, with their counts (for reports).
-pub fn storage_summary(model: &ElmModel) -> Vec<(String, usize)> {
+pub fn storage_summary(quant: Option<&QuantElm>) -> Vec<(String, usize)> {
     let mut all: Vec<&Linear> = vec![];
-    if let Some(q) = &model.quant {
+    if let Some(q) = quant {
         all.push(&q.dense.embed);
         all.extend(q.dense.lm_head.as_ref());
         for l in &q.dense.layers {

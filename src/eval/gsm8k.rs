@@ -14,50 +14,11 @@ use crate::io::tokenizer::Tokenizer;
 
 use super::answer::{score_response, AnswerScore};
 use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};
+use super::solver_summary::SolverSummary;
 use super::stats::ItemScore;
 
 /// Text that closes the assistant turn after a reference answer (what training appends).
 pub const ANSWER_SUFFIX: &str = "<|im_end|>\n";
-
-/// Fixed-point statistics over decode tokens.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct SolverSummary {
-    pub tokens: usize,
-    /// Mean fixed-point block evaluations per decoded token (incl. the commit evaluation).
-    pub mean_iterations: f64,
-    pub max_iterations: usize,
-    /// Mean decoder-block evaluations per decoded token: kept dense layers + fixed-point ones.
-    pub layer_evals_per_token: f64,
-    pub mean_residual: f64,
-    /// Fraction of tokens whose solve converged within `max_iter`.
-    pub converged_frac: f64,
-}
-
-impl SolverSummary {
-    /// Summarises `stats` for a model with `kept` dense layers.
-    pub fn from_stats(stats: &[FpStat], kept: usize) -> Self {
-        if stats.is_empty() {
-            return SolverSummary {
-                layer_evals_per_token: kept as f64,
-                ..Default::default()
-            };
-        }
-        let n = stats.len() as f64;
-        let mean_it = stats.iter().map(|s| s.iterations as f64).sum::<f64>() / n;
-        SolverSummary {
-            tokens: stats.len(),
-            mean_iterations: mean_it,
-            max_iterations: stats.iter().map(|s| s.iterations).max().unwrap_or(0),
-            layer_evals_per_token: kept as f64 + mean_it,
-            mean_residual: stats.iter().map(|s| s.residual).sum::<f64>() / n,
-            converged_frac: stats
-                .iter()
-                .filter(|s| s.status == crate::solver::RowStatus::Converged)
-                .count() as f64
-                / n,
-        }
-    }
-}
 
 /// One evaluated problem.
 #[derive(Clone, Debug, Serialize)]

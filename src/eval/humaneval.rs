@@ -15,9 +15,10 @@ use crate::elm::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
 
-use super::gsm8k::{greedy_batch, stop_ids, GreedyStops, SolverSummary};
+use super::gsm8k::{greedy_batch, stop_ids, GreedyStops};
 use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};
 use super::sandbox::{run_python, Isolation, SandboxConfig, Verdict};
+use super::solver_summary::SolverSummary;
 use super::stats::ItemScore;
 
 /// Where a completion ends (the HumanEval paper's stop sequences).

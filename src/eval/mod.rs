@@ -7,11 +7,13 @@ pub mod gsm8k;
 pub mod humaneval;
 pub mod nll;
 pub mod sandbox;
+pub mod solver_summary;
 pub mod stats;
 pub mod task;
 
 pub use answer::{exact_match, flexible_extract, score_response, strict_extract};
-pub use gsm8k::{answer_nll, eval_gsm8k, Gsm8kOptions, Gsm8kResult, SolverSummary};
+pub use gsm8k::{answer_nll, eval_gsm8k, Gsm8kOptions, Gsm8kResult};
 pub use nll::{teacher_forced_nll, NllRun, ScoredSequence};
+pub use solver_summary::SolverSummary;
 pub use stats::{estimate, paired, BootstrapConfig, Estimate, ItemScore, PairedComparison};
 pub use task::{run_task, Task, TaskData, TaskOptions, TaskRun};

@@ -18,7 +18,7 @@ use crate::elm::infer::{ElmModel, ElmSession, FpStat, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::model::ops::blas_threads;
 
-use super::gsm8k::SolverSummary;
+use super::solver_summary::SolverSummary;
 use super::stats::ItemScore;
 
 /// One sequence to score: `tokens[first_scored..]` are the targets, each predicted from the

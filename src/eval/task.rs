@@ -13,9 +13,10 @@ use crate::elm::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
 
-use super::gsm8k::{answer_nll, eval_gsm8k, Gsm8kOptions, Sample, SolverSummary};
+use super::gsm8k::{answer_nll, eval_gsm8k, Gsm8kOptions, Sample};
 use super::humaneval::{self, HumanEvalOptions, HumanEvalSample, Problem};
 use super::nll::NllRun;
+use super::solver_summary::SolverSummary;
 use super::stats::{estimate, paired, BootstrapConfig, Estimate, ItemScore, PairedComparison};
 
 /// What `elm eval --task` runs.

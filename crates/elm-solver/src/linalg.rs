@@ -87,7 +87,7 @@ pub fn largest_singular_value(g: &Array2<f64>, max_iter: usize) -> f64 {
 
 /// `Q diag(d) Qᵀ x` for each row `x` of `xs [B, n]`.
 pub fn apply_eigen(q: &Array2<f64>, d: &Array1<f64>, xs: &Array2<f64>) -> Array2<f64> {
-    let coeffs = xs.dot(q) * &d.view().insert_axis(Axis(0));
+    let coeffs = xs.dot(q) * d.view().insert_axis(Axis(0));
     coeffs.dot(&q.t())
 }
 

@@ -1,0 +1,104 @@
+//! How the fixed-point module is solved at inference: [`InferenceConfig`] (solver, stopping per
+//! token, KV mode) and [`KvMode`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ElmError, Result};
+use crate::solver::{FixedPointSolver, SolverConfig, StopCriteria};
+
+/// KV-cache policy of the fixed-point block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KvMode {
+    OneStep,
+    MultiStep,
+}
+
+impl std::str::FromStr for KvMode {
+    type Err = ElmError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "one-step" => Ok(KvMode::OneStep),
+            "multi-step" => Ok(KvMode::MultiStep),
+            _ => Err(ElmError::config(
+                "kv",
+                format!("`{s}`: expected one-step or multi-step"),
+            )),
+        }
+    }
+}
+
+/// How the fixed-point module is solved at inference.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferenceConfig {
+    /// Solver and its parameters.
+    #[serde(default = "SolverConfig::anderson")]
+    pub solver: SolverConfig,
+    /// When a token stops: `abs_tol` = δ per token (see module doc; 0 with `rel_tol` 0 = always
+    /// `max_iter`), `max_iter` map evaluations per token (the commit evaluation comes on top).
+    #[serde(default = "d_stop")]
+    pub stop: StopCriteria,
+    #[serde(default = "d_kv")]
+    pub kv_mode: KvMode,
+    /// Stop prefill rows adaptively too (else prefill always runs `max_iter`).
+    #[serde(default = "d_true")]
+    pub adaptive_prefill: bool,
+}
+
+/// δ = 0.5 per token, at most 16 evaluations.
+pub(crate) fn d_stop() -> StopCriteria {
+    StopCriteria::absolute(0.5, 16)
+}
+pub(crate) fn d_kv() -> KvMode {
+    KvMode::OneStep
+}
+pub(crate) fn d_true() -> bool {
+    true
+}
+
+impl Default for InferenceConfig {
+    fn default() -> Self {
+        serde_json::from_str("{}").expect("defaults")
+    }
+}
+
+impl InferenceConfig {
+    /// `solver` stopping per token as `stop` (see the module doc), other fields default.
+    pub fn new(solver: SolverConfig, stop: StopCriteria) -> Self {
+        InferenceConfig {
+            solver,
+            stop,
+            ..InferenceConfig::default()
+        }
+    }
+    /// The stop criteria of a row of `tokens` tokens: δ scaled to the row (`δ·√T`), or no
+    /// tolerance when the row is not stopped adaptively.
+    pub(crate) fn stop_for(&self, tokens: usize, adaptive: bool) -> StopCriteria {
+        let (abs_tol, rel_tol) = if adaptive {
+            (
+                self.stop.abs_tol * (tokens as f64).sqrt(),
+                self.stop.rel_tol,
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        StopCriteria {
+            abs_tol,
+            rel_tol,
+            ..self.stop.clone()
+        }
+    }
+    /// The solver, returning each row's best iterate (its K/V are the ones committed).
+    pub(crate) fn build_solver(&self) -> Box<dyn FixedPointSolver<f32>> {
+        let mut cfg = self.solver.clone();
+        if let Some(output) = cfg.output_mut() {
+            output.return_best = true;
+        }
+        cfg.build()
+    }
+    pub fn validate(&self) -> Result<()> {
+        self.stop.validate()?;
+        Ok(self.solver.validate()?)
+    }
+}

@@ -1,0 +1,98 @@
+//! The quantized forms of an ELM: [`QuantElm`] (kept dense layers, embedding, head, module)
+//! and [`QuantModule`] / [`QuantProjection`].
+
+use ndarray::Array2;
+
+use crate::model::quant::{Linear, QFfn, QFormat, QLayer, QuantWeights};
+use crate::model::{BlockWeights, LayerWeights};
+
+use super::map::ModuleView;
+use super::module::{ElmModule, ModuleBlock};
+
+/// What a quantized [`ElmModel`] runs on: the kept dense layers (in order, `layers[slot]`),
+/// embedding, final norm and LM head, and the fixed-point module, each matrix quantized.
+#[derive(Clone, Debug)]
+pub struct QuantElm {
+    /// `layers` holds only the kept dense layers, in the order they run.
+    pub dense: QuantWeights,
+    /// The module (`None` for a dense model).
+    pub module: Option<QuantModule>,
+}
+
+/// The fixed-point module with quantized matrices (`P = [W_z | W_h]` and the block).
+#[derive(Clone, Debug)]
+pub struct QuantModule {
+    pub block: ModuleBlock<QLayer, QFfn>,
+    /// The input injection (`None`: `u = z`, as [`ElmModule::projection`]).
+    pub projection: Option<QuantProjection>,
+}
+
+/// `P = [W_z | W_h]` and `b`, quantized.
+#[derive(Clone, Debug)]
+pub struct QuantProjection {
+    pub w_z: Linear,
+    pub w_h: Linear,
+    pub bias: ndarray::Array1<f32>,
+}
+
+impl QuantProjection {
+    pub(crate) fn bytes(&self) -> usize {
+        self.w_z.bytes() + self.w_h.bytes() + self.bias.len() * 4
+    }
+}
+
+impl QuantModule {
+    /// The module's matrices quantized to `format` (`None`: kept f32).
+    pub fn from_f32(m: &ElmModule, format: Option<QFormat>) -> Self {
+        QuantModule {
+            block: match &m.block {
+                ModuleBlock::Decoder(b) => ModuleBlock::Decoder(QLayer::from_f32(b, format)),
+                ModuleBlock::Ffn(b) => ModuleBlock::Ffn(QFfn::from_f32(b, format)),
+            },
+            projection: m.projection.as_ref().map(|p| QuantProjection {
+                w_z: Linear::from_f32(&p.w_z, format),
+                w_h: Linear::from_f32(&p.w_h, format),
+                bias: p.bias.clone(),
+            }),
+        }
+    }
+
+    /// Bytes of weights held.
+    pub fn bytes(&self) -> usize {
+        self.block.block_ref().bytes() + self.projection.as_ref().map_or(0, QuantProjection::bytes)
+    }
+
+    /// The module as the no-tape kernels see it (the path of [`ElmModule`]'s f32 matrices).
+    pub(crate) fn view(&self) -> ModuleView<'_, dyn BlockWeights> {
+        ModuleView {
+            block: &self.block,
+            projection: self
+                .projection
+                .as_ref()
+                .map(|p| (p.w_z.as_ref(), p.w_h.as_ref(), &p.bias)),
+        }
+    }
+}
+
+/// A `[0, 0]` f32 matrix: the placeholder of a tensor that lives in [`QuantElm`].
+pub(crate) fn empty2() -> Array2<f32> {
+    Array2::zeros((0, 0))
+}
+
+pub(crate) fn empty_layer() -> LayerWeights {
+    let e1 = || ndarray::Array1::zeros(0);
+    LayerWeights {
+        attn_norm: e1(),
+        wq: empty2(),
+        wk: empty2(),
+        wv: empty2(),
+        wo: empty2(),
+        bq: None,
+        bk: None,
+        bv: None,
+        mlp_norm: e1(),
+        w_gate: empty2(),
+        w_up: empty2(),
+        w_down: empty2(),
+    }
+}
