@@ -9,7 +9,9 @@
 //! (`picard`, `anderson`, `broyden`) or `adaptive-picard`, a solver written outside the library
 //! (`support/adaptive_picard.rs`); with it the implicit rules run it forward and backward.
 //!
-//! `cargo run --release --example deq_classifier [-- --json] [--steps N] [--seed S] [--solver NAME]`
+//! `--check` fails the run unless every rule ends above 75% test accuracy (CI runs it so).
+//!
+//! `cargo run --release --example deq_classifier [-- --json] [--steps N] [--seed S] [--solver NAME] [--check]`
 
 #[path = "support/adaptive_picard.rs"]
 mod adaptive_picard;
@@ -357,6 +359,16 @@ fn main() -> elm::Result<()> {
                 r.mean_bwd_iters,
                 r.final_loss
             );
+        }
+    }
+    if args.iter().any(|a| a == "--check") {
+        if let Some(bad) = results.iter().find(|r| r.test_acc < 0.75) {
+            return Err(elm::ElmError::InvalidArgument(format!(
+                "{} with solver {} reached test accuracy {:.3} < 0.75",
+                bad.name,
+                solver.name(),
+                bad.test_acc
+            )));
         }
     }
     Ok(())

@@ -16,14 +16,16 @@ export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 step() { # NAME ARGS...: runs `elm ARGS --json`, keeps its JSON without wall-clock fields
   local name="$1"; shift
   "$bin" "$@" --json > "$work/$name.json"
-  python3 - "$work/$name.json" "$out/$name.json" <<'PY'
+  python3 - "$work/$name.json" "$out/$name.json" "$work" <<'PY'
 import json, re, sys
-timing = re.compile(r"(second|_s$|^s$|time|tok_s|per_s|elapsed|ms$|_ms|wall|eta|path|dir|file|out$|created)", re.I)
+timing = re.compile(r"(second|_s$|^s$|time|tok_s|per_s|elapsed|ms$|_ms|wall|eta|path|dir|file|out$|created|rss)", re.I)
 def strip(v):
     if isinstance(v, dict):
         return {k: strip(x) for k, x in v.items() if not timing.search(k)}
     if isinstance(v, list):
         return [strip(x) for x in v]
+    if isinstance(v, str) and v.startswith(sys.argv[3]):
+        return "WORK" + v[len(sys.argv[3]):]  # the run's own temporary directory
     return v
 data = json.load(open(sys.argv[1]))
 json.dump(strip(data), open(sys.argv[2], "w"), indent=1, sort_keys=True)

@@ -10,6 +10,20 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings 2>&1
 cargo clippy --workspace --all-targets --features cuda -- -D warnings 2>&1
 cargo test --workspace --all-targets --no-fail-fast 2>&1
+# The solver crate on its own: no BLAS, LAPACK or tokenizer crate in its tree, its tests built
+# in a target dir of their own (so no workspace feature reaches them), and no test binary linked
+# against OpenBLAS or LAPACK.
+if cargo tree -p elm-solver -e normal --features serde | grep -iE 'blas|lapack|tokeniz'; then
+  echo "elm-solver depends on a BLAS/LAPACK/tokenizer crate" >&2; exit 1
+fi
+CARGO_TARGET_DIR=target-solver cargo test -p elm-solver --features serde 2>&1
+for bin in $(find target-solver/debug/deps -maxdepth 1 -type f -executable -name '*-*'); do
+  if ldd "$bin" | grep -iE 'openblas|lapack|blas'; then
+    echo "$bin links a BLAS/LAPACK library" >&2; exit 1
+  fi
+done
+# A solver written outside the library trains the DEQ example (forward and backward solver).
+cargo run --quiet --example deq_classifier -- --solver adaptive-picard --steps 40 --check 2>&1
 # CI has no GPU and no CUDA toolkit: the feature must still build (GPU tests skip themselves).
 cargo build --lib --features cuda 2>&1
 cargo test --features cuda --test cuda 2>&1
