@@ -99,6 +99,16 @@ impl ElmConfig {
     pub fn end_layer(&self) -> usize {
         self.start_layer.saturating_add(self.num_replaced)
     }
+    /// Indices of the dense layers an ELM of layout `elm` keeps (every layer without one), in
+    /// the order they run, for a model of `num_layers` layers.
+    pub fn kept_layers(elm: Option<&ElmConfig>, num_layers: usize) -> Vec<usize> {
+        match elm {
+            None => (0..num_layers).collect(),
+            Some(e) => (0..e.start_layer)
+                .chain(e.end_layer()..num_layers)
+                .collect(),
+        }
+    }
     /// Checks `1 <= M` and `l + M <= N` (without overflow).
     pub fn validate(&self, model: &ModelConfig) -> Result<()> {
         if self.num_replaced == 0 {

@@ -225,11 +225,10 @@ impl ElmModel {
     }
     /// Indices of the dense layers that are kept, in order.
     pub fn kept_layers(&self) -> Vec<usize> {
-        let n = self.weights.config.num_layers;
-        match &self.elm {
-            None => (0..n).collect(),
-            Some((c, _)) => (0..c.start_layer).chain(c.end_layer()..n).collect(),
-        }
+        ElmConfig::kept_layers(
+            self.elm.as_ref().map(|(c, _)| c),
+            self.weights.config.num_layers,
+        )
     }
 
     /// Writes this quantized model (see [`ElmModel::quantized`] / [`ElmModel::load_with`]) and

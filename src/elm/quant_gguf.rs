@@ -195,12 +195,7 @@ pub fn write_quant_gguf(
     if let Some(head) = &q.dense.lm_head {
         tensors.push(linear_tensor("output.weight", head, None)?);
     }
-    let kept: Vec<usize> = match elm_cfg {
-        None => (0..cfg.num_layers).collect(),
-        Some(e) => (0..e.start_layer)
-            .chain(e.end_layer()..cfg.num_layers)
-            .collect(),
-    };
+    let kept = ElmConfig::kept_layers(elm_cfg, cfg.num_layers);
     if kept.len() != q.dense.layers.len() {
         return Err(ElmError::shape(
             "save_quant_gguf",
@@ -290,12 +285,7 @@ pub fn read_quant_gguf_with(
     } else {
         Some(t.linear("output.weight", v, c, storage, None)?)
     };
-    let kept: Vec<usize> = match &elm {
-        None => (0..cfg.num_layers).collect(),
-        Some(e) => (0..e.start_layer)
-            .chain(e.end_layer()..cfg.num_layers)
-            .collect(),
-    };
+    let kept = ElmConfig::kept_layers(elm.as_ref(), cfg.num_layers);
     let layers = kept
         .iter()
         .map(|i| read_layer(&mut t, &format!("blk.{i}."), &cfg, storage))
