@@ -12,8 +12,8 @@ mod adaptive_picard;
 use std::path::PathBuf;
 
 use adaptive_picard::AdaptivePicard;
-use elm::elm::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig};
-use elm::elm::{ElmConfig, ElmModule};
+use elm::equilibrium::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig};
+use elm::equilibrium::{ElmConfig, ElmModule};
 use elm::model::{default_model_path, load_pretrained};
 use elm::solver::problems::Problem;
 use elm::solver::{SolverConfig, StopCriteria, BUILTIN_SOLVERS};

@@ -3,12 +3,12 @@
 //! λ schedule. `cargo run --release --example train_profile -- MODEL [STEPS] [BATCH] [SEQ]`
 use std::time::Instant;
 
-use elm::elm::data::{
+use elm::data::{
     batch_indices, load_gsm8k, make_batch, resolve_data_dir, tokenize_example, Example, Split,
 };
-use elm::elm::module::ElmModule;
-use elm::elm::train::Trainer;
-use elm::elm::{ElmConfig, TrainConfig};
+use elm::equilibrium::module::ElmModule;
+use elm::equilibrium::train::Trainer;
+use elm::equilibrium::{ElmConfig, TrainConfig};
 use elm::eval::gsm8k::chat_prompt;
 
 fn main() -> elm::Result<()> {

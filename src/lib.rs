@@ -1,10 +1,10 @@
 //! # elm — Equilibrium Language Models
 //!
 //! Layers, lowest first; a module imports only modules before it in this list:
-//! `error` → `io::{atomic, tensor_file}` (the files the library writes) → `solver`, `autograd` →
+//! `error` → `data` (GSM8K, jsonl and text loaders, chat formatting, batch order) → `io::{atomic, tensor_file}` (the files the library writes) → `solver`, `autograd` →
 //! `nn`, `grad`, `train` → `model::{config, weights}` (plain
 //! data shared by every path) → `io` (fills those types from files) → the rest of `model`
-//! (training and inference paths) → `cuda` → `elm` → `eval` → `compress` (baselines) → `lora`
+//! (training and inference paths, cache-free dense passes in `model::dense_pass`) → `cuda` → `equilibrium` (the ELM) → `eval` → `compress` (baselines) → `lora`
 //! (stage-1 LoRA SFT + merge) → `search` (GPPO, enumeration, metric selectors). The command line is the `elm`
 //! binary (`src/main.rs`, feature `cli`), a thin shell over these modules; see ARCHITECTURE.md
 //! for the picture and for where a new solver, gradient rule, implicit layer or compression
@@ -18,6 +18,7 @@ pub mod limits;
 pub use error::{ElmError, Result};
 
 pub mod autograd;
+pub mod data;
 pub mod grad;
 pub mod io;
 pub mod model;
@@ -33,7 +34,7 @@ pub mod cuda;
 #[path = "cuda_stub/mod.rs"]
 pub mod cuda;
 
-pub mod elm;
+pub mod equilibrium;
 pub mod eval;
 
 pub mod compress;

@@ -16,7 +16,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The module path of a file under `src/` (`src/elm/session.rs` → `[elm, session]`).
+/// The module path of a file under `src/` (`src/equilibrium/session.rs` → `[equilibrium, session]`).
 fn module_of(src: &Path, file: &Path) -> Vec<String> {
     let rel = file.strip_prefix(src).unwrap().with_extension("");
     let mut parts: Vec<String> = rel

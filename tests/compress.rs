@@ -12,8 +12,8 @@ use elm::compress::metrics::{
     window_cosine, window_removal_nll,
 };
 use elm::compress::{prune, BoundaryStates, Calibration, PruneMethod, PruneOptions};
-use elm::elm::forward::run_dense_layers;
 use elm::error::ElmError;
+use elm::model::dense_pass::run_dense_layers;
 use elm::model::tape::ModelTensors;
 use elm::model::{Arch, ModelConfig, ModelWeights};
 use ndarray::{s, Array2, Array3, ArrayD, IxDyn};
@@ -241,7 +241,7 @@ fn la_co_search_replays_its_rule() {
         eprintln!("{layers} layers, M = {m}: {found:?}");
         // The replay: final states of whole candidate models on the first LACO_SAMPLES chunks.
         let chunks: Vec<Vec<u32>> = calib.chunks[..LACO_SAMPLES].to_vec();
-        let x0 = elm::elm::forward::embed(&w, &chunks).unwrap();
+        let x0 = elm::model::dense_pass::embed(&w, &chunks).unwrap();
         let dense = run_dense_layers(&w, x0.clone(), 0..layers).unwrap();
         let sim = |merges: &[(usize, usize)]| {
             let p = build(&w, merges);
@@ -315,10 +315,10 @@ fn la_co_search_replays_its_rule() {
 /// projection the usual init; the default keeps a copy of the first replaced layer.
 #[test]
 fn la_co_block_init_is_the_merged_window() {
-    use elm::compress::methods::{init_module, BlockInit};
+    use elm::compress::{init_module, BlockInit};
     let w = tiny(6, 4);
-    let ec = elm::elm::ElmConfig::new(1, 3);
-    let plain = elm::elm::ElmModule::init(&w, &ec).unwrap();
+    let ec = elm::equilibrium::ElmConfig::new(1, 3);
+    let plain = elm::equilibrium::ElmModule::init(&w, &ec).unwrap();
     let laco = init_module(&w, &ec, BlockInit::LaCo).unwrap();
     let merged = rdsc_merge(&w.layers[1..4]).unwrap();
     let block = laco.block.decoder().unwrap();

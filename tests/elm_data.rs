@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use elm::elm::checkpoint::{load_tensors, save_tensors, write_atomic};
-use elm::elm::config::{LambdaSchedule, TrainConfig};
-use elm::elm::data::*;
+use elm::data::*;
+use elm::equilibrium::checkpoint::{load_tensors, save_tensors, write_atomic};
+use elm::equilibrium::config::{LambdaSchedule, TrainConfig};
 use elm::ElmError;
 use ndarray::{ArrayD, IxDyn};
 

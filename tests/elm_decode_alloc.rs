@@ -6,8 +6,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use elm::elm::infer::{ElmModel, ElmSession, InferenceConfig, KvMode};
-use elm::elm::{ElmConfig, ElmModule};
+use elm::equilibrium::infer::{ElmModel, ElmSession, InferenceConfig, KvMode};
+use elm::equilibrium::{ElmConfig, ElmModule};
 use elm::model::{Arch, ModelConfig, ModelWeights};
 use elm::solver::{SolverConfig, StopCriteria};
 

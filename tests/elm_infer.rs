@@ -1,11 +1,11 @@
 //! ELM inference on tiny random models: init reproduces layer l, converged one-step ==
 //! multi-step == full recompute, batched == unbatched, exact KV bytes, parameter counts.
 
-use elm::elm::accounting::{kv_report, layer_kv_bytes, param_report};
-use elm::elm::infer::{
+use elm::equilibrium::accounting::{kv_report, layer_kv_bytes, param_report};
+use elm::equilibrium::infer::{
     generate_greedy, generate_greedy_until, ElmModel, ElmSession, InferenceConfig, KvMode,
 };
-use elm::elm::{ElmConfig, ElmModule};
+use elm::equilibrium::{ElmConfig, ElmModule};
 use elm::model::{block_forward_cached, Arch, LayerKv, ModelConfig, ModelWeights, Scratch};
 use elm::solver::{SolverConfig, StopCriteria};
 use ndarray::{Array2, Array3};
@@ -351,7 +351,7 @@ fn bad_inputs_are_typed_errors() {
 /// when the session is created.
 #[test]
 fn decoder_record_counts_lazily_allocated_multi_step_caches() {
-    use elm::elm::infer::ElmDecoder;
+    use elm::equilibrium::infer::ElmDecoder;
     use elm::model::generate::Decoder;
     let model = elm_model(Arch::Llama);
     let cfg = model.config().clone();

@@ -1,11 +1,11 @@
 //! The ELM on the real SmolLM2-135M checkpoint (kept to a few seconds): compress M = 8 layers,
 //! check the accounting against the loaded arrays, train two steps, generate without error.
 
-use elm::elm::accounting::{kv_report, param_report};
-use elm::elm::data::{tokenize_example, Example, QaExample};
-use elm::elm::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig, KvMode};
-use elm::elm::train::Trainer;
-use elm::elm::{ElmConfig, ElmModule, TrainConfig};
+use elm::data::{tokenize_example, Example, QaExample};
+use elm::equilibrium::accounting::{kv_report, param_report};
+use elm::equilibrium::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig, KvMode};
+use elm::equilibrium::train::Trainer;
+use elm::equilibrium::{ElmConfig, ElmModule, TrainConfig};
 use elm::eval::gsm8k::{chat_prompt, stop_ids};
 use elm::model::{default_model_path, load_pretrained};
 use elm::solver::{RowStatus, SolverConfig, StopCriteria};

@@ -3,14 +3,14 @@
 //! a resumed run equals an uninterrupted one bit for bit.
 
 use elm::autograd::Tape;
-use elm::elm::config::{BlockKind, ElmConfig, TrainConfig};
-use elm::elm::data::TokenSequence;
-use elm::elm::forward::run_dense_layers;
-use elm::elm::infer::{ElmModel, ElmSession, InferenceConfig};
-use elm::elm::module::load_module;
-use elm::elm::train::Trainer;
-use elm::elm::{ElmLayer, ElmModule, ElmParams};
+use elm::data::TokenSequence;
+use elm::equilibrium::config::{BlockKind, ElmConfig, TrainConfig};
+use elm::equilibrium::infer::{ElmModel, ElmSession, InferenceConfig};
+use elm::equilibrium::module::load_module;
+use elm::equilibrium::train::Trainer;
+use elm::equilibrium::{ElmLayer, ElmModule, ElmParams};
 use elm::grad::{DeqConfig, GradientRule, ImplicitLayer};
+use elm::model::dense_pass::run_dense_layers;
 use elm::model::{Arch, ModelConfig, ModelWeights, Transformer};
 use elm::solver::{SolverConfig, StopCriteria};
 use ndarray::{Array3, ArrayD};
@@ -71,7 +71,7 @@ fn inference_block_matches_model_transformer_hidden_states() {
             .unwrap()
             .forward_hidden(&toks)
             .unwrap();
-        let x = elm::elm::forward::embed(&w, &toks).unwrap();
+        let x = elm::model::dense_pass::embed(&w, &toks).unwrap();
         let mine = run_dense_layers(&w, x, 0..3).unwrap();
         let d = (&mine - &hs[3])
             .mapv(f32::abs)
@@ -217,8 +217,8 @@ fn tape_module_equals_inference_module() {
 }
 
 /// A run's step logs without their wall times (which no two runs share) for comparing runs.
-fn untimed(history: &[elm::elm::train::StepLog]) -> Vec<elm::elm::train::StepLog> {
-    let zero = |s: &elm::elm::train::StepLog| elm::elm::train::StepLog {
+fn untimed(history: &[elm::equilibrium::train::StepLog]) -> Vec<elm::equilibrium::train::StepLog> {
+    let zero = |s: &elm::equilibrium::train::StepLog| elm::equilibrium::train::StepLog {
         seconds: 0.0,
         ..s.clone()
     };

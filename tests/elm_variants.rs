@@ -4,15 +4,15 @@
 //! looped layer (K applications, multi-step KV) is the dense model with that layer repeated K times.
 
 use elm::compress::methods::delete_layers;
-use elm::elm::accounting::{
+use elm::data::TokenSequence;
+use elm::equilibrium::accounting::{
     block_params, ffn_params, kv_report, layer_kv_bytes, module_params, param_report,
 };
-use elm::elm::config::TrainConfig;
-use elm::elm::data::TokenSequence;
-use elm::elm::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig, KvMode};
-use elm::elm::module::{load_module, save_module, ModuleMeta, MODULE_FORMAT};
-use elm::elm::train::Trainer;
-use elm::elm::{BlockKind, ElmConfig, ElmModule, ModuleBlock};
+use elm::equilibrium::config::TrainConfig;
+use elm::equilibrium::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig, KvMode};
+use elm::equilibrium::module::{load_module, save_module, ModuleMeta, MODULE_FORMAT};
+use elm::equilibrium::train::Trainer;
+use elm::equilibrium::{BlockKind, ElmConfig, ElmModule, ModuleBlock};
 use elm::grad::{DeqConfig, GradientRule};
 use elm::model::generate::{generate, SamplingConfig};
 use elm::model::{Arch, LayerWeights, ModelConfig, ModelWeights, Transformer};

@@ -87,7 +87,7 @@ fn tricky_answers_follow_the_harness() {
 
 #[test]
 fn committed_gsm8k_files_are_the_pinned_ones_and_self_score() {
-    use elm::elm::data::{default_data_dir, gsm8k_final_answer, load_gsm8k, Split};
+    use elm::data::{default_data_dir, gsm8k_final_answer, load_gsm8k, Split};
     let dir = default_data_dir();
     for (file, sha) in [
         (

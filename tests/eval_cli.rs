@@ -5,8 +5,8 @@
 
 use std::process::Command;
 
-use elm::elm::data::{default_data_dir, load_gsm8k, Split};
-use elm::elm::infer::{ElmModel, ElmSession, InferenceConfig};
+use elm::data::{default_data_dir, load_gsm8k, Split};
+use elm::equilibrium::infer::{ElmModel, ElmSession, InferenceConfig};
 use elm::eval::gsm8k::{chat_prompt, ANSWER_SUFFIX};
 use elm::eval::nll::token_nll;
 

@@ -3,8 +3,8 @@
 //! model and for an ELM with adaptive Anderson stopping (padding must not reach a real token,
 //! nor a row's fixed-point solve).
 
-use elm::elm::infer::{ElmModel, ElmSession, InferenceConfig, KvMode};
-use elm::elm::{ElmConfig, ElmModule};
+use elm::equilibrium::infer::{ElmModel, ElmSession, InferenceConfig, KvMode};
+use elm::equilibrium::{ElmConfig, ElmModule};
 use elm::eval::nll::{teacher_forced_nll, token_nll, ScoredSequence};
 use elm::model::{load_weights, Arch, ModelConfig, ModelWeights};
 use elm::solver::{SolverConfig, StopCriteria};

@@ -129,7 +129,7 @@ fn writes_outside_the_sandbox_dir_and_network_are_refused() {
 
 #[test]
 fn canonical_solutions_pass_and_a_wrong_one_fails() {
-    let path = problems_path(&elm::elm::data::default_data_dir());
+    let path = problems_path(&elm::data::default_data_dir());
     let problems =
         load_problems(&path).unwrap_or_else(|e| panic!("{e} (scripts/setup.sh fetches HumanEval)"));
     assert_eq!(problems.len(), 164);

@@ -2,10 +2,10 @@
 //! model, with α/r ≠ 1 so a merge without the scaling fails), SFT lowering the answer CE,
 //! resume = uninterrupted, and typed errors for bad input.
 
-use elm::elm::data::{make_batch, TokenSequence};
-use elm::elm::forward::{embed, run_dense_layers};
+use elm::data::{make_batch, TokenSequence};
 use elm::lora::adapter::{insert_adapters, lora_names, merge_layer, TARGETS};
 use elm::lora::{LoraConfig, LoraSpec, LoraTrainer};
+use elm::model::dense_pass::{embed, run_dense_layers};
 use elm::model::{Arch, ModelConfig, ModelWeights};
 use elm::search::candidate::answer_nll_of_hidden;
 use elm::train::ParamStore;

@@ -198,12 +198,13 @@ fn elm_generate_samples_batches_and_reports_solver_stats() {
     let (ok, g, err) = generate(&["--max-new-tokens", "5"]);
     assert!(ok, "{err}");
     let (model, tok) =
-        elm::elm::infer::ElmModel::load(std::path::Path::new(path), Some(ck.as_path())).unwrap();
-    let cfg = elm::elm::infer::InferenceConfig::default();
-    let mut s = elm::elm::infer::ElmSession::new(&model, cfg, 1, 32).unwrap();
+        elm::equilibrium::infer::ElmModel::load(std::path::Path::new(path), Some(ck.as_path()))
+            .unwrap();
+    let cfg = elm::equilibrium::infer::InferenceConfig::default();
+    let mut s = elm::equilibrium::infer::ElmSession::new(&model, cfg, 1, 32).unwrap();
     let ids = tok.encode("The sky is", false).unwrap();
     let stops = elm::eval::gsm8k::stop_ids(&tok);
-    let out = elm::elm::infer::generate_greedy(&mut s, &[ids], 5, &stops).unwrap();
+    let out = elm::equilibrium::infer::generate_greedy(&mut s, &[ids], 5, &stops).unwrap();
     let shown: Vec<u32> = out[0]
         .iter()
         .copied()

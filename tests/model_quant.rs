@@ -349,8 +349,8 @@ fn real_model_quantized_logits_and_greedy_text_track_f32() {
 
 #[test]
 fn quantized_elm_session_tracks_f32_elm_and_holds_fewer_bytes() {
-    use elm::elm::infer::{ElmModel, ElmSession, InferenceConfig};
-    use elm::elm::{ElmConfig, ElmModule};
+    use elm::equilibrium::infer::{ElmModel, ElmSession, InferenceConfig};
+    use elm::equilibrium::{ElmConfig, ElmModule};
     use elm::solver::{SolverConfig, StopCriteria};
     let mut cfg = ModelConfig::tiny(elm::model::Arch::Qwen2);
     cfg.num_layers = 5;

@@ -1,4 +1,4 @@
-//! Deployable quantized GGUFs (`elm::elm::quant_gguf`, `elm quantize`): save → load round
+//! Deployable quantized GGUFs (`elm::equilibrium::quant_gguf`, `elm quantize`): save → load round
 //! trips keep every block byte-for-byte and every logit, for dense models and ELMs (with and
 //! without the input projection, Llama's permuted Q/K included); an f32 HF model quantized on
 //! the fly saves and loads to the in-memory quantization; corrupt, truncated and incomplete
@@ -12,8 +12,8 @@ use io_common::word_tokenizer_json as tokenizer_json;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use elm::elm::infer::{ElmDecoder, ElmModel, ElmSession, InferenceConfig, QuantElm};
-use elm::elm::{BlockKind, ElmConfig, ElmModule, ModuleBlock};
+use elm::equilibrium::infer::{ElmDecoder, ElmModel, ElmSession, InferenceConfig, QuantElm};
+use elm::equilibrium::{BlockKind, ElmConfig, ElmModule, ModuleBlock};
 use elm::error::ElmError;
 use elm::io::gguf::{kv, write_gguf, GgufFile, GgufTensorData};
 use elm::io::tokenizer::Tokenizer;
@@ -275,13 +275,13 @@ fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
         let ec = ElmConfig::new(1, 2);
         let module = ElmModule::init(&w, &ec).unwrap();
         let ckpt = temp("ckpt");
-        let meta = elm::elm::ModuleMeta {
-            format: elm::elm::module::MODULE_FORMAT.into(),
+        let meta = elm::equilibrium::ModuleMeta {
+            format: elm::equilibrium::module::MODULE_FORMAT.into(),
             elm: ec.clone(),
             model_config: cfg.clone(),
             base_model: dir.display().to_string(),
         };
-        elm::elm::save_module(&ckpt, &module, &meta).unwrap();
+        elm::equilibrium::save_module(&ckpt, &module, &meta).unwrap();
         for format in [QFormat::Q8_0, QFormat::Q4_1] {
             let storage = WeightStorage::Quant(format);
             let (loaded, tok) = ElmModel::load_with(&dir, Some(&ckpt), storage).unwrap();
@@ -462,13 +462,13 @@ fn cli_quantize_refuses_existing_out_and_generate_loads_the_file() {
     std::fs::write(dir.join("tokenizer.json"), tokenizer_json()).unwrap();
     let ckpt = temp("cli-ckpt");
     let ec = ElmConfig::new(1, 2);
-    let meta = elm::elm::ModuleMeta {
-        format: elm::elm::module::MODULE_FORMAT.into(),
+    let meta = elm::equilibrium::ModuleMeta {
+        format: elm::equilibrium::module::MODULE_FORMAT.into(),
         elm: ec.clone(),
         model_config: cfg.clone(),
         base_model: dir.display().to_string(),
     };
-    elm::elm::save_module(&ckpt, &ElmModule::init(&w, &ec).unwrap(), &meta).unwrap();
+    elm::equilibrium::save_module(&ckpt, &ElmModule::init(&w, &ec).unwrap(), &meta).unwrap();
     let out = temp("cli.gguf");
     let elm_bin = env!("CARGO_BIN_EXE_elm");
     let quantize = |force: bool| {

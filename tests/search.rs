@@ -5,9 +5,9 @@
 //! GPPO resume = uninterrupted; bad input is a typed error.
 
 use elm::compress::{BoundaryStates, Calibration};
-use elm::elm::config::ElmConfig;
-use elm::elm::data::TokenSequence;
-use elm::elm::infer::{ElmModel, InferenceConfig};
+use elm::data::TokenSequence;
+use elm::equilibrium::config::ElmConfig;
+use elm::equilibrium::infer::{ElmModel, InferenceConfig};
 use elm::eval::{teacher_forced_nll, ScoredSequence};
 use elm::model::{Arch, ModelConfig, ModelWeights};
 use elm::search::candidate::{CandidateConfig, Candidates, TeacherBatch};

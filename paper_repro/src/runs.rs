@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use elm::elm::TrainConfig;
+use elm::equilibrium::TrainConfig;
 use elm::eval::stats::{Estimate, ItemScore};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -143,7 +143,7 @@ impl Variant {
     }
 }
 
-/// `elm::elm::accounting::ParamReport`, the fields the tables read.
+/// `elm::equilibrium::accounting::ParamReport`, the fields the tables read.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Params {
     pub num_layers: usize,
@@ -155,7 +155,7 @@ pub struct Params {
     pub reduction_non_embedding: f64,
 }
 
-/// `elm::elm::accounting::KvReport`, the fields the tables read (a formula; the measured
+/// `elm::equilibrium::accounting::KvReport`, the fields the tables read (a formula; the measured
 /// bytes come from [`kv_measure`]).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct KvFormula {
@@ -313,7 +313,7 @@ pub fn train(
         }
         let comp = elm.run::<CompressOut>(&c)?.typed;
         let trained = dir.join("trained");
-        let mut t = if trained.join(elm::elm::train::STATE_FILE).exists() {
+        let mut t = if trained.join(elm::equilibrium::train::STATE_FILE).exists() {
             eprintln!("  resuming the training in {}", trained.display());
             args(&["train", "--model", &path_arg(&model), "--resume"])
         } else {
@@ -349,7 +349,7 @@ pub fn train(
             t.extend(args(&["--data", &path_arg(&subset)]));
         }
         let out = elm.run::<TrainOut>(&t)?;
-        let state_path = trained.join(elm::elm::train::STATE_FILE);
+        let state_path = trained.join(elm::equilibrium::train::STATE_FILE);
         let state: StateTokens = serde_json::from_str(
             &std::fs::read_to_string(&state_path).map_err(|e| ReproError::io(&state_path, e))?,
         )
@@ -379,7 +379,7 @@ pub fn train(
 
 /// The first `n` GSM8K training problems as a .jsonl file in `dir` (`elm train --data`).
 fn train_subset(data_dir: &Path, n: usize, dir: &Path) -> Result<PathBuf, ReproError> {
-    let src = elm::elm::data::gsm8k_path(data_dir, elm::elm::data::Split::Train);
+    let src = elm::data::gsm8k_path(data_dir, elm::data::Split::Train);
     let text = std::fs::read_to_string(&src).map_err(|e| ReproError::io(&src, e))?;
     let lines: Vec<&str> = text
         .lines()

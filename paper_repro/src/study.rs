@@ -156,7 +156,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
             model.display()
         )));
     }
-    let data_dir = elm::elm::data::resolve_data_dir(args.data_dir.as_deref())
+    let data_dir = elm::data::resolve_data_dir(args.data_dir.as_deref())
         .map_err(|e| ReproError::Setup(e.to_string()))?;
     let out = args.out;
     std::fs::create_dir_all(&out).map_err(|e| ReproError::io(&out, e))?;
@@ -295,8 +295,8 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         trainings.push((format!("ELM M={m} (ablation budget)"), e.clone_done()));
     }
     if sel(TableId::Kv) {
-        let dir = elm::elm::data::gsm8k_path(&data_dir, elm::elm::data::Split::Test);
-        let q = elm::elm::data::load_gsm8k(&data_dir, elm::elm::data::Split::Test)
+        let dir = elm::data::gsm8k_path(&data_dir, elm::data::Split::Test);
+        let q = elm::data::load_gsm8k(&data_dir, elm::data::Split::Test)
             .map_err(|e| ReproError::Setup(format!("{}: {e}", dir.display())))?
             .into_iter()
             .next()

@@ -2,15 +2,15 @@
 
 use std::path::PathBuf;
 
-use elm::elm::accounting::{kv_report, param_report};
-use elm::elm::config::TrainConfig;
-use elm::elm::data::{
-    load_examples, load_gsm8k, resolve_data_dir, tokenize_example, Example, Split,
+use elm::data::{load_examples, load_gsm8k, resolve_data_dir, tokenize_example, Example, Split};
+use elm::equilibrium::accounting::{kv_report, param_report};
+use elm::equilibrium::config::TrainConfig;
+use elm::equilibrium::infer::{ElmModel, InferenceConfig, KvMode};
+use elm::equilibrium::module::{
+    load_module_for, save_module, ElmModule, ModuleMeta, MODULE_FORMAT,
 };
-use elm::elm::infer::{ElmModel, InferenceConfig, KvMode};
-use elm::elm::module::{load_module_for, save_module, ElmModule, ModuleMeta, MODULE_FORMAT};
-use elm::elm::train::{HeldOut, TrainEvent, Trainer, STATE_FILE};
-use elm::elm::ElmConfig;
+use elm::equilibrium::train::{HeldOut, TrainEvent, Trainer, STATE_FILE};
+use elm::equilibrium::ElmConfig;
 use elm::error::{ElmError, Result};
 use elm::eval::gsm8k::chat_prompt;
 use elm::eval::{run_task, BootstrapConfig, Task, TaskData, TaskOptions, TaskRun};
@@ -72,8 +72,8 @@ pub struct CompressArgs {
 
 /// Initialises the fixed-point module from layer `l` and reports parameter/KV accounting.
 pub fn run_compress(a: CompressArgs) -> Result<()> {
-    let block_init: elm::compress::methods::BlockInit = a.block_init.parse()?;
-    let block: elm::elm::BlockKind = a.block.parse()?;
+    let block_init: elm::compress::BlockInit = a.block_init.parse()?;
+    let block: elm::equilibrium::BlockKind = a.block.parse()?;
     elm::limits::check_output_dir("out", &a.out, a.force)?;
     let dense = load_weights(&a.model)?;
     // The KV report multiplies the context out: refuse one that overflows.
@@ -95,7 +95,7 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
         block,
         ..ElmConfig::new(a.start, a.num_replaced)
     };
-    let module = elm::compress::methods::init_module(&dense, &ec, block_init)?;
+    let module = elm::compress::init_module(&dense, &ec, block_init)?;
     let meta = ModuleMeta {
         format: MODULE_FORMAT.into(),
         elm: ec.clone(),
@@ -221,7 +221,7 @@ pub(crate) fn tokenize_all(
     tok: &Tokenizer,
     examples: &[Example],
     max_len: usize,
-) -> Result<Vec<elm::elm::data::TokenSequence>> {
+) -> Result<Vec<elm::data::TokenSequence>> {
     let prompt = |q: &str| chat_prompt(tok, q);
     let enc = |s: &str| tok.encode(s, false);
     examples
@@ -610,7 +610,7 @@ pub struct SpectralArgs {
 
 /// `elm spectral`: ρ(∂φ/∂z) of a trained module at its fixed point, per GSM8K sequence.
 pub fn run_spectral(a: SpectralArgs) -> Result<()> {
-    use elm::elm::spectral::{module_spectral_radius, PowerIteration};
+    use elm::equilibrium::spectral::{module_spectral_radius, PowerIteration};
     if a.limit == 0 {
         return Err(ElmError::config("limit", "must be >= 1"));
     }
@@ -632,8 +632,8 @@ pub fn run_spectral(a: SpectralArgs) -> Result<()> {
     };
     let (mut radii, mut residuals) = (vec![], vec![]);
     for s in &seqs {
-        let x = elm::elm::forward::embed(&dense, std::slice::from_ref(&s.tokens))?;
-        let h = elm::elm::forward::run_dense_layers(&dense, x, 0..meta.elm.start_layer)?;
+        let x = elm::model::dense_pass::embed(&dense, std::slice::from_ref(&s.tokens))?;
+        let h = elm::model::dense_pass::run_dense_layers(&dense, x, 0..meta.elm.start_layer)?;
         let (rho, res) = module_spectral_radius(
             &meta.elm,
             &module,

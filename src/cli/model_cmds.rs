@@ -13,7 +13,7 @@ use elm::model::bench;
 use ndarray::Array2;
 
 use elm::cuda::{CudaModel, DeviceSpec, GpuModel};
-use elm::elm::infer::{ElmDecoder, ElmModel};
+use elm::equilibrium::infer::{ElmDecoder, ElmModel};
 use elm::eval::gsm8k::stop_ids;
 use elm::eval::nll::{teacher_forced_nll, ScoredSequence};
 use elm::eval::SolverSummary;
@@ -187,7 +187,7 @@ pub struct GenerateArgs {
 #[derive(Debug, serde::Serialize)]
 struct ElmGenerateStats {
     kv_bytes: usize,
-    kv_mode: elm::elm::infer::KvMode,
+    kv_mode: elm::equilibrium::infer::KvMode,
     solver: String,
     abs_tol: f64,
     max_iter: usize,
@@ -784,7 +784,7 @@ fn bench_run<W: DecoderWeights>(
         model: kind.to_string(),
         weights: weights.to_string(),
         resident_weight_bytes: model.weights.weight_bytes(),
-        params: elm::elm::accounting::dense_params(model.config()),
+        params: elm::equilibrium::accounting::dense_params(model.config()),
         peak_rss_bytes,
         kv_bytes_per_token: bench::kv_bytes_per_token(model.config(), model.weights.layers().len()),
         report,
@@ -800,7 +800,7 @@ fn bench_elm(
     args: &BenchArgs,
     pb: &ProgressBar,
 ) -> Result<serde_json::Value> {
-    use elm::elm::infer::ElmSession;
+    use elm::equilibrium::infer::ElmSession;
     bench::check_bench_len(model.config(), args.prompt_len, args.decode_steps)?;
     let cfg = args.elm.inference_config()?;
     let vocab = model.config().vocab_size;
@@ -871,8 +871,8 @@ fn bench_elm(
         "weights": label,
         "resident_weight_bytes": model.weight_bytes(),
         "params": model.elm.as_ref().map_or_else(
-            || elm::elm::accounting::dense_params(model.config()),
-            |(ec, _)| elm::elm::accounting::param_report(model.config(), ec).elm_total
+            || elm::equilibrium::accounting::dense_params(model.config()),
+            |(ec, _)| elm::equilibrium::accounting::param_report(model.config(), ec).elm_total
         ),
         "peak_rss_bytes": peak_rss_bytes,
         "kv_bytes_per_token": bench::kv_bytes_per_token(model.config(), kept),

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use elm::elm::infer::ElmModel;
-use elm::elm::quant_gguf::storage_summary;
+use elm::equilibrium::infer::ElmModel;
+use elm::equilibrium::quant_gguf::storage_summary;
 use elm::error::{ElmError, Result};
 use elm::model::{default_model_path, WeightStorage};
 

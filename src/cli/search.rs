@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 
 use elm::compress::{BoundaryStates, Calibration};
-use elm::elm::config::read_json;
-use elm::elm::data::{
+use elm::data::{
     gsm8k_path, load_examples, load_gsm8k, resolve_data_dir, Example, QaExample, Split,
     TokenSequence,
 };
+use elm::equilibrium::config::read_json;
 use elm::error::{ElmError, Result};
 use elm::io::tokenizer::Tokenizer;
 use elm::io::{save_hf_model, write_json_atomic};

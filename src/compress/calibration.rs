@@ -4,10 +4,10 @@ use std::path::Path;
 
 use ndarray::{s, Array3};
 
-use crate::elm::data::{load_examples, Example};
-use crate::elm::forward::{embed, run_dense_layers};
+use crate::data::{load_examples, Example};
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
+use crate::model::dense_pass::{embed, run_dense_layers};
 use crate::model::ModelWeights;
 
 /// Calibration tokens cut into chunks of one length (so batches need no padding).

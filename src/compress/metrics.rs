@@ -5,8 +5,8 @@ use ndarray::{s, Array2, ArrayView1, ArrayView3, Axis};
 
 use super::calibration::{BoundaryStates, Calibration};
 use crate::autograd::{AdFloat, Tape};
-use crate::elm::forward::run_dense_layers;
 use crate::error::{ElmError, Result};
+use crate::model::dense_pass::run_dense_layers;
 use crate::model::ops::{linear_into, rms_norm_into};
 use crate::model::tape::{BlockParams, ModelTensors, ModelVars, Trainable};
 use crate::model::ModelWeights;

@@ -7,8 +7,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::elm::data::{tokenize_example, Example, QaExample};
-use crate::elm::infer::{generate_greedy_until, ElmModel, ElmSession, FpStat, InferenceConfig};
+use crate::data::{tokenize_example, Example, QaExample};
+use crate::equilibrium::infer::{
+    generate_greedy_until, ElmModel, ElmSession, FpStat, InferenceConfig,
+};
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
 
@@ -234,7 +236,7 @@ pub fn eval_gsm8k(
 
 /// Teacher-forced NLL of each reference solution given its question, in the chat template
 /// the model is tuned with (`prompt ++ answer ++ "<|im_end|>\n"`, exactly the tokens
-/// `elm train` puts its loss on; see [`crate::elm::data::tokenize_example`]).
+/// `elm train` puts its loss on; see [`crate::data::tokenize_example`]).
 pub fn answer_nll(
     model: &ElmModel,
     tok: &Tokenizer,

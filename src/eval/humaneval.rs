@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::elm::infer::{ElmModel, InferenceConfig};
+use crate::equilibrium::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
 

@@ -14,7 +14,7 @@ use std::time::Instant;
 use ndarray::{s, Array2, ArrayView1};
 use serde::Serialize;
 
-use crate::elm::infer::{ElmModel, ElmSession, FpStat, InferenceConfig};
+use crate::equilibrium::infer::{ElmModel, ElmSession, FpStat, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::model::ops::blas_threads;
 

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::elm::infer::FpStat;
+use crate::equilibrium::infer::FpStat;
 
 /// Fixed-point statistics over decode tokens.
 #[derive(Clone, Debug, Default, Serialize)]

@@ -8,8 +8,8 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::elm::data::{load_gsm8k, Split};
-use crate::elm::infer::{ElmModel, InferenceConfig};
+use crate::data::{load_gsm8k, Split};
+use crate::equilibrium::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
 
@@ -102,7 +102,7 @@ pub struct MetricReport {
 pub enum TaskData {
     Gsm8k {
         ids: Vec<String>,
-        examples: Vec<crate::elm::data::QaExample>,
+        examples: Vec<crate::data::QaExample>,
     },
     HumanEval(Vec<Problem>),
 }

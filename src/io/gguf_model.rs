@@ -15,7 +15,7 @@ use crate::error::{ElmError, Result};
 use crate::model::quant::{Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage};
 use crate::model::{Arch, LayerWeights, ModelConfig, ModelWeights};
 
-/// GGUF metadata key of a saved quantized ELM's [`crate::elm::ElmConfig`] (JSON); a file
+/// GGUF metadata key of a saved quantized ELM's [`crate::equilibrium::ElmConfig`] (JSON); a file
 /// with it is not a dense model (see `elm::quant_gguf`).
 pub const ELM_CONFIG_KEY: &str = "elm.config";
 

@@ -1,6 +1,6 @@
 //! Named f32 tensors as safetensors, written atomically ([`super::write_atomic`]): the format of
 //! the optimiser state, [`ParamStore`](crate::train::ParamStore) and the ELM checkpoints
-//! (`crate::elm::checkpoint`). Uses nothing above [`crate::error`].
+//! (`crate::equilibrium::checkpoint`). Uses nothing above [`crate::error`].
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -16,8 +16,8 @@ pub use sft::{LoraConfig, LoraEvent, LoraStepLog, LoraTrainer};
 
 use serde::{Deserialize, Serialize};
 
-use crate::elm::data::QaExample;
-use crate::elm::infer::{ElmModel, InferenceConfig};
+use crate::data::QaExample;
+use crate::equilibrium::infer::{ElmModel, InferenceConfig};
 use crate::error::Result;
 use crate::io::tokenizer::Tokenizer;
 use crate::model::ModelWeights;
@@ -55,7 +55,7 @@ pub struct LoraReport {
     /// Wall seconds of this process's training.
     pub seconds: f64,
     /// Wall seconds of every step, across the runs this one resumed (see
-    /// [`crate::elm::train::TrainOutcome::seconds_all_runs`]).
+    /// [`crate::equilibrium::train::TrainOutcome::seconds_all_runs`]).
     pub seconds_all_runs: f64,
     pub train_sequences: usize,
     /// Mean answer-token CE of the first and last 10 steps.

@@ -2,7 +2,7 @@
 //! the answer tokens only, AdamW with warm-up + cosine, then merged into the weights with the
 //! `α/r` scaling ("tuned dense").
 //!
-//! Resumability follows [`crate::elm::train`]: the batch order and the dropout masks are pure
+//! Resumability follows [`crate::equilibrium::train`]: the batch order and the dropout masks are pure
 //! functions of `(seed, step)`, so a checkpoint is the adapters, the AdamW state and the step.
 //! A run directory holds `step-<k>/{params,optimizer}.safetensors`, then `lora_state.json`
 //! (written last, atomically: the commit point).
@@ -14,10 +14,10 @@ use rand::{rngs::StdRng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::autograd::{Tape, Var};
-use crate::elm::checkpoint::write_json_atomic;
-use crate::elm::config::read_json;
-use crate::elm::data::{batch_indices, make_batch, TokenSequence};
-use crate::elm::train::step_seed;
+use crate::data::{batch_indices, make_batch, TokenSequence};
+use crate::equilibrium::checkpoint::write_json_atomic;
+use crate::equilibrium::config::read_json;
+use crate::equilibrium::train::step_seed;
 use crate::error::{ElmError, Result};
 use crate::model::tape::{ModelTensors, ModelVars, Trainable};
 use crate::model::{ModelConfig, ModelWeights};

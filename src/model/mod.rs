@@ -21,6 +21,7 @@
 pub mod bench;
 pub mod block;
 pub mod config;
+pub mod dense_pass;
 pub mod generate;
 pub mod kv_cache;
 pub mod load;

@@ -15,12 +15,12 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::autograd::{Tape, Var};
-use crate::elm::data::{make_batch, Batch, TokenSequence};
-use crate::elm::forward::{embed, run_dense_layers};
-use crate::elm::module::{ElmModule, ProjectionWeights};
+use crate::data::{make_batch, Batch, TokenSequence};
+use crate::equilibrium::module::{ElmModule, ProjectionWeights};
 use crate::error::{ElmError, Result};
 use crate::lora::adapter::{block_lora, insert_adapters, lora_block_forward, merge_layer, LoraRun};
 use crate::lora::LoraSpec;
+use crate::model::dense_pass::{embed, run_dense_layers};
 use crate::model::ops::{linear_into, rms_norm_into};
 use crate::model::tape::{block_forward, BlockTensors, BlockVars};
 use crate::model::{ModelConfig, ModelWeights};
@@ -408,7 +408,7 @@ impl<'a> Candidates<'a> {
             .into_dimensionality()
             .map_err(|e| ElmError::tensor(&nb, e.to_string()))?;
         Ok(ElmModule {
-            block: crate::elm::ModuleBlock::Decoder(merge_layer(
+            block: crate::equilibrium::ModuleBlock::Decoder(merge_layer(
                 &self.dense.layers[l],
                 &self.store,
                 &self.cfg.lora,

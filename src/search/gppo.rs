@@ -16,10 +16,10 @@ use std::time::Instant;
 use rand::{rngs::StdRng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::elm::checkpoint::write_json_atomic;
-use crate::elm::config::read_json;
-use crate::elm::data::{batch_indices, TokenSequence};
-use crate::elm::train::step_seed;
+use crate::data::{batch_indices, TokenSequence};
+use crate::equilibrium::checkpoint::write_json_atomic;
+use crate::equilibrium::config::read_json;
+use crate::equilibrium::train::step_seed;
 use crate::error::{ElmError, Result};
 use crate::model::{ModelConfig, ModelWeights};
 use crate::train::{AdamW, ParamStore, ScheduleConfig};

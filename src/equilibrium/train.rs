@@ -31,11 +31,11 @@ use crate::train::{AdamW, AdamWConfig, ParamStore, ParamVars, ScheduleConfig};
 
 use super::checkpoint::{write_json_atomic, TensorMap};
 use super::config::{read_json, ElmConfig, TrainConfig};
-use super::data::{batch_indices, make_batch, Batch, TokenSequence};
-use super::forward::{embed, run_dense_layers};
 use super::infer::solve_sequences;
 use super::map::ElmLayer;
 use super::module::{save_module, ElmModule, ElmParams, ModuleMeta, MODULE_FORMAT};
+use crate::data::{batch_indices, make_batch, Batch, TokenSequence};
+use crate::model::dense_pass::{embed, run_dense_layers};
 
 /// The module's parameters registered on `tape`, typed (store order = [`ElmParams`] order).
 fn params_on_tape(cfg: &ModelConfig, elm: &ElmConfig, vars: &ParamVars) -> Result<ElmParams<Var>> {

@@ -10,8 +10,8 @@ use crate::solver::{SolveWorkspace, SolverConfig, StopCriteria};
 use super::config::ElmConfig;
 use super::fixed_point::{EvalBufs, FpMap};
 use super::inference_config::KvMode;
-use super::map::fresh_cache;
 use super::module::ElmModule;
+use crate::model::dense_pass::fresh_cache;
 
 /// The module's output state for whole sequences `h` `[B, T, C]` at positions `0..T` (nothing
 /// cached before them), each sequence one solver row: `z*` solved by `solver` until `stop`, or

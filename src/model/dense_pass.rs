@@ -8,7 +8,7 @@ use ndarray::Array3;
 use crate::error::{ElmError, Result};
 use crate::model::{block_forward_inplace, embed_tokens, LayerWeights, ModelConfig, ModelWeights};
 
-use super::map::fresh_cache;
+use crate::model::{LayerKv, Scratch};
 
 /// Token embeddings `[B, T, C]` of a rectangular batch.
 pub fn embed(weights: &ModelWeights, tokens: &[Vec<u32>]) -> Result<Array3<f32>> {
@@ -46,4 +46,10 @@ pub fn run_layers<'a>(
         block_forward_inplace(w, cfg, x.view_mut(), &lens, &mut kv, false, &mut scratch)?;
     }
     Ok(x)
+}
+
+/// An empty single-layer cache and scratch for a whole-sequence pass of `[B, T]` tokens.
+pub fn fresh_cache(cfg: &ModelConfig, b: usize, t: usize) -> Result<(LayerKv, Scratch)> {
+    let (b, t) = (b.max(1), t.max(1));
+    Ok((LayerKv::new(cfg, b, t)?, Scratch::new(cfg, t)))
 }

@@ -4,7 +4,6 @@
 //!
 //! - [`config`]: typed configs ([`ElmConfig`], [`TrainConfig`], [`LambdaSchedule`]).
 //! - [`accounting`]: dense vs ELM parameter and KV-byte reports.
-//! - [`data`]: GSM8K / jsonl / text loaders, chat-formatted sequences, resumable batch order.
 //! - [`checkpoint`]: named-tensor maps and JSON over the atomic safetensors I/O of
 //!   [`crate::io::tensor_file`].
 //! - [`module`]: the module's parameters — typed handles [`ElmParams`] (names, order and
@@ -21,17 +20,14 @@
 //!   generation). Built on the model's inference blocks and KV caches.
 //! - [`quant_gguf`]: the quantized GGUF file format (below the model code: it reads and writes
 //!   [`quant_module::QuantElm`], never an [`model::ElmModel`]).
-//! - [`forward`]: cache-free dense passes (embeddings, hidden states at layer boundaries).
 //! - [`train`]: [`train::Trainer`] — distillation + CE, any [`crate::grad::DeqConfig`], AdamW,
 //!   resumable checkpoints, and the whole run ([`train::Trainer::run`]) with progress callbacks.
 
 pub mod accounting;
 pub mod checkpoint;
 pub mod config;
-pub mod data;
 pub mod decode;
 pub mod fixed_point;
-pub mod forward;
 pub mod infer;
 pub mod inference_config;
 pub mod map;

@@ -16,6 +16,7 @@ use ndarray::{Array1, Array2, Array3, ArrayD, ArrayView2, ArrayView3, ArrayViewM
 use crate::autograd::{Tape, Var};
 use crate::error::{ElmError, Result};
 use crate::grad::ImplicitLayer;
+use crate::model::dense_pass::fresh_cache;
 use crate::model::ops::linear_any_into;
 use crate::model::quant::{LinearRef, QActs};
 use crate::model::tape::{block_forward, ffn_forward};
@@ -178,12 +179,6 @@ impl ElmModule {
         let seqs: Vec<usize> = (0..b).collect();
         self.apply_cached(cfg, z, h, &seqs, &mut cache, &mut scratch)
     }
-}
-
-/// An empty single-layer cache and scratch for a whole-sequence pass of `[B, T]` tokens.
-pub(crate) fn fresh_cache(cfg: &ModelConfig, b: usize, t: usize) -> Result<(LayerKv, Scratch)> {
-    let (b, t) = (b.max(1), t.max(1));
-    Ok((LayerKv::new(cfg, b, t)?, Scratch::new(cfg, t)))
 }
 
 /// `φ(z, h)` on the tape: `z`, `h` `[B, T, C]` at positions `0..T`.
