@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export ELM_MODELS_DIR="${ELM_MODELS_DIR:-$PWD/models}"
+# A missing real model fails the real-checkpoint tests instead of skipping them (tests/common).
+export ELM_REQUIRE_REAL_MODEL=1
 # Style gates over the whole tree (library, binaries, tests, examples, benches; both CUDA twins).
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings 2>&1

@@ -2,6 +2,8 @@
 //! independent reference (a numpy fixture, an explicit formula, an SVD least-squares solve, a
 //! model built so that the right answer is known), plus the CLI end to end on SmolLM2.
 
+mod common;
+
 use std::sync::Arc;
 
 use elm::compress::methods::{
@@ -19,12 +21,6 @@ use elm::model::{Arch, ModelConfig, ModelWeights};
 use ndarray::{s, Array2, Array3, ArrayD, IxDyn};
 use ndarray_linalg::LeastSquaresSvd;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-
-fn tiny(layers: usize, seed: u64) -> ModelWeights {
-    let mut cfg = ModelConfig::tiny(Arch::Llama);
-    cfg.num_layers = layers;
-    ModelWeights::random(&cfg, seed)
-}
 
 fn calibration(chunks: usize, t: usize, seed: u64) -> Calibration {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -89,7 +85,7 @@ fn metrics_match_the_numpy_reference() {
 /// PPL criterion must rank it least important.
 #[test]
 fn one_shot_ppl_ranks_an_identity_block_least_important() {
-    let mut w = tiny(6, 3);
+    let mut w = common::tiny_weights(Arch::Llama, 6, 3);
     for l in &mut w.layers {
         // Larger branches make every real block matter for the output distribution.
         l.wo *= 3.0;
@@ -143,7 +139,7 @@ fn one_shot_ppl_ranks_an_identity_block_least_important() {
 /// NLL of a model with nothing removed equals the dense model's own teacher-forced NLL.
 #[test]
 fn removal_nll_without_removal_is_the_dense_nll() {
-    let w = tiny(3, 5);
+    let w = common::tiny_weights(Arch::Llama, 3, 5);
     let calib = calibration(2, 10, 2);
     let states = BoundaryStates::collect(&w, &calib, 1).unwrap();
     let got = removal_nll(&w, &states, &calib, 0, 0, 1).unwrap();
@@ -234,7 +230,7 @@ fn la_co_search_replays_its_rule() {
         delete_layers(&base, &removed).unwrap()
     };
     for (layers, m, seed) in [(12usize, 4usize, 5u64), (10, 3, 8)] {
-        let w = tiny(layers, seed);
+        let w = common::tiny_weights(Arch::Llama, layers, seed);
         let calib = calibration(7, 8, seed);
         let states = BoundaryStates::collect(&w, &calib, 3).unwrap();
         let found = laco_search(&w, &states, m).unwrap();
@@ -316,7 +312,7 @@ fn la_co_search_replays_its_rule() {
 #[test]
 fn la_co_block_init_is_the_merged_window() {
     use elm::compress::{init_module, BlockInit};
-    let w = tiny(6, 4);
+    let w = common::tiny_weights(Arch::Llama, 6, 4);
     let ec = elm::equilibrium::ElmConfig::new(1, 3);
     let plain = elm::equilibrium::ElmModule::init(&w, &ec).unwrap();
     let laco = init_module(&w, &ec, BlockInit::LaCo).unwrap();
@@ -339,7 +335,7 @@ fn la_co_block_init_is_the_merged_window() {
 /// the same problem, and the folded model computes `mid + Mo·T` in the layer before the window.
 #[test]
 fn replace_me_map_is_the_least_squares_solution() {
-    let w = tiny(6, 11);
+    let w = common::tiny_weights(Arch::Llama, 6, 11);
     let calib = calibration(6, 16, 4); // 96 tokens > C = 32: a full-rank problem
     let states = BoundaryStates::collect(&w, &calib, 3).unwrap();
     let (start, m) = (2, 3);
@@ -391,7 +387,7 @@ fn replace_me_map_is_the_least_squares_solution() {
 
 #[test]
 fn window_methods_choose_by_their_metric() {
-    let w = tiny(6, 13);
+    let w = common::tiny_weights(Arch::Llama, 6, 13);
     let calib = calibration(3, 10, 5);
     let states = BoundaryStates::collect(&w, &calib, 3).unwrap();
     let m = 2;
@@ -554,7 +550,7 @@ fn taylor_sums_are_the_derivative_of_the_loss_under_weight_scaling() {
 /// inside the protected first 4 keeps its 0 score in the report and is never deleted.
 #[test]
 fn taylor_plus_ranks_an_identity_block_least_important() {
-    let mut w = tiny(10, 31);
+    let mut w = common::tiny_weights(Arch::Llama, 10, 31);
     for l in [1, 6] {
         w.layers[l].wo.fill(0.0);
         w.layers[l].w_down.fill(0.0);
@@ -614,7 +610,7 @@ fn taylor_plus_ranks_an_identity_block_least_important() {
 
 #[test]
 fn bad_requests_are_refused() {
-    let w = tiny(4, 17);
+    let w = common::tiny_weights(Arch::Llama, 4, 17);
     let calib = calibration(2, 8, 6);
     let states = BoundaryStates::collect(&w, &calib, 2).unwrap();
     let run = |method, m, start| {
@@ -690,10 +686,12 @@ fn bad_requests_are_refused() {
 /// tokenizer (chat template included) of the GGUF it came from.
 #[test]
 fn prune_cli_writes_a_loadable_model_on_smollm2() {
-    let model = elm::model::default_model_path();
-    let dir = std::env::temp_dir().join(format!("elm_prune_cli_{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let data = std::env::temp_dir().join(format!("elm_prune_calib_{}.jsonl", std::process::id()));
+    let Some(model) = common::real_model() else {
+        return;
+    };
+    let tmp = common::TempDir::new("prune-cli");
+    let dir = tmp.join("pruned");
+    let data = tmp.join("calib.jsonl");
     std::fs::write(
         &data,
         "{\"question\": \"What is 2 + 3?\", \"answer\": \"2 + 3 = 5\\n#### 5\"}\n\
@@ -751,6 +749,4 @@ fn prune_cli_writes_a_loadable_model_on_smollm2() {
     let st = BoundaryStates::collect(&pruned, &calib, 1).unwrap();
     let nll = removal_nll(&pruned, &st, &calib, 0, 0, 1).unwrap();
     assert!(nll.is_finite());
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(&data);
 }

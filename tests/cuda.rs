@@ -6,7 +6,10 @@
 //!
 //! GPU tests (every kernel vs a CPU reference written here; tiny random Llama/Qwen2 and SmolLM2
 //! logits GPU vs CPU; greedy continuations) run when `is_available()`; otherwise they print a
-//! SKIP line and return.
+//! `skipped <test>` line and return. The SmolLM2 ones also need the real model
+//! (`common::real_model`).
+
+mod common;
 
 use elm::cuda::{self, CudaModel, GpuDevice, GpuKernels, GpuModel};
 use elm::model::{Arch, ModelConfig, ModelWeights};
@@ -21,7 +24,7 @@ use rand::{Rng, SeedableRng};
 
 /// Seeded random weights with O(1) activations (1/sqrt(fan_in) scaling), so logits are spread
 /// out and greedy choices are not near-ties.
-fn test_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
+fn fan_in_scaled_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut mat = |r: usize, c: usize| {
         let s = 1.0 / (c as f32).sqrt();
@@ -150,10 +153,13 @@ fn is_available_never_panics_and_agrees_with_device_count() {
 #[test]
 fn cuda_model_new_without_gpu_is_a_typed_error() {
     if cuda::is_available() {
-        eprintln!("SKIP cuda_model_new_without_gpu_is_a_typed_error: a GPU is present");
+        common::print_skip(
+            "cuda_model_new_without_gpu_is_a_typed_error",
+            "a GPU is present",
+        );
         return;
     }
-    let w = test_weights(&ModelConfig::tiny(Arch::Llama), 1);
+    let w = fan_in_scaled_weights(&ModelConfig::tiny(Arch::Llama), 1);
     let err = CudaModel::new(&w, 0, 2, 16).expect_err("no GPU, yet CudaModel::new succeeded");
     let msg = match &err {
         ElmError::Cuda(m) => m.clone(),
@@ -188,7 +194,7 @@ fn cuda_model_new_without_gpu_is_a_typed_error() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_model_new_rejects_bad_weights_and_sizes() {
-    let good = test_weights(&ModelConfig::tiny(Arch::Qwen2), 3);
+    let good = fan_in_scaled_weights(&ModelConfig::tiny(Arch::Qwen2), 3);
     let mut bad = good.clone();
     bad.layers[1].wq = Array2::zeros((5, 7));
     match CudaModel::new(&bad, 0, 1, 8) {
@@ -278,7 +284,7 @@ fn nvrtc_compiles_every_kernel() {
             assert!(m.contains("built without the `cuda` feature"), "{m}");
         }
         Err(ElmError::Cuda(m)) if m.contains("libnvrtc.so) not found") => {
-            eprintln!("SKIP nvrtc_compiles_every_kernel: {m}");
+            common::print_skip("nvrtc_compiles_every_kernel", &m);
         }
         Err(e) => panic!("NVRTC failed: {e}"),
     }
@@ -316,7 +322,7 @@ fn stub_returns_built_without_feature_errors() {
         "compile_all_kernels",
         cuda::compile_all_kernels().unwrap_err(),
     );
-    let w = test_weights(&ModelConfig::tiny(Arch::Qwen2), 2);
+    let w = fan_in_scaled_weights(&ModelConfig::tiny(Arch::Qwen2), 2);
     check("CudaModel::new", CudaModel::new(&w, 0, 1, 8).unwrap_err());
 }
 
@@ -589,7 +595,7 @@ fn gpu(test: &str) -> Option<cuda::CudaDevice> {
             Err(e) => e.to_string(),
             Ok(n) => format!("{n} devices"),
         };
-        eprintln!("SKIP {test}: no CUDA device ({why})");
+        common::print_skip(test, &format!("no CUDA device ({why})"));
         return None;
     }
     Some(cuda::CudaDevice::new(0).expect("CudaDevice::new(0)"))
@@ -982,7 +988,7 @@ fn gpu_tiny_llama_and_qwen2_logits_match_cpu() {
     ];
     for arch in [Arch::Llama, Arch::Qwen2] {
         let cfg = ModelConfig::tiny(arch);
-        let w = test_weights(&cfg, 20 + arch as u64);
+        let w = fan_in_scaled_weights(&cfg, 20 + arch as u64);
         check_model_vs_cpu(&format!("tiny {arch:?}"), &w, &prompts, 6, 1e-4);
     }
 }
@@ -1033,25 +1039,12 @@ fn gpu_fixture_models_match_numpy() {
 
 #[test]
 fn gpu_smollm2_logits_and_greedy_match_cpu() {
-    let dir = std::env::var("ELM_MODELS_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models"));
-    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     if gpu("gpu_smollm2_logits_and_greedy_match_cpu").is_none() {
         return;
     }
-    if !path.exists() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "{} missing in CI",
-            path.display()
-        );
-        eprintln!(
-            "SKIP gpu_smollm2_logits_and_greedy_match_cpu: {} not found",
-            path.display()
-        );
+    let Some(path) = common::real_model() else {
         return;
-    }
+    };
     let w = elm::io::load_gguf_model(&path).expect("load SmolLM2");
     // Arbitrary fixed token ids (< vocab): the comparison needs no tokenizer.
     let prompts = vec![
@@ -1108,23 +1101,20 @@ fn gpu_matches_model_transformer() {
     }
     let prompts = vec![vec![3u32, 9, 27, 1, 50], vec![7u32, 7], vec![60u32]];
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let w = test_weights(&ModelConfig::tiny(arch), 40 + arch as u64);
+        let w = fan_in_scaled_weights(&ModelConfig::tiny(arch), 40 + arch as u64);
         check_vs_transformer(&format!("tiny {arch:?}"), &w, &prompts, 8, 1e-4);
     }
-    let path = elm::model::default_model_path();
-    if path.exists() {
-        let (w, _tok) = elm::model::load_pretrained(&path).expect("load SmolLM2");
-        let prompts = vec![vec![1u32, 9690, 198, 2683, 314, 253], vec![1u32, 30, 31]];
-        check_vs_transformer("SmolLM2-135M", &w, &prompts, 16, 5e-4);
-    } else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "{} missing in CI",
-            path.display()
-        );
-        eprintln!(
-            "SKIP SmolLM2 part of gpu_matches_model_transformer: {} not found",
-            path.display()
-        );
+}
+
+#[test]
+fn gpu_matches_model_transformer_on_smollm2() {
+    if gpu("gpu_matches_model_transformer_on_smollm2").is_none() {
+        return;
     }
+    let Some(path) = common::real_model() else {
+        return;
+    };
+    let (w, _tok) = elm::model::load_pretrained(&path).expect("load SmolLM2");
+    let prompts = vec![vec![1u32, 9690, 198, 2683, 314, 253], vec![1u32, 30, 31]];
+    check_vs_transformer("SmolLM2-135M", &w, &prompts, 16, 5e-4);
 }

@@ -1,5 +1,8 @@
 //! Data loaders, batching, the resumable batch order, configs and atomic checkpoint I/O.
 
+mod common;
+
+use common::TempDir;
 use std::collections::BTreeMap;
 
 use elm::data::*;
@@ -8,15 +11,9 @@ use elm::equilibrium::config::{LambdaSchedule, TrainConfig};
 use elm::ElmError;
 use ndarray::{ArrayD, IxDyn};
 
-fn tmpdir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("elm_data_{tag}_{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 #[test]
 fn jsonl_loader_accepts_qa_and_text_and_names_bad_lines() {
-    let d = tmpdir("jsonl");
+    let d = TempDir::new("jsonl");
     let p = d.join("mix.jsonl");
     std::fs::write(
         &p,
@@ -142,7 +139,7 @@ fn train_config_defaults_and_unknown_keys() {
     c.validate().unwrap();
     let e = serde_json::from_str::<TrainConfig>("{\"stepz\": 3}").unwrap_err();
     assert!(e.to_string().contains("stepz"), "{e}");
-    let d = tmpdir("cfg");
+    let d = TempDir::new("cfg");
     let p = d.join("t.json");
     std::fs::write(
         &p,
@@ -171,7 +168,7 @@ fn lambda_schedule_zero_then_sine_ramp() {
 
 #[test]
 fn safetensors_round_trip_and_atomic_write_and_corrupt_file() {
-    let d = tmpdir("st");
+    let d = TempDir::new("st");
     let p = d.join("x.safetensors");
     let mut m = BTreeMap::new();
     m.insert(

@@ -1,24 +1,21 @@
 //! ELM inference on tiny random models: init reproduces layer l, converged one-step ==
 //! multi-step == full recompute, batched == unbatched, exact KV bytes, parameter counts.
 
+mod common;
+
+use common::tiny_weights;
 use elm::equilibrium::accounting::{kv_report, layer_kv_bytes, param_report};
 use elm::equilibrium::infer::{
     generate_greedy, generate_greedy_until, ElmModel, ElmSession, InferenceConfig, KvMode,
 };
 use elm::equilibrium::{ElmConfig, ElmModule};
-use elm::model::{block_forward_cached, Arch, LayerKv, ModelConfig, ModelWeights, Scratch};
+use elm::model::{block_forward_cached, Arch, LayerKv, Scratch};
 use elm::solver::{SolverConfig, StopCriteria};
 use ndarray::{Array2, Array3};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-fn tiny(arch: Arch) -> (ModelWeights, ElmConfig) {
-    let mut cfg = ModelConfig::tiny(arch);
-    cfg.num_layers = 5;
-    (ModelWeights::random(&cfg, 11), ElmConfig::new(1, 3))
-}
-
 fn elm_model(arch: Arch) -> ElmModel {
-    let (w, ec) = tiny(arch);
+    let (w, ec) = (tiny_weights(arch, 5, 11), ElmConfig::new(1, 3));
     let module = ElmModule::init(&w, &ec).unwrap();
     ElmModel::new(w, ec, module).unwrap()
 }
@@ -50,7 +47,7 @@ fn prompts() -> Vec<Vec<u32>> {
 #[test]
 fn first_iteration_reproduces_layer_l() {
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let (w, ec) = tiny(arch);
+        let (w, ec) = (tiny_weights(arch, 5, 11), ElmConfig::new(1, 3));
         let cfg = &w.config;
         let module = ElmModule::init(&w, &ec).unwrap();
         let mut rng = StdRng::seed_from_u64(5);
@@ -101,7 +98,7 @@ fn first_iteration_reproduces_layer_l() {
 #[test]
 fn dense_session_matches_layerwise_recompute_and_decode_matches_prefill() {
     // The dense path through ElmSession (no module): cached decode == full prefill logits.
-    let (w, _) = tiny(Arch::Qwen2);
+    let w = tiny_weights(Arch::Qwen2, 5, 11);
     let model = ElmModel::dense(w);
     let seq: Vec<u32> = vec![4, 8, 15, 16, 23, 42, 7];
     let mut full = ElmSession::new(&model, InferenceConfig::default(), 1, 32).unwrap();
@@ -299,7 +296,7 @@ fn kv_bytes_are_exact() {
 #[test]
 fn parameter_report_matches_allocated_arrays() {
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let (w, ec) = tiny(arch);
+        let (w, ec) = (tiny_weights(arch, 5, 11), ElmConfig::new(1, 3));
         let module = ElmModule::init(&w, &ec).unwrap();
         let rep = param_report(&w.config, &ec);
         assert_eq!(rep.dense_total, w.num_params(), "{arch:?}");

@@ -1,35 +1,20 @@
 //! The ELM on the real SmolLM2-135M checkpoint (kept to a few seconds): compress M = 8 layers,
 //! check the accounting against the loaded arrays, train two steps, generate without error.
 
+mod common;
+
+use common::real_model;
 use elm::data::{tokenize_example, Example, QaExample};
 use elm::equilibrium::accounting::{kv_report, param_report};
 use elm::equilibrium::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig, KvMode};
 use elm::equilibrium::train::Trainer;
 use elm::equilibrium::{ElmConfig, ElmModule, TrainConfig};
 use elm::eval::gsm8k::{chat_prompt, stop_ids};
-use elm::model::{default_model_path, load_pretrained};
+use elm::model::load_pretrained;
 use elm::solver::{RowStatus, SolverConfig, StopCriteria};
 
 #[path = "../examples/support/adaptive_picard.rs"]
 mod adaptive_picard;
-
-/// The real checkpoint, or `None` (with a note) outside CI; CI must have it.
-fn real_model() -> Option<std::path::PathBuf> {
-    let path = default_model_path();
-    if !path.exists() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "{} missing in CI",
-            path.display()
-        );
-        eprintln!(
-            "skipping: {} not found (set ELM_MODELS_DIR)",
-            path.display()
-        );
-        return None;
-    }
-    Some(path)
-}
 
 #[test]
 fn smollm2_compress_train_generate() {

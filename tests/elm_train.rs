@@ -2,6 +2,9 @@
 //! distillation loss goes down, runs are reproducible per seed, checkpoints round-trip, and
 //! a resumed run equals an uninterrupted one bit for bit.
 
+mod common;
+
+use common::{tiny_weights, TempDir};
 use elm::autograd::Tape;
 use elm::data::TokenSequence;
 use elm::equilibrium::config::{BlockKind, ElmConfig, TrainConfig};
@@ -15,12 +18,6 @@ use elm::model::{Arch, ModelConfig, ModelWeights, Transformer};
 use elm::solver::{SolverConfig, StopCriteria};
 use ndarray::{Array3, ArrayD};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-
-fn tiny(arch: Arch) -> ModelWeights {
-    let mut cfg = ModelConfig::tiny(arch);
-    cfg.num_layers = 5;
-    ModelWeights::random(&cfg, 21)
-}
 
 fn data(n: usize, seed: u64) -> Vec<TokenSequence> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -46,13 +43,6 @@ fn cfg(steps: usize, seed: u64) -> TrainConfig {
     }
 }
 
-fn tmpdir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("elm_train_{tag}_{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn max_abs(a: &ArrayD<f32>, b: &ArrayD<f32>) -> f32 {
     a.iter()
         .zip(b)
@@ -65,7 +55,7 @@ fn inference_block_matches_model_transformer_hidden_states() {
     // The ELM's cache-free dense path (embedding + model blocks, its own wiring) vs
     // model::Transformer.
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let w = tiny(arch);
+        let w = tiny_weights(arch, 5, 21);
         let toks = vec![vec![5u32, 9, 13, 2, 40, 33, 7]];
         let hs = Transformer::new(w.clone())
             .unwrap()
@@ -98,7 +88,7 @@ fn inference_block_matches_model_transformer_hidden_states() {
 fn first_module_iteration_equals_model_transformer_layer_l() {
     // Reference: model::Transformer's hidden states (independent code). f(0, h_l) = h_{l+1}.
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let w = tiny(arch);
+        let w = tiny_weights(arch, 5, 21);
         let toks = vec![vec![7u32, 3, 19, 44, 2, 60]];
         let hs = Transformer::new(w.clone())
             .unwrap()
@@ -130,7 +120,7 @@ fn tape_module_equals_inference_module() {
         .into_iter()
         .flat_map(|a| [(a, BlockKind::Decoder), (a, BlockKind::Ffn)]);
     for (arch, kind) in cases {
-        let w = tiny(arch);
+        let w = tiny_weights(arch, 5, 21);
         let ec = ElmConfig {
             block: kind,
             ..ElmConfig::new(1, 3)
@@ -247,7 +237,7 @@ fn elm_param_names(cfg: &ModelConfig, kind: BlockKind) -> Vec<String> {
 
 #[test]
 fn short_run_lowers_distillation_loss_and_is_reproducible() {
-    let w = tiny(Arch::Llama);
+    let w = tiny_weights(Arch::Llama, 5, 21);
     let ec = ElmConfig::new(1, 3);
     let module = ElmModule::init(&w, &ec).unwrap();
     let train = data(32, 1);
@@ -294,7 +284,7 @@ fn short_run_lowers_distillation_loss_and_is_reproducible() {
 
 #[test]
 fn resume_after_interruption_equals_uninterrupted_run() {
-    let w = tiny(Arch::Qwen2);
+    let w = tiny_weights(Arch::Qwen2, 5, 21);
     let ec = ElmConfig::new(2, 2);
     let module = ElmModule::init(&w, &ec).unwrap();
     let train = data(10, 3);
@@ -306,7 +296,7 @@ fn resume_after_interruption_equals_uninterrupted_run() {
     for _ in 0..8 {
         full.train_step(&train, 0).unwrap();
     }
-    let dir = tmpdir("resume");
+    let dir = TempDir::new("resume");
     {
         let mut part = Trainer::new(&w, ec.clone(), &module, c.clone(), "tiny".into()).unwrap();
         for _ in 0..3 {
@@ -364,10 +354,10 @@ fn resume_after_interruption_equals_uninterrupted_run() {
 
 #[test]
 fn corrupt_or_mismatched_checkpoints_are_typed_errors() {
-    let w = tiny(Arch::Llama);
+    let w = tiny_weights(Arch::Llama, 5, 21);
     let ec = ElmConfig::new(1, 2);
     let module = ElmModule::init(&w, &ec).unwrap();
-    let dir = tmpdir("corrupt");
+    let dir = TempDir::new("corrupt");
     let t = Trainer::new(&w, ec.clone(), &module, cfg(4, 0), "tiny".into()).unwrap();
     t.save(&dir).unwrap();
     // Different model config.
@@ -388,12 +378,12 @@ fn corrupt_or_mismatched_checkpoints_are_typed_errors() {
     std::fs::write(&sp, s).unwrap();
     let e = Trainer::resume(&w, &dir).err().unwrap();
     assert!(e.to_string().contains("surprise"), "{e}");
-    assert!(load_module(&tmpdir("empty")).is_err());
+    assert!(load_module(&TempDir::new("empty")).is_err());
 }
 
 #[test]
 fn other_gradient_rules_train() {
-    let w = tiny(Arch::Llama);
+    let w = tiny_weights(Arch::Llama, 5, 21);
     let ec = ElmConfig::new(1, 2);
     let module = ElmModule::init(&w, &ec).unwrap();
     let train = data(8, 4);
@@ -417,7 +407,7 @@ fn other_gradient_rules_train() {
 
 #[test]
 fn stochastic_jfb_draws_follow_the_rules_seed() {
-    let w = tiny(Arch::Llama);
+    let w = tiny_weights(Arch::Llama, 5, 21);
     let ec = ElmConfig::new(1, 3);
     let module = ElmModule::init(&w, &ec).unwrap();
     let train = data(16, 5);
@@ -448,11 +438,11 @@ fn stochastic_jfb_draws_follow_the_rules_seed() {
 
 #[test]
 fn teacher_cache_is_shared_across_runs_and_bit_identical() {
-    let w = tiny(Arch::Llama);
+    let w = tiny_weights(Arch::Llama, 5, 21);
     let ec = ElmConfig::new(1, 3);
     let module = ElmModule::init(&w, &ec).unwrap();
     let train = data(32, 3);
-    let dir = tmpdir("teacher_cache");
+    let dir = TempDir::new("teacher_cache");
     let run = |cache: bool| {
         let mut t = Trainer::new(&w, ec.clone(), &module, cfg(6, 5), "tiny".into()).unwrap();
         if cache {
@@ -485,5 +475,4 @@ fn teacher_cache_is_shared_across_runs_and_bit_identical() {
     t.set_teacher_cache(dir.join("teacher")).unwrap();
     t.train_step(&train, 0).unwrap();
     assert_eq!(t.teacher_cache_stats(), Some((0, 1)));
-    let _ = std::fs::remove_dir_all(&dir);
 }

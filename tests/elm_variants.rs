@@ -3,6 +3,9 @@
 //! layer (one application, no injection) is the dense model without the rest of the window, and a
 //! looped layer (K applications, multi-step KV) is the dense model with that layer repeated K times.
 
+mod common;
+
+use common::{tiny_weights, TempDir};
 use elm::compress::methods::delete_layers;
 use elm::data::TokenSequence;
 use elm::equilibrium::accounting::{
@@ -19,12 +22,6 @@ use elm::model::{Arch, LayerWeights, ModelConfig, ModelWeights, Transformer};
 use elm::solver::SolverConfig;
 use ndarray::Array2;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-
-fn tiny(arch: Arch) -> ModelWeights {
-    let mut cfg = ModelConfig::tiny(arch);
-    cfg.num_layers = 6;
-    ModelWeights::random(&cfg, 31)
-}
 
 fn prompts() -> Vec<Vec<u32>> {
     let mut rng = StdRng::seed_from_u64(8);
@@ -49,14 +46,14 @@ fn variant_of(w: &ModelWeights, injection: bool, k: usize, block: BlockKind) -> 
     ElmModel::new(w.clone(), ec, module).unwrap()
 }
 
-/// `module` saved as a checkpoint in a fresh temp dir named after `what`.
+/// `module` saved as a checkpoint in a fresh temp dir named after `what` (removed on drop).
 fn saved(
     module: &ElmModule,
     ec: &ElmConfig,
     cfg: &ModelConfig,
     what: &str,
-) -> (std::path::PathBuf, ModuleMeta) {
-    let dir = std::env::temp_dir().join(format!("elm_{what}_ckpt_{}", std::process::id()));
+) -> (TempDir, ModuleMeta) {
+    let dir = TempDir::new(&format!("{what}-ckpt"));
     let meta = ModuleMeta {
         format: MODULE_FORMAT.into(),
         elm: ec.clone(),
@@ -102,7 +99,7 @@ fn assert_same_as_dense(model: &ElmModel, reference: ModelWeights, mode: KvMode,
 #[test]
 fn streamline_layer_is_the_dense_model_without_the_rest_of_the_window() {
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let w = tiny(arch);
+        let w = tiny_weights(arch, 6, 31);
         let reference = delete_layers(&w, &[2, 3]).unwrap();
         for mode in [KvMode::OneStep, KvMode::MultiStep] {
             assert_same_as_dense(
@@ -130,7 +127,7 @@ fn streamline_ffn_is_the_dense_model_with_the_first_layers_mlp_alone() {
     // Reference: the dense transformer (independent code) with the rest of the window deleted
     // and layer 1's attention silenced; the ELM side runs the attention-free block kernel.
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let w = tiny(arch);
+        let w = tiny_weights(arch, 6, 31);
         let mut reference = delete_layers(&w, &[2, 3]).unwrap();
         reference.layers[1] = mlp_only(&w, 1);
         let ffn = variant_of(&w, false, 1, BlockKind::Ffn);
@@ -154,7 +151,7 @@ fn streamline_ffn_is_the_dense_model_with_the_first_layers_mlp_alone() {
 
 #[test]
 fn ffn_module_holds_no_kv_and_counts_only_its_mlp() {
-    let w = tiny(Arch::Qwen2);
+    let w = tiny_weights(Arch::Qwen2, 6, 31);
     let cfg = &w.config;
     let model = variant_of(&w, true, 2, BlockKind::Ffn);
     let (ec, module) = model.elm.as_ref().unwrap();
@@ -203,14 +200,13 @@ fn ffn_module_holds_no_kv_and_counts_only_its_mlp() {
     std::fs::write(dir.join("elm.json"), bad).unwrap();
     let e = load_module(&dir).unwrap_err().to_string();
     assert!(e.contains("mlp"), "{e}");
-    let _ = std::fs::remove_dir_all(&dir);
     assert!("attention".parse::<BlockKind>().is_err());
 }
 
 #[test]
 fn looped_layer_is_the_layer_repeated() {
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let w = tiny(arch);
+        let w = tiny_weights(arch, 6, 31);
         let mut reference = w.clone();
         // Layers 0, 1, 1, 1, 4, 5: the window [1, 4) becomes layer 1 applied three times.
         reference.layers = vec![
@@ -233,7 +229,7 @@ fn looped_layer_is_the_layer_repeated() {
 
 #[test]
 fn variants_count_their_parameters_and_round_trip_checkpoints() {
-    let w = tiny(Arch::Qwen2);
+    let w = tiny_weights(Arch::Qwen2, 6, 31);
     let cfg = &w.config;
     let looped = variant(&w, false, 2);
     let (ec, module) = looped.elm.as_ref().unwrap();
@@ -260,7 +256,6 @@ fn variants_count_their_parameters_and_round_trip_checkpoints() {
     elm::io::write_json_atomic(&dir.join("elm.json"), &wrong).unwrap();
     let e = load_module(&dir).unwrap_err().to_string();
     assert!(e.contains("p.w_z"), "{e}");
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(ElmConfig {
         fixed_iterations: Some(0),
         ..ElmConfig::new(1, 2)
@@ -271,7 +266,7 @@ fn variants_count_their_parameters_and_round_trip_checkpoints() {
 
 #[test]
 fn fixed_iteration_variants_train_by_unrolling() {
-    let w = tiny(Arch::Llama);
+    let w = tiny_weights(Arch::Llama, 6, 31);
     let mut rng = StdRng::seed_from_u64(2);
     let data: Vec<TokenSequence> = (0..8)
         .map(|_| {

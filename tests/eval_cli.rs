@@ -3,22 +3,15 @@
 //! figure equals the one-sequence path; data is found in the repository without ../shared;
 //! bad data and bad arguments are refused with a clear error.
 
+mod common;
+
+use common::{real_model, TempDir};
 use std::process::Command;
 
 use elm::data::{default_data_dir, load_gsm8k, Split};
 use elm::equilibrium::infer::{ElmModel, ElmSession, InferenceConfig};
 use elm::eval::gsm8k::{chat_prompt, ANSWER_SUFFIX};
 use elm::eval::nll::token_nll;
-
-fn model_path() -> std::path::PathBuf {
-    let path = elm::model::default_model_path();
-    assert!(
-        path.exists(),
-        "{} missing: run scripts/fetch-smollm2.sh or set ELM_MODELS_DIR",
-        path.display()
-    );
-    path
-}
 
 /// Runs `elm` with no ELM_DATA_DIR (as in a fresh clone without ../shared).
 fn elm(args: &[&str]) -> (bool, serde_json::Value, String) {
@@ -31,13 +24,6 @@ fn elm(args: &[&str]) -> (bool, serde_json::Value, String) {
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let json = serde_json::from_str(stdout.trim()).unwrap_or(serde_json::Value::Null);
     (out.status.success(), json, stderr)
-}
-
-fn tmp_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("elm-eval-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// NLL of the first `n` GSM8K test answers, one sequence at a time through
@@ -64,7 +50,7 @@ fn one_at_a_time_nll(model: &ElmModel, tok: &elm::io::tokenizer::Tokenizer, n: u
 
 #[test]
 fn gsm8k_nll_dense_and_paired_elm() {
-    let model = model_path();
+    let Some(model) = real_model() else { return };
     let m = model.to_str().unwrap();
     let (ok, v, err) = elm(&[
         "eval",
@@ -110,7 +96,7 @@ fn gsm8k_nll_dense_and_paired_elm() {
 
     // An ELM (just compressed: W_z small, so near the dense model but not equal) paired
     // with its dense model on the same 2 problems.
-    let ck = tmp_dir("ck");
+    let ck = TempDir::new("ck");
     let ck_s = ck.join("init");
     let (ok, _, err) = elm(&[
         "compress",
@@ -163,12 +149,11 @@ fn gsm8k_nll_dense_and_paired_elm() {
         "{}",
         v["solver"]
     );
-    let _ = std::fs::remove_dir_all(&ck);
 }
 
 #[test]
 fn gsm8k_exact_match_reports_both_extractions() {
-    let model = model_path();
+    let Some(model) = real_model() else { return };
     let (ok, v, err) = elm(&[
         "eval",
         "--model",
@@ -194,10 +179,10 @@ fn gsm8k_exact_match_reports_both_extractions() {
 
 #[test]
 fn bad_data_and_arguments_are_refused() {
-    let model = model_path();
+    let Some(model) = real_model() else { return };
     let m = model.to_str().unwrap();
     // A GSM8K file whose answer lacks `#### N` is rejected, naming file and line.
-    let dir = tmp_dir("bad");
+    let dir = TempDir::new("bad");
     std::fs::create_dir_all(dir.join("gsm8k")).unwrap();
     std::fs::write(
         dir.join("gsm8k/test.jsonl"),
@@ -229,7 +214,6 @@ fn bad_data_and_arguments_are_refused() {
             "{err}"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
     for (args, want) in [
         (vec!["--limit", "0"], "limit"),
         (vec!["--batch", "0"], "batch"),
@@ -249,9 +233,9 @@ fn bad_data_and_arguments_are_refused() {
 /// transformer's own `sequence_nll`; ELM: one-window sessions through `prefill_all_logits`).
 #[test]
 fn perplexity_dense_and_elm_match_per_window_references() {
-    let model = model_path();
+    let Some(model) = real_model() else { return };
     let m = model.to_str().unwrap();
-    let dir = tmp_dir("ppl");
+    let dir = TempDir::new("ppl");
     let text = dir.join("text.txt");
     std::fs::write(
         &text,
@@ -342,5 +326,4 @@ fn perplexity_dense_and_elm_match_per_window_references() {
     );
     // Eight layers replaced by an untrained module cost likelihood on plain text too.
     assert!(got > sum / count as f64);
-    let _ = std::fs::remove_dir_all(&dir);
 }

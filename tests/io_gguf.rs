@@ -2,13 +2,13 @@
 //! References: fixtures written by the PyPI `gguf` package (scripts/ref_gguf_quants.py,
 //! scripts/ref_gguf_smollm.py), the real SmolLM2 checkpoint, and RoPE algebra.
 
-mod io_common;
+mod common;
 
+use common::*;
 use elm::io::gguf::{dequantize, gguf_to_bytes, kv, GgmlType, GgufFile, GgufTensorData, GgufValue};
 use elm::io::{load_gguf_model, permute_rope_rows, save_gguf_model, unpermute_rope_rows};
 use elm::model::Arch;
 use elm::ElmError;
-use io_common::*;
 use ndarray::{Array1, Array2, Axis};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -64,7 +64,7 @@ fn assert_bits_eq(what: &str, got: &[f32], want: &[f32]) {
 
 #[test]
 fn dequantize_matches_gguf_python_package_bit_exact() {
-    let fx = read_json("quants.json");
+    let fx = fixture_json("io/quants.json");
     let blocks = fx["blocks"].as_array().unwrap();
     assert_eq!(blocks.len(), 6);
     for b in blocks {
@@ -89,7 +89,7 @@ fn dequantize_rejects_wrong_byte_count_and_unsupported_types() {
 
 #[test]
 fn reads_file_written_by_reference_gguf_writer() {
-    let g = GgufFile::open(fixture("ref_small.gguf")).unwrap();
+    let g = GgufFile::open(fixture("io/ref_small.gguf")).unwrap();
     assert_eq!(g.version(), 3);
     assert_eq!(g.alignment(), 64);
     assert_eq!(g.data_start() % 64, 0);
@@ -113,7 +113,7 @@ fn reads_file_written_by_reference_gguf_writer() {
     let err = g.get_str("test.u8").unwrap_err().to_string();
     assert!(err.contains("test.u8"), "{err}");
 
-    let fx = read_json("quants.json");
+    let fx = fixture_json("io/quants.json");
     let want_tensors = fx["file_tensors"].as_array().unwrap();
     assert_eq!(g.tensors().len(), want_tensors.len());
     for t in want_tensors {
@@ -148,7 +148,7 @@ fn reads_file_written_by_reference_gguf_writer() {
 
 #[test]
 fn writer_round_trips_metadata_and_default_alignment() {
-    let dir = temp_dir("writer");
+    let dir = TempDir::new("writer");
     let path = dir.join("w.gguf");
     let meta = vec![
         kv("general.architecture", GgufValue::String("llama".into())),
@@ -287,9 +287,9 @@ fn unpermuted_weights_with_half_split_rope_equal_gguf_weights_with_interleaved_r
 
 #[test]
 fn tiny_model_round_trips_through_gguf() {
-    let dir = temp_dir("tiny-rt");
+    let dir = TempDir::new("tiny-rt");
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let w = random_weights(&tiny(arch), 3);
+        let w = uniform_weights(&tiny_config(arch, 2), 3);
         let path = dir.join(format!("{arch:?}.gguf"));
         save_gguf_model(&w, &path).unwrap();
         let back = load_gguf_model(&path).unwrap();
@@ -311,9 +311,9 @@ fn tiny_model_round_trips_through_gguf() {
 
 /// Bytes of a tiny valid Llama GGUF, plus its tensors and metadata for editing.
 fn tiny_parts() -> (Vec<(String, GgufValue)>, Vec<GgufTensorData>) {
-    let dir = temp_dir("tiny-parts");
+    let dir = TempDir::new("tiny-parts");
     let path = dir.join("m.gguf");
-    save_gguf_model(&random_weights(&tiny(Arch::Llama), 5), &path).unwrap();
+    save_gguf_model(&uniform_weights(&tiny_config(Arch::Llama, 2), 5), &path).unwrap();
     let g = GgufFile::open(&path).unwrap();
     let tensors: Vec<GgufTensorData> = g.tensor_data().unwrap();
     (g.metadata().to_vec(), tensors)
@@ -324,7 +324,7 @@ fn write_and_load(
     meta: &[(String, GgufValue)],
     tensors: &[GgufTensorData],
 ) -> ElmError {
-    let dir = temp_dir(name);
+    let dir = TempDir::new(name);
     let path = dir.join("m.gguf");
     std::fs::write(&path, gguf_to_bytes(meta, tensors, 32)).unwrap();
     load_gguf_model(&path).expect_err("must fail")
@@ -341,7 +341,7 @@ fn expect_msg(err: &ElmError, parts: &[&str]) {
 fn wrong_magic_unsupported_version_and_truncation_are_format_errors() {
     let (meta, tensors) = tiny_parts();
     let good = gguf_to_bytes(&meta, &tensors, 32);
-    let dir = temp_dir("corrupt");
+    let dir = TempDir::new("corrupt");
     let path = dir.join("bad.gguf");
 
     let mut bad = good.clone();
@@ -483,8 +483,8 @@ fn config_metadata_that_changes_the_math_is_rejected() {
 
 #[test]
 fn smollm2_gguf_matches_python_gguf_reference() {
-    let Some(path) = smollm2_path() else { return };
-    let fx = read_json("smollm2_ref.json");
+    let Some(path) = real_model() else { return };
+    let fx = fixture_json("io/smollm2_ref.json");
     let g = GgufFile::open(&path).unwrap();
     let c = &fx["config"];
     assert_eq!(g.version(), 3);

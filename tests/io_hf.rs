@@ -2,15 +2,15 @@
 //! was written by transformers' own config classes and whose tensors (F16/BF16/F32, sharded)
 //! were written with numpy (scripts/ref_hf_tiny.py), plus exact round trips.
 
-mod io_common;
+mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
 
+use common::*;
 use elm::io::{config_from_hf_json, load_hf_model, save_hf_model};
 use elm::model::{Arch, ModelWeights};
 use elm::ElmError;
-use io_common::*;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde_json::json;
 
@@ -79,7 +79,8 @@ fn loads_transformers_written_checkpoints_exactly() {
         ("hf_tiny_llama", Arch::Llama),
         ("hf_tiny_qwen2", Arch::Qwen2),
     ] {
-        let w = load_hf_model(fixture(dir)).unwrap_or_else(|e| panic!("{dir}: {e}"));
+        let w =
+            load_hf_model(fixture(&format!("io/{dir}"))).unwrap_or_else(|e| panic!("{dir}: {e}"));
         let c = &w.config;
         assert_eq!(c.arch, arch);
         assert_eq!(
@@ -106,7 +107,7 @@ fn loads_transformers_written_checkpoints_exactly() {
                 assert_eq!((c.bos_token_id, c.eos_token_id), (Some(5), Some(6)));
             }
         }
-        let bytes = std::fs::read(fixture(&format!("{dir}_expected.safetensors"))).unwrap();
+        let bytes = std::fs::read(fixture(&format!("io/{dir}_expected.safetensors"))).unwrap();
         let expected = SafeTensors::deserialize(&bytes).unwrap();
         let got = by_hf_name(&w);
         assert_eq!(got.len(), expected.len(), "{dir}: tensor count");
@@ -141,10 +142,11 @@ fn save_then_load_is_bit_exact_and_leaves_no_temp_files() {
         (Arch::Llama, false),
         (Arch::Qwen2, false),
     ] {
-        let mut cfg = tiny(arch);
+        let mut cfg = tiny_config(arch, 2);
         cfg.tie_word_embeddings = tie;
-        let w = random_weights(&cfg, 11);
-        let dir = temp_dir("hf-rt").join("ckpt"); // save creates it
+        let w = uniform_weights(&cfg, 11);
+        let tmp = TempDir::new("hf-rt");
+        let dir = tmp.join("ckpt"); // save creates it
         save_hf_model(&w, &dir).unwrap();
         let back = load_hf_model(&dir).unwrap();
         assert_weights_eq(&w, &back);
@@ -159,9 +161,9 @@ fn save_then_load_is_bit_exact_and_leaves_no_temp_files() {
 
 #[test]
 fn save_rejects_weights_inconsistent_with_config() {
-    let mut w = random_weights(&tiny(Arch::Llama), 1);
+    let mut w = uniform_weights(&tiny_config(Arch::Llama, 2), 1);
     w.layers[1].w_up = ndarray::Array2::zeros((3, 3));
-    let e = save_hf_model(&w, temp_dir("bad-save")).unwrap_err();
+    let e = save_hf_model(&w, TempDir::new("bad-save")).unwrap_err();
     assert!(
         e.to_string().contains("model.layers.1.mlp.up_proj.weight"),
         "{e}"
@@ -187,7 +189,7 @@ fn smollm2_config_json() -> serde_json::Value {
 fn smollm2_hf_config_matches_gguf_config() {
     let hf = config_from_hf_json(&smollm2_config_json()).unwrap();
     assert_eq!(hf.head_dim, 64);
-    let Some(path) = smollm2_path() else { return };
+    let Some(path) = real_model() else { return };
     let gguf = elm::io::config_from_gguf(&elm::io::GgufFile::open(path).unwrap()).unwrap();
     assert_eq!(hf, gguf);
 }
@@ -250,9 +252,9 @@ fn rewrite(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Dtype, Vec<usize>, Ve
     std::fs::write(&path, safetensors::serialize(views, &None).unwrap()).unwrap();
 }
 
-fn saved_tiny(name: &str) -> std::path::PathBuf {
-    let dir = temp_dir(name);
-    save_hf_model(&random_weights(&tiny(Arch::Llama), 2), &dir).unwrap();
+fn saved_tiny(name: &str) -> TempDir {
+    let dir = TempDir::new(name);
+    save_hf_model(&uniform_weights(&tiny_config(Arch::Llama, 2), 2), &dir).unwrap();
     dir
 }
 
@@ -367,8 +369,8 @@ fn corrupt_files_and_bad_index_are_typed_errors() {
     expect(e, &["config.json"]);
 
     // Sharded: the index names a shard that does not hold the tensor.
-    let dir = temp_dir("hf-index");
-    for f in std::fs::read_dir(fixture("hf_tiny_llama")).unwrap() {
+    let dir = TempDir::new("hf-index");
+    for f in std::fs::read_dir(fixture("io/hf_tiny_llama")).unwrap() {
         let f = f.unwrap();
         std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
     }

@@ -2,23 +2,22 @@
 //! cross-checked against transformers' GGUF converter) and the GGUF's own Jinja chat
 //! template rendered with jinja2.
 
-mod io_common;
+mod common;
 
 use std::sync::OnceLock;
 
+use common::*;
 use elm::io::gguf::{kv, write_gguf, GgufValue};
 use elm::io::tokenizer::Tokenizer;
 use elm::io::GgufFile;
 use elm::ElmError;
-use io_common::*;
 
+/// The real checkpoint's tokenizer, loaded once; `None` (each caller printing its own skip
+/// line) without the real model.
 fn smollm2_tokenizer() -> Option<&'static Tokenizer> {
-    static TOK: OnceLock<Option<Tokenizer>> = OnceLock::new();
-    TOK.get_or_init(|| {
-        let path = smollm2_path()?;
-        Some(Tokenizer::from_gguf(&GgufFile::open(path).unwrap()).unwrap())
-    })
-    .as_ref()
+    static TOK: OnceLock<Tokenizer> = OnceLock::new();
+    let path = real_model()?;
+    Some(TOK.get_or_init(|| Tokenizer::from_gguf(&GgufFile::open(path).unwrap()).unwrap()))
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
@@ -38,7 +37,7 @@ fn token_ids_match_reference_and_decode_round_trips() {
     let Some(tok) = smollm2_tokenizer() else {
         return;
     };
-    let fx = read_json("tokenizer_ref.json");
+    let fx = fixture_json("io/tokenizer_ref.json");
     assert_eq!(tok.bos_id(), Some(fx["bos"].as_u64().unwrap() as u32));
     assert_eq!(tok.eos_id(), Some(fx["eos"].as_u64().unwrap() as u32));
     assert_eq!(tok.vocab_size(), 49152);
@@ -66,7 +65,7 @@ fn control_tokens_stay_whole() {
     let Some(tok) = smollm2_tokenizer() else {
         return;
     };
-    let fx = read_json("tokenizer_ref.json");
+    let fx = fixture_json("io/tokenizer_ref.json");
     for t in fx["control_tokens"].as_array().unwrap() {
         let t = t.as_str().unwrap();
         let got = tok.encode(t, false).unwrap();
@@ -84,7 +83,7 @@ fn chat_template_matches_jinja_rendering_of_gguf_template() {
         tok.default_system_prompt(),
         Some("You are a helpful AI assistant named SmolLM, trained by Hugging Face")
     );
-    let fx = read_json("tokenizer_ref.json");
+    let fx = fixture_json("io/tokenizer_ref.json");
     for chat in fx["chats"].as_array().unwrap() {
         let msgs: Vec<(String, String)> = chat["messages"]
             .as_array()
@@ -108,11 +107,11 @@ fn tokenizer_json_round_trip_gives_same_ids() {
     let Some(tok) = smollm2_tokenizer() else {
         return;
     };
-    let dir = temp_dir("tokjson");
+    let dir = TempDir::new("tokjson");
     let path = dir.join("tokenizer.json");
     tok.save(&path).unwrap();
     let reloaded = Tokenizer::from_file(&path).unwrap();
-    let fx = read_json("tokenizer_ref.json");
+    let fx = fixture_json("io/tokenizer_ref.json");
     for case in fx["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
         assert_eq!(
@@ -146,7 +145,13 @@ fn decode_rejects_out_of_range_ids() {
 }
 
 /// A tiny byte-level vocabulary in a synthetic GGUF: exercises from_gguf without the model.
-fn tiny_vocab_gguf(pre: &str, model: &str, merges: &[&str], add_bos: bool) -> std::path::PathBuf {
+/// Returns the GGUF's path and the temp dir holding it (removed when dropped).
+fn tiny_vocab_gguf(
+    pre: &str,
+    model: &str,
+    merges: &[&str],
+    add_bos: bool,
+) -> (TempDir, std::path::PathBuf) {
     // All 256 byte symbols of GPT-2's byte->unicode map, then a few merged tokens.
     let mut bytes: Vec<u32> = (b'!' as u32..=b'~' as u32)
         .chain(0xA1..=0xAC)
@@ -171,7 +176,7 @@ fn tiny_vocab_gguf(pre: &str, model: &str, merges: &[&str], add_bos: bool) -> st
     }
     let mut types = vec![3i32, 3];
     types.extend(std::iter::repeat_n(1, tokens.len() - 2));
-    let dir = temp_dir("tinytok");
+    let dir = TempDir::new("tinytok");
     let path = dir.join("tok.gguf");
     let s = |x: &str| GgufValue::String(x.into());
     write_gguf(
@@ -199,13 +204,13 @@ fn tiny_vocab_gguf(pre: &str, model: &str, merges: &[&str], add_bos: bool) -> st
         &[],
     )
     .unwrap();
-    path
+    (dir, path)
 }
 
 #[test]
 fn synthetic_gguf_vocab_merges_digits_split_and_bos() {
     // Merge ranks: "a b" first, then "ab c"; "Ġ a" lets a space join the next letter.
-    let path = tiny_vocab_gguf("smollm", "gpt2", &["a b", "ab c", "Ġ a", "1 2"], true);
+    let (_dir, path) = tiny_vocab_gguf("smollm", "gpt2", &["a b", "ab c", "Ġ a", "1 2"], true);
     let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     let id = |t: &str| tok.token_to_id(t).unwrap();
     assert_eq!(tok.encode("abc", false).unwrap(), vec![id("abc")]);
@@ -224,7 +229,7 @@ fn synthetic_gguf_vocab_merges_digits_split_and_bos() {
         "héllo 12 abc"
     );
     // GPT-2 pre-tokenizer (no digit split): "1 2" merges.
-    let path = tiny_vocab_gguf("gpt2", "gpt2", &["1 2"], false);
+    let (_dir, path) = tiny_vocab_gguf("gpt2", "gpt2", &["1 2"], false);
     let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
     assert_eq!(
         tok.encode("12", false).unwrap(),
@@ -238,12 +243,9 @@ fn synthetic_gguf_vocab_merges_digits_split_and_bos() {
 /// a GGUF with each `tokenizer.ggml.pre`.
 #[test]
 fn llama3_and_qwen2_pre_tokenizers_match_reference() {
-    let Some(src) = smollm2_path() else {
-        eprintln!("SKIP: SmolLM2 GGUF not found (run scripts/fetch-smollm2.sh)");
-        return;
-    };
+    let Some(src) = real_model() else { return };
     let src = GgufFile::open(src).unwrap();
-    let fx = read_json("tokenizer_pre_ref.json");
+    let fx = fixture_json("io/tokenizer_pre_ref.json");
     let extra: Vec<&str> = fx["extra_merges"]
         .as_array()
         .unwrap()
@@ -260,7 +262,8 @@ fn llama3_and_qwen2_pre_tokenizers_match_reference() {
     types.extend(std::iter::repeat_n(1, extra.len()));
     merges.extend(&extra);
     for pre in ["llama-bpe", "qwen2"] {
-        let path = temp_dir("pretok").join(format!("{pre}.gguf"));
+        let dir = TempDir::new("pretok");
+        let path = dir.join(format!("{pre}.gguf"));
         write_gguf(
             &path,
             &[
@@ -303,7 +306,7 @@ fn llama3_and_qwen2_pre_tokenizers_match_reference() {
 
 #[test]
 fn unsupported_tokenizer_metadata_is_a_typed_error() {
-    let path = tiny_vocab_gguf("chatglm-bpe", "gpt2", &[], false);
+    let (_dir, path) = tiny_vocab_gguf("chatglm-bpe", "gpt2", &[], false);
     let e = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap())
         .err()
         .unwrap();
@@ -311,7 +314,7 @@ fn unsupported_tokenizer_metadata_is_a_typed_error() {
         matches!(e, ElmError::Unsupported(_)) && e.to_string().contains("chatglm-bpe"),
         "{e}"
     );
-    let path = tiny_vocab_gguf("smollm", "llama", &[], false);
+    let (_dir, path) = tiny_vocab_gguf("smollm", "llama", &[], false);
     let e = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap())
         .err()
         .unwrap();
@@ -319,12 +322,13 @@ fn unsupported_tokenizer_metadata_is_a_typed_error() {
         matches!(e, ElmError::Unsupported(_)) && e.to_string().contains("llama"),
         "{e}"
     );
-    let path = tiny_vocab_gguf("smollm", "gpt2", &["a zz"], false);
+    let (_dir, path) = tiny_vocab_gguf("smollm", "gpt2", &["a zz"], false);
     let e = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap())
         .err()
         .unwrap();
     assert!(e.to_string().contains("merges[0]"), "{e}");
-    let e = Tokenizer::from_file(temp_dir("nofile").join("tokenizer.json"))
+    let empty = TempDir::new("nofile");
+    let e = Tokenizer::from_file(empty.join("tokenizer.json"))
         .err()
         .unwrap();
     assert!(matches!(e, ElmError::Io { .. }), "{e}");

@@ -2,21 +2,18 @@
 //! model, with α/r ≠ 1 so a merge without the scaling fails), SFT lowering the answer CE,
 //! resume = uninterrupted, and typed errors for bad input.
 
+mod common;
+
+use common::{tiny_weights, TempDir};
 use elm::data::{make_batch, TokenSequence};
 use elm::lora::adapter::{insert_adapters, lora_names, merge_layer, TARGETS};
 use elm::lora::{LoraConfig, LoraSpec, LoraTrainer};
 use elm::model::dense_pass::{embed, run_dense_layers};
-use elm::model::{Arch, ModelConfig, ModelWeights};
+use elm::model::{Arch, ModelConfig};
 use elm::search::candidate::answer_nll_of_hidden;
 use elm::train::ParamStore;
 use ndarray::{Array2, ArrayD, Ix2, IxDyn};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-
-fn tiny(arch: Arch, layers: usize) -> ModelWeights {
-    let mut cfg = ModelConfig::tiny(arch);
-    cfg.num_layers = layers;
-    ModelWeights::random(&cfg, 7)
-}
 
 fn data(n: usize, seed: u64) -> Vec<TokenSequence> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -40,13 +37,6 @@ fn data(n: usize, seed: u64) -> Vec<TokenSequence> {
             TokenSequence { tokens, loss_mask }
         })
         .collect()
-}
-
-fn tmpdir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("elm_lora_{tag}_{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn spec() -> LoraSpec {
@@ -73,7 +63,7 @@ fn random_adapters(cfg: &ModelConfig, layers: usize, seed: u64) -> ParamStore {
 
 #[test]
 fn merged_linear_equals_the_unmerged_lora_forward() {
-    let w = tiny(Arch::Qwen2, 1);
+    let w = tiny_weights(Arch::Qwen2, 1, 7);
     let cfg = &w.config;
     let store = random_adapters(cfg, 1, 3);
     let merged = merge_layer(&w.layers[0], &store, &spec(), "", 0).unwrap();
@@ -129,7 +119,7 @@ fn merged_linear_equals_the_unmerged_lora_forward() {
 #[test]
 fn merged_model_answer_ce_equals_unmerged_training_forward() {
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let w = tiny(arch, 3);
+        let w = tiny_weights(arch, 3, 7);
         let cfg = LoraConfig {
             lora: spec(),
             steps: 6,
@@ -142,7 +132,7 @@ fn merged_model_answer_ce_equals_unmerged_training_forward() {
         };
         let seqs = data(6, 1);
         let mut tr = LoraTrainer::new(&w, cfg, "tiny".into()).unwrap();
-        let dir = tmpdir(&format!("merge_{arch:?}"));
+        let dir = TempDir::new(&format!("merge_{arch:?}"));
         tr.run(&seqs, 0, &dir, |_| {}).unwrap();
         // Unmerged: the tape forward with adapters (dropout off).
         let unmerged = tr.eval_ce(&seqs, 0, 3).unwrap();
@@ -174,7 +164,7 @@ fn merged_model_answer_ce_equals_unmerged_training_forward() {
 
 #[test]
 fn sft_lowers_answer_ce_and_resume_equals_uninterrupted() {
-    let w = tiny(Arch::Llama, 2);
+    let w = tiny_weights(Arch::Llama, 2, 7);
     let cfg = LoraConfig {
         lora: LoraSpec {
             rank: 4,
@@ -193,13 +183,13 @@ fn sft_lowers_answer_ce_and_resume_equals_uninterrupted() {
     let seqs = data(16, 2);
     let mut full = LoraTrainer::new(&w, cfg.clone(), "tiny".into()).unwrap();
     let before = full.eval_ce(&seqs, 0, 4).unwrap();
-    let d1 = tmpdir("full");
+    let d1 = TempDir::new("full");
     full.run(&seqs, 0, &d1, |_| {}).unwrap();
     let after = full.eval_ce(&seqs, 0, 4).unwrap();
     assert!(after < before - 0.05, "CE {before} -> {after}");
 
     // Interrupted after 10 steps (the checkpoint), resumed, finished.
-    let d2 = tmpdir("resumed");
+    let d2 = TempDir::new("resumed");
     let mut part = LoraTrainer::new(&w, cfg.clone(), "tiny".into()).unwrap();
     for _ in 0..10 {
         part.train_step(&seqs, 0).unwrap();
@@ -236,7 +226,7 @@ fn sft_lowers_answer_ce_and_resume_equals_uninterrupted() {
 
 #[test]
 fn bad_input_is_a_typed_error() {
-    let w = tiny(Arch::Llama, 2);
+    let w = tiny_weights(Arch::Llama, 2, 7);
     // tiny: hidden 32, kv dim 16 → rank 17 exceeds wk's smaller side.
     let big = LoraConfig {
         lora: LoraSpec {
@@ -273,7 +263,7 @@ fn bad_input_is_a_typed_error() {
         .to_string();
     assert!(e.contains("rnak"), "{e}");
     // Resume from an empty directory names the missing file.
-    let d = tmpdir("empty");
+    let d = TempDir::new("empty");
     let e = LoraTrainer::resume(&w, &d).err().unwrap().to_string();
     assert!(e.contains("lora_state.json"), "{e}");
 }

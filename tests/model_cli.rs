@@ -2,6 +2,9 @@
 //! fixture's token ids and numpy-reference logits; `generate --json` reports its fields
 //! and reproduces the reference greedy continuation; bad arguments fail with exit code 1.
 
+mod common;
+
+use common::{real_model, TempDir};
 use std::process::Command;
 
 use serde::Deserialize;
@@ -20,23 +23,6 @@ struct Fixture {
     cases: Vec<Case>,
 }
 
-fn model_path() -> Option<std::path::PathBuf> {
-    let path = elm::model::default_model_path();
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{} missing in CI",
-        path.display()
-    );
-    eprintln!(
-        "skipping: {} not found (set ELM_MODELS_DIR)",
-        path.display()
-    );
-    None
-}
-
 fn elm(args: &[&str]) -> (bool, serde_json::Value, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_elm"))
         .args(args)
@@ -50,7 +36,7 @@ fn elm(args: &[&str]) -> (bool, serde_json::Value, String) {
 
 #[test]
 fn logits_and_generate_json_match_reference() {
-    let Some(path) = model_path() else { return };
+    let Some(path) = real_model() else { return };
     let path = path.to_str().unwrap();
     let fx: Fixture =
         serde_json::from_str(include_str!("fixtures/model/smollm2_logits.json")).unwrap();
@@ -126,7 +112,7 @@ fn generate_on_cuda_without_the_feature_is_a_cuda_error() {
     if cfg!(feature = "cuda") {
         return; // exercised by the GPU tests of the cuda module
     }
-    let Some(path) = model_path() else { return };
+    let Some(path) = real_model() else { return };
     let (ok, _, err) = elm(&[
         "generate",
         "--model",
@@ -145,9 +131,9 @@ fn generate_on_cuda_without_the_feature_is_a_cuda_error() {
 /// greedy decoding equals the library's ELM greedy loop.
 #[test]
 fn elm_generate_samples_batches_and_reports_solver_stats() {
-    let Some(path) = model_path() else { return };
+    let Some(path) = real_model() else { return };
     let path = path.to_str().unwrap();
-    let dir = std::env::temp_dir().join(format!("elm-cli-gen-{}", std::process::id()));
+    let dir = TempDir::new("cli-gen");
     let ck = dir.join("ck");
     let ck_s = ck.to_str().unwrap();
     let (ok, _, err) = elm(&[
@@ -214,5 +200,4 @@ fn elm_generate_samples_batches_and_reports_solver_stats() {
 
     let (ok, _, err) = generate(&["--device", "cuda:0"]);
     assert!(!ok && err.contains("CPU"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,8 +2,11 @@
 //! temperature, top-k / top-p support), seed reproducibility, stop conditions, and
 //! batched == unbatched greedy generation on a tiny random model.
 
+mod common;
+
+use common::tiny_transformer;
 use elm::model::generate::{argmax, generate, FinishReason, Sampler, SamplingConfig};
-use elm::model::{Arch, ModelConfig, ModelWeights, Transformer};
+use elm::model::Arch;
 use ndarray::{array, Array1};
 
 fn sampling(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> SamplingConfig {
@@ -97,13 +100,9 @@ fn sampling_is_reproducible_for_a_seed_and_rejects_bad_input() {
     assert!(Sampler::new(&sampling(1.0, 0, 0.0, 0), 1).is_err());
 }
 
-fn tiny(arch: Arch) -> Transformer {
-    Transformer::new(ModelWeights::random(&ModelConfig::tiny(arch), 99)).unwrap()
-}
-
 #[test]
 fn batched_generation_equals_unbatched_for_greedy_and_seeded_sampling() {
-    let m = tiny(Arch::Qwen2);
+    let m = tiny_transformer(Arch::Qwen2, 4, 99);
     let prompts = vec![
         vec![3u32, 9, 27, 17],
         vec![5],
@@ -135,7 +134,7 @@ fn batched_generation_equals_unbatched_for_greedy_and_seeded_sampling() {
 
 #[test]
 fn generation_stops_on_tokens_and_strings() {
-    let m = tiny(Arch::Llama);
+    let m = tiny_transformer(Arch::Llama, 4, 99);
     let prompt = vec![vec![7u32, 8, 9]];
     let free = generate(
         &m,

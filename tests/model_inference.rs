@@ -4,16 +4,15 @@
 //! - KV-cached decode == full recompute; batched (different lengths) == unbatched;
 //! - uncommitted block calls, masked decode, hidden states, cache bytes, typed errors.
 
+mod common;
+
+use common::tiny_transformer;
 use elm::model::{
     block_forward_cached, block_forward_rows, Arch, KvCache, LayerKv, ModelConfig, ModelWeights,
     Scratch, Transformer,
 };
 use elm::ElmError;
 use ndarray::{s, Array2, Array3, ArrayView2};
-
-fn tiny(arch: Arch, seed: u64) -> Transformer {
-    Transformer::new(ModelWeights::random(&ModelConfig::tiny(arch), seed)).unwrap()
-}
 
 /// Naive f64 forward: logits `[T, V]` of one sequence, recomputed from scratch.
 fn naive_logits(w: &ModelWeights, tokens: &[u32]) -> Array2<f64> {
@@ -140,7 +139,7 @@ fn prompts() -> Vec<Vec<u32>> {
 #[test]
 fn forward_logits_match_naive_f64_reference() {
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let m = tiny(arch, 7);
+        let m = tiny_transformer(arch, 4, 7);
         for p in prompts() {
             let got = m.forward_logits(std::slice::from_ref(&p)).unwrap();
             let want = naive_logits(&m.weights, &p);
@@ -157,7 +156,7 @@ fn forward_logits_match_naive_f64_reference() {
 #[test]
 fn cached_decode_equals_full_recompute() {
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let m = tiny(arch, 11);
+        let m = tiny_transformer(arch, 4, 11);
         let seq: Vec<u32> = vec![3, 14, 15, 9, 26, 53, 58, 9, 7, 9, 32, 38];
         let prompt_len = 4;
         let mut cache = m.new_cache(1, seq.len()).unwrap();
@@ -183,7 +182,7 @@ fn cached_decode_equals_full_recompute() {
 #[test]
 fn batched_prefill_and_decode_equal_unbatched() {
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let m = tiny(arch, 13);
+        let m = tiny_transformer(arch, 4, 13);
         let ps = prompts();
         let cont: Vec<Vec<u32>> = vec![vec![4, 5, 6], vec![7, 8, 9], vec![10, 11, 12]];
         let mut cache = m.new_cache(3, 16).unwrap();
@@ -216,7 +215,7 @@ fn batched_prefill_and_decode_equal_unbatched() {
 
 #[test]
 fn chunked_prefill_equals_single_prefill() {
-    let m = tiny(Arch::Qwen2, 17);
+    let m = tiny_transformer(Arch::Qwen2, 4, 17);
     let seq: Vec<u32> = (0..12).map(|i| (i * 7 % 64) as u32).collect();
     let mut one = m.new_cache(1, 12).unwrap();
     let want = m.prefill(std::slice::from_ref(&seq), &mut one).unwrap();
@@ -233,7 +232,7 @@ fn chunked_prefill_equals_single_prefill() {
 
 #[test]
 fn masked_decode_leaves_inactive_sequences_untouched() {
-    let m = tiny(Arch::Llama, 19);
+    let m = tiny_transformer(Arch::Llama, 4, 19);
     let ps = prompts();
     let mut cache = m.new_cache(3, 16).unwrap();
     m.prefill(&ps, &mut cache).unwrap();
@@ -413,7 +412,7 @@ fn block_on_a_subset_of_sequences_equals_full_batch_and_leaves_others_alone() {
 
 #[test]
 fn forward_hidden_states_compose_to_logits() {
-    let m = tiny(Arch::Llama, 29);
+    let m = tiny_transformer(Arch::Llama, 4, 29);
     let toks = vec![vec![1u32, 2, 3, 4, 5, 6], vec![9, 8, 7, 6, 5, 4]];
     let hs = m.forward_hidden(&toks).unwrap();
     assert_eq!(hs.len(), m.config().num_layers + 1);
@@ -448,7 +447,7 @@ fn cache_bytes_are_exact_and_subsets_allowed() {
 
 #[test]
 fn bad_inputs_are_typed_errors() {
-    let m = tiny(Arch::Llama, 31);
+    let m = tiny_transformer(Arch::Llama, 4, 31);
     let mut cache = m.new_cache(1, 4).unwrap();
     assert!(matches!(
         m.prefill(&[vec![1, 2, 3, 4, 5]], &mut cache),
@@ -492,7 +491,7 @@ fn training_path_equals_inference_path() {
     use elm::autograd::Tape;
     use elm::model::tape::{ModelTensors, ModelVars, Trainable};
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let m = tiny(arch, 37);
+        let m = tiny_transformer(arch, 4, 37);
         let toks = vec![vec![3u32, 1, 4, 1, 5, 9, 2], vec![6, 5, 3, 5, 8, 9, 7]];
         let (b, t) = (toks.len(), toks[0].len());
         let ids: Vec<usize> = toks.concat().iter().map(|&i| i as usize).collect();
@@ -541,7 +540,7 @@ fn training_path_equals_inference_path() {
 
 #[test]
 fn sequence_nll_matches_naive_log_softmax() {
-    let m = tiny(Arch::Qwen2, 41);
+    let m = tiny_transformer(Arch::Qwen2, 4, 41);
     let seq: Vec<u32> = vec![5, 9, 13, 2, 60, 61, 7, 7, 30];
     let (nll, count) = m.sequence_nll(&seq).unwrap();
     let logits = naive_logits(&m.weights, &seq);

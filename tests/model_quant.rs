@@ -2,12 +2,14 @@
 //! dequantize-then-f32 reference, on random blocks (extreme scales, odd lengths) and the real
 //! checkpoint's first layer; the real model quantized against its f32 path (logits, greedy).
 
+mod common;
+
 use elm::model::generate::{generate, SamplingConfig};
 use elm::model::ops::linears_into;
 use elm::model::quant::{detected_kernel, qmatmul_rows, Kernel, LinearRef, QActs};
 use elm::model::{
-    default_model_path, load_inference, ModelConfig, ModelWeights, QFormat, QMatrix, QuantWeights,
-    Transformer, WeightStorage,
+    load_inference, ModelConfig, ModelWeights, QFormat, QMatrix, QuantWeights, Transformer,
+    WeightStorage,
 };
 use ndarray::{Array2, ArrayView2};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -222,23 +224,9 @@ fn quantized_tiny_model_tracks_f32_and_refuses_long_prompts() {
     }
 }
 
-fn real_model_path() -> Option<std::path::PathBuf> {
-    let path = default_model_path();
-    if !path.exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{} missing in CI",
-            path.display()
-        );
-        eprintln!("skipping: {} not found", path.display());
-        return None;
-    }
-    Some(path)
-}
-
 #[test]
 fn real_checkpoint_first_layer_kernels_match_dequantized_f32() {
-    let Some(path) = real_model_path() else {
+    let Some(path) = common::real_model() else {
         return;
     };
     let gguf = elm::io::GgufFile::open(&path).unwrap();
@@ -283,7 +271,7 @@ fn real_checkpoint_first_layer_kernels_match_dequantized_f32() {
 
 #[test]
 fn real_model_quantized_logits_and_greedy_text_track_f32() {
-    let Some(path) = real_model_path() else {
+    let Some(path) = common::real_model() else {
         return;
     };
     let (f32w, _) = elm::model::load_pretrained(&path).unwrap();

@@ -5,9 +5,9 @@
 //! files are typed errors; on the real SmolLM2 checkpoint a compressed ELM saved quantized is
 //! smaller than the model and decodes the same greedy tokens.
 
-mod io_common;
+mod common;
 
-use io_common::word_tokenizer_json as tokenizer_json;
+use common::{word_tokenizer_json as tokenizer_json, TempDir};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,8 +20,7 @@ use elm::io::tokenizer::Tokenizer;
 use elm::model::generate::{generate, SamplingConfig};
 use elm::model::quant::{Linear, QLayer};
 use elm::model::{
-    default_model_path, load_inference, Arch, ModelConfig, ModelWeights, QFormat, QuantWeights,
-    WeightStorage,
+    load_inference, Arch, ModelConfig, ModelWeights, QFormat, QuantWeights, WeightStorage,
 };
 use elm::solver::{SolverConfig, StopCriteria};
 use ndarray::Array2;
@@ -31,9 +30,8 @@ type Meta = Vec<(String, elm::io::gguf::GgufValue)>;
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
-fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("elm-qsave-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// A path in `dir` no earlier call returned (round trips in a loop each keep their file).
+fn fresh(dir: &Path, name: &str) -> PathBuf {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     dir.join(format!("{n}-{name}"))
 }
@@ -43,11 +41,11 @@ fn tokenizer() -> Tokenizer {
 }
 
 /// The tiny config with whole 32-blocks in every row (GGUF stores blocks only for those).
-fn tiny(arch: Arch) -> ModelConfig {
-    let mut cfg = ModelConfig::tiny(arch);
-    cfg.intermediate_size = 64;
-    cfg.num_layers = 5;
-    cfg
+fn whole_block_config(arch: Arch) -> ModelConfig {
+    ModelConfig {
+        intermediate_size: 64,
+        ..common::tiny_config(arch, 5)
+    }
 }
 
 fn icfg() -> InferenceConfig {
@@ -153,8 +151,8 @@ fn same_quant(a: &QuantElm, b: &QuantElm) {
 }
 
 /// Saves `m`, loads it back, and checks blocks and logits are identical.
-fn round_trip(m: &ElmModel, what: &str) -> PathBuf {
-    let path = temp("model.gguf");
+fn round_trip(m: &ElmModel, what: &str, dir: &Path) -> PathBuf {
+    let path = fresh(dir, "model.gguf");
     let bytes = m.save_quant_gguf(&path, &tokenizer()).unwrap();
     assert!(bytes > 0);
     let (back, tok) = ElmModel::load_quant_gguf(&path).unwrap();
@@ -173,15 +171,16 @@ fn round_trip(m: &ElmModel, what: &str) -> PathBuf {
 
 #[test]
 fn save_load_round_trip_is_exact_for_dense_and_elm() {
+    let tmp = TempDir::new("qsave-round-trip");
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let cfg = tiny(arch);
+        let cfg = whole_block_config(arch);
         let w = ModelWeights::random(&cfg, 3);
         for format in [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1] {
             let what = format!("{arch:?} {format:?}");
             // Dense: an ordinary GGUF the dense loader reads too.
             let dense =
                 ElmModel::quantized(QuantWeights::quantize(&w, format), None, None).unwrap();
-            let path = round_trip(&dense, &format!("{what} dense"));
+            let path = round_trip(&dense, &format!("{what} dense"), &tmp);
             let (plain, _) = load_inference(&path, WeightStorage::Auto).unwrap();
             same_quant(
                 dense.quant.as_ref().unwrap(),
@@ -208,7 +207,7 @@ fn save_load_round_trip_is_exact_for_dense_and_elm() {
                 .unwrap()
                 .projection
                 .is_some());
-            let path = round_trip(&m, &format!("{what} elm"));
+            let path = round_trip(&m, &format!("{what} elm"), &tmp);
             // A dense loader refuses the ELM file, naming the metadata.
             let e = match load_inference(&path, WeightStorage::Auto) {
                 Ok(_) => panic!("the dense loader read an ELM file"),
@@ -225,7 +224,7 @@ fn save_load_round_trip_is_exact_for_dense_and_elm() {
                 None,
             )
             .unwrap();
-            round_trip(&m, &format!("{what} looped"));
+            round_trip(&m, &format!("{what} looped"), &tmp);
             // LLM-Streamline's FFN block: only the block's ffn_* tensors are written.
             let mut ffn = ElmConfig::new(1, 3);
             ffn.injection = false;
@@ -234,7 +233,7 @@ fn save_load_round_trip_is_exact_for_dense_and_elm() {
             let fm = ElmModule::init(&w, &ffn).unwrap();
             let m = ElmModel::quantized(QuantWeights::quantize(&w, format), Some((ffn, &fm)), None)
                 .unwrap();
-            let path = round_trip(&m, &format!("{what} ffn"));
+            let path = round_trip(&m, &format!("{what} ffn"), &tmp);
             let names: Vec<String> = GgufFile::open(&path)
                 .unwrap()
                 .tensors()
@@ -260,21 +259,22 @@ fn save_load_round_trip_is_exact_for_dense_and_elm() {
         let mut qw = QuantWeights::quantize(&w, QFormat::Q4_1);
         qw.embed = Linear::F32(w.embed.clone());
         let m = ElmModel::quantized(qw, Some((ec, &module)), None).unwrap();
-        round_trip(&m, &format!("{arch:?} mixed"));
+        round_trip(&m, &format!("{arch:?} mixed"), &tmp);
     }
 }
 
 #[test]
 fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
+    let tmp = TempDir::new("qsave-on-the-fly");
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let cfg = tiny(arch);
+        let cfg = whole_block_config(arch);
         let w = ModelWeights::random(&cfg, 9);
-        let dir = temp("hf");
+        let dir = fresh(&tmp, "hf");
         elm::io::save_hf_model(&w, &dir).unwrap();
         std::fs::write(dir.join("tokenizer.json"), tokenizer_json()).unwrap();
         let ec = ElmConfig::new(1, 2);
         let module = ElmModule::init(&w, &ec).unwrap();
-        let ckpt = temp("ckpt");
+        let ckpt = fresh(&tmp, "ckpt");
         let meta = elm::equilibrium::ModuleMeta {
             format: elm::equilibrium::module::MODULE_FORMAT.into(),
             elm: ec.clone(),
@@ -285,7 +285,7 @@ fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
         for format in [QFormat::Q8_0, QFormat::Q4_1] {
             let storage = WeightStorage::Quant(format);
             let (loaded, tok) = ElmModel::load_with(&dir, Some(&ckpt), storage).unwrap();
-            let path = temp("fly.gguf");
+            let path = fresh(&tmp, "fly.gguf");
             loaded.save_quant_gguf(&path, &tok).unwrap();
             let (back, _) = ElmModel::load_quant_gguf(&path).unwrap();
             // In memory: the same f32 weights quantized directly.
@@ -325,7 +325,8 @@ fn assert_kind(e: &ElmError, kind: &str, needle: &str) {
 
 #[test]
 fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
-    let cfg = tiny(Arch::Qwen2);
+    let tmp = TempDir::new("qsave-corrupt");
+    let cfg = whole_block_config(Arch::Qwen2);
     let w = ModelWeights::random(&cfg, 4);
     let ec = ElmConfig::new(1, 2);
     let module = ElmModule::init(&w, &ec).unwrap();
@@ -335,17 +336,17 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
         None,
     )
     .unwrap();
-    let good = temp("good.gguf");
+    let good = fresh(&tmp, "good.gguf");
     m.save_quant_gguf(&good, &tokenizer()).unwrap();
     let bytes = std::fs::read(&good).unwrap();
 
     // Truncated: the tensor data runs past the end.
-    let cut = temp("cut.gguf");
+    let cut = fresh(&tmp, "cut.gguf");
     std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
     let e = load_err(&cut);
     assert_kind(&e, "format", &cut.display().to_string());
     // Not a GGUF at all.
-    let bad = temp("bad.gguf");
+    let bad = fresh(&tmp, "bad.gguf");
     let mut b = bytes.clone();
     b[..4].copy_from_slice(b"NOPE");
     std::fs::write(&bad, &b).unwrap();
@@ -360,7 +361,7 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
             let (mut m2, mut t2) = (meta.clone(), tensors.clone());
             edit_meta(&mut m2);
             edit_t(&mut t2);
-            let p = temp(name);
+            let p = fresh(&tmp, name);
             write_gguf(&p, &m2, &t2).unwrap();
             p
         };
@@ -455,12 +456,13 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
 
 #[test]
 fn cli_quantize_refuses_existing_out_and_generate_loads_the_file() {
-    let cfg = tiny(Arch::Llama);
+    let tmp = TempDir::new("qsave-cli");
+    let cfg = whole_block_config(Arch::Llama);
     let w = ModelWeights::random(&cfg, 21);
-    let dir = temp("cli-hf");
+    let dir = fresh(&tmp, "cli-hf");
     elm::io::save_hf_model(&w, &dir).unwrap();
     std::fs::write(dir.join("tokenizer.json"), tokenizer_json()).unwrap();
-    let ckpt = temp("cli-ckpt");
+    let ckpt = fresh(&tmp, "cli-ckpt");
     let ec = ElmConfig::new(1, 2);
     let meta = elm::equilibrium::ModuleMeta {
         format: elm::equilibrium::module::MODULE_FORMAT.into(),
@@ -469,7 +471,7 @@ fn cli_quantize_refuses_existing_out_and_generate_loads_the_file() {
         base_model: dir.display().to_string(),
     };
     elm::equilibrium::save_module(&ckpt, &ElmModule::init(&w, &ec).unwrap(), &meta).unwrap();
-    let out = temp("cli.gguf");
+    let out = fresh(&tmp, "cli.gguf");
     let elm_bin = env!("CARGO_BIN_EXE_elm");
     let quantize = |force: bool| {
         let mut c = std::process::Command::new(elm_bin);
@@ -518,11 +520,9 @@ fn cli_quantize_refuses_existing_out_and_generate_loads_the_file() {
 
 #[test]
 fn real_checkpoint_elm_saves_smaller_and_decodes_the_same_tokens() {
-    let path = default_model_path();
-    if !path.exists() {
-        eprintln!("skipping: {} not found", path.display());
+    let Some(path) = common::real_model() else {
         return;
-    }
+    };
     let (f32w, tok) = elm::model::load_pretrained(&path).unwrap();
     let f32_bytes = f32w.num_params() * 4;
     // `elm compress --start 12 --num-replaced 8`.
@@ -531,7 +531,8 @@ fn real_checkpoint_elm_saves_smaller_and_decodes_the_same_tokens() {
     drop(f32w);
     let (qw, _) = load_inference(&path, WeightStorage::Auto).unwrap();
     let mem = ElmModel::quantized(qw, Some((ec, &module)), None).unwrap();
-    let out = temp("smollm2-elm.gguf");
+    let tmp = TempDir::new("qsave-smollm2");
+    let out = tmp.join("smollm2-elm.gguf");
     let bytes = mem.save_quant_gguf(&out, &tok).unwrap();
     let dense_gguf = std::fs::metadata(&path).unwrap().len();
     eprintln!(
@@ -571,5 +572,4 @@ fn real_checkpoint_elm_saves_smaller_and_decodes_the_same_tokens() {
             .tokens
     };
     assert_eq!(gen(&mem), gen(&back));
-    let _ = std::fs::remove_file(&out);
 }

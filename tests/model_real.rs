@@ -3,8 +3,10 @@
 //! Q/K weights): top-k logits of the last prompt token and 32-token greedy continuations.
 //! Token ids are fixed in the fixture, so no tokenizer is involved.
 
+mod common;
+
 use elm::model::generate::{generate, SamplingConfig};
-use elm::model::{default_model_path, Transformer};
+use elm::model::Transformer;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -23,19 +25,7 @@ struct Fixture {
 }
 
 fn load_model() -> Option<Transformer> {
-    let path = default_model_path();
-    if !path.exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{} is missing in CI (run scripts/fetch-smollm2.sh)",
-            path.display()
-        );
-        eprintln!(
-            "skipping: {} not found (set ELM_MODELS_DIR)",
-            path.display()
-        );
-        return None;
-    }
+    let path = common::real_model()?;
     let weights = elm::io::load_gguf_model(&path).expect("load real model");
     Some(Transformer::new(weights).expect("valid weights"))
 }

@@ -298,7 +298,9 @@ fn two_block_stack_gradcheck_f64() {
     }
 }
 
-fn tiny_model(arch: Arch, seed: u64) -> ModelWeights {
+/// Three `random_layer` blocks (uniform, at the gradchecks' scale) and a unit final norm: not
+/// `common::tiny_weights`' scaled normals.
+fn uniform_tiny_model(arch: Arch, seed: u64) -> ModelWeights {
     let cfg = ModelConfig {
         num_layers: 3,
         ..ModelConfig::tiny(arch)
@@ -327,7 +329,7 @@ fn tiny_model(arch: Arch, seed: u64) -> ModelWeights {
 #[test]
 fn layer_ranges_hidden_states_and_kv_prefix_agree() {
     for arch in [Arch::Llama, Arch::Qwen2] {
-        let w = tiny_model(arch, 3);
+        let w = uniform_tiny_model(arch, 3);
         let tensors = ModelTensors::<f64>::from_weights(&w).unwrap();
         let mut tape = Tape::<f64>::new();
         let m = ModelVars::register(&mut tape, &tensors, &Trainable::none());
@@ -375,7 +377,7 @@ fn layer_ranges_hidden_states_and_kv_prefix_agree() {
 /// Memory: backward frees activations as it goes. Measured on a 3-block tiny model in f32.
 #[test]
 fn backward_frees_activations() {
-    let w = tiny_model(Arch::Llama, 5);
+    let w = uniform_tiny_model(Arch::Llama, 5);
     let tensors = ModelTensors::<f32>::from_weights(&w).unwrap();
     let ids: Vec<usize> = (0..64).map(|i| (i * 5 + 1) % 64).collect();
     let targets: Vec<i64> = ids.iter().map(|&i| ((i + 1) % 64) as i64).collect();

@@ -1,5 +1,7 @@
 //! `model::team::SpinTeam` and the batch-1 matvec kernel that runs on it.
 
+mod common;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -132,7 +134,10 @@ fn matvecs_split_falls_back_when_team_is_busy() {
         }
     });
     if ran.is_none() {
-        eprintln!("SKIP: the global team was busy with another test");
+        common::print_skip(
+            "matvecs_split_falls_back_when_team_is_busy",
+            "the global team was busy with another test",
+        );
         return;
     }
     assert_eq!(free, *busy.lock().unwrap(), "busy-team fallback differs");

@@ -6,9 +6,9 @@
 //! over random bad arguments and mutated/truncated files. Everything runs on a tiny random
 //! model (context 128) built in a temp dir, so no download is needed and each run is fast.
 
-mod io_common;
+mod common;
 
-use io_common::word_tokenizer_json as tokenizer_json;
+use common::{word_tokenizer_json as tokenizer_json, TempDir};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,7 +25,8 @@ const U64_MAX: &str = "18446744073709551615";
 const CHILD_LIMIT: Duration = Duration::from_secs(30);
 
 struct Fixture {
-    dir: PathBuf,
+    /// Shared by every test; a static is never dropped, so it stays after the run.
+    dir: TempDir,
     /// Tiny HF model directory (config.json, model.safetensors, tokenizer.json).
     model: PathBuf,
     /// The same model as a GGUF (weights only: `compress` reads it).
@@ -46,9 +47,7 @@ fn fresh(name: &str) -> PathBuf {
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("elm-refuse-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = TempDir::new("refuse");
         let cfg = ModelConfig::tiny(Arch::Llama);
         let w = ModelWeights::random(&cfg, 7);
         let model = dir.join("tiny");
@@ -186,7 +185,8 @@ fn refused(args: &[&str], names: &[&str]) -> Outcome {
     out
 }
 
-fn tiny() -> &'static str {
+/// The tiny HF model directory, as a CLI argument.
+fn tiny_model() -> &'static str {
     s(&fixture().model)
 }
 
@@ -199,7 +199,7 @@ fn panic_start_layer_overflow_from_cli_and_from_elm_json() {
         &[
             "compress",
             "--model",
-            tiny(),
+            tiny_model(),
             "--start",
             U64_MAX,
             "--num-replaced",
@@ -220,7 +220,7 @@ fn panic_start_layer_overflow_from_cli_and_from_elm_json() {
         &[
             "generate",
             "--model",
-            tiny(),
+            tiny_model(),
             "--elm",
             s(&ck),
             "--prompt",
@@ -233,7 +233,7 @@ fn panic_start_layer_overflow_from_cli_and_from_elm_json() {
     let out = run(&[
         "generate",
         "--model",
-        tiny(),
+        tiny_model(),
         "--elm",
         s(&ck),
         "--prompt",
@@ -280,14 +280,20 @@ fn abort_anderson_history_and_broyden_memory_are_refused_with_the_bytes_needed()
 #[test]
 fn abort_bench_prompt_len_past_the_context() {
     refused(
-        &["bench", "--model", tiny(), "--prompt-len", "100000000000"],
+        &[
+            "bench",
+            "--model",
+            tiny_model(),
+            "--prompt-len",
+            "100000000000",
+        ],
         &["prompt_len", "context"],
     );
     refused(
         &[
             "bench",
             "--model",
-            tiny(),
+            tiny_model(),
             "--prompt-len",
             "120",
             "--decode-steps",
@@ -323,7 +329,7 @@ fn runaway_generate_huge_batch_is_refused_with_the_bytes_needed() {
         &[
             "generate",
             "--model",
-            tiny(),
+            tiny_model(),
             "--prompt",
             "w3",
             "--batch",
@@ -342,7 +348,7 @@ fn runaway_prompt_and_generation_past_the_context() {
         &[
             "generate",
             "--model",
-            tiny(),
+            tiny_model(),
             "--prompt",
             &long,
             "--max-new-tokens",
@@ -354,7 +360,7 @@ fn runaway_prompt_and_generation_past_the_context() {
         &[
             "generate",
             "--model",
-            tiny(),
+            tiny_model(),
             "--prompt",
             "w3 w4",
             "--max-new-tokens",
@@ -366,7 +372,7 @@ fn runaway_prompt_and_generation_past_the_context() {
     let ok = run(&[
         "generate",
         "--model",
-        tiny(),
+        tiny_model(),
         "--prompt",
         "w3 w4",
         "--max-new-tokens",
@@ -394,7 +400,7 @@ fn silent_out_of_an_existing_run_is_refused_without_force() {
         &[
             "compress",
             "--model",
-            tiny(),
+            tiny_model(),
             "--start",
             "0",
             "--num-replaced",
@@ -412,7 +418,7 @@ fn silent_out_of_an_existing_run_is_refused_without_force() {
     let ok = run(&[
         "compress",
         "--model",
-        tiny(),
+        tiny_model(),
         "--start",
         "0",
         "--num-replaced",
@@ -430,7 +436,7 @@ fn silent_out_of_an_existing_run_is_refused_without_force() {
         &[
             "train",
             "--model",
-            tiny(),
+            tiny_model(),
             "--start",
             "0",
             "--num-replaced",
@@ -453,15 +459,18 @@ fn silent_out_of_an_existing_run_is_refused_without_force() {
 #[test]
 fn silent_eval_limit_zero_and_batch_zero() {
     refused(
-        &["eval", "--model", tiny(), "--limit", "0", "--json"],
+        &["eval", "--model", tiny_model(), "--limit", "0", "--json"],
         &["limit"],
     );
-    refused(&["eval", "--model", tiny(), "--batch", "0"], &["batch"]);
+    refused(
+        &["eval", "--model", tiny_model(), "--batch", "0"],
+        &["batch"],
+    );
     refused(
         &[
             "generate",
             "--model",
-            tiny(),
+            tiny_model(),
             "--prompt",
             "w3",
             "--batch",
@@ -477,7 +486,7 @@ fn silent_generate_zero_new_tokens() {
         &[
             "generate",
             "--model",
-            tiny(),
+            tiny_model(),
             "--prompt",
             "w3",
             "--max-new-tokens",
@@ -501,7 +510,7 @@ fn silent_gsm8k_answer_without_the_marker() {
         &[
             "eval",
             "--model",
-            tiny(),
+            tiny_model(),
             "--task",
             "gsm8k",
             "--data-dir",
@@ -556,7 +565,7 @@ fn unclear_out_that_is_a_file() {
         &[
             "compress",
             "--model",
-            tiny(),
+            tiny_model(),
             "--start",
             "0",
             "--num-replaced",
@@ -582,7 +591,7 @@ fn unclear_wrong_typed_field_is_named_as_wrong_typed() {
         &[
             "generate",
             "--model",
-            tiny(),
+            tiny_model(),
             "--elm",
             s(&ck),
             "--prompt",
@@ -613,7 +622,7 @@ fn unclear_tampered_hidden_size_names_elm_json_and_the_field() {
         &[
             "generate",
             "--model",
-            tiny(),
+            tiny_model(),
             "--elm",
             s(&ck),
             "--prompt",
@@ -635,7 +644,7 @@ fn leftovers_of_a_killed_run_are_removed_on_resume() {
     let args = [
         "train",
         "--model",
-        tiny(),
+        tiny_model(),
         "--start",
         "1",
         "--num-replaced",
@@ -669,7 +678,7 @@ fn leftovers_of_a_killed_run_are_removed_on_resume() {
     let out = run(&[
         "train",
         "--model",
-        tiny(),
+        tiny_model(),
         "--out",
         s(&run_dir),
         "--resume",
@@ -748,7 +757,7 @@ fn floats_bad() -> Vec<&'static str> {
 fn arg_case(rng: &mut StdRng) -> Case {
     let f = fixture();
     let gen_base = |extra: &[&str]| -> Vec<String> {
-        let mut v: Vec<String> = ["generate", "--model", tiny(), "--prompt", "w3 w4"]
+        let mut v: Vec<String> = ["generate", "--model", tiny_model(), "--prompt", "w3 w4"]
             .iter()
             .map(|s| s.to_string())
             .collect();
@@ -812,12 +821,12 @@ fn arg_case(rng: &mut StdRng) -> Case {
         (gen_base(&["--elm", &ck]), "--abs-tol", floats_bad()),
         (gen_base(&["--elm", &ck]), "--kv", vec!["two-step", ""]),
         (
-            owned(&["bench", "--model", tiny()]),
+            owned(&["bench", "--model", tiny_model()]),
             "--prompt-len",
             [vec!["0", "129", "100000000000", U64_MAX], counts_bad()].concat(),
         ),
         (
-            owned(&["bench", "--model", tiny()]),
+            owned(&["bench", "--model", tiny_model()]),
             "--decode-steps",
             [vec!["0", "1000", U64_MAX], counts_bad()].concat(),
         ),
@@ -825,7 +834,7 @@ fn arg_case(rng: &mut StdRng) -> Case {
             owned(&[
                 "compress",
                 "--model",
-                tiny(),
+                tiny_model(),
                 "--out",
                 &out,
                 "--num-replaced",
@@ -835,7 +844,15 @@ fn arg_case(rng: &mut StdRng) -> Case {
             [vec!["4", "100", U64_MAX], counts_bad()].concat(),
         ),
         (
-            owned(&["compress", "--model", tiny(), "--out", &out, "--start", "0"]),
+            owned(&[
+                "compress",
+                "--model",
+                tiny_model(),
+                "--out",
+                &out,
+                "--start",
+                "0",
+            ]),
             "--num-replaced",
             [vec!["0", "5", U64_MAX], counts_bad()].concat(),
         ),
@@ -843,7 +860,7 @@ fn arg_case(rng: &mut StdRng) -> Case {
             owned(&[
                 "compress",
                 "--model",
-                tiny(),
+                tiny_model(),
                 "--out",
                 &out,
                 "--start",
@@ -855,37 +872,37 @@ fn arg_case(rng: &mut StdRng) -> Case {
             [vec!["0", U64_MAX], counts_bad()].concat(),
         ),
         (
-            owned(&["eval", "--model", tiny()]),
+            owned(&["eval", "--model", tiny_model()]),
             "--limit",
             [vec!["0"], counts_bad()].concat(),
         ),
         (
-            owned(&["eval", "--model", tiny()]),
+            owned(&["eval", "--model", tiny_model()]),
             "--batch",
             [vec!["0"], counts_bad()].concat(),
         ),
         (
-            owned(&["eval", "--model", tiny()]),
+            owned(&["eval", "--model", tiny_model()]),
             "--max-iter",
             vec!["0", U64_MAX],
         ),
         (
-            owned(&["eval", "--model", tiny()]),
+            owned(&["eval", "--model", tiny_model()]),
             "--task",
             vec!["nope", ""],
         ),
         (
-            owned(&["perplexity", "--model", tiny(), "--file", &data]),
+            owned(&["perplexity", "--model", tiny_model(), "--file", &data]),
             "--context",
             [vec!["0", "1", "129", U64_MAX], counts_bad()].concat(),
         ),
         (
-            owned(&["eval", "--model", tiny()]),
+            owned(&["eval", "--model", tiny_model()]),
             "--bootstrap",
             [vec!["0", "1000000000000", U64_MAX], counts_bad()].concat(),
         ),
         (
-            owned(&["eval", "--model", tiny(), "--task", "humaneval"]),
+            owned(&["eval", "--model", tiny_model(), "--task", "humaneval"]),
             "--timeout",
             floats_bad(),
         ),
@@ -893,7 +910,7 @@ fn arg_case(rng: &mut StdRng) -> Case {
             owned(&[
                 "compress",
                 "--model",
-                tiny(),
+                tiny_model(),
                 "--out",
                 &out,
                 "--start",
@@ -908,7 +925,7 @@ fn arg_case(rng: &mut StdRng) -> Case {
             owned(&[
                 "train",
                 "--model",
-                tiny(),
+                tiny_model(),
                 "--out",
                 &out,
                 "--num-replaced",
@@ -925,7 +942,7 @@ fn arg_case(rng: &mut StdRng) -> Case {
             owned(&[
                 "train",
                 "--model",
-                tiny(),
+                tiny_model(),
                 "--out",
                 &out,
                 "--start",
@@ -997,7 +1014,7 @@ fn file_case(rng: &mut StdRng) -> Case {
                 args: owned_args(&[
                     "generate",
                     "--model",
-                    tiny(),
+                    tiny_model(),
                     "--elm",
                     s(&ck),
                     "--prompt",
@@ -1023,7 +1040,7 @@ fn file_case(rng: &mut StdRng) -> Case {
                 args: owned_args(&[
                     "generate",
                     "--model",
-                    tiny(),
+                    tiny_model(),
                     "--elm",
                     s(&ck),
                     "--prompt",
@@ -1129,7 +1146,7 @@ fn file_case(rng: &mut StdRng) -> Case {
                 args: owned_args(&[
                     "train",
                     "--model",
-                    tiny(),
+                    tiny_model(),
                     "--config",
                     s(&path),
                     "--start",
@@ -1252,7 +1269,7 @@ fn unknown_block_kind_is_refused_and_an_ffn_module_runs_from_the_cli() {
     let base = [
         "compress",
         "--model",
-        tiny(),
+        tiny_model(),
         "--start",
         "1",
         "--num-replaced",
@@ -1282,7 +1299,7 @@ fn unknown_block_kind_is_refused_and_an_ffn_module_runs_from_the_cli() {
     let g = run(&[
         "generate",
         "--model",
-        tiny(),
+        tiny_model(),
         "--elm",
         s(&out),
         "--prompt",

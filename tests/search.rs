@@ -4,6 +4,8 @@
 //! layers): GPPO's θ concentrates there, the enumeration ranks it first, and so do the metrics.
 //! GPPO resume = uninterrupted; bad input is a typed error.
 
+mod common;
+
 use elm::compress::{BoundaryStates, Calibration};
 use elm::data::TokenSequence;
 use elm::equilibrium::config::ElmConfig;
@@ -268,7 +270,8 @@ fn gppo_and_enumeration_find_the_identity_window() {
         checkpoint_every: 0,
     };
     gcfg.candidate.seed = 4;
-    let dir = std::env::temp_dir().join(format!("elm_gppo_known_{}", std::process::id()));
+    let tmp = common::TempDir::new("gppo-known");
+    let dir = tmp.join("run");
     let mut g = Gppo::new(&w, gcfg, "tiny".into()).unwrap();
     let out = g.run(&seqs, 0, &dir, |_| {}).unwrap();
     println!(
@@ -297,7 +300,6 @@ fn gppo_and_enumeration_find_the_identity_window() {
     assert_eq!(r.gppo.as_ref().unwrap().enum_rank, 1);
     assert!(r.metrics.iter().all(|p| p.enum_rank == 1));
     assert!(r.gppo_spearman.is_some());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -322,8 +324,8 @@ fn gppo_resume_equals_uninterrupted() {
         policy_lr: 0.1,
         checkpoint_every: 0,
     };
-    let d1 = std::env::temp_dir().join(format!("elm_gppo_full_{}", std::process::id()));
-    let d2 = std::env::temp_dir().join(format!("elm_gppo_part_{}", std::process::id()));
+    let tmp = common::TempDir::new("gppo-resume");
+    let (d1, d2) = (tmp.join("full"), tmp.join("part"));
     let mut full = Gppo::new(&w, cfg.clone(), "t".into()).unwrap();
     let a = full.run(&seqs, 0, &d1, |_| {}).unwrap();
     // Interrupted after 7 steps (a partial PPO buffer pending), resumed.
@@ -343,8 +345,6 @@ fn gppo_resume_equals_uninterrupted() {
     for i in 0..full.cands.store.len() {
         assert_eq!(full.cands.store.value(i), resumed.cands.store.value(i));
     }
-    let _ = std::fs::remove_dir_all(&d1);
-    let _ = std::fs::remove_dir_all(&d2);
 }
 
 #[test]

@@ -2,24 +2,9 @@
 //! a LoRA rank larger than the layer, an unknown method) fails with exit code 1 and a message
 //! naming the field, before any training.
 
-use std::process::Command;
+mod common;
 
-fn model_path() -> Option<std::path::PathBuf> {
-    let path = elm::model::default_model_path();
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{} missing in CI",
-        path.display()
-    );
-    eprintln!(
-        "skipping: {} not found (set ELM_MODELS_DIR)",
-        path.display()
-    );
-    None
-}
+use std::process::Command;
 
 fn elm_err(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_elm"))
@@ -32,9 +17,12 @@ fn elm_err(args: &[&str]) -> String {
 
 #[test]
 fn bad_search_and_lora_arguments_are_clear_errors() {
-    let Some(path) = model_path() else { return };
+    let Some(path) = common::real_model() else {
+        return;
+    };
     let m = path.to_str().unwrap();
-    let dir = std::env::temp_dir().join(format!("elm_search_cli_{}", std::process::id()));
+    let tmp = common::TempDir::new("search-cli");
+    let dir = tmp.join("out");
     let out = dir.to_str().unwrap();
     let gppo = |extra: &[&str]| {
         let mut a = vec!["search", "--model", m, "--method", "gppo", "--out", out];
@@ -81,5 +69,4 @@ fn bad_search_and_lora_arguments_are_clear_errors() {
     let e = elm_err(&["lora", "--model", m, "--steps", "1", "--out", out]);
     assert!(e.contains("`out`") && e.contains("--force"), "{e}");
     assert!(gppo(&["--m", "8", "--steps", "1"]).contains("--force"));
-    let _ = std::fs::remove_dir_all(&dir);
 }

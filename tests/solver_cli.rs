@@ -1,5 +1,8 @@
 //! `elm solve` / `elm study` end to end: JSON fields, exact-solution errors, plots, bad input.
 
+mod common;
+
+use common::TempDir;
 use std::process::Command;
 
 use serde_json::Value;
@@ -73,8 +76,7 @@ fn solve_json_reports_required_fields_and_small_error() {
 
 #[test]
 fn study_writes_svg_and_png() {
-    let dir = std::env::temp_dir().join(format!("elm_solver_cli_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("solver-cli");
     for ext in ["svg", "png"] {
         let path = dir.join(format!("study.{ext}"));
         let (ok, stdout, stderr) = elm(&[
@@ -103,7 +105,6 @@ fn study_writes_svg_and_png() {
             assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
         }
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -132,8 +133,7 @@ fn bad_input_is_a_clean_error() {
     assert!(!ok && stderr.contains("extension"), "{stderr}");
     let (ok, _, _) = elm(&["solve", "--problem", "nope", "--solver", "picard"]);
     assert!(!ok);
-    let dir = std::env::temp_dir().join(format!("elm_solver_cfg_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("solver-cfg");
     let cfg = dir.join("bad.json");
     std::fs::write(&cfg, r#"{"kind":"anderson","mm":2}"#).unwrap();
     let (ok, _, stderr) = elm(&[
@@ -181,5 +181,4 @@ fn bad_input_is_a_clean_error() {
     assert_eq!(v["config"]["history"], 2);
     assert_eq!(v["stop"]["max_iter"], 3);
     assert_eq!(v["iterations"], 3);
-    std::fs::remove_dir_all(&dir).ok();
 }

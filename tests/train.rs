@@ -1,15 +1,12 @@
 //! Tests for `elm::train`: AdamW vs closed-form / hand-written f64 references, clipping,
 //! schedule values at key steps, state round-trips and typed errors on bad files.
 
+mod common;
+
+use common::TempDir;
 use elm::train::{AdamW, AdamWConfig, ParamGrads, ParamStore, ScheduleConfig};
 use elm::ElmError;
 use ndarray::{arr1, arr2, ArrayD, IxDyn};
-
-fn tmpdir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("elm-train-test-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 fn assert_close(what: &str, got: f64, want: f64, rel: f64) {
     let diff = (got - want).abs();
@@ -294,7 +291,7 @@ fn configs_reject_unknown_keys_and_bad_values() {
 
 #[test]
 fn optimizer_state_round_trip_continues_identically() {
-    let dir = tmpdir("state");
+    let dir = TempDir::new("state");
     let path = dir.join("opt.safetensors");
     let cfg = AdamWConfig {
         beta1: 0.8,
@@ -347,12 +344,11 @@ fn optimizer_state_round_trip_continues_identically() {
         .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
         .collect();
     assert!(leftovers.is_empty());
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn corrupt_or_missing_state_files_give_typed_errors() {
-    let dir = tmpdir("corrupt");
+    let dir = TempDir::new("corrupt");
     let path = dir.join("opt.safetensors");
     // Missing entirely → Io naming the json path.
     match AdamW::load(&path) {
@@ -408,12 +404,11 @@ fn corrupt_or_missing_state_files_give_typed_errors() {
         ParamStore::load(&sp),
         Err(ElmError::Format { .. })
     ));
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn param_store_round_trip_keeps_order_and_frozen_flags() {
-    let dir = tmpdir("store");
+    let dir = TempDir::new("store");
     let mut s = ParamStore::new();
     s.insert("z.last", arr1(&[1.0f32, 2.0, 3.0]).into_dyn(), true)
         .unwrap();
@@ -455,7 +450,6 @@ fn param_store_round_trip_keeps_order_and_frozen_flags() {
         wrong.load_values_from(&p),
         Err(ElmError::Tensor { .. })
     ));
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

@@ -1,0 +1,270 @@
+//! Fixtures shared by the integration tests (each test file says `mod common;`):
+//!
+//! - the real SmolLM2 checkpoint: [`real_model`], the one lookup every real-checkpoint test
+//!   uses (skip with a printed line, or fail under `ELM_REQUIRE_REAL_MODEL=1`);
+//! - tiny random models: [`tiny_config`], [`tiny_weights`], [`tiny_transformer`], and
+//!   [`uniform_weights`] (used by the io round trips);
+//! - [`TempDir`]: a fresh directory removed on drop;
+//! - committed reference files under `tests/fixtures/` ([`fixture`], [`fixture_json`]), a
+//!   word-level tokenizer over the tiny vocabulary and a weight comparison.
+// Each test binary compiles this module and uses only part of it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use elm::model::{Arch, LayerWeights, ModelConfig, ModelWeights, Transformer};
+use ndarray::{Array1, Array2};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+// ---------------------------------------------------------------------------- real model
+
+/// Set to `1` (scripts/test.sh, hence CI, does) and a missing real model fails the test
+/// instead of skipping it, so a broken download cannot pass as a green run.
+pub const REQUIRE_REAL_MODEL: &str = "ELM_REQUIRE_REAL_MODEL";
+
+/// Whether a missing real model is a failure (`ELM_REQUIRE_REAL_MODEL` set, and not to `0`).
+pub fn real_model_required() -> bool {
+    std::env::var_os(REQUIRE_REAL_MODEL).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The real SmolLM2-135M-Instruct GGUF (`elm::model::default_model_path()`: the file
+/// `elm::io::SMOLLM2_GGUF` in `$ELM_MODELS_DIR`, default `models/`, fetched by
+/// scripts/setup.sh); its tokenizer is inside it. When absent: panics under
+/// `ELM_REQUIRE_REAL_MODEL=1`, else prints `skipped <test>: ...` ([`print_skip`]) and returns
+/// `None`:
+///
+/// ```ignore
+/// let Some(path) = common::real_model() else { return };
+/// ```
+pub fn real_model() -> Option<PathBuf> {
+    let path = elm::model::default_model_path();
+    if path.is_file() {
+        return Some(path);
+    }
+    if real_model_required() {
+        panic!(
+            "real model not found at {} and {REQUIRE_REAL_MODEL} is set: run scripts/setup.sh \
+             (or point ELM_MODELS_DIR at the directory holding {})",
+            path.display(),
+            elm::io::SMOLLM2_GGUF
+        );
+    }
+    print_skip(
+        &current_test(),
+        &format!(
+            "real model not found at {} (run scripts/setup.sh)",
+            path.display()
+        ),
+    );
+    None
+}
+
+/// The running test's name (libtest runs each test on a thread named after it).
+pub fn current_test() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("<unnamed test>")
+        .to_string()
+}
+
+/// Prints `skipped <test>: <why>` to stderr past libtest's capture (which hides `eprintln!`
+/// of passing tests), so a plain `cargo test` shows what did not run.
+pub fn print_skip(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "skipped {test}: {why}");
+}
+
+// ---------------------------------------------------------------------------- tiny models
+
+/// `ModelConfig::tiny(arch)` (vocab 64, width 32, context 128) with `layers` layers.
+pub fn tiny_config(arch: Arch, layers: usize) -> ModelConfig {
+    ModelConfig {
+        num_layers: layers,
+        ..ModelConfig::tiny(arch)
+    }
+}
+
+/// `ModelWeights::random` (seeded) on [`tiny_config`].
+pub fn tiny_weights(arch: Arch, layers: usize, seed: u64) -> ModelWeights {
+    ModelWeights::random(&tiny_config(arch, layers), seed)
+}
+
+/// [`tiny_weights`] ready for inference.
+pub fn tiny_transformer(arch: Arch, layers: usize, seed: u64) -> Transformer {
+    Transformer::new(tiny_weights(arch, layers, seed)).unwrap()
+}
+
+fn rand_mat(rng: &mut StdRng, r: usize, c: usize) -> Array2<f32> {
+    Array2::from_shape_fn((r, c), |_| rng.gen_range(-1.0..1.0))
+}
+fn rand_vec(rng: &mut StdRng, n: usize) -> Array1<f32> {
+    Array1::from_shape_fn(n, |_| rng.gen_range(0.5..1.5))
+}
+
+/// Seeded uniform weights for `config`: matrices in ±1, norms and biases in 0.5..1.5 (not
+/// `ModelWeights::random`'s scaled normals; the io save/load round trips use these).
+pub fn uniform_weights(config: &ModelConfig, seed: u64) -> ModelWeights {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (c, i, v) = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.vocab_size,
+    );
+    let (hd, kvd) = (
+        config.num_heads * config.head_dim,
+        config.num_kv_heads * config.head_dim,
+    );
+    let bias = config.attention_bias;
+    let layers = (0..config.num_layers)
+        .map(|_| LayerWeights {
+            attn_norm: rand_vec(&mut rng, c),
+            wq: rand_mat(&mut rng, hd, c),
+            wk: rand_mat(&mut rng, kvd, c),
+            wv: rand_mat(&mut rng, kvd, c),
+            wo: rand_mat(&mut rng, c, hd),
+            bq: bias.then(|| rand_vec(&mut rng, hd)),
+            bk: bias.then(|| rand_vec(&mut rng, kvd)),
+            bv: bias.then(|| rand_vec(&mut rng, kvd)),
+            mlp_norm: rand_vec(&mut rng, c),
+            w_gate: rand_mat(&mut rng, i, c),
+            w_up: rand_mat(&mut rng, i, c),
+            w_down: rand_mat(&mut rng, c, i),
+        })
+        .collect();
+    ModelWeights {
+        config: config.clone(),
+        embed: rand_mat(&mut rng, v, c),
+        layers,
+        final_norm: rand_vec(&mut rng, c),
+        lm_head: (!config.tie_word_embeddings).then(|| rand_mat(&mut rng, v, c)),
+    }
+}
+
+/// Asserts two weight sets are bit-identical, naming the first differing tensor.
+pub fn assert_weights_eq(a: &ModelWeights, b: &ModelWeights) {
+    assert_eq!(a.config, b.config);
+    let cmp2 = |n: &str, x: &Array2<f32>, y: &Array2<f32>| {
+        assert_eq!(x.shape(), y.shape(), "{n} shape");
+        let d = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max);
+        assert!(x == y, "{n}: max abs diff {d}");
+    };
+    let cmp1 = |n: &str, x: &Array1<f32>, y: &Array1<f32>| {
+        assert!(x == y, "{n} differs");
+    };
+    cmp2("embed", &a.embed, &b.embed);
+    cmp1("final_norm", &a.final_norm, &b.final_norm);
+    assert_eq!(a.lm_head.is_some(), b.lm_head.is_some());
+    if let (Some(x), Some(y)) = (&a.lm_head, &b.lm_head) {
+        cmp2("lm_head", x, y);
+    }
+    for (l, (x, y)) in a.layers.iter().zip(&b.layers).enumerate() {
+        cmp1(&format!("{l}.attn_norm"), &x.attn_norm, &y.attn_norm);
+        cmp2(&format!("{l}.wq"), &x.wq, &y.wq);
+        cmp2(&format!("{l}.wk"), &x.wk, &y.wk);
+        cmp2(&format!("{l}.wv"), &x.wv, &y.wv);
+        cmp2(&format!("{l}.wo"), &x.wo, &y.wo);
+        assert_eq!(x.bq, y.bq, "{l}.bq");
+        assert_eq!(x.bk, y.bk, "{l}.bk");
+        assert_eq!(x.bv, y.bv, "{l}.bv");
+        cmp1(&format!("{l}.mlp_norm"), &x.mlp_norm, &y.mlp_norm);
+        cmp2(&format!("{l}.w_gate"), &x.w_gate, &y.w_gate);
+        cmp2(&format!("{l}.w_up"), &x.w_up, &y.w_up);
+        cmp2(&format!("{l}.w_down"), &x.w_down, &y.w_down);
+    }
+}
+
+// ---------------------------------------------------------------------------- temp dirs
+
+/// A fresh, empty directory under the system temp dir, unique per process and per call (tests
+/// run as parallel threads of one process), removed with its contents on drop. A failing test
+/// keeps it and prints where, so its files can be inspected.
+///
+/// Derefs to `Path`; bind it to a name (`let dir = TempDir::new("x");`): a temporary
+/// (`TempDir::new("x").join("f")`) is removed at the end of its statement.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("elm-test-{}-{n}-{name}", std::process::id()));
+        // A leftover of an earlier process with the same id.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept {} (the test failed)", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------- fixtures
+
+/// `tests/fixtures/<rel>` (committed reference files).
+pub fn fixture(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(rel)
+}
+
+/// `tests/fixtures/<rel>`, parsed as JSON.
+pub fn fixture_json(rel: &str) -> serde_json::Value {
+    let path = fixture(rel);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
+}
+
+/// A word-level tokenizer (HF `tokenizer.json`) over the tiny models' 64 ids: `<unk>`, `<s>`,
+/// `</s>`, `w3`..`w63`.
+pub fn word_tokenizer_json() -> String {
+    let mut vocab = serde_json::Map::new();
+    for (i, t) in ["<unk>", "<s>", "</s>"].iter().enumerate() {
+        vocab.insert(t.to_string(), i.into());
+    }
+    for i in 3..64 {
+        vocab.insert(format!("w{i}"), i.into());
+    }
+    serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null,
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    })
+    .to_string()
+}
