@@ -11,6 +11,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use crate::error::{ElmError, Result};
+use crate::io::tokenizer::Tokenizer;
 
 /// One question/answer pair (GSM8K `answer` ends with `#### N`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -288,4 +289,100 @@ fn epoch_permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
     let mut p: Vec<usize> = (0..n).collect();
     p.shuffle(&mut rng);
     p
+}
+
+/// The text of a plain or jsonl file (jsonl records joined by blank lines).
+pub fn read_text_file(path: &Path) -> Result<String> {
+    let raw = std::fs::read_to_string(path).map_err(|e| ElmError::io(path, e))?;
+    if path.extension().is_some_and(|e| e == "jsonl") {
+        let mut parts = Vec::new();
+        for (n, line) in raw
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+                ElmError::format(path, format!("line {}: invalid JSON: {e}", n + 1))
+            })?;
+            let field = |k: &str| v.get(k).and_then(|x| x.as_str());
+            let text = match (field("text"), field("question"), field("answer")) {
+                (Some(t), _, _) => t.to_string(),
+                (None, Some(q), Some(a)) => format!("{q}\n{a}"),
+                _ => {
+                    return Err(ElmError::format(
+                        path,
+                        format!(
+                            "line {}: needs a `text` or `question`+`answer` field",
+                            n + 1
+                        ),
+                    ))
+                }
+            };
+            parts.push(text);
+        }
+        Ok(parts.join("\n\n"))
+    } else {
+        Ok(raw)
+    }
+}
+
+/// A user question in the model's chat template, ready for the assistant's answer.
+pub fn chat_prompt(tok: &Tokenizer, question: &str) -> String {
+    tok.apply_chat_template(&[("user", question)], true)
+}
+
+/// Tokenizes examples into training sequences (chat template for Q/A, the answer closed by
+/// the end-of-turn marker); sequences under two tokens carry no next-token target and are left out.
+pub fn tokenize_all(
+    tok: &Tokenizer,
+    examples: &[Example],
+    max_len: usize,
+) -> Result<Vec<TokenSequence>> {
+    let prompt = |q: &str| chat_prompt(tok, q);
+    let enc = |s: &str| tok.encode(s, false);
+    examples
+        .iter()
+        .map(|e| tokenize_example(e, max_len, &prompt, "<|im_end|>\n", &enc))
+        .filter(|r| r.as_ref().map_or(true, |s| s.tokens.len() >= 2))
+        .collect()
+}
+
+/// Training sequences of `data` (a .jsonl of examples) or, without it, of GSM8K train under
+/// `data_dir`, with the number dropped: a prompt longer than `seq_len` leaves no answer token
+/// to supervise, so such a sequence carries no signal (and would make an all-prompt batch).
+/// None left is an error.
+pub fn training_sequences(
+    tok: &Tokenizer,
+    data: Option<&Path>,
+    data_dir: Option<&Path>,
+    seq_len: usize,
+) -> Result<(Vec<TokenSequence>, usize)> {
+    let examples: Vec<Example> = match data {
+        Some(p) => load_examples(p)?,
+        None => load_gsm8k(&resolve_data_dir(data_dir)?, Split::Train)?
+            .into_iter()
+            .map(Example::Qa)
+            .collect(),
+    };
+    let mut seqs = tokenize_all(tok, &examples, seq_len)?;
+    let total = seqs.len();
+    seqs.retain(|s| s.loss_mask.iter().skip(1).any(|&m| m));
+    if seqs.is_empty() {
+        return Err(ElmError::config(
+            "seq_len",
+            format!(
+                "{seq_len} tokens leave no answer token in any of the {total} training sequences"
+            ),
+        ));
+    }
+    let dropped = total - seqs.len();
+    Ok((seqs, dropped))
+}
+
+/// The first `n` GSM8K test problems under `data_dir`.
+pub fn test_problems(data_dir: Option<&Path>, n: usize) -> Result<Vec<QaExample>> {
+    Ok(load_gsm8k(&resolve_data_dir(data_dir)?, Split::Test)?
+        .into_iter()
+        .take(n)
+        .collect())
 }

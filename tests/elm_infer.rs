@@ -266,7 +266,7 @@ fn batched_decode_equals_unbatched() {
 fn kv_bytes_are_exact() {
     let model = elm_model(Arch::Llama);
     let cfg = model.config().clone();
-    let ec = model.elm.as_ref().unwrap().0.clone();
+    let ec = model.elm_config().unwrap().clone();
     let (b, t) = (2, 40);
     let per = 2 * b * t * cfg.num_kv_heads * cfg.head_dim * 4;
     assert_eq!(layer_kv_bytes(&cfg, b, t), per);
@@ -281,7 +281,7 @@ fn kv_bytes_are_exact() {
     assert_eq!(s.kv_bytes(), rep.one_step);
     assert_eq!(rep.one_step, (cfg.num_layers - ec.num_replaced + 1) * per);
     assert!((rep.one_step_ratio - 3.0 / 5.0).abs() < 1e-12);
-    let dense = ElmModel::dense(model.weights.clone());
+    let dense = model.dense_reference().unwrap();
     let sd = ElmSession::new(&dense, InferenceConfig::default(), b, t).unwrap();
     assert_eq!(sd.kv_bytes(), rep.dense);
     // Multi-step: one extra cache per iteration index reached (max_iter 2 + commit = 3).
@@ -352,7 +352,7 @@ fn decoder_record_counts_lazily_allocated_multi_step_caches() {
     use elm::model::generate::Decoder;
     let model = elm_model(Arch::Llama);
     let cfg = model.config().clone();
-    let ec = model.elm.as_ref().unwrap().0.clone();
+    let ec = model.elm_config().unwrap().clone();
     let (b, t) = (1, 16);
     let mut bytes = vec![];
     for mode in [KvMode::OneStep, KvMode::MultiStep] {

@@ -89,8 +89,8 @@ fn smollm2_compress_train_generate() {
     assert_eq!(
         s.kv_bytes(),
         kv_report(
-            &model.weights.config,
-            &model.elm.as_ref().unwrap().0,
+            model.config(),
+            model.elm_config().unwrap(),
             1,
             ids.len() + 8,
             1

@@ -154,7 +154,10 @@ fn ffn_module_holds_no_kv_and_counts_only_its_mlp() {
     let w = tiny_weights(Arch::Qwen2, 6, 31);
     let cfg = &w.config;
     let model = variant_of(&w, true, 2, BlockKind::Ffn);
-    let (ec, module) = model.elm.as_ref().unwrap();
+    let (ec, module) = (
+        model.elm_config().unwrap(),
+        model.f32_weights().unwrap().1.unwrap(),
+    );
     let (c, i) = (cfg.hidden_size, cfg.intermediate_size);
     let mlp = c + 3 * c * i;
     assert_eq!(ffn_params(cfg), mlp);
@@ -232,7 +235,10 @@ fn variants_count_their_parameters_and_round_trip_checkpoints() {
     let w = tiny_weights(Arch::Qwen2, 6, 31);
     let cfg = &w.config;
     let looped = variant(&w, false, 2);
-    let (ec, module) = looped.elm.as_ref().unwrap();
+    let (ec, module) = (
+        looped.elm_config().unwrap(),
+        looped.f32_weights().unwrap().1.unwrap(),
+    );
     assert!(module.projection.is_none());
     assert_eq!(module.num_params(), block_params(cfg));
     assert_eq!(

@@ -267,7 +267,7 @@ fn perplexity_dense_and_elm_match_per_window_references() {
         ids.len() % context >= 2,
         "the last window is shorter (padding in its batch)"
     );
-    let transformer = elm::model::Transformer::new(dense.weights.clone()).unwrap();
+    let transformer = elm::model::Transformer::new(dense.f32_weights().unwrap().0.clone()).unwrap();
     let (mut sum, mut count) = (0.0, 0);
     for w in ids.chunks(context) {
         let (s, c) = transformer.sequence_nll(w).unwrap();

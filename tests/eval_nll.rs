@@ -97,7 +97,7 @@ fn single_nll(model: &ElmModel, cfg: &InferenceConfig, s: &ScoredSequence) -> f6
 #[test]
 fn batched_equals_unbatched_for_dense_and_adaptive_elm() {
     let elm = elm_model();
-    let dense = ElmModel::dense(elm.weights.clone());
+    let dense = elm.dense_reference().unwrap();
     let seqs = random_seqs(elm.config().vocab_size);
     for (name, model) in [("dense", &dense), ("elm", &elm)] {
         for solver in [SolverConfig::anderson(), SolverConfig::picard()] {

@@ -158,12 +158,8 @@ fn round_trip(m: &ElmModel, what: &str, dir: &Path) -> PathBuf {
     let (back, tok) = ElmModel::load_quant_gguf(&path).unwrap();
     assert_eq!(tok.encode("w3 w9 w27", false).unwrap(), vec![3, 9, 27]);
     assert_eq!(back.kept_layers(), m.kept_layers(), "{what}");
-    assert_eq!(
-        back.elm.as_ref().map(|e| &e.0),
-        m.elm.as_ref().map(|e| &e.0),
-        "{what}: ELM config"
-    );
-    same_quant(m.quant.as_ref().unwrap(), back.quant.as_ref().unwrap());
+    assert_eq!(back.elm_config(), m.elm_config(), "{what}: ELM config");
+    same_quant(m.quant_weights().unwrap(), back.quant_weights().unwrap());
     assert_eq!(back.weight_bytes(), m.weight_bytes(), "{what}");
     assert_same_logits(m, &back, what);
     path
@@ -183,7 +179,7 @@ fn save_load_round_trip_is_exact_for_dense_and_elm() {
             let path = round_trip(&dense, &format!("{what} dense"), &tmp);
             let (plain, _) = load_inference(&path, WeightStorage::Auto).unwrap();
             same_quant(
-                dense.quant.as_ref().unwrap(),
+                dense.quant_weights().unwrap(),
                 &QuantElm {
                     dense: plain,
                     module: None,
@@ -199,8 +195,7 @@ fn save_load_round_trip_is_exact_for_dense_and_elm() {
             )
             .unwrap();
             assert!(m
-                .quant
-                .as_ref()
+                .quant_weights()
                 .unwrap()
                 .module
                 .as_ref()
@@ -295,7 +290,7 @@ fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
                 None,
             )
             .unwrap();
-            same_quant(want.quant.as_ref().unwrap(), back.quant.as_ref().unwrap());
+            same_quant(want.quant_weights().unwrap(), back.quant_weights().unwrap());
             assert_same_logits(&want, &back, &format!("{arch:?} {format:?}"));
             // `--elm FILE` through the generic loaders gives the same model.
             let (via, _) =
@@ -304,7 +299,7 @@ fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
             // Loading as another block format re-quantizes every matrix.
             let (q8, _) =
                 ElmModel::load_quant_gguf_with(&path, WeightStorage::Quant(QFormat::Q8_0)).unwrap();
-            let q = q8.quant.as_ref().unwrap();
+            let q = q8.quant_weights().unwrap();
             assert_eq!(q.dense.embed.format_name(), "q8_0");
         }
     }
@@ -545,7 +540,7 @@ fn real_checkpoint_elm_saves_smaller_and_decodes_the_same_tokens() {
     );
     assert!(bytes < dense_gguf, "{bytes} vs dense GGUF {dense_gguf}");
     let (back, tok2) = ElmModel::load_quant_gguf(&out).unwrap();
-    same_quant(mem.quant.as_ref().unwrap(), back.quant.as_ref().unwrap());
+    same_quant(mem.quant_weights().unwrap(), back.quant_weights().unwrap());
     let prompt = tok
         .encode(
             &tok.apply_chat_template(&[("user", "What is 2+2?")], true),

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use elm::data::{load_examples, load_gsm8k, resolve_data_dir, tokenize_example, Example, Split};
+use elm::data::{load_examples, load_gsm8k, resolve_data_dir, tokenize_all, Example, Split};
 use elm::equilibrium::accounting::{kv_report, param_report};
 use elm::equilibrium::config::TrainConfig;
 use elm::equilibrium::infer::{ElmModel, InferenceConfig, KvMode};
@@ -12,21 +12,12 @@ use elm::equilibrium::module::{
 use elm::equilibrium::train::{HeldOut, TrainEvent, Trainer, STATE_FILE};
 use elm::equilibrium::ElmConfig;
 use elm::error::{ElmError, Result};
-use elm::eval::gsm8k::chat_prompt;
 use elm::eval::{run_task, BootstrapConfig, Task, TaskData, TaskOptions, TaskRun};
 use elm::io::tokenizer::Tokenizer;
 use elm::model::{load_pretrained, load_weights, ModelWeights};
 use elm::solver::{SolverConfig, StopCriteria};
 
-/// Prints `value` as one JSON line (for `--json`).
-fn print_json(value: &serde_json::Value) -> Result<()> {
-    let s = serde_json::to_string(value).map_err(|e| ElmError::Json {
-        what: "output".into(),
-        msg: e.to_string(),
-    })?;
-    println!("{s}");
-    Ok(())
-}
+use super::output::{bar, default_blas_threads, print_json, to_json};
 
 #[derive(clap::Args, Debug)]
 pub struct CompressArgs {
@@ -52,11 +43,11 @@ pub struct CompressArgs {
     /// The block's init: first-layer (a copy of layer l) | la-co (LaCo's RDSC merge of the
     /// window's layers).
     #[arg(long, default_value = "first-layer")]
-    pub block_init: String,
+    pub block_init: elm::compress::BlockInit,
     /// The block's kind: decoder (attention + MLP) | ffn (the MLP half alone, no attention and
     /// no KV cache: LLM-Streamline's FFN replacement).
     #[arg(long, default_value = "decoder")]
-    pub block: String,
+    pub block: elm::equilibrium::BlockKind,
     /// Output checkpoint directory (elm.json + module.safetensors).
     #[arg(long)]
     pub out: PathBuf,
@@ -72,8 +63,7 @@ pub struct CompressArgs {
 
 /// Initialises the fixed-point module from layer `l` and reports parameter/KV accounting.
 pub fn run_compress(a: CompressArgs) -> Result<()> {
-    let block_init: elm::compress::BlockInit = a.block_init.parse()?;
-    let block: elm::equilibrium::BlockKind = a.block.parse()?;
+    let (block_init, block) = (a.block_init, a.block);
     elm::limits::check_output_dir("out", &a.out, a.force)?;
     let dense = load_weights(&a.model)?;
     // The KV report multiplies the context out: refuse one that overflows.
@@ -142,7 +132,7 @@ pub struct ElmInferArgs {
     pub elm: Option<PathBuf>,
     /// Fixed-point solver: picard | anderson | broyden.
     #[arg(long, default_value = "anderson")]
-    pub solver: String,
+    pub solver: SolverConfig,
     /// δ: per-token absolute residual tolerance ‖f(z)−z‖₂ (adaptive stopping); 0 = always
     /// max-iter.
     #[arg(long, alias = "tol", default_value_t = 0.5)]
@@ -152,7 +142,7 @@ pub struct ElmInferArgs {
     pub max_iter: usize,
     /// KV cache of the fixed-point block: one-step | multi-step.
     #[arg(long, default_value = "one-step")]
-    pub kv: String,
+    pub kv: KvMode,
     /// Run every prefill for max-iter iterations instead of stopping adaptively.
     #[arg(long)]
     pub fixed_prefill: bool,
@@ -161,9 +151,9 @@ pub struct ElmInferArgs {
 impl ElmInferArgs {
     pub fn inference_config(&self) -> Result<InferenceConfig> {
         let cfg = InferenceConfig {
-            solver: SolverConfig::by_name(&self.solver)?,
+            solver: self.solver.clone(),
             stop: StopCriteria::absolute(self.abs_tol, self.max_iter),
-            kv_mode: self.kv.parse::<KvMode>()?,
+            kv_mode: self.kv,
             adaptive_prefill: !self.fixed_prefill,
         };
         cfg.validate()?;
@@ -214,21 +204,6 @@ pub struct TrainArgs {
     pub teacher_cache: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
-}
-
-/// Tokenizes examples into training sequences (chat template for Q/A).
-pub(crate) fn tokenize_all(
-    tok: &Tokenizer,
-    examples: &[Example],
-    max_len: usize,
-) -> Result<Vec<elm::data::TokenSequence>> {
-    let prompt = |q: &str| chat_prompt(tok, q);
-    let enc = |s: &str| tok.encode(s, false);
-    examples
-        .iter()
-        .map(|e| tokenize_example(e, max_len, &prompt, "<|im_end|>\n", &enc))
-        .filter(|r| r.as_ref().map_or(true, |s| s.tokens.len() >= 2))
-        .collect()
 }
 
 /// `elm train`: trains the module, checkpointing atomically; `--resume` continues a run.
@@ -316,14 +291,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
     } else {
         vec![]
     };
-    let bar = indicatif::ProgressBar::new(trainer.cfg.steps as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar.set_position(trainer.step as u64);
+    let bar = bar(trainer.cfg.steps, trainer.step);
     let outcome = trainer.run(&data, pad, &a.out, Some(&HeldOut::new(&held)), |event| {
         if let TrainEvent::Step(log) = event {
             bar.set_message(format!(
@@ -341,10 +309,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
     bar.finish_and_clear();
     let params = param_report(&dense.config, &trainer.elm);
     if a.json {
-        let mut v = serde_json::to_value(&outcome).map_err(|e| ElmError::Json {
-            what: "output".into(),
-            msg: e.to_string(),
-        })?;
+        let mut v = to_json(&outcome)?;
         v["out"] = a.out.display().to_string().into();
         v["params"] = serde_json::to_value(&params).unwrap_or_default();
         // Measured high-water mark of this process (the whole training, evaluation included).
@@ -381,7 +346,7 @@ pub struct EvalArgs {
     pub infer: ElmInferArgs,
     /// gsm8k-nll | gsm8k | humaneval | humaneval-nll.
     #[arg(long, default_value = "gsm8k-nll")]
-    pub task: String,
+    pub task: Task,
     /// First N items of the split (default: all).
     #[arg(long)]
     pub limit: Option<usize>,
@@ -425,13 +390,8 @@ fn run_one(
     data: &TaskData,
     opts: &TaskOptions,
 ) -> Result<TaskRun> {
-    let bar = indicatif::ProgressBar::new(data.len() as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(&format!(
-            "{label} {{bar:30}} {{pos}}/{{len}} [{{elapsed_precise}}<{{eta_precise}}]"
-        ))
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let bar = bar(data.len(), 0);
+    bar.set_message(label.to_string());
     let run = run_task(model, tok, task, data, opts, |done, _| {
         bar.set_position(done as u64)
     });
@@ -442,7 +402,7 @@ fn run_one(
 /// `elm eval`: one task on one model (dense or ELM), each figure with its 95% bootstrap
 /// interval; with `--compare-dense` / `--compare-elm` also the paired difference.
 pub fn run_eval(a: EvalArgs) -> Result<()> {
-    let task: Task = a.task.parse()?;
+    let task = a.task;
     let opts = TaskOptions {
         limit: a.limit,
         batch: a.batch,
@@ -467,12 +427,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     }
     let dir = resolve_data_dir(a.data_dir.as_deref())?;
     let data = TaskData::load(task, &dir, a.limit)?;
-    // One BLAS thread (unless the environment says otherwise): decode's batch-1 matvecs use
-    // the spin team (see `elm bench`), and NLL then runs one batch per core, which beats a
-    // 2-thread BLAS on the many small attention gemms.
-    if std::env::var_os("OPENBLAS_NUM_THREADS").is_none() {
-        elm::model::ops::set_blas_threads(1);
-    }
+    default_blas_threads();
     let (model, tok) = ElmModel::load(&a.model, a.infer.elm.as_deref())?;
     let mut run = run_one("model", &model, &tok, task, &data, &opts)?;
     let reference_elm = a.compare_elm.as_ref();
@@ -480,8 +435,10 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         let reference_model = match reference_elm {
             Some(dir) => ElmModel::load(&a.model, Some(dir))?.0,
             // A quantized --elm file holds no f32 weights: the reference is --model itself.
-            None if model.quant.is_some() => ElmModel::load(&a.model, None)?.0,
-            None => ElmModel::dense(model.weights.clone()),
+            None => match model.dense_reference() {
+                Some(dense) => dense,
+                None => ElmModel::load(&a.model, None)?.0,
+            },
         };
         let r = run_one("reference", &reference_model, &tok, task, &data, &opts)?;
         run.pair_with(&r, &opts.bootstrap)?;
@@ -590,7 +547,7 @@ pub struct SpectralArgs {
     pub seq_len: usize,
     /// Solver of the fixed point the Jacobian is taken at.
     #[arg(long, default_value = "anderson")]
-    pub solver: String,
+    pub solver: SolverConfig,
     /// Relative residual tolerance of that solve.
     #[arg(long, default_value_t = 1e-4)]
     pub tol: f64,
@@ -623,7 +580,7 @@ pub fn run_spectral(a: SpectralArgs) -> Result<()> {
         .map(Example::Qa)
         .collect();
     let seqs = tokenize_all(&tok, &test, a.seq_len)?;
-    let solver = SolverConfig::by_name(&a.solver)?;
+    let solver = a.solver.clone();
     let stop = StopCriteria::relative(a.tol, a.max_iter);
     let power = PowerIteration {
         iterations: a.iterations,
@@ -659,7 +616,7 @@ pub fn run_spectral(a: SpectralArgs) -> Result<()> {
             "max_radius": max,
             "radii": radii,
             "max_rel_residual": max_res,
-            "solver": a.solver,
+            "solver": a.solver.name(),
             "tol": a.tol,
             "power": power,
         }))?;

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod elm_cmds;
+pub mod lora;
 pub mod model_cmds;
+pub mod output;
 pub mod prune;
 pub mod quantize;
 pub mod search;
@@ -46,7 +48,7 @@ pub enum Command {
     /// deletion, ReplaceMe, LaCo) into an HF model directory.
     Prune(prune::PruneArgs),
     /// LoRA SFT of the dense model, merged with α/r into a tuned dense model directory.
-    Lora(search::LoraArgs),
+    Lora(lora::LoraArgs),
     /// Choose the replaced window: GPPO, enumeration, metric selectors, or the report.
     Search(search::SearchArgs),
     /// Save a model (dense, or with --elm an ELM) as one quantized GGUF for deployment.
@@ -98,7 +100,7 @@ pub fn main() -> ExitCode {
         Command::Train(a) => elm_cmds::run_train(a),
         Command::Eval(a) => elm_cmds::run_eval(a),
         Command::Prune(a) => prune::run_prune(a),
-        Command::Lora(a) => search::run_lora(a),
+        Command::Lora(a) => lora::run_lora(a),
         Command::Search(a) => search::run_search(a),
         Command::Spectral(a) => elm_cmds::run_spectral(a),
         Command::Quantize(a) => quantize::run_quantize(a),

@@ -8,6 +8,8 @@ use elm::error::{ElmError, Result};
 use elm::io::{save_hf_model, write_json_atomic};
 use elm::model::load_pretrained;
 
+use super::output::{print_json, to_json};
+
 #[derive(clap::Args, Debug)]
 pub struct PruneArgs {
     /// Dense model: a .gguf file or an HF directory.
@@ -16,7 +18,7 @@ pub struct PruneArgs {
     /// short-gpt | shortened-ppl | shortened-taylor | window-delete | replace-me-ls | la-co |
     /// la-co-search.
     #[arg(long)]
-    pub method: String,
+    pub method: PruneMethod,
     /// Layers removed, M.
     #[arg(long = "num-replaced", alias = "m", default_value_t = 8)]
     pub num_replaced: usize,
@@ -50,7 +52,7 @@ pub struct PruneArgs {
 
 /// `elm prune`.
 pub fn run_prune(a: PruneArgs) -> Result<()> {
-    let method: PruneMethod = a.method.parse()?;
+    let method = a.method;
     if a.batch == 0 {
         return Err(ElmError::config("batch", "must be >= 1"));
     }
@@ -74,13 +76,10 @@ pub fn run_prune(a: PruneArgs) -> Result<()> {
     write_json_atomic(&a.out.join("prune.json"), &pruned.report)?;
     let r = &pruned.report;
     if a.json {
-        let mut v = serde_json::to_value(r).map_err(|e| ElmError::Json {
-            what: "output".into(),
-            msg: e.to_string(),
-        })?;
+        let mut v = to_json(r)?;
         v["out"] = a.out.display().to_string().into();
         v["calibration"] = calib_path.display().to_string().into();
-        println!("{v}");
+        print_json(&v)?;
     } else {
         println!(
             "{}: removed layers {:?} ({} by {}), {} -> {} parameters ({} -> {} non-embedding), KV at 1k tokens {} -> {} bytes; wrote {}",

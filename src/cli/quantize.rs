@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 
 use elm::equilibrium::infer::ElmModel;
-use elm::equilibrium::quant_gguf::storage_summary;
 use elm::error::{ElmError, Result};
 use elm::model::{default_model_path, WeightStorage};
+
+use super::output::print_json;
 
 #[derive(clap::Args, Debug)]
 pub struct QuantizeArgs {
@@ -19,7 +20,7 @@ pub struct QuantizeArgs {
     /// Block format of every matrix: q8_0 | q4_0 | q4_1, or auto (a GGUF's blocks kept as
     /// they are, the module in its replaced layer's format; f32 sources stay f32).
     #[arg(long)]
-    pub format: String,
+    pub format: WeightStorage,
     /// Output .gguf file.
     #[arg(long)]
     pub out: PathBuf,
@@ -31,7 +32,7 @@ pub struct QuantizeArgs {
 }
 
 pub fn run_quantize(a: QuantizeArgs) -> Result<()> {
-    let storage: WeightStorage = a.format.parse()?;
+    let storage = a.format;
     if storage == WeightStorage::F32 {
         return Err(ElmError::config(
             "format",
@@ -42,7 +43,7 @@ pub fn run_quantize(a: QuantizeArgs) -> Result<()> {
     let model_path = a.model.clone().unwrap_or_else(default_model_path);
     let (model, tok) = ElmModel::load_with(&model_path, a.elm.as_deref(), storage)?;
     let bytes = model.save_quant_gguf(&a.out, &tok)?;
-    let formats = storage_summary(model.quant.as_ref());
+    let formats = model.storage_summary();
     if a.json {
         let value = serde_json::json!({
             "out": a.out,
@@ -53,7 +54,7 @@ pub fn run_quantize(a: QuantizeArgs) -> Result<()> {
             "weight_bytes": model.weight_bytes(),
             "matrices": formats.iter().map(|(f, n)| (f.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
         });
-        println!("{value}");
+        print_json(&value)?;
     } else {
         let formats: Vec<String> = formats.iter().map(|(f, n)| format!("{n} {f}")).collect();
         println!(

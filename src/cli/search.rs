@@ -1,21 +1,16 @@
-//! `elm lora` (stage 1: LoRA SFT + merge) and `elm search` (stage 2/3: GPPO, enumeration,
-//! metric selectors, the "where to prune" report) — argument parsing, progress bars, plots.
+//! `elm search` (stages 2/3: GPPO, enumeration, metric selectors, the "where to prune"
+//! report) — argument parsing, progress bars, plots.
 
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
 use elm::compress::{BoundaryStates, Calibration};
-use elm::data::{
-    gsm8k_path, load_examples, load_gsm8k, resolve_data_dir, Example, QaExample, Split,
-    TokenSequence,
-};
+use elm::data::{gsm8k_path, resolve_data_dir, test_problems, tokenize_all, Example, Split};
 use elm::equilibrium::config::read_json;
 use elm::error::{ElmError, Result};
 use elm::io::tokenizer::Tokenizer;
-use elm::io::{save_hf_model, write_json_atomic};
-use elm::lora::sft::LORA_STATE_FILE;
-use elm::lora::{answer_nll_mean, ce_ends, LoraConfig, LoraEvent, LoraReport, LoraTrainer};
+use elm::io::write_json_atomic;
 use elm::model::load_pretrained;
 use elm::search::gppo::{GppoEvent, GPPO_STATE_FILE};
 use elm::search::{
@@ -23,197 +18,8 @@ use elm::search::{
     GppoOutcome, Selector,
 };
 
-use super::elm_cmds::tokenize_all;
-
-fn bar(len: usize, pos: usize) -> indicatif::ProgressBar {
-    let b = indicatif::ProgressBar::new(len as u64);
-    b.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    b.set_position(pos as u64);
-    b
-}
-
-fn json_err(e: serde_json::Error) -> ElmError {
-    ElmError::Json {
-        what: "output".into(),
-        msg: e.to_string(),
-    }
-}
-
-fn train_data(
-    tok: &Tokenizer,
-    data: Option<&Path>,
-    data_dir: Option<&Path>,
-    seq_len: usize,
-) -> Result<Vec<TokenSequence>> {
-    let examples: Vec<Example> = match data {
-        Some(p) => load_examples(p)?,
-        None => load_gsm8k(&resolve_data_dir(data_dir)?, Split::Train)?
-            .into_iter()
-            .map(Example::Qa)
-            .collect(),
-    };
-    let mut d = tokenize_all(tok, &examples, seq_len)?;
-    // A prompt longer than seq_len leaves no answer token to supervise: such a sequence
-    // carries no signal (and would make an all-prompt batch), so it is dropped and counted.
-    let total = d.len();
-    d.retain(|s| s.loss_mask.iter().skip(1).any(|&m| m));
-    if d.is_empty() {
-        return Err(ElmError::config(
-            "seq_len",
-            format!(
-                "{seq_len} tokens leave no answer token in any of the {total} training sequences"
-            ),
-        ));
-    }
-    if d.len() < total {
-        eprintln!(
-            "note: {} of {total} training sequences have no answer token within {seq_len} tokens; dropped",
-            total - d.len()
-        );
-    }
-    Ok(d)
-}
-
-fn test_problems(data_dir: Option<&Path>, n: usize) -> Result<Vec<QaExample>> {
-    Ok(load_gsm8k(&resolve_data_dir(data_dir)?, Split::Test)?
-        .into_iter()
-        .take(n)
-        .collect())
-}
-
-#[derive(clap::Args, Debug)]
-pub struct LoraArgs {
-    /// Dense model: a .gguf file or an HF directory.
-    #[arg(long)]
-    pub model: PathBuf,
-    /// LoraConfig JSON (unknown keys rejected).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    #[arg(long)]
-    pub steps: Option<usize>,
-    #[arg(long)]
-    pub seq_len: Option<usize>,
-    /// Run directory (resumable checkpoint, lora_report.json); the merged model goes to
-    /// OUT/model (an HF directory `elm` and `elm eval` read).
-    #[arg(long)]
-    pub out: PathBuf,
-    #[arg(long)]
-    pub resume: bool,
-    /// Replace an existing non-empty --out (a fresh run).
-    #[arg(long)]
-    pub force: bool,
-    /// Training data (.jsonl); default GSM8K train.
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    #[arg(long)]
-    pub data_dir: Option<PathBuf>,
-    /// Held-out GSM8K test problems for the answer NLL before/after (0 = skip).
-    #[arg(long, default_value_t = 32)]
-    pub eval_examples: usize,
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// `elm lora`: LoRA SFT, merge with α/r, save the tuned dense model, answer NLL before/after.
-pub fn run_lora(a: LoraArgs) -> Result<()> {
-    let (dense, tok) = load_pretrained(&a.model)?;
-    let mut trainer = if a.resume {
-        if a.config.is_some() || a.steps.is_some() || a.seq_len.is_some() {
-            return Err(ElmError::config(
-                "resume",
-                "--resume continues the saved run as configured: drop --config/--steps/--seq-len",
-            ));
-        }
-        if !a.out.join(LORA_STATE_FILE).exists() {
-            return Err(ElmError::config(
-                "resume",
-                format!("no {LORA_STATE_FILE} in {}", a.out.display()),
-            ));
-        }
-        LoraTrainer::resume(&dense, &a.out)?
-    } else {
-        elm::limits::check_output_dir("out", &a.out, a.force)?;
-        let mut cfg = match &a.config {
-            Some(p) => LoraConfig::from_file(p)?,
-            None => LoraConfig::default(),
-        };
-        if let Some(s) = a.steps {
-            cfg.steps = s;
-        }
-        if let Some(s) = a.seq_len {
-            cfg.seq_len = s;
-        }
-        LoraTrainer::new(&dense, cfg, a.model.display().to_string())?
-    };
-    let data = train_data(
-        &tok,
-        a.data.as_deref(),
-        a.data_dir.as_deref(),
-        trainer.cfg.seq_len,
-    )?;
-    let pad = tok.eos_id().unwrap_or(0);
-    let test = test_problems(a.data_dir.as_deref(), a.eval_examples)?;
-    let before = if test.is_empty() {
-        None
-    } else {
-        Some(answer_nll_mean(&dense, &tok, &test, 4)?)
-    };
-    let b = bar(trainer.cfg.steps, trainer.step);
-    let seconds = trainer.run(&data, pad, &a.out, |ev| {
-        if let LoraEvent::Step(l) = ev {
-            b.set_message(format!(
-                "ce {:.4} lr {:.2e} |g| {:.3}",
-                l.ce, l.lr, l.grad_norm
-            ));
-            b.inc(1);
-        }
-    })?;
-    b.finish_and_clear();
-    let merged = trainer.merged()?;
-    let model_dir = a.out.join("model");
-    save_hf_model(&merged, &model_dir)?;
-    tok.save_dir(&model_dir)?;
-    let after = if test.is_empty() {
-        None
-    } else {
-        Some(answer_nll_mean(&merged, &tok, &test, 4)?)
-    };
-    let (first, last) = ce_ends(&trainer.history, 10);
-    let report = LoraReport {
-        steps: trainer.step,
-        seconds,
-        seconds_all_runs: trainer.history.iter().map(|s| s.seconds).sum(),
-        train_sequences: data.len(),
-        train_ce_first: first,
-        train_ce_last: last,
-        held_out_examples: test.len(),
-        answer_nll_before: before,
-        answer_nll_after: after,
-        out: model_dir.display().to_string(),
-    };
-    write_json_atomic(&a.out.join("lora_report.json"), &report)?;
-    if a.json {
-        println!("{}", serde_json::to_string(&report).map_err(json_err)?);
-    } else {
-        println!(
-            "LoRA SFT {} steps ({seconds:.0}s): train CE {first:.4} -> {last:.4}; merged model -> {}",
-            report.steps,
-            model_dir.display()
-        );
-        if let (Some(b), Some(f)) = (before, after) {
-            println!(
-                "held-out answer NLL ({} GSM8K test problems): {b:.4} -> {f:.4} nats/token",
-                test.len()
-            );
-        }
-    }
-    Ok(())
-}
+use super::lora::train_data;
+use super::output::{bar, print_json, to_json, write_plot, DrawResult};
 
 #[derive(clap::Args, Debug)]
 pub struct SearchArgs {
@@ -380,9 +186,9 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
     b.finish_and_clear();
     plot_theta(&out.join("gppo_theta.svg"), &outcome)?;
     if a.json {
-        let mut v = serde_json::to_value(&outcome).map_err(json_err)?;
+        let mut v = to_json(&outcome)?;
         v["out"] = out.display().to_string().into();
-        println!("{v}");
+        print_json(&v)?;
     } else {
         println!(
             "GPPO {} steps ({:.0}s this run): chosen start = argmax θ = {}; softmax θ = [{}]; trace {}",
@@ -473,7 +279,7 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
     )?;
     b.finish_and_clear();
     if a.json {
-        println!("{}", serde_json::to_string(&e).map_err(json_err)?);
+        print_json(&e)?;
     } else {
         println!(
             "enumeration ({} starts, {} steps each; dense NLL {:.4}): ranking best first {:?}",
@@ -500,7 +306,7 @@ fn run_metric(a: &SearchArgs, method: Selector) -> Result<()> {
     let states = BoundaryStates::collect(&dense, &calib, 4)?;
     let mc = metric_choice(&dense, &calib, &states, method, a.num_replaced, 4)?;
     if a.json {
-        println!("{}", serde_json::to_string(&mc).map_err(json_err)?);
+        print_json(&mc)?;
     } else {
         println!(
             "{}: chosen start {} (scores by start, {} is better: {:?})",
@@ -541,7 +347,7 @@ fn run_report(a: &SearchArgs) -> Result<()> {
     write_json_atomic(&out.join("where_to_prune.json"), &r)?;
     plot_where(&out.join("where_to_prune.svg"), &r, g.as_ref())?;
     if a.json {
-        println!("{}", serde_json::to_string(&r).map_err(json_err)?);
+        print_json(&r)?;
     } else {
         println!("enumeration ranking (best first): {:?}", r.enum_ranking);
         if let Some(p) = &r.gppo {
@@ -564,26 +370,11 @@ fn run_report(a: &SearchArgs) -> Result<()> {
     Ok(())
 }
 
-fn plot_err(path: &Path, e: impl std::fmt::Display) -> ElmError {
-    ElmError::format(path, format!("drawing plot: {e}"))
-}
-
 fn write_svg(
     path: &Path,
-    draw: impl FnOnce(
-        DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
-    ) -> std::result::Result<(), Box<dyn std::error::Error>>,
+    draw: impl FnOnce(DrawingArea<SVGBackend<'_>, plotters::coord::Shift>) -> DrawResult,
 ) -> Result<()> {
-    let tmp = path.with_extension("svg.tmp");
-    let res = {
-        let root = SVGBackend::new(&tmp, (900, 560)).into_drawing_area();
-        draw(root)
-    };
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(plot_err(path, e));
-    }
-    std::fs::rename(&tmp, path).map_err(|e| ElmError::io(path, e))
+    write_plot(path, (900, 560), draw, None)
 }
 
 /// softmax θ over the updates: one line per start (the chosen start drawn thick).

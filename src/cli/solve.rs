@@ -303,32 +303,14 @@ pub fn run_study(args: StudyArgs) -> Result<()> {
     Ok(())
 }
 
-fn plot_err(path: &Path, e: impl std::fmt::Display) -> ElmError {
-    ElmError::format(path, format!("drawing plot: {e}"))
-}
-
-/// Draws to a temporary file next to `path`, then renames it into place.
+/// Draws the curves to `path` (SVG, or PNG by extension).
 fn draw_curves(path: &Path, title: &str, curves: &[Curve]) -> Result<()> {
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp.{}",
-        path.file_stem().and_then(|s| s.to_str()).unwrap_or("plot"),
-        path.extension().and_then(|s| s.to_str()).unwrap_or("svg")
-    ));
-    let is_png = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
-    let result = if is_png {
-        let root = BitMapBackend::new(&tmp, (900, 600)).into_drawing_area();
-        draw_on(root, title, curves).map_err(|e| plot_err(path, e))
-    } else {
-        let root = SVGBackend::new(&tmp, (900, 600)).into_drawing_area();
-        draw_on(root, title, curves).map_err(|e| plot_err(path, e))
-    };
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, path).map_err(|e| ElmError::io(path, e))
+    super::output::write_plot(
+        path,
+        (900, 600),
+        |root| draw_on(root, title, curves),
+        Some(&|root| draw_on(root, title, curves)),
+    )
 }
 
 fn draw_on<DB: DrawingBackend>(

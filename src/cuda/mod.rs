@@ -23,6 +23,7 @@
 
 mod backend;
 pub mod bench;
+mod decoder;
 mod device;
 mod device_spec;
 mod kernels;
@@ -30,6 +31,7 @@ mod model;
 mod sources;
 
 pub use backend::*;
+pub use decoder::GpuDecoder;
 pub use device::GpuScalar;
 pub use device_spec::DeviceSpec;
 pub use sources::{kernel_sources, source_of, KernelSource, KERNEL_SOURCES};

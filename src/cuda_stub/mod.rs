@@ -18,12 +18,15 @@ use crate::model::{ModelConfig, ModelWeights};
 mod backend;
 #[path = "../cuda/bench.rs"]
 pub mod bench;
+#[path = "../cuda/decoder.rs"]
+mod decoder;
 #[path = "../cuda/device_spec.rs"]
 mod device_spec;
 #[path = "../cuda/sources.rs"]
 mod sources;
 
 pub use backend::*;
+pub use decoder::GpuDecoder;
 pub use device_spec::DeviceSpec;
 pub use sources::{kernel_sources, source_of, KernelSource, KERNEL_SOURCES};
 

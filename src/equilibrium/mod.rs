@@ -18,12 +18,14 @@
 //!   [`fixed_point`] (the module as the solver's map, and the solve buffers kept across tokens),
 //!   [`sequences`] (whole sequences, nothing cached) and [`decode`] (greedy and sampled
 //!   generation). Built on the model's inference blocks and KV caches.
+//! - [`bench`]: the comparative bench of dense and ELM configurations (typed runs).
 //! - [`quant_gguf`]: the quantized GGUF file format (below the model code: it reads and writes
 //!   [`quant_module::QuantElm`], never an [`model::ElmModel`]).
 //! - [`train`]: [`train::Trainer`] — distillation + CE, any [`crate::grad::DeqConfig`], AdamW,
 //!   resumable checkpoints, and the whole run ([`train::Trainer::run`]) with progress callbacks.
 
 pub mod accounting;
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod decode;

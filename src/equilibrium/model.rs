@@ -1,43 +1,65 @@
 //! [`ElmModel`]: a dense model with a window of layers replaced by the fixed-point module (or
-//! the dense model itself), in f32 or quantized, and its loading.
+//! the dense model itself), in f32 or quantized ([`ElmWeights`]), and its loading.
 
 use std::path::Path;
 
+use ndarray::{Array1, Array3};
+
 use crate::error::{ElmError, Result};
 use crate::io::tokenizer::Tokenizer;
-use crate::model::quant::{Linear, QFormat, QLayer, QuantWeights, WeightStorage};
-use crate::model::{load_inference, load_pretrained, ModelConfig, ModelWeights};
+use crate::model::quant::{Linear, LinearRef, QFormat, QLayer, QuantWeights, WeightStorage};
+use crate::model::{
+    embed_tokens, load_inference, load_pretrained, BlockWeights, DecoderWeights, ModelConfig,
+    ModelWeights,
+};
 
 use super::config::ElmConfig;
-use super::module::{load_module_for, ElmModule, ModuleBlock};
-use super::quant_module::{empty2, empty_layer, QuantElm, QuantModule};
+use super::map::ModuleView;
+use super::module::{load_module_for, ElmModule};
+use super::quant_module::{QuantElm, QuantModule};
 
-/// A dense model with layers `[l, l+M)` replaced by a fixed-point module, or (when `elm` is
-/// `None`) the dense model itself, run by the same code.
-///
-/// With `quant` set (see [`ElmModel::quantized`]) inference runs on the quantized matrices
-/// there, and `weights` / the module in `elm` keep only the config and the ELM layout
-/// (their tensors are empty), so only what runs is resident.
+/// The tensors an [`ElmModel`] runs on. Inference reads them only through [`ElmModel`]'s
+/// accessors (kept layer by slot, module view, embedding, final norm, LM head), one path for
+/// both forms.
+#[derive(Clone, Debug)]
+pub enum ElmWeights {
+    /// f32 tensors: the whole dense model (the replaced layers too: training's teacher and the
+    /// module's initialisation read them) and the module.
+    F32 {
+        dense: ModelWeights,
+        module: Option<ElmModule>,
+    },
+    /// Inference only: the kept layers, embedding, head and module as quantized (or f32)
+    /// matrices; the replaced layers are not resident.
+    Quant(QuantElm),
+}
+
+/// A dense model with layers `[l, l+M)` replaced by a fixed-point module, or (when it has no
+/// [`ElmConfig`]) the dense model itself, run by the same code.
+#[derive(Clone, Debug)]
 pub struct ElmModel {
-    pub weights: ModelWeights,
-    pub elm: Option<(ElmConfig, ElmModule)>,
-    pub quant: Option<QuantElm>,
+    elm: Option<ElmConfig>,
+    weights: ElmWeights,
 }
 
 impl ElmModel {
     pub fn dense(weights: ModelWeights) -> Self {
         ElmModel {
-            weights,
             elm: None,
-            quant: None,
+            weights: ElmWeights::F32 {
+                dense: weights,
+                module: None,
+            },
         }
     }
     pub fn new(weights: ModelWeights, cfg: ElmConfig, module: ElmModule) -> Result<Self> {
         cfg.validate(&weights.config)?;
         Ok(ElmModel {
-            weights,
-            elm: Some((cfg, module)),
-            quant: None,
+            elm: Some(cfg),
+            weights: ElmWeights::F32 {
+                dense: weights,
+                module: Some(module),
+            },
         })
     }
 
@@ -135,24 +157,9 @@ impl ElmModel {
             }
             _ => {}
         }
-        let shell = ModelWeights {
-            config: config.clone(),
-            embed: empty2(),
-            layers: vec![],
-            final_norm: ndarray::Array1::zeros(0),
-            lm_head: None,
-        };
-        let shell_module = |kind| ElmModule {
-            block: ModuleBlock::of_layer(&empty_layer(), kind),
-            projection: None,
-        };
         Ok(ElmModel {
-            weights: shell,
-            elm: elm.map(|c| {
-                let m = shell_module(c.block);
-                (c, m)
-            }),
-            quant: Some(quant),
+            elm,
+            weights: ElmWeights::Quant(quant),
         })
     }
 
@@ -187,17 +194,16 @@ impl ElmModel {
 
     /// Bytes of weights held for inference (f32 tensors, or the quantized ones).
     pub fn weight_bytes(&self) -> usize {
-        match &self.quant {
-            Some(q) => {
+        match &self.weights {
+            ElmWeights::Quant(q) => {
                 q.dense.embed.bytes()
                     + q.dense.layers.iter().map(QLayer::bytes).sum::<usize>()
                     + q.dense.final_norm.len() * 4
                     + q.dense.lm_head.as_ref().map_or(0, Linear::bytes)
                     + q.module.as_ref().map_or(0, QuantModule::bytes)
             }
-            None => {
-                4 * (self.weights.num_params()
-                    + self.elm.as_ref().map_or(0, |(_, m)| m.num_params()))
+            ElmWeights::F32 { dense, module } => {
+                4 * (dense.num_params() + module.as_ref().map_or(0, ElmModule::num_params))
             }
         }
     }
@@ -220,28 +226,119 @@ impl ElmModel {
         };
         Ok((loaded, tok))
     }
+    /// The dense model's config (all N layers, the replaced ones included).
     pub fn config(&self) -> &ModelConfig {
-        &self.weights.config
+        match &self.weights {
+            ElmWeights::F32 { dense, .. } => &dense.config,
+            ElmWeights::Quant(q) => &q.dense.config,
+        }
+    }
+    /// Which layers the module replaces (`None`: the dense model).
+    pub fn elm_config(&self) -> Option<&ElmConfig> {
+        self.elm.as_ref()
+    }
+    pub fn weights(&self) -> &ElmWeights {
+        &self.weights
+    }
+    /// The f32 dense model and module (`None` for a quantized model, which holds neither).
+    pub fn f32_weights(&self) -> Option<(&ModelWeights, Option<&ElmModule>)> {
+        match &self.weights {
+            ElmWeights::F32 { dense, module } => Some((dense, module.as_ref())),
+            ElmWeights::Quant(_) => None,
+        }
+    }
+    /// The quantized matrices (`None` for an f32 model).
+    pub fn quant_weights(&self) -> Option<&QuantElm> {
+        match &self.weights {
+            ElmWeights::Quant(q) => Some(q),
+            ElmWeights::F32 { .. } => None,
+        }
+    }
+    /// The dense model this one was built on, when its f32 weights are resident (a quantized
+    /// model holds only the layers it runs).
+    pub fn dense_reference(&self) -> Option<ElmModel> {
+        self.f32_weights()
+            .map(|(dense, _)| ElmModel::dense(dense.clone()))
     }
     /// Indices of the dense layers that are kept, in order.
     pub fn kept_layers(&self) -> Vec<usize> {
-        ElmConfig::kept_layers(
-            self.elm.as_ref().map(|(c, _)| c),
-            self.weights.config.num_layers,
-        )
+        ElmConfig::kept_layers(self.elm.as_ref(), self.config().num_layers)
+    }
+    /// Kept dense layers `(before the module, after it)`; the first `front` slots are layers
+    /// `0..front`, the rest the last `back` layers.
+    pub(crate) fn front_back(&self) -> (usize, usize) {
+        let n = self.config().num_layers;
+        match &self.elm {
+            None => (n, 0),
+            Some(ec) => (ec.start_layer, n - ec.end_layer()),
+        }
+    }
+    /// Kept dense layer number `slot` (in run order), whichever form holds it.
+    pub(crate) fn kept_layer(&self, slot: usize) -> &dyn BlockWeights {
+        match &self.weights {
+            ElmWeights::F32 { dense, .. } => {
+                let front = self.front_back().0;
+                let m = self.elm.as_ref().map_or(0, |e| e.num_replaced);
+                &dense.layers[if slot < front { slot } else { slot + m }]
+            }
+            ElmWeights::Quant(q) => &q.dense.layers[slot],
+        }
+    }
+    /// The module as the no-tape kernels see it (`None` for the dense model).
+    pub(crate) fn module_view(&self) -> Option<ModuleView<'_, dyn BlockWeights>> {
+        match &self.weights {
+            ElmWeights::F32 { module, .. } => module.as_ref().map(ElmModule::view),
+            ElmWeights::Quant(q) => q.module.as_ref().map(QuantModule::view),
+        }
+    }
+    /// Token embeddings `[B, T, C]` (right-padded) and each row's length.
+    pub(crate) fn embed(&self, tokens: &[impl AsRef<[u32]>]) -> Result<(Array3<f32>, Vec<usize>)> {
+        match &self.weights {
+            ElmWeights::F32 { dense, .. } => embed_tokens(dense, tokens),
+            ElmWeights::Quant(q) => embed_tokens(&q.dense, tokens),
+        }
+    }
+    /// `[C]`
+    pub(crate) fn final_norm(&self) -> &Array1<f32> {
+        match &self.weights {
+            ElmWeights::F32 { dense, .. } => &dense.final_norm,
+            ElmWeights::Quant(q) => &q.dense.final_norm,
+        }
+    }
+    /// `[V, C]` (the embedding when tied).
+    pub(crate) fn lm_head(&self) -> LinearRef<'_> {
+        match &self.weights {
+            ElmWeights::F32 { dense, .. } => dense.lm_head_ref(),
+            ElmWeights::Quant(q) => q.dense.lm_head_ref(),
+        }
+    }
+    /// Weight bytes one batch-1 decode step reads: every kept layer, the module once per
+    /// iteration not counted (see the bench for that), the final norm and the LM head.
+    pub fn decode_bytes(&self) -> usize {
+        let kept: usize = (0..self.kept_layers().len())
+            .map(|slot| self.kept_layer(slot).block_ref().bytes())
+            .sum();
+        kept + self.final_norm().len() * 4 + self.lm_head().bytes()
+    }
+    /// Each matrix format held and its bytes (see [`super::quant_gguf::storage_summary`]).
+    pub fn storage_summary(&self) -> Vec<(String, usize)> {
+        match &self.weights {
+            ElmWeights::F32 { .. } => super::quant_gguf::storage_summary(None),
+            ElmWeights::Quant(q) => super::quant_gguf::storage_summary(Some(q)),
+        }
     }
 
     /// Writes this quantized model (see [`ElmModel::quantized`] / [`ElmModel::load_with`]) and
     /// `tokenizer` as one GGUF file at `path` ([`super::quant_gguf`]); returns the bytes written.
     pub fn save_quant_gguf(&self, path: &Path, tokenizer: &Tokenizer) -> Result<u64> {
-        let q = self.quant.as_ref().ok_or_else(|| {
-            ElmError::InvalidArgument(
+        let ElmWeights::Quant(q) = &self.weights else {
+            return Err(ElmError::InvalidArgument(
                 "save_quant_gguf: the model holds f32 weights; load it quantized \
                  (ElmModel::load_with with a block format, or ElmModel::quantized)"
                     .into(),
-            )
-        })?;
-        super::quant_gguf::write_quant_gguf(path, self.elm.as_ref().map(|(c, _)| c), q, tokenizer)
+            ));
+        };
+        super::quant_gguf::write_quant_gguf(path, self.elm.as_ref(), q, tokenizer)
     }
     /// Loads a file written by [`ElmModel::save_quant_gguf`] with its matrices as stored.
     pub fn load_quant_gguf(path: &Path) -> Result<(Self, Tokenizer)> {

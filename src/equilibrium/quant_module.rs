@@ -1,10 +1,8 @@
 //! The quantized forms of an ELM: [`QuantElm`] (kept dense layers, embedding, head, module)
 //! and [`QuantModule`] / [`QuantProjection`].
 
-use ndarray::Array2;
-
 use crate::model::quant::{Linear, QFfn, QFormat, QLayer, QuantWeights};
-use crate::model::{BlockWeights, LayerWeights};
+use crate::model::BlockWeights;
 
 use super::map::ModuleView;
 use super::module::{ElmModule, ModuleBlock};
@@ -71,28 +69,5 @@ impl QuantModule {
                 .as_ref()
                 .map(|p| (p.w_z.as_ref(), p.w_h.as_ref(), &p.bias)),
         }
-    }
-}
-
-/// A `[0, 0]` f32 matrix: the placeholder of a tensor that lives in [`QuantElm`].
-pub(crate) fn empty2() -> Array2<f32> {
-    Array2::zeros((0, 0))
-}
-
-pub(crate) fn empty_layer() -> LayerWeights {
-    let e1 = || ndarray::Array1::zeros(0);
-    LayerWeights {
-        attn_norm: e1(),
-        wq: empty2(),
-        wk: empty2(),
-        wv: empty2(),
-        wo: empty2(),
-        bq: None,
-        bk: None,
-        bv: None,
-        mlp_norm: e1(),
-        w_gate: empty2(),
-        w_up: empty2(),
-        w_down: empty2(),
     }
 }

@@ -21,14 +21,13 @@ use ndarray::{s, Array2, Array3, ArrayView2, Axis};
 use serde::Serialize;
 
 use crate::error::{ElmError, Result};
-use crate::model::ops::{linear_any_into, linear_into, rms_norm_into};
+use crate::model::ops::{linear_any_into, rms_norm_into};
 use crate::model::quant::QActs;
-use crate::model::{block_forward_rows, check_context, BlockWeights, KvCache, LayerKv};
+use crate::model::{block_forward_rows, check_context, KvCache, LayerKv};
 use crate::solver::{FixedPointMap, RowStatus};
 
 use super::fixed_point::{reshape2, FpMap, FpWork};
 use super::inference_config::{InferenceConfig, KvMode};
-use super::map::ModuleView;
 use super::model::ElmModel;
 
 /// Solver statistics of one token (decode) or one prompt (prefill) of one sequence.
@@ -79,8 +78,8 @@ impl<'m> ElmSession<'m> {
         }
         let mc = model.config();
         let dense_kv = KvCache::with_layers(mc, model.kept_layers().len(), batch, max_seq)?;
-        let fp_kv = match &model.elm {
-            Some((e, _)) if e.block.has_attention() => vec![LayerKv::new(mc, batch, max_seq)?],
+        let fp_kv = match model.elm_config() {
+            Some(e) if e.block.has_attention() => vec![LayerKv::new(mc, batch, max_seq)?],
             // The FFN block attends to nothing: its cache only counts tokens.
             Some(_) => vec![LayerKv::without_kv(mc, batch, max_seq)?],
             None => vec![],
@@ -199,26 +198,13 @@ impl<'m> ElmSession<'m> {
 
     /// Logits `[N, V]` of final hidden states `[N, C]`.
     pub(crate) fn logits(&self, h: ArrayView2<f32>) -> Array2<f32> {
-        if let Some(q) = &self.model.quant {
-            let d = &q.dense;
-            let mut hn = Array2::zeros(h.raw_dim());
-            rms_norm_into(h, &d.final_norm, d.config.rms_norm_eps, hn.view_mut());
-            let mut logits = Array2::zeros((h.nrows(), d.config.vocab_size));
-            let mut qx = QActs::default();
-            linear_any_into(
-                hn.view(),
-                d.lm_head().as_ref(),
-                None,
-                logits.view_mut(),
-                &mut qx,
-            );
-            return logits;
-        }
-        let w = &self.model.weights;
+        let model = self.model;
+        let mc = model.config();
         let mut hn = Array2::zeros(h.raw_dim());
-        rms_norm_into(h, &w.final_norm, w.config.rms_norm_eps, hn.view_mut());
-        let mut logits = Array2::zeros((h.nrows(), w.config.vocab_size));
-        linear_into(hn.view(), w.lm_head(), None, logits.view_mut());
+        rms_norm_into(h, model.final_norm(), mc.rms_norm_eps, hn.view_mut());
+        let mut logits = Array2::zeros((h.nrows(), mc.vocab_size));
+        let mut qx = QActs::default();
+        linear_any_into(hn.view(), model.lm_head(), None, logits.view_mut(), &mut qx);
         logits
     }
 
@@ -266,22 +252,14 @@ impl<'m> ElmSession<'m> {
             )));
         }
         let model = self.model;
-        let mc = model.config();
         let seqs: Vec<usize> = (0..tokens.len()).collect();
         // [B, T, C]
-        let (mut x, _) = match &model.quant {
-            Some(q) => crate::model::embed_tokens(&q.dense, tokens)?,
-            None => crate::model::embed_tokens(&model.weights, tokens)?,
-        };
-        let (front, back) = match &model.elm {
-            None => (mc.num_layers, 0),
-            Some((ec, _)) => (ec.start_layer, mc.num_layers - ec.end_layer()),
-        };
-        let kept = model.kept_layers();
-        for (slot, &layer) in kept.iter().enumerate().take(front) {
-            self.dense_layer(slot, layer, &mut x, &seqs)?;
+        let (mut x, _) = model.embed(tokens)?;
+        let (front, back) = model.front_back();
+        for slot in 0..front {
+            self.dense_layer(slot, &mut x, &seqs)?;
         }
-        if model.elm.is_some() {
+        if model.elm_config().is_some() {
             let mut groups: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
             for (b, &len) in lens.iter().enumerate() {
                 groups.entry(len).or_default().push(b);
@@ -296,8 +274,8 @@ impl<'m> ElmSession<'m> {
                 }
             }
         }
-        for (slot, &layer) in kept.iter().enumerate().skip(front).take(back) {
-            self.dense_layer(slot, layer, &mut x, &seqs)?;
+        for slot in front..front + back {
+            self.dense_layer(slot, &mut x, &seqs)?;
         }
         Ok(x)
     }
@@ -315,37 +293,28 @@ impl<'m> ElmSession<'m> {
         prefill: bool,
     ) -> Result<Array3<f32>> {
         let model = self.model;
-        let mc = model.config();
-        let (mut x, _) = match &model.quant {
-            Some(q) => crate::model::embed_tokens(&q.dense, tokens)?,
-            None => crate::model::embed_tokens(&model.weights, tokens)?,
-        };
-        let (front, back) = match &self.model.elm {
-            None => (mc.num_layers, 0),
-            Some((ec, _)) => (ec.start_layer, mc.num_layers - ec.end_layer()),
-        };
-        // Kept layers: slots 0..front are layers 0..front, slots front.. the last `back`.
+        let (mut x, _) = model.embed(tokens)?;
+        let (front, back) = model.front_back();
         for slot in 0..front {
-            self.dense_layer(slot, slot, &mut x, seqs)?;
+            self.dense_layer(slot, &mut x, seqs)?;
         }
-        if self.model.elm.is_some() {
+        if model.elm_config().is_some() {
             self.solve_fixed_point(&mut x, seqs, prefill)?;
         }
         for slot in front..front + back {
-            self.dense_layer(slot, mc.num_layers - back + (slot - front), &mut x, seqs)?;
+            self.dense_layer(slot, &mut x, seqs)?;
         }
         Ok(x)
     }
 
-    /// Runs kept dense layer `layer` (cache `slot`) in place on `x [R, T, C]` of `seqs`.
+    /// Runs kept dense layer `slot` (its cache too) in place on `x [R, T, C]` of `seqs`.
     pub(crate) fn dense_layer(
         &mut self,
         slot: usize,
-        layer: usize,
         x: &mut Array3<f32>,
         seqs: &[usize],
     ) -> Result<()> {
-        let w = &self.model.weights;
+        let model = self.model;
         let lens = &mut self.fp_work.bufs.lens;
         lens.clear();
         lens.resize(seqs.len(), x.dim().1);
@@ -353,21 +322,9 @@ impl<'m> ElmSession<'m> {
         let KvCache {
             layers, scratch, ..
         } = &mut self.dense_kv;
-        if let Some(q) = &self.model.quant {
-            return block_forward_rows(
-                &q.dense.layers[slot],
-                &w.config,
-                x.view_mut(),
-                seqs,
-                lens,
-                &mut layers[slot],
-                true,
-                scratch,
-            );
-        }
         block_forward_rows(
-            &w.layers[layer],
-            &w.config,
+            model.kept_layer(slot),
+            model.config(),
             x.view_mut(),
             seqs,
             lens,
@@ -387,12 +344,12 @@ impl<'m> ElmSession<'m> {
         prefill: bool,
     ) -> Result<()> {
         let model = self.model;
-        let Some((ec, module)) = model.elm.as_ref() else {
+        let (Some(ec), Some(view)) = (model.elm_config(), model.module_view()) else {
             return Err(ElmError::InvalidArgument(
                 "solve_fixed_point on a dense model".into(),
             ));
         };
-        let mc = &model.weights.config;
+        let mc = model.config();
         let (r, t, c) = x.dim();
         let adaptive = !prefill || self.cfg.adaptive_prefill;
         let stop = self.cfg.stop_for(t, adaptive);
@@ -408,11 +365,6 @@ impl<'m> ElmSession<'m> {
             all,
             bufs,
         } = &mut self.fp_work;
-        let view: ModuleView<'_, dyn BlockWeights> =
-            match model.quant.as_ref().and_then(|q| q.module.as_ref()) {
-                Some(q) => q.view(),
-                None => module.view(),
-            };
         {
             let h2 = x
                 .view()

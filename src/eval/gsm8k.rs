@@ -5,8 +5,9 @@
 
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
+pub use crate::data::chat_prompt;
 use crate::data::{tokenize_example, Example, QaExample};
 use crate::equilibrium::infer::{
     generate_greedy_until, ElmModel, ElmSession, FpStat, InferenceConfig,
@@ -23,7 +24,7 @@ use super::stats::ItemScore;
 pub const ANSWER_SUFFIX: &str = "<|im_end|>\n";
 
 /// One evaluated problem.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Sample {
     /// Index of the problem in its split.
     pub id: String,
@@ -56,11 +57,6 @@ pub struct Gsm8kResult {
     pub solver: SolverSummary,
     pub kv_bytes_per_sequence: usize,
     pub samples: Vec<Sample>,
-}
-
-/// Chat prompt of a question (user turn + generation prompt).
-pub fn chat_prompt(tok: &Tokenizer, question: &str) -> String {
-    tok.apply_chat_template(&[("user", question)], true)
 }
 
 /// What [`greedy_batch`] produced.

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use ndarray::{linalg::general_mat_mul, Array2};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::config::ModelConfig;
 use super::generate::argmax;
@@ -138,7 +138,7 @@ pub fn prefill_flops<W: DecoderWeights + ?Sized>(w: &W, t: usize) -> f64 {
 }
 
 /// Everything `elm bench` reports.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BenchReport {
     /// Best of `decode_steps` reads, each taken just before a batch-1 decode step
     /// (interleaved, so both see the same interference from other processes).
@@ -349,7 +349,7 @@ pub fn kv_bytes_per_token(cfg: &crate::model::ModelConfig, layers: usize) -> usi
 }
 
 /// One configuration (model × weight storage) of a comparative `elm bench`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BenchRun {
     /// `dense` or `elm`.
     pub model: String,
@@ -364,4 +364,42 @@ pub struct BenchRun {
     pub kv_bytes_per_token: usize,
     #[serde(flatten)]
     pub report: BenchReport,
+}
+
+/// `storage`, with the block formats the model actually holds (e.g. `auto` on a Q4_1 file whose
+/// embedding is Q8_0 gives `auto (q4_1+q8_0)`).
+pub fn storage_label<W: DecoderWeights>(
+    storage: &super::quant::WeightStorage,
+    weights: &W,
+) -> String {
+    use super::quant::LinearRef;
+    let mut names: Vec<&str> = Vec::new();
+    let mut add = |l: LinearRef<'_>| {
+        let n = match l {
+            LinearRef::F32(_) => "f32",
+            LinearRef::Quant(q) => q.format().name(),
+        };
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    };
+    for l in weights.layers() {
+        for w in l.block_ref().linears() {
+            add(w);
+        }
+    }
+    add(weights.lm_head_ref());
+    format!("{storage} ({})", names.join("+"))
+}
+
+/// CPU model and core count from /proc/cpuinfo (what a bench figure was measured on).
+pub fn machine_description() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = info
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map_or("unknown CPU".to_string(), |s| s.trim().to_string());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{cpu}, {cores} cores available")
 }

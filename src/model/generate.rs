@@ -330,3 +330,40 @@ pub fn generate<D: Decoder + ?Sized>(
     out.decode_secs = start.elapsed().as_secs_f64();
     Ok(out)
 }
+
+/// Refuses, before anything is allocated, a generation past the model's context or whose
+/// prompts and KV caches for `--batch` sequences cannot fit in memory.
+pub fn check_generation_size(
+    mc: &crate::model::ModelConfig,
+    prompt: usize,
+    max_new: usize,
+    batch: usize,
+) -> Result<()> {
+    if prompt > mc.max_position_embeddings {
+        return Err(ElmError::config(
+            "--prompt",
+            format!(
+                "{prompt} tokens exceed the model's context length of {} tokens \
+                 (max_position_embeddings)",
+                mc.max_position_embeddings
+            ),
+        ));
+    }
+    let total = crate::limits::checked_add("--max-new-tokens", prompt, max_new)?;
+    if total > mc.max_position_embeddings {
+        return Err(ElmError::config(
+            "--max-new-tokens",
+            format!(
+                "prompt of {prompt} tokens + {max_new} new tokens exceeds the model's context \
+                 length of {} tokens (max_position_embeddings)",
+                mc.max_position_embeddings
+            ),
+        ));
+    }
+    let kv = crate::limits::bytes_of(
+        2 * 4,
+        &[mc.num_layers, batch, mc.num_kv_heads, total, mc.head_dim],
+    );
+    let prompts = crate::limits::bytes_of(4, &[batch, total]);
+    crate::limits::check_alloc("--batch", kv.saturating_add(prompts))
+}

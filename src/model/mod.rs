@@ -18,6 +18,7 @@
 //! attention for ≤ 4 new tokens per sequence is plain loops; steady-state decode
 //! allocates nothing (scratch lives in the [`KvCache`]).
 
+pub mod any_transformer;
 pub mod bench;
 pub mod block;
 pub mod config;
@@ -32,6 +33,7 @@ pub mod team;
 pub mod transformer;
 pub mod weights;
 
+pub use any_transformer::AnyTransformer;
 pub use block::{block_forward_cached, block_forward_inplace, block_forward_rows};
 pub use config::{Arch, ModelConfig};
 pub use kv_cache::{KvCache, LayerKv, Scratch};

@@ -507,3 +507,12 @@ impl<T: SolverFloat> FixedPointSolver<T> for Shared<T> {
         self.0.solve_in(ws, map, z0, stop)
     }
 }
+
+/// A built-in solver by name with its default config ([`SolverConfig::by_name`]), so command
+/// lines parse `--solver` with the crate's own rule.
+impl std::str::FromStr for SolverConfig {
+    type Err = SolverError;
+    fn from_str(name: &str) -> Result<Self> {
+        SolverConfig::by_name(name)
+    }
+}

@@ -1,0 +1,160 @@
+//! `elm lora` (stage 1): LoRA SFT of the dense model, merged with α/r into a tuned dense model
+//! directory that every compressed model is cut from.
+
+use std::path::{Path, PathBuf};
+
+use elm::data::{test_problems, training_sequences, TokenSequence};
+use elm::error::{ElmError, Result};
+use elm::io::tokenizer::Tokenizer;
+use elm::io::{save_hf_model, write_json_atomic};
+use elm::lora::sft::LORA_STATE_FILE;
+use elm::lora::{answer_nll_mean, ce_ends, LoraConfig, LoraEvent, LoraReport, LoraTrainer};
+use elm::model::load_pretrained;
+
+use super::output::{bar, print_json};
+
+/// Training sequences (see [`elm::data::training_sequences`]), saying how many were dropped.
+pub(crate) fn train_data(
+    tok: &Tokenizer,
+    data: Option<&Path>,
+    data_dir: Option<&Path>,
+    seq_len: usize,
+) -> Result<Vec<TokenSequence>> {
+    let (seqs, dropped) = training_sequences(tok, data, data_dir, seq_len)?;
+    if dropped > 0 {
+        eprintln!(
+            "note: {dropped} of {} training sequences have no answer token within {seq_len} tokens; dropped",
+            seqs.len() + dropped
+        );
+    }
+    Ok(seqs)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LoraArgs {
+    /// Dense model: a .gguf file or an HF directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// LoraConfig JSON (unknown keys rejected).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub steps: Option<usize>,
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// Run directory (resumable checkpoint, lora_report.json); the merged model goes to
+    /// OUT/model (an HF directory `elm` and `elm eval` read).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long)]
+    pub resume: bool,
+    /// Replace an existing non-empty --out (a fresh run).
+    #[arg(long)]
+    pub force: bool,
+    /// Training data (.jsonl); default GSM8K train.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Held-out GSM8K test problems for the answer NLL before/after (0 = skip).
+    #[arg(long, default_value_t = 32)]
+    pub eval_examples: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `elm lora`: LoRA SFT, merge with α/r, save the tuned dense model, answer NLL before/after.
+pub fn run_lora(a: LoraArgs) -> Result<()> {
+    let (dense, tok) = load_pretrained(&a.model)?;
+    let mut trainer = if a.resume {
+        if a.config.is_some() || a.steps.is_some() || a.seq_len.is_some() {
+            return Err(ElmError::config(
+                "resume",
+                "--resume continues the saved run as configured: drop --config/--steps/--seq-len",
+            ));
+        }
+        if !a.out.join(LORA_STATE_FILE).exists() {
+            return Err(ElmError::config(
+                "resume",
+                format!("no {LORA_STATE_FILE} in {}", a.out.display()),
+            ));
+        }
+        LoraTrainer::resume(&dense, &a.out)?
+    } else {
+        elm::limits::check_output_dir("out", &a.out, a.force)?;
+        let mut cfg = match &a.config {
+            Some(p) => LoraConfig::from_file(p)?,
+            None => LoraConfig::default(),
+        };
+        if let Some(s) = a.steps {
+            cfg.steps = s;
+        }
+        if let Some(s) = a.seq_len {
+            cfg.seq_len = s;
+        }
+        LoraTrainer::new(&dense, cfg, a.model.display().to_string())?
+    };
+    let data = train_data(
+        &tok,
+        a.data.as_deref(),
+        a.data_dir.as_deref(),
+        trainer.cfg.seq_len,
+    )?;
+    let pad = tok.eos_id().unwrap_or(0);
+    let test = test_problems(a.data_dir.as_deref(), a.eval_examples)?;
+    let before = if test.is_empty() {
+        None
+    } else {
+        Some(answer_nll_mean(&dense, &tok, &test, 4)?)
+    };
+    let b = bar(trainer.cfg.steps, trainer.step);
+    let seconds = trainer.run(&data, pad, &a.out, |ev| {
+        if let LoraEvent::Step(l) = ev {
+            b.set_message(format!(
+                "ce {:.4} lr {:.2e} |g| {:.3}",
+                l.ce, l.lr, l.grad_norm
+            ));
+            b.inc(1);
+        }
+    })?;
+    b.finish_and_clear();
+    let merged = trainer.merged()?;
+    let model_dir = a.out.join("model");
+    save_hf_model(&merged, &model_dir)?;
+    tok.save_dir(&model_dir)?;
+    let after = if test.is_empty() {
+        None
+    } else {
+        Some(answer_nll_mean(&merged, &tok, &test, 4)?)
+    };
+    let (first, last) = ce_ends(&trainer.history, 10);
+    let report = LoraReport {
+        steps: trainer.step,
+        seconds,
+        seconds_all_runs: trainer.history.iter().map(|s| s.seconds).sum(),
+        train_sequences: data.len(),
+        train_ce_first: first,
+        train_ce_last: last,
+        held_out_examples: test.len(),
+        answer_nll_before: before,
+        answer_nll_after: after,
+        out: model_dir.display().to_string(),
+    };
+    write_json_atomic(&a.out.join("lora_report.json"), &report)?;
+    if a.json {
+        print_json(&report)?;
+    } else {
+        println!(
+            "LoRA SFT {} steps ({seconds:.0}s): train CE {first:.4} -> {last:.4}; merged model -> {}",
+            report.steps,
+            model_dir.display()
+        );
+        if let (Some(b), Some(f)) = (before, after) {
+            println!(
+                "held-out answer NLL ({} GSM8K test problems): {b:.4} -> {f:.4} nats/token",
+                test.len()
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! What every subcommand shares for its output: the one JSON printer, progress bars, the plot
+//! writer, and the BLAS thread default.
+
+use std::path::Path;
+
+use elm::error::{ElmError, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use plotters::coord::Shift;
+use plotters::prelude::{BitMapBackend, DrawingArea, IntoDrawingArea, SVGBackend};
+
+/// Prints `value` as one JSON line (what `--json` promises scripts).
+pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<()> {
+    let line = serde_json::to_string(value).map_err(|e| ElmError::Json {
+        what: "output".into(),
+        msg: e.to_string(),
+    })?;
+    println!("{line}");
+    Ok(())
+}
+
+/// `value` as a JSON value, for reports that a command extends before printing.
+pub fn to_json<T: serde::Serialize>(value: &T) -> Result<serde_json::Value> {
+    serde_json::to_value(value).map_err(|e| ElmError::Json {
+        what: "output".into(),
+        msg: e.to_string(),
+    })
+}
+
+/// A spinner for work of unknown length.
+pub fn spinner(msg: &str) -> ProgressBar {
+    let pb = ProgressBar::new_spinner();
+    pb.set_message(msg.to_string());
+    pb.enable_steady_tick(std::time::Duration::from_millis(120));
+    pb
+}
+
+/// A bar with ETA over `len` steps, starting at `pos` (a resumed run).
+pub fn bar(len: usize, pos: usize) -> ProgressBar {
+    let b = ProgressBar::new(len as u64);
+    b.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    b.set_position(pos as u64);
+    b
+}
+
+/// Single-threaded OpenBLAS unless the environment chose: decode's batch-1 matvecs run on the
+/// spin team, and batched work runs one batch per core, which beats a 2-thread BLAS on the
+/// many small attention GEMMs (see `elm bench`).
+pub fn default_blas_threads() {
+    if std::env::var_os("OPENBLAS_NUM_THREADS").is_none() {
+        elm::model::ops::set_blas_threads(1);
+    }
+}
+
+fn plot_err(path: &Path, e: impl std::fmt::Display) -> ElmError {
+    ElmError::format(path, format!("drawing plot: {e}"))
+}
+
+/// What a drawing function returns (plotters' errors differ by backend).
+pub type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
+/// A drawing onto a PNG bitmap, for plots that offer one.
+pub type DrawPng<'a> = &'a dyn Fn(DrawingArea<BitMapBackend<'_>, Shift>) -> DrawResult;
+
+/// Draws a `size` plot to a temporary file next to `path`, then renames it into place, so a
+/// failed or killed draw never leaves half a plot. PNG when `path` ends in `.png`, else SVG.
+pub fn write_plot(
+    path: &Path,
+    size: (u32, u32),
+    draw_svg: impl FnOnce(DrawingArea<SVGBackend<'_>, Shift>) -> DrawResult,
+    draw_png: Option<DrawPng<'_>>,
+) -> Result<()> {
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp.{}",
+        path.file_stem().and_then(|s| s.to_str()).unwrap_or("plot"),
+        path.extension().and_then(|s| s.to_str()).unwrap_or("svg")
+    ));
+    let is_png = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    let result = match draw_png {
+        Some(draw) if is_png => draw(BitMapBackend::new(&tmp, size).into_drawing_area()),
+        _ => draw_svg(SVGBackend::new(&tmp, size).into_drawing_area()),
+    };
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(plot_err(path, e));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| ElmError::io(path, e))
+}

@@ -1,0 +1,187 @@
+//! The comparative bench behind `elm bench --weights a,b,.. [--elm CKPT]`: each configuration
+//! (dense or ELM × weight storage) as a typed run — speed, resident bytes, peak RSS, KV bytes.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::model::bench::{
+    check_bench_len, generation_peak_rss, kv_bytes_per_token, peak_rss_bytes, reset_peak_rss,
+    run_bench, BenchRun,
+};
+use crate::model::generate::argmax;
+use crate::model::{DecoderWeights, Transformer, WeightStorage};
+
+use super::accounting::{dense_params, param_report};
+use super::inference_config::InferenceConfig;
+use super::model::ElmModel;
+use super::session::ElmSession;
+
+/// One ELM configuration of a comparative bench (the dense ones are [`BenchRun`]s).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ElmBenchRun {
+    /// Always `elm` (the dense runs say `dense`), so one list holds both.
+    pub model: String,
+    /// `f32` or the storage the matrices were loaded as.
+    pub weights: String,
+    pub resident_weight_bytes: usize,
+    /// Parameters of the ELM (kept layers, module, embedding).
+    pub params: usize,
+    /// Peak RSS of a 64-token prefill and 32 decode steps.
+    pub peak_rss_bytes: Option<usize>,
+    /// Kept dense layers plus the one fixed-point cache (one-step KV).
+    pub kv_bytes_per_token: usize,
+    pub prefill_tokens: usize,
+    /// Best of three prefills of one `prefill_tokens` prompt.
+    pub prefill_tok_s: f64,
+    pub decode_steps: usize,
+    /// Best-step and mean decode tok/s at batch 1 and 8 (prefill excluded).
+    pub decode_b1_tok_s: f64,
+    pub decode_b1_mean_tok_s: f64,
+    pub decode_b8_tok_s: f64,
+    pub decode_b8_mean_tok_s: f64,
+    /// Block evaluations per decoded token: kept dense layers + fixed-point evaluations
+    /// (the committing one included).
+    pub block_evals_per_token_b1: f64,
+    pub block_evals_per_token_b8: f64,
+    pub solver: String,
+    pub abs_tol: f64,
+    pub max_iter: usize,
+}
+
+/// One configuration of a comparative bench.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum BenchEntry {
+    Elm(ElmBenchRun),
+    Dense(BenchRun),
+}
+
+/// What `elm bench` prints for several configurations.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BenchSuite {
+    /// CPU and cores the figures were measured on.
+    pub machine: String,
+    /// Threads of the decode team.
+    pub threads: usize,
+    pub runs: Vec<BenchEntry>,
+}
+
+/// One dense configuration: peak RSS of a short generation, then
+/// [`run_bench`]; `progress` hears each stage's name.
+pub fn bench_dense<W: DecoderWeights>(
+    model: &Transformer<W>,
+    weights_label: &str,
+    prompt_len: usize,
+    decode_steps: usize,
+    mut progress: impl FnMut(&str),
+) -> Result<BenchRun> {
+    progress("peak RSS");
+    let peak_rss_bytes = generation_peak_rss(model, 64, 32)?;
+    let report = run_bench(model, prompt_len, decode_steps, progress)?;
+    Ok(BenchRun {
+        model: "dense".to_string(),
+        weights: weights_label.to_string(),
+        resident_weight_bytes: model.weights.weight_bytes(),
+        params: dense_params(model.config()),
+        peak_rss_bytes,
+        kv_bytes_per_token: kv_bytes_per_token(model.config(), model.weights.layers().len()),
+        report,
+    })
+}
+
+/// ELM decode/prefill speed and memory on an [`ElmSession`] with `cfg`: best-step and mean
+/// decode tok/s at batch 1 and 8, prefill tok/s of one `prompt_len` prompt, block evaluations
+/// per token. `storage` is what the model was loaded as (its label in the report).
+pub fn bench_elm(
+    model: &ElmModel,
+    cfg: &InferenceConfig,
+    storage: WeightStorage,
+    prompt_len: usize,
+    decode_steps: usize,
+    mut progress: impl FnMut(&str),
+) -> Result<ElmBenchRun> {
+    check_bench_len(model.config(), prompt_len, decode_steps)?;
+    let vocab = model.config().vocab_size;
+    // Deterministic, vocabulary-spread tokens: no tokenizer needed, the same on every run.
+    let toks = |n: usize, salt: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| ((i * 7919 + salt * 104_729 + 13) % vocab) as u32)
+            .collect()
+    };
+    let next_token = |row: ndarray::ArrayView1<f32>| argmax(row) as u32;
+    // Decode: (best tok/s, mean tok/s, block evaluations per token).
+    let decode = |batch: usize| -> Result<(f64, f64, f64)> {
+        let mut s = ElmSession::new(model, cfg.clone(), batch, 16 + decode_steps + 1)?;
+        let prompts: Vec<Vec<u32>> = (0..batch).map(|b| toks(16, b + 1)).collect();
+        let mut logits = s.prefill(&prompts)?;
+        s.decode_stats.clear();
+        let mut times = Vec::with_capacity(decode_steps);
+        for _ in 0..decode_steps {
+            let next: Vec<u32> = (0..batch).map(|b| next_token(logits.row(b))).collect();
+            let t = Instant::now();
+            logits = s.decode_step(&next)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        let fp: f64 = s
+            .decode_stats
+            .iter()
+            .map(|st| st.iterations as f64)
+            .sum::<f64>()
+            / s.decode_stats.len().max(1) as f64;
+        let evals = model.kept_layers().len() as f64 + fp;
+        let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let total: f64 = times.iter().sum();
+        Ok((
+            batch as f64 / best,
+            (batch * decode_steps) as f64 / total,
+            evals,
+        ))
+    };
+    progress("peak RSS");
+    let reset = reset_peak_rss();
+    {
+        let mut s = ElmSession::new(model, cfg.clone(), 1, 64 + 33)?;
+        let mut logits = s.prefill(&[toks(64, 3)])?;
+        for _ in 0..32 {
+            logits = s.decode_step(&[next_token(logits.row(0))])?;
+        }
+    }
+    let peak_rss_bytes = if reset { peak_rss_bytes() } else { None };
+    progress("prefill");
+    let mut prefill_best = f64::INFINITY;
+    for _ in 0..3 {
+        let mut s = ElmSession::new(model, cfg.clone(), 1, prompt_len)?;
+        let t = Instant::now();
+        std::hint::black_box(s.prefill(&[toks(prompt_len, 0)])?);
+        prefill_best = prefill_best.min(t.elapsed().as_secs_f64());
+    }
+    progress("decode");
+    let (b1, b1_mean, evals) = decode(1)?;
+    let (b8, b8_mean, evals8) = decode(8)?;
+    let kept = model.kept_layers().len() + 1; // one-step: one fixed-point cache
+    Ok(ElmBenchRun {
+        model: "elm".to_string(),
+        weights: storage.to_string(),
+        resident_weight_bytes: model.weight_bytes(),
+        params: model.elm_config().map_or_else(
+            || dense_params(model.config()),
+            |ec| param_report(model.config(), ec).elm_total,
+        ),
+        peak_rss_bytes,
+        kv_bytes_per_token: kv_bytes_per_token(model.config(), kept),
+        prefill_tokens: prompt_len,
+        prefill_tok_s: prompt_len as f64 / prefill_best,
+        decode_steps,
+        decode_b1_tok_s: b1,
+        decode_b1_mean_tok_s: b1_mean,
+        decode_b8_tok_s: b8,
+        decode_b8_mean_tok_s: b8_mean,
+        block_evals_per_token_b1: evals,
+        block_evals_per_token_b8: evals8,
+        solver: cfg.solver.name().to_string(),
+        abs_tol: cfg.stop.abs_tol,
+        max_iter: cfg.stop.max_iter,
+    })
+}
