@@ -1,6 +1,6 @@
 //! Runs the `elm` binary. Every step is one `elm ... --json` call; its JSON object is kept
-//! verbatim for `summary.json` and decoded into the typed struct its table reads, so a renamed
-//! or missing key stops the run with an error naming the command and the key.
+//! verbatim for `summary.json` and decoded into the library's report type its table reads, so
+//! a renamed or missing key stops the run with an error naming the command and the key.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

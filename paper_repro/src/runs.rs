@@ -1,12 +1,19 @@
 //! The study's steps as cached stages (see [`crate::stage`]), each one `elm ... --json` call
-//! (or two) whose output is decoded into the typed struct its tables read. A stage's config
+//! (or two) whose output is decoded into the library's report type (`TaskRun`, `TrainOutcome`,
+//! `PruneReport`, ...), with the keys the command adds beside it, so that a field the library
+//! renames breaks this crate's build or its unit tests, not a study run. A stage's config
 //! holds everything its result depends on: the model's identity (path, size, modification
 //! time), the data directory, the settings, and the keys of the stages it reads.
 
 use std::path::{Path, PathBuf};
 
+use elm::compress::PruneReport;
+use elm::equilibrium::accounting::{KvReport, ParamReport};
+use elm::equilibrium::train::TrainOutcome;
 use elm::equilibrium::TrainConfig;
-use elm::eval::stats::{Estimate, ItemScore};
+use elm::eval::task::MetricReport;
+use elm::eval::TaskRun;
+use elm::lora::LoraReport;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -143,62 +150,45 @@ impl Variant {
     }
 }
 
-/// `elm::equilibrium::accounting::ParamReport`, the fields the tables read.
+/// `elm compress --json`: the library's accounting of the initial module (the command adds
+/// its output path and init settings, which the stage key already holds).
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Params {
-    pub num_layers: usize,
-    pub dense_total: usize,
-    pub elm_total: usize,
-    pub reduction_total: f64,
-    pub dense_non_embedding: usize,
-    pub elm_non_embedding: usize,
-    pub reduction_non_embedding: f64,
+pub struct Compressed {
+    pub params: ParamReport,
+    /// KV bytes at the command's default context (the measured bytes come from [`kv_measure`]).
+    pub kv: KvReport,
 }
 
-/// `elm::equilibrium::accounting::KvReport`, the fields the tables read (a formula; the measured
-/// bytes come from [`kv_measure`]).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct KvFormula {
-    pub context: usize,
-    pub dense: usize,
-    pub one_step: usize,
-    pub one_step_ratio: f64,
-}
-
+/// The teacher-state cache's counts that `elm train --json` adds (`--teacher-cache`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TeacherCacheStats {
     pub hits: usize,
     pub misses: usize,
 }
 
-/// `elm train --json` plus the compress accounting and the token count of the run.
+/// `elm train --json`: the library's [`TrainOutcome`] and what the command measures around it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Trained {
-    pub checkpoint: PathBuf,
-    /// Replaced layers M.
-    pub m: usize,
-    pub params: Params,
-    pub kv: KvFormula,
-    /// Wall seconds of this process's steps (evaluation excluded).
-    pub seconds: f64,
-    /// Wall seconds of every step across resumed runs (0 in records written before `elm
-    /// train` reported it): see [`Trained::compute_seconds`].
-    #[serde(default)]
-    pub seconds_all_runs: f64,
-    pub steps: usize,
-    pub steps_this_run: usize,
-    /// Training tokens (valid, non-padding) of the whole run.
-    pub tokens: usize,
-    pub distill_before: f64,
-    pub distill_after: f64,
+pub struct TrainReport {
+    #[serde(flatten)]
+    pub outcome: TrainOutcome,
     /// RSS high-water mark of the training process (measured by the process itself).
     pub peak_rss_bytes: u64,
+    /// Always present: every training of the study shares one teacher cache.
     pub teacher_cache: TeacherCacheStats,
 }
 
-/// A training's own compute: the steps of every run it took (a killed and resumed stage
-/// counts its earlier runs' steps too), or this process's seconds for a record from before
-/// the steps' times were kept.
+/// A training stage's record: the trained checkpoint, `elm compress --json` of its initial
+/// module and `elm train --json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Trained {
+    pub checkpoint: PathBuf,
+    pub compress: Compressed,
+    pub train: TrainReport,
+}
+
+/// A run's own compute: the steps of every run it took (a killed and resumed stage counts its
+/// earlier runs' steps too), or this process's seconds when no step's time was kept (states
+/// written before the steps' times were).
 fn compute_seconds(this_run: f64, all_runs: f64) -> f64 {
     if all_runs > 0.0 {
         all_runs
@@ -207,46 +197,56 @@ fn compute_seconds(this_run: f64, all_runs: f64) -> f64 {
     }
 }
 
-impl Trained {
-    /// The training's own compute (see [`compute_seconds`]).
-    pub fn compute_seconds(&self) -> f64 {
+/// The compute of a training or a LoRA run (see [`compute_seconds`]).
+pub trait OwnCompute {
+    fn compute_seconds(&self) -> f64;
+}
+
+impl OwnCompute for Trained {
+    fn compute_seconds(&self) -> f64 {
+        let o = &self.train.outcome;
+        compute_seconds(o.seconds, o.seconds_all_runs)
+    }
+}
+
+impl OwnCompute for LoraReport {
+    fn compute_seconds(&self) -> f64 {
         compute_seconds(self.seconds, self.seconds_all_runs)
     }
+}
+
+/// The held-out distillation MSE after training (`elm train` reports it when given held-out
+/// problems, which every scale does).
+fn distill_after(o: &TrainOutcome, what: &str) -> Result<f64, ReproError> {
+    o.distill_after.ok_or_else(|| ReproError::Schema {
+        command: what.to_string(),
+        source: serde::de::Error::custom("`distill_after` is null (no held-out problems)"),
+    })
+}
+
+impl Trained {
+    /// Replaced layers M.
+    pub fn m(&self) -> usize {
+        self.compress.params.num_replaced
+    }
     pub fn seconds_per_step(&self) -> f64 {
-        self.seconds / self.steps_this_run.max(1) as f64
+        let o = &self.train.outcome;
+        o.seconds / o.steps_this_run.max(1) as f64
     }
     /// Training tokens per second of this process's steps.
     pub fn tokens_per_s(&self) -> f64 {
-        let per_step = self.tokens as f64 / self.steps.max(1) as f64;
-        per_step * self.steps_this_run as f64 / self.seconds.max(1e-9)
+        let o = &self.train.outcome;
+        let per_step = o.tokens as f64 / o.steps.max(1) as f64;
+        per_step * o.steps_this_run as f64 / o.seconds.max(1e-9)
     }
-}
-
-#[derive(Deserialize)]
-struct CompressOut {
-    params: Params,
-    kv: KvFormula,
-}
-
-#[derive(Deserialize)]
-struct TrainOut {
-    seconds: f64,
-    seconds_all_runs: f64,
-    steps: usize,
-    steps_this_run: usize,
-    distill_before: f64,
-    distill_after: f64,
-    peak_rss_bytes: u64,
-    teacher_cache: TeacherCacheStats,
-}
-
-#[derive(Deserialize)]
-struct StateTokens {
-    history: Vec<StepTokens>,
-}
-#[derive(Deserialize)]
-struct StepTokens {
-    tokens: usize,
+    /// K/V bytes of one 1,024-token sequence with the one-step cache (the compress accounting).
+    pub fn kv_bytes_1k(&self) -> usize {
+        let kv = &self.compress.kv;
+        kv.one_step * 1024 / kv.context.max(1)
+    }
+    pub fn distill_after(&self) -> Result<f64, ReproError> {
+        distill_after(&self.train.outcome, &self.checkpoint.display().to_string())
+    }
 }
 
 /// Trains `variant` with `budget` (and gradient rule `deq`, default SJFB) from its initial
@@ -291,7 +291,7 @@ pub fn train(
             &path_arg(&model),
             "--start",
             &variant.start.to_string(),
-            "--m",
+            "--num-replaced",
             &variant.m.to_string(),
             "--out",
             &path_arg(&init),
@@ -311,7 +311,7 @@ pub fn train(
         if let Some(block) = &variant.block {
             c.extend(args(&["--block", block]));
         }
-        let comp = elm.run::<CompressOut>(&c)?.typed;
+        let compress = elm.run::<Compressed>(&c)?.typed;
         let trained = dir.join("trained");
         let mut t = if trained.join(elm::equilibrium::train::STATE_FILE).exists() {
             eprintln!("  resuming the training in {}", trained.display());
@@ -348,32 +348,14 @@ pub fn train(
             let subset = train_subset(&data_dir, n, dir)?;
             t.extend(args(&["--data", &path_arg(&subset)]));
         }
-        let out = elm.run::<TrainOut>(&t)?;
-        let state_path = trained.join(elm::equilibrium::train::STATE_FILE);
-        let state: StateTokens = serde_json::from_str(
-            &std::fs::read_to_string(&state_path).map_err(|e| ReproError::io(&state_path, e))?,
-        )
-        .map_err(|source| ReproError::Schema {
-            command: state_path.display().to_string(),
-            source,
-        })?;
-        let o = out.typed;
-        let trained_result = Trained {
+        let train = elm.run::<TrainReport>(&t)?.typed;
+        // A record without the figure the tables read is not kept.
+        distill_after(&train.outcome, "elm train --json")?;
+        to_value(&Trained {
             checkpoint: trained,
-            m: variant.m,
-            params: comp.params,
-            kv: comp.kv,
-            seconds: o.seconds,
-            seconds_all_runs: o.seconds_all_runs,
-            steps: o.steps,
-            steps_this_run: o.steps_this_run,
-            tokens: state.history.iter().map(|s| s.tokens).sum(),
-            distill_before: o.distill_before,
-            distill_after: o.distill_after,
-            peak_rss_bytes: o.peak_rss_bytes,
-            teacher_cache: o.teacher_cache,
-        };
-        to_value(&trained_result)
+            compress,
+            train,
+        })
     })
 }
 
@@ -404,31 +386,13 @@ pub fn to_value<T: Serialize>(v: &T) -> Result<Value, ReproError> {
 // ---------------------------------------------------------------------------------------------
 // Evaluation
 
-/// One metric of `elm eval --json` (`elm::eval::task::MetricReport`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Metric {
-    pub estimate: Estimate,
-    pub items: Vec<ItemScore>,
+/// A named metric of an `elm eval --json` run.
+pub trait Metrics {
+    fn metric(&self, name: &str, what: &str) -> Result<&MetricReport, ReproError>;
 }
 
-/// The fixed-point statistics (`elm::eval::gsm8k::SolverSummary`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct SolverStats {
-    pub mean_iterations: f64,
-    pub max_iterations: usize,
-    pub layer_evals_per_token: f64,
-}
-
-/// The keys of `elm eval --json` (`elm::eval::task::TaskRun`) the tables read.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct EvalRun {
-    pub metrics: std::collections::BTreeMap<String, Metric>,
-    pub tok_s: f64,
-    pub solver: SolverStats,
-}
-
-impl EvalRun {
-    pub fn metric(&self, name: &str, what: &str) -> Result<&Metric, ReproError> {
+impl Metrics for TaskRun {
+    fn metric(&self, name: &str, what: &str) -> Result<&MetricReport, ReproError> {
         self.metrics.get(name).ok_or_else(|| ReproError::Schema {
             command: what.to_string(),
             source: serde::de::Error::custom(format!("missing metric `{name}`")),
@@ -493,7 +457,7 @@ fn subject_config(s: &Subject) -> Value {
 }
 
 /// `elm eval` of `subject` on `task` (`gsm8k-nll` or `gsm8k`) over the scale's problems.
-pub fn eval(ctx: &mut Ctx<'_>, subject: &Subject, task: &str) -> Result<Done<EvalRun>, ReproError> {
+pub fn eval(ctx: &mut Ctx<'_>, subject: &Subject, task: &str) -> Result<Done<TaskRun>, ReproError> {
     let l = ctx.limits;
     let (limit, units) = match task {
         "gsm8k-nll" => (l.nll_eval, l.nll_eval as f64 * 2.0),
@@ -537,7 +501,7 @@ pub fn eval(ctx: &mut Ctx<'_>, subject: &Subject, task: &str) -> Result<Done<Eva
             &path_arg(checkpoint),
             "--solver",
             solver,
-            "--tol",
+            "--abs-tol",
             &tol.to_string(),
             "--kv",
             kv,
@@ -553,30 +517,9 @@ pub fn eval(ctx: &mut Ctx<'_>, subject: &Subject, task: &str) -> Result<Done<Eva
 // ---------------------------------------------------------------------------------------------
 // LoRA-tuned dense model (the reference of every retention figure)
 
-/// `elm lora --json`, the fields the tables read.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Tuned {
-    /// The merged model (an HF directory).
-    pub out: PathBuf,
-    pub steps: usize,
-    pub seconds: f64,
-    /// As [`Trained::seconds_all_runs`].
-    #[serde(default)]
-    pub seconds_all_runs: f64,
-    pub train_ce_first: f64,
-    pub train_ce_last: f64,
-}
-
-impl Tuned {
-    /// The LoRA run's own compute (see [`compute_seconds`]).
-    pub fn compute_seconds(&self) -> f64 {
-        compute_seconds(self.seconds, self.seconds_all_runs)
-    }
-}
-
 /// `elm lora` of the dense model with the trainings' token budget (steps × batch × sequence
 /// length), so that the reference saw as much task data as each trained compressed model.
-pub fn lora(ctx: &mut Ctx<'_>, budget: &Budget) -> Result<Done<Tuned>, ReproError> {
+pub fn lora(ctx: &mut Ctx<'_>, budget: &Budget) -> Result<Done<LoraReport>, ReproError> {
     let (model, identity) = (ctx.model.clone(), json!(ctx.model_id));
     lora_stage(
         ctx,
@@ -597,7 +540,7 @@ pub fn heal(
     ctx: &mut Ctx<'_>,
     pruned: &Done<Pruned>,
     budget: &Budget,
-) -> Result<Done<Tuned>, ReproError> {
+) -> Result<Done<LoraReport>, ReproError> {
     let spec = elm::lora::LoraSpec {
         rank: HEAL_RANK,
         ..elm::lora::LoraSpec::default()
@@ -618,7 +561,7 @@ fn lora_stage(
     identity: Value,
     spec: elm::lora::LoraSpec,
     budget: &Budget,
-) -> Result<Done<Tuned>, ReproError> {
+) -> Result<Done<LoraReport>, ReproError> {
     let cfg = elm::lora::LoraConfig {
         steps: budget.steps,
         batch_size: budget.batch_size,
@@ -682,12 +625,12 @@ fn lora_stage(
 /// Returns the report and the directory holding its plot.
 pub fn where_to_prune(
     ctx: &mut Ctx<'_>,
-    tuned: &Done<Tuned>,
+    tuned: &Done<LoraReport>,
     m: usize,
 ) -> Result<(Done<elm::search::report::WhereToPrune>, PathBuf), ReproError> {
     let b = ctx.limits.search;
     let (elm, data_dir) = (ctx.elm, ctx.data_dir.clone());
-    let model = tuned.value.out.clone();
+    let model = PathBuf::from(&tuned.value.out);
     let base = json!({
         "tuned": tuned.key,
         "data": ctx.data_dir,
@@ -710,7 +653,7 @@ pub fn where_to_prune(
             &path_arg(&model),
             "--method",
             method,
-            "--m",
+            "--num-replaced",
             &m.to_string(),
             "--out",
             &path_arg(out),
@@ -804,21 +747,15 @@ pub fn where_to_prune(
 // ---------------------------------------------------------------------------------------------
 // Training-free baselines
 
-/// `elm::compress::PruneReport`, the fields the tables read.
+/// `elm prune --json`: the library's report and the pruned model's directory.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Pruned {
     pub out: PathBuf,
-    pub removed_layers: Vec<usize>,
-    pub params: usize,
-    pub non_embedding_params: usize,
-    pub dense_params: usize,
-    pub kv_bytes_1k: usize,
-    pub dense_kv_bytes_1k: usize,
-    /// Wall seconds of the selection (calibration forwards) and the surgery.
-    pub seconds: f64,
+    #[serde(flatten)]
+    pub report: PruneReport,
 }
 
-/// `elm prune --method METHOD --m M` into the stage's directory.
+/// `elm prune --method METHOD --num-replaced M` into the stage's directory.
 pub fn prune(ctx: &mut Ctx<'_>, method: &str, m: usize) -> Result<Done<Pruned>, ReproError> {
     let tokens = ctx.limits.calibration_tokens;
     let config = json!({
@@ -839,7 +776,7 @@ pub fn prune(ctx: &mut Ctx<'_>, method: &str, m: usize) -> Result<Done<Pruned>, 
                     &path_arg(&model),
                     "--method",
                     method,
-                    "--m",
+                    "--num-replaced",
                     &m.to_string(),
                     "--calibration-tokens",
                     &tokens.to_string(),
@@ -858,7 +795,8 @@ pub fn prune(ctx: &mut Ctx<'_>, method: &str, m: usize) -> Result<Done<Pruned>, 
 // ---------------------------------------------------------------------------------------------
 // Measured KV bytes and the spectral radius
 
-/// `elm generate --json`, the figures the KV table reads.
+/// `elm generate --json`, the figures the KV table reads (keys the command composes itself:
+/// there is no library report to decode).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct KvMeasured {
     /// Bytes of K/V the decoding session allocated (dense layers + fixed-point caches).
@@ -899,7 +837,7 @@ pub fn kv_measure(
     })
 }
 
-/// `elm spectral --json`.
+/// `elm spectral --json` (keys the command composes itself: there is no library report).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Spectral {
     pub n: usize,
@@ -930,4 +868,247 @@ pub fn spectral(ctx: &mut Ctx<'_>, t: &Done<Trained>) -> Result<Done<Spectral>, 
     ctx.stages.run("spectral", &config, n as f64 * 10.0, |_| {
         Ok(elm.run::<Unread>(&a)?.raw)
     })
+}
+
+/// Every library report paper_repro decodes, serialised from a library value as its `elm ...
+/// --json` command prints it (plus the keys the command adds), must decode into the type the
+/// stages read: a field the library renames or retypes fails here, not in the smoke run.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::elm_cli::decode;
+    use elm::equilibrium::train::StepLog;
+    use elm::equilibrium::{kv_report, param_report, ElmConfig};
+    use elm::eval::stats::{estimate, BootstrapConfig, ItemScore};
+    use elm::eval::{SolverSummary, Task};
+    use elm::model::config::{Arch, ModelConfig};
+
+    /// `value` with `extra` keys added, as a command adds its own to a library report.
+    fn with(value: impl Serialize, extra: Value) -> Vec<u8> {
+        let mut v = serde_json::to_value(value).unwrap();
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::to_vec(&v).unwrap()
+    }
+
+    /// Decodes `stdout` as `T` and reads the result back as a stage does from its record.
+    fn decode_and_reread<T: Serialize + serde::de::DeserializeOwned>(
+        command: &str,
+        stdout: &[u8],
+    ) -> T {
+        let typed = decode::<T>(command, stdout)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .typed;
+        serde_json::from_value(to_value(&typed).unwrap()).unwrap()
+    }
+
+    fn trained() -> Trained {
+        let cfg = ModelConfig::tiny(Arch::Llama);
+        let ec = ElmConfig::new(1, 2);
+        let compress = serde_json::to_vec(&json!({
+            "out": "init",
+            "block_init": "first-layer",
+            "block": "decoder",
+            "params": param_report(&cfg, &ec),
+            "kv": kv_report(&cfg, &ec, 1, 1024, 2),
+        }))
+        .unwrap();
+        let last = StepLog {
+            step: 3,
+            lr: 1e-4,
+            lambda_ce: 0.0,
+            lambda_distill: 1.0,
+            distill: 0.5,
+            ce: None,
+            loss: 0.5,
+            grad_norm: 1.0,
+            sampled: Some((1, 1)),
+            tokens: 60,
+            seconds: 0.5,
+        };
+        let outcome = TrainOutcome {
+            steps: 4,
+            steps_this_run: 2,
+            seconds: 1.0,
+            seconds_all_runs: 2.0,
+            tokens: 240,
+            sequences: 8,
+            distill_before: Some(0.9),
+            distill_after: Some(0.5),
+            held_out_examples: 1,
+            last: Some(last),
+        };
+        let train = with(
+            &outcome,
+            json!({
+                "out": "trained",
+                "params": param_report(&cfg, &ec),
+                "peak_rss_bytes": 1u64 << 33,
+                "teacher_cache": {"hits": 3, "misses": 1},
+            }),
+        );
+        Trained {
+            checkpoint: "trained".into(),
+            compress: decode_and_reread("elm compress --json", &compress),
+            train: decode_and_reread("elm train --json", &train),
+        }
+    }
+
+    #[test]
+    fn compress_and_train_reports_decode() {
+        let t = trained();
+        // The stage's record reads back (the training figures are flattened into it).
+        let back: Trained = serde_json::from_value(to_value(&t).unwrap()).unwrap();
+        assert_eq!(back.m(), 2);
+        assert_eq!(back.compress.params.num_layers, 4);
+        assert_eq!(back.kv_bytes_1k(), t.compress.kv.one_step);
+        assert_eq!(back.train.outcome.tokens, 240);
+        assert_eq!(back.train.outcome.last.as_ref().unwrap().tokens, 60);
+        assert_eq!(back.train.teacher_cache.misses, 1);
+        assert_eq!(back.compute_seconds(), 2.0);
+        assert_eq!(back.distill_after().unwrap(), 0.5);
+        // 60 tokens a step, 2 steps in 1 s.
+        assert_eq!(back.tokens_per_s(), 120.0);
+    }
+
+    #[test]
+    fn a_training_without_held_out_figures_is_refused() {
+        let mut t = trained();
+        t.train.outcome.distill_after = None;
+        let err = t.distill_after().unwrap_err().to_string();
+        assert!(err.contains("distill_after"), "{err}");
+    }
+
+    #[test]
+    fn eval_report_decodes() {
+        let items: Vec<ItemScore> = (0..3)
+            .map(|i| ItemScore {
+                id: i.to_string(),
+                value: 1.0 + i as f64,
+                weight: 2.0,
+            })
+            .collect();
+        let boot = BootstrapConfig {
+            resamples: 50,
+            ..BootstrapConfig::default()
+        };
+        let metric = MetricReport {
+            estimate: estimate(&items, &boot).unwrap(),
+            higher_is_better: false,
+            paired: None,
+            items,
+        };
+        let run = TaskRun {
+            task: Task::Gsm8kNll,
+            n: 3,
+            metrics: [("answer_nll".to_string(), metric)].into(),
+            perplexity: Some(7.0),
+            seconds: 1.0,
+            tok_s: 100.0,
+            tokens: 100,
+            solver: SolverSummary {
+                tokens: 3,
+                mean_iterations: 4.0,
+                max_iterations: 6,
+                layer_evals_per_token: 26.0,
+                mean_residual: 0.1,
+                converged_frac: 1.0,
+            },
+            gsm8k_samples: vec![elm::eval::gsm8k::Sample {
+                id: "0".into(),
+                question: "1 + 2?".into(),
+                reference: "#### 3".into(),
+                prediction: "3".into(),
+                score: elm::eval::score_response("#### 3", "#### 3"),
+            }],
+            humaneval_samples: vec![elm::eval::humaneval::HumanEvalSample {
+                task_id: "HumanEval/0".into(),
+                completion: "pass".into(),
+                verdict: elm::eval::sandbox::Verdict::Passed,
+                seconds: 0.1,
+                stderr_tail: String::new(),
+            }],
+        };
+        let stdout = with(
+            &run,
+            json!({"model": "m.gguf", "elm": null, "data_dir": "data", "reference": null}),
+        );
+        let back: TaskRun = decode_and_reread("elm eval --json", &stdout);
+        assert_eq!(back.solver.max_iterations, 6);
+        let m = back.metric("answer_nll", "eval").unwrap();
+        assert_eq!(m.estimate, run.metrics["answer_nll"].estimate);
+        assert!(back.metric("strict_match", "eval").is_err());
+    }
+
+    #[test]
+    fn lora_and_prune_reports_decode() {
+        let lora = LoraReport {
+            steps: 4,
+            seconds: 1.0,
+            seconds_all_runs: 0.0,
+            train_sequences: 8,
+            train_ce_first: 2.0,
+            train_ce_last: 1.0,
+            held_out_examples: 0,
+            answer_nll_before: None,
+            answer_nll_after: None,
+            out: "run/merged".into(),
+        };
+        let back: LoraReport =
+            decode_and_reread("elm lora --json", &serde_json::to_vec(&lora).unwrap());
+        // No step time kept: this process's seconds.
+        assert_eq!(back.compute_seconds(), 1.0);
+        let report = PruneReport {
+            method: elm::compress::PruneMethod::ShortGpt,
+            num_replaced: 2,
+            removed_layers: vec![1, 2],
+            start: None,
+            metric: "bi".into(),
+            scores: vec![0.1, 0.2, 0.3, 0.4],
+            calibration_tokens: 64,
+            dense_params: 100,
+            dense_non_embedding_params: 80,
+            params: 60,
+            non_embedding_params: 40,
+            added_params: 0,
+            dense_kv_bytes_1k: 4096,
+            kv_bytes_1k: 2048,
+            seconds: 0.5,
+        };
+        let stdout = with(
+            &report,
+            json!({"out": "model", "calibration": "train.jsonl"}),
+        );
+        let back: Pruned = decode_and_reread("elm prune --json", &stdout);
+        assert_eq!(back.out, PathBuf::from("model"));
+        assert_eq!(back.report.removed_layers, [1, 2]);
+    }
+
+    #[test]
+    fn bench_report_decodes() {
+        let report = elm::model::bench::BenchReport {
+            read_bandwidth_gb_s: 20.0,
+            sgemm_n: 512,
+            sgemm_gflop_s: 100.0,
+            prefill_tokens: 128,
+            prefill_tok_s: 300.0,
+            prefill_gflop_s: 50.0,
+            prefill_vs_sgemm_peak: 0.5,
+            decode_steps: 16,
+            decode_b1_tok_s: 40.0,
+            decode_b1_mean_tok_s: 35.0,
+            decode_b8_tok_s: 200.0,
+            decode_b8_mean_tok_s: 180.0,
+            decode_weight_bytes_per_step: 100_000_000,
+            decode_roofline_tok_s: 200.0,
+            decode_b1_vs_roofline: 0.2,
+            rayon_threads: 2,
+            load_average_1m: None,
+            openblas_threads: 1,
+        };
+        let back: elm::model::bench::BenchReport =
+            decode_and_reread("elm bench --json", &serde_json::to_vec(&report).unwrap());
+        assert_eq!(crate::bench::figures(&back).prefill_tok_s, 300.0);
+    }
 }

@@ -220,7 +220,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         TableId::Spectral,
     ]) {
         let d = tables::dense(&mut ctx)?;
-        ctx.model = d.tuned.value.out.clone();
+        ctx.model = d.tuned.value.out.clone().into();
         ctx.model_id = format!("lora-tuned {}", d.tuned.key);
         Some(d)
     } else {

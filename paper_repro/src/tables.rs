@@ -5,12 +5,15 @@
 //! definition (the dense model's Δ, a ratio over a zero dense score) and is written `n/a`.
 
 use elm::eval::stats::{paired, BootstrapConfig, Estimate, PairedComparison};
+use elm::eval::task::MetricReport;
+use elm::eval::TaskRun;
 use elm::grad::{DeqConfig, GradientRule};
+use elm::lora::LoraReport;
 use elm::solver::{SolverConfig, StopCriteria};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ReproError;
-use crate::runs::{self, Ctx, EvalRun, Subject, Trained, Variant};
+use crate::runs::{self, Ctx, Metrics, OwnCompute, Subject, Trained, Variant};
 use crate::stage::Done;
 
 /// Named trainings of a run (for the throughput table).
@@ -161,8 +164,8 @@ pub struct SpeedRow {
 }
 
 fn pair(
-    model: &runs::Metric,
-    dense: &runs::Metric,
+    model: &MetricReport,
+    dense: &MetricReport,
     what: &str,
 ) -> Result<PairedComparison, ReproError> {
     paired(&model.items, &dense.items, &BootstrapConfig::default()).map_err(|source| {
@@ -177,11 +180,11 @@ fn pair(
 /// Δ and RP: the compressed models are trained on GSM8K, so only a dense model tuned with the
 /// same token budget says how much of it they keep (the untuned model is a row of its own).
 pub struct Dense {
-    pub nll: Done<EvalRun>,
-    pub em: Done<EvalRun>,
-    pub tuned: Done<runs::Tuned>,
-    pub untuned_nll: Done<EvalRun>,
-    pub untuned_em: Done<EvalRun>,
+    pub nll: Done<TaskRun>,
+    pub em: Done<TaskRun>,
+    pub tuned: Done<LoraReport>,
+    pub untuned_nll: Done<TaskRun>,
+    pub untuned_em: Done<TaskRun>,
 }
 
 pub fn dense(ctx: &mut Ctx<'_>) -> Result<Dense, ReproError> {
@@ -190,7 +193,7 @@ pub fn dense(ctx: &mut Ctx<'_>) -> Result<Dense, ReproError> {
     let budget = ctx.limits.lora;
     let tuned = runs::lora(ctx, &budget)?;
     let subject = Subject::Model {
-        dir: tuned.value.out.clone(),
+        dir: tuned.value.out.clone().into(),
         key: tuned.key.clone(),
     };
     Ok(Dense {
@@ -203,7 +206,7 @@ pub fn dense(ctx: &mut Ctx<'_>) -> Result<Dense, ReproError> {
 }
 
 /// Answer NLL and its paired Δ vs dense of one NLL run.
-fn nll_cells(run: &EvalRun, dense: &Dense, what: &str) -> Result<(Interval, Interval), ReproError> {
+fn nll_cells(run: &TaskRun, dense: &Dense, what: &str) -> Result<(Interval, Interval), ReproError> {
     let m = run.metric("answer_nll", what)?;
     let d = dense.nll.value.metric("answer_nll", "dense")?;
     Ok(((&m.estimate).into(), (&pair(m, d, what)?.delta).into()))
@@ -227,9 +230,9 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     let df = dense.em.value.metric("flexible_extract", "dense")?;
     let dense_params = |t: &Trained| {
         (
-            t.params.dense_total,
-            t.params.dense_non_embedding,
-            t.kv.dense * 1024 / t.kv.context.max(1),
+            t.compress.params.dense_total,
+            t.compress.params.dense_non_embedding,
+            t.compress.kv.dense * 1024 / t.compress.kv.context.max(1),
         )
     };
     let mut rows = vec![];
@@ -237,8 +240,8 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
                kind: &str,
                p: (usize, usize, usize),
                cost: (usize, f64),
-               nll: &EvalRun,
-               em: &EvalRun|
+               nll: &TaskRun,
+               em: &TaskRun|
      -> Result<MainRow, ReproError> {
         let n = nll.metric("answer_nll", &model)?;
         let f = em.metric("flexible_extract", &model)?;
@@ -274,18 +277,18 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
                        name: String,
                        kind: &str,
                        t: &Done<Trained>|
-     -> Result<(MainRow, runs::Metric), ReproError> {
+     -> Result<(MainRow, MetricReport), ReproError> {
         let s = Subject::elm(t, "anderson", 0.5);
         let nll = runs::eval(ctx, &s, "gsm8k-nll")?;
         let em = runs::eval(ctx, &s, "gsm8k")?;
-        let kv1k = t.value.kv.one_step * 1024 / t.value.kv.context.max(1);
+        let kv1k = t.value.kv_bytes_1k();
         let items = nll.value.metric("answer_nll", &name)?.clone();
         let r = row(
             name,
             kind,
             (
-                t.value.params.elm_total,
-                t.value.params.elm_non_embedding,
+                t.value.compress.params.elm_total,
+                t.value.compress.params.elm_non_embedding,
                 kv1k,
             ),
             (l.main.max_tokens(), t.value.compute_seconds()),
@@ -354,7 +357,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         &dense.untuned_em.value,
     )?);
     // Per-problem answer NLL of each compressed row, paired with the ELM's below.
-    let mut compressed: Vec<(usize, runs::Metric)> = vec![];
+    let mut compressed: Vec<(usize, MetricReport)> = vec![];
     let mut best: Option<(f64, String)> = None;
     let mut to_heal = vec![];
     for method in &l.baselines {
@@ -371,15 +374,15 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         }
         compressed.push((rows.len(), nll.value.metric("answer_nll", method)?.clone()));
         let shape = (
-            p.value.params,
-            p.value.non_embedding_params,
-            p.value.kv_bytes_1k,
+            p.value.report.params,
+            p.value.report.non_embedding_params,
+            p.value.report.kv_bytes_1k,
         );
         rows.push(row(
-            format!("{method} (layers {:?})", p.value.removed_layers),
+            format!("{method} (layers {:?})", p.value.report.removed_layers),
             "training-free",
             shape,
-            (0, p.value.seconds),
+            (0, p.value.report.seconds),
             &nll.value,
             &em.value,
         )?);
@@ -394,7 +397,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     for (method, p, shape) in to_heal {
         let healed = runs::heal(ctx, &p, &l.lora)?;
         let subject = Subject::Model {
-            dir: healed.value.out.clone(),
+            dir: healed.value.out.clone().into(),
             key: healed.key.clone(),
         };
         let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
@@ -413,7 +416,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             shape,
             (
                 l.lora.max_tokens(),
-                p.value.seconds + healed.value.compute_seconds(),
+                p.value.report.seconds + healed.value.compute_seconds(),
             ),
             &nll.value,
             &em.value,
@@ -511,7 +514,7 @@ pub fn solver_ablation(
             let (nll, delta) = nll_cells(&run.value, dense, &what)?;
             let s = &run.value.solver;
             // Kept dense layers + fixed-point evaluations = layer evaluations per token.
-            let kept = (elm.value.params.num_layers - elm.value.m) as f64;
+            let kept = (elm.value.compress.params.num_layers - elm.value.m()) as f64;
             let block = s.layer_evals_per_token - kept;
             let picard = *picard_evals.get_or_insert(block);
             rows.push(SolverRow {
@@ -581,13 +584,13 @@ pub fn grad_ablation(
         let v = &t.value;
         rows.push(GradRow {
             rule: name.into(),
-            steps: v.steps,
+            steps: v.train.outcome.steps,
             seconds_per_step: v.seconds_per_step(),
             tokens_per_s: v.tokens_per_s(),
-            peak_rss_bytes: v.peak_rss_bytes,
-            teacher_cache_hits: v.teacher_cache.hits,
-            teacher_cache_misses: v.teacher_cache.misses,
-            distill_after: v.distill_after,
+            peak_rss_bytes: v.train.peak_rss_bytes,
+            teacher_cache_hits: v.train.teacher_cache.hits,
+            teacher_cache_misses: v.train.teacher_cache.misses,
+            distill_after: v.distill_after()?,
             answer_nll: nll,
             delta_nll: delta,
         });
@@ -613,9 +616,9 @@ pub fn sweep(
         rows.push(SweepRow {
             m,
             method: "ELM".into(),
-            params: t.value.params.elm_total,
-            non_embedding_params: t.value.params.elm_non_embedding,
-            kv_bytes_1k: t.value.kv.one_step * 1024 / t.value.kv.context.max(1),
+            params: t.value.compress.params.elm_total,
+            non_embedding_params: t.value.compress.params.elm_non_embedding,
+            kv_bytes_1k: t.value.kv_bytes_1k(),
             answer_nll: nll,
             delta_nll: delta,
         });
@@ -629,9 +632,9 @@ pub fn sweep(
         rows.push(SweepRow {
             m,
             method: baseline.into(),
-            params: p.value.params,
-            non_embedding_params: p.value.non_embedding_params,
-            kv_bytes_1k: p.value.kv_bytes_1k,
+            params: p.value.report.params,
+            non_embedding_params: p.value.report.non_embedding_params,
+            kv_bytes_1k: p.value.report.kv_bytes_1k,
             answer_nll: nll,
             delta_nll: delta,
         });
@@ -654,7 +657,7 @@ pub fn kv_ablation(
                 "no trained ELM with M = {m} for the KV table"
             )));
         };
-        let n = t.value.params.num_layers;
+        let n = t.value.compress.params.num_layers;
         let one = runs::kv_measure(ctx, t, "one-step", prompt)?;
         let per_layer = one.value.kv_bytes / (n - m + 1);
         for mode in ["one-step", "multi-step"] {
@@ -711,13 +714,13 @@ pub fn speed_rows(trainings: &[(String, Done<Trained>)]) -> Vec<SpeedRow> {
         .iter()
         .map(|(name, t)| SpeedRow {
             training: name.clone(),
-            steps: t.value.steps,
-            tokens: t.value.tokens,
-            seconds: t.value.seconds,
+            steps: t.value.train.outcome.steps,
+            tokens: t.value.train.outcome.tokens,
+            seconds: t.value.train.outcome.seconds,
             tokens_per_s: t.value.tokens_per_s(),
-            teacher_cache_hits: t.value.teacher_cache.hits,
-            teacher_cache_misses: t.value.teacher_cache.misses,
-            peak_rss_bytes: t.value.peak_rss_bytes,
+            teacher_cache_hits: t.value.train.teacher_cache.hits,
+            teacher_cache_misses: t.value.train.teacher_cache.misses,
+            peak_rss_bytes: t.value.train.peak_rss_bytes,
         })
         .collect()
 }

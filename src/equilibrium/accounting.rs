@@ -1,7 +1,7 @@
 //! Parameter and KV-cache accounting, computed from the config alone (tests cross-check
 //! against the actual allocated arrays).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::ModelConfig;
 
@@ -51,7 +51,7 @@ pub fn module_params(cfg: &ModelConfig, injection: bool, block: BlockKind) -> us
 }
 
 /// Dense vs ELM parameter counts.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ParamReport {
     pub num_layers: usize,
     pub start_layer: usize,
@@ -99,7 +99,7 @@ pub fn layer_kv_bytes(cfg: &ModelConfig, batch: usize, seq: usize) -> usize {
 }
 
 /// KV bytes of dense vs ELM at a context length.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KvReport {
     pub batch: usize,
     pub context: usize,

@@ -240,6 +240,8 @@ pub struct TrainOutcome {
     /// (the steps' recorded seconds; steps a killed run lost after its last checkpoint are not
     /// counted, their redoing is).
     pub seconds_all_runs: f64,
+    /// Training tokens (valid, non-padding) of every step of the run, resumed runs included.
+    pub tokens: usize,
     /// Training sequences.
     pub sequences: usize,
     pub distill_before: Option<f64>,
@@ -566,6 +568,7 @@ impl<'a> Trainer<'a> {
             steps_this_run: self.step - start_step,
             seconds,
             seconds_all_runs: self.history.iter().map(|s| s.seconds).sum(),
+            tokens: self.history.iter().map(|s| s.tokens).sum(),
             sequences: data.len(),
             distill_before,
             distill_after,

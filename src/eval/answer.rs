@@ -94,7 +94,7 @@ pub fn exact_match(extracted: &str, reference: &str) -> bool {
 }
 
 /// Both harness scores of one model response.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AnswerScore {
     pub strict: String,
     pub flexible: String,

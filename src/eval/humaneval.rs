@@ -117,7 +117,7 @@ pub struct HumanEvalOptions {
 }
 
 /// One evaluated problem.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HumanEvalSample {
     pub task_id: String,
     pub completion: String,

@@ -1,11 +1,11 @@
 //! [`SolverSummary`]: what an evaluation or a generation reports of its fixed-point solves.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::equilibrium::infer::FpStat;
 
 /// Fixed-point statistics over decode tokens.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SolverSummary {
     pub tokens: usize,
     /// Mean fixed-point block evaluations per decoded token (incl. the commit evaluation).

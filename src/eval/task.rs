@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::data::{load_gsm8k, Split};
 use crate::equilibrium::infer::{ElmModel, InferenceConfig};
@@ -20,7 +20,7 @@ use super::solver_summary::SolverSummary;
 use super::stats::{estimate, paired, BootstrapConfig, Estimate, ItemScore, PairedComparison};
 
 /// What `elm eval --task` runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Task {
     /// Teacher-forced NLL per token of the GSM8K reference solutions.
@@ -89,7 +89,7 @@ impl TaskOptions {
 }
 
 /// One metric of a run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MetricReport {
     pub estimate: Estimate,
     pub higher_is_better: bool,
@@ -142,7 +142,7 @@ impl TaskData {
 }
 
 /// What one model did on a task.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TaskRun {
     pub task: Task,
     pub n: usize,
