@@ -182,3 +182,52 @@ fn bad_input_is_a_clean_error() {
     assert_eq!(v["stop"]["max_iter"], 3);
     assert_eq!(v["iterations"], 3);
 }
+
+/// `elm sweep` writes its rows (JSON), a markdown table and a plot; the JSON rows are the
+/// library's `rho_sweep` rows for the same config, and a bad `--mark` is refused by name.
+#[test]
+fn sweep_writes_table_plot_and_the_library_rows() {
+    let dir = TempDir::new("sweep");
+    let out = dir.join("sweep");
+    let o = out.to_str().unwrap();
+    let (ok, stdout, stderr) = elm(&[
+        "sweep",
+        "--rhos",
+        "0.5,0.9",
+        "--rel-tols",
+        "1e-4",
+        "--mark",
+        "ELM M=8=0.29",
+        "--out",
+        o,
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let v: Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let rows: Vec<elm::solver::rho_sweep::RhoSweepRow> =
+        serde_json::from_value(v["rows"].clone()).unwrap();
+    let cfg = elm::solver::rho_sweep::RhoSweepConfig {
+        rhos: vec![0.5, 0.9],
+        rel_tols: vec![1e-4],
+        ..Default::default()
+    };
+    let solvers: Vec<_> = elm::solver::BUILTIN_SOLVERS
+        .iter()
+        .map(|n| elm::solver::SolverConfig::by_name(n).unwrap())
+        .collect();
+    assert_eq!(
+        rows,
+        elm::solver::rho_sweep::rho_sweep(&cfg, &solvers).unwrap()
+    );
+    let md = std::fs::read_to_string(out.join("rho_sweep.md")).unwrap();
+    assert!(
+        md.contains("| 0.9 |") && md.contains("ELM M=8 ρ = 0.290"),
+        "{md}"
+    );
+    let svg = std::fs::read_to_string(out.join("rho_sweep.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("anderson"));
+    let (ok, _, stderr) = elm(&["sweep", "--mark", "rho", "--out", o]);
+    assert!(!ok && stderr.contains("mark"), "{stderr}");
+    let (ok, _, stderr) = elm(&["sweep", "--rhos", "1.2", "--out", o]);
+    assert!(!ok && stderr.contains("rhos"), "{stderr}");
+}

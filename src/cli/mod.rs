@@ -13,6 +13,7 @@ pub mod prune;
 pub mod quantize;
 pub mod search;
 pub mod solve;
+pub mod sweep;
 
 /// Equilibrium Language Models: solvers, models, compression, evaluation.
 #[derive(Parser, Debug)]
@@ -28,6 +29,9 @@ pub enum Command {
     Solve(solve::SolveArgs),
     /// Run every solver on one problem and plot residual-vs-iteration curves.
     Study(solve::StudyArgs),
+    /// Every solver on the canonical linear problem swept over the spectral radius ρ: when
+    /// does acceleration pay?
+    Sweep(sweep::SweepArgs),
     /// Download and verify the default SmolLM2-135M-Instruct GGUF.
     Fetch(model_cmds::FetchArgs),
     /// Generate text with a model (dense or ELM).
@@ -91,6 +95,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Solve(a) => solve::run_solve(a),
         Command::Study(a) => solve::run_study(a),
+        Command::Sweep(a) => sweep::run_sweep(a),
         Command::Fetch(a) => model_cmds::run_fetch(a),
         Command::Generate(a) => model_cmds::run_generate(a),
         Command::Logits(a) => model_cmds::run_logits(a),

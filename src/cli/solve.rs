@@ -10,6 +10,8 @@ use elm::error::{ElmError, Result};
 use elm::solver::problems::{max_row_error, Problem};
 use elm::solver::{IterationInfo, Solution, SolverConfig, StopCriteria, BUILTIN_SOLVERS};
 
+use super::output::print_json;
+
 const PROBLEMS: [&str; 4] = ["linear", "tanh", "cos", "poisson"];
 
 /// Arguments of `elm solve`.
@@ -203,7 +205,7 @@ pub fn run_solve(args: SolveArgs) -> Result<()> {
     let seconds = start.elapsed().as_secs_f64();
     let out = summary(&problem, &cfg, &stop, &sol, seconds);
     if args.json {
-        println!("{out}");
+        print_json(&out)?;
     } else {
         println!(
             "{} on {}: converged {} ({}/{} rows), {} iterations, {} map evals, residual {:.3e}, error vs exact {}, {:.4} s",
@@ -284,10 +286,7 @@ pub fn run_study(args: StudyArgs) -> Result<()> {
         })
         .collect();
     if args.json {
-        println!(
-            "{}",
-            json!({"problem": problem.name(), "plot": args.plot, "solvers": solvers})
-        );
+        print_json(&json!({"problem": problem.name(), "plot": args.plot, "solvers": solvers}))?;
     } else {
         for c in &curves {
             println!(

@@ -60,6 +60,28 @@ pub fn real_model() -> Option<PathBuf> {
     None
 }
 
+/// A file `scripts/setup.sh` fetches (e.g. HumanEval's problems), with [`real_model`]'s one
+/// behaviour when it is absent: a panic under `ELM_REQUIRE_REAL_MODEL=1`, else a `skipped` line.
+pub fn fetched_file(path: PathBuf, what: &str) -> Option<PathBuf> {
+    if path.is_file() {
+        return Some(path);
+    }
+    if real_model_required() {
+        panic!(
+            "{what} not found at {} and {REQUIRE_REAL_MODEL} is set: run scripts/setup.sh",
+            path.display()
+        );
+    }
+    print_skip(
+        &current_test(),
+        &format!(
+            "{what} not found at {} (run scripts/setup.sh)",
+            path.display()
+        ),
+    );
+    None
+}
+
 /// The running test's name (libtest runs each test on a thread named after it).
 pub fn current_test() -> String {
     std::thread::current()

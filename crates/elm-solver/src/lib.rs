@@ -48,6 +48,12 @@
 //!
 //! Canonical test problems (linear contraction, tanh layer, `cos z = z`, Poisson/Jacobi) live in
 //! [`problems`].
+//!
+//! ## Linear systems
+//! [`LinearSolverConfig`] solves batched, matrix-free systems `A x = b` (GMRES(m), BiCGStab, a
+//! truncated Neumann series, or any fixed-point solver on `x = b + (I − A) x`) with the same
+//! per-row stopping and [`RowOutcome`]s; `A` is a [`LinearOperator`] (e.g. `I − Jᵀ` applied by
+//! vector-Jacobian products, the adjoint of an implicit layer).
 
 // Numeric kernels index several equally long slices in lockstep; explicit indices read clearer.
 #![allow(clippy::needless_range_loop)]
@@ -80,8 +86,10 @@ mod engine;
 pub mod error;
 mod kernels;
 mod linalg;
+mod linear;
 mod picard;
 pub mod problems;
+pub mod rho_sweep;
 
 pub use anderson::Anderson;
 pub use broyden::Broyden;
@@ -91,6 +99,10 @@ pub use config::{
 };
 pub use engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
 pub use error::{MapError, Result, SolverError};
+pub use linear::{
+    FnOperator, LinearOperator, LinearSolution, LinearSolverConfig, MatrixOperator,
+    BUILTIN_LINEAR_SOLVERS, DEFAULT_GMRES_RESTART, DEFAULT_NEUMANN_TERMS,
+};
 pub use picard::Picard;
 
 use std::fmt::Debug;
