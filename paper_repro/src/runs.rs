@@ -837,15 +837,8 @@ pub fn kv_measure(
     })
 }
 
-/// `elm spectral --json` (keys the command composes itself: there is no library report).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Spectral {
-    pub n: usize,
-    pub mean_radius: f64,
-    pub min_radius: f64,
-    pub max_radius: f64,
-    pub max_rel_residual: f64,
-}
+/// `elm spectral --json`: the library's own report.
+pub use elm::equilibrium::spectral::SpectralReport as Spectral;
 
 /// ρ(∂φ/∂z) at z* of a trained ELM over the scale's GSM8K test sequences.
 pub fn spectral(ctx: &mut Ctx<'_>, t: &Done<Trained>) -> Result<Done<Spectral>, ReproError> {

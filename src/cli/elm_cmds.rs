@@ -567,7 +567,7 @@ pub struct SpectralArgs {
 
 /// `elm spectral`: ρ(∂φ/∂z) of a trained module at its fixed point, per GSM8K sequence.
 pub fn run_spectral(a: SpectralArgs) -> Result<()> {
-    use elm::equilibrium::spectral::{module_spectral_radius, PowerIteration};
+    use elm::equilibrium::spectral::{sequences_spectral_radius, PowerIteration};
     if a.limit == 0 {
         return Err(ElmError::config("limit", "must be >= 1"));
     }
@@ -579,51 +579,24 @@ pub fn run_spectral(a: SpectralArgs) -> Result<()> {
         .take(a.limit)
         .map(Example::Qa)
         .collect();
-    let seqs = tokenize_all(&tok, &test, a.seq_len)?;
-    let solver = a.solver.clone();
-    let stop = StopCriteria::relative(a.tol, a.max_iter);
+    let seqs: Vec<Vec<u32>> = tokenize_all(&tok, &test, a.seq_len)?
+        .into_iter()
+        .map(|s| s.tokens)
+        .collect();
     let power = PowerIteration {
         iterations: a.iterations,
         seed: a.seed,
         ..PowerIteration::default()
     };
-    let (mut radii, mut residuals) = (vec![], vec![]);
-    for s in &seqs {
-        let x = elm::model::dense_pass::embed(&dense, std::slice::from_ref(&s.tokens))?;
-        let h = elm::model::dense_pass::run_dense_layers(&dense, x, 0..meta.elm.start_layer)?;
-        let (rho, res) = module_spectral_radius(
-            &meta.elm,
-            &module,
-            &dense.config,
-            h.view(),
-            &solver,
-            &stop,
-            &power,
-        )?;
-        radii.push(rho);
-        residuals.push(res);
-    }
-    let n = radii.len().max(1) as f64;
-    let mean = radii.iter().sum::<f64>() / n;
-    let max = radii.iter().cloned().fold(f64::NAN, f64::max);
-    let min = radii.iter().cloned().fold(f64::NAN, f64::min);
-    let max_res = residuals.iter().cloned().fold(f64::NAN, f64::max);
+    let r = sequences_spectral_radius(
+        &dense, &meta.elm, &module, &seqs, &a.solver, a.tol, a.max_iter, &power,
+    )?;
     if a.json {
-        print_json(&serde_json::json!({
-            "n": radii.len(),
-            "mean_radius": mean,
-            "min_radius": min,
-            "max_radius": max,
-            "radii": radii,
-            "max_rel_residual": max_res,
-            "solver": a.solver.name(),
-            "tol": a.tol,
-            "power": power,
-        }))?;
+        print_json(&r)?;
     } else {
         println!(
-            "ρ(∂φ/∂z) at z* over {} sequences: mean {mean:.4}, min {min:.4}, max {max:.4} (max relative residual of z* {max_res:.2e})",
-            radii.len()
+            "ρ(∂φ/∂z) at z* over {} sequences: mean {:.4}, min {:.4}, max {:.4} (max relative residual of z* {:.2e})",
+            r.n, r.mean_radius, r.min_radius, r.max_radius, r.max_rel_residual
         );
     }
     Ok(())

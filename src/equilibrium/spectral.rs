@@ -14,7 +14,8 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ElmError, Result};
-use crate::model::ModelConfig;
+use crate::model::dense_pass::{embed, run_dense_layers};
+use crate::model::{ModelConfig, ModelWeights};
 use crate::solver::{SolverConfig, StopCriteria};
 
 use super::config::ElmConfig;
@@ -117,6 +118,67 @@ pub fn module_spectral_radius(
     let fz = map(&z)?;
     let rel_residual = norm(&(&fz - &z)) / norm(&z).max(1e-30);
     Ok((power_iteration_radius(map, &z, power)?, rel_residual))
+}
+
+/// ρ(∂φ/∂z) at z* over a set of sequences (what `elm spectral` reports).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SpectralReport {
+    /// Sequences measured.
+    pub n: usize,
+    pub mean_radius: f64,
+    pub min_radius: f64,
+    pub max_radius: f64,
+    /// One radius per sequence, in order.
+    pub radii: Vec<f64>,
+    /// Largest `‖φ(z*) − z*‖ / ‖z*‖` of the solves the radii were taken at.
+    pub max_rel_residual: f64,
+    /// Solver and relative tolerance of those solves.
+    pub solver: String,
+    pub tol: f64,
+    pub power: PowerIteration,
+}
+
+/// [`module_spectral_radius`] on each of `sequences` (token ids, one sequence at a time):
+/// the dense layers before the module give `h`, the module's fixed point is solved by `solver`
+/// to relative tolerance `tol` within `max_iter` evaluations.
+#[allow(clippy::too_many_arguments)]
+pub fn sequences_spectral_radius(
+    dense: &ModelWeights,
+    ec: &ElmConfig,
+    module: &ElmModule,
+    sequences: &[Vec<u32>],
+    solver: &SolverConfig,
+    tol: f64,
+    max_iter: usize,
+    power: &PowerIteration,
+) -> Result<SpectralReport> {
+    if sequences.is_empty() {
+        return Err(ElmError::config("limit", "no sequence to measure"));
+    }
+    let stop = StopCriteria::relative(tol, max_iter);
+    stop.validate()?;
+    let (mut radii, mut residuals) = (vec![], vec![]);
+    for tokens in sequences {
+        // [1, T, C]
+        let x = embed(dense, std::slice::from_ref(tokens))?;
+        let h = run_dense_layers(dense, x, 0..ec.start_layer)?;
+        let (rho, res) =
+            module_spectral_radius(ec, module, &dense.config, h.view(), solver, &stop, power)?;
+        radii.push(rho);
+        residuals.push(res);
+    }
+    let fold = |f: fn(f64, f64) -> f64, v: &[f64]| v.iter().copied().reduce(f).unwrap_or(f64::NAN);
+    Ok(SpectralReport {
+        n: radii.len(),
+        mean_radius: radii.iter().sum::<f64>() / radii.len() as f64,
+        min_radius: fold(f64::min, &radii),
+        max_radius: fold(f64::max, &radii),
+        max_rel_residual: fold(f64::max, &residuals),
+        radii,
+        solver: solver.name().to_string(),
+        tol,
+        power: power.clone(),
+    })
 }
 
 #[cfg(test)]
