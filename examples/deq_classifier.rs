@@ -143,9 +143,10 @@ fn label(rule: &GradientRule) -> String {
         GradientRule::StochasticJfb { no_grad, grad, .. } => {
             format!("sjfb m~U{no_grad:?} n~U{grad:?}")
         }
-        GradientRule::Implicit { solver, stop } => {
+        GradientRule::Implicit { solver, stop, .. } => {
             format!("implicit/{} rel_tol={:e}", solver.name(), stop.rel_tol)
         }
+        GradientRule::Phantom { k, tau } => format!("phantom k={k} tau={tau}"),
     }
 }
 

@@ -60,6 +60,14 @@ pub enum ElmError {
     /// A fixed-point map's own error that is not an `ElmError` (a user's map).
     #[error("fixed-point map: {0}")]
     Map(String),
+    /// The implicit rule's backward (adjoint) solve did not converge on these rows of the batch
+    /// and its `on_failure` policy refuses to substitute a gradient for them.
+    #[error("implicit backward solve ({method}) did not converge on rows {rows:?}: {detail}")]
+    BackwardSolve {
+        method: String,
+        rows: Vec<usize>,
+        detail: String,
+    },
     /// An error found in a named file (e.g. a config field of a model file or checkpoint).
     #[error("{}: {source}", path.display())]
     InFile {
@@ -169,6 +177,7 @@ impl ElmError {
             ElmError::Json { .. } => "json",
             ElmError::Budget { .. } => "budget",
             ElmError::Map(_) => "map",
+            ElmError::BackwardSolve { .. } => "backward_solve",
             ElmError::InFile { source, .. } => source.kind(),
         }
     }

@@ -556,11 +556,8 @@ pub fn gradient_rules(m: usize) -> Vec<(&'static str, Option<DeqConfig>)> {
         (
             "implicit (IFT, adjoint by Anderson)",
             Some(
-                DeqConfig::new(GradientRule::Implicit {
-                    solver: SolverConfig::anderson(),
-                    stop: StopCriteria::relative(1e-3, 20),
-                })
-                .with_forward(forward.0, forward.1),
+                DeqConfig::new(GradientRule::implicit(SolverConfig::anderson(), 1e-3, 20))
+                    .with_forward(forward.0, forward.1),
             ),
         ),
     ]

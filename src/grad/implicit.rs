@@ -3,15 +3,16 @@
 
 use std::sync::{Arc, Mutex};
 
-use ndarray::{ArrayD, ArrayView2, ArrayViewMut2, Axis, IxDyn};
+use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewMut2, Axis, IxDyn, Zip};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::rule::{DeqConfig, GradientRule};
+use super::rule::{BackwardFailure, DeqConfig, GradientRule};
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::solver::{
-    FixedPointMap, FixedPointSolver, MapError, RowOutcome, RowStatus, SolverFloat,
+    FixedPointMap, FnMap, FnOperator, LinearSolverConfig, MapError, RowOutcome, RowStatus,
+    SolverError, SolverFloat,
 };
 use crate::{ElmError, Result};
 
@@ -111,10 +112,10 @@ pub trait ImplicitLayer<T: AdFloat> {
 }
 
 /// What the backward pass of the [`GradientRule::Implicit`] rule did (filled when the tape's
-/// backward reaches the fixed-point node).
+/// backward reaches the fixed-point node, also when it then returns an error).
 #[derive(Clone, Debug, Serialize)]
 pub struct BackwardReport {
-    /// Adjoint solver name.
+    /// Adjoint method: the fixed-point solver's name, or `gmres`, `bicgstab`, `neumann`.
     pub solver: &'static str,
     /// Largest per-row adjoint iteration count (VJP evaluations).
     pub iterations: usize,
@@ -122,12 +123,19 @@ pub struct BackwardReport {
     pub vjp_evals: usize,
     /// Largest per-row absolute adjoint residual `‖Jᵀu + g − u‖₂`.
     pub residual: f64,
-    /// Largest per-row relative adjoint residual.
+    /// Largest per-row relative adjoint residual (see the rule's `stop` for its denominator).
     pub rel_residual: f64,
-    /// Per-row outcomes of the adjoint solve (empty when the solve itself errored).
+    /// Per-row outcomes of the adjoint solve: status, VJP evaluations, residuals (empty when
+    /// the solve itself errored).
     pub rows: Vec<RowOutcome>,
-    /// Rows that fell back to the JFB gradient (`u = g`).
+    /// The rule's policy for rows that did not converge.
+    pub on_failure: BackwardFailure,
+    /// Rows whose adjoint solve did not converge (every row when the solve errored as a whole).
+    pub failed_rows: Vec<usize>,
+    /// Rows that fell back to the JFB gradient (`u = g`; policy `jfb`).
     pub fallback_rows: usize,
+    /// Rows that kept the solver's unconverged iterate (policy `keep`).
+    pub kept_rows: usize,
     /// Peak bytes of the scratch tapes used for the VJPs.
     pub scratch_peak_bytes: usize,
     /// True when `f` was recorded once and replayed for every adjoint VJP (`vjp_retain`); false
@@ -138,9 +146,9 @@ pub struct BackwardReport {
 }
 
 impl BackwardReport {
-    /// True when every row's adjoint solve converged (no fallback).
+    /// True when every row's adjoint solve converged (no fallback, no kept iterate).
     pub fn converged(&self) -> bool {
-        self.fallback_rows == 0
+        self.error.is_none() && self.failed_rows.is_empty()
     }
 }
 
@@ -165,17 +173,18 @@ impl BackwardSlot {
 pub struct GradReport {
     /// Rule name (see [`GradientRule::name`]).
     pub rule: &'static str,
-    /// Iterations on the forward path: solver iterations (largest over rows) for `jfb`/`implicit`,
+    /// Iterations on the forward path: solver iterations (largest over rows) for
+    /// `jfb`/`implicit`/`phantom`,
     /// `k` for `unroll`, gradient-free + differentiable iterations for `stochastic_jfb`.
     pub forward_iterations: usize,
     /// Batched evaluations of `f` without tape (solver map calls or gradient-free iterations).
     pub nograd_evals: usize,
     /// Differentiable applications of `f` recorded on the tape.
     pub tape_applications: usize,
-    /// Largest per-row forward residual: the solver's `‖f(z)−z‖₂` for `jfb`/`implicit`; for the
-    /// iterated rules the last step's `‖z_last − z_prev‖₂`.
+    /// Largest per-row forward residual: the solver's `‖f(z)−z‖₂` for `jfb`/`implicit`/`phantom`;
+    /// for the iterated rules the last step's `‖z_last − z_prev‖₂`.
     pub forward_residual: f64,
-    /// Per-row outcomes of the forward solve (`jfb`/`implicit` only).
+    /// Per-row outcomes of the forward solve (`jfb`/`implicit`/`phantom` only).
     pub forward_rows: Option<Vec<RowOutcome>>,
     /// `(gradient-free, differentiable)` iteration counts drawn by `stochastic_jfb`.
     pub sampled: Option<(usize, usize)>,
@@ -400,7 +409,31 @@ pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'st
             report.tape_applications = 1;
             Ok((out, report))
         }
-        GradientRule::Implicit { solver, stop } => {
+        GradientRule::Phantom { k, tau } => {
+            let (z_star, rows, evals) = solve_forward(layer, x_val, params, p_vals, z0, deq)?;
+            fill_forward(&mut report, rows, evals);
+            let mut z = tape.constant(z_star);
+            for _ in 0..*k {
+                let fz = layer.forward(tape, z, x, params)?;
+                check_state_shape(tape.value(fz), z0.shape())?;
+                z = if *tau == 1.0 {
+                    fz
+                } else {
+                    // The damped step (1 − τ) z + τ f(z): its Jacobian (1−τ)I + τJ is what the
+                    // phantom gradient sums powers of.
+                    let kept = tape.scale(z, T::of(1.0 - tau));
+                    let moved = tape.scale(fz, T::of(*tau));
+                    tape.add(kept, moved)?
+                };
+            }
+            report.tape_applications = *k;
+            Ok((z, report))
+        }
+        GradientRule::Implicit {
+            solver,
+            stop,
+            on_failure,
+        } => {
             let (z_star, rows, evals) =
                 solve_forward(layer, x_val.clone(), params, p_vals.clone(), z0, deq)?;
             fill_forward(&mut report, rows, evals);
@@ -414,8 +447,9 @@ pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'st
                 params: params.clone(),
                 values: p_vals,
                 needs,
-                solver: solver.build::<T>(),
+                solver: solver.clone(),
                 stop: stop.clone(),
+                on_failure: *on_failure,
                 slot: report.backward.clone(),
             };
             let out = tape.custom(
@@ -455,8 +489,9 @@ struct AdjointCtx<T: GradFloat, L: ImplicitLayer<T>> {
     values: Vec<Arc<ArrayD<T>>>,
     /// Whether x and each param (in that order) need a gradient.
     needs: Vec<bool>,
-    solver: Box<dyn FixedPointSolver<T>>,
+    solver: LinearSolverConfig,
     stop: crate::solver::StopCriteria,
+    on_failure: BackwardFailure,
     slot: BackwardSlot,
 }
 
@@ -490,106 +525,204 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
         let (b, d) = batch_dims(&shape)?;
         let g_std = g.as_standard_layout().into_owned();
         let g_rows = to_rows(&g_std, b, d)?.to_owned();
-        let mut scratch_peak = 0usize;
-        // Adjoint map u ↦ Jᵀu + g. f is recorded once on a scratch tape (only z differentiable)
-        // and replayed with `vjp_retain`; a layer whose graph cannot be replayed (a run-once
-        // custom op) gets a fresh scratch forward + consuming backward per evaluation instead.
-        let solver = self.solver.as_ref();
-        let mut retained = Some(self.scratch(true, false)?);
-        let solve = {
-            let mut map = crate::solver::FnMap::new(
-                d,
-                |u: ArrayView2<T>,
-                 _active: &[bool],
-                 mut out: ArrayViewMut2<T>|
-                 -> std::result::Result<(), MapError> {
-                    let seed = u
-                        .to_owned()
-                        .into_shape_with_order(IxDyn(&shape))
-                        .map_err(|e| ElmError::shape("adjoint", e.to_string()))?;
-                    let mut replayed = None;
-                    if let Some((t, zv, _, y)) = retained.as_mut() {
-                        match t.vjp_retain(*y, seed.clone()) {
-                            Ok(mut grads) => {
-                                scratch_peak = scratch_peak.max(t.peak_bytes());
-                                replayed = Some(grads.take(*zv));
-                            }
-                            Err(_) => retained = None,
-                        }
-                    }
-                    let jtu = match replayed {
-                        Some(j) => j,
-                        None => {
-                            let (mut t, zv, _, y) = self.scratch(true, false)?;
-                            let mut grads = t.backward_from(y, seed)?;
-                            scratch_peak = scratch_peak.max(t.peak_bytes());
-                            grads.take(zv)
-                        }
-                    };
-                    match jtu {
-                        Some(jtu) => {
-                            let jtu = jtu.as_standard_layout().into_owned();
-                            out.assign(&to_rows(&jtu, b, d)?);
-                        }
-                        None => out.fill(T::zero()),
-                    }
-                    out += &g_rows;
-                    Ok(())
-                },
-            );
-            solver.solve(&mut map, g_rows.view(), &self.stop)
+        let mut vjp = AdjointVjp {
+            retained: Some(self.scratch(true, false)?),
+            ctx: &self,
+            scratch_peak: 0,
+            shape: shape.clone(),
+            b,
+            d,
         };
+        let method = self.solver.name();
+        // (u [B, D], per-row outcomes, batched VJPs), or why the solve failed as a whole.
+        let solve: std::result::Result<(Array2<T>, Vec<RowOutcome>, usize), SolverError> =
+            match &self.solver {
+                LinearSolverConfig::FixedPoint(cfg) => {
+                    // u ↦ Jᵀu + g from u₀ = g, as the rule has always solved it.
+                    let mut map = FnMap::new(
+                        d,
+                        |u: ArrayView2<T>,
+                         _active: &[bool],
+                         mut out: ArrayViewMut2<T>|
+                         -> std::result::Result<(), MapError> {
+                            vjp.jt(u, out.view_mut())?;
+                            out += &g_rows;
+                            Ok(())
+                        },
+                    );
+                    cfg.build::<T>()
+                        .solve(&mut map, g_rows.view(), &self.stop)
+                        .map(|s| (s.z, s.rows, s.map_evals))
+                }
+                linear => {
+                    // (I − Jᵀ) u = g from u₀ = 0, whose residual g needs no VJP.
+                    let mut op = FnOperator::new(
+                        d,
+                        |u: ArrayView2<T>,
+                         _active: &[bool],
+                         mut out: ArrayViewMut2<T>|
+                         -> std::result::Result<(), MapError> {
+                            vjp.jt(u, out.view_mut())?;
+                            Zip::from(&mut out).and(&u).for_each(|o, &ui| *o = ui - *o);
+                            Ok(())
+                        },
+                    );
+                    let u0 = Array2::<T>::zeros((b, d));
+                    linear
+                        .solve(&mut op, g_rows.view(), u0.view(), &self.stop)
+                        .map(|s| (s.x, s.rows, s.applications))
+                }
+            };
+        let (scratch_peak, replayed_graph) = (vjp.scratch_peak, vjp.retained.is_some());
+        let mut report = BackwardReport {
+            solver: method,
+            iterations: 0,
+            vjp_evals: 0,
+            residual: f64::NAN,
+            rel_residual: f64::NAN,
+            rows: Vec::new(),
+            on_failure: self.on_failure,
+            failed_rows: Vec::new(),
+            fallback_rows: 0,
+            kept_rows: 0,
+            scratch_peak_bytes: scratch_peak,
+            replayed_graph,
+            error: None,
+        };
+        // Rows without a converged adjoint start at u = g (JFB) and change only as the policy says.
         let mut u = g_rows.clone();
-        let report = match solve {
-            Ok(sol) => {
-                let mut fallback = 0;
-                for (i, r) in sol.rows.iter().enumerate() {
+        let mut refused: Vec<usize> = Vec::new();
+        match solve {
+            Ok((x, rows, evals)) => {
+                for (i, r) in rows.iter().enumerate() {
                     if r.status == RowStatus::Converged {
-                        u.row_mut(i).assign(&sol.z.row(i));
+                        u.row_mut(i).assign(&x.row(i));
                     } else {
-                        fallback += 1;
+                        report.failed_rows.push(i);
                     }
                 }
-                BackwardReport {
-                    solver: solver.name(),
-                    iterations: sol.max_iterations(),
-                    vjp_evals: sol.map_evals,
-                    residual: sol.max_residual(),
-                    rel_residual: sol.rows.iter().map(|r| r.rel_residual).fold(0.0, nan_max),
-                    rows: sol.rows,
-                    fallback_rows: fallback,
-                    scratch_peak_bytes: scratch_peak,
-                    replayed_graph: retained.is_some(),
-                    error: None,
+                match self.on_failure {
+                    BackwardFailure::Jfb => report.fallback_rows = report.failed_rows.len(),
+                    BackwardFailure::Error => refused = report.failed_rows.clone(),
+                    BackwardFailure::Keep => {
+                        for &i in &report.failed_rows {
+                            if x.row(i).iter().all(|v| v.is_finite()) {
+                                u.row_mut(i).assign(&x.row(i));
+                                report.kept_rows += 1;
+                            } else {
+                                refused.push(i);
+                            }
+                        }
+                    }
                 }
+                report.iterations = rows.iter().map(|r| r.iterations).max().unwrap_or(0);
+                report.vjp_evals = evals;
+                report.residual = rows.iter().map(|r| r.residual).fold(0.0, nan_max);
+                report.rel_residual = rows.iter().map(|r| r.rel_residual).fold(0.0, nan_max);
+                report.rows = rows;
             }
-            Err(e) => BackwardReport {
-                error: Some(e.to_string()),
-                solver: solver.name(),
-                iterations: 0,
-                vjp_evals: 0,
-                residual: f64::NAN,
-                rel_residual: f64::NAN,
-                rows: Vec::new(),
-                fallback_rows: b,
-                scratch_peak_bytes: scratch_peak,
-                replayed_graph: retained.is_some(),
-            },
-        };
+            Err(e) => {
+                report.error = Some(e.to_string());
+                report.failed_rows = (0..b).collect();
+                if self.on_failure != BackwardFailure::Jfb {
+                    // No iterate to keep or refuse row by row: the solve's own error.
+                    self.slot.set(report);
+                    return Err(ElmError::from(e));
+                }
+                report.fallback_rows = b;
+            }
+        }
+        if !refused.is_empty() {
+            let detail = describe_rows(&report.rows, &refused);
+            self.slot.set(report);
+            return Err(ElmError::BackwardSolve {
+                method: method.to_string(),
+                rows: refused,
+                detail,
+            });
+        }
         // Final VJP w.r.t. x and θ with seed u.
         let (mut t, _, leaves, y) = self.scratch(false, true)?;
         let seed = u
             .into_shape_with_order(IxDyn(&shape))
             .map_err(|e| ElmError::shape("adjoint", e.to_string()))?;
         let mut grads = t.backward_from(y, seed)?;
-        let mut rep = report;
-        rep.scratch_peak_bytes = rep.scratch_peak_bytes.max(t.peak_bytes());
-        self.slot.set(rep);
+        report.scratch_peak_bytes = report.scratch_peak_bytes.max(t.peak_bytes());
+        self.slot.set(report);
         Ok(leaves
             .iter()
             .enumerate()
             .map(|(i, &v)| if self.needs[i] { grads.take(v) } else { None })
             .collect())
+    }
+}
+
+/// `row 2: MaxIter after 3 VJPs, rel. residual 1.2e-2; ...` for the first few of `which`.
+fn describe_rows(rows: &[RowOutcome], which: &[usize]) -> String {
+    const SHOWN: usize = 4;
+    let mut parts: Vec<String> = which
+        .iter()
+        .take(SHOWN)
+        .filter_map(|&i| rows.get(i).map(|r| (i, r)))
+        .map(|(i, r)| {
+            format!(
+                "row {i}: {:?} after {} VJPs, rel. residual {:.3e}",
+                r.status, r.iterations, r.rel_residual
+            )
+        })
+        .collect();
+    if which.len() > SHOWN {
+        parts.push(format!("{} more", which.len() - SHOWN));
+    }
+    parts.join("; ")
+}
+
+/// `u ↦ Jᵀu` at `z*` for a batch of adjoint rows: `f` recorded once on a scratch tape (only z
+/// differentiable) and replayed with `vjp_retain`; a layer whose graph cannot be replayed (a
+/// run-once custom op) gets a fresh scratch forward + consuming backward per product instead.
+struct AdjointVjp<'a, T: GradFloat, L: ImplicitLayer<T>> {
+    ctx: &'a AdjointCtx<T, L>,
+    retained: Option<(Tape<T>, Var, Vec<Var>, Var)>,
+    scratch_peak: usize,
+    shape: Vec<usize>,
+    b: usize,
+    d: usize,
+}
+
+impl<T: GradFloat, L: ImplicitLayer<T>> AdjointVjp<'_, T, L> {
+    /// `out = Jᵀu`, u and out `[B, D]` (the tape's VJP covers every row of the batch).
+    fn jt(&mut self, u: ArrayView2<T>, mut out: ArrayViewMut2<T>) -> Result<()> {
+        let seed = u
+            .to_owned()
+            .into_shape_with_order(IxDyn(&self.shape))
+            .map_err(|e| ElmError::shape("adjoint", e.to_string()))?;
+        let mut replayed = None;
+        if let Some((t, zv, _, y)) = self.retained.as_mut() {
+            match t.vjp_retain(*y, seed.clone()) {
+                Ok(mut grads) => {
+                    self.scratch_peak = self.scratch_peak.max(t.peak_bytes());
+                    replayed = Some(grads.take(*zv));
+                }
+                Err(_) => self.retained = None,
+            }
+        }
+        let jtu = match replayed {
+            Some(j) => j,
+            None => {
+                let (mut t, zv, _, y) = self.ctx.scratch(true, false)?;
+                let mut grads = t.backward_from(y, seed)?;
+                self.scratch_peak = self.scratch_peak.max(t.peak_bytes());
+                grads.take(zv)
+            }
+        };
+        match jtu {
+            Some(jtu) => {
+                let jtu = jtu.as_standard_layout().into_owned();
+                out.assign(&to_rows(&jtu, self.b, self.d)?);
+            }
+            None => out.fill(T::zero()),
+        }
+        Ok(())
     }
 }
 

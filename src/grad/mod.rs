@@ -10,13 +10,20 @@
 //! | `Unroll { k }` | `k` taped iterations from `z0` | exact gradient of `z_k` | `O(k)` |
 //! | `Jfb` | solver (no grad), then 1 taped `f` at detached `z*` | `∂f/∂θᵀ g` | `O(1)` |
 //! | `StochasticJfb` | `U[a,b]` untaped + `U[c,d]` taped iterations | through the taped ones | `O(taped)` |
-//! | `Implicit` | solver (no grad) | adjoint `u = Jᵀu + g` by any solver, then `∂f/∂θᵀ u` | `O(1)` |
+//! | `Implicit` | solver (no grad) | adjoint `(I − Jᵀ) u = g` by any solver, then `∂f/∂θᵀ u` | `O(1)` |
+//! | `Phantom { k, τ }` | solver (no grad), then `k` taped damped steps at detached `z*` | through the taped steps | `O(k)` |
 //!
 //! The IFT backward (`Implicit`) is a [`Tape::custom`](crate::autograd::Tape::custom) node whose
-//! VJP solves the adjoint fixed point with a [`FixedPointSolver`](crate::solver::FixedPointSolver)
-//! (Picard/Anderson/Broyden) via vector-Jacobian products of `f` at `z*` on scratch tapes; rows
-//! whose adjoint solve fails fall back to JFB. Its statistics (fallback rows included) land in
-//! [`GradReport::backward`] when the tape's backward runs; the library prints nothing.
+//! VJP solves the adjoint with a [`LinearSolverConfig`](crate::solver::LinearSolverConfig) via
+//! vector-Jacobian products of `f` at `z*` on scratch tapes (one VJP per operator application):
+//! a fixed-point solver on `u = Jᵀu + g` (Picard/Anderson/Broyden/your own), or GMRES,
+//! BiCGStab or a truncated Neumann series on `(I − Jᵀ) u = g`, which keep converging as
+//! ρ(J) → 1 where the fixed-point iteration needs thousands of VJPs. CG on the normal equations
+//! is not offered: it needs `J v` products and the tape is reverse-mode only (VJPs). Rows whose
+//! adjoint solve does not converge are handled by the rule's [`BackwardFailure`] policy: JFB
+//! (`u = g`, the default), a typed error naming the rows, or keeping the solver's iterate. Its
+//! statistics land in [`GradReport::backward`] when the tape's backward runs; the library prints
+//! nothing.
 //!
 //! States are `[B, ...]` (batch first); the solvers see them as `[B, D]` rows. Per-row stopping
 //! is exact when `f` acts on rows independently (the usual case).
@@ -68,4 +75,4 @@ pub use implicit::{
     check_param_count, implicit_forward, implicit_forward_with_rng, BackwardReport, BackwardSlot,
     GradFloat, GradReport, ImplicitDriver, ImplicitLayer, ParamSet,
 };
-pub use rule::{DeqConfig, GradientRule};
+pub use rule::{BackwardFailure, DeqConfig, GradientRule};

@@ -4,11 +4,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::solver::{SolverConfig, StopCriteria};
+use crate::solver::{LinearSolverConfig, SolverConfig, StopCriteria};
 use crate::{ElmError, Result};
 
 /// How the gradient of `z* = f(z*, x; θ)` is computed. JSON form, e.g.
-/// `{"kind": "implicit", "solver": {"kind": "anderson"}, "stop": {"rel_tol": 1e-8, "max_iter": 100}}` or
+/// `{"kind": "implicit", "solver": {"kind": "anderson"}, "stop": {"rel_tol": 1e-8, "max_iter": 100}}`,
+/// `{"kind": "implicit", "solver": {"kind": "gmres", "restart": 30}, "stop": {"rel_tol": 1e-8,
+/// "max_iter": 300}, "on_failure": "error"}`, `{"kind": "phantom", "k": 5, "tau": 0.5}` or
 /// `{"kind": "stochastic_jfb", "no_grad": [0, 4], "grad": [1, 4], "seed": 0}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(
@@ -39,15 +41,65 @@ pub enum GradientRule {
         seed: u64,
     },
     /// Implicit function theorem: solve `z*` with the forward solver, then in backward solve the
-    /// adjoint `u = Jᵀu + g` (J = ∂f/∂z at z*) with `solver` using vector-Jacobian products, and
-    /// return `∂f/∂(x, θ)ᵀ u`. Rows whose adjoint solve fails fall back to JFB (`u = g`); the
-    /// [`BackwardReport`](super::BackwardReport) counts them.
+    /// adjoint `(I − Jᵀ) u = g` (J = ∂f/∂z at z*) with `solver` using vector-Jacobian products,
+    /// and return `∂f/∂(x, θ)ᵀ u`. `solver` is a fixed-point solver on `u = Jᵀu + g` (JSON
+    /// `{"kind": "anderson"}`, as before) or a Krylov/series method on the linear system
+    /// (`gmres`, `bicgstab`, `neumann`), which keeps working as ρ(J) → 1. Rows whose adjoint
+    /// solve does not converge are handled by `on_failure` (default: JFB, `u = g`); the
+    /// [`BackwardReport`](super::BackwardReport) names them.
     Implicit {
         /// Backward (adjoint) solver.
-        solver: SolverConfig,
-        /// When an adjoint row stops (its iterations are VJP evaluations).
+        solver: LinearSolverConfig,
+        /// When an adjoint row stops: its iterations are VJP evaluations; its relative residual
+        /// is `‖Jᵀu + g − u‖` over `‖Jᵀu + g‖` for a fixed-point solver, over `‖g‖` for the
+        /// Krylov/series methods.
         stop: StopCriteria,
+        /// What a row whose adjoint solve did not converge gets (written only when not the
+        /// default, so existing configs keep their exact JSON).
+        #[serde(default, skip_serializing_if = "BackwardFailure::is_default")]
+        on_failure: BackwardFailure,
     },
+    /// Phantom gradient (Geng et al., 2021): solve `z*` with the forward solver (no gradient),
+    /// then `k` damped steps on the tape from the detached `z*`,
+    /// `z_{i+1} = (1 − τ) z_i + τ f(z_i)`. The gradient is `τ Σ_{i<k} ((1−τ)I + τJ)^i ∂f/∂θ`,
+    /// which tends to the IFT gradient as `k` grows when `ρ((1−τ)I + τJ) < 1`; memory `O(k)`.
+    Phantom {
+        /// Taped damped steps (≥ 1).
+        k: usize,
+        /// Damping τ ∈ (0, 1]; 1 is `k` plain applications of `f` (unroll from `z*`).
+        tau: f64,
+    },
+}
+
+/// What the implicit rule does with adjoint rows that did not converge (max iterations,
+/// divergence, NaN) or a backward solve that failed as a whole. JSON: `"jfb"`, `"error"`, `"keep"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackwardFailure {
+    /// Those rows take the JFB gradient (`u = g`), counted in `BackwardReport::fallback_rows`
+    /// (the behaviour of every config written before this field existed).
+    #[default]
+    Jfb,
+    /// The tape's backward returns [`ElmError::BackwardSolve`] naming the rows.
+    Error,
+    /// Those rows keep the solver's last iterate (e.g. a Neumann series truncated on purpose),
+    /// counted in `BackwardReport::kept_rows`; a row with no finite iterate is an error as under
+    /// `error`.
+    Keep,
+}
+
+impl BackwardFailure {
+    /// `jfb`, `error` or `keep`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BackwardFailure::Jfb => "jfb",
+            BackwardFailure::Error => "error",
+            BackwardFailure::Keep => "keep",
+        }
+    }
+    fn is_default(&self) -> bool {
+        *self == BackwardFailure::default()
+    }
 }
 
 impl GradientRule {
@@ -62,13 +114,28 @@ impl GradientRule {
         }
     }
 
-    /// IFT with the given backward solver, stopping at relative adjoint residual `rel_tol` or
-    /// after `max_iter` VJP evaluations per row.
-    pub fn implicit(solver: SolverConfig, rel_tol: f64, max_iter: usize) -> Self {
+    /// IFT with the given backward solver (a [`SolverConfig`] or a [`LinearSolverConfig`]),
+    /// stopping at relative adjoint residual `rel_tol` or after `max_iter` VJP evaluations per
+    /// row; rows that do not converge fall back to JFB.
+    pub fn implicit(solver: impl Into<LinearSolverConfig>, rel_tol: f64, max_iter: usize) -> Self {
         GradientRule::Implicit {
-            solver,
+            solver: solver.into(),
             stop: StopCriteria::relative(rel_tol, max_iter),
+            on_failure: BackwardFailure::Jfb,
         }
+    }
+
+    /// Builder-style: the implicit rule's `on_failure` policy (no effect on other rules).
+    pub fn with_on_failure(mut self, policy: BackwardFailure) -> Self {
+        if let GradientRule::Implicit { on_failure, .. } = &mut self {
+            *on_failure = policy;
+        }
+        self
+    }
+
+    /// Phantom gradient with `k` damped steps of damping `tau`.
+    pub fn phantom(k: usize, tau: f64) -> Self {
+        GradientRule::Phantom { k, tau }
     }
 
     /// Seed of the rule's random draws (`stochastic_jfb`); 0 for the deterministic rules.
@@ -79,19 +146,23 @@ impl GradientRule {
         }
     }
 
-    /// Short name: `unroll`, `jfb`, `stochastic_jfb`, `implicit`.
+    /// Short name: `unroll`, `jfb`, `stochastic_jfb`, `implicit`, `phantom`.
     pub fn name(&self) -> &'static str {
         match self {
             GradientRule::Unroll { .. } => "unroll",
             GradientRule::Jfb => "jfb",
             GradientRule::StochasticJfb { .. } => "stochastic_jfb",
             GradientRule::Implicit { .. } => "implicit",
+            GradientRule::Phantom { .. } => "phantom",
         }
     }
 
     /// Whether the rule runs the forward fixed-point solver.
     pub fn uses_forward_solver(&self) -> bool {
-        matches!(self, GradientRule::Jfb | GradientRule::Implicit { .. })
+        matches!(
+            self,
+            GradientRule::Jfb | GradientRule::Implicit { .. } | GradientRule::Phantom { .. }
+        )
     }
 
     /// Parses and validates a JSON rule (unknown keys rejected).
@@ -133,13 +204,24 @@ impl GradientRule {
                     ));
                 }
             }
-            GradientRule::Implicit { solver, stop } => {
+            GradientRule::Implicit { solver, stop, .. } => {
                 solver.validate()?;
                 stop.validate()?;
                 if stop.abs_tol == 0.0 && stop.rel_tol == 0.0 {
                     return Err(ElmError::config(
                         "gradient_rule.stop",
                         "abs_tol or rel_tol must be > 0 (the adjoint solve would always run max_iter)",
+                    ));
+                }
+            }
+            GradientRule::Phantom { k, tau } => {
+                if *k == 0 {
+                    return Err(ElmError::config("gradient_rule.k", "must be >= 1"));
+                }
+                if !(tau.is_finite() && *tau > 0.0 && *tau <= 1.0) {
+                    return Err(ElmError::config(
+                        "gradient_rule.tau",
+                        format!("must be in (0, 1], got {tau}"),
                     ));
                 }
             }
@@ -163,8 +245,14 @@ enum RawRule {
         seed: u64,
     },
     Implicit {
-        solver: SolverConfig,
+        solver: LinearSolverConfig,
         stop: StopCriteria,
+        #[serde(default)]
+        on_failure: BackwardFailure,
+    },
+    Phantom {
+        k: usize,
+        tau: f64,
     },
 }
 
@@ -183,7 +271,16 @@ impl TryFrom<RawRule> for GradientRule {
                 grad,
                 seed,
             },
-            RawRule::Implicit { solver, stop } => GradientRule::Implicit { solver, stop },
+            RawRule::Implicit {
+                solver,
+                stop,
+                on_failure,
+            } => GradientRule::Implicit {
+                solver,
+                stop,
+                on_failure,
+            },
+            RawRule::Phantom { k, tau } => GradientRule::Phantom { k, tau },
         };
         rule.validate()?;
         Ok(rule)
