@@ -342,3 +342,71 @@ fn vjp_retain_rejects_run_once_custom_ops() {
         assert!(g.get(x).unwrap().iter().all(|&v| v == 3.0));
     }
 }
+
+/// `select_rows` (a row picked twice, one never): finite differences, and its backward adds
+/// both picks at the source row.
+#[test]
+fn gradcheck_select_rows() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let a = rand_arr(&mut rng, &[2, 3, 4]);
+    check(
+        "select_rows",
+        |t, v| {
+            let r = t.select_rows(v[0], &[5, 0, 5, 2])?;
+            Ok(t.tanh(r))
+        },
+        std::slice::from_ref(&a),
+    );
+    let mut t = Tape::<f64>::new();
+    let x = t.param(a.clone());
+    assert!(t.select_rows(x, &[6]).is_err(), "row 6 of 6 rows");
+    let r = t.select_rows(x, &[1, 1]).unwrap();
+    assert_eq!(t.value(r).shape(), &[2, 4]);
+    let s = t.sum(r);
+    let g = t.backward(s).unwrap();
+    let gx = g.get(x).unwrap();
+    // Row 1 of [6, 4] is (batch 0, position 1): picked twice, so its gradient is 2.
+    assert!(gx
+        .iter()
+        .enumerate()
+        .all(|(i, &v)| v == if i / 4 == 1 { 2.0 } else { 0.0 }));
+}
+
+/// CE at the supervised rows only equals CE over every row with the rest ignored, in value
+/// and in gradient (f64), for a row-wise head (norm + matmul).
+#[test]
+fn supervised_cross_entropy_equals_the_ignoring_one() {
+    let mut rng = StdRng::seed_from_u64(10);
+    let x = rand_arr(&mut rng, &[2, 3, 4]);
+    let w = rand_arr(&mut rng, &[7, 4]);
+    let targets = [3i64, -1, 0, -1, -1, 6];
+    let run = |selective: bool| {
+        let mut t = Tape::<f64>::new();
+        let (xv, wv) = (t.param(x.clone()), t.param(w.clone()));
+        let head = |t: &mut Tape<f64>, h: Var| {
+            let g = t.constant(ArrayD::from_elem(IxDyn(&[4]), 1.0));
+            let n = elm::nn::rms_norm(t, h, g, 1e-6)?;
+            t.matmul_t(n, wv, None)
+        };
+        let ce = if selective {
+            let (ce, n) =
+                elm::nn::supervised_cross_entropy(&mut t, xv, &targets, -1, head).unwrap();
+            assert_eq!(n, 3);
+            ce
+        } else {
+            let logits = head(&mut t, xv).unwrap();
+            elm::nn::cross_entropy(&mut t, logits, &targets, -1).unwrap()
+        };
+        let v = t.scalar(ce);
+        let g = t.backward(ce).unwrap();
+        (v, g.get(xv).unwrap().clone(), g.get(wv).unwrap().clone())
+    };
+    let (a, b) = (run(true), run(false));
+    assert!((a.0 - b.0).abs() < 1e-12, "{} vs {}", a.0, b.0);
+    assert!((&a.1 - &b.1).iter().all(|d| d.abs() < 1e-12));
+    assert!((&a.2 - &b.2).iter().all(|d| d.abs() < 1e-12));
+    let mut t = Tape::<f64>::new();
+    let xv = t.param(x.clone());
+    let none = elm::nn::supervised_cross_entropy(&mut t, xv, &[-1; 6], -1, |_, h| Ok(h));
+    assert!(none.is_err());
+}

@@ -354,6 +354,45 @@ impl<T: AdFloat> Tape<T> {
         }))
     }
 
+    /// Rows `rows` of `x` `[..., C]` seen as `[N, C]` (N = the product of the leading axes):
+    /// `[R, C]`. The backward adds each row's gradient back at its source row (a row may repeat).
+    /// Lets a loss run only where it is supervised (e.g. the LM head at answer tokens).
+    pub fn select_rows(&mut self, x: Var, rows: &[usize]) -> Result<Var> {
+        let xv = self.value(x);
+        let shape = xv.shape().to_vec();
+        let c = shape.last().copied().unwrap_or(0);
+        let n = xv.len().checked_div(c).unwrap_or(0);
+        if shape.is_empty() {
+            return Err(ElmError::shape("select_rows", "a scalar has no rows"));
+        }
+        if let Some(&bad) = rows.iter().find(|&&r| r >= n) {
+            return Err(ElmError::shape(
+                "select_rows",
+                format!("row {bad} of {n} rows (shape {shape:?})"),
+            ));
+        }
+        let flat = xv
+            .to_shape((n, c))
+            .map_err(|e| ElmError::shape("select_rows", e.to_string()))?;
+        let v = flat.select(Axis(0), rows).into_dyn();
+        let rows = rows.to_vec();
+        Ok(self.push_op(&[x], v, 0, move |g, _| {
+            // [N, C] of zeros, then each selected row's gradient added back.
+            let mut d = ndarray::Array2::<T>::zeros((n, c));
+            let g2 = g
+                .to_shape((rows.len(), c))
+                .map_err(|e| ElmError::shape("select_rows backward", e.to_string()))?;
+            for (i, &r) in rows.iter().enumerate() {
+                let mut dst = d.row_mut(r);
+                dst += &g2.row(i);
+            }
+            let d = d
+                .into_shape_with_order(IxDyn(&shape))
+                .map_err(|e| ElmError::shape("select_rows backward", e.to_string()))?;
+            Ok(vec![Some(d)])
+        }))
+    }
+
     /// `x[..., start..end]` along the last axis.
     pub fn slice_last(&mut self, x: Var, start: usize, end: usize) -> Result<Var> {
         let xv = self.value(x);

@@ -455,15 +455,19 @@ impl<'a> Trainer<'a> {
             }
             let fnorm = tape.constant_shared(self.final_norm.clone());
             let head = tape.constant_shared(self.lm_head.clone());
-            let n = crate::nn::rms_norm(&mut tape, x, fnorm, self.dense.config.rms_norm_eps)?;
-            let logits = tape.matmul_t(n, head, None)?;
             let targets: Vec<i64> = batch
                 .targets
                 .iter()
                 .flatten()
                 .map(|t| t.map_or(-1, |v| v as i64))
                 .collect();
-            let ce = crate::nn::cross_entropy(&mut tape, logits, &targets, -1)?;
+            let eps = self.dense.config.rms_norm_eps;
+            // Final norm, LM head and CE at answer tokens only (the head is the largest matmul).
+            let (ce, _) =
+                crate::nn::supervised_cross_entropy(&mut tape, x, &targets, -1, |t, x| {
+                    let n = crate::nn::rms_norm(t, x, fnorm, eps)?;
+                    t.matmul_t(n, head, None)
+                })?;
             ce_val = Some(tape.scalar(ce) as f64);
             let w = tape.scale(ce, lambda_ce);
             loss = tape.add(loss, w)?;

@@ -286,20 +286,15 @@ impl<'a> LoraTrainer<'a> {
             let lora = block_lora(&self.store, &vars, "", l);
             x = lora_block_forward(tape, bv, &lora, x, &mut run)?;
         }
-        let logits = mv.head(tape, x)?;
         let targets: Vec<i64> = batch
             .targets
             .iter()
             .flatten()
             .map(|t| t.map_or(-1, |v| v as i64))
             .collect();
-        let n = targets.iter().filter(|&&t| t >= 0).count();
-        if n == 0 {
-            return Err(ElmError::InvalidArgument(
-                "batch has no answer token to train on".into(),
-            ));
-        }
-        let ce = crate::nn::cross_entropy(tape, logits, &targets, -1)?;
+        // The head (final norm + LM head) runs at answer tokens only.
+        let (ce, n) =
+            crate::nn::supervised_cross_entropy(tape, x, &targets, -1, |t, x| mv.head(t, x))?;
         Ok((ce, vars, n))
     }
 

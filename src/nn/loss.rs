@@ -119,6 +119,35 @@ pub fn cross_entropy<T: AdFloat>(
     ))
 }
 
+/// Cross-entropy of `head(x)` at the supervised positions only: the rows of `x` `[..., C]`
+/// whose target is not `ignore_index` are gathered first (`[R, C]`), so `head` — e.g. the final
+/// norm and the LM head, the largest matmul of a training step — runs on those rows alone.
+/// Loss and gradients equal running `head` everywhere and ignoring the other rows, as long as
+/// `head` acts on each row separately. Returns `(loss, R)`; no supervised row is an error.
+pub fn supervised_cross_entropy<T: AdFloat>(
+    tape: &mut Tape<T>,
+    x: Var,
+    targets: &[i64],
+    ignore_index: i64,
+    head: impl FnOnce(&mut Tape<T>, Var) -> Result<Var>,
+) -> Result<(Var, usize)> {
+    let (rows, kept): (Vec<usize>, Vec<i64>) = targets
+        .iter()
+        .enumerate()
+        .filter(|(_, &t)| t != ignore_index)
+        .map(|(i, &t)| (i, t))
+        .unzip();
+    if rows.is_empty() {
+        return Err(ElmError::InvalidArgument(
+            "batch has no supervised token to train on".into(),
+        ));
+    }
+    let xs = tape.select_rows(x, &rows)?;
+    let logits = head(tape, xs)?;
+    let ce = cross_entropy(tape, logits, &kept, ignore_index)?;
+    Ok((ce, rows.len()))
+}
+
 /// Masked MSE: `Σ_{rows r with mask[r]} Σ_c (pred − target)² / (count · C)`.
 /// `pred, target: [..., C]`; `mask`: one flag per row (e.g. per token of `[B, T]`).
 /// Returns `(loss, count)`; no selected row gives loss 0.

@@ -16,7 +16,7 @@ pub mod swiglu;
 pub use attention::attention;
 pub use embedding::embedding;
 pub use lora::lora_linear;
-pub use loss::{cross_entropy, masked_mse, IGNORE_INDEX};
+pub use loss::{cross_entropy, masked_mse, supervised_cross_entropy, IGNORE_INDEX};
 pub use rmsnorm::rms_norm;
 pub use rope::{rope, RopeLayout};
 pub use swiglu::swiglu;

@@ -359,15 +359,13 @@ impl<'a> Candidates<'a> {
         }
         let fnorm = tape.constant_shared(self.final_norm.clone());
         let head = tape.constant_shared(self.lm_head.clone());
-        let nx = crate::nn::rms_norm(&mut tape, x, fnorm, self.dense.config.rms_norm_eps)?;
-        let logits = tape.matmul_t(nx, head, None)?;
         let targets = teacher.targets();
-        if targets.iter().all(|&t| t < 0) {
-            return Err(ElmError::InvalidArgument(
-                "batch has no answer token to score".into(),
-            ));
-        }
-        let ce = crate::nn::cross_entropy(&mut tape, logits, &targets, -1)?;
+        let eps = self.dense.config.rms_norm_eps;
+        // Final norm, LM head and CE at answer tokens only.
+        let (ce, _) = crate::nn::supervised_cross_entropy(&mut tape, x, &targets, -1, |t, x| {
+            let nx = crate::nn::rms_norm(t, x, fnorm, eps)?;
+            t.matmul_t(nx, head, None)
+        })?;
         let (ce_v, mse_v) = (tape.scalar(ce) as f64, tape.scalar(mse) as f64);
         let a = tape.scale(ce, self.cfg.ce_weight);
         let b = tape.scale(mse, self.cfg.distill_weight);
