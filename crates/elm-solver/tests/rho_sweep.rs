@@ -56,14 +56,13 @@ fn picard_counts_match_a_plain_iteration_and_the_bound() {
             assert_eq!(r.mean_evaluations, mean, "ρ {rho} tol {tol}");
             // ‖z_{k+1} − z_k‖ = ‖A^k b‖ ≤ ρ^k ‖b‖ and ‖z_{k+1}‖ ≥ ‖z*‖ − ρ^{k+1}‖z*‖: a bound
             // nobody tuned on the count (loose by design).
-            for row in 0..cfg.batch {
+            for (row, &count) in counts.iter().enumerate() {
                 let b = p.b.row(row).mapv(|v| v * v).sum().sqrt();
                 let zs = p.exact.row(row).mapv(|v| v * v).sum().sqrt();
                 let bound = ((tol * zs * 0.5) / b).ln() / rho.ln() + 2.0;
                 assert!(
-                    (counts[row] as f64) <= bound.max(2.0),
-                    "ρ {rho} tol {tol}: {} evaluations > bound {bound}",
-                    counts[row]
+                    (count as f64) <= bound.max(2.0),
+                    "ρ {rho} tol {tol}: {count} evaluations > bound {bound}"
                 );
             }
         }
