@@ -11,7 +11,7 @@
 //!
 //! `--check` fails the run unless every rule ends above 75% test accuracy (CI runs it so).
 //!
-//! `cargo run --release --example deq_classifier [-- --json] [--steps N] [--seed S] [--solver NAME] [--check]`
+//! `cargo run --release --example deq_classifier [-- --json] [--steps N] [--seed S] [--solver NAME] [--jac-weight PERMILLE] [--check]`
 
 #[path = "support/adaptive_picard.rs"]
 mod adaptive_picard;
@@ -19,7 +19,9 @@ mod adaptive_picard;
 use std::time::Instant;
 
 use elm::autograd::{Tape, Var};
-use elm::grad::{DeqConfig, GradientRule, ImplicitDriver, ImplicitLayer};
+use elm::grad::{
+    jacobian_penalty, DeqConfig, GradientRule, ImplicitDriver, ImplicitLayer, JacobianPenalty,
+};
 use elm::solver::{SolverConfig, StopCriteria};
 use elm::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
 use ndarray::{Array2, ArrayD, Axis};
@@ -181,6 +183,7 @@ fn accuracy(store: &ParamStore, x: &Array2<f32>, y: &[usize], deq: &DeqConfig) -
 fn train(
     rule: GradientRule,
     solver: &SolverConfig,
+    jacobian: &JacobianPenalty,
     steps: usize,
     seed: u64,
     data: &(Array2<f32>, Vec<usize>, Array2<f32>, Vec<usize>),
@@ -235,8 +238,15 @@ fn train(
         };
         let (z, report) = driver.forward(&mut tape, &TanhDeq, x, &params, &z0)?;
         let logits = tape.matmul_t(z, vars.var(3), Some(vars.var(4)))?;
-        let loss = cross_entropy(&mut tape, logits, ytr);
+        let mut loss = cross_entropy(&mut tape, logits, ytr);
         last_loss = tape.scalar(loss) as f64;
+        if !jacobian.is_off() {
+            // Hutchinson ‖∂f/∂z‖²_F at the fixed point: keeps the map contractive.
+            let zs = tape.value(z).clone();
+            let pen = jacobian_penalty(&mut tape, &TanhDeq, &zs, x, &params, jacobian, &mut rng)?;
+            let w = tape.scale(pen, jacobian.weight as f32);
+            loss = tape.add(loss, w)?;
+        }
         let mut g = tape.backward(loss)?;
         peak = peak.max(tape.peak_bytes());
         fwd_iters += report.forward_iterations;
@@ -288,6 +298,12 @@ fn main() -> elm::Result<()> {
         },
         None => SolverConfig::anderson(),
     };
+    // `--jac-weight W` (per mille, an integer like the other flags): the Hutchinson Jacobian
+    // regulariser at weight W / 1000.
+    let jacobian = JacobianPenalty {
+        weight: arg("--jac-weight", 0)? as f64 / 1000.0,
+        ..JacobianPenalty::default()
+    };
     let mut rng = elm::train::seeded_rng(seed);
     let (xtr, ytr) = spirals(N_POINTS, 0.08, &mut rng);
     let (xte, yte) = spirals(N_POINTS, 0.08, &mut rng);
@@ -314,7 +330,7 @@ fn main() -> elm::Result<()> {
         if !json {
             eprintln!("training with {} ...", rule.name());
         }
-        results.push(train(rule, &solver, steps, seed, &data)?);
+        results.push(train(rule, &solver, &jacobian, steps, seed, &data)?);
     }
     if json {
         let rows: Vec<_> = results

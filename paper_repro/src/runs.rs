@@ -919,6 +919,8 @@ mod tests {
             sampled: Some((1, 1)),
             tokens: 60,
             seconds: 0.5,
+            jacobian: None,
+            spectral_radius: Some(0.3),
         };
         let outcome = TrainOutcome {
             steps: 4,

@@ -239,6 +239,18 @@ pub struct TrainConfig {
     /// Write a resumable checkpoint every this many steps (0 = only at the end).
     #[serde(default = "d_ckpt_every")]
     pub checkpoint_every: usize,
+    /// Hutchinson Jacobian regulariser `weight · ‖∂φ/∂z‖²_F / D` at the step's state (off by
+    /// default; absent from the serialised config while off, so existing runs keep their keys).
+    #[serde(default, skip_serializing_if = "crate::grad::JacobianPenalty::is_off")]
+    pub jacobian_penalty: crate::grad::JacobianPenalty,
+    /// Log ρ(∂φ/∂z) at the fixed point of the step's batch every this many steps (0 = never;
+    /// a solve and 30 Jacobian-vector products, see [`super::spectral`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub spectral_every: usize,
+}
+
+fn is_zero(v: &usize) -> bool {
+    *v == 0
 }
 
 fn d_steps() -> usize {
@@ -338,6 +350,7 @@ impl TrainConfig {
         if !self.betas.iter().all(|b| (0.0..1.0).contains(b)) {
             return Err(ElmError::config("betas", "each must be in [0, 1)"));
         }
+        self.jacobian_penalty.validate()?;
         if !(0.0..=1.0).contains(&self.warmup_frac) || !(0.0..=1.0).contains(&self.min_lr_frac) {
             return Err(ElmError::config(
                 "warmup_frac/min_lr_frac",

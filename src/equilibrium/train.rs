@@ -72,6 +72,12 @@ pub struct StepLog {
     /// history, the compute of a run across resumes.
     #[serde(default)]
     pub seconds: f64,
+    /// The Jacobian regulariser's estimate of `‖∂φ/∂z‖²_F / D` (unweighted), when it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jacobian: Option<f64>,
+    /// ρ(∂φ/∂z) at the fixed point of the step's batch, on the steps `spectral_every` picks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spectral_radius: Option<f64>,
 }
 
 /// `train_state.json`.
@@ -410,6 +416,28 @@ impl<'a> Trainer<'a> {
         Ok((h, target))
     }
 
+    /// ρ(∂φ/∂z) of the current module at the fixed point of `batch`'s first sequence (its
+    /// real tokens), solved to relative residual 1e-4 (see [`super::spectral`]).
+    fn batch_spectral_radius(&mut self, batch: &Batch) -> Result<f64> {
+        let (h, _) = self.teacher(batch)?;
+        let len = batch
+            .valid
+            .first()
+            .map_or(0, |v| v.iter().filter(|&&x| x).count());
+        let h = h.slice(ndarray::s![0..1, 0..len.max(1), ..]).to_owned();
+        let module = self.module()?;
+        let (rho, _) = super::spectral::module_spectral_radius(
+            &self.elm,
+            &module,
+            &self.dense.config,
+            h.view(),
+            &crate::solver::SolverConfig::anderson(),
+            &crate::solver::StopCriteria::relative(1e-4, 50),
+            &super::spectral::PowerIteration::default(),
+        )?;
+        Ok(rho)
+    }
+
     /// One optimisation step on batch `self.step` of `data`.
     pub fn train_step(&mut self, data: &[TokenSequence], pad_id: u32) -> Result<StepLog> {
         let t0 = Instant::now();
@@ -446,6 +474,24 @@ impl<'a> Trainer<'a> {
         let mse = crate::nn::masked_mse(&mut tape, z, tv, &valid)?;
         let distill = tape.scalar(mse) as f64;
         let mut loss = tape.scale(mse, lambda_distill);
+        let mut jacobian = None;
+        let reg = &self.cfg.jacobian_penalty;
+        if !reg.is_off() {
+            // At the step's state (detached): the penalty shapes θ, not the iterate.
+            let zs = tape.value(z).clone();
+            let pen = crate::grad::jacobian_penalty(
+                &mut tape,
+                &self.layer,
+                &zs,
+                hv,
+                &params,
+                reg,
+                &mut rng,
+            )?;
+            jacobian = Some(tape.scalar(pen) as f64);
+            let w = tape.scale(pen, reg.weight as f32);
+            loss = tape.add(loss, w)?;
+        }
         let mut ce_val = None;
         if lambda_ce > 0.0 {
             let mut x = z;
@@ -484,6 +530,12 @@ impl<'a> Trainer<'a> {
         let grad_norm = pg.clip_global_norm(self.cfg.clip as f64)?;
         let lr = self.sched.lr_at(self.step);
         self.opt.step(&mut self.store, &pg, lr)?;
+        let every = self.cfg.spectral_every;
+        let spectral_radius = if every > 0 && self.step.is_multiple_of(every) {
+            Some(self.batch_spectral_radius(&batch)?)
+        } else {
+            None
+        };
         let log = StepLog {
             step: self.step,
             lr,
@@ -496,6 +548,8 @@ impl<'a> Trainer<'a> {
             sampled: rep.sampled,
             tokens: valid.iter().filter(|v| **v).count(),
             seconds: t0.elapsed().as_secs_f64(),
+            jacobian,
+            spectral_radius,
         };
         self.step += 1;
         self.history.push(log.clone());

@@ -69,10 +69,12 @@
 //! ```
 
 mod implicit;
+mod regularizer;
 mod rule;
 
 pub use implicit::{
     check_param_count, implicit_forward, implicit_forward_with_rng, BackwardReport, BackwardSlot,
     GradFloat, GradReport, ImplicitDriver, ImplicitLayer, ParamSet,
 };
+pub use regularizer::{jacobian_penalty, JacobianPenalty};
 pub use rule::{BackwardFailure, DeqConfig, GradientRule};

@@ -1,0 +1,199 @@
+//! The Hutchinson Jacobian regulariser: its mean equals `‖∂f/∂z‖²_F / D` computed exactly (f64)
+//! within the confidence interval of its own variance, its gradient passes finite differences,
+//! and bad settings are refused by name.
+
+use elm::autograd::{gradcheck, Tape, Var};
+use elm::grad::{jacobian_penalty, ImplicitLayer, JacobianPenalty};
+use ndarray::{Array1, Array2, ArrayD, Axis, IxDyn};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+elm::param_set! {
+    /// θ of `f(z, x) = act(W z + U x + b)`.
+    struct Params { w, u, b }
+}
+
+#[derive(Clone)]
+struct Layer {
+    tanh: bool,
+}
+
+impl ImplicitLayer<f64> for Layer {
+    type Params = Params;
+    fn forward(&self, t: &mut Tape<f64>, z: Var, x: Var, p: &Params) -> elm::Result<Var> {
+        let wz = t.matmul_t(z, p.w, None)?; // [B, D]
+        let ux = t.matmul_t(x, p.u, Some(p.b))?; // [B, D]
+        let s = t.add(wz, ux)?;
+        Ok(if self.tanh { t.tanh(s) } else { s })
+    }
+}
+
+fn rand2(rng: &mut StdRng, r: usize, c: usize, scale: f64) -> Array2<f64> {
+    Array2::from_shape_fn((r, c), |_| rng.gen_range(-1.0..1.0) * scale)
+}
+
+/// Exact per-row Jacobians `[B][D, D]` of the layer at `z`.
+fn jacobians(
+    layer: &Layer,
+    w: &Array2<f64>,
+    u: &Array2<f64>,
+    b: &Array1<f64>,
+    z: &Array2<f64>,
+    x: &Array2<f64>,
+) -> Vec<Array2<f64>> {
+    let s = z.dot(&w.t()) + x.dot(&u.t()) + b;
+    s.axis_iter(Axis(0))
+        .map(|row| {
+            let d: Array1<f64> = if layer.tanh {
+                row.mapv(|v| 1.0 - v.tanh().powi(2))
+            } else {
+                Array1::ones(row.len())
+            };
+            // diag(d) · W
+            w * &d.insert_axis(Axis(1))
+        })
+        .collect()
+}
+
+#[test]
+fn hutchinson_mean_equals_the_exact_frobenius_norm() {
+    let (bsz, d, nx) = (6, 5, 3);
+    for tanh in [false, true] {
+        let layer = Layer { tanh };
+        let mut rng = StdRng::seed_from_u64(if tanh { 2 } else { 1 });
+        let (w, u) = (rand2(&mut rng, d, d, 0.6), rand2(&mut rng, d, nx, 1.0));
+        let b = Array1::from_shape_fn(d, |_| rng.gen_range(-0.5..0.5));
+        let (z, x) = (rand2(&mut rng, bsz, d, 1.0), rand2(&mut rng, bsz, nx, 1.0));
+        let js = jacobians(&layer, &w, &u, &b, &z, &x);
+        // E‖J v‖² = ‖J‖²_F; Var‖J v‖² = 2 tr((JᵀJ)²) for v ~ N(0, I).
+        let exact: f64 = js
+            .iter()
+            .map(|j| j.iter().map(|v| v * v).sum::<f64>())
+            .sum::<f64>()
+            / (bsz * d) as f64;
+        let var_row: Vec<f64> = js
+            .iter()
+            .map(|j| {
+                let g = j.t().dot(j);
+                2.0 * g.iter().map(|v| v * v).sum::<f64>()
+            })
+            .collect();
+        let cfg = JacobianPenalty {
+            weight: 1.0,
+            probes: 64,
+            rel_step: 1e-4,
+        };
+        let reps = 8;
+        let mut total = 0.0;
+        for rep in 0..reps {
+            let mut t = Tape::<f64>::new();
+            let p = Params {
+                w: t.param(w.clone().into_dyn()),
+                u: t.param(u.clone().into_dyn()),
+                b: t.param(b.clone().into_dyn()),
+            };
+            let xv = t.constant(x.clone().into_dyn());
+            let mut prng = StdRng::seed_from_u64(100 + rep);
+            let pen = jacobian_penalty(
+                &mut t,
+                &layer,
+                &z.clone().into_dyn(),
+                xv,
+                &p,
+                &cfg,
+                &mut prng,
+            )
+            .unwrap();
+            total += t.scalar(pen);
+        }
+        let estimate = total / reps as f64;
+        // The estimate averages N = reps·probes draws per row: its variance is
+        // Σ_r Var_r / (N (B·D)²).
+        let n = (reps as usize * cfg.probes) as f64;
+        let se = (var_row.iter().sum::<f64>() / n).sqrt() / (bsz * d) as f64;
+        assert!(
+            (estimate - exact).abs() < 4.0 * se + 1e-6 * exact,
+            "tanh {tanh}: estimate {estimate} vs exact {exact} (SE {se})"
+        );
+        assert!(
+            se < 0.1 * exact,
+            "the interval must say something: SE {se} vs {exact}"
+        );
+    }
+}
+
+#[test]
+fn penalty_gradient_passes_finite_differences() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let (bsz, d, nx) = (3, 4, 2);
+    let w = rand2(&mut rng, d, d, 0.5).into_dyn();
+    let u = rand2(&mut rng, d, nx, 1.0).into_dyn();
+    let b = ArrayD::from_shape_fn(IxDyn(&[d]), |_| rng.gen_range(-0.5..0.5));
+    let z = rand2(&mut rng, bsz, d, 1.0).into_dyn();
+    let x = rand2(&mut rng, bsz, nx, 1.0).into_dyn();
+    let cfg = JacobianPenalty {
+        weight: 1.0,
+        probes: 2,
+        rel_step: 1e-3,
+    };
+    let layer = Layer { tanh: true };
+    let r = gradcheck(
+        |t, v| {
+            let p = Params {
+                w: v[0],
+                u: v[1],
+                b: v[2],
+            };
+            let xv = t.constant(x.clone());
+            // The same probes at every evaluation: the estimate is a function of θ.
+            let mut prng = StdRng::seed_from_u64(7);
+            jacobian_penalty(t, &layer, &z, xv, &p, &cfg, &mut prng)
+        },
+        &[w, u, b],
+        1e-6,
+    )
+    .unwrap();
+    assert!(r.max_abs_grad > 1e-3, "{r}");
+    assert!(r.max_rel_err < 1e-5, "{r}");
+}
+
+#[test]
+fn bad_settings_are_refused_by_name() {
+    for (cfg, field) in [
+        (
+            JacobianPenalty {
+                weight: -1.0,
+                ..Default::default()
+            },
+            "weight",
+        ),
+        (
+            JacobianPenalty {
+                probes: 0,
+                ..Default::default()
+            },
+            "probes",
+        ),
+        (
+            JacobianPenalty {
+                rel_step: f64::NAN,
+                ..Default::default()
+            },
+            "rel_step",
+        ),
+    ] {
+        let e = cfg.validate().unwrap_err().to_string();
+        assert!(e.contains(field), "{e}");
+    }
+    let e = serde_json::from_str::<JacobianPenalty>(r#"{"weight": 1, "probs": 2}"#).unwrap_err();
+    assert!(e.to_string().contains("probs"), "{e}");
+    let cfg: elm::equilibrium::TrainConfig =
+        serde_json::from_str(r#"{"jacobian_penalty": {"weight": 0.5}, "spectral_every": 10}"#)
+            .unwrap();
+    assert_eq!(cfg.jacobian_penalty.probes, 1);
+    // Off by default and absent from the serialised config then (stage keys unchanged).
+    let plain = serde_json::to_string(&elm::equilibrium::TrainConfig::default()).unwrap();
+    assert!(
+        !plain.contains("jacobian") && !plain.contains("spectral_every"),
+        "{plain}"
+    );
+}
