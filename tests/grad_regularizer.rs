@@ -197,3 +197,78 @@ fn bad_settings_are_refused_by_name() {
         "{plain}"
     );
 }
+
+/// Spectral normalisation: σ̂ converges to the largest singular value (LAPACK SVD) as the kept
+/// power-iteration vectors warm up over calls, the normalised matrix then has spectral norm
+/// `target`, and its gradient (u, v held) passes finite differences.
+#[test]
+fn spectral_norm_tracks_sigma_and_normalises() {
+    use elm::grad::SpectralNorm;
+    use ndarray_linalg::SVD;
+    let mut rng = StdRng::seed_from_u64(11);
+    let w = rand2(&mut rng, 6, 4, 1.0);
+    let (_, s, _) = w.svd(false, false).unwrap();
+    let (s1, s2) = (s[0], s[1]);
+    let mut sn = SpectralNorm::new(6, 4, 0.9, 5).unwrap();
+    let mut err = vec![];
+    for _ in 0..60 {
+        let mut t = Tape::<f64>::new();
+        let wv = t.param(w.clone().into_dyn());
+        let out = sn.apply(&mut t, wv).unwrap();
+        err.push((sn.sigma().unwrap() - s1).abs() / s1);
+        if err.len() == 60 {
+            let o = t
+                .value(out)
+                .clone()
+                .into_dimensionality::<ndarray::Ix2>()
+                .unwrap();
+            let (_, so, _) = o.svd(false, false).unwrap();
+            assert!((so[0] - 0.9).abs() < 1e-9, "‖W_sn‖₂ = {}", so[0]);
+        }
+    }
+    // Power iteration converges at rate (σ₂/σ₁)² per call: not slower.
+    assert!(err[59] < 1e-10, "{err:?}");
+    assert!(
+        err[59] <= err[0] * (s2 / s1).powi(2 * 50) + 1e-12,
+        "{err:?}"
+    );
+    // The gradient through σ̂ with u, v held fixed (no further iterations).
+    sn.iterations = 0;
+    let r = gradcheck(
+        |t, v| {
+            let mut s = sn.clone();
+            let out = s.apply(t, v[0])?;
+            let c = t.constant(ArrayD::from_shape_fn(IxDyn(&[6, 4]), |i| {
+                (i[0] + 2 * i[1]) as f64 - 3.0
+            }));
+            let p = t.mul(out, c)?;
+            Ok(t.sum(p))
+        },
+        &[w.clone().into_dyn()],
+        1e-6,
+    )
+    .unwrap();
+    assert!(r.max_abs_grad > 1e-3 && r.max_rel_err < 1e-6, "{r}");
+    assert!(SpectralNorm::new(0, 4, 1.0, 0).is_err());
+    assert!(SpectralNorm::new(3, 4, -1.0, 0)
+        .unwrap_err()
+        .to_string()
+        .contains("target"));
+    let mut t = Tape::<f64>::new();
+    let z = t.param(ArrayD::zeros(IxDyn(&[6, 4])));
+    assert!(
+        SpectralNorm::new(6, 4, 1.0, 0)
+            .unwrap()
+            .apply(&mut t, z)
+            .is_err(),
+        "zero matrix"
+    );
+}
+
+#[test]
+fn gradcheck_recip() {
+    let mut rng = StdRng::seed_from_u64(12);
+    let a = ArrayD::from_shape_fn(IxDyn(&[3, 2]), |_| rng.gen_range(0.5..2.0));
+    let r = gradcheck(|t, v| Ok(t.recip(v[0])), &[a], 1e-6).unwrap();
+    assert!(r.max_abs_grad > 1e-3 && r.max_rel_err < 1e-6, "{r}");
+}

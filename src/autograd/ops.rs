@@ -140,6 +140,20 @@ impl<T: AdFloat> Tape<T> {
         self.push_op(&[x], v, 0, move |g, _| Ok(vec![Some(g.clone())]))
     }
 
+    /// `1 / x` elementwise (an exact zero gives ±∞, as in IEEE arithmetic).
+    pub fn recip(&mut self, x: Var) -> Var {
+        let xs = self.shared(x);
+        let v = xs.mapv(|a| T::one() / a);
+        self.push_op(&[x], v, 0, move |g, _| {
+            // d(1/x) = −1/x² dx
+            Ok(vec![Some(
+                ndarray::Zip::from(g)
+                    .and(&*xs)
+                    .map_collect(|&g, &a| -g / (a * a)),
+            )])
+        })
+    }
+
     /// `-x`.
     pub fn neg(&mut self, x: Var) -> Var {
         self.scale(x, -T::one())

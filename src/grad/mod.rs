@@ -71,6 +71,7 @@
 mod implicit;
 mod regularizer;
 mod rule;
+mod spectral_norm;
 
 pub use implicit::{
     check_param_count, implicit_forward, implicit_forward_with_rng, BackwardReport, BackwardSlot,
@@ -78,3 +79,4 @@ pub use implicit::{
 };
 pub use regularizer::{jacobian_penalty, JacobianPenalty};
 pub use rule::{BackwardFailure, DeqConfig, GradientRule};
+pub use spectral_norm::SpectralNorm;

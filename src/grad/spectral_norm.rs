@@ -1,0 +1,111 @@
+//! Spectral normalisation of a linear map inside an implicit layer (Miyato et al. 2018, as
+//! TorchDEQ applies it to DEQ weights): `W_sn = c · W / σ̂(W)`, so `‖W_sn‖₂ ≈ c` and a layer
+//! `f(z) = act(W_sn z + …)` with a 1-Lipschitz activation contracts in `z` for `c < 1`.
+//!
+//! `σ̂ = uᵀ W v` comes from power iteration whose vectors `u`, `v` are kept across training
+//! steps, so one iteration per step tracks σ as `W` drifts. On the tape `σ̂` is differentiable
+//! in `W` (with `u`, `v` held fixed, Miyato's estimator), so the gradient sees the
+//! normalisation.
+
+use ndarray::{Array1, Array2, ArrayD, Ix2};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+use crate::autograd::{AdFloat, Tape, Var};
+use crate::error::{ElmError, Result};
+
+/// The power-iteration state of one `[N, K]` matrix.
+#[derive(Clone, Debug)]
+pub struct SpectralNorm {
+    /// `[N]` left and `[K]` right singular-vector estimates.
+    u: Array1<f64>,
+    v: Array1<f64>,
+    /// `c`: the spectral norm `W_sn` is scaled to.
+    pub target: f64,
+    /// Power iterations per [`SpectralNorm::apply`] (1 is the usual choice once warm).
+    pub iterations: usize,
+    sigma: Option<f64>,
+}
+
+impl SpectralNorm {
+    /// State for an `[rows, cols]` matrix, random unit start vectors from `seed`.
+    pub fn new(rows: usize, cols: usize, target: f64, seed: u64) -> Result<Self> {
+        if rows == 0 || cols == 0 {
+            return Err(ElmError::shape("spectral_norm", "empty matrix"));
+        }
+        if !(target.is_finite() && target > 0.0) {
+            return Err(ElmError::config(
+                "spectral_norm.target",
+                format!("{target}: must be finite and > 0"),
+            ));
+        }
+        let mut rng = StdRng::seed_from_u64(seed);
+        let unit = |n: usize, rng: &mut StdRng| {
+            let a: Array1<f64> = Array1::from_shape_fn(n, |_| rng.gen_range(-1.0..1.0));
+            let norm = a.dot(&a).sqrt().max(1e-30);
+            a / norm
+        };
+        Ok(SpectralNorm {
+            u: unit(rows, &mut rng),
+            v: unit(cols, &mut rng),
+            target,
+            iterations: 1,
+            sigma: None,
+        })
+    }
+
+    /// The last estimate `σ̂ = uᵀ W v`.
+    pub fn sigma(&self) -> Option<f64> {
+        self.sigma
+    }
+
+    /// `iterations` power-iteration steps on the value of `w` (`v ← Wᵀu/‖·‖`, `u ← Wv/‖·‖`);
+    /// returns `σ̂ = uᵀ W v`.
+    pub fn update<T: AdFloat>(&mut self, w: &ArrayD<T>) -> Result<f64> {
+        let w = w
+            .view()
+            .into_dimensionality::<Ix2>()
+            .map_err(|e| ElmError::shape("spectral_norm", e.to_string()))?;
+        if w.dim() != (self.u.len(), self.v.len()) {
+            return Err(ElmError::shape(
+                "spectral_norm",
+                format!(
+                    "W {:?} for a state of [{}, {}]",
+                    w.dim(),
+                    self.u.len(),
+                    self.v.len()
+                ),
+            ));
+        }
+        let w: Array2<f64> = w.mapv(|x| x.to_f64().unwrap_or(f64::NAN));
+        for _ in 0..self.iterations {
+            let v = w.t().dot(&self.u);
+            self.v = &v / v.dot(&v).sqrt().max(1e-30);
+            let u = w.dot(&self.v);
+            self.u = &u / u.dot(&u).sqrt().max(1e-30);
+        }
+        let sigma = self.u.dot(&w.dot(&self.v));
+        if !sigma.is_finite() || sigma <= 0.0 {
+            return Err(ElmError::NonFinite(format!(
+                "spectral_norm: σ̂ = {sigma} (a zero or non-finite matrix)"
+            )));
+        }
+        self.sigma = Some(sigma);
+        Ok(sigma)
+    }
+
+    /// `target · W / σ̂(W)` on the tape after one [`SpectralNorm::update`] on `w`'s value; `σ̂`
+    /// is `Σ W ⊙ (u vᵀ)` with `u`, `v` constants, so gradients flow through it.
+    pub fn apply<T: AdFloat>(&mut self, tape: &mut Tape<T>, w: Var) -> Result<Var> {
+        let value = tape.value(w).clone();
+        self.update(&value)?;
+        let uv = Array2::from_shape_fn((self.u.len(), self.v.len()), |(i, j)| {
+            T::of(self.u[i] * self.v[j])
+        });
+        let uvv = tape.constant(uv.into_dyn());
+        let prod = tape.mul(w, uvv)?;
+        let sigma = tape.sum(prod); // [] = uᵀ W v
+        let inv = tape.recip(sigma);
+        let inv = tape.scale(inv, T::of(self.target));
+        tape.mul(w, inv)
+    }
+}
