@@ -1,74 +1,149 @@
-//! Where one ELM training step spends its time: the teacher (dense layers `[0, l+M)`, no tape)
-//! against the whole step (teacher + forward solve + taped backward + AdamW), per phase of the
-//! λ schedule. `cargo run --release --example train_profile -- MODEL [STEPS] [BATCH] [SEQ]`
+//! The ELM training step as a benchmark (issue 25), the same work as
+//! `scripts/torch_train_ref.py` so `scripts/bench-train.sh` can print the ratio: SmolLM2,
+//! start 12, M = 8, stochastic JFB fixed at 2 gradient-free + 2 taped iterations, batches of
+//! GSM8K sequences at least `SEQ` tokens long (every position real), per phase of the λ
+//! schedule (distillation only; CE + distillation) and with / without the teacher cache.
+//! One warm-up step, then the mean of `STEPS`.
+//!
+//! `cargo run --release --example train_profile -- [--model M] [--steps N] [--batch B]
+//! [--seq T] [--json]`
 use std::time::Instant;
 
-use elm::data::{
-    batch_indices, load_gsm8k, make_batch, resolve_data_dir, tokenize_example, Example, Split,
-};
+use elm::data::{load_gsm8k, resolve_data_dir, tokenize_example, Example, Split};
 use elm::equilibrium::module::ElmModule;
 use elm::equilibrium::train::Trainer;
 use elm::equilibrium::{ElmConfig, TrainConfig};
+use elm::error::ElmError;
 use elm::eval::gsm8k::chat_prompt;
+use elm::grad::{DeqConfig, GradientRule};
+
+fn flag<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> elm::Result<T> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(default),
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| ElmError::config(name, "expects a value of its type")),
+    }
+}
+
+/// This process's minor page faults and kernel CPU seconds so far (`/proc/self/stat` fields
+/// 10 and 15; clock ticks of 1/100 s), or `None` off Linux.
+fn minor_faults_and_system_seconds() -> Option<(u64, f64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which may hold spaces, start at field 3.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let minflt = fields.get(10 - 3)?.parse().ok()?;
+    let stime: f64 = fields.get(15 - 3)?.parse().ok()?;
+    Some((minflt, stime / 100.0))
+}
 
 fn main() -> elm::Result<()> {
+    let kept = elm::heap::retain_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let model = args
-        .first()
-        .cloned()
-        .unwrap_or_else(|| elm::model::default_model_path().display().to_string());
-    let arg = |i: usize, d: usize| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
-    let (steps, batch, seq) = (arg(1, 6), arg(2, 2), arg(3, 128));
+    let model: String = flag(
+        &args,
+        "--model",
+        elm::model::default_model_path().display().to_string(),
+    )?;
+    let steps: usize = flag(&args, "--steps", 4)?;
+    let batch: usize = flag(&args, "--batch", 2)?;
+    let seq: usize = flag(&args, "--seq", 128)?;
+    let json = args.iter().any(|a| a == "--json");
+
     let (dense, tok) = elm::model::load_pretrained(&model)?;
     let dir = resolve_data_dir(None)?;
-    let t = Instant::now();
-    let examples = load_gsm8k(&dir, Split::Train)?;
     let prompt = |q: &str| chat_prompt(&tok, q);
     let enc = |s: &str| tok.encode(s, false);
-    let data: Vec<_> = examples
+    // Full-length sequences only, so both sides compute on exactly B x T real positions.
+    let data: Vec<_> = load_gsm8k(&dir, Split::Train)?
         .into_iter()
-        .map(Example::Qa)
-        .map(|e| tokenize_example(&e, seq, &prompt, "<|im_end|>\n", &enc))
+        .map(|e| tokenize_example(&Example::Qa(e), seq, &prompt, "<|im_end|>\n", &enc))
+        .filter(|s| !matches!(s, Ok(s) if s.tokens.len() != seq))
         .collect::<elm::Result<_>>()?;
-    println!(
-        "tokenize {} examples: {:.2}s",
-        data.len(),
-        t.elapsed().as_secs_f64()
-    );
+    let supervised = data
+        .iter()
+        .map(|s| s.loss_mask.iter().filter(|&&m| m).count() as f64)
+        .sum::<f64>()
+        / data.len().max(1) as f64
+        * batch as f64;
+
     let ec = ElmConfig::new(12, 8);
     let module = ElmModule::init(&dense, &ec)?;
-    for (phase, ce_start) in [("distill only (λ_ce = 0)", 1.0f32), ("CE + distill", 0.0)] {
+    let pad = tok.eos_id().unwrap_or(0);
+    let cache = std::env::temp_dir().join(format!("elm-train-profile-{}", std::process::id()));
+    let mut phases = serde_json::Map::new();
+    // The CE ramp's start and end as fractions of training: at 1 it never starts, at 0 it is
+    // at full weight from the first step.
+    for (phase, ce_ramp) in [("distill", 1.0f32), ("ce", 0.0)] {
         let mut cfg = TrainConfig {
-            steps,
+            steps: steps + 1,
             batch_size: batch,
             seq_len: seq,
             checkpoint_every: 0,
+            deq: Some(DeqConfig::new(GradientRule::StochasticJfb {
+                no_grad: [2, 2],
+                grad: [2, 2],
+                seed: 0,
+            })),
             ..TrainConfig::default()
         };
-        cfg.lambda.ce_start = ce_start;
-        cfg.lambda.ce_end = ce_start;
-        let mut tr = Trainer::new(&dense, ec.clone(), &module, cfg.clone(), model.clone())?;
-        let pad = tok.eos_id().unwrap_or(0);
-        let (mut teacher, mut total, mut tokens) = (0.0, 0.0, 0usize);
-        for step in 0..steps {
-            let idx = batch_indices(data.len(), batch, step, cfg.seed);
-            let seqs: Vec<_> = idx.iter().map(|&i| &data[i]).collect();
-            let b = make_batch(&seqs, pad);
-            let t = Instant::now();
-            let _ = tr.dense_targets(&b)?;
-            teacher += t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            let log = tr.train_step(&data, pad)?;
-            total += t.elapsed().as_secs_f64();
-            tokens += log.tokens;
+        cfg.lambda.ce_start = ce_ramp;
+        cfg.lambda.ce_end = ce_ramp;
+        for cached in [false, true] {
+            let trainer = || Trainer::new(&dense, ec.clone(), &module, cfg.clone(), model.clone());
+            if cached {
+                // Fill the cache with the same batches, then time a trainer that reads it.
+                let mut t = trainer()?;
+                t.set_teacher_cache(cache.clone())?;
+                for _ in 0..=steps {
+                    t.train_step(&data, pad)?;
+                }
+            }
+            let mut tr = trainer()?;
+            if cached {
+                tr.set_teacher_cache(cache.clone())?;
+            }
+            tr.train_step(&data, pad)?;
+            let (mut seconds, mut tokens) = (0.0, 0usize);
+            for _ in 0..steps {
+                let t = Instant::now();
+                let log = tr.train_step(&data, pad)?;
+                seconds += t.elapsed().as_secs_f64();
+                tokens += log.tokens;
+            }
+            let key = if cached {
+                format!("{phase}_teacher_cache")
+            } else {
+                phase.to_string()
+            };
+            phases.insert(
+                key,
+                serde_json::json!({
+                    "seconds_per_step": seconds / steps as f64,
+                    "tok_s": tokens as f64 / seconds,
+                }),
+            );
         }
-        println!(
-            "{phase}: {:.3} s/step, teacher {:.3} s/step ({:.0}%), {:.1} tokens/s",
-            total / steps as f64,
-            teacher / steps as f64,
-            100.0 * teacher / total,
-            tokens as f64 / total
-        );
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+    let out = serde_json::json!({
+        "model": model,
+        "threads": rayon::current_num_threads(),
+        "batch": batch,
+        "seq_len": seq,
+        "steps": steps,
+        "supervised_tokens": supervised,
+        "freed_memory_kept": kept,
+        "peak_rss_bytes": elm::model::bench::peak_rss_bytes(),
+        "minor_faults_and_system_seconds": minor_faults_and_system_seconds(),
+        "phases": phases,
+    });
+    if json {
+        println!("{out}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     }
     Ok(())
 }

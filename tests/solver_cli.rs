@@ -230,4 +230,40 @@ fn sweep_writes_table_plot_and_the_library_rows() {
     assert!(!ok && stderr.contains("mark"), "{stderr}");
     let (ok, _, stderr) = elm(&["sweep", "--rhos", "1.2", "--out", o]);
     assert!(!ok && stderr.contains("rhos"), "{stderr}");
+
+    // A mark read from an `elm spectral --json` report: its mean radius, labelled with its range.
+    let report = elm::equilibrium::spectral::SpectralReport {
+        n: 2,
+        mean_radius: 0.25,
+        min_radius: 0.2,
+        max_radius: 0.3,
+        radii: vec![0.2, 0.3],
+        max_rel_residual: 1e-5,
+        solver: "anderson".into(),
+        tol: 1e-4,
+        power: Default::default(),
+    };
+    let file = dir.join("spectral.json");
+    std::fs::write(&file, serde_json::to_string(&report).unwrap()).unwrap();
+    let mark = format!("trained={}", file.display());
+    let (ok, _, stderr) = elm(&[
+        "sweep",
+        "--rhos",
+        "0.5",
+        "--rel-tols",
+        "1e-2",
+        "--mark-report",
+        &mark,
+        "--out",
+        o,
+    ]);
+    assert!(ok, "{stderr}");
+    let md = std::fs::read_to_string(out.join("rho_sweep.md")).unwrap();
+    assert!(
+        md.contains("trained (range 0.200–0.300 over 2 sequences) ρ = 0.250"),
+        "{md}"
+    );
+    std::fs::write(&file, "{\"n\": 2}").unwrap();
+    let (ok, _, stderr) = elm(&["sweep", "--mark-report", &mark, "--out", o]);
+    assert!(!ok && stderr.contains("spectral.json"), "{stderr}");
 }

@@ -65,6 +65,8 @@ pub enum Command {
 /// With `--json` anywhere on the line, a failure is also one JSON object on stdout,
 /// `{"error": {"kind", "message", "file", "field"}}`, so scripts never parse an empty stream.
 pub fn main() -> ExitCode {
+    // Before any large allocation: training and evaluation steps reuse warm pages (see heap.rs).
+    elm::heap::retain_freed_memory();
     let json = std::env::args_os().any(|a| a == "--json");
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use plotters::prelude::*;
 
+use elm::equilibrium::config::read_json;
+use elm::equilibrium::spectral::SpectralReport;
 use elm::error::{ElmError, Result};
 use elm::io::{write_atomic, write_json_atomic};
 use elm::solver::rho_sweep::{rho_sweep, RhoSweepConfig, RhoSweepRow};
@@ -29,11 +31,41 @@ pub struct SweepArgs {
     /// spectral` measures it).
     #[arg(long)]
     pub mark: Vec<String>,
+    /// A trained model's ρ read from its `elm spectral --json` report, as `NAME=FILE` (repeatable;
+    /// the report's mean radius is marked, its range given in the table's note).
+    #[arg(long)]
+    pub mark_report: Vec<String>,
     /// Directory for rho_sweep.json, rho_sweep.md and rho_sweep.svg.
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long)]
     pub json: bool,
+}
+
+/// `NAME=FILE` (an `elm spectral --json` report) → (name, mean ρ), the name annotated with the
+/// report's range and count so the table says what was measured.
+fn parse_mark_report(s: &str) -> Result<(String, f64)> {
+    let (name, file) = s
+        .split_once('=')
+        .ok_or_else(|| ElmError::config("mark_report", format!("`{s}`: expected NAME=FILE")))?;
+    let report: SpectralReport = read_json(std::path::Path::new(file.trim()))?;
+    if !(report.mean_radius.is_finite() && report.mean_radius >= 0.0) {
+        return Err(ElmError::config(
+            "mark_report",
+            format!(
+                "{file}: mean_radius {} is not a spectral radius",
+                report.mean_radius
+            ),
+        ));
+    }
+    let label = format!(
+        "{} (range {:.3}–{:.3} over {} sequences)",
+        name.trim(),
+        report.min_radius,
+        report.max_radius,
+        report.n
+    );
+    Ok((label, report.mean_radius))
 }
 
 /// `NAME=RHO` → (name, ρ).
@@ -68,6 +100,7 @@ pub fn run_sweep(a: SweepArgs) -> Result<()> {
         .mark
         .iter()
         .map(|m| parse_mark(m))
+        .chain(a.mark_report.iter().map(|m| parse_mark_report(m)))
         .collect::<Result<Vec<_>>>()?;
     let solvers = BUILTIN_SOLVERS
         .iter()
@@ -197,14 +230,18 @@ fn draw(
             });
         chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
     }
-    for (name, rho) in marks.iter().filter(|(_, r)| *r < 1.0 && *r > x_lo) {
+    // Marks often sit close together (same window, different regularisation): labels are
+    // staggered downwards and carry the short name only.
+    let shown = marks.iter().filter(|(_, r)| *r < 1.0 && *r > x_lo);
+    for (i, (name, rho)) in shown.enumerate() {
         chart.draw_series(LineSeries::new(
             vec![(*rho, 1.0), (*rho, hi)],
             BLACK.mix(0.5).stroke_width(1),
         ))?;
+        let short = name.split(" (").next().unwrap_or(name).to_string();
         chart.draw_series(std::iter::once(Text::new(
-            name.clone(),
-            (*rho, hi / 1.6),
+            short,
+            (*rho, hi / 1.6 / 1.4f64.powi(i as i32)),
             ("sans-serif", 14),
         )))?;
     }
