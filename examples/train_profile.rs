@@ -41,6 +41,7 @@ fn minor_faults_and_system_seconds() -> Option<(u64, f64)> {
 
 fn main() -> elm::Result<()> {
     let kept = elm::heap::retain_freed_memory();
+    let gemm = elm::gemm::prefer_own_threads();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let model: String = flag(
         &args,
@@ -136,6 +137,8 @@ fn main() -> elm::Result<()> {
         "steps": steps,
         "supervised_tokens": supervised,
         "freed_memory_kept": kept,
+        "gemm_kernel": gemm.name(),
+        "openblas_threads": elm::gemm::blas_threads(),
         "peak_rss_bytes": elm::model::bench::peak_rss_bytes(),
         "minor_faults_and_system_seconds": minor_faults_and_system_seconds(),
         "phases": phases,

@@ -19,19 +19,24 @@ if [ -z "$py" ]; then
     target/torch-venv/bin/pip install -q torch numpy >&2
   fi
 fi
-cargo build --release --example train_profile >&2
-export RAYON_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS=1
+cargo build --release --example train_profile --example gemm_bench >&2
+gemm=$(OPENBLAS_NUM_THREADS="$threads" RAYON_NUM_THREADS="$threads" target/release/examples/gemm_bench)
+# OpenBLAS's threads are left to the example (one when our GEMM carries the large products).
+export RAYON_NUM_THREADS="$threads"
 ours=$(target/release/examples/train_profile --steps "$steps" --json)
 # The same with glibc's default of returning freed blocks to the kernel (src/heap.rs).
 glibc=$(ELM_KEEP_HEAP=0 target/release/examples/train_profile --steps "$steps" --json)
+# The same on the linked BLAS for every product (OpenBLAS with a thread per core).
+blas=$(ELM_GEMM=blas OPENBLAS_NUM_THREADS="$threads" target/release/examples/train_profile --steps "$steps" --json)
 sup=$(echo "$ours" | "$py" -c "import json,sys; print(round(json.load(sys.stdin)['supervised_tokens']))")
 ref() { "$py" scripts/torch_train_ref.py --threads "$threads" --steps "$steps" --supervised "$sup" "$@"; }
 t32=$(ref --dtype f32); t32c=$(ref --dtype f32 --teacher-cache)
 tbf=$(ref --dtype bf16); tbfc=$(ref --dtype bf16 --teacher-cache)
-"$py" - "${OUT:-results/bench_train.json}" "${README:-}" "threads=$threads steps=$steps" "$glibc" "$ours" "$t32" "$t32c" "$tbf" "$tbfc" <<'PY'
+"$py" - "${OUT:-results/bench_train.json}" "${README:-}" "threads=$threads steps=$steps" "$gemm" "$blas" "$glibc" "$ours" "$t32" "$t32c" "$tbf" "$tbfc" <<'PY'
 import json, os, sys
 out, readme, how = sys.argv[1:4]
-glibc, ours, t32, t32c, tbf, tbfc = (json.loads(a) for a in sys.argv[4:])
+threads = how.split()[0].split("=")[1]
+gemm, blas, glibc, ours, t32, t32c, tbf, tbfc = (json.loads(a) for a in sys.argv[4:])
 rows = {}
 for phase in ("distill", "ce"):
     for cached, (f32, bf16) in ((False, (t32, tbf)), (True, (t32c, tbfc))):
@@ -49,6 +54,8 @@ report = json.dumps({"threads": ours["threads"], "batch": ours["batch"], "seq_le
                      "elm_peak_rss_bytes": ours["peak_rss_bytes"],
                      "freed_memory_kept": ours["freed_memory_kept"],
                      "minor_faults_and_system_seconds": ours["minor_faults_and_system_seconds"],
+                     "gemm_kernel": ours["gemm_kernel"], "openblas_threads": ours["openblas_threads"],
+                     "blas_kernel": {"phases": blas["phases"]}, "gemm_shapes": gemm,
                      "glibc_default": {"phases": glibc["phases"], "minor_faults_and_system_seconds":
                                        glibc["minor_faults_and_system_seconds"]},
                      "phases": rows}, indent=1)
@@ -74,6 +81,16 @@ if readme:
                      f"{r['ratio_vs_torch_bf16']:.2f}x |")
     (f0, s0), (f1, s1) = (glibc["minor_faults_and_system_seconds"],
                           ours["minor_faults_and_system_seconds"])
+    lines += ["", f"GEMM kernel `{ours['gemm_kernel']}` (OpenBLAS {ours['openblas_threads']} thread(s) beside "
+              f"it); every product on OpenBLAS instead (`ELM_GEMM=blas`, {threads} threads): "
+              + ", ".join(f"{k.replace('_teacher_cache', ' cached')} {blas['phases'][k]['tok_s']:.0f}"
+                          for k in rows) + " tok/s."]
+    lines += ["", f"GEMM alone (`examples/gemm_bench.rs`, {gemm['threads']} threads, measured FMA peak "
+              f"{gemm['peak_fma_gflop_s']:.0f} GFLOP/s):", "",
+              "| shape | OpenBLAS GFLOP/s | ours GFLOP/s | ours / OpenBLAS | ours / peak |",
+              "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['shape']} | {r['blas_gflop_s']:.0f} | {r['avx512_gflop_s']:.0f} | {r['ratio']:.2f}x | "
+              f"{r['avx512_fraction_of_peak']:.2f} |" for r in gemm["shapes"]]
     lines += ["", f"Freed memory kept in the process (`src/heap.rs`) against glibc's default "
               f"(`ELM_KEEP_HEAP=0`), whole benchmark: {f0 / 1e6:.2f} M → {f1 / 1e6:.2f} M minor page "
               f"faults, {s0:.1f} s → {s1:.1f} s system time; CE phase {glibc['phases']['ce']['tok_s']:.0f}"

@@ -14,6 +14,7 @@
 extern crate blas_src;
 
 pub mod error;
+pub mod gemm;
 pub mod heap;
 pub mod limits;
 pub use error::{ElmError, Result};

@@ -54,8 +54,20 @@ pub trait AdFloat:
     fn of_f32(x: f32) -> Self {
         <Self as num_traits::NumCast>::from(x).expect("f32 value fits in AdFloat")
     }
+    /// `a · b`: BLAS through `ndarray` by default; `f32` (training) takes
+    /// [`crate::gemm`]'s kernel, `f64` (gradient checks) stays on BLAS.
+    fn matmul(
+        a: &ndarray::ArrayView2<Self>,
+        b: &ndarray::ArrayView2<Self>,
+    ) -> ndarray::Array2<Self> {
+        a.dot(b)
+    }
 }
-impl AdFloat for f32 {}
+impl AdFloat for f32 {
+    fn matmul(a: &ndarray::ArrayView2<f32>, b: &ndarray::ArrayView2<f32>) -> ndarray::Array2<f32> {
+        crate::gemm::matmul(a, b)
+    }
+}
 impl AdFloat for f64 {}
 
 /// Handle to a node on a [`Tape`]. Only meaningful for the tape that created it.

@@ -283,14 +283,14 @@ impl<T: AdFloat> Tape<T> {
                 ))
             }
         };
-        let v = a2.dot(&b2).into_dyn();
+        let v = T::matmul(&a2.view(), &b2.view()).into_dyn();
         Ok(self.push_op(&[a, b], v, 0, move |g, needs| {
             let g2 = g.view().into_dimensionality::<Ix2>().unwrap();
             let a2 = va.view().into_dimensionality::<Ix2>().unwrap();
             let b2 = vb.view().into_dimensionality::<Ix2>().unwrap();
             Ok(vec![
-                needs[0].then(|| g2.dot(&b2.t()).into_dyn()),
-                needs[1].then(|| a2.t().dot(&g2).into_dyn()),
+                needs[0].then(|| T::matmul(&g2.view(), &b2.t()).into_dyn()),
+                needs[1].then(|| T::matmul(&a2.t(), &g2.view()).into_dyn()),
             ])
         }))
     }
@@ -460,7 +460,7 @@ pub fn linear_forward<T: AdFloat>(
         &xs
     };
     let w2 = w.view().into_dimensionality::<Ix2>().unwrap();
-    let mut y = as_2d(x).dot(&w2.t());
+    let mut y = T::matmul(&as_2d(x), &w2.t());
     if let Some(b) = b {
         let b1 = b.view().into_dimensionality::<ndarray::Ix1>().unwrap();
         y += &b1;
@@ -481,10 +481,10 @@ pub fn linear_backward<T: AdFloat>(
     let gs = standard(g.clone());
     let g2 = as_2d(&gs);
     let w2 = w.view().into_dimensionality::<Ix2>().unwrap();
-    let dx = want_x.then(|| from_2d(g2.dot(&w2), &x.shape()[..x.ndim() - 1]));
+    let dx = want_x.then(|| from_2d(T::matmul(&g2, &w2), &x.shape()[..x.ndim() - 1]));
     let dw = want_w.then(|| {
         let xs = standard(x.clone());
-        g2.t().dot(&as_2d(&xs)).into_dyn()
+        T::matmul(&g2.t(), &as_2d(&xs)).into_dyn()
     });
     let db = want_b.then(|| g2.sum_axis(Axis(0)).into_dyn());
     (dx, dw, db)

@@ -67,6 +67,8 @@ pub enum Command {
 pub fn main() -> ExitCode {
     // Before any large allocation: training and evaluation steps reuse warm pages (see heap.rs).
     elm::heap::retain_freed_memory();
+    // Our GEMM on rayon's threads; OpenBLAS single-threaded beside it (see gemm.rs).
+    elm::gemm::prefer_own_threads();
     let json = std::env::args_os().any(|a| a == "--json");
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

@@ -107,8 +107,8 @@ impl ElmModule {
     pub fn inject(&self, z: ArrayView2<f32>, h: ArrayView2<f32>) -> Array2<f32> {
         match &self.projection {
             Some(p) => {
-                let mut u = h.dot(&p.w_h.t());
-                ndarray::linalg::general_mat_mul(1.0, &z, &p.w_z.t(), 1.0, &mut u);
+                let mut u = crate::gemm::matmul(&h, &p.w_h.t());
+                crate::gemm::sgemm(1.0, &z, &p.w_z.t(), 1.0, &mut u.view_mut());
                 u += &p.bias;
                 u
             }

@@ -8,9 +8,14 @@ use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMu
 use super::quant::{detected_kernel, qmatmul_rows, LinearRef, QActs, QMatrix};
 use super::team::SpinTeam;
 
+/// Rows from which a product is a prefill / training one rather than a decode batch.
+const PREFILL_ROWS: usize = 32;
+
 /// `y[N, out] = x[N, in] · wᵀ (+ bias)`, `w` is `[out, in]` (PyTorch layout).
 ///
-/// One row goes through sgemv (memory-bound decode at batch 1), more rows through sgemm.
+/// One row goes through sgemv (memory-bound decode at batch 1), decode batches through BLAS
+/// sgemm (single-threaded beside the decode's spin team), prefill-sized products through
+/// [`crate::gemm`].
 pub fn linear_into(
     x: ArrayView2<f32>,
     w: &Array2<f32>,
@@ -19,8 +24,10 @@ pub fn linear_into(
 ) {
     if x.nrows() == 1 {
         matvec_split(w.view(), x.row(0), y.row_mut(0));
-    } else {
+    } else if x.nrows() < PREFILL_ROWS {
         general_mat_mul(1.0, &x, &w.t(), 0.0, &mut y);
+    } else {
+        crate::gemm::sgemm(1.0, &x, &w.t(), 0.0, &mut y);
     }
     if let Some(b) = bias {
         for mut row in y.rows_mut() {
@@ -29,26 +36,7 @@ pub fn linear_into(
     }
 }
 
-extern "C" {
-    fn openblas_get_num_threads() -> std::os::raw::c_int;
-    fn openblas_set_num_threads(n: std::os::raw::c_int);
-}
-
-/// Threads OpenBLAS uses per call.
-pub fn blas_threads() -> usize {
-    // SAFETY: plain getter of the linked system OpenBLAS, no arguments.
-    unsafe { openblas_get_num_threads() as usize }
-}
-
-/// Sets OpenBLAS's threads per call (process-wide).
-///
-/// `1` is fastest for inference on small machines (measured by `elm bench`): batch-1
-/// matvecs are then split over the [`SpinTeam`] instead, and a 2-thread OpenBLAS
-/// oversubscribes the cores when anything else runs.
-pub fn set_blas_threads(n: usize) {
-    // SAFETY: plain setter of the linked system OpenBLAS.
-    unsafe { openblas_set_num_threads(n.max(1) as std::os::raw::c_int) }
-}
+pub use crate::gemm::{blas_threads, set_blas_threads};
 
 /// `y = W · x` split over the cores: batch-1 decode is bound by streaming `W`, and
 /// one core does not reach the machine's read bandwidth.

@@ -1,0 +1,60 @@
+//! The f32 GEMM on the shapes an ELM training step and prefill run (SmolLM2-135M, 256 tokens),
+//! our AVX-512 kernel against the linked BLAS in the same run, with the measured FMA peak:
+//! GFLOP/s and fraction of peak per shape, as JSON.
+//! `cargo run --release --example gemm_bench -- [--reps N]`
+use std::time::Instant;
+
+use elm::gemm::{peak_fma_gflops_per_core, sgemm_with, GemmKernel};
+use ndarray::Array2;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let reps: usize = args
+        .iter()
+        .position(|a| a == "--reps")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(10);
+    // BLAS keeps its own threads here (one per core unless OPENBLAS_NUM_THREADS says).
+    let threads = rayon::current_num_threads();
+    let peak = peak_fma_gflops_per_core() * threads as f64;
+    let mut rng = StdRng::seed_from_u64(0);
+    // (name, M, K, N, B transposed): y = x·Wᵀ, dx = g·W, dW = gᵀ·x of a [256, 576] x [1536, 576] layer.
+    let shapes = [
+        ("x·Wᵀ qkv/o [256,576]x[576,576]", 256, 576, 576, true),
+        ("x·Wᵀ up/gate [256,576]x[576,1536]", 256, 576, 1536, true),
+        ("x·Wᵀ down [256,1536]x[1536,576]", 256, 1536, 576, true),
+        ("g·W dx up [256,1536]x[1536,576]", 256, 1536, 576, false),
+        ("gᵀ·x dW up [1536,256]x[256,576]", 1536, 256, 576, false),
+        ("head [75,576]x[576,49152]", 75, 576, 49152, true),
+    ];
+    let mut rows = vec![];
+    for (name, m, k, n, bt) in shapes {
+        let a = Array2::from_shape_fn((m, k), |_| rng.gen_range(-1.0f32..1.0));
+        let b_store = if bt {
+            Array2::from_shape_fn((n, k), |_| rng.gen_range(-1.0f32..1.0))
+        } else {
+            Array2::from_shape_fn((k, n), |_| rng.gen_range(-1.0f32..1.0))
+        };
+        let b = if bt { b_store.t() } else { b_store.view() };
+        let mut c = Array2::<f32>::zeros((m, n));
+        let mut time = |kernel| {
+            sgemm_with(kernel, 1.0, &a.view(), &b, 0.0, &mut c.view_mut());
+            let t = Instant::now();
+            for _ in 0..reps {
+                sgemm_with(kernel, 1.0, &a.view(), &b, 0.0, &mut c.view_mut());
+            }
+            (2 * m * n * k * reps) as f64 / t.elapsed().as_secs_f64() / 1e9
+        };
+        let blas = time(GemmKernel::Blas);
+        let ours = time(GemmKernel::Avx512);
+        rows.push(serde_json::json!({
+            "shape": name, "blas_gflop_s": blas, "avx512_gflop_s": ours,
+            "ratio": ours / blas, "avx512_fraction_of_peak": ours / peak,
+        }));
+    }
+    println!(
+        "{}",
+        serde_json::json!({"threads": threads, "peak_fma_gflop_s": peak, "shapes": rows})
+    );
+}

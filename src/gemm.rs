@@ -1,0 +1,435 @@
+//! f32 matrix multiply `C = α·A·B + β·C` for the training and prefill shapes, with an AVX-512
+//! kernel of our own and the BLAS path kept.
+//!
+//! Why our own: Debian's OpenBLAS 0.3.21 predates its Zen 4 kernels and runs its AVX2 (Haswell)
+//! kernel on this AVX-512 machine; the profile of an ELM training step spends ~70% of its time
+//! in that kernel. And OpenBLAS's own thread pool competes with rayon's for the same two
+//! cores, while this one runs on rayon's.
+//!
+//! The layout is the usual one of BLIS/GotoBLAS: `B` is packed in `KC × NR` column slivers
+//! (kept in L1 while a sliver of `A` streams past), `A` in `MR × KC` row slivers (an `MC × KC`
+//! block stays in L2), and a register-blocked micro-kernel keeps an `MR × NR` tile of `C` in
+//! 24 zmm registers (12 rows × 2 × 16 columns): one `k` step is two loads of `B`, twelve
+//! broadcasts of `A` and 24 FMAs. Edges are zero-padded in the packed panels and written back
+//! through a bounds-checked tile. Work is split over rayon's threads along the longer of `M`
+//! and `N`, each thread running the whole blocked loop on its part.
+//!
+//! [`sgemm`] picks the kernel at run time: AVX-512F when the CPU has it and the product is
+//! large enough to pay for packing, else `ndarray`'s `general_mat_mul` (BLAS). `ELM_GEMM=blas`
+//! forces the BLAS path (to measure one against the other).
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{ArrayView2, ArrayViewMut2};
+
+/// Which kernel [`sgemm`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmKernel {
+    /// The linked BLAS through `ndarray`.
+    Blas,
+    /// This module's AVX-512F kernel.
+    Avx512,
+}
+
+impl GemmKernel {
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmKernel::Blas => "blas",
+            GemmKernel::Avx512 => "avx512",
+        }
+    }
+}
+
+/// The kernel large products use on this machine (`ELM_GEMM=blas` forces BLAS).
+pub fn detected_kernel() -> GemmKernel {
+    static KERNEL: OnceLock<GemmKernel> = OnceLock::new();
+    *KERNEL.get_or_init(|| {
+        if std::env::var("ELM_GEMM").is_ok_and(|v| v == "blas") {
+            return GemmKernel::Blas;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return GemmKernel::Avx512;
+        }
+        GemmKernel::Blas
+    })
+}
+
+/// Below this many multiply-adds packing costs more than it saves: BLAS (or its small-matrix
+/// path) is used.
+const MIN_WORK: usize = 32 * 32 * 64;
+
+/// `c = alpha · a · b + beta · c` with `a: [M, K]`, `b: [K, N]`, `c: [M, N]`, any strides
+/// (transposed views included). Panics on mismatched shapes, like `general_mat_mul`.
+pub fn sgemm(
+    alpha: f32,
+    a: &ArrayView2<f32>,
+    b: &ArrayView2<f32>,
+    beta: f32,
+    c: &mut ArrayViewMut2<f32>,
+) {
+    sgemm_with(detected_kernel(), alpha, a, b, beta, c)
+}
+
+/// [`sgemm`] with the kernel chosen by the caller (tests and benchmarks compare them); a kernel
+/// the CPU lacks falls back to BLAS.
+pub fn sgemm_with(
+    kernel: GemmKernel,
+    alpha: f32,
+    a: &ArrayView2<f32>,
+    b: &ArrayView2<f32>,
+    beta: f32,
+    c: &mut ArrayViewMut2<f32>,
+) {
+    let ((m, k), (k2, n)) = (a.dim(), b.dim());
+    assert!(
+        k == k2 && c.dim() == (m, n),
+        "sgemm: [{m}, {k}] · [{k2}, {n}] into {:?}",
+        c.dim()
+    );
+    let negative = [a.strides(), b.strides(), c.strides()]
+        .iter()
+        .any(|s| s.iter().any(|&x| x < 0));
+    #[cfg(target_arch = "x86_64")]
+    if kernel == GemmKernel::Avx512
+        && !negative
+        && m * n * k >= MIN_WORK
+        && std::arch::is_x86_feature_detected!("avx512f")
+    {
+        avx512::gemm(alpha, a, b, beta, c);
+        return;
+    }
+    let _ = (kernel, negative);
+    general_mat_mul(alpha, a, b, beta, c);
+}
+
+extern "C" {
+    fn openblas_get_num_threads() -> std::os::raw::c_int;
+    fn openblas_set_num_threads(n: std::os::raw::c_int);
+}
+
+/// Threads OpenBLAS uses per call.
+pub fn blas_threads() -> usize {
+    // SAFETY: plain getter of the linked system OpenBLAS, no arguments.
+    unsafe { openblas_get_num_threads() as usize }
+}
+
+/// Sets OpenBLAS's threads per call (process-wide).
+///
+/// `1` is fastest for inference on small machines (measured by `elm bench`): batch-1
+/// matvecs are then split over the decode's spin team instead, and a 2-thread OpenBLAS
+/// oversubscribes the cores when anything else runs.
+pub fn set_blas_threads(n: usize) {
+    // SAFETY: plain setter of the linked system OpenBLAS.
+    unsafe { openblas_set_num_threads(n.max(1) as std::os::raw::c_int) }
+}
+
+/// When this module's kernel carries the large products, OpenBLAS is left with small ones
+/// (attention heads, decode batches) that run inside rayon's parallel loops: its own thread
+/// pool then only spins against rayon's threads (a training step lost half its time to
+/// `sched_yield` that way), so it is made single-threaded, unless `OPENBLAS_NUM_THREADS`
+/// says otherwise. Process-wide: the binaries call it at startup. Returns the kernel.
+pub fn prefer_own_threads() -> GemmKernel {
+    let kernel = detected_kernel();
+    if kernel != GemmKernel::Blas && std::env::var_os("OPENBLAS_NUM_THREADS").is_none() {
+        set_blas_threads(1);
+    }
+    kernel
+}
+
+/// `a · b` into a new array (the `dot` of the training paths).
+pub fn matmul(a: &ArrayView2<f32>, b: &ArrayView2<f32>) -> ndarray::Array2<f32> {
+    let mut c = ndarray::Array2::<f32>::zeros((a.nrows(), b.ncols()));
+    sgemm(1.0, a, b, 0.0, &mut c.view_mut());
+    c
+}
+
+/// Peak f32 multiply-add rate of one core in GFLOP/s (2 flops per FMA lane), measured with
+/// independent FMA chains in registers: what "fraction of peak" is a fraction of. Multiply by
+/// the threads for the machine.
+pub fn peak_fma_gflops_per_core() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F is present (checked above).
+        return unsafe { avx512::peak_fma() };
+    }
+    // Portable estimate: the compiler's vectorised FMA loop.
+    let mut acc = [1.0f32; 64];
+    let t = std::time::Instant::now();
+    let reps = 2_000_000usize;
+    for _ in 0..reps {
+        for a in acc.iter_mut() {
+            *a = a.mul_add(0.999_999, 1e-7);
+        }
+    }
+    std::hint::black_box(&acc);
+    (reps * 64 * 2) as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+thread_local! {
+    /// Packing buffers of this thread (rayon's workers persist, so steps reuse them).
+    static PACK: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use ndarray::{s, ArrayView2, ArrayViewMut2};
+    use rayon::prelude::*;
+
+    use super::PACK;
+
+    const MR: usize = 12;
+    const NR: usize = 32;
+    const KC: usize = 256;
+    const MC: usize = 120;
+    const NC: usize = 2048;
+
+    /// A raw view of `C` a thread may write (its own disjoint part).
+    #[derive(Clone, Copy)]
+    struct CPtr {
+        ptr: *mut f32,
+        rs: isize,
+        cs: isize,
+    }
+    // SAFETY: each thread writes a disjoint range of rows or columns of C.
+    unsafe impl Send for CPtr {}
+    unsafe impl Sync for CPtr {}
+
+    pub fn gemm(
+        alpha: f32,
+        a: &ArrayView2<f32>,
+        b: &ArrayView2<f32>,
+        beta: f32,
+        c: &mut ArrayViewMut2<f32>,
+    ) {
+        let ((m, k), n) = (a.dim(), b.ncols());
+        if k == 0 {
+            c.map_inplace(|x| *x = if beta == 0.0 { 0.0 } else { beta * *x });
+            return;
+        }
+        let threads = rayon::current_num_threads().max(1);
+        let cp = CPtr {
+            ptr: c.as_mut_ptr(),
+            rs: c.strides()[0],
+            cs: c.strides()[1],
+        };
+        // Split the longer side so each part still fills whole micro-tiles.
+        let split_n = n >= m;
+        let (len, unit) = if split_n { (n, NR) } else { (m, MR) };
+        let parts = threads.min(len.div_ceil(unit)).max(1);
+        let per = len.div_ceil(parts).div_ceil(unit) * unit;
+        let shared = &cp;
+        let run = |i: usize| {
+            // The whole (Send + Sync) struct, not its raw-pointer field, goes to the threads.
+            let cp = *shared;
+            let (lo, hi) = (i * per, ((i + 1) * per).min(len));
+            if lo >= hi {
+                return;
+            }
+            let (a_p, b_p, off) = if split_n {
+                (a.view(), b.slice(s![.., lo..hi]), lo as isize * cp.cs)
+            } else {
+                (a.slice(s![lo..hi, ..]), b.view(), lo as isize * cp.rs)
+            };
+            let c_p = CPtr {
+                // SAFETY: `off` is inside C (lo < the split dimension).
+                ptr: unsafe { cp.ptr.offset(off) },
+                ..cp
+            };
+            // SAFETY: AVX-512F was detected by the caller; c_p covers the part's rows/columns.
+            unsafe { gemm_serial(alpha, &a_p, &b_p, beta, c_p) };
+        };
+        if parts == 1 {
+            run(0);
+        } else {
+            (0..parts).into_par_iter().for_each(run);
+        }
+    }
+
+    /// The blocked loop on one thread.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn gemm_serial(
+        alpha: f32,
+        a: &ArrayView2<f32>,
+        b: &ArrayView2<f32>,
+        beta: f32,
+        c: CPtr,
+    ) {
+        let ((m, k), n) = (a.dim(), b.ncols());
+        PACK.with(|pack| {
+            let mut pack = pack.borrow_mut();
+            let (pa, pb) = &mut *pack;
+            pa.resize(MC.div_ceil(MR) * MR * KC, 0.0);
+            pb.resize(NC.div_ceil(NR) * NR * KC, 0.0);
+            for jc in (0..n).step_by(NC) {
+                let nc = NC.min(n - jc);
+                for pc in (0..k).step_by(KC) {
+                    let kc = KC.min(k - pc);
+                    pack_b(b, pc, kc, jc, nc, pb);
+                    // β applies once: on the first K block; later blocks accumulate.
+                    let beta_k = if pc == 0 { beta } else { 1.0 };
+                    for ic in (0..m).step_by(MC) {
+                        let mc = MC.min(m - ic);
+                        pack_a(a, ic, mc, pc, kc, pa);
+                        for jr in (0..nc).step_by(NR) {
+                            let nr = NR.min(nc - jr);
+                            let bp = pb.as_ptr().add(jr / NR * NR * kc);
+                            for ir in (0..mc).step_by(MR) {
+                                let mr = MR.min(mc - ir);
+                                let ap = pa.as_ptr().add(ir / MR * MR * kc);
+                                let cij = c
+                                    .ptr
+                                    .offset((ic + ir) as isize * c.rs + (jc + jr) as isize * c.cs);
+                                kernel(kc, ap, bp, cij, c.rs, c.cs, mr, nr, alpha, beta_k);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// `A[ic.., pc..]` (`mc × kc`) into `MR`-row slivers, `k`-major, zero-padded rows.
+    fn pack_a(a: &ArrayView2<f32>, ic: usize, mc: usize, pc: usize, kc: usize, out: &mut [f32]) {
+        let (rs, cs) = (a.strides()[0], a.strides()[1]);
+        let base = a.as_ptr();
+        for (sl, i0) in (0..mc).step_by(MR).enumerate() {
+            let rows = MR.min(mc - i0);
+            let dst = &mut out[sl * MR * kc..(sl + 1) * MR * kc];
+            for p in 0..kc {
+                let d = &mut dst[p * MR..(p + 1) * MR];
+                for (i, x) in d.iter_mut().enumerate() {
+                    *x = if i < rows {
+                        // SAFETY: (ic+i0+i, pc+p) is inside A.
+                        unsafe {
+                            *base.offset((ic + i0 + i) as isize * rs + (pc + p) as isize * cs)
+                        }
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+    }
+
+    /// `B[pc.., jc..]` (`kc × nc`) into `NR`-column slivers, `k`-major, zero-padded columns.
+    fn pack_b(b: &ArrayView2<f32>, pc: usize, kc: usize, jc: usize, nc: usize, out: &mut [f32]) {
+        let (rs, cs) = (b.strides()[0], b.strides()[1]);
+        let base = b.as_ptr();
+        for (sl, j0) in (0..nc).step_by(NR).enumerate() {
+            let cols = NR.min(nc - j0);
+            let dst = &mut out[sl * NR * kc..(sl + 1) * NR * kc];
+            if cs == 1 {
+                for p in 0..kc {
+                    let d = &mut dst[p * NR..(p + 1) * NR];
+                    // SAFETY: row pc+p, columns jc+j0 .. +cols are inside B and contiguous.
+                    let src = unsafe {
+                        std::slice::from_raw_parts(
+                            base.offset((pc + p) as isize * rs + (jc + j0) as isize),
+                            cols,
+                        )
+                    };
+                    d[..cols].copy_from_slice(src);
+                    d[cols..].fill(0.0);
+                }
+            } else {
+                // Transposed B (`Wᵀ` of a PyTorch-layout weight): walk each column
+                // contiguously along k.
+                for j in 0..NR {
+                    for p in 0..kc {
+                        dst[p * NR + j] = if j < cols {
+                            // SAFETY: (pc+p, jc+j0+j) is inside B.
+                            unsafe {
+                                *base.offset((pc + p) as isize * rs + (jc + j0 + j) as isize * cs)
+                            }
+                        } else {
+                            0.0
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// `C[mr × nr] = α · Â·B̂ + β · C` for one micro-tile from packed slivers.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn kernel(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        rs: isize,
+        cs: isize,
+        mr: usize,
+        nr: usize,
+        alpha: f32,
+        beta: f32,
+    ) {
+        let mut lo = [_mm512_setzero_ps(); MR];
+        let mut hi = [_mm512_setzero_ps(); MR];
+        let (mut ap, mut bp) = (a, b);
+        for _ in 0..kc {
+            let b0 = _mm512_loadu_ps(bp);
+            let b1 = _mm512_loadu_ps(bp.add(16));
+            for i in 0..MR {
+                let ai = _mm512_set1_ps(*ap.add(i));
+                lo[i] = _mm512_fmadd_ps(ai, b0, lo[i]);
+                hi[i] = _mm512_fmadd_ps(ai, b1, hi[i]);
+            }
+            ap = ap.add(MR);
+            bp = bp.add(NR);
+        }
+        let va = _mm512_set1_ps(alpha);
+        if mr == MR && nr == NR && cs == 1 {
+            for i in 0..MR {
+                let row = c.offset(i as isize * rs);
+                let (mut x0, mut x1) = (_mm512_mul_ps(va, lo[i]), _mm512_mul_ps(va, hi[i]));
+                // β = 0 must not read C (it may hold NaN from a fresh buffer).
+                if beta != 0.0 {
+                    let vb = _mm512_set1_ps(beta);
+                    x0 = _mm512_fmadd_ps(vb, _mm512_loadu_ps(row), x0);
+                    x1 = _mm512_fmadd_ps(vb, _mm512_loadu_ps(row.add(16)), x1);
+                }
+                _mm512_storeu_ps(row, x0);
+                _mm512_storeu_ps(row.add(16), x1);
+            }
+            return;
+        }
+        let mut tile = [0.0f32; MR * NR];
+        for i in 0..MR {
+            _mm512_storeu_ps(tile.as_mut_ptr().add(i * NR), lo[i]);
+            _mm512_storeu_ps(tile.as_mut_ptr().add(i * NR + 16), hi[i]);
+        }
+        for i in 0..mr {
+            for j in 0..nr {
+                let p = c.offset(i as isize * rs + j as isize * cs);
+                let v = alpha * tile[i * NR + j];
+                *p = if beta == 0.0 { v } else { v + beta * *p };
+            }
+        }
+    }
+
+    /// Twelve independent chains of 512-bit FMAs (more than FMA latency × ports), long enough
+    /// to time.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn peak_fma() -> f64 {
+        let mut acc = [_mm512_set1_ps(1.0); 12];
+        let x = _mm512_set1_ps(0.999_999);
+        let y = _mm512_set1_ps(1e-7);
+        let reps = 20_000_000usize;
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            for a in acc.iter_mut() {
+                *a = _mm512_fmadd_ps(*a, x, y);
+            }
+        }
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(&acc);
+        (reps * 12 * 16 * 2) as f64 / secs / 1e9
+    }
+}

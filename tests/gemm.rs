@@ -1,0 +1,177 @@
+//! The AVX-512 GEMM against an f64 reference computed here: random shapes including odd sizes
+//! and sizes that are not multiples of the micro-tile, every transpose of A and B, α/β, strided
+//! C, and extreme values (NaN/inf propagate as in the reference, β = 0 never reads C).
+
+use elm::gemm::{detected_kernel, sgemm_with, GemmKernel};
+use ndarray::{s, Array2, ArrayView2};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+fn reference(
+    alpha: f32,
+    a: &ArrayView2<f32>,
+    b: &ArrayView2<f32>,
+    beta: f32,
+    c: &Array2<f32>,
+) -> Array2<f64> {
+    let (m, k) = a.dim();
+    let n = b.ncols();
+    Array2::from_shape_fn((m, n), |(i, j)| {
+        let dot: f64 = (0..k).map(|p| a[[i, p]] as f64 * b[[p, j]] as f64).sum();
+        let prior = if beta == 0.0 {
+            0.0
+        } else {
+            beta as f64 * c[[i, j]] as f64
+        };
+        alpha as f64 * dot + prior
+    })
+}
+
+/// Both kernels on one problem, each within f32 rounding of the f64 reference:
+/// |err| ≤ 4·K·ε·(|α|·Σ|a||b| + |β c|).
+#[allow(clippy::too_many_arguments)]
+fn check(m: usize, k: usize, n: usize, ta: bool, tb: bool, alpha: f32, beta: f32, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rand =
+        |r: usize, c: usize| Array2::from_shape_fn((r, c), |_| rng.gen_range(-2.0f32..2.0));
+    let a_store = if ta { rand(k, m) } else { rand(m, k) };
+    let b_store = if tb { rand(n, k) } else { rand(k, n) };
+    let c0 = rand(m, n);
+    let a = if ta { a_store.t() } else { a_store.view() };
+    let b = if tb { b_store.t() } else { b_store.view() };
+    let want = reference(alpha, &a, &b, beta, &c0);
+    let abs = reference(
+        alpha.abs(),
+        &a.mapv(f32::abs).view(),
+        &b.mapv(f32::abs).view(),
+        beta.abs(),
+        &c0.mapv(f32::abs),
+    );
+    for kernel in [GemmKernel::Blas, GemmKernel::Avx512] {
+        let mut c = c0.clone();
+        sgemm_with(kernel, alpha, &a, &b, beta, &mut c.view_mut());
+        for ((i, j), &got) in c.indexed_iter() {
+            let tol = 4.0 * (k as f64 + 2.0) * f32::EPSILON as f64 * abs[[i, j]] + 1e-30;
+            assert!(
+                (got as f64 - want[[i, j]]).abs() <= tol,
+                "{kernel:?} [{m},{k}]x[{k},{n}] ta={ta} tb={tb} α={alpha} β={beta} at ({i},{j}): {got} vs {}",
+                want[[i, j]]
+            );
+        }
+    }
+}
+
+#[test]
+fn random_shapes_transposes_alpha_beta_match_the_f64_reference() {
+    let mut rng = StdRng::seed_from_u64(7);
+    println!("kernel on this machine: {:?}", detected_kernel());
+    // Tile edges (12 x 32), K-block edges (256) and sizes that only just pass the size cut.
+    let fixed = [
+        (12, 256, 32),
+        (13, 257, 33),
+        (1, 700, 1000),
+        (300, 5, 70),
+        (97, 513, 129),
+        (256, 576, 576),
+    ];
+    for (t, &(m, k, n)) in fixed.iter().enumerate() {
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            check(m, k, n, ta, tb, 1.0, 0.0, t as u64);
+        }
+    }
+    for t in 0..24 {
+        let (m, k, n) = (
+            rng.gen_range(1..200),
+            rng.gen_range(1..600),
+            rng.gen_range(1..300),
+        );
+        let (alpha, beta) = [(1.0, 0.0), (0.5, 1.0), (-1.5, 0.25), (2.0, -1.0)][t % 4];
+        check(m, k, n, rng.gen(), rng.gen(), alpha, beta, 100 + t as u64);
+    }
+}
+
+#[test]
+fn strided_output_and_extreme_values() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let (m, k, n) = (40, 300, 70);
+    let a = Array2::from_shape_fn((m, k), |_| rng.gen_range(-1.0f32..1.0));
+    let b = Array2::from_shape_fn((k, n), |_| rng.gen_range(-1.0f32..1.0));
+    // C as every other column of a wider buffer, and as a transposed view.
+    let mut wide = Array2::<f32>::from_elem((m, 2 * n), 7.0);
+    let mut want = Array2::<f32>::zeros((m, n));
+    sgemm_with(
+        GemmKernel::Blas,
+        1.0,
+        &a.view(),
+        &b.view(),
+        0.0,
+        &mut want.view_mut(),
+    );
+    sgemm_with(
+        GemmKernel::Avx512,
+        1.0,
+        &a.view(),
+        &b.view(),
+        0.0,
+        &mut wide.slice_mut(s![.., ..;2]),
+    );
+    let got = wide.slice(s![.., ..;2]);
+    assert!(got
+        .iter()
+        .zip(want.iter())
+        .all(|(g, w)| (g - w).abs() <= 1e-4 * (1.0 + w.abs())));
+    assert!(
+        wide.slice(s![.., 1..;2]).iter().all(|&x| x == 7.0),
+        "columns in between untouched"
+    );
+    let mut ct = Array2::<f32>::zeros((n, m));
+    sgemm_with(
+        GemmKernel::Avx512,
+        1.0,
+        &a.view(),
+        &b.view(),
+        0.0,
+        &mut ct.view_mut().reversed_axes(),
+    );
+    assert!(ct
+        .t()
+        .iter()
+        .zip(want.iter())
+        .all(|(g, w)| (g - w).abs() <= 1e-4 * (1.0 + w.abs())));
+
+    // β = 0 overwrites a NaN-filled C; NaN and inf in A reach exactly the rows they touch.
+    let mut c = Array2::<f32>::from_elem((m, n), f32::NAN);
+    let mut a2 = a.clone();
+    a2[[3, 10]] = f32::NAN;
+    a2[[5, 0]] = f32::INFINITY;
+    sgemm_with(
+        GemmKernel::Avx512,
+        1.0,
+        &a2.view(),
+        &b.view(),
+        0.0,
+        &mut c.view_mut(),
+    );
+    for i in 0..m {
+        let row = c.row(i);
+        match i {
+            3 => assert!(row.iter().all(|x| x.is_nan())),
+            5 => assert!(row.iter().all(|x| x.is_infinite() || x.is_nan())),
+            _ => assert!(row.iter().all(|x| x.is_finite()), "row {i}"),
+        }
+    }
+    // Large magnitudes: no overflow where the reference has none.
+    let big = a.mapv(|x| x * 1e18);
+    let mut c = Array2::<f32>::zeros((m, n));
+    sgemm_with(
+        GemmKernel::Avx512,
+        1.0,
+        &big.view(),
+        &b.view(),
+        0.0,
+        &mut c.view_mut(),
+    );
+    assert!(c
+        .iter()
+        .zip(want.iter())
+        .all(|(g, w)| (g / 1e18 - w).abs() <= 1e-3 * (1.0 + w.abs())));
+}
