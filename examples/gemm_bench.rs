@@ -4,7 +4,7 @@
 //! `cargo run --release --example gemm_bench -- [--reps N]`
 use std::time::Instant;
 
-use elm::gemm::{peak_fma_gflops_per_core, sgemm_with, GemmKernel};
+use elm::gemm::{has_avx512_bf16, peak_fma_gflops_per_core, sgemm_with, GemmKernel};
 use ndarray::Array2;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -48,9 +48,13 @@ fn main() {
         };
         let blas = time(GemmKernel::Blas);
         let ours = time(GemmKernel::Avx512);
+        // bf16 dot products do two multiply-adds per f32 lane: its peak is twice the FMA one.
+        let bf16 = has_avx512_bf16().then(|| time(GemmKernel::Avx512Bf16));
         rows.push(serde_json::json!({
             "shape": name, "blas_gflop_s": blas, "avx512_gflop_s": ours,
             "ratio": ours / blas, "avx512_fraction_of_peak": ours / peak,
+            "avx512_bf16_gflop_s": bf16,
+            "bf16_fraction_of_bf16_peak": bf16.map(|g| g / (2.0 * peak)),
         }));
     }
     println!(

@@ -6,7 +6,7 @@
 //! One warm-up step, then the mean of `STEPS`.
 //!
 //! `cargo run --release --example train_profile -- [--model M] [--steps N] [--batch B]
-//! [--seq T] [--json]`
+//! [--seq T] [--precision f32|bf16] [--json]`
 use std::time::Instant;
 
 use elm::data::{load_gsm8k, resolve_data_dir, tokenize_example, Example, Split};
@@ -52,6 +52,8 @@ fn main() -> elm::Result<()> {
     let batch: usize = flag(&args, "--batch", 2)?;
     let seq: usize = flag(&args, "--seq", 128)?;
     let json = args.iter().any(|a| a == "--json");
+    let precision: elm::gemm::Precision = flag(&args, "--precision", elm::gemm::Precision::F32)?;
+    elm::gemm::set_precision(precision)?;
 
     let (dense, tok) = elm::model::load_pretrained(&model)?;
     let dir = resolve_data_dir(None)?;
@@ -138,6 +140,7 @@ fn main() -> elm::Result<()> {
         "supervised_tokens": supervised,
         "freed_memory_kept": kept,
         "gemm_kernel": gemm.name(),
+        "precision": precision,
         "openblas_threads": elm::gemm::blas_threads(),
         "peak_rss_bytes": elm::model::bench::peak_rss_bytes(),
         "minor_faults_and_system_seconds": minor_faults_and_system_seconds(),

@@ -24,6 +24,8 @@ gemm=$(OPENBLAS_NUM_THREADS="$threads" RAYON_NUM_THREADS="$threads" target/relea
 # OpenBLAS's threads are left to the example (one when our GEMM carries the large products).
 export RAYON_NUM_THREADS="$threads"
 ours=$(target/release/examples/train_profile --steps "$steps" --json)
+# bf16 mode where the CPU has AVX-512 BF16 (else null).
+bf16=$(target/release/examples/train_profile --steps "$steps" --precision bf16 --json 2>/dev/null || echo null)
 # The same with glibc's default of returning freed blocks to the kernel (src/heap.rs).
 glibc=$(ELM_KEEP_HEAP=0 target/release/examples/train_profile --steps "$steps" --json)
 # The same on the linked BLAS for every product (OpenBLAS with a thread per core).
@@ -32,18 +34,21 @@ sup=$(echo "$ours" | "$py" -c "import json,sys; print(round(json.load(sys.stdin)
 ref() { "$py" scripts/torch_train_ref.py --threads "$threads" --steps "$steps" --supervised "$sup" "$@"; }
 t32=$(ref --dtype f32); t32c=$(ref --dtype f32 --teacher-cache)
 tbf=$(ref --dtype bf16); tbfc=$(ref --dtype bf16 --teacher-cache)
-"$py" - "${OUT:-results/bench_train.json}" "${README:-}" "threads=$threads steps=$steps" "$gemm" "$blas" "$glibc" "$ours" "$t32" "$t32c" "$tbf" "$tbfc" <<'PY'
+"$py" - "${OUT:-results/bench_train.json}" "${README:-}" "threads=$threads steps=$steps" "$bf16" "$gemm" "$blas" "$glibc" "$ours" "$t32" "$t32c" "$tbf" "$tbfc" <<'PY'
 import json, os, sys
 out, readme, how = sys.argv[1:4]
 threads = how.split()[0].split("=")[1]
-gemm, blas, glibc, ours, t32, t32c, tbf, tbfc = (json.loads(a) for a in sys.argv[4:])
+ours_bf16, gemm, blas, glibc, ours, t32, t32c, tbf, tbfc = (json.loads(a) for a in sys.argv[4:])
 rows = {}
 for phase in ("distill", "ce"):
     for cached, (f32, bf16) in ((False, (t32, tbf)), (True, (t32c, tbfc))):
         key = phase + ("_teacher_cache" if cached else "")
         mine = ours["phases"][key]["tok_s"]
+        mine_bf16 = ours_bf16["phases"][key]["tok_s"] if ours_bf16 else None
         rows[key] = {
             "elm_f32_tok_s": mine,
+            "elm_bf16_tok_s": mine_bf16,
+            "ratio_bf16_vs_torch_bf16": mine_bf16 / bf16["phases"][phase]["tok_s"] if mine_bf16 else None,
             "torch_f32_tok_s": f32["phases"][phase]["tok_s"],
             "torch_bf16_tok_s": bf16["phases"][phase]["tok_s"],
             "ratio_vs_torch_f32": mine / f32["phases"][phase]["tok_s"],
@@ -71,14 +76,16 @@ if readme:
              f"{t32['torch']}, eager; batch {ours['batch']} x {ours['seq_len']}, "
              f"{ours['supervised_tokens']:.0f} supervised tokens per batch; tok/s, ratios ours / PyTorch).",
              "",
-             "| step | elm f32 | PyTorch f32 | PyTorch bf16 autocast | vs f32 | vs bf16 |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| step | elm f32 | PyTorch f32 | f32 ratio | elm bf16 | PyTorch bf16 autocast | bf16 ratio |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for key, r in rows.items():
         phase = key.replace("_teacher_cache", "")
         label = names[phase] + (", teacher cache" if key.endswith("_teacher_cache") else "")
+        eb = r["elm_bf16_tok_s"]
         lines.append(f"| {label} | {r['elm_f32_tok_s']:.0f} | {r['torch_f32_tok_s']:.0f} | "
-                     f"{r['torch_bf16_tok_s']:.0f} | {r['ratio_vs_torch_f32']:.2f}x | "
-                     f"{r['ratio_vs_torch_bf16']:.2f}x |")
+                     f"{r['ratio_vs_torch_f32']:.2f}x | {'–' if eb is None else f'{eb:.0f}'} | "
+                     f"{r['torch_bf16_tok_s']:.0f} | "
+                     + ("– (no AVX-512 BF16)" if eb is None else f"{r['ratio_bf16_vs_torch_bf16']:.2f}x") + " |")
     (f0, s0), (f1, s1) = (glibc["minor_faults_and_system_seconds"],
                           ours["minor_faults_and_system_seconds"])
     lines += ["", f"GEMM kernel `{ours['gemm_kernel']}` (OpenBLAS {ours['openblas_threads']} thread(s) beside "

@@ -19,10 +19,13 @@
 //! forces the BLAS path (to measure one against the other).
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2};
+
+use crate::error::{ElmError, Result};
 
 /// Which kernel [`sgemm`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +34,9 @@ pub enum GemmKernel {
     Blas,
     /// This module's AVX-512F kernel.
     Avx512,
+    /// This module's AVX-512 BF16 kernel: inputs rounded to bf16 (nearest even) as they are
+    /// packed, products summed in f32 (`vdpbf16ps`), output f32.
+    Avx512Bf16,
 }
 
 impl GemmKernel {
@@ -38,6 +44,7 @@ impl GemmKernel {
         match self {
             GemmKernel::Blas => "blas",
             GemmKernel::Avx512 => "avx512",
+            GemmKernel::Avx512Bf16 => "avx512-bf16",
         }
     }
 }
@@ -57,6 +64,69 @@ pub fn detected_kernel() -> GemmKernel {
     })
 }
 
+/// The number format the large products read their inputs in; accumulation and outputs stay
+/// f32, and so do the weights, gradients and optimiser state they come from (bf16 is only
+/// the packed copy a product reads), as in mixed-precision training. Products smaller than
+/// `MIN_WORK` multiply-adds (and the attention's per-head products, which go through BLAS)
+/// stay f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = ElmError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            _ => Err(ElmError::config(
+                "precision",
+                format!("`{s}`: expected f32 or bf16"),
+            )),
+        }
+    }
+}
+
+static BF16: AtomicBool = AtomicBool::new(false);
+
+/// Whether this CPU has AVX-512 BF16 dot products.
+pub fn has_avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Sets the precision of every large product from now on (process-wide: the CLI's
+/// `--precision`). `bf16` is refused on a CPU without AVX-512 BF16: emulating it would be
+/// slower than f32 and defeat its purpose.
+pub fn set_precision(p: Precision) -> Result<()> {
+    if p == Precision::Bf16 && !has_avx512_bf16() {
+        return Err(ElmError::config(
+            "precision",
+            "bf16 needs a CPU with AVX-512 BF16 (avx512_bf16); this one lacks it: use f32",
+        ));
+    }
+    BF16.store(p == Precision::Bf16, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The precision set by [`set_precision`] (f32 unless changed).
+pub fn precision() -> Precision {
+    if BF16.load(Ordering::Relaxed) {
+        Precision::Bf16
+    } else {
+        Precision::F32
+    }
+}
+
 /// Below this many multiply-adds packing costs more than it saves: BLAS (or its small-matrix
 /// path) is used.
 const MIN_WORK: usize = 32 * 32 * 64;
@@ -70,7 +140,11 @@ pub fn sgemm(
     beta: f32,
     c: &mut ArrayViewMut2<f32>,
 ) {
-    sgemm_with(detected_kernel(), alpha, a, b, beta, c)
+    let kernel = match precision() {
+        Precision::Bf16 => GemmKernel::Avx512Bf16,
+        Precision::F32 => detected_kernel(),
+    };
+    sgemm_with(kernel, alpha, a, b, beta, c)
 }
 
 /// [`sgemm`] with the kernel chosen by the caller (tests and benchmarks compare them); a kernel
@@ -93,13 +167,15 @@ pub fn sgemm_with(
         .iter()
         .any(|s| s.iter().any(|&x| x < 0));
     #[cfg(target_arch = "x86_64")]
-    if kernel == GemmKernel::Avx512
-        && !negative
-        && m * n * k >= MIN_WORK
-        && std::arch::is_x86_feature_detected!("avx512f")
-    {
-        avx512::gemm(alpha, a, b, beta, c);
-        return;
+    if !negative && m * n * k >= MIN_WORK {
+        if kernel == GemmKernel::Avx512 && std::arch::is_x86_feature_detected!("avx512f") {
+            avx512::gemm(false, alpha, a, b, beta, c);
+            return;
+        }
+        if kernel == GemmKernel::Avx512Bf16 && has_avx512_bf16() {
+            avx512::gemm(true, alpha, a, b, beta, c);
+            return;
+        }
     }
     let _ = (kernel, negative);
     general_mat_mul(alpha, a, b, beta, c);
@@ -171,6 +247,8 @@ pub fn peak_fma_gflops_per_core() -> f64 {
 thread_local! {
     /// Packing buffers of this thread (rayon's workers persist, so steps reuse them).
     static PACK: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// The bf16 kernel's packed pairs (two bf16 along k in one u32).
+    static PACK_BF16: RefCell<(Vec<u32>, Vec<u32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -180,7 +258,7 @@ mod avx512 {
     use ndarray::{s, ArrayView2, ArrayViewMut2};
     use rayon::prelude::*;
 
-    use super::PACK;
+    use super::{PACK, PACK_BF16};
 
     const MR: usize = 12;
     const NR: usize = 32;
@@ -200,6 +278,7 @@ mod avx512 {
     unsafe impl Sync for CPtr {}
 
     pub fn gemm(
+        bf16: bool,
         alpha: f32,
         a: &ArrayView2<f32>,
         b: &ArrayView2<f32>,
@@ -240,8 +319,15 @@ mod avx512 {
                 ptr: unsafe { cp.ptr.offset(off) },
                 ..cp
             };
-            // SAFETY: AVX-512F was detected by the caller; c_p covers the part's rows/columns.
-            unsafe { gemm_serial(alpha, &a_p, &b_p, beta, c_p) };
+            // SAFETY: the caller detected AVX-512F (and BF16 for `bf16`); c_p covers the
+            // part's rows/columns.
+            unsafe {
+                if bf16 {
+                    gemm_serial_bf16(alpha, &a_p, &b_p, beta, c_p)
+                } else {
+                    gemm_serial(alpha, &a_p, &b_p, beta, c_p)
+                }
+            };
         };
         if parts == 1 {
             run(0);
@@ -384,6 +470,24 @@ mod avx512 {
             ap = ap.add(MR);
             bp = bp.add(NR);
         }
+        store_tile(&lo, &hi, c, rs, cs, mr, nr, alpha, beta);
+    }
+
+    /// `C[mr × nr] = α · acc + β · C` from the accumulators of a micro-tile.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    unsafe fn store_tile(
+        lo: &[__m512; MR],
+        hi: &[__m512; MR],
+        c: *mut f32,
+        rs: isize,
+        cs: isize,
+        mr: usize,
+        nr: usize,
+        alpha: f32,
+        beta: f32,
+    ) {
         let va = _mm512_set1_ps(alpha);
         if mr == MR && nr == NR && cs == 1 {
             for i in 0..MR {
@@ -412,6 +516,198 @@ mod avx512 {
                 *p = if beta == 0.0 { v } else { v + beta * *p };
             }
         }
+    }
+
+    /// f32 → bf16 bits, round to nearest even; NaN stays a (quiet) NaN.
+    #[inline(always)]
+    fn bf16_bits(x: f32) -> u32 {
+        let b = x.to_bits();
+        if x.is_nan() {
+            return (b >> 16) | 0x40;
+        }
+        (b.wrapping_add(0x7fff + ((b >> 16) & 1))) >> 16
+    }
+
+    /// Two consecutive-k values as one packed pair (low half: the even k).
+    #[inline(always)]
+    fn pair(lo: f32, hi: f32) -> u32 {
+        bf16_bits(lo) | (bf16_bits(hi) << 16)
+    }
+
+    /// `get(r, p)` for `r < rows`, `p < kc` of a `kc`-deep panel of `w`-wide slivers into
+    /// k-pairs: `out[(sliver · kp + p2) · w + r] = (x[r, 2p2], x[r, 2p2 + 1])`, zero-padded.
+    fn pack_pairs(
+        rows: usize,
+        kc: usize,
+        w: usize,
+        out: &mut [u32],
+        get: impl Fn(usize, usize) -> f32,
+    ) {
+        let kp = kc.div_ceil(2);
+        for (sl, r0) in (0..rows).step_by(w).enumerate() {
+            let n = w.min(rows - r0);
+            let dst = &mut out[sl * w * kp..(sl + 1) * w * kp];
+            for r in 0..w {
+                if r >= n {
+                    for p2 in 0..kp {
+                        dst[p2 * w + r] = 0;
+                    }
+                    continue;
+                }
+                for p2 in 0..kp {
+                    let lo = get(r0 + r, 2 * p2);
+                    let hi = if 2 * p2 + 1 < kc {
+                        get(r0 + r, 2 * p2 + 1)
+                    } else {
+                        0.0
+                    };
+                    dst[p2 * w + r] = pair(lo, hi);
+                }
+            }
+        }
+    }
+
+    /// [`pack_pairs`] for a source contiguous along k (`row(r)` points at `x[r, 0]`): 32 values
+    /// at a time rounded by `vcvtne2ps2bf16` (nearest even; like the hardware's dot products
+    /// it flushes f32 subnormals, below 1.2e-38, to zero), then spread over the sliver.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn pack_pairs_contiguous(
+        rows: usize,
+        kc: usize,
+        w: usize,
+        out: &mut [u32],
+        row: impl Fn(usize) -> *const f32,
+    ) {
+        let kp = kc.div_ceil(2);
+        let mut lanes = [0u32; 16];
+        for (sl, r0) in (0..rows).step_by(w).enumerate() {
+            let n = w.min(rows - r0);
+            let dst = &mut out[sl * w * kp..(sl + 1) * w * kp];
+            for r in 0..w {
+                if r >= n {
+                    for p2 in 0..kp {
+                        dst[p2 * w + r] = 0;
+                    }
+                    continue;
+                }
+                let src = row(r0 + r);
+                let mut p2 = 0;
+                while 2 * p2 + 32 <= kc {
+                    let lo = _mm512_loadu_ps(src.add(2 * p2));
+                    let hi = _mm512_loadu_ps(src.add(2 * p2 + 16));
+                    let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                    _mm512_storeu_si512(lanes.as_mut_ptr() as *mut _, v);
+                    for (t, &x) in lanes.iter().enumerate() {
+                        dst[(p2 + t) * w + r] = x;
+                    }
+                    p2 += 16;
+                }
+                for p2 in p2..kp {
+                    let lo = *src.add(2 * p2);
+                    let hi = if 2 * p2 + 1 < kc {
+                        *src.add(2 * p2 + 1)
+                    } else {
+                        0.0
+                    };
+                    dst[p2 * w + r] = pair(lo, hi);
+                }
+            }
+        }
+    }
+
+    /// The blocked loop on one thread, bf16 inputs.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn gemm_serial_bf16(
+        alpha: f32,
+        a: &ArrayView2<f32>,
+        b: &ArrayView2<f32>,
+        beta: f32,
+        c: CPtr,
+    ) {
+        let ((m, k), n) = (a.dim(), b.ncols());
+        let (ars, acs, abase) = (a.strides()[0], a.strides()[1], a.as_ptr());
+        let (brs, bcs, bbase) = (b.strides()[0], b.strides()[1], b.as_ptr());
+        PACK_BF16.with(|pack| {
+            let mut pack = pack.borrow_mut();
+            let (pa, pb) = &mut *pack;
+            pa.resize(MC.div_ceil(MR) * MR * KC / 2, 0);
+            pb.resize(NC.div_ceil(NR) * NR * KC / 2, 0);
+            for jc in (0..n).step_by(NC) {
+                let nc = NC.min(n - jc);
+                for pc in (0..k).step_by(KC) {
+                    let kc = KC.min(k - pc);
+                    let kp = kc.div_ceil(2);
+                    // SAFETY (all closures): (pc+p, jc+j) and (ic+i, pc+p) are inside B and A.
+                    if brs == 1 {
+                        pack_pairs_contiguous(nc, kc, NR, pb, |j| {
+                            bbase.offset(pc as isize + (jc + j) as isize * bcs)
+                        });
+                    } else {
+                        pack_pairs(nc, kc, NR, pb, |j, p| unsafe {
+                            *bbase.offset((pc + p) as isize * brs + (jc + j) as isize * bcs)
+                        });
+                    }
+                    let beta_k = if pc == 0 { beta } else { 1.0 };
+                    for ic in (0..m).step_by(MC) {
+                        let mc = MC.min(m - ic);
+                        if acs == 1 {
+                            pack_pairs_contiguous(mc, kc, MR, pa, |i| {
+                                abase.offset((ic + i) as isize * ars + pc as isize)
+                            });
+                        } else {
+                            pack_pairs(mc, kc, MR, pa, |i, p| unsafe {
+                                *abase.offset((ic + i) as isize * ars + (pc + p) as isize * acs)
+                            });
+                        }
+                        for jr in (0..nc).step_by(NR) {
+                            let nr = NR.min(nc - jr);
+                            let bp = pb.as_ptr().add(jr / NR * NR * kp);
+                            for ir in (0..mc).step_by(MR) {
+                                let mr = MR.min(mc - ir);
+                                let ap = pa.as_ptr().add(ir / MR * MR * kp);
+                                let cij = c
+                                    .ptr
+                                    .offset((ic + ir) as isize * c.rs + (jc + jr) as isize * c.cs);
+                                kernel_bf16(kp, ap, bp, cij, c.rs, c.cs, mr, nr, alpha, beta_k);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// The bf16 micro-tile: per k-pair two loads of `B`, twelve broadcasts of an `A` pair and
+    /// 24 `vdpbf16ps` (each two multiply-adds per lane, summed in f32).
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn kernel_bf16(
+        kp: usize,
+        a: *const u32,
+        b: *const u32,
+        c: *mut f32,
+        rs: isize,
+        cs: isize,
+        mr: usize,
+        nr: usize,
+        alpha: f32,
+        beta: f32,
+    ) {
+        let mut lo = [_mm512_setzero_ps(); MR];
+        let mut hi = [_mm512_setzero_ps(); MR];
+        let (mut ap, mut bp) = (a, b);
+        for _ in 0..kp {
+            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp as *const _));
+            let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(16) as *const _));
+            for i in 0..MR {
+                let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
+                lo[i] = _mm512_dpbf16_ps(lo[i], ai, b0);
+                hi[i] = _mm512_dpbf16_ps(hi[i], ai, b1);
+            }
+            ap = ap.add(MR);
+            bp = bp.add(NR);
+        }
+        store_tile(&lo, &hi, c, rs, cs, mr, nr, alpha, beta);
     }
 
     /// Twelve independent chains of 512-bit FMAs (more than FMA latency × ports), long enough

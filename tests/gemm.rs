@@ -175,3 +175,116 @@ fn strided_output_and_extreme_values() {
         .zip(want.iter())
         .all(|(g, w)| (g / 1e18 - w).abs() <= 1e-3 * (1.0 + w.abs())));
 }
+
+/// The bf16 kernel equals the f64 product of the inputs rounded to bf16 by `half` (an
+/// independent round-to-nearest-even), within f32 accumulation error: so it rounds each input
+/// exactly once and sums in f32. And it stays within bf16's own error of the f32 product.
+#[test]
+fn bf16_kernel_is_the_exact_product_of_bf16_rounded_inputs() {
+    if !elm::gemm::has_avx512_bf16() {
+        println!("skipped: this CPU has no AVX-512 BF16");
+        return;
+    }
+    let round = |x: f32| half::bf16::from_f32(x).to_f32();
+    let mut rng = StdRng::seed_from_u64(11);
+    for t in 0..16 {
+        // Products of at least 16·64·64 multiply-adds: smaller ones stay on the f32 path.
+        let (m, k, n) = (
+            rng.gen_range(16..150),
+            rng.gen_range(64..600),
+            rng.gen_range(64..200),
+        );
+        let (m, k, n) = if t == 0 { (13, 257, 33) } else { (m, k, n) };
+        let (ta, tb): (bool, bool) = (rng.gen(), rng.gen());
+        let (alpha, beta) = [(1.0, 0.0), (0.5, 1.0), (-1.5, 0.25)][t % 3];
+        let a_store = Array2::from_shape_fn(if ta { (k, m) } else { (m, k) }, |_| {
+            rng.gen_range(-3.0f32..3.0)
+        });
+        let b_store = Array2::from_shape_fn(if tb { (n, k) } else { (k, n) }, |_| {
+            rng.gen_range(-3.0f32..3.0)
+        });
+        let c0 = Array2::from_shape_fn((m, n), |_| rng.gen_range(-1.0f32..1.0));
+        let a = if ta { a_store.t() } else { a_store.view() };
+        let b = if tb { b_store.t() } else { b_store.view() };
+        let (ar, br) = (a.mapv(round), b.mapv(round));
+        let want = reference(alpha, &ar.view(), &br.view(), beta, &c0);
+        let abs = reference(
+            alpha.abs(),
+            &ar.mapv(f32::abs).view(),
+            &br.mapv(f32::abs).view(),
+            beta.abs(),
+            &c0.mapv(f32::abs),
+        );
+        let exact = reference(alpha, &a, &b, beta, &c0);
+        let mut c = c0.clone();
+        sgemm_with(
+            GemmKernel::Avx512Bf16,
+            alpha,
+            &a,
+            &b,
+            beta,
+            &mut c.view_mut(),
+        );
+        for ((i, j), &got) in c.indexed_iter() {
+            let tol = 4.0 * (k as f64 + 2.0) * f32::EPSILON as f64 * abs[[i, j]] + 1e-30;
+            let err = (got as f64 - want[[i, j]]).abs();
+            assert!(
+                err <= tol,
+                "[{m},{k}]x[{k},{n}] ({i},{j}): {got} vs {} (tol {tol})",
+                want[[i, j]]
+            );
+            // Two roundings of relative 2^-9 per product term.
+            let bf = 2.0 * 2f64.powi(-8) * abs[[i, j]] + tol;
+            assert!((got as f64 - exact[[i, j]]).abs() <= bf);
+        }
+    }
+    // NaN stays NaN through the rounding, inf stays inf; values past bf16's range round to inf.
+    let mut a = Array2::<f32>::from_elem((40, 64), 1.0);
+    a[[0, 0]] = f32::NAN;
+    a[[1, 0]] = f32::INFINITY;
+    a[[2, 0]] = f32::MAX;
+    let b = Array2::<f32>::from_elem((64, 40), 1.0);
+    let mut c = Array2::<f32>::zeros((40, 40));
+    sgemm_with(
+        GemmKernel::Avx512Bf16,
+        1.0,
+        &a.view(),
+        &b.view(),
+        0.0,
+        &mut c.view_mut(),
+    );
+    assert!(c.row(0).iter().all(|x| x.is_nan()));
+    assert!(c.row(1).iter().all(|&x| x == f32::INFINITY));
+    assert!(c.row(2).iter().all(|&x| x == f32::INFINITY));
+    assert!(c.row(3).iter().all(|&x| x == 64.0));
+}
+
+/// `--precision bf16` is a process-wide switch that `sgemm` follows, and `f32` turns it off.
+#[test]
+fn precision_switch_selects_the_kernel() {
+    use elm::gemm::{precision, set_precision, sgemm, Precision};
+    assert_eq!("bf16".parse::<Precision>().unwrap(), Precision::Bf16);
+    assert!("fp8"
+        .parse::<Precision>()
+        .unwrap_err()
+        .to_string()
+        .contains("precision"));
+    if !elm::gemm::has_avx512_bf16() {
+        let e = set_precision(Precision::Bf16).unwrap_err();
+        assert!(e.to_string().contains("avx512_bf16"), "{e}");
+        return;
+    }
+    // 1 + 2^-9 is not a bf16 value (it rounds to 1): the bf16 product shows it, f32 does not.
+    let a = Array2::<f32>::from_elem((64, 64), 1.0 + 2f32.powi(-9));
+    let b = Array2::<f32>::from_elem((64, 64), 1.0);
+    let run = || {
+        let mut c = Array2::<f32>::zeros((64, 64));
+        sgemm(1.0, &a.view(), &b.view(), 0.0, &mut c.view_mut());
+        c[[0, 0]]
+    };
+    set_precision(Precision::Bf16).unwrap();
+    assert_eq!(precision(), Precision::Bf16);
+    assert_eq!(run(), 64.0);
+    set_precision(Precision::F32).unwrap();
+    assert!((run() - 64.0 * (1.0 + 2f32.powi(-9))).abs() < 1e-4);
+}

@@ -21,6 +21,11 @@ pub mod sweep;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Number format the large matrix products read (training, LoRA, prefill, evaluation):
+    /// f32, or bf16 (AVX-512 BF16 dot products, f32 accumulation, f32 weights and optimiser
+    /// state; refused on a CPU without them).
+    #[arg(long, global = true, default_value = "f32")]
+    pub precision: elm::gemm::Precision,
 }
 
 #[derive(Subcommand, Debug)]
@@ -96,7 +101,7 @@ pub fn main() -> ExitCode {
             e.exit()
         }
     };
-    let result = match cli.command {
+    let result = elm::gemm::set_precision(cli.precision).and_then(|()| match cli.command {
         Command::Solve(a) => solve::run_solve(a),
         Command::Study(a) => solve::run_study(a),
         Command::Sweep(a) => sweep::run_sweep(a),
@@ -113,7 +118,7 @@ pub fn main() -> ExitCode {
         Command::Search(a) => search::run_search(a),
         Command::Spectral(a) => elm_cmds::run_spectral(a),
         Command::Quantize(a) => quantize::run_quantize(a),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
