@@ -11,7 +11,7 @@
 //!
 //! `--check` fails the run unless every rule ends above 75% test accuracy (CI runs it so).
 //!
-//! `cargo run --release --example deq_classifier [-- --json] [--steps N] [--seed S] [--solver NAME] [--jac-weight PERMILLE] [--check]`
+//! `cargo run --release --example deq_classifier [-- --json] [--steps N] [--seed S] [--solver NAME] [--jac-weight PERMILLE] [--fpc-gamma PERCENT] [--check]`
 
 #[path = "support/adaptive_picard.rs"]
 mod adaptive_picard;
@@ -20,7 +20,8 @@ use std::time::Instant;
 
 use elm::autograd::{Tape, Var};
 use elm::grad::{
-    jacobian_penalty, DeqConfig, GradientRule, ImplicitDriver, ImplicitLayer, JacobianPenalty,
+    fixed_point_correction, jacobian_penalty, DeqConfig, FixedPointCorrection, GradientRule,
+    ImplicitDriver, ImplicitLayer, JacobianPenalty,
 };
 use elm::solver::{SolverConfig, StopCriteria};
 use elm::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
@@ -183,7 +184,7 @@ fn accuracy(store: &ParamStore, x: &Array2<f32>, y: &[usize], deq: &DeqConfig) -
 fn train(
     rule: GradientRule,
     solver: &SolverConfig,
-    jacobian: &JacobianPenalty,
+    (jacobian, correction): (&JacobianPenalty, &FixedPointCorrection),
     steps: usize,
     seed: u64,
     data: &(Array2<f32>, Vec<usize>, Array2<f32>, Vec<usize>),
@@ -237,9 +238,16 @@ fn train(
             b: vars.var(2),
         };
         let (z, report) = driver.forward(&mut tape, &TanhDeq, x, &params, &z0)?;
-        let logits = tape.matmul_t(z, vars.var(3), Some(vars.var(4)))?;
-        let mut loss = cross_entropy(&mut tape, logits, ytr);
+        let head = |t: &mut Tape<f32>, zi| {
+            let logits = t.matmul_t(zi, vars.var(3), Some(vars.var(4)))?;
+            Ok(cross_entropy(t, logits, ytr))
+        };
+        let mut loss = head(&mut tape, z)?;
         last_loss = tape.scalar(loss) as f64;
+        if !correction.is_off() {
+            // The classifier loss on every taped iterate, the later ones weighted more.
+            loss = fixed_point_correction(&mut tape, &report.taped_iterates, correction, head)?;
+        }
         if !jacobian.is_off() {
             // Hutchinson ‖∂f/∂z‖²_F at the fixed point: keeps the map contractive.
             let zs = tape.value(z).clone();
@@ -304,6 +312,11 @@ fn main() -> elm::Result<()> {
         weight: arg("--jac-weight", 0)? as f64 / 1000.0,
         ..JacobianPenalty::default()
     };
+    // `--fpc-gamma G` (per cent): the fixed-point correction loss with γ = G / 100 (0 = off).
+    let correction = FixedPointCorrection {
+        gamma: arg("--fpc-gamma", 0)? as f64 / 100.0,
+    };
+    correction.validate()?;
     let mut rng = elm::train::seeded_rng(seed);
     let (xtr, ytr) = spirals(N_POINTS, 0.08, &mut rng);
     let (xte, yte) = spirals(N_POINTS, 0.08, &mut rng);
@@ -330,7 +343,14 @@ fn main() -> elm::Result<()> {
         if !json {
             eprintln!("training with {} ...", rule.name());
         }
-        results.push(train(rule, &solver, &jacobian, steps, seed, &data)?);
+        results.push(train(
+            rule,
+            &solver,
+            (&jacobian, &correction),
+            steps,
+            seed,
+            &data,
+        )?);
     }
     if json {
         let rows: Vec<_> = results

@@ -476,3 +476,43 @@ fn teacher_cache_is_shared_across_runs_and_bit_identical() {
     t.train_step(&train, 0).unwrap();
     assert_eq!(t.teacher_cache_stats(), Some((0, 1)));
 }
+
+/// The fixed-point correction in ELM training: with the rule's taped iterates weighted it trains
+/// (finite losses, a different module than without it, the logged distillation loss still the
+/// last iterate's), is absent from serialised configs while off, and a bad γ is refused by name.
+#[test]
+fn fixed_point_correction_trains_and_is_refused_when_bad() {
+    let w = tiny_weights(Arch::Llama, 4, 3);
+    let ec = ElmConfig::new(1, 2);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    let train = data(16, 4);
+    let run = |gamma: f64| {
+        let mut c = cfg(3, 0);
+        c.deq = Some(DeqConfig::new(GradientRule::Unroll { k: 3 }));
+        c.fixed_point_correction.gamma = gamma;
+        let mut t = Trainer::new(&w, ec.clone(), &module, c, "tiny".into()).unwrap();
+        let logs: Vec<_> = (0..3).map(|_| t.train_step(&train, 0).unwrap()).collect();
+        (logs, t.module().unwrap().to_tensors(&w.config))
+    };
+    let (off_logs, off) = run(0.0);
+    let (on_logs, on) = run(0.8);
+    assert!(on_logs
+        .iter()
+        .all(|l| l.loss.is_finite() && l.distill.is_finite()));
+    // Same first step state: the logged distillation is the last iterate's either way.
+    assert!((on_logs[0].distill - off_logs[0].distill).abs() < 1e-9);
+    assert!(on_logs[0].loss != off_logs[0].loss);
+    let moved = off.iter().any(|(k, v)| max_abs(v, &on[k]) > 0.0);
+    assert!(moved, "the correction changed no parameter");
+
+    let plain = serde_json::to_string(&TrainConfig::default()).unwrap();
+    assert!(!plain.contains("fixed_point_correction"), "{plain}");
+    let dir = TempDir::new("fpc");
+    let path = dir.join("train.json");
+    std::fs::write(&path, r#"{"fixed_point_correction": {"gamma": 2}}"#).unwrap();
+    let e = TrainConfig::from_file(&path).unwrap_err().to_string();
+    assert!(e.contains("fixed_point_correction.gamma"), "{e}");
+    std::fs::write(&path, r#"{"fixed_point_correction": {"gama": 0.5}}"#).unwrap();
+    let e = TrainConfig::from_file(&path).unwrap_err().to_string();
+    assert!(e.contains("gama"), "{e}");
+}

@@ -1,6 +1,6 @@
 //! The Hutchinson Jacobian regulariser: its mean equals `‖∂f/∂z‖²_F / D` computed exactly (f64)
 //! within the confidence interval of its own variance, its gradient passes finite differences,
-//! and bad settings are refused by name.
+//! and bad settings are refused by name; the fixed-point correction loss over the taped iterates.
 
 use elm::autograd::{gradcheck, Tape, Var};
 use elm::grad::{jacobian_penalty, ImplicitLayer, JacobianPenalty};
@@ -271,4 +271,96 @@ fn gradcheck_recip() {
     let a = ArrayD::from_shape_fn(IxDyn(&[3, 2]), |_| rng.gen_range(0.5..2.0));
     let r = gradcheck(|t, v| Ok(t.recip(v[0])), &[a], 1e-6).unwrap();
     assert!(r.max_abs_grad > 1e-3 && r.max_rel_err < 1e-6, "{r}");
+}
+
+/// The fixed-point correction loss is the weighted mean `Σ γ^(n−1−i) L(z_i) / Σ γ^(n−1−i)` over
+/// the taped iterates (checked against iterates recomputed here without the tape), its gradient
+/// through the unrolled iterates passes finite differences, the iterated rules report one taped
+/// iterate per taped step with the output last, and a bad γ is refused by name.
+#[test]
+fn fixed_point_correction_weighs_every_taped_iterate() {
+    use elm::grad::{
+        fixed_point_correction, implicit_forward, DeqConfig, FixedPointCorrection, GradientRule,
+    };
+    let mut rng = StdRng::seed_from_u64(5);
+    let (bsz, d, nx, k) = (3, 4, 2, 4);
+    let w = rand2(&mut rng, d, d, 0.5);
+    let u = rand2(&mut rng, d, nx, 1.0);
+    let b = Array1::from_shape_fn(d, |_| rng.gen_range(-0.5..0.5));
+    let x = rand2(&mut rng, bsz, nx, 1.0);
+    let target = rand2(&mut rng, bsz, d, 0.5);
+    let z0 = ArrayD::<f64>::zeros(IxDyn(&[bsz, d]));
+    let cfg = FixedPointCorrection { gamma: 0.5 };
+    let layer = Layer { tanh: true };
+    let deq = DeqConfig::new(GradientRule::Unroll { k });
+    let sq_err = |t: &mut Tape<f64>, z: Var| -> elm::Result<Var> {
+        let tv = t.constant(target.clone().into_dyn());
+        let e = t.sub(z, tv)?;
+        let e2 = t.mul(e, e)?;
+        Ok(t.sum(e2))
+    };
+    let run = |t: &mut Tape<f64>, v: &[Var]| -> elm::Result<Var> {
+        let p = Params {
+            w: v[0],
+            u: v[1],
+            b: v[2],
+        };
+        let xv = t.constant(x.clone().into_dyn());
+        let (z, rep) = implicit_forward(t, &layer, xv, &p, &z0, &deq)?;
+        assert_eq!(rep.taped_iterates.len(), k);
+        assert_eq!(rep.taped_iterates.last(), Some(&z));
+        fixed_point_correction(t, &rep.taped_iterates, &cfg, sq_err)
+    };
+    let inputs = [
+        w.clone().into_dyn(),
+        u.clone().into_dyn(),
+        b.clone().into_dyn(),
+    ];
+    let mut tape = Tape::<f64>::new();
+    let vars: Vec<Var> = inputs.iter().map(|a| tape.param(a.clone())).collect();
+    let out = run(&mut tape, &vars).unwrap();
+    // By hand: z_{i+1} = tanh(W z_i + U x + b), weights γ^(k−1−i).
+    let (mut z, mut num, mut den) = (Array2::<f64>::zeros((bsz, d)), 0.0, 0.0);
+    for i in 0..k {
+        z = (z.dot(&w.t()) + x.dot(&u.t()) + &b).mapv(f64::tanh);
+        let wt = 0.5f64.powi((k - 1 - i) as i32);
+        num += wt * (&z - &target).mapv(|e| e * e).sum();
+        den += wt;
+    }
+    let got = tape.scalar(out);
+    assert!(
+        (got - num / den).abs() < 1e-12 * (1.0 + got.abs()),
+        "{got} vs {}",
+        num / den
+    );
+
+    let r = gradcheck(run, &inputs, 1e-6).unwrap();
+    assert!(r.max_abs_grad > 1e-3, "{r}");
+    assert!(r.max_rel_err < 1e-6, "{r}");
+
+    // Stochastic JFB: one iterate per drawn taped step.
+    let sjfb = DeqConfig::new(GradientRule::StochasticJfb {
+        no_grad: [0, 2],
+        grad: [1, 3],
+        seed: 9,
+    });
+    let mut t = Tape::<f64>::new();
+    let v: Vec<Var> = inputs.iter().map(|a| t.param(a.clone())).collect();
+    let p = Params {
+        w: v[0],
+        u: v[1],
+        b: v[2],
+    };
+    let xv = t.constant(x.clone().into_dyn());
+    let (_, rep) = implicit_forward(&mut t, &layer, xv, &p, &z0, &sjfb).unwrap();
+    assert_eq!(rep.taped_iterates.len(), rep.sampled.unwrap().1);
+
+    let bad = FixedPointCorrection { gamma: 1.5 };
+    let e = fixed_point_correction(&mut t, &rep.taped_iterates, &bad, sq_err).unwrap_err();
+    assert!(
+        e.to_string().contains("fixed_point_correction.gamma"),
+        "{e}"
+    );
+    let e = fixed_point_correction(&mut t, &[], &cfg, sq_err).unwrap_err();
+    assert!(e.to_string().contains("no taped iterates"), "{e}");
 }

@@ -47,7 +47,7 @@ fn bad_search_and_lora_arguments_are_clear_errors() {
         out,
     ]);
     assert!(e.contains("every"), "{e}");
-    assert!(elm_err(&["search", "--model", m, "--method", "nope"]).contains("unknown selector"));
+    assert!(elm_err(&["search", "--model", m, "--method", "nope"]).contains("unknown method"));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("lora.json");
     std::fs::write(&cfg, r#"{"lora": {"rank": 1000}, "steps": 1}"#).unwrap();

@@ -357,11 +357,15 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 256)]
     pub max_new_tokens: usize,
     /// Pair against the dense model of --model on the same items (Δ with its interval).
-    #[arg(long, conflicts_with = "compare_elm")]
+    #[arg(long, conflicts_with_all = ["compare_elm", "compare_model"])]
     pub compare_dense: bool,
     /// Pair against this other ELM checkpoint (same solver settings) on the same items.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "compare_model")]
     pub compare_elm: Option<PathBuf>,
+    /// Pair against this other dense model (a .gguf file or an HF directory, e.g. another
+    /// `elm lora` run's OUT/model) on the same items; it must share --model's tokenizer.
+    #[arg(long)]
+    pub compare_model: Option<PathBuf>,
     /// Bootstrap resamples of every interval.
     #[arg(long, default_value_t = 2000)]
     pub bootstrap: usize,
@@ -431,11 +435,26 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     let (model, tok) = ElmModel::load(&a.model, a.infer.elm.as_deref())?;
     let mut run = run_one("model", &model, &tok, task, &data, &opts)?;
     let reference_elm = a.compare_elm.as_ref();
-    let reference = if a.compare_dense || reference_elm.is_some() {
-        let reference_model = match reference_elm {
-            Some(dir) => ElmModel::load(&a.model, Some(dir))?.0,
+    let reference = if a.compare_dense || reference_elm.is_some() || a.compare_model.is_some() {
+        let reference_model = match (reference_elm, &a.compare_model) {
+            (Some(dir), _) => ElmModel::load(&a.model, Some(dir))?.0,
+            (None, Some(other)) => {
+                let (other_model, other_tok) = ElmModel::load(other, None)?;
+                if other_tok.vocab_size() != tok.vocab_size() {
+                    return Err(ElmError::config(
+                        "compare-model",
+                        format!(
+                            "{}: vocabulary of {} tokens, --model has {}: items would not pair",
+                            other.display(),
+                            other_tok.vocab_size(),
+                            tok.vocab_size()
+                        ),
+                    ));
+                }
+                other_model
+            }
             // A quantized --elm file holds no f32 weights: the reference is --model itself.
-            None => match model.dense_reference() {
+            (None, None) => match model.dense_reference() {
                 Some(dense) => dense,
                 None => ElmModel::load(&a.model, None)?.0,
             },

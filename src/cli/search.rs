@@ -15,7 +15,7 @@ use elm::model::load_pretrained;
 use elm::search::gppo::{GppoEvent, GPPO_STATE_FILE};
 use elm::search::{
     enumerate, metric_choice, where_to_prune, EnumConfig, Enumeration, Gppo, GppoConfig,
-    GppoOutcome, Selector,
+    GppoOutcome, SearchMethod, Selector,
 };
 
 use super::lora::train_data;
@@ -28,7 +28,7 @@ pub struct SearchArgs {
     pub model: PathBuf,
     /// gppo | enumerate | cosine | bi | angular | ppl | report.
     #[arg(long)]
-    pub method: String,
+    pub method: elm::search::SearchMethod,
     /// Window length M.
     #[arg(long = "num-replaced", alias = "m", default_value_t = 8)]
     pub num_replaced: usize,
@@ -91,18 +91,21 @@ pub struct SearchArgs {
 }
 
 fn need_out(a: &SearchArgs) -> Result<&Path> {
-    a.out
-        .as_deref()
-        .ok_or_else(|| ElmError::config("out", format!("--method {} needs --out DIR", a.method)))
+    a.out.as_deref().ok_or_else(|| {
+        ElmError::config(
+            "out",
+            format!("--method {} needs --out DIR", a.method.name()),
+        )
+    })
 }
 
 /// `elm search`.
 pub fn run_search(a: SearchArgs) -> Result<()> {
-    match a.method.as_str() {
-        "gppo" => run_gppo(&a),
-        "enumerate" => run_enumerate(&a),
-        "report" => run_report(&a),
-        other => run_metric(&a, other.parse()?),
+    match a.method {
+        SearchMethod::Gppo => run_gppo(&a),
+        SearchMethod::Enumerate => run_enumerate(&a),
+        SearchMethod::Report => run_report(&a),
+        SearchMethod::Metric(selector) => run_metric(&a, selector),
     }
 }
 

@@ -243,6 +243,13 @@ pub struct TrainConfig {
     /// default; absent from the serialised config while off, so existing runs keep their keys).
     #[serde(default, skip_serializing_if = "crate::grad::JacobianPenalty::is_off")]
     pub jacobian_penalty: crate::grad::JacobianPenalty,
+    /// Fixed-point correction: the distillation loss on every taped iterate, weighted
+    /// `γ^(n−1−i)` (off by default; absent from the serialised config while off).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::grad::FixedPointCorrection::is_off"
+    )]
+    pub fixed_point_correction: crate::grad::FixedPointCorrection,
     /// Log ρ(∂φ/∂z) at the fixed point of the step's batch every this many steps (0 = never;
     /// a solve and 30 Jacobian-vector products, see [`super::spectral`]).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -351,6 +358,7 @@ impl TrainConfig {
             return Err(ElmError::config("betas", "each must be in [0, 1)"));
         }
         self.jacobian_penalty.validate()?;
+        self.fixed_point_correction.validate()?;
         if !(0.0..=1.0).contains(&self.warmup_frac) || !(0.0..=1.0).contains(&self.min_lr_frac) {
             return Err(ElmError::config(
                 "warmup_frac/min_lr_frac",

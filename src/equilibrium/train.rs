@@ -472,7 +472,16 @@ impl<'a> Trainer<'a> {
         )?;
         let tv = tape.constant(target.into_dyn());
         let mse = crate::nn::masked_mse(&mut tape, z, tv, &valid)?;
+        // Logged: the last iterate's loss, comparable with or without the correction.
         let distill = tape.scalar(mse) as f64;
+        let fpc = &self.cfg.fixed_point_correction;
+        let mse = if fpc.is_off() {
+            mse
+        } else {
+            crate::grad::fixed_point_correction(&mut tape, &rep.taped_iterates, fpc, |t, zi| {
+                crate::nn::masked_mse(t, zi, tv, &valid)
+            })?
+        };
         let mut loss = tape.scale(mse, lambda_distill);
         let mut jacobian = None;
         let reg = &self.cfg.jacobian_penalty;

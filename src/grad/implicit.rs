@@ -190,6 +190,11 @@ pub struct GradReport {
     pub sampled: Option<(usize, usize)>,
     /// Filled by the backward pass of `implicit`.
     pub backward: BackwardSlot,
+    /// The differentiable iterates on the tape, first to last (the last is the returned
+    /// state): what [`super::fixed_point_correction`] weighs. The iterated rules (`unroll`,
+    /// `stochastic_jfb`, `phantom`) give one per taped step; `jfb` its one application;
+    /// `implicit` none besides the output.
+    pub taped_iterates: Vec<Var>,
 }
 
 impl GradReport {
@@ -363,6 +368,7 @@ pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'st
         forward_rows: None,
         sampled: None,
         backward: BackwardSlot::default(),
+        taped_iterates: Vec::new(),
     };
     // Differentiable iterations from a detached start; returns the last output.
     let unroll =
@@ -373,6 +379,7 @@ pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'st
                 prev_val = Some(tape.shared(z));
                 z = layer.forward(tape, z, x, params)?;
                 check_state_shape(tape.value(z), z0.shape())?;
+                report.taped_iterates.push(z);
             }
             report.tape_applications += n;
             if let Some(p) = prev_val {
@@ -407,6 +414,7 @@ pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'st
             let out = layer.forward(tape, zc, x, params)?;
             check_state_shape(tape.value(out), z0.shape())?;
             report.tape_applications = 1;
+            report.taped_iterates.push(out);
             Ok((out, report))
         }
         GradientRule::Phantom { k, tau } => {
@@ -425,6 +433,7 @@ pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'st
                     let moved = tape.scale(fz, T::of(*tau));
                     tape.add(kept, moved)?
                 };
+                report.taped_iterates.push(z);
             }
             report.tape_applications = *k;
             Ok((z, report))
@@ -457,6 +466,7 @@ pub fn implicit_forward_with_rng<T: GradFloat, L: ImplicitLayer<T> + Clone + 'st
                 z_star,
                 Box::new(move |g: &ArrayD<T>| ctx.backward(g)),
             );
+            report.taped_iterates.push(out);
             Ok((out, report))
         }
     }

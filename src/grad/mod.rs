@@ -77,6 +77,8 @@ pub use implicit::{
     check_param_count, implicit_forward, implicit_forward_with_rng, BackwardReport, BackwardSlot,
     GradFloat, GradReport, ImplicitDriver, ImplicitLayer, ParamSet,
 };
-pub use regularizer::{jacobian_penalty, JacobianPenalty};
+pub use regularizer::{
+    fixed_point_correction, jacobian_penalty, FixedPointCorrection, JacobianPenalty,
+};
 pub use rule::{BackwardFailure, DeqConfig, GradientRule};
 pub use spectral_norm::SpectralNorm;

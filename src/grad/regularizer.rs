@@ -6,6 +6,11 @@
 //! central difference of two taped applications of `f`, `(f(z + εv) − f(z − εv)) / 2ε`: exact for
 //! a map linear in `z`, `O(ε²)` off otherwise, and differentiable in θ and `x` like any forward
 //! pass. Penalising it pushes the map's Jacobian, hence its spectral radius, down.
+//!
+//! [`fixed_point_correction`] is the fixed-point correction loss of Bai et al. (2022, DEQ
+//! optical flow; TorchDEQ's `fc_loss`): the task loss on every differentiable iterate `z_i` of
+//! the forward pass, weighted `γ^(n−1−i)` so the last counts most, which gives the early
+//! iterates a direct gradient towards the target and makes the map converge in fewer steps.
 
 use ndarray::{ArrayD, IxDyn};
 use rand::Rng;
@@ -14,6 +19,71 @@ use rand_distr::StandardNormal;
 use super::implicit::ImplicitLayer;
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
+
+/// Settings of [`fixed_point_correction`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FixedPointCorrection {
+    /// Decay `γ ∈ (0, 1]` of the iterates' weights `γ^(n−1−i)`; 0 = off (only the last
+    /// iterate's loss, as without the correction).
+    pub gamma: f64,
+}
+
+impl Default for FixedPointCorrection {
+    fn default() -> Self {
+        FixedPointCorrection { gamma: 0.0 }
+    }
+}
+
+impl FixedPointCorrection {
+    /// Whether the correction is off: configs then serialise without it.
+    pub fn is_off(&self) -> bool {
+        self.gamma == 0.0
+    }
+    /// Checks the range; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.gamma.is_finite() && (0.0..=1.0).contains(&self.gamma)) {
+            return Err(ElmError::config(
+                "fixed_point_correction.gamma",
+                format!("{}: must be in [0, 1] (0 = off)", self.gamma),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `Σ_i γ^(n−1−i) · loss(z_i) / Σ_i γ^(n−1−i)` over the taped `iterates` (first to last, e.g.
+/// [`super::GradReport::taped_iterates`]): a weighted mean, so its scale is the task loss's.
+/// With one iterate, or `γ` = 0, it is `loss(z_last)`.
+pub fn fixed_point_correction<T: AdFloat>(
+    tape: &mut Tape<T>,
+    iterates: &[Var],
+    cfg: &FixedPointCorrection,
+    mut loss: impl FnMut(&mut Tape<T>, Var) -> Result<Var>,
+) -> Result<Var> {
+    cfg.validate()?;
+    let Some((&last, _)) = iterates.split_last() else {
+        return Err(ElmError::InvalidArgument(
+            "fixed_point_correction: no taped iterates (the rule put none on the tape)".into(),
+        ));
+    };
+    if cfg.is_off() || iterates.len() == 1 {
+        return loss(tape, last);
+    }
+    let n = iterates.len();
+    let weights: Vec<f64> = (0..n).map(|i| cfg.gamma.powi((n - 1 - i) as i32)).collect();
+    let total: f64 = weights.iter().sum();
+    let mut sum: Option<Var> = None;
+    for (&z, w) in iterates.iter().zip(&weights) {
+        let l = loss(tape, z)?;
+        let term = tape.scale(l, T::of(w / total));
+        sum = Some(match sum {
+            Some(acc) => tape.add(acc, term)?,
+            None => term,
+        });
+    }
+    Ok(sum.expect("n >= 2 terms"))
+}
 
 /// Settings of [`jacobian_penalty`].
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
