@@ -149,6 +149,24 @@ fn gsm8k_nll_dense_and_paired_elm() {
         "{}",
         v["solver"]
     );
+
+    // --compare-model pairs against another dense model: the same file gives Δ = 0 exactly.
+    let (ok, v, err) = elm(&[
+        "eval",
+        "--model",
+        m,
+        "--compare-model",
+        m,
+        "--task",
+        "gsm8k-nll",
+        "--limit",
+        "2",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let p = &v["metrics"]["answer_nll"]["paired"];
+    assert_eq!(p["delta"]["value"].as_f64(), Some(0.0), "{p}");
+    assert_eq!(p["verdict"], "indistinguishable", "{p}");
 }
 
 #[test]
