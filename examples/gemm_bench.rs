@@ -46,10 +46,17 @@ fn main() {
             }
             (2 * m * n * k * reps) as f64 / t.elapsed().as_secs_f64() / 1e9
         };
-        let blas = time(GemmKernel::Blas);
-        let ours = time(GemmKernel::Avx512);
+        // OpenBLAS's idle threads keep spinning for a while after a call and would take a
+        // core from the next kernel's threads: ours run first, and every kernel starts after
+        // a pause long enough for both thread pools to go to sleep.
+        let mut timed = |kernel| {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            time(kernel)
+        };
+        let ours = timed(GemmKernel::Avx512);
         // bf16 dot products do two multiply-adds per f32 lane: its peak is twice the FMA one.
-        let bf16 = has_avx512_bf16().then(|| time(GemmKernel::Avx512Bf16));
+        let bf16 = has_avx512_bf16().then(|| timed(GemmKernel::Avx512Bf16));
+        let blas = timed(GemmKernel::Blas);
         rows.push(serde_json::json!({
             "shape": name, "blas_gflop_s": blas, "avx512_gflop_s": ours,
             "ratio": ours / blas, "avx512_fraction_of_peak": ours / peak,

@@ -19,7 +19,9 @@ if [ -z "$py" ]; then
     target/torch-venv/bin/pip install -q torch numpy >&2
   fi
 fi
-cargo build --release --example train_profile --example gemm_bench >&2
+cargo build --release --example train_profile --example gemm_bench --bin elm >&2
+model="${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+[ -f "$model" ] || bash scripts/fetch-smollm2.sh >&2
 gemm=$(OPENBLAS_NUM_THREADS="$threads" RAYON_NUM_THREADS="$threads" target/release/examples/gemm_bench)
 # OpenBLAS's threads are left to the example (one when our GEMM carries the large products).
 export RAYON_NUM_THREADS="$threads"
@@ -31,14 +33,27 @@ glibc=$(ELM_KEEP_HEAP=0 target/release/examples/train_profile --steps "$steps" -
 # The same on the linked BLAS for every product (OpenBLAS with a thread per core).
 blas=$(ELM_GEMM=blas OPENBLAS_NUM_THREADS="$threads" target/release/examples/train_profile --steps "$steps" --json)
 sup=$(echo "$ours" | "$py" -c "import json,sys; print(round(json.load(sys.stdin)['supervised_tokens']))")
+# Dense prefill of 256 tokens (f32 weights), ours and PyTorch's, f32 and bf16.
+pre() { RAYON_NUM_THREADS="$threads" target/release/elm bench --model "$model" --prompt-len 256 --decode-steps 4 --json "$@"; }
+p32=$(pre); pbf=$(pre --precision bf16 2>/dev/null || echo null)
+# The evaluation's teacher-forced answer NLL over 300 GSM8K test problems (dense model).
+nll=$(RAYON_NUM_THREADS="$threads" target/release/elm eval --model "$model" --task gsm8k-nll --limit 300 --json)
+tpre() { "$py" scripts/torch_ref_bench.py --model smollm2-135m --device cpu --prefill-len 256 --batches 1 --steps 2 --reps 5 --threads "$threads" "$@"; }
+tp32=$(tpre); tpbf=$(tpre --bf16)
 ref() { "$py" scripts/torch_train_ref.py --threads "$threads" --steps "$steps" --supervised "$sup" "$@"; }
 t32=$(ref --dtype f32); t32c=$(ref --dtype f32 --teacher-cache)
 tbf=$(ref --dtype bf16); tbfc=$(ref --dtype bf16 --teacher-cache)
-"$py" - "${OUT:-results/bench_train.json}" "${README:-}" "threads=$threads steps=$steps" "$bf16" "$gemm" "$blas" "$glibc" "$ours" "$t32" "$t32c" "$tbf" "$tbfc" <<'PY'
+"$py" - "${OUT:-results/bench_train.json}" "${README:-}" "threads=$threads steps=$steps" "$nll" "$p32" "$pbf" "$tp32" "$tpbf" "$bf16" "$gemm" "$blas" "$glibc" "$ours" "$t32" "$t32c" "$tbf" "$tbfc" <<'PY'
 import json, os, sys
 out, readme, how = sys.argv[1:4]
 threads = how.split()[0].split("=")[1]
-ours_bf16, gemm, blas, glibc, ours, t32, t32c, tbf, tbfc = (json.loads(a) for a in sys.argv[4:])
+nll, p32, pbf, tp32, tpbf, ours_bf16, gemm, blas, glibc, ours, t32, t32c, tbf, tbfc = (json.loads(a) for a in sys.argv[4:])
+prefill = {
+    "elm_f32_tok_s": p32["prefill_tok_s"],
+    "elm_bf16_tok_s": pbf["prefill_tok_s"] if pbf else None,
+    "torch_f32_tok_s": tp32["prefill_tok_s"],
+    "torch_bf16_tok_s": tpbf["prefill_tok_s"],
+}
 rows = {}
 for phase in ("distill", "ce"):
     for cached, (f32, bf16) in ((False, (t32, tbf)), (True, (t32c, tbfc))):
@@ -63,7 +78,8 @@ report = json.dumps({"threads": ours["threads"], "batch": ours["batch"], "seq_le
                      "blas_kernel": {"phases": blas["phases"]}, "gemm_shapes": gemm,
                      "glibc_default": {"phases": glibc["phases"], "minor_faults_and_system_seconds":
                                        glibc["minor_faults_and_system_seconds"]},
-                     "phases": rows}, indent=1)
+                     "dense_prefill_256": prefill,
+                     "gsm8k_nll_300_seconds": nll["seconds"], "phases": rows}, indent=1)
 os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
 with open(out + ".tmp", "w") as f:
     f.write(report + "\n")
@@ -86,8 +102,15 @@ if readme:
                      f"{r['ratio_vs_torch_f32']:.2f}x | {'–' if eb is None else f'{eb:.0f}'} | "
                      f"{r['torch_bf16_tok_s']:.0f} | "
                      + ("– (no AVX-512 BF16)" if eb is None else f"{r['ratio_bf16_vs_torch_bf16']:.2f}x") + " |")
+    pb = prefill["elm_bf16_tok_s"]
+    lines.append(f"| dense prefill, 256 tokens | {prefill['elm_f32_tok_s']:.0f} | {prefill['torch_f32_tok_s']:.0f} | "
+                 f"{prefill['elm_f32_tok_s'] / prefill['torch_f32_tok_s']:.2f}x | "
+                 f"{'–' if pb is None else f'{pb:.0f}'} | {prefill['torch_bf16_tok_s']:.0f} | "
+                 + ("–" if pb is None else f"{pb / prefill['torch_bf16_tok_s']:.2f}x") + " |")
     (f0, s0), (f1, s1) = (glibc["minor_faults_and_system_seconds"],
                           ours["minor_faults_and_system_seconds"])
+    lines += ["", f"Teacher-forced answer NLL of the dense model over {nll['n']} GSM8K test problems "
+              f"(`elm eval --task gsm8k-nll --limit 300`): {nll['seconds']:.1f} s."]
     lines += ["", f"GEMM kernel `{ours['gemm_kernel']}` (OpenBLAS {ours['openblas_threads']} thread(s) beside "
               f"it); every product on OpenBLAS instead (`ELM_GEMM=blas`, {threads} threads): "
               + ", ".join(f"{k.replace('_teacher_cache', ' cached')} {blas['phases'][k]['tok_s']:.0f}"

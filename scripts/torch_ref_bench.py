@@ -127,7 +127,11 @@ def main():
     ap.add_argument("--tf32", type=int, default=0)
     ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    ap.add_argument("--bf16", action="store_true", help="CPU autocast to bf16 (oneDNN AVX-512 BF16)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
     torch.backends.cudnn.allow_tf32 = bool(args.tf32)
@@ -142,7 +146,13 @@ def main():
     gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
 
     def sync():
-        torch.cuda.synchronize(dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    # No-grad inference; on the CPU optionally under bf16 autocast (what PyTorch users run).
+    torch.set_grad_enabled(False)
+    if args.bf16:
+        torch.autocast("cpu", dtype=torch.bfloat16).__enter__()
 
     prompt = torch.randint(0, cfg["vocab"], (1, args.prefill_len), generator=gen).to(dev)
     model.forward(prompt, 0).cpu()  # warm-up
@@ -174,7 +184,8 @@ def main():
 
     print(json.dumps(dict(
         label=args.model, impl=f"torch {torch.__version__} eager ({args.attn})",
-        device=torch.cuda.get_device_name(dev), tf32=bool(args.tf32),
+        device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        tf32=bool(args.tf32), bf16=args.bf16,
         prefill_len=args.prefill_len, prefill_seconds=prefill_s,
         prefill_tok_s=args.prefill_len / prefill_s, decode=decode,
     )))
