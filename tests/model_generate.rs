@@ -103,6 +103,11 @@ fn sampling_is_reproducible_for_a_seed_and_rejects_bad_input() {
 #[test]
 fn batched_generation_equals_unbatched_for_greedy_and_seeded_sampling() {
     let m = tiny_transformer(Arch::Qwen2, 4, 99);
+    // The library refuses what the CLI refuses: zero new tokens.
+    let mut none = sampling(0.0, 0, 1.0, 0);
+    none.max_new_tokens = 0;
+    let e = generate(&m, &[vec![3u32, 9]], &none, None, |_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("max_new_tokens"), "{e}");
     let prompts = vec![
         vec![3u32, 9, 27, 17],
         vec![5],

@@ -253,6 +253,13 @@ pub fn generate<D: Decoder + ?Sized>(
             "generate needs at least one non-empty prompt".into(),
         ));
     }
+    if config.max_new_tokens == 0 {
+        // The CLI refuses it too: zero new tokens generates and measures nothing.
+        return Err(ElmError::config(
+            "max_new_tokens",
+            "must be >= 1 (zero new tokens generates nothing)",
+        ));
+    }
     if !config.stop_strings.is_empty() && detokenize.is_none() {
         return Err(ElmError::InvalidArgument(
             "stop strings need a detokenizer".into(),
