@@ -280,7 +280,7 @@ pub fn generate<D: Decoder + ?Sized>(
             ));
         }
     }
-    let mut state = model.new_state(batch, max_prompt + config.max_new_tokens.max(1))?;
+    let mut state = model.new_state(batch, max_prompt + config.max_new_tokens)?;
     let mut out = Generation {
         tokens: vec![Vec::new(); batch],
         finish: vec![FinishReason::Length; batch],
@@ -290,9 +290,6 @@ pub fn generate<D: Decoder + ?Sized>(
         decode_secs: 0.0,
         decode_steps: 0,
     };
-    if config.max_new_tokens == 0 {
-        return Ok(out);
-    }
     let start = Instant::now();
     let mut logits = model.prefill(prompts, &mut state)?;
     out.prefill_secs = start.elapsed().as_secs_f64();
