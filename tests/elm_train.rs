@@ -516,3 +516,40 @@ fn fixed_point_correction_trains_and_is_refused_when_bad() {
     let e = TrainConfig::from_file(&path).unwrap_err().to_string();
     assert!(e.contains("gama"), "{e}");
 }
+
+/// A fresh run saves its starting point before the first step, so a run killed (or whose disk
+/// fills) before its first checkpoint leaves a resumable directory, not one that `--resume`
+/// refuses and a new run refuses to overwrite; resuming it ends where an uninterrupted run ends.
+#[test]
+fn run_killed_before_its_first_checkpoint_resumes_from_the_start() {
+    use elm::equilibrium::train::TrainEvent;
+    let w = tiny_weights(Arch::Llama, 4, 8);
+    let ec = ElmConfig::new(1, 2);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    let train = data(10, 6);
+    let c = TrainConfig {
+        checkpoint_every: 100,
+        ..cfg(4, 2)
+    };
+    let full_dir = TempDir::new("full");
+    let mut full = Trainer::new(&w, ec.clone(), &module, c.clone(), "tiny".into()).unwrap();
+    full.run(&train, 0, &full_dir, None, |_| {}).unwrap();
+
+    let dir = TempDir::new("killed");
+    let mut part = Trainer::new(&w, ec.clone(), &module, c.clone(), "tiny".into()).unwrap();
+    let killed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        part.run(&train, 0, &dir, None, |e| {
+            if let TrainEvent::Step(l) = e {
+                assert!(l.step < 2, "killed at step 2");
+            }
+        })
+    }));
+    assert!(killed.is_err(), "the run should have been killed");
+    let mut resumed = Trainer::resume(&w, &dir).unwrap();
+    assert_eq!(resumed.step, 0);
+    resumed.run(&train, 0, &dir, None, |_| {}).unwrap();
+    assert_eq!(
+        resumed.module().unwrap().to_tensors(&w.config),
+        full.module().unwrap().to_tensors(&w.config)
+    );
+}

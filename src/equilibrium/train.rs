@@ -614,6 +614,12 @@ impl<'a> Trainer<'a> {
             on_event(TrainEvent::EvalBefore(d));
         }
         let (total, start_step, every) = (self.cfg.steps, self.step, self.cfg.checkpoint_every);
+        if self.step == 0 && !out.join(STATE_FILE).exists() {
+            // A fresh run saves its starting point first: if a later save fails (a full disk
+            // at the first checkpoint), `--resume` still finds a run to continue instead of a
+            // directory that is neither resumable nor empty.
+            self.save(out)?;
+        }
         let t0 = Instant::now();
         while self.step < total {
             let log = self.train_step(data, pad_id)?;
