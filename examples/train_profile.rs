@@ -2,7 +2,8 @@
 //! `scripts/torch_train_ref.py` so `scripts/bench-train.sh` can print the ratio: SmolLM2,
 //! start 12, M = 8, stochastic JFB fixed at 2 gradient-free + 2 taped iterations, batches of
 //! GSM8K sequences at least `SEQ` tokens long (every position real), per phase of the λ
-//! schedule (distillation only; CE + distillation) and with / without the teacher cache.
+//! schedule (distillation only; CE + distillation) and with / without the teacher cache; and
+//! the LoRA SFT step (rank 16 on the seven linear maps of every layer).
 //! One warm-up step, then the mean of `STEPS`.
 //!
 //! `cargo run --release --example train_profile -- [--model M] [--steps N] [--batch B]
@@ -131,6 +132,33 @@ fn main() -> elm::Result<()> {
         }
     }
     let _ = std::fs::remove_dir_all(&cache);
+    // The LoRA step of the healing and tuned-dense stages: rank-16 adapters on the seven
+    // linear maps of every layer, CE at the supervised tokens, AdamW on the adapters.
+    let lora_cfg = elm::lora::LoraConfig {
+        steps: steps + 1,
+        batch_size: batch,
+        seq_len: seq,
+        checkpoint_every: 0,
+        ..Default::default()
+    };
+    let mut lora = elm::lora::LoraTrainer::new(&dense, lora_cfg, model.clone())?;
+    lora.train_step(&data, pad)?;
+    let (mut seconds, mut tokens) = (0.0, 0usize);
+    for _ in 0..steps {
+        let t = Instant::now();
+        lora.train_step(&data, pad)?;
+        seconds += t.elapsed().as_secs_f64();
+        // Positions processed (every sequence is `seq` tokens long); the step's own `tokens`
+        // counts the supervised ones.
+        tokens += batch * seq;
+    }
+    phases.insert(
+        "lora".into(),
+        serde_json::json!({
+            "seconds_per_step": seconds / steps as f64,
+            "tok_s": tokens as f64 / seconds,
+        }),
+    );
     let out = serde_json::json!({
         "model": model,
         "threads": rayon::current_num_threads(),

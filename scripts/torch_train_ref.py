@@ -11,7 +11,9 @@ benchmark's fixed rule:
   * loss: masked MSE(z*, target) (the distillation phase); in the CE phase also the frozen
     back layers [l+M, L), final norm, LM head and cross-entropy at the supervised positions
     only (`--supervised` of the B*T tokens, the first ones of each row after the prompt);
-  * backward, global-norm clip, AdamW on the module's parameters.
+  * backward, global-norm clip, AdamW on the module's parameters;
+  * phase `lora`: the LoRA SFT step of `elm lora` (rank 16, alpha 16, dropout 0.05 on the seven
+    linear maps of all 30 frozen layers; CE at the supervised positions; AdamW on the adapters).
 
 Weights are seeded random values of the model's exact shapes (timing does not depend on
 values). `--dtype bf16` runs under CPU autocast (bf16 matmuls through oneDNN, f32 master
@@ -57,19 +59,39 @@ class Layer:
         return [self.attn_norm, self.wq, self.wk, self.wv, self.wo, self.mlp_norm,
                 self.w_gate, self.w_up, self.w_down]
 
+    def add_lora(self, g, rank, alpha, dropout):
+        """Rank-`rank` adapters on the seven linear maps (A random, B = 0), as `elm lora`."""
+        self.lora = {}
+        self.lora_scale, self.lora_dropout = alpha / rank, dropout
+        for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            out_dim, in_dim = getattr(self, name).shape
+            a = ((torch.rand(rank, in_dim, generator=g) * 2 - 1) / math.sqrt(in_dim)).requires_grad_(True)
+            self.lora[name] = (a, torch.zeros(out_dim, rank).requires_grad_(True))
+
+    def lora_params(self):
+        return [p for ab in getattr(self, "lora", {}).values() for p in ab]
+
+    def lin(self, name, x):
+        y = x @ getattr(self, name).T
+        ab = getattr(self, "lora", {}).get(name)
+        if ab is not None:
+            a, b = ab
+            y = y + (F.dropout(x, self.lora_dropout) @ a.T @ b.T) * self.lora_scale
+        return y
+
     def __call__(self, x, cos, sin):  # x: [B, T, C]
         b, t, _ = x.shape
         n = rms(x, self.attn_norm)
-        q = (n @ self.wq.T).view(b, t, HEADS, HD).transpose(1, 2)
-        k = (n @ self.wk.T).view(b, t, KV, HD).transpose(1, 2)
-        v = (n @ self.wv.T).view(b, t, KV, HD).transpose(1, 2)
+        q = self.lin("wq", n).view(b, t, HEADS, HD).transpose(1, 2)
+        k = self.lin("wk", n).view(b, t, KV, HD).transpose(1, 2)
+        v = self.lin("wv", n).view(b, t, KV, HD).transpose(1, 2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         k = k.repeat_interleave(HEADS // KV, dim=1)
         v = v.repeat_interleave(HEADS // KV, dim=1)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + a.transpose(1, 2).reshape(b, t, HEADS * HD) @ self.wo.T
+        x = x + self.lin("wo", a.transpose(1, 2).reshape(b, t, HEADS * HD))
         n = rms(x, self.mlp_norm)
-        return x + (F.silu(n @ self.w_gate.T) * (n @ self.w_up.T)) @ self.w_down.T
+        return x + self.lin("w_down", F.silu(self.lin("w_gate", n)) * self.lin("w_up", n))
 
 
 def main():
@@ -84,7 +106,7 @@ def main():
     ap.add_argument("--supervised", type=int, default=128, help="supervised tokens per batch")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
-    ap.add_argument("--phases", default="distill,ce")
+    ap.add_argument("--phases", default="distill,ce,lora")
     ap.add_argument("--teacher-cache", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -149,10 +171,41 @@ def main():
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
 
+    def lora_steps():
+        """The LoRA SFT step: adapters on every layer, frozen base, CE at the supervised
+        positions, AdamW on the adapters (a fresh copy of the model's layers' adapters)."""
+        for lyr in layers:
+            lyr.add_lora(g, 16, 16.0, 0.05)
+        lparams = [p for lyr in layers for p in lyr.lora_params()]
+        lopt = torch.optim.AdamW(lparams, lr=2e-4, weight_decay=0.0)
+
+        def lstep():
+            with ac:
+                x = embed[tokens]
+                for lyr in layers:
+                    x = lyr(x, cos, sin)
+                n = rms(x[sup], final_norm)
+                loss = F.cross_entropy((n @ embed.T).float(), targets[sup])
+            lopt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(lparams, 1.0)
+            lopt.step()
+        lstep()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            lstep()
+        for lyr in layers:
+            lyr.lora = {}
+        return (time.perf_counter() - t0) / args.steps
+
     out = {"torch": torch.__version__, "threads": args.threads, "dtype": args.dtype,
            "batch": b, "seq_len": t, "teacher_cache": args.teacher_cache,
            "supervised_tokens": int(sup.sum()), "phases": {}}
     for phase in args.phases.split(","):
+        if phase == "lora":
+            s = lora_steps()
+            out["phases"][phase] = {"seconds_per_step": s, "tok_s": b * t / s}
+            continue
         ce = phase == "ce"
         step(ce)
         t0 = time.perf_counter()
