@@ -38,13 +38,21 @@ fn main() {
         };
         let b = if bt { b_store.t() } else { b_store.view() };
         let mut c = Array2::<f32>::zeros((m, n));
+        // Warm-up for 100 ms (threads woken, clocks up), then at least `reps` calls and at
+        // least 300 ms: a few-millisecond window is at the mercy of the VM's scheduling.
         let mut time = |kernel| {
-            sgemm_with(kernel, 1.0, &a.view(), &b, 0.0, &mut c.view_mut());
-            let t = Instant::now();
-            for _ in 0..reps {
-                sgemm_with(kernel, 1.0, &a.view(), &b, 0.0, &mut c.view_mut());
+            let mut run = || sgemm_with(kernel, 1.0, &a.view(), &b, 0.0, &mut c.view_mut());
+            let warm = Instant::now();
+            while warm.elapsed().as_secs_f64() < 0.1 {
+                run();
             }
-            (2 * m * n * k * reps) as f64 / t.elapsed().as_secs_f64() / 1e9
+            let t = Instant::now();
+            let mut calls = 0;
+            while calls < reps || t.elapsed().as_secs_f64() < 0.3 {
+                run();
+                calls += 1;
+            }
+            (2 * m * n * k * calls) as f64 / t.elapsed().as_secs_f64() / 1e9
         };
         // OpenBLAS's idle threads keep spinning for a while after a call and would take a
         // core from the next kernel's threads: ours run first, and every kernel starts after
