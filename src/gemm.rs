@@ -98,6 +98,7 @@ pub fn has_avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -615,8 +616,43 @@ mod avx512 {
         }
     }
 
+    /// [`pack_pairs`] for a `B` whose rows (k) are contiguous along its columns: per k-pair,
+    /// 16 columns of rows `k` and `k + 1` rounded together by `vcvtne2ps2bf16` and interleaved
+    /// into (k, k+1) pairs by one 16-bit permute; `row(p)` points at `B[p, 0]` of the panel.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn pack_pairs_rows(
+        cols: usize,
+        kc: usize,
+        out: &mut [u32],
+        row: impl Fn(usize) -> *const f32,
+    ) {
+        let kp = kc.div_ceil(2);
+        // Output 16-bit element 2j takes row k's column j (input j), 2j+1 row k+1's (16 + j).
+        let idx: [i16; 32] = std::array::from_fn(|e| ((e / 2) + 16 * (e % 2)) as i16);
+        let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
+        for (sl, j0) in (0..cols).step_by(NR).enumerate() {
+            let dst = &mut out[sl * NR * kp..(sl + 1) * NR * kp];
+            for half in 0..NR / 16 {
+                let jb = j0 + 16 * half;
+                let n = cols.saturating_sub(jb).min(16);
+                let mask: __mmask16 = if n >= 16 { 0xffff } else { (1u16 << n) - 1 };
+                for p2 in 0..kp {
+                    let lo = _mm512_maskz_loadu_ps(mask, row(2 * p2).add(jb));
+                    let hi = if 2 * p2 + 1 < kc {
+                        _mm512_maskz_loadu_ps(mask, row(2 * p2 + 1).add(jb))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                    let v = _mm512_permutexvar_epi16(idx, v);
+                    _mm512_storeu_si512(dst.as_mut_ptr().add(p2 * NR + 16 * half) as *mut _, v);
+                }
+            }
+        }
+    }
+
     /// The blocked loop on one thread, bf16 inputs.
-    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn gemm_serial_bf16(
         alpha: f32,
         a: &ArrayView2<f32>,
@@ -641,6 +677,10 @@ mod avx512 {
                     if brs == 1 {
                         pack_pairs_contiguous(nc, kc, NR, pb, |j| {
                             bbase.offset(pc as isize + (jc + j) as isize * bcs)
+                        });
+                    } else if bcs == 1 {
+                        pack_pairs_rows(nc, kc, pb, |p| {
+                            bbase.offset((pc + p) as isize * brs + jc as isize)
                         });
                     } else {
                         pack_pairs(nc, kc, NR, pb, |j, p| unsafe {
