@@ -337,6 +337,50 @@ mod avx512 {
         }
     }
 
+    /// The GotoBLAS loop nest both kernels share: a `B` panel packed per (jc, pc), an `A`
+    /// block per ic, the micro-kernel over the tiles. `depth(kc)` is a packed sliver's depth
+    /// (k values, or k-pairs for bf16); `tile(depth, a, b, c_ij, mr, nr, β)` one micro-tile.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn blocked<P>(
+        (m, n, k): (usize, usize, usize),
+        c: CPtr,
+        beta: f32,
+        pa: &mut [P],
+        pb: &mut [P],
+        depth: impl Fn(usize) -> usize,
+        mut pack_b: impl FnMut(usize, usize, usize, usize, &mut [P]),
+        mut pack_a: impl FnMut(usize, usize, usize, usize, &mut [P]),
+        tile: impl Fn(usize, *const P, *const P, *mut f32, usize, usize, f32),
+    ) {
+        for jc in (0..n).step_by(NC) {
+            let nc = NC.min(n - jc);
+            for pc in (0..k).step_by(KC) {
+                let kc = KC.min(k - pc);
+                let d = depth(kc);
+                pack_b(pc, kc, jc, nc, pb);
+                // β applies once: on the first K block; later blocks accumulate.
+                let beta_k = if pc == 0 { beta } else { 1.0 };
+                for ic in (0..m).step_by(MC) {
+                    let mc = MC.min(m - ic);
+                    pack_a(ic, mc, pc, kc, pa);
+                    for jr in (0..nc).step_by(NR) {
+                        let nr = NR.min(nc - jr);
+                        let bp = pb.as_ptr().add(jr / NR * NR * d);
+                        for ir in (0..mc).step_by(MR) {
+                            let mr = MR.min(mc - ir);
+                            let ap = pa.as_ptr().add(ir / MR * MR * d);
+                            let cij = c
+                                .ptr
+                                .offset((ic + ir) as isize * c.rs + (jc + jr) as isize * c.cs);
+                            tile(d, ap, bp, cij, mr, nr, beta_k);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// The blocked loop on one thread.
     #[target_feature(enable = "avx512f")]
     unsafe fn gemm_serial(
@@ -352,31 +396,17 @@ mod avx512 {
             let (pa, pb) = &mut *pack;
             pa.resize(MC.div_ceil(MR) * MR * KC, 0.0);
             pb.resize(NC.div_ceil(NR) * NR * KC, 0.0);
-            for jc in (0..n).step_by(NC) {
-                let nc = NC.min(n - jc);
-                for pc in (0..k).step_by(KC) {
-                    let kc = KC.min(k - pc);
-                    pack_b(b, pc, kc, jc, nc, pb);
-                    // β applies once: on the first K block; later blocks accumulate.
-                    let beta_k = if pc == 0 { beta } else { 1.0 };
-                    for ic in (0..m).step_by(MC) {
-                        let mc = MC.min(m - ic);
-                        pack_a(a, ic, mc, pc, kc, pa);
-                        for jr in (0..nc).step_by(NR) {
-                            let nr = NR.min(nc - jr);
-                            let bp = pb.as_ptr().add(jr / NR * NR * kc);
-                            for ir in (0..mc).step_by(MR) {
-                                let mr = MR.min(mc - ir);
-                                let ap = pa.as_ptr().add(ir / MR * MR * kc);
-                                let cij = c
-                                    .ptr
-                                    .offset((ic + ir) as isize * c.rs + (jc + jr) as isize * c.cs);
-                                kernel(kc, ap, bp, cij, c.rs, c.cs, mr, nr, alpha, beta_k);
-                            }
-                        }
-                    }
-                }
-            }
+            blocked(
+                (m, n, k),
+                c,
+                beta,
+                pa,
+                pb,
+                |kc| kc,
+                |pc, kc, jc, nc, pb| pack_b(b, pc, kc, jc, nc, pb),
+                |ic, mc, pc, kc, pa| pack_a(a, ic, mc, pc, kc, pa),
+                |d, ap, bp, cij, mr, nr, bk| kernel(d, ap, bp, cij, c.rs, c.cs, mr, nr, alpha, bk),
+            );
         });
     }
 
@@ -535,6 +565,52 @@ mod avx512 {
         bf16_bits(lo) | (bf16_bits(hi) << 16)
     }
 
+    /// Walks the `w`-row slivers of a `rows × kc` panel packed as k-pairs,
+    /// `out[(sliver · kp + p2) · w + r]`: rows past the end are zero, every real row is filled
+    /// by `fill(sliver, r, row)`.
+    fn for_each_pair_row(
+        rows: usize,
+        kc: usize,
+        w: usize,
+        out: &mut [u32],
+        mut fill: impl FnMut(&mut [u32], usize, usize),
+    ) {
+        let kp = kc.div_ceil(2);
+        for (sl, r0) in (0..rows).step_by(w).enumerate() {
+            let n = w.min(rows - r0);
+            let dst = &mut out[sl * w * kp..(sl + 1) * w * kp];
+            for r in 0..w {
+                if r < n {
+                    fill(dst, r, r0 + r);
+                } else {
+                    for p2 in 0..kp {
+                        dst[p2 * w + r] = 0;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pairs `from..` of row `r` of a sliver, `(x[2p2], x[2p2 + 1])` from `get(p)`, the odd
+    /// tail padded with zero.
+    fn fill_pairs_scalar(
+        dst: &mut [u32],
+        w: usize,
+        r: usize,
+        from: usize,
+        kc: usize,
+        get: impl Fn(usize) -> f32,
+    ) {
+        for p2 in from..kc.div_ceil(2) {
+            let hi = if 2 * p2 + 1 < kc {
+                get(2 * p2 + 1)
+            } else {
+                0.0
+            };
+            dst[p2 * w + r] = pair(get(2 * p2), hi);
+        }
+    }
+
     /// `get(r, p)` for `r < rows`, `p < kc` of a `kc`-deep panel of `w`-wide slivers into
     /// k-pairs: `out[(sliver · kp + p2) · w + r] = (x[r, 2p2], x[r, 2p2 + 1])`, zero-padded.
     fn pack_pairs(
@@ -544,28 +620,9 @@ mod avx512 {
         out: &mut [u32],
         get: impl Fn(usize, usize) -> f32,
     ) {
-        let kp = kc.div_ceil(2);
-        for (sl, r0) in (0..rows).step_by(w).enumerate() {
-            let n = w.min(rows - r0);
-            let dst = &mut out[sl * w * kp..(sl + 1) * w * kp];
-            for r in 0..w {
-                if r >= n {
-                    for p2 in 0..kp {
-                        dst[p2 * w + r] = 0;
-                    }
-                    continue;
-                }
-                for p2 in 0..kp {
-                    let lo = get(r0 + r, 2 * p2);
-                    let hi = if 2 * p2 + 1 < kc {
-                        get(r0 + r, 2 * p2 + 1)
-                    } else {
-                        0.0
-                    };
-                    dst[p2 * w + r] = pair(lo, hi);
-                }
-            }
-        }
+        for_each_pair_row(rows, kc, w, out, |dst, r, row| {
+            fill_pairs_scalar(dst, w, r, 0, kc, |p| get(row, p))
+        });
     }
 
     /// [`pack_pairs`] for a source contiguous along k (`row(r)` points at `x[r, 0]`): 32 values
@@ -579,41 +636,27 @@ mod avx512 {
         out: &mut [u32],
         row: impl Fn(usize) -> *const f32,
     ) {
-        let kp = kc.div_ceil(2);
         let mut lanes = [0u32; 16];
-        for (sl, r0) in (0..rows).step_by(w).enumerate() {
-            let n = w.min(rows - r0);
-            let dst = &mut out[sl * w * kp..(sl + 1) * w * kp];
-            for r in 0..w {
-                if r >= n {
-                    for p2 in 0..kp {
-                        dst[p2 * w + r] = 0;
-                    }
-                    continue;
-                }
-                let src = row(r0 + r);
-                let mut p2 = 0;
-                while 2 * p2 + 32 <= kc {
+        for_each_pair_row(rows, kc, w, out, |dst, r, i| {
+            let src = row(i);
+            let mut p2 = 0;
+            while 2 * p2 + 32 <= kc {
+                // SAFETY: 32 values from 2·p2 are inside the row (checked by the loop bound);
+                // the closure runs inside this AVX-512 BF16 function.
+                unsafe {
                     let lo = _mm512_loadu_ps(src.add(2 * p2));
                     let hi = _mm512_loadu_ps(src.add(2 * p2 + 16));
                     let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
                     _mm512_storeu_si512(lanes.as_mut_ptr() as *mut _, v);
-                    for (t, &x) in lanes.iter().enumerate() {
-                        dst[(p2 + t) * w + r] = x;
-                    }
-                    p2 += 16;
                 }
-                for p2 in p2..kp {
-                    let lo = *src.add(2 * p2);
-                    let hi = if 2 * p2 + 1 < kc {
-                        *src.add(2 * p2 + 1)
-                    } else {
-                        0.0
-                    };
-                    dst[p2 * w + r] = pair(lo, hi);
+                for (t, &x) in lanes.iter().enumerate() {
+                    dst[(p2 + t) * w + r] = x;
                 }
+                p2 += 16;
             }
-        }
+            // SAFETY: p < kc is inside the row.
+            fill_pairs_scalar(dst, w, r, p2, kc, |p| unsafe { *src.add(p) });
+        });
     }
 
     /// [`pack_pairs`] for a `B` whose rows (k) are contiguous along its columns: per k-pair,
@@ -668,52 +711,46 @@ mod avx512 {
             let (pa, pb) = &mut *pack;
             pa.resize(MC.div_ceil(MR) * MR * KC / 2, 0);
             pb.resize(NC.div_ceil(NR) * NR * KC / 2, 0);
-            for jc in (0..n).step_by(NC) {
-                let nc = NC.min(n - jc);
-                for pc in (0..k).step_by(KC) {
-                    let kc = KC.min(k - pc);
-                    let kp = kc.div_ceil(2);
-                    // SAFETY (all closures): (pc+p, jc+j) and (ic+i, pc+p) are inside B and A.
-                    if brs == 1 {
-                        pack_pairs_contiguous(nc, kc, NR, pb, |j| {
-                            bbase.offset(pc as isize + (jc + j) as isize * bcs)
-                        });
-                    } else if bcs == 1 {
-                        pack_pairs_rows(nc, kc, pb, |p| {
-                            bbase.offset((pc + p) as isize * brs + jc as isize)
-                        });
-                    } else {
-                        pack_pairs(nc, kc, NR, pb, |j, p| unsafe {
-                            *bbase.offset((pc + p) as isize * brs + (jc + j) as isize * bcs)
-                        });
-                    }
-                    let beta_k = if pc == 0 { beta } else { 1.0 };
-                    for ic in (0..m).step_by(MC) {
-                        let mc = MC.min(m - ic);
-                        if acs == 1 {
-                            pack_pairs_contiguous(mc, kc, MR, pa, |i| {
-                                abase.offset((ic + i) as isize * ars + pc as isize)
-                            });
-                        } else {
-                            pack_pairs(mc, kc, MR, pa, |i, p| unsafe {
-                                *abase.offset((ic + i) as isize * ars + (pc + p) as isize * acs)
-                            });
-                        }
-                        for jr in (0..nc).step_by(NR) {
-                            let nr = NR.min(nc - jr);
-                            let bp = pb.as_ptr().add(jr / NR * NR * kp);
-                            for ir in (0..mc).step_by(MR) {
-                                let mr = MR.min(mc - ir);
-                                let ap = pa.as_ptr().add(ir / MR * MR * kp);
-                                let cij = c
-                                    .ptr
-                                    .offset((ic + ir) as isize * c.rs + (jc + jr) as isize * c.cs);
-                                kernel_bf16(kp, ap, bp, cij, c.rs, c.cs, mr, nr, alpha, beta_k);
-                            }
-                        }
-                    }
+            // SAFETY (all packers): (pc+p, jc+j) and (ic+i, pc+p) are inside B and A.
+            let pack_b = |pc: usize, kc: usize, jc: usize, nc: usize, pb: &mut [u32]| unsafe {
+                if brs == 1 {
+                    pack_pairs_contiguous(nc, kc, NR, pb, |j| {
+                        bbase.offset(pc as isize + (jc + j) as isize * bcs)
+                    });
+                } else if bcs == 1 {
+                    pack_pairs_rows(nc, kc, pb, |p| {
+                        bbase.offset((pc + p) as isize * brs + jc as isize)
+                    });
+                } else {
+                    pack_pairs(nc, kc, NR, pb, |j, p| {
+                        *bbase.offset((pc + p) as isize * brs + (jc + j) as isize * bcs)
+                    });
                 }
-            }
+            };
+            let pack_a = |ic: usize, mc: usize, pc: usize, kc: usize, pa: &mut [u32]| unsafe {
+                if acs == 1 {
+                    pack_pairs_contiguous(mc, kc, MR, pa, |i| {
+                        abase.offset((ic + i) as isize * ars + pc as isize)
+                    });
+                } else {
+                    pack_pairs(mc, kc, MR, pa, |i, p| {
+                        *abase.offset((ic + i) as isize * ars + (pc + p) as isize * acs)
+                    });
+                }
+            };
+            blocked(
+                (m, n, k),
+                c,
+                beta,
+                pa,
+                pb,
+                |kc| kc.div_ceil(2),
+                pack_b,
+                pack_a,
+                |d, ap, bp, cij, mr, nr, bk| {
+                    kernel_bf16(d, ap, bp, cij, c.rs, c.cs, mr, nr, alpha, bk)
+                },
+            );
         });
     }
 
