@@ -52,6 +52,13 @@ pub struct Tables {
     pub limits: serde_json::Value,
 }
 
+/// The model as a reader can find it: its file (or directory) name, not this machine's path.
+fn model_label(model: &str) -> String {
+    Path::new(model)
+        .file_name()
+        .map_or_else(|| model.to_string(), |f| f.to_string_lossy().into_owned())
+}
+
 fn iv(i: &Interval) -> String {
     format!("{} [{}, {}]", float(i.value), float(i.lo), float(i.hi))
 }
@@ -465,7 +472,7 @@ fn headline(t: &Tables) -> String {
                 "**Headline ({} scale, {}):** the ELM removes {} of the dense model's parameters ({} non-embedding) and {} of its KV cache; \
                  its answer NLL is {} vs the LoRA-tuned dense model's {} (Δ {}, perplexity {:.2} vs {:.2}), flexible exact match {} vs {} (RP {}).",
                 t.scale,
-                t.model,
+                model_label(&t.model),
                 pct(1.0 - e.params as f64 / d.params as f64),
                 pct(1.0 - e.non_embedding_params as f64 / d.non_embedding_params as f64),
                 pct(1.0 - e.kv_bytes_1k as f64 / d.kv_bytes_1k as f64),
@@ -501,7 +508,7 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool)) -> String {
          stages on this machine: {}. Last invocation: {} ({} stages, {} computed, {} read from the stage cache).\n\n",
         t.scale,
         t.scale,
-        t.model,
+        model_label(&t.model),
         t.stages.iter().map(|s| &s.key).collect::<std::collections::BTreeSet<_>>().len(),
         seconds(unique_stage_seconds(t)),
         seconds(t.seconds),
