@@ -11,8 +11,8 @@
 
 use std::time::Instant;
 
-use elm::autograd::{AdFloat, Tape, Var};
-use elm::grad::{implicit_forward, DeqConfig, GradientRule, ImplicitLayer};
+use elm::autograd::Tape;
+use elm::grad::{implicit_forward, DeqConfig, GradientRule};
 use elm::solver::problems::LinearProblem;
 use elm::solver::{LinearSolverConfig, SolverConfig, StopCriteria};
 use ndarray::{Array1, Array2, Axis};
@@ -21,23 +21,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
-elm::param_set! {
-    /// W [D, D], U [D, Dx], b [D].
-    struct Params { w, u, b }
-}
-
-/// z = z·Wᵀ + x·Uᵀ + b.
-#[derive(Clone)]
-struct LinearDeq;
-
-impl<T: AdFloat> ImplicitLayer<T> for LinearDeq {
-    type Params = Params;
-    fn forward(&self, t: &mut Tape<T>, z: Var, x: Var, p: &Params) -> elm::Result<Var> {
-        let wz = t.matmul_t(z, p.w, None)?;
-        let ux = t.matmul_t(x, p.u, Some(p.b))?;
-        t.add(wz, ux)
-    }
-}
+#[path = "support/linear_deq.rs"]
+mod linear_deq;
+use linear_deq::{LinearDeq, Params};
 
 const N: usize = 100;
 const B: usize = 4;

@@ -5,10 +5,8 @@
 //! `z = W z + U x + b` with `W` the solver crate's canonical `A` of spectral radius ρ (so `J = W`),
 //! and `z = tanh(W z + U x + b)` (`J = diag(1 − z²) W`, not symmetric).
 
-use elm::autograd::{AdFloat, Tape, Var};
-use elm::grad::{
-    implicit_forward, BackwardFailure, DeqConfig, GradReport, GradientRule, ImplicitLayer,
-};
+use elm::autograd::Tape;
+use elm::grad::{implicit_forward, BackwardFailure, DeqConfig, GradReport, GradientRule};
 use elm::solver::problems::LinearProblem;
 use elm::solver::{LinearSolverConfig, RowStatus, SolverConfig, StopCriteria};
 use elm::ElmError;
@@ -18,37 +16,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
-elm::param_set! {
-    /// W [D, D], U [D, Dx], b [D].
-    struct Params { w, u, b }
-}
-
-/// z = z·Wᵀ + x·Uᵀ + b.
-#[derive(Clone)]
-struct LinearDeq;
-
-impl<T: AdFloat> ImplicitLayer<T> for LinearDeq {
-    type Params = Params;
-    fn forward(&self, t: &mut Tape<T>, z: Var, x: Var, p: &Params) -> elm::Result<Var> {
-        let wz = t.matmul_t(z, p.w, None)?;
-        let ux = t.matmul_t(x, p.u, Some(p.b))?;
-        t.add(wz, ux)
-    }
-}
-
-/// z = tanh(z·Wᵀ + x·Uᵀ + b).
-#[derive(Clone)]
-struct TanhDeq;
-
-impl<T: AdFloat> ImplicitLayer<T> for TanhDeq {
-    type Params = Params;
-    fn forward(&self, t: &mut Tape<T>, z: Var, x: Var, p: &Params) -> elm::Result<Var> {
-        let wz = t.matmul_t(z, p.w, None)?;
-        let ux = t.matmul_t(x, p.u, Some(p.b))?;
-        let s = t.add(wz, ux)?;
-        Ok(t.tanh(s))
-    }
-}
+#[path = "../examples/support/linear_deq.rs"]
+mod linear_deq;
+use linear_deq::{LinearDeq, Params, TanhDeq};
 
 const DX: usize = 4;
 
