@@ -188,10 +188,51 @@ pub struct TokenSequence {
     pub loss_mask: Vec<bool>,
 }
 
-/// Tokenizes Q/A examples as `prompt ++ answer` where `prompt` is the chat-template text for
-/// a user turn with the generation prompt and `answer_suffix` closes the assistant turn
-/// (e.g. `<|im_end|>\n`). Prompt and answer are encoded separately so the loss mask boundary
-/// is exact. Sequences are truncated to `max_len` tokens.
+/// Tokens of `context ++ continuation` and the index of the first continuation token, split as
+/// lm-evaluation-harness splits a log-likelihood request: the context's trailing whitespace is
+/// moved onto the continuation, the joint text is encoded once, and the continuation is what
+/// follows the first `len(encode(context))` tokens.
+///
+/// Encoding the continuation on its own would start it with tokens the model never sees in
+/// running text (a HumanEval prompt's closing newline merges with the solution's indentation).
+pub fn encode_continuation(
+    context: &str,
+    continuation: &str,
+    encode: &dyn Fn(&str) -> Result<Vec<u32>>,
+) -> Result<(Vec<u32>, usize)> {
+    let kept = context.trim_end();
+    let joint = format!("{context}{continuation}");
+    let tokens = encode(&joint)?;
+    let first = encode(kept)?.len();
+    if kept.is_empty() || first == 0 {
+        return Err(ElmError::InvalidArgument(format!(
+            "context {:?} has no tokens once its trailing whitespace is moved to the continuation",
+            truncate_chars(context, 60)
+        )));
+    }
+    if tokens.len() <= first {
+        return Err(ElmError::InvalidArgument(format!(
+            "continuation {:?} adds no tokens to its context ({} joint tokens, {} context tokens)",
+            truncate_chars(continuation, 60),
+            tokens.len(),
+            first
+        )));
+    }
+    Ok((tokens, first))
+}
+
+fn truncate_chars(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+/// Tokenizes Q/A examples as `prompt ++ answer ++ answer_suffix`, where `prompt` is the
+/// chat-template text for a user turn with the generation prompt and `answer_suffix` closes
+/// the assistant turn (e.g. `<|im_end|>\n`). The loss mask covers the continuation as
+/// [`encode_continuation`] splits it, so training and evaluation score the same tokens that
+/// lm-evaluation-harness would. Sequences are truncated to `max_len` tokens.
 pub fn tokenize_example(
     ex: &Example,
     max_len: usize,
@@ -201,12 +242,13 @@ pub fn tokenize_example(
 ) -> Result<TokenSequence> {
     let (mut tokens, mut loss_mask) = match ex {
         Example::Qa(q) => {
-            let prompt = encode(&chat_prompt(&q.question))?;
-            let answer = encode(&format!("{}{}", q.answer, answer_suffix))?;
-            let mut mask = vec![false; prompt.len()];
-            mask.extend(std::iter::repeat_n(true, answer.len()));
-            let mut toks = prompt;
-            toks.extend(answer);
+            let (toks, first) = encode_continuation(
+                &chat_prompt(&q.question),
+                &format!("{}{}", q.answer, answer_suffix),
+                encode,
+            )?;
+            let mut mask = vec![false; first];
+            mask.resize(toks.len(), true);
             (toks, mask)
         }
         Example::Text(t) => {

@@ -3,6 +3,8 @@
 //! model and for an ELM with adaptive Anderson stopping (padding must not reach a real token,
 //! nor a row's fixed-point solve).
 
+mod common;
+
 use elm::equilibrium::infer::{ElmModel, ElmSession, InferenceConfig, KvMode};
 use elm::equilibrium::{ElmConfig, ElmModule};
 use elm::eval::nll::{teacher_forced_nll, token_nll, ScoredSequence};
@@ -142,4 +144,69 @@ fn bad_inputs_are_typed_errors() {
     let e = teacher_forced_nll(&model, &cfg, &[oov], 2, |_| {}).unwrap_err();
     assert!(e.to_string().contains("out of range"), "{e}");
     assert!(ScoredSequence::new("x", &[], &[1]).is_err());
+}
+
+/// The real checkpoint's NLL tasks against llama.cpp on the same GGUF, scored by
+/// scripts/ref_harness_nll.py with lm-evaluation-harness's split (context's trailing whitespace
+/// onto the continuation, joint encoding): all 164 HumanEval solutions and 100 GSM8K answers.
+/// Same scored tokens item by item (an independent tokenizer and chat-template renderer), and
+/// NLL per token within 0.05 nats per task (llama.cpp quantizes activations to 8 bits for the
+/// Q4_1 products; we multiply in f32).
+#[test]
+fn nll_tasks_match_llama_cpp_with_the_harness_split() {
+    use elm::eval::gsm8k::answer_nll;
+    use elm::eval::humaneval::{load_problems, problems_path, solution_nll};
+    let Some(path) = common::real_model() else {
+        return;
+    };
+    let data_dir = elm::data::resolve_data_dir(None).unwrap();
+    let Some(he) = common::fetched_file(problems_path(&data_dir), "HumanEval") else {
+        return;
+    };
+    let f = common::fixture_json("eval/harness_nll_smollm2.json");
+    let (weights, tok) = elm::model::load_pretrained(&path).unwrap();
+    let model = ElmModel::dense(weights);
+    let inference = InferenceConfig::default();
+    let problems = load_problems(&he).unwrap();
+    let humaneval = solution_nll(&model, &tok, &problems, &inference, 8, |_| {}).unwrap();
+    let n_gsm = 100;
+    let examples: Vec<_> = elm::data::load_gsm8k(&data_dir, elm::data::Split::Test)
+        .unwrap()
+        .into_iter()
+        .take(n_gsm)
+        .collect();
+    let ids: Vec<String> = (0..n_gsm).map(|i| i.to_string()).collect();
+    let gsm8k = answer_nll(&model, &tok, &ids, &examples, &inference, 8, |_| {}).unwrap();
+    for (task, run, n) in [
+        ("humaneval-nll", &humaneval, 164),
+        ("gsm8k-nll", &gsm8k, n_gsm),
+    ] {
+        let want: Vec<&serde_json::Value> = f["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["task"] == task)
+            .collect();
+        assert_eq!(want.len(), n);
+        assert_eq!(run.items.len(), n);
+        let (mut ours, mut theirs, mut count) = (0.0, 0.0, 0.0);
+        for (item, r) in run.items.iter().zip(&want) {
+            assert_eq!(item.id, r["id"].as_str().unwrap(), "{task}: item order");
+            assert_eq!(
+                item.weight,
+                r["scored"].as_f64().unwrap(),
+                "{task} {}: scored tokens differ from the harness split",
+                item.id
+            );
+            ours += item.value;
+            theirs += r["nll_sum"].as_f64().unwrap();
+            count += item.weight;
+        }
+        let (ours, theirs) = (ours / count, theirs / count);
+        println!("{task}: ours {ours:.4} nats/token, llama.cpp {theirs:.4}");
+        assert!(
+            (ours - theirs).abs() < 0.05,
+            "{task}: {ours} vs llama.cpp {theirs} nats/token"
+        );
+    }
 }

@@ -4,6 +4,8 @@
 use elm::search::report::WhereToPrune;
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
+use plotters::element::ErrorBar;
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -310,11 +312,11 @@ pub fn plot_solvers(rows: &[SolverRow], dense_nll: f64, path: &Path) -> Result<(
     let xs: Vec<f64> = rows.iter().map(|r| r.block_evals_per_token).collect();
     let ys: Vec<f64> = rows
         .iter()
-        .map(|r| r.answer_nll.value)
+        .flat_map(|r| [r.answer_nll.lo, r.answer_nll.hi])
         .chain([dense_nll])
         .collect();
     let (x0, x1) = bounds(&xs);
-    let (y0, y1) = bounds(&ys);
+    let (y0, y1) = with_legend_room(bounds(&ys));
     let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
     let mut chart = ChartBuilder::on(&root)
@@ -335,21 +337,14 @@ pub fn plot_solvers(rows: &[SolverRow], dense_nll: f64, path: &Path) -> Result<(
         .map_err(|e| plot_err(path, e))?;
     let colors = [RED, BLUE, GREEN];
     for (i, solver) in crate::elm_cli::SOLVERS.iter().enumerate() {
-        let mut pts: Vec<(f64, f64)> = rows
+        let mut pts: Vec<(f64, &Interval)> = rows
             .iter()
             .filter(|r| r.solver == *solver)
-            .map(|r| (r.block_evals_per_token, r.answer_nll.value))
+            .map(|r| (r.block_evals_per_token, &r.answer_nll))
             .collect();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         let c = colors[i % colors.len()];
-        chart
-            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
-            .map_err(|e| plot_err(path, e))?
-            .label(*solver)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
-            .map_err(|e| plot_err(path, e))?;
+        draw_estimates(&mut chart, &pts, c, solver, path)?;
     }
     chart
         .draw_series(LineSeries::new(
@@ -361,6 +356,7 @@ pub fn plot_solvers(rows: &[SolverRow], dense_nll: f64, path: &Path) -> Result<(
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
         .border_style(BLACK)
         .background_style(WHITE.mix(0.8))
         .draw()
@@ -370,14 +366,19 @@ pub fn plot_solvers(rows: &[SolverRow], dense_nll: f64, path: &Path) -> Result<(
 
 /// Answer NLL vs M for the ELM and the baseline of the sweep.
 pub fn plot_sweep(rows: &[SweepRow], dense_nll: f64, path: &Path) -> Result<(), ReproError> {
-    let xs: Vec<f64> = rows.iter().map(|r| r.m as f64).collect();
+    let ms: Vec<usize> = rows.iter().map(|r| r.m).collect();
+    let (m0, m1) = (
+        ms.iter().copied().min().unwrap_or(0),
+        ms.iter().copied().max().unwrap_or(1),
+    );
+    // Whole layers: the axis runs half a layer past the ends and labels integers only.
+    let (x0, x1) = (m0 as f64 - 0.5, m1 as f64 + 0.5);
     let ys: Vec<f64> = rows
         .iter()
-        .map(|r| r.answer_nll.value)
+        .flat_map(|r| [r.answer_nll.lo, r.answer_nll.hi])
         .chain([dense_nll])
         .collect();
-    let (x0, x1) = bounds(&xs);
-    let (y0, y1) = bounds(&ys);
+    let (y0, y1) = with_legend_room(bounds(&ys));
     let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
     let mut chart = ChartBuilder::on(&root)
@@ -392,6 +393,14 @@ pub fn plot_sweep(rows: &[SweepRow], dense_nll: f64, path: &Path) -> Result<(), 
         .map_err(|e| plot_err(path, e))?;
     chart
         .configure_mesh()
+        .x_labels(m1 - m0 + 2)
+        .x_label_formatter(&|x| {
+            if (x - x.round()).abs() < 1e-6 {
+                format!("{:.0}", x)
+            } else {
+                String::new()
+            }
+        })
         .x_desc("replaced layers M")
         .y_desc("answer NLL (nats/token)")
         .draw()
@@ -402,20 +411,13 @@ pub fn plot_sweep(rows: &[SweepRow], dense_nll: f64, path: &Path) -> Result<(), 
     methods.dedup();
     let colors = [RED, BLUE, GREEN, MAGENTA];
     for (i, method) in methods.iter().enumerate() {
-        let pts: Vec<(f64, f64)> = rows
+        let pts: Vec<(f64, &Interval)> = rows
             .iter()
             .filter(|r| &r.method == method)
-            .map(|r| (r.m as f64, r.answer_nll.value))
+            .map(|r| (r.m as f64, &r.answer_nll))
             .collect();
         let c = colors[i % colors.len()];
-        chart
-            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
-            .map_err(|e| plot_err(path, e))?
-            .label(method.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
-            .map_err(|e| plot_err(path, e))?;
+        draw_estimates(&mut chart, &pts, c, method, path)?;
     }
     chart
         .draw_series(LineSeries::new(
@@ -427,11 +429,48 @@ pub fn plot_sweep(rows: &[SweepRow], dense_nll: f64, path: &Path) -> Result<(), 
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
         .border_style(BLACK)
         .background_style(WHITE.mix(0.8))
         .draw()
         .map_err(|e| plot_err(path, e))?;
     root.present().map_err(|e| plot_err(path, e))
+}
+
+/// One labelled line through the estimates, each point with its 95% interval as an error bar.
+fn draw_estimates<DB: DrawingBackend>(
+    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    pts: &[(f64, &Interval)],
+    c: RGBColor,
+    label: &str,
+    path: &Path,
+) -> Result<(), ReproError> {
+    chart
+        .draw_series(LineSeries::new(
+            pts.iter().map(|(x, e)| (*x, e.value)),
+            c.stroke_width(2),
+        ))
+        .map_err(|e| plot_err(path, e))?
+        .label(format!("{label} (bars: 95% interval)"))
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
+    chart
+        .draw_series(
+            pts.iter()
+                .map(|(x, e)| ErrorBar::new_vertical(*x, e.lo, e.value, e.hi, c.filled(), 8)),
+        )
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .draw_series(
+            pts.iter()
+                .map(|(x, e)| Circle::new((*x, e.value), 3, c.filled())),
+        )
+        .map_err(|e| plot_err(path, e))?;
+    Ok(())
+}
+
+/// Stretches a y range upwards by 40% so that the legend, drawn at the top, covers no data.
+fn with_legend_room((lo, hi): (f64, f64)) -> (f64, f64) {
+    (lo, hi + 0.4 * (hi - lo))
 }
 
 /// Axis range covering `v` with a 5% margin (a unit range around a single value).

@@ -125,10 +125,16 @@ fn spent_before(dir: &Path) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Content key of a stage: FNV-1a of its name and canonical config JSON (which holds the keys
-/// of the stages it reads).
+/// Bumped when the library changes what a stage with an unchanged config computes, so that no
+/// cache written before is read as if it were current (2: continuations tokenized with
+/// lm-evaluation-harness's split, in training and in every NLL task).
+const RESULTS_VERSION: u32 = 2;
+
+/// Content key of a stage: FNV-1a of [`RESULTS_VERSION`], its name and canonical config JSON
+/// (which holds the keys of the stages it reads).
 pub fn key_of(name: &str, config: &Value) -> String {
     let mut h = Fnv64::new();
+    h.write(&RESULTS_VERSION.to_le_bytes());
     h.write(name.as_bytes());
     h.write(&[0]);
     h.write(config.to_string().as_bytes());

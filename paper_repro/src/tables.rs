@@ -394,6 +394,9 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     // has those rows.
     // The LoRA budget: the ELM's (`main`) at every scale but smoke, whose 32-token sequences
     // hold no answer token to tune on.
+    // The best healed baseline's window, when it is one window (method against method, not
+    // window against window: its row is compared with an ELM trained at the same layers).
+    let mut best_healed: Option<(f64, String, usize)> = None;
     for (method, p, shape) in to_heal {
         let healed = runs::heal(ctx, &p, &l.lora)?;
         let subject = Subject::Model {
@@ -406,6 +409,12 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             "{method} + LoRA healing (r = {}, α = 16, merged)",
             runs::HEAL_RANK
         );
+        let v = nll.value.metric("answer_nll", &name)?.estimate.value;
+        if let Some(start) = one_window(&p.value.report.removed_layers, l.m) {
+            if best_healed.as_ref().is_none_or(|(b, _, _)| v < *b) {
+                best_healed = Some((v, method.to_string(), start));
+            }
+        }
         compressed.push((rows.len(), nll.value.metric("answer_nll", &name)?.clone()));
         rows.push(row(
             name,
@@ -425,6 +434,18 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     for (r, items) in [streamline_row, streamline_ffn_row, looped_row] {
         compressed.push((rows.len(), items));
         rows.push(r);
+    }
+    let mut same_window = vec![];
+    if let Some((_, method, start)) = best_healed.filter(|b| b.2 != l.start) {
+        let t = runs::train(ctx, &Variant::elm(start, l.m), &l.main, None)?;
+        let name = format!(
+            "ELM at {method}'s window (layers {start}–{}; Anderson, δ = 0.5)",
+            start + l.m - 1
+        );
+        let (r, items) = trained_row(ctx, name.clone(), &format!("ELM, {budget}"), &t)?;
+        compressed.push((rows.len(), items));
+        rows.push(r);
+        same_window.push((format!("ELM M={} at layer {start} (main)", l.m), t));
     }
     // The ELM's own ablations, at its budget (what its solve and its injection contribute),
     // and the ELM and Streamline started from LaCo's merge instead of the window's first layer.
@@ -480,10 +501,18 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             (format!("looped K={} (main)", l.looped_k), looped),
         ]
         .into_iter()
+        .chain(same_window)
         .chain(ablations)
         .collect(),
         elm,
     })
+}
+
+/// First layer of `removed` when it is `m` consecutive layers.
+fn one_window(removed: &[usize], m: usize) -> Option<usize> {
+    let first = *removed.first()?;
+    (removed.len() == m && removed.iter().enumerate().all(|(i, &l)| l == first + i))
+        .then_some(first)
 }
 
 impl Done<Trained> {

@@ -59,10 +59,14 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
 
     // Every table, with every row the scale asks for.
     // Dense (tuned, untuned), the baselines, their healed versions, Streamline (layer and FFN),
-    // looped, the ELM's three ablations, ELM and Streamline from LaCo's merge, and the ELM.
+    // looped, the ELM at the best healed baseline's window (window-delete's 3–10 at smoke, not
+    // the ELM's own), the ELM's three ablations, ELM and Streamline from LaCo's merge, and the ELM.
+    assert!(t.main.iter().any(|r| r
+        .model
+        .starts_with("ELM at window-delete's window (layers 3–10")));
     assert_eq!(
         t.main.len(),
-        2 + l.baselines.len() + l.healed.len() + 3 + 5 + 1,
+        2 + l.baselines.len() + l.healed.len() + 3 + 1 + 5 + 1,
         "{:?}",
         t.main
     );

@@ -422,6 +422,7 @@ fn plot_theta(path: &Path, g: &GppoOutcome) -> Result<()> {
         }
         chart
             .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()?;
@@ -441,7 +442,8 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
             (lo.min(v), hi.max(v))
         });
     let pad = ((hi - lo) * 0.1).max(1e-3);
-    let (lo, hi) = (lo - pad, hi + pad);
+    // Room above the data for the legend.
+    let (lo, hi) = (lo - pad, hi + pad + 0.45 * (hi - lo));
     write_svg(path, |root| {
         root.fill(&WHITE)?;
         let mut chart = ChartBuilder::on(&root)
@@ -455,12 +457,29 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
             .margin(15)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d(-0.5f64..(k as f64 - 0.5), lo..hi)?;
+            .right_y_label_area_size(if g.is_some() { 60 } else { 0 })
+            .build_cartesian_2d(-0.5f64..(k as f64 - 0.5), lo..hi)?
+            // GPPO's probabilities on an axis of their own (0 to 1), not scaled onto NLL.
+            .set_secondary_coord(-0.5f64..(k as f64 - 0.5), 0f64..1f64);
         chart
             .configure_mesh()
+            .x_labels(k.min(32))
+            .x_label_formatter(&|x| {
+                if (x - x.round()).abs() < 1e-6 {
+                    format!("{:.0}", x)
+                } else {
+                    String::new()
+                }
+            })
             .x_desc("start layer l (window [l, l+M))")
             .y_desc("answer NLL (nats/token)")
             .draw()?;
+        if g.is_some() {
+            chart
+                .configure_secondary_axes()
+                .y_desc("GPPO probability of the start")
+                .draw()?;
+        }
         chart
             .draw_series(LineSeries::new(
                 r.enum_nll.iter().map(|&(s, v)| (s as f64, v)),
@@ -481,18 +500,16 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
             .label("dense")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
         if let Some(g) = g {
-            let pm = g.probs.iter().copied().fold(0.0, f64::max).max(1e-12);
             let col = RGBColor(200, 60, 0);
             chart
-                .draw_series(g.probs.iter().enumerate().map(|(s, &p)| {
-                    let top = lo + (hi - lo) * 0.9 * p / pm;
+                .draw_secondary_series(g.probs.iter().enumerate().map(|(s, &p)| {
                     Rectangle::new(
-                        [(s as f64 - 0.3, lo), (s as f64 + 0.3, top)],
+                        [(s as f64 - 0.3, 0.0), (s as f64 + 0.3, p)],
                         col.mix(0.35).filled(),
                     )
                 }))?
                 .label(format!(
-                    "GPPO softmax θ (scaled; argmax {})",
+                    "GPPO softmax θ (right axis; argmax {})",
                     g.chosen_start
                 ))
                 .legend(move |(x, y)| {
@@ -514,6 +531,7 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
         }
         chart
             .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()?;

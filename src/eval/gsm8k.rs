@@ -231,8 +231,9 @@ pub fn eval_gsm8k(
 }
 
 /// Teacher-forced NLL of each reference solution given its question, in the chat template
-/// the model is tuned with (`prompt ++ answer ++ "<|im_end|>\n"`, exactly the tokens
-/// `elm train` puts its loss on; see [`crate::data::tokenize_example`]).
+/// the model is tuned with (`prompt ++ answer ++ "<|im_end|>\n"`, split as
+/// lm-evaluation-harness splits a continuation: exactly the tokens `elm train` puts its loss
+/// on; see [`crate::data::tokenize_example`]).
 pub fn answer_nll(
     model: &ElmModel,
     tok: &Tokenizer,

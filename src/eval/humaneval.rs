@@ -215,8 +215,9 @@ pub fn eval_humaneval(
     })
 }
 
-/// Teacher-forced NLL per token of each canonical solution given its prompt (the prompt and
-/// the solution are tokenized separately, as the completion would be).
+/// Teacher-forced NLL per token of each canonical solution given its prompt, split as
+/// lm-evaluation-harness splits it (prompt and solution encoded together; the prompt's
+/// closing newline belongs to the solution's first token, as in the file).
 pub fn solution_nll(
     model: &ElmModel,
     tok: &Tokenizer,
@@ -228,10 +229,11 @@ pub fn solution_nll(
     let seqs = problems
         .iter()
         .map(|p| {
-            ScoredSequence::new(
+            ScoredSequence::from_text(
                 p.task_id.clone(),
-                &tok.encode(&p.prompt, false)?,
-                &tok.encode(&p.canonical_solution, false)?,
+                &p.prompt,
+                &p.canonical_solution,
+                &|t: &str| tok.encode(t, false),
             )
         })
         .collect::<Result<Vec<_>>>()?;

@@ -14,6 +14,7 @@ use std::time::Instant;
 use ndarray::{s, Array2, ArrayView1};
 use serde::Serialize;
 
+use crate::data::encode_continuation;
 use crate::equilibrium::infer::{ElmModel, ElmSession, FpStat, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::model::ops::blas_threads;
@@ -47,6 +48,23 @@ impl ScoredSequence {
             id,
             tokens,
             first_scored: prompt.len(),
+        })
+    }
+    /// `context ++ continuation` as text, split as lm-evaluation-harness splits it
+    /// ([`crate::data::encode_continuation`]): the joint text is encoded once.
+    pub fn from_text(
+        id: impl Into<String>,
+        context: &str,
+        continuation: &str,
+        encode: &dyn Fn(&str) -> Result<Vec<u32>>,
+    ) -> Result<Self> {
+        let id = id.into();
+        let (tokens, first_scored) = encode_continuation(context, continuation, encode)
+            .map_err(|e| ElmError::InvalidArgument(format!("item {id}: {e}")))?;
+        Ok(ScoredSequence {
+            id,
+            tokens,
+            first_scored,
         })
     }
     fn scored(&self) -> usize {
