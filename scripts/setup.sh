@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # System needs of the project on a fresh Debian machine (as root): OpenBLAS + LAPACK for
-# ndarray/ndarray-linalg, the default SmolLM2 checkpoint and HumanEval (data/humaneval/).
+# ndarray/ndarray-linalg, bubblewrap (the HumanEval sandbox's boundary), libfiu's fiu-run (the
+# fault-injection tests), the default SmolLM2 checkpoint and HumanEval (data/humaneval/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! dpkg -s libopenblas-dev >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas-dev pkg-config >/dev/null
+need=()
+for pkg in libopenblas-dev pkg-config bubblewrap fiu-utils; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 bash scripts/fetch-smollm2.sh
 bash scripts/fetch-humaneval.sh

@@ -69,6 +69,10 @@ pub enum ElmError {
         detail: String,
     },
     /// An error found in a named file (e.g. a config field of a model file or checkpoint).
+    /// Another live process holds the directory's lock ([`crate::io::DirLock`]).
+    #[error("{}: in use by {holder}; wait for it to finish or stop it (one command per directory)", dir.display())]
+    DirectoryLocked { dir: PathBuf, holder: String },
+
     #[error("{}: {source}", path.display())]
     InFile {
         path: PathBuf,
@@ -178,6 +182,7 @@ impl ElmError {
             ElmError::Budget { .. } => "budget",
             ElmError::Map(_) => "map",
             ElmError::BackwardSolve { .. } => "backward_solve",
+            ElmError::DirectoryLocked { .. } => "locked",
             ElmError::InFile { source, .. } => source.kind(),
         }
     }
@@ -186,6 +191,7 @@ impl ElmError {
         match self {
             ElmError::Io { path, .. } | ElmError::Format { path, .. } => Some(path.clone()),
             ElmError::InFile { path, .. } => Some(path.clone()),
+            ElmError::DirectoryLocked { dir, .. } => Some(dir.clone()),
             // `what` is a path when the JSON came from a file.
             ElmError::Json { what, .. } if std::path::Path::new(what).exists() => {
                 Some(PathBuf::from(what))

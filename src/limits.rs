@@ -35,6 +35,10 @@ pub fn check_max_iter(field: &str, max_iter: usize) -> Result<()> {
     crate::solver::error::check_max_iter(field, max_iter).map_err(Into::into)
 }
 
+/// Name of the lock file a command holds inside the directory it writes (`io::DirLock`); it
+/// is not earlier work, so [`check_output_dir`] does not count it.
+pub const RUN_LOCK_FILE: &str = ".elm-lock";
+
 /// Refuses writing a run into `dir` when that would replace existing work: `dir` is a file,
 /// or a non-empty directory and `force` is off.
 pub fn check_output_dir(field: &str, dir: &Path, force: bool) -> Result<()> {
@@ -49,10 +53,11 @@ pub fn check_output_dir(field: &str, dir: &Path, force: bool) -> Result<()> {
             )),
         }),
         Ok(_) => {
+            // The command's own lock file is not earlier work.
             let non_empty = std::fs::read_dir(dir)
                 .map_err(|e| ElmError::io(dir, e))?
-                .next()
-                .is_some();
+                .filter_map(|e| e.ok())
+                .any(|e| e.file_name() != RUN_LOCK_FILE);
             if non_empty && !force {
                 return Err(ElmError::InFile {
                     path: dir.to_path_buf(),

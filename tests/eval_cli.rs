@@ -32,16 +32,19 @@ fn one_at_a_time_nll(model: &ElmModel, tok: &elm::io::tokenizer::Tokenizer, n: u
     let test = load_gsm8k(&default_data_dir(), Split::Test).unwrap();
     let (mut sum, mut count) = (0.0, 0usize);
     for e in test.iter().take(n) {
-        let prompt = tok.encode(&chat_prompt(tok, &e.question), false).unwrap();
-        let answer = tok
-            .encode(&format!("{}{ANSWER_SUFFIX}", e.answer), false)
+        // lm-evaluation-harness's split, written out here: the chat prompt's closing newline
+        // goes with the answer, the joint text is encoded once, the answer is what follows the
+        // prompt's own tokens.
+        let context = chat_prompt(tok, &e.question);
+        let kept = context.trim_end();
+        let all = tok
+            .encode(&format!("{context}{}{ANSWER_SUFFIX}", e.answer), false)
             .unwrap();
-        let mut all = prompt.clone();
-        all.extend(&answer);
+        let first = tok.encode(kept, false).unwrap().len();
         let mut s = ElmSession::new(model, InferenceConfig::default(), 1, all.len()).unwrap();
         let logits = s.prefill_all_logits(0, &all).unwrap();
-        for (i, &t) in answer.iter().enumerate() {
-            sum += token_nll(logits.row(prompt.len() + i - 1), t);
+        for (i, &t) in all.iter().enumerate().skip(first) {
+            sum += token_nll(logits.row(i - 1), t);
             count += 1;
         }
     }

@@ -69,6 +69,9 @@ pub struct Limits {
     pub train_examples: Option<usize>,
     /// Table 6: GPPO and the enumeration it is checked against.
     pub search: SearchBudget,
+    /// Table 1's rows of the ELM and LLM-Streamline started from LaCo's merge of the window
+    /// (two more trainings; left to `paper` by `small`).
+    pub la_co_init_rows: bool,
 }
 
 /// Table 6's budget: GPPO steps, and the enumeration (every `enum_every`-th start trained
@@ -101,10 +104,10 @@ const HEALED: [&str; 4] = [
     "replace-me-ls",
 ];
 
-/// `small` heals the three deletion criteria whose healed rows were closest to the ELM
-/// (Shortened-LLaMA's Taylor criterion, the weakest healed row, is healed at `paper` only), so
-/// that the main job fits 90 minutes on 2 cores.
-const SMALL_HEALED: [&str; 3] = ["shortened-ppl", "short-gpt", "replace-me-ls"];
+/// `small` heals the two strongest healed baselines of earlier runs (ReplaceMe and
+/// Shortened-LLaMA's PPL criterion); ShortGPT and the Taylor criterion are healed at `paper`,
+/// so that the main job fits 90 minutes on 2 cores.
+const SMALL_HEALED: [&str; 2] = ["shortened-ppl", "replace-me-ls"];
 
 impl Scale {
     pub fn limits(self) -> Limits {
@@ -149,6 +152,7 @@ impl Scale {
                     enum_eval: 1,
                     seq_len: 128,
                 },
+                la_co_init_rows: true,
             },
             Scale::Small => Limits {
                 nll_eval: 60,
@@ -175,7 +179,7 @@ impl Scale {
                 m: 8,
                 sweep: vec![4, 6, 8, 10, 12, 14],
                 kv_ms: vec![8, 14],
-                tolerances: vec![2.0, 1.0, 0.5, 0.1],
+                tolerances: vec![1.0, 0.5, 0.1],
                 baselines: BASELINES.to_vec(),
                 healed: SMALL_HEALED.to_vec(),
                 calibration_tokens: 2048,
@@ -189,6 +193,7 @@ impl Scale {
                     enum_eval: 16,
                     seq_len: 128,
                 },
+                la_co_init_rows: false,
             },
             Scale::Paper => Limits {
                 nll_eval: 1319,
@@ -229,6 +234,7 @@ impl Scale {
                     enum_eval: 64,
                     seq_len: 256,
                 },
+                la_co_init_rows: true,
             },
         }
     }
@@ -271,7 +277,7 @@ mod tests {
         }
         let small = Scale::Small.limits();
         assert_eq!(small.sweep, vec![4, 6, 8, 10, 12, 14]);
-        assert!(small.tolerances.len() >= 4);
+        assert!(small.tolerances.len() >= 3);
         assert_eq!(small.kv_ms, vec![8, 14]);
     }
 }

@@ -104,9 +104,11 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
         u += 2.0 * (nll + em) + train(&l.lora);
     }
     if sel(TableId::Main) {
-        // ELM, Streamline (layer and FFN), looped, the ELM's three ablations and the two
-        // LaCo-merged inits; the healing fine-tunes.
-        u += 9.0 * (train(&l.main) + nll + em)
+        // ELM, Streamline (layer and FFN), looped, the ELM at the best healed baseline's
+        // window, the ELM's three ablations and (where the scale has them) the two LaCo-merged
+        // inits; the healing fine-tunes.
+        let trainings = 8.0 + if l.la_co_init_rows { 2.0 } else { 0.0 };
+        u += trainings * (train(&l.main) + nll + em)
             + l.baselines.len() as f64 * (prune + nll + em)
             + l.healed.len() as f64 * (train(&l.lora) + nll + em);
     } else if sel(TableId::Solver) || sel(TableId::Grad) || sel(TableId::Spectral) {
@@ -161,6 +163,16 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     let out = args.out;
     std::fs::create_dir_all(&out).map_err(|e| ReproError::io(&out, e))?;
     let out = out.canonicalize().map_err(|e| ReproError::io(&out, e))?;
+    // One paper_repro per results directory for the whole run (its stages and README).
+    let command: Vec<String> = std::env::args().collect();
+    let lock =
+        elm::io::DirLock::acquire(&out, &command.join(" ")).map_err(|e| ReproError::Elm {
+            what: "results directory".into(),
+            source: e,
+        })?;
+    if let Some(note) = lock.takeover_note() {
+        eprintln!("{note}");
+    }
     let limits = args.scale.limits();
     let only = args.only.clone();
     let sel = move |t: TableId| only.is_empty() || only.contains(&t);

@@ -474,7 +474,10 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             "LLM-Streamline initialised by LaCo's merge of the window (RDSC)".to_string(),
             Variant::streamline(l.start, l.m).la_co_init(),
         ),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(_, v)| l.la_co_init_rows || v.block_init.is_none())
+    {
         let t = runs::train(ctx, &variant, &l.main, None)?;
         let kind = match variant.block_init {
             Some(_) => format!("LaCo-merged init, {budget}"),

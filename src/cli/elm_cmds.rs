@@ -64,6 +64,7 @@ pub struct CompressArgs {
 /// Initialises the fixed-point module from layer `l` and reports parameter/KV accounting.
 pub fn run_compress(a: CompressArgs) -> Result<()> {
     let (block_init, block) = (a.block_init, a.block);
+    let _lock = super::output::lock_run_dir(&a.out, false)?;
     elm::limits::check_output_dir("out", &a.out, a.force)?;
     let dense = load_weights(&a.model)?;
     // The KV report multiplies the context out: refuse one that overflows.
@@ -208,6 +209,7 @@ pub struct TrainArgs {
 
 /// `elm train`: trains the module, checkpointing atomically; `--resume` continues a run.
 pub fn run_train(a: TrainArgs) -> Result<()> {
+    let _lock = super::output::lock_run_dir(&a.out, a.resume)?;
     if !a.resume {
         // A new run never silently replaces an existing one (or any other files).
         elm::limits::check_output_dir("out", &a.out, a.force)?;
@@ -375,6 +377,11 @@ pub struct EvalArgs {
     /// HumanEval: wall-clock limit per program, seconds.
     #[arg(long, default_value_t = 5.0)]
     pub timeout: f64,
+    /// HumanEval: run generated code even where no bubblewrap sandbox can be set up (rlimits
+    /// and an audit hook only: the code can read and change your files). Never needed where
+    /// `bwrap` works.
+    #[arg(long)]
+    pub unsafe_run_code_without_sandbox: bool,
     /// Print (and keep in the JSON) every generated sample.
     #[arg(long)]
     pub samples: bool,
@@ -418,6 +425,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             ..BootstrapConfig::default()
         },
         timeout_s: a.timeout,
+        run_without_sandbox: a.unsafe_run_code_without_sandbox,
     };
     opts.validate()?;
     if matches!(task, Task::Gsm8k | Task::HumanEval) && a.max_new_tokens == 0 {

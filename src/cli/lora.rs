@@ -65,6 +65,7 @@ pub struct LoraArgs {
 
 /// `elm lora`: LoRA SFT, merge with α/r, save the tuned dense model, answer NLL before/after.
 pub fn run_lora(a: LoraArgs) -> Result<()> {
+    let _lock = super::output::lock_run_dir(&a.out, a.resume)?;
     let (dense, tok) = load_pretrained(&a.model)?;
     let mut trainer = if a.resume {
         if a.config.is_some() || a.steps.is_some() || a.seq_len.is_some() {

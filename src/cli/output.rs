@@ -91,3 +91,19 @@ pub fn write_plot(
     }
     std::fs::rename(&tmp, path).map_err(|e| ElmError::io(path, e))
 }
+
+/// Locks the run directory `dir` for this command's whole life (one writer per directory;
+/// `elm::io::DirLock`), saying so when it takes over from a dead holder.
+pub fn lock_run_dir(dir: &Path, resume: bool) -> Result<Option<elm::io::DirLock>> {
+    // Nothing to lock where the command's own check refuses the path (a file, or a missing
+    // run to resume): it then names what is wrong.
+    if (resume || dir.exists()) && !dir.is_dir() {
+        return Ok(None);
+    }
+    let command: Vec<String> = std::env::args().collect();
+    let lock = elm::io::DirLock::acquire(dir, &command.join(" "))?;
+    if let Some(note) = lock.takeover_note() {
+        eprintln!("{note}");
+    }
+    Ok(Some(lock))
+}

@@ -123,6 +123,7 @@ fn apply_candidate_flags(a: &SearchArgs, c: &mut elm::search::candidate::Candida
 
 fn run_gppo(a: &SearchArgs) -> Result<()> {
     let out = need_out(a)?;
+    let _lock = super::output::lock_run_dir(out, a.resume)?;
     let (dense, tok) = load_pretrained(&a.model)?;
     let mut g = if a.resume {
         if !out.join(GPPO_STATE_FILE).exists() {
@@ -212,6 +213,7 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
 
 fn run_enumerate(a: &SearchArgs) -> Result<()> {
     let out = need_out(a)?;
+    let _lock = super::output::lock_run_dir(out, a.resume)?;
     let (dense, tok) = load_pretrained(&a.model)?;
     let existing = out.join(elm::search::enumerate::ENUM_FILE);
     let mut cfg = if a.resume {
@@ -328,6 +330,7 @@ fn run_metric(a: &SearchArgs, method: Selector) -> Result<()> {
 
 fn run_report(a: &SearchArgs) -> Result<()> {
     let out = need_out(a)?;
+    let _lock = super::output::lock_run_dir(out, false)?;
     let edir = a.enumeration.as_ref().ok_or_else(|| {
         ElmError::config("enumeration", "--method report needs --enumeration DIR")
     })?;

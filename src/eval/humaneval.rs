@@ -17,7 +17,9 @@ use crate::io::tokenizer::Tokenizer;
 
 use super::gsm8k::{greedy_batch, stop_ids, GreedyStops};
 use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};
-use super::sandbox::{run_python, Isolation, SandboxConfig, Verdict};
+use super::sandbox::{
+    isolation as sandbox_isolation, run_python, Isolation, SandboxConfig, Verdict,
+};
 use super::solver_summary::SolverSummary;
 use super::stats::ItemScore;
 
@@ -114,6 +116,8 @@ pub struct HumanEvalOptions {
     pub inference: InferenceConfig,
     /// Wall-clock limit per program, seconds.
     pub timeout_s: f64,
+    /// See [`SandboxConfig::run_without_boundary`].
+    pub run_without_sandbox: bool,
 }
 
 /// One evaluated problem.
@@ -155,12 +159,15 @@ pub fn eval_humaneval(
     }
     let sandbox = SandboxConfig {
         timeout: Duration::from_secs_f64(opts.timeout_s),
+        run_without_boundary: opts.run_without_sandbox,
         ..SandboxConfig::default()
     };
+    // Refused before any token is generated where no sandbox can hold the code.
+    let isolation = Some(sandbox_isolation(&sandbox)?);
     let stops = stop_ids(tok);
     let start = Instant::now();
     let (mut samples, mut items, mut stats) = (vec![], vec![], vec![]);
-    let (mut generated, mut isolation) = (0, None);
+    let mut generated = 0;
     for chunk in problems.chunks(opts.batch) {
         let prompts = chunk
             .iter()
@@ -186,8 +193,7 @@ pub fn eval_humaneval(
             let kept: Vec<u32> = out.into_iter().filter(|t| !stops.contains(t)).collect();
             let text = tok.decode(&kept)?;
             let completion = truncate_completion(&text).to_string();
-            let (run, iso) = run_python(&check_program(p, &completion), &sandbox)?;
-            isolation = Some(iso);
+            let (run, _) = run_python(&check_program(p, &completion), &sandbox)?;
             items.push(ItemScore {
                 id: p.task_id.clone(),
                 value: f64::from(u8::from(run.verdict == Verdict::Passed)),

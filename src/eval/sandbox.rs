@@ -1,9 +1,15 @@
 //! Runs untrusted Python (model-generated code plus its tests) in a child process, never in
 //! the elm process.
 //!
-//! Layers, each applied where the OS lets us (which ones were is reported in
-//! [`Isolation`]):
-//! - its own fresh temporary directory as cwd, `HOME` and `TMPDIR`, an empty environment,
+//! The boundary is bubblewrap (`bwrap`): the program sees a read-only root, private tmpfs over
+//! the temp directories and over every home directory, only its own directory writable, every
+//! namespace unshared (no network, its own PIDs), and it dies with its parent. Where `bwrap`
+//! cannot run, the task is refused unless [`SandboxConfig::run_without_boundary`] is set (the
+//! CLI's loudly named opt-out); then only the layers below remain, which are not a boundary.
+//!
+//! Layers applied inside (or, opted out, instead of) bubblewrap, each where the OS lets us
+//! (which ones were is reported in [`Isolation`]):
+//! - its own fresh temporary directory as cwd and `HOME`, an empty environment,
 //!   `python3 -I -B` (no user site, no bytecode files);
 //! - its own process group, killed with SIGKILL (every member, repeatedly until none is
 //!   left) when the wall-clock timeout passes and again after it exits, so forked children
@@ -14,7 +20,9 @@
 //!   applies and it cannot write where `nobody` may not;
 //! - a Python audit hook installed before the program (it cannot be removed from Python)
 //!   refuses to open files for writing, or to remove/rename/create paths, outside the
-//!   sandbox directory, and refuses sockets.
+//!   sandbox directory, and refuses sockets. Python's documentation says an audit hook is no
+//!   security boundary (`ctypes` or a child process walk around it): it only catches the
+//!   plain mistakes early with a clear message.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -31,6 +39,8 @@ use crate::error::{ElmError, Result};
 pub struct SandboxConfig {
     /// The interpreter (looked up in PATH when relative).
     pub python: PathBuf,
+    /// The bubblewrap executable (looked up in PATH when relative).
+    pub bubblewrap: PathBuf,
     pub timeout: Duration,
     /// Address-space limit.
     pub memory_bytes: u64,
@@ -40,17 +50,23 @@ pub struct SandboxConfig {
     pub file_bytes: u64,
     /// Processes of the sandbox user (applies when it is not root).
     pub max_processes: u64,
+    /// Run generated code even where no bubblewrap boundary can be set up (rlimits, a network
+    /// namespace where permitted and an audit hook only: the program can reach the user's
+    /// files). Off by default; the CLI names it `--unsafe-run-code-without-sandbox`.
+    pub run_without_boundary: bool,
 }
 
 impl Default for SandboxConfig {
     fn default() -> Self {
         SandboxConfig {
             python: PathBuf::from("python3"),
+            bubblewrap: PathBuf::from("bwrap"),
             timeout: Duration::from_secs(5),
             memory_bytes: 1 << 30,
             cpu_seconds: 10,
             file_bytes: 16 << 20,
             max_processes: 64,
+            run_without_boundary: false,
         }
     }
 }
@@ -58,6 +74,9 @@ impl Default for SandboxConfig {
 /// Which isolation layers were applied.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Isolation {
+    /// Inside bubblewrap: read-only root, private temp and home directories, every namespace
+    /// unshared. False only when the user opted out of the boundary.
+    pub bubblewrap: bool,
     pub network_namespace: bool,
     pub unprivileged_user: bool,
 }
@@ -141,13 +160,19 @@ const NOBODY: u32 = 65534;
 /// interpreter by running an empty program through the real launch path: the unprivileged
 /// user may not reach a per-user interpreter (pyenv under /root), the system one is tried next.
 fn launch_for(python: &Path, cfg: &SandboxConfig) -> Result<(PathBuf, Isolation)> {
-    type Probed = Vec<(PathBuf, (PathBuf, Isolation))>;
+    type Key = (PathBuf, PathBuf, bool);
+    type Probed = Vec<(Key, (PathBuf, Isolation))>;
     static PROBED: OnceLock<std::sync::Mutex<Probed>> = OnceLock::new();
     let cache = PROBED.get_or_init(Default::default);
+    let key: Key = (
+        python.to_path_buf(),
+        cfg.bubblewrap.clone(),
+        cfg.run_without_boundary,
+    );
     if let Some(hit) = cache
         .lock()
         .ok()
-        .and_then(|c| c.iter().find(|(p, _)| p == python).map(|(_, v)| v.clone()))
+        .and_then(|c| c.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone()))
     {
         return Ok(hit);
     }
@@ -159,19 +184,38 @@ fn launch_for(python: &Path, cfg: &SandboxConfig) -> Result<(PathBuf, Isolation)
     };
     let network_namespace = ok(Command::new("unshare").args(["-n", "true"]));
     let resolved = resolve_python(python);
-    let mut candidates = vec![];
+    let mut interpreters = vec![];
     if is_root() {
         for p in [resolved.clone(), PathBuf::from("/usr/bin/python3")] {
-            candidates.push((p, true));
+            interpreters.push((p, true));
         }
     }
-    candidates.push((resolved, false));
+    // Bubblewrap hides every home directory, so a per-user interpreter is not reachable in it.
+    interpreters.push((resolved.clone(), false));
+    interpreters.push((PathBuf::from("/usr/bin/python3"), false));
+    let mut candidates: Vec<(PathBuf, Isolation)> = interpreters
+        .iter()
+        .map(|(p, unprivileged_user)| {
+            let iso = Isolation {
+                bubblewrap: true,
+                network_namespace: true,
+                unprivileged_user: *unprivileged_user,
+            };
+            (p.clone(), iso)
+        })
+        .collect();
+    if cfg.run_without_boundary {
+        candidates.extend(interpreters.iter().map(|(p, unprivileged_user)| {
+            let iso = Isolation {
+                bubblewrap: false,
+                network_namespace,
+                unprivileged_user: *unprivileged_user,
+            };
+            (p.clone(), iso)
+        }));
+    }
     let mut chosen = None;
-    for (p, unprivileged_user) in candidates {
-        let iso = Isolation {
-            network_namespace,
-            unprivileged_user,
-        };
+    for (p, iso) in candidates {
         let dir = fresh_dir()?;
         let probe = run_in(&dir, &p, &iso, "pass\n", cfg);
         let _ = std::fs::remove_dir_all(&dir);
@@ -181,13 +225,23 @@ fn launch_for(python: &Path, cfg: &SandboxConfig) -> Result<(PathBuf, Isolation)
         }
     }
     let chosen = chosen.ok_or_else(|| {
-        ElmError::InvalidArgument(format!(
-            "sandbox: {} cannot run an empty program (is python3 installed?)",
-            python.display()
-        ))
+        ElmError::InvalidArgument(if cfg.run_without_boundary {
+            format!(
+                "sandbox: {} cannot run an empty program (is python3 installed?)",
+                python.display()
+            )
+        } else {
+            format!(
+                "sandbox: generated code runs only inside bubblewrap, and `bwrap` cannot run \
+                 {} with a read-only root and unshared namespaces here (install Debian's \
+                 `bubblewrap`, and allow unprivileged user namespaces for a non-root user); \
+                 `--unsafe-run-code-without-sandbox` runs it anyway, with access to your files",
+                python.display()
+            )
+        })
     })?;
     if let Ok(mut c) = cache.lock() {
-        c.push((python.to_path_buf(), chosen.clone()));
+        c.push((key, chosen.clone()));
     }
     Ok(chosen)
 }
@@ -221,6 +275,56 @@ fn kill_group(pgid: u32) {
     }
 }
 
+/// `bwrap` and its options up to the program: the whole file system read-only, fresh /dev and
+/// /proc (its own PID namespace), private tmpfs over the temp directories and every home
+/// directory (nothing of the user's to read), only `dir` writable, no namespace shared (no
+/// network), a new session (no terminal to inject into), killed when its parent dies.
+fn bwrap_args(bwrap: &Path, dir: &Path) -> Vec<String> {
+    let mut hidden: Vec<PathBuf> = ["/tmp", "/var/tmp", "/root", "/home", "/run/user"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    hidden.push(std::env::temp_dir());
+    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from) {
+        // A home at / (some service users) cannot be hidden without hiding everything.
+        if home.is_absolute() && home.parent().is_some() {
+            hidden.push(home);
+        }
+    }
+    let mut args: Vec<String> = vec![bwrap.display().to_string()];
+    args.extend(
+        ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    hidden.sort();
+    hidden.dedup();
+    for h in hidden.iter().filter(|h| h.is_dir()) {
+        // A directory under one already hidden is hidden with it (and may not exist there).
+        if hidden.iter().any(|o| o != h && h.starts_with(o)) {
+            continue;
+        }
+        args.extend(["--tmpfs".into(), h.display().to_string()]);
+    }
+    let d = dir.display().to_string();
+    args.extend(
+        [
+            "--bind",
+            &d,
+            &d,
+            "--chdir",
+            &d,
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    args
+}
+
 /// The interpreter as an absolute path (the unprivileged user may not search our PATH).
 fn resolve_python(python: &Path) -> PathBuf {
     if python.components().count() > 1 {
@@ -235,6 +339,12 @@ fn resolve_python(python: &Path) -> PathBuf {
             (!p.is_empty()).then(|| PathBuf::from(p))
         })
         .unwrap_or_else(|| python.to_path_buf())
+}
+
+/// The isolation `cfg` gets on this machine, probed once; an error where generated code would
+/// run without the bubblewrap boundary and `cfg` does not opt out.
+pub fn isolation(cfg: &SandboxConfig) -> Result<Isolation> {
+    launch_for(&cfg.python, cfg).map(|(_, iso)| iso)
 }
 
 /// Runs `program` (Python source) under `cfg`; returns how it ended and what was isolated.
@@ -264,7 +374,7 @@ fn run_in(
             .map_err(|e| ElmError::io(dir, e))?;
     }
     let mut argv: Vec<String> = Vec::new();
-    if iso.network_namespace {
+    if iso.network_namespace && !iso.bubblewrap {
         argv.extend(["unshare".into(), "-n".into(), "--".into()]);
     }
     if iso.unprivileged_user {
@@ -278,6 +388,11 @@ fn run_in(
         format!("--fsize={}", cfg.file_bytes),
         format!("--nproc={}", cfg.max_processes),
         "--".into(),
+    ]);
+    if iso.bubblewrap {
+        argv.extend(bwrap_args(&cfg.bubblewrap, dir));
+    }
+    argv.extend([
         python.display().to_string(),
         "-I".into(),
         "-B".into(),

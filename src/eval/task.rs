@@ -62,6 +62,9 @@ pub struct TaskOptions {
     pub bootstrap: BootstrapConfig,
     /// HumanEval: the sandbox's wall-clock limit per program, seconds.
     pub timeout_s: f64,
+    /// HumanEval: run generated code without the bubblewrap boundary where it cannot be set
+    /// up ([`super::sandbox::SandboxConfig::run_without_boundary`]).
+    pub run_without_sandbox: bool,
 }
 
 impl TaskOptions {
@@ -279,6 +282,7 @@ pub fn run_task(
                 max_new_tokens: opts.max_new_tokens,
                 inference: opts.inference.clone(),
                 timeout_s: opts.timeout_s,
+                run_without_sandbox: opts.run_without_sandbox,
             };
             let r = humaneval::eval_humaneval(model, tok, problems, &h, |d| on_progress(d, total))?;
             Ok(TaskRun {

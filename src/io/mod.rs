@@ -21,6 +21,7 @@ use crate::error::Result;
 use crate::model::ModelWeights;
 
 pub mod atomic;
+pub mod dir_lock;
 pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
@@ -29,6 +30,7 @@ pub mod tensor_file;
 pub mod tokenizer;
 
 pub use atomic::{write_atomic, write_json_atomic};
+pub use dir_lock::{DirLock, LockHolder};
 pub use gguf::GgufFile;
 pub use gguf_model::{
     config_from_gguf, load_gguf_quant, load_gguf_weights, permute_rope_rows, qformat_of,
