@@ -598,8 +598,16 @@ pub fn run_spectral(a: SpectralArgs) -> Result<()> {
     if a.limit == 0 {
         return Err(ElmError::config("limit", "must be >= 1"));
     }
-    let (dense, tok) = load_pretrained(&a.model)?;
-    let (module, meta) = load_module_for(&a.elm, &dense.config, &a.model)?;
+    // Any ELM `--elm` names (a checkpoint directory, an official integrated directory, a
+    // quantized GGUF): only the layers before the window and the module take part.
+    let (model, tok) = ElmModel::load(&a.model, Some(&a.elm))?;
+    let elm_config = model
+        .elm_config()
+        .cloned()
+        .ok_or_else(|| ElmError::config("elm", "not an ELM"))?;
+    let (front, module) = model
+        .layers_before_window()
+        .ok_or_else(|| ElmError::config("elm", "the ELM has no module"))?;
     let dir = resolve_data_dir(a.data_dir.as_deref())?;
     let test: Vec<Example> = load_gsm8k(&dir, Split::Test)?
         .into_iter()
@@ -616,7 +624,14 @@ pub fn run_spectral(a: SpectralArgs) -> Result<()> {
         ..PowerIteration::default()
     };
     let r = sequences_spectral_radius(
-        &dense, &meta.elm, &module, &seqs, &a.solver, a.tol, a.max_iter, &power,
+        &front,
+        &elm_config,
+        &module,
+        &seqs,
+        &a.solver,
+        a.tol,
+        a.max_iter,
+        &power,
     )?;
     if a.json {
         print_json(&r)?;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod elm_cmds;
+pub mod interchange;
 pub mod lora;
 pub mod model_cmds;
 pub mod output;
@@ -64,6 +65,9 @@ pub enum Command {
     Quantize(quantize::QuantizeArgs),
     /// Spectral radius of a trained module's Jacobian ∂φ/∂z at its fixed point.
     Spectral(elm_cmds::SpectralArgs),
+    /// Write an ELM in the official ELM code's integrated format (Qwen2ELMForCausalLM loads
+    /// it); every --elm also takes such a directory.
+    ExportOfficial(interchange::ExportOfficialArgs),
 }
 
 /// Parses arguments, runs the subcommand, maps errors to exit code 1 (2 for usage errors).
@@ -118,6 +122,7 @@ pub fn main() -> ExitCode {
         Command::Search(a) => search::run_search(a),
         Command::Spectral(a) => elm_cmds::run_spectral(a),
         Command::Quantize(a) => quantize::run_quantize(a),
+        Command::ExportOfficial(a) => interchange::run_export_official(a),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -18,6 +18,7 @@
 //!   [`fixed_point`] (the module as the solver's map, and the solve buffers kept across tokens),
 //!   [`sequences`] (whole sequences, nothing cached) and [`decode`] (greedy and sampled
 //!   generation). Built on the model's inference blocks and KV caches.
+//! - [`interchange`]: the official ELM code's integrated checkpoint format, read and written.
 //! - [`bench`]: the comparative bench of dense and ELM configurations (typed runs).
 //! - [`quant_gguf`]: the quantized GGUF file format (below the model code: it reads and writes
 //!   [`quant_module::QuantElm`], never an [`model::ElmModel`]).
@@ -32,6 +33,7 @@ pub mod decode;
 pub mod fixed_point;
 pub mod infer;
 pub mod inference_config;
+pub mod interchange;
 pub mod map;
 pub mod model;
 pub mod module;

@@ -14,6 +14,7 @@ use crate::model::{
 };
 
 use super::config::ElmConfig;
+use super::interchange::{self, ExportParts, OfficialSettings};
 use super::map::ModuleView;
 use super::module::{load_module_for, ElmModule};
 use super::quant_module::{QuantElm, QuantModule};
@@ -163,6 +164,131 @@ impl ElmModel {
         })
     }
 
+    /// An ELM trained with the official code, from the integrated directory its
+    /// `hf_infer/convert_to_hf.py` writes ([`interchange`]): kept layers and module in f32, the
+    /// replaced layers absent; its tokenizer when the directory has one; and how the official
+    /// code runs it.
+    pub fn import_official(dir: &Path) -> Result<(Self, Option<Tokenizer>, OfficialSettings)> {
+        let parts = interchange::read_official(dir)?;
+        let model = ElmModel::from_quant(Some(parts.elm), parts.weights)?;
+        Ok((model, parts.tokenizer, parts.settings))
+    }
+
+    /// Writes this ELM as an official integrated directory ([`interchange::write_official`]):
+    /// the official `Qwen2ELMForCausalLM` loads it. `exit_threshold`: its decoding's stopping
+    /// residual per token.
+    pub fn export_official(
+        &self,
+        tokenizer: Option<&Tokenizer>,
+        exit_threshold: f64,
+        dir: &Path,
+    ) -> Result<()> {
+        let elm = self.elm.clone().ok_or_else(|| {
+            ElmError::Unsupported(
+                "export to the official format: a dense model has no fixed-point layer".into(),
+            )
+        })?;
+        let parts = match &self.weights {
+            ElmWeights::F32 { dense, module } => ExportParts {
+                config: dense.config.clone(),
+                elm,
+                kept: self
+                    .kept_layers()
+                    .iter()
+                    .map(|&i| dense.layers[i].clone())
+                    .collect(),
+                module: module.clone().expect("an ELM config comes with its module"),
+                embed: dense.embed.clone(),
+                final_norm: dense.final_norm.clone(),
+                lm_head: dense.lm_head.clone(),
+            },
+            ElmWeights::Quant(q) => ExportParts {
+                config: q.dense.config.clone(),
+                elm,
+                kept: q.dense.layers.iter().map(QLayer::to_f32).collect(),
+                module: q
+                    .module
+                    .as_ref()
+                    .expect("an ELM config comes with its module")
+                    .to_f32(),
+                embed: q.dense.embed.to_f32(),
+                final_norm: q.dense.final_norm.clone(),
+                lm_head: q.dense.lm_head.as_ref().map(Linear::to_f32),
+            },
+        };
+        interchange::write_official(parts, tokenizer, exit_threshold, dir)
+    }
+
+    /// What the module's input `h` and the module need, in f32: the embedding and the layers
+    /// before the window as a model of `start_layer` layers, and the module (`None` for a dense
+    /// model). Both storage forms have these (an imported official model has no replaced layers).
+    pub fn layers_before_window(&self) -> Option<(ModelWeights, ElmModule)> {
+        let start = self.elm.as_ref()?.start_layer;
+        let (config, embed, front, module) = match &self.weights {
+            ElmWeights::F32 { dense, module } => (
+                dense.config.clone(),
+                dense.embed.clone(),
+                dense.layers[..start].to_vec(),
+                module.clone()?,
+            ),
+            ElmWeights::Quant(q) => (
+                q.dense.config.clone(),
+                q.dense.embed.to_f32(),
+                q.dense.layers[..start].iter().map(QLayer::to_f32).collect(),
+                q.module.as_ref()?.to_f32(),
+            ),
+        };
+        let final_norm = Array1::ones(config.hidden_size);
+        Some((
+            ModelWeights {
+                config: ModelConfig {
+                    num_layers: start,
+                    // Tied: no head is carried (nothing past the window runs on this model).
+                    tie_word_embeddings: true,
+                    ..config
+                },
+                embed,
+                layers: front,
+                final_norm,
+                lm_head: None,
+            },
+            module,
+        ))
+    }
+
+    /// `elm` given as an official integrated directory: the whole model (`--model` is not read).
+    fn load_official_dir(dir: &Path, storage: WeightStorage) -> Result<(Self, Tokenizer)> {
+        let (model, tok, _) = ElmModel::import_official(dir)?;
+        let tok = tok.ok_or_else(|| {
+            ElmError::format(
+                dir.join("tokenizer.json"),
+                "missing: an official ELM directory needs its tokenizer (convert_to_hf.py copies it)",
+            )
+        })?;
+        let model = match (storage, model.weights) {
+            // The transformer layers and the module quantized as requested; the embedding and
+            // head stay f32 (as imported).
+            (WeightStorage::Quant(format), ElmWeights::Quant(mut q)) => {
+                q.dense.layers = q
+                    .dense
+                    .layers
+                    .iter()
+                    .map(|l| QLayer::from_f32(&l.to_f32(), Some(format)))
+                    .collect();
+                q.module = q
+                    .module
+                    .as_ref()
+                    .map(|m| QuantModule::from_f32(&m.to_f32(), Some(format)));
+                ElmModel::from_quant(model.elm, q)?
+            }
+            (_, weights) => ElmModel {
+                elm: model.elm,
+                weights,
+            },
+        };
+        Ok((model, tok))
+    }
+
     /// Loads like [`Self::load`] with the matrices stored as `storage` says (f32: exactly
     /// [`Self::load`]; otherwise [`Self::quantized`] on [`load_inference`]'s weights).
     pub fn load_with(
@@ -173,6 +299,9 @@ impl ElmModel {
         if let Some(file) = elm.filter(|p| p.is_file()) {
             // A deployable file from `elm quantize`: it holds the whole model.
             return ElmModel::load_quant_gguf_with(file, storage);
+        }
+        if let Some(dir) = elm.filter(|p| interchange::is_official_dir(p)) {
+            return ElmModel::load_official_dir(dir, storage);
         }
         if storage == WeightStorage::F32 {
             return Self::load(model, elm);
@@ -215,6 +344,9 @@ impl ElmModel {
     pub fn load(model: &Path, elm: Option<&Path>) -> Result<(Self, Tokenizer)> {
         if let Some(file) = elm.filter(|p| p.is_file()) {
             return ElmModel::load_quant_gguf_with(file, WeightStorage::Auto);
+        }
+        if let Some(dir) = elm.filter(|p| interchange::is_official_dir(p)) {
+            return ElmModel::load_official_dir(dir, WeightStorage::F32);
         }
         let (weights, tok) = load_pretrained(model)?;
         let loaded = match elm {

@@ -5,7 +5,7 @@ use crate::model::quant::{Linear, QFfn, QFormat, QLayer, QuantWeights};
 use crate::model::BlockWeights;
 
 use super::map::ModuleView;
-use super::module::{ElmModule, ModuleBlock};
+use super::module::{ElmModule, ModuleBlock, ProjectionWeights};
 
 /// What a quantized [`ElmModel`] runs on: the kept dense layers (in order, `layers[slot]`),
 /// embedding, final norm and LM head, and the fixed-point module, each matrix quantized.
@@ -50,6 +50,21 @@ impl QuantModule {
             projection: m.projection.as_ref().map(|p| QuantProjection {
                 w_z: Linear::from_f32(&p.w_z, format),
                 w_h: Linear::from_f32(&p.w_h, format),
+                bias: p.bias.clone(),
+            }),
+        }
+    }
+
+    /// The module with every matrix in f32 (dequantized where it is quantized).
+    pub fn to_f32(&self) -> ElmModule {
+        ElmModule {
+            block: match &self.block {
+                ModuleBlock::Decoder(b) => ModuleBlock::Decoder(b.to_f32()),
+                ModuleBlock::Ffn(b) => ModuleBlock::Ffn(b.to_f32()),
+            },
+            projection: self.projection.as_ref().map(|p| ProjectionWeights {
+                w_z: p.w_z.to_f32(),
+                w_h: p.w_h.to_f32(),
                 bias: p.bias.clone(),
             }),
         }

@@ -376,6 +376,19 @@ fn shard_paths(dir: &Path) -> Result<(Vec<PathBuf>, Option<ShardIndex>)> {
 pub fn load_hf_model(dir: impl AsRef<Path>) -> Result<ModelWeights> {
     let dir = dir.as_ref();
     let config = read_hf_config(dir)?;
+    Ok(load_hf_model_with(dir, config, &[])?.0)
+}
+
+/// The tensors of an HF-layout checkpoint in `dir` for a model of `config` (its config.json is
+/// not read), plus the `extra` tensors a derived format adds (name, shape), returned by name as
+/// row-major f32 values. Every strictness of [`load_hf_model`] applies: a missing, unexpected
+/// or mis-shaped tensor is an error naming it.
+pub fn load_hf_model_with(
+    dir: &Path,
+    config: ModelConfig,
+    extra: &[(String, Vec<usize>)],
+) -> Result<(ModelWeights, HashMap<String, Vec<f32>>)> {
+    config.validate()?;
     let (files, index) = shard_paths(dir)?;
     let shards = files
         .iter()
@@ -426,7 +439,8 @@ pub fn load_hf_model(dir: impl AsRef<Path>) -> Result<ModelWeights> {
         }
     }
 
-    let expected = expected_tensors(&config);
+    let mut expected = expected_tensors(&config);
+    expected.extend(extra.iter().cloned());
     let expected_names: HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
     // A tied checkpoint may still carry lm_head.weight; accept it only if it is an
     // exact copy of the embedding (otherwise tying would silently change the model).
@@ -519,14 +533,21 @@ pub fn load_hf_model(dir: impl AsRef<Path>) -> Result<ModelWeights> {
         }
     }
     let final_norm = take1("model.norm.weight".into());
+    let extras = extra
+        .iter()
+        .map(|(name, _)| (name.clone(), tensors.remove(name).expect("checked")))
+        .collect();
 
-    Ok(ModelWeights {
-        config,
-        embed,
-        layers,
-        final_norm,
-        lm_head,
-    })
+    Ok((
+        ModelWeights {
+            config,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+        },
+        extras,
+    ))
 }
 
 /// Writes `config.json` + `model.safetensors` (F32) into `dir` (created if needed).
