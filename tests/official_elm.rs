@@ -334,6 +334,23 @@ fn cli_reads_official_directories_and_exports_checkpoints() {
     let (model, _, settings) = ElmModel::import_official(&out_dir).unwrap();
     assert_eq!(settings.max_iters, 1);
     assert_eq!(model.elm_config().unwrap().num_replaced, 1);
+    // An imported model cannot be trained further (its teacher layers are not in the file),
+    // and it is not a dense model either: both refusals say what to do instead.
+    let (ok, out, _) = elm_cli(&[
+        "train",
+        "--model",
+        &s(&tiny),
+        "--elm",
+        &s(&official),
+        "--out",
+        &s(&ck.path().join("train")),
+        "--steps",
+        "1",
+        "--json",
+    ]);
+    assert!(!ok && out.contains("cannot be trained further"), "{out}");
+    let (ok, out, _) = elm_cli(&["eval", "--model", &s(&official), "--limit", "1", "--json"]);
+    assert!(!ok && out.contains("give it as --elm"), "{out}");
     // A dense model has nothing to export.
     let (ok, out, _) = elm_cli(&[
         "export-official",

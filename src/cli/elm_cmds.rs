@@ -244,6 +244,14 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         }
         let (ec, module) = match (&a.elm, a.start, a.num_replaced) {
             (Some(dir), None, None) => {
+                if elm::equilibrium::interchange::is_official_dir(dir) {
+                    return Err(ElmError::Unsupported(format!(
+                        "{}: an official integrated ELM holds no replaced layers (training's \
+                         teacher), so it cannot be trained further here; evaluate, decode or \
+                         quantize it, or train a module with --start/--num-replaced",
+                        dir.display()
+                    )));
+                }
                 let (module, meta) = load_module_for(dir, &dense.config, &a.model)?;
                 (meta.elm, module)
             }

@@ -130,6 +130,12 @@ pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
         "bos_token_id",
         "eos_token_id",
     ];
+    if obj.contains_key("fixed_point_layer_idx") {
+        return Err(ElmError::config(
+            "fixed_point_layer_idx",
+            "an ELM in the official code's integrated format, not a dense model: give it as --elm",
+        ));
+    }
     // Keys that change the math, accepted only at their neutral value.
     for (key, v) in obj {
         let k = key.as_str();
