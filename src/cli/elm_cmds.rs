@@ -230,7 +230,12 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         if !a.out.join(STATE_FILE).exists() {
             return Err(ElmError::config(
                 "resume",
-                format!("no {} in {}", STATE_FILE, a.out.display()),
+                format!(
+                    "no {} in {}: the run completed no checkpoint (not even its starting \
+                     point), so there is nothing to resume; start it again with --force",
+                    STATE_FILE,
+                    a.out.display()
+                ),
             ));
         }
         Trainer::resume(&dense, &a.out)?

@@ -27,20 +27,28 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         name.to_string_lossy(),
         std::process::id()
     ));
+    // Each failure names its operation: a failing fsync or rename is a different story for the
+    // user (and for a fault-injection test) than a failing write.
+    let op = |what: &'static str| move |e: std::io::Error| (what, e);
     let written = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
+        let mut f = fs::File::create(&tmp).map_err(op("create temporary file"))?;
+        f.write_all(bytes).map_err(op("write"))?;
+        f.sync_all().map_err(op("fsync"))?;
+        fs::rename(&tmp, path).map_err(op("rename temporary file into place"))
     })();
-    if let Err(e) = written {
+    if let Err((what, e)) = written {
         let _ = fs::remove_file(&tmp);
-        return Err(ElmError::io(path, e));
+        return Err(ElmError::io(path, with_operation(what, e)));
     }
     // The rename is durable only once the directory entry is on disk.
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| ElmError::io(dir, e))
+        .map_err(|e| ElmError::io(dir, with_operation("fsync directory", e)))
+}
+
+/// `e` with the failed operation in front of its message (same kind).
+fn with_operation(what: &str, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{what} failed: {e}"))
 }
 
 /// Serialises `value` as pretty JSON and writes it with [`write_atomic`].
@@ -111,5 +119,5 @@ pub fn remove_old_step_dirs(dir: &Path, keep: &str) {
 pub fn sync_dir(dir: &Path) -> Result<()> {
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| ElmError::io(dir, e))
+        .map_err(|e| ElmError::io(dir, with_operation("fsync directory", e)))
 }

@@ -66,11 +66,11 @@ impl DirLock {
             what: path.display().to_string(),
             msg: e.to_string(),
         })?;
+        // Not fsynced: the flock is the lock; the PID is only for messages.
         (|| -> std::io::Result<()> {
             file.set_len(0)?;
             file.seek(SeekFrom::Start(0))?;
-            file.write_all(text.as_bytes())?;
-            file.sync_data()
+            file.write_all(text.as_bytes())
         })()
         .map_err(|e| ElmError::io(&path, e))?;
         Ok(DirLock {

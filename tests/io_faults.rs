@@ -1,0 +1,238 @@
+//! Faults injected into `elm train`'s checkpoint saves with libfiu (Debian `fiu-utils`:
+//! `fiu-run -x` makes chosen POSIX calls fail): fsync and rename failing always or at random
+//! points of the run, and open failing at random. Whatever happens, a failed run exits 1 with a
+//! typed JSON error naming the file (and, for fsync and rename, the operation); what it left is
+//! either resumable (`--resume`, faults gone) or, when not even the first checkpoint was
+//! completed, refused by `--resume` with the instruction to start again; either way the run
+//! then ends bit for bit where an uninterrupted run ends. Skipped, with the reason printed,
+//! only where `fiu-run` cannot run (scripts/setup.sh installs it).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use elm::model::config::Arch;
+use elm::model::{ModelConfig, ModelWeights};
+
+struct Setup {
+    _dir: common::TempDir,
+    root: PathBuf,
+    model: PathBuf,
+    data: PathBuf,
+    config: PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = common::TempDir::new("faults");
+    let root = dir.path().to_path_buf();
+    let w = ModelWeights::random(&ModelConfig::tiny(Arch::Llama), 3);
+    let model = root.join("tiny");
+    elm::io::save_hf_model(&w, &model).unwrap();
+    std::fs::write(model.join("tokenizer.json"), common::word_tokenizer_json()).unwrap();
+    let data = root.join("train.jsonl");
+    let lines: Vec<String> = (0..8)
+        .map(|i| {
+            let words: Vec<String> = (0..12)
+                .map(|j| format!("w{}", 3 + (i * 7 + j) % 60))
+                .collect();
+            serde_json::json!({ "text": words.join(" ") }).to_string()
+        })
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let config = root.join("train.json");
+    std::fs::write(&config, r#"{"steps": 6, "checkpoint_every": 2}"#).unwrap();
+    Setup {
+        _dir: dir,
+        root,
+        model,
+        data,
+        config,
+    }
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn fiu_available() -> Result<(), String> {
+    match Command::new("fiu-run").args(["-x", "true"]).output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "fiu-run -x true failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        )),
+        Err(e) => Err(format!(
+            "fiu-run not found ({e}); scripts/setup.sh installs fiu-utils"
+        )),
+    }
+}
+
+/// `elm train` on the tiny model into `out`: fresh (`resume` false) or `--resume`, under the
+/// libfiu commands `faults` (none: run plainly).
+fn train(st: &Setup, out: &Path, resume: bool, force: bool, faults: &[&str]) -> Output {
+    let mut args: Vec<String> = vec!["train".into(), "--model".into(), s(&st.model)];
+    if resume {
+        args.push("--resume".into());
+    } else {
+        args.extend([
+            "--start".into(),
+            "1".into(),
+            "--num-replaced".into(),
+            "2".into(),
+            "--config".into(),
+            s(&st.config),
+        ]);
+    }
+    if force {
+        args.push("--force".into());
+    }
+    args.extend([
+        "--out".into(),
+        s(out),
+        "--eval-examples".into(),
+        "0".into(),
+        "--data".into(),
+        s(&st.data),
+        "--json".into(),
+    ]);
+    let mut cmd = if faults.is_empty() {
+        Command::new(env!("CARGO_BIN_EXE_elm"))
+    } else {
+        let mut c = Command::new("fiu-run");
+        c.arg("-x");
+        for f in faults {
+            c.args(["-c", f]);
+        }
+        c.arg(env!("CARGO_BIN_EXE_elm"));
+        c
+    };
+    cmd.args(&args).output().unwrap()
+}
+
+fn module_bytes(out: &Path) -> Vec<u8> {
+    std::fs::read(out.join("module.safetensors")).unwrap()
+}
+
+/// The JSON error a failed run printed on stdout.
+fn json_error(o: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let line = stdout.lines().last().unwrap_or("");
+    serde_json::from_str::<serde_json::Value>(line)
+        .unwrap_or_else(|e| panic!("no JSON error ({e}): stdout {stdout:?}"))["error"]
+        .clone()
+}
+
+#[test]
+fn failing_fsync_rename_and_open_never_lose_or_tear_a_checkpoint() {
+    if let Err(why) = fiu_available() {
+        common::print_skip(&common::current_test(), &why);
+        return;
+    }
+    let st = setup();
+    let reference = st.root.join("reference");
+    let o = train(&st, &reference, false, false, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = module_bytes(&reference);
+
+    // (libfiu point, the operation our error names, how it is enabled); random points draw
+    // anew in every run, so across cases failures land on different saves.
+    let cases: &[(&str, Option<&str>, &str)] = &[
+        (
+            "posix/io/sync/fsync",
+            Some("fsync"),
+            "enable name=posix/io/sync/fsync",
+        ),
+        (
+            "posix/io/sync/fsync",
+            Some("fsync"),
+            "enable_random name=posix/io/sync/fsync,probability=0.3",
+        ),
+        (
+            "posix/io/dir/rename",
+            Some("rename"),
+            "enable name=posix/io/dir/rename",
+        ),
+        (
+            "posix/io/dir/rename",
+            Some("rename"),
+            "enable_random name=posix/io/dir/rename,probability=0.3",
+        ),
+        (
+            "posix/io/oc/open",
+            None,
+            "enable_random name=posix/io/oc/open,probability=0.05",
+        ),
+    ];
+    let mut outcomes = vec![];
+    for (i, (point, op, enable)) in cases.iter().enumerate() {
+        let out = st.root.join(format!("case-{i}"));
+        let faulty = train(&st, &out, false, false, &[enable]);
+        let failed = !faulty.status.success();
+        let mut what = format!("{enable}: ");
+        if failed {
+            assert_eq!(faulty.status.code(), Some(1), "{enable}: exit status");
+            let e = json_error(&faulty);
+            assert!(e["file"].is_string(), "{enable}: error names no file: {e}");
+            if let Some(op) = op {
+                let msg = e["message"].as_str().unwrap();
+                assert!(msg.contains(op), "{enable}: message names no {op}: {msg}");
+                assert_eq!(e["kind"], "io", "{enable}: {e}");
+            }
+            what += &format!("failed ({})", e["message"].as_str().unwrap_or(""));
+        } else {
+            what += "not hit";
+        }
+        // Faults gone: resume what the failed run left, or, when it completed no checkpoint,
+        // start again as --resume's refusal says.
+        let resumed = train(&st, &out, true, false, &[]);
+        let finished = if resumed.status.success() {
+            what += "; resumed";
+            resumed
+        } else {
+            let e = json_error(&resumed);
+            let msg = e["message"].as_str().unwrap_or("").to_string();
+            assert!(
+                msg.contains("train_state.json"),
+                "{enable}: resume refused for another reason: {msg}"
+            );
+            what += "; no checkpoint completed, started again";
+            let again = train(&st, &out, false, true, &[]);
+            assert!(
+                again.status.success(),
+                "{}",
+                String::from_utf8_lossy(&again.stderr)
+            );
+            again
+        };
+        assert!(finished.status.success());
+        assert!(
+            module_bytes(&out) == want,
+            "{point}: the finished run differs from the uninterrupted one ({what})"
+        );
+        // No temporary left behind.
+        let temps: Vec<String> = walk(&out)
+            .into_iter()
+            .filter(|n| n.contains(".tmp"))
+            .collect();
+        assert!(temps.is_empty(), "{enable}: temporaries left: {temps:?}");
+        outcomes.push(what);
+    }
+    for o in &outcomes {
+        println!("{o}");
+    }
+}
+
+fn walk(dir: &Path) -> Vec<String> {
+    let mut names = vec![];
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            names.push(e.file_name().to_string_lossy().into_owned());
+            if p.is_dir() {
+                names.extend(walk(&p));
+            }
+        }
+    }
+    names
+}
