@@ -1,4 +1,4 @@
-//! Faults injected into `elm train`'s checkpoint saves with libfiu (Debian `fiu-utils`:
+//! Faults injected into the checkpoint saves of `elm train` and `elm lora` with libfiu (Debian `fiu-utils`:
 //! `fiu-run -x` makes chosen POSIX calls fail): fsync and rename failing always or at random
 //! points of the run, and open failing at random. Whatever happens, a failed run exits 1 with a
 //! typed JSON error naming the file (and, for fsync and rename, the operation); what it left is
@@ -21,6 +21,14 @@ struct Setup {
     model: PathBuf,
     data: PathBuf,
     config: PathBuf,
+    lora_config: PathBuf,
+}
+
+/// The resumable commands under test.
+#[derive(Clone, Copy, Debug)]
+enum Job {
+    Train,
+    Lora,
 }
 
 fn setup() -> Setup {
@@ -42,12 +50,19 @@ fn setup() -> Setup {
     std::fs::write(&data, lines.join("\n")).unwrap();
     let config = root.join("train.json");
     std::fs::write(&config, r#"{"steps": 6, "checkpoint_every": 2}"#).unwrap();
+    let lora_config = root.join("lora.json");
+    std::fs::write(
+        &lora_config,
+        r#"{"steps": 6, "checkpoint_every": 2, "seq_len": 16}"#,
+    )
+    .unwrap();
     Setup {
         _dir: dir,
         root,
         model,
         data,
         config,
+        lora_config,
     }
 }
 
@@ -68,21 +83,27 @@ fn fiu_available() -> Result<(), String> {
     }
 }
 
-/// `elm train` on the tiny model into `out`: fresh (`resume` false) or `--resume`, under the
-/// libfiu commands `faults` (none: run plainly).
-fn train(st: &Setup, out: &Path, resume: bool, force: bool, faults: &[&str]) -> Output {
-    let mut args: Vec<String> = vec!["train".into(), "--model".into(), s(&st.model)];
+/// `job` on the tiny model into `out`: fresh (`resume` false) or `--resume`, under the libfiu
+/// commands `faults` (none: run plainly).
+fn run(st: &Setup, job: Job, out: &Path, resume: bool, force: bool, faults: &[&str]) -> Output {
+    let mut args: Vec<String> = match job {
+        Job::Train => vec!["train".into(), "--model".into(), s(&st.model)],
+        Job::Lora => vec!["lora".into(), "--model".into(), s(&st.model)],
+    };
     if resume {
         args.push("--resume".into());
     } else {
-        args.extend([
-            "--start".into(),
-            "1".into(),
-            "--num-replaced".into(),
-            "2".into(),
-            "--config".into(),
-            s(&st.config),
-        ]);
+        match job {
+            Job::Train => args.extend([
+                "--start".into(),
+                "1".into(),
+                "--num-replaced".into(),
+                "2".into(),
+                "--config".into(),
+                s(&st.config),
+            ]),
+            Job::Lora => args.extend(["--config".into(), s(&st.lora_config)]),
+        }
     }
     if force {
         args.push("--force".into());
@@ -110,8 +131,12 @@ fn train(st: &Setup, out: &Path, resume: bool, force: bool, faults: &[&str]) -> 
     cmd.args(&args).output().unwrap()
 }
 
-fn module_bytes(out: &Path) -> Vec<u8> {
-    std::fs::read(out.join("module.safetensors")).unwrap()
+/// What a finished run produced: the trained module, or the merged LoRA model.
+fn result_bytes(job: Job, out: &Path) -> Vec<u8> {
+    match job {
+        Job::Train => std::fs::read(out.join("module.safetensors")).unwrap(),
+        Job::Lora => std::fs::read(out.join("model").join("model.safetensors")).unwrap(),
+    }
 }
 
 /// The JSON error a failed run printed on stdout.
@@ -130,10 +155,16 @@ fn failing_fsync_rename_and_open_never_lose_or_tear_a_checkpoint() {
         return;
     }
     let st = setup();
-    let reference = st.root.join("reference");
-    let o = train(&st, &reference, false, false, &[]);
+    for job in [Job::Train, Job::Lora] {
+        check_job(&st, job);
+    }
+}
+
+fn check_job(st: &Setup, job: Job) {
+    let reference = st.root.join(format!("{job:?}-reference"));
+    let o = run(st, job, &reference, false, false, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let want = module_bytes(&reference);
+    let want = result_bytes(job, &reference);
 
     // (libfiu point, the operation our error names, how it is enabled); random points draw
     // anew in every run, so across cases failures land on different saves.
@@ -159,17 +190,28 @@ fn failing_fsync_rename_and_open_never_lose_or_tear_a_checkpoint() {
             "enable_random name=posix/io/dir/rename,probability=0.3",
         ),
         (
+            "posix/io/sync/fsync",
+            Some("fsync"),
+            "enable_random name=posix/io/sync/fsync,probability=0.05",
+        ),
+        (
+            "posix/io/dir/rename",
+            Some("rename"),
+            "enable_random name=posix/io/dir/rename,probability=0.1",
+        ),
+        (
             "posix/io/oc/open",
             None,
             "enable_random name=posix/io/oc/open,probability=0.05",
         ),
     ];
-    let mut outcomes = vec![];
+    let mut outcomes: Vec<serde_json::Value> = vec![];
     for (i, (point, op, enable)) in cases.iter().enumerate() {
-        let out = st.root.join(format!("case-{i}"));
-        let faulty = train(&st, &out, false, false, &[enable]);
+        let out = st.root.join(format!("{job:?}-case-{i}"));
+        let faulty = run(st, job, &out, false, false, &[enable]);
         let failed = !faulty.status.success();
-        let mut what = format!("{enable}: ");
+        let mut what = format!("{job:?}, {enable}: ");
+        let mut error = serde_json::Value::Null;
         if failed {
             assert_eq!(faulty.status.code(), Some(1), "{enable}: exit status");
             let e = json_error(&faulty);
@@ -180,24 +222,28 @@ fn failing_fsync_rename_and_open_never_lose_or_tear_a_checkpoint() {
                 assert_eq!(e["kind"], "io", "{enable}: {e}");
             }
             what += &format!("failed ({})", e["message"].as_str().unwrap_or(""));
+            error = e;
         } else {
             what += "not hit";
         }
         // Faults gone: resume what the failed run left, or, when it completed no checkpoint,
         // start again as --resume's refusal says.
-        let resumed = train(&st, &out, true, false, &[]);
+        let resumed = run(st, job, &out, true, false, &[]);
+        let recovery;
         let finished = if resumed.status.success() {
             what += "; resumed";
+            recovery = "--resume continued from the last completed checkpoint";
             resumed
         } else {
             let e = json_error(&resumed);
             let msg = e["message"].as_str().unwrap_or("").to_string();
             assert!(
-                msg.contains("train_state.json"),
-                "{enable}: resume refused for another reason: {msg}"
+                msg.contains("state.json"),
+                "{job:?}, {enable}: resume refused for another reason: {msg}"
             );
             what += "; no checkpoint completed, started again";
-            let again = train(&st, &out, false, true, &[]);
+            recovery = "no checkpoint had completed: --resume refused naming the missing state file; started again with --force";
+            let again = run(st, job, &out, false, true, &[]);
             assert!(
                 again.status.success(),
                 "{}",
@@ -207,7 +253,7 @@ fn failing_fsync_rename_and_open_never_lose_or_tear_a_checkpoint() {
         };
         assert!(finished.status.success());
         assert!(
-            module_bytes(&out) == want,
+            result_bytes(job, &out) == want,
             "{point}: the finished run differs from the uninterrupted one ({what})"
         );
         // No temporary left behind.
@@ -216,10 +262,21 @@ fn failing_fsync_rename_and_open_never_lose_or_tear_a_checkpoint() {
             .filter(|n| n.contains(".tmp"))
             .collect();
         assert!(temps.is_empty(), "{enable}: temporaries left: {temps:?}");
-        outcomes.push(what);
+        println!("{what}");
+        outcomes.push(serde_json::json!({
+            "command": format!("elm {}", format!("{job:?}").to_lowercase()),
+            "fault": enable,
+            "failed": failed,
+            "error": error,
+            "recovery": if failed { recovery } else { "not hit: the run finished" },
+            "result_equals_uninterrupted_run": true,
+            "temporaries_left": 0,
+        }));
     }
-    for o in &outcomes {
-        println!("{o}");
+    // `scripts/fault-table.sh` turns these into the README's table.
+    if let Some(path) = std::env::var_os("ELM_FAULT_REPORT") {
+        let path = PathBuf::from(path).join(format!("{job:?}.json"));
+        std::fs::write(&path, serde_json::to_string_pretty(&outcomes).unwrap()).unwrap();
     }
 }
 

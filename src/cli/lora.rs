@@ -77,7 +77,11 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
         if !a.out.join(LORA_STATE_FILE).exists() {
             return Err(ElmError::config(
                 "resume",
-                format!("no {LORA_STATE_FILE} in {}", a.out.display()),
+                format!(
+                    "no {LORA_STATE_FILE} in {}: the run completed no checkpoint, so there is \
+                     nothing to resume; start it again with --force",
+                    a.out.display()
+                ),
             ));
         }
         LoraTrainer::resume(&dense, &a.out)?

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# README table "fault -> what happens", regenerated from the fault-injection test's own results:
+# runs tests/io_faults.rs (libfiu's fiu-run makes fsync, rename and open fail, always or at random,
+# during `elm train` and `elm lora`) with ELM_FAULT_REPORT set, and rewrites the README block
+# between <!-- faults:begin --> and <!-- faults:end -->. Random faults land on different saves in
+# every run, so the table shows what this run hit.
+#   bash scripts/fault-table.sh [README.md]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+readme=${1:-README.md}
+out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+ELM_FAULT_REPORT="$out" cargo test --quiet --test io_faults >&2
+python3 - "$out" "$readme" <<'PY'
+import glob, json, os, re, sys
+out, readme = sys.argv[1], sys.argv[2]
+rows = [r for f in sorted(glob.glob(out + "/*.json")) for r in json.load(open(f))]
+def short(msg):
+    # Paths of the test's temporary directory reduced to the run directory's own names.
+    msg = re.sub(r"/\S*?/(Train|Lora)-case-\d+/?", "OUT/", msg or "")
+    return re.sub(r"/\S*?-faults/", "", msg).replace("|", "\\|")
+lines = ["| command | fault (libfiu `fiu-run -x -c`) | what the run did | then | finished run vs uninterrupted run |",
+         "|---|---|---|---|---|"]
+for r in rows:
+    did = "exit 1, JSON error `" + short(r["error"]["message"]) + "`" if r["failed"] else "finished (fault not hit)"
+    same = "bit-identical, no temporary left" if r["result_equals_uninterrupted_run"] and r["temporaries_left"] == 0 else "DIFFERS"
+    lines.append(f"| `{r['command']}` | `{r['fault']}` | {did} | {r['recovery']} | {same} |")
+block = "<!-- faults:begin -->\n*Written by `bash scripts/fault-table.sh` from `tests/io_faults.rs`'s results.*\n\n" + "\n".join(lines) + "\n<!-- faults:end -->"
+text = open(readme).read()
+if "<!-- faults:begin -->" in text:
+    text = re.sub(r"<!-- faults:begin -->.*?<!-- faults:end -->", lambda m: block, text, flags=re.S)
+else:
+    sys.exit(f"{readme}: no <!-- faults:begin --> block")
+open(readme, "w").write(text)
+print(f"{len(rows)} cases written to {readme}")
+PY
