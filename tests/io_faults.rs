@@ -1,3 +1,6 @@
+//! SIGKILL at seeded random moments of `elm train` and `elm lora`, then resume: the finished
+//! run equals an uninterrupted one bit for bit, with no temporary left.
+//!
 //! Faults injected into the checkpoint saves of `elm train` and `elm lora` with libfiu (Debian `fiu-utils`:
 //! `fiu-run -x` makes chosen POSIX calls fail): fsync and rename failing always or at random
 //! points of the run, and open failing at random. Whatever happens, a failed run exits 1 with a
@@ -22,6 +25,9 @@ struct Setup {
     data: PathBuf,
     config: PathBuf,
     lora_config: PathBuf,
+    /// Longer runs (60 steps, a checkpoint every 5) for the kill harness.
+    long_config: PathBuf,
+    long_lora_config: PathBuf,
 }
 
 /// The resumable commands under test.
@@ -56,6 +62,14 @@ fn setup() -> Setup {
         r#"{"steps": 6, "checkpoint_every": 2, "seq_len": 16}"#,
     )
     .unwrap();
+    let long_config = root.join("train-long.json");
+    std::fs::write(&long_config, r#"{"steps": 60, "checkpoint_every": 5}"#).unwrap();
+    let long_lora_config = root.join("lora-long.json");
+    std::fs::write(
+        &long_lora_config,
+        r#"{"steps": 60, "checkpoint_every": 5, "seq_len": 16}"#,
+    )
+    .unwrap();
     Setup {
         _dir: dir,
         root,
@@ -63,6 +77,8 @@ fn setup() -> Setup {
         data,
         config,
         lora_config,
+        long_config,
+        long_lora_config,
     }
 }
 
@@ -86,6 +102,20 @@ fn fiu_available() -> Result<(), String> {
 /// `job` on the tiny model into `out`: fresh (`resume` false) or `--resume`, under the libfiu
 /// commands `faults` (none: run plainly).
 fn run(st: &Setup, job: Job, out: &Path, resume: bool, force: bool, faults: &[&str]) -> Output {
+    command(st, job, out, resume, force, faults, false)
+        .output()
+        .unwrap()
+}
+
+fn command(
+    st: &Setup,
+    job: Job,
+    out: &Path,
+    resume: bool,
+    force: bool,
+    faults: &[&str],
+    long: bool,
+) -> Command {
     let mut args: Vec<String> = match job {
         Job::Train => vec!["train".into(), "--model".into(), s(&st.model)],
         Job::Lora => vec!["lora".into(), "--model".into(), s(&st.model)],
@@ -100,9 +130,16 @@ fn run(st: &Setup, job: Job, out: &Path, resume: bool, force: bool, faults: &[&s
                 "--num-replaced".into(),
                 "2".into(),
                 "--config".into(),
-                s(&st.config),
+                s(if long { &st.long_config } else { &st.config }),
             ]),
-            Job::Lora => args.extend(["--config".into(), s(&st.lora_config)]),
+            Job::Lora => args.extend([
+                "--config".into(),
+                s(if long {
+                    &st.long_lora_config
+                } else {
+                    &st.lora_config
+                }),
+            ]),
         }
     }
     if force {
@@ -128,7 +165,8 @@ fn run(st: &Setup, job: Job, out: &Path, resume: bool, force: bool, faults: &[&s
         c.arg(env!("CARGO_BIN_EXE_elm"));
         c
     };
-    cmd.args(&args).output().unwrap()
+    cmd.args(&args);
+    cmd
 }
 
 /// What a finished run produced: the trained module, or the merged LoRA model.
@@ -292,4 +330,87 @@ fn walk(dir: &Path) -> Vec<String> {
         }
     }
     names
+}
+
+/// Runs `job` (long form) to the end after SIGKILL: `--resume` as long as there is a state
+/// file, otherwise (killed before its starting point was saved) again from the start.
+fn finish_after_kill(st: &Setup, job: Job, out: &Path) -> &'static str {
+    let resumed = command(st, job, out, true, false, &[], true)
+        .output()
+        .unwrap();
+    if resumed.status.success() {
+        return "resumed";
+    }
+    let e = json_error(&resumed);
+    let msg = e["message"].as_str().unwrap_or("").to_string();
+    assert!(msg.contains("state.json"), "{job:?}: resume refused: {msg}");
+    let again = command(st, job, out, false, true, &[], true)
+        .output()
+        .unwrap();
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    "started again"
+}
+
+#[test]
+fn sigkill_at_random_moments_then_resume_equals_the_uninterrupted_run() {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    use std::time::{Duration, Instant};
+    let st = setup();
+    for job in [Job::Train, Job::Lora] {
+        // Two uninterrupted runs: the second (warm caches) times the window the kills sample.
+        let mut full = Duration::MAX;
+        let mut want = vec![];
+        for r in 0..2 {
+            let reference = st.root.join(format!("{job:?}-long-reference-{r}"));
+            let t0 = Instant::now();
+            let o = command(&st, job, &reference, false, false, &[], true)
+                .output()
+                .unwrap();
+            full = full.min(t0.elapsed());
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let bytes = result_bytes(job, &reference);
+            assert!(
+                r == 0 || bytes == want,
+                "{job:?}: two uninterrupted runs differ"
+            );
+            want = bytes;
+        }
+        let mut rng = StdRng::seed_from_u64(29);
+        let mut how = vec![];
+        for k in 0..10 {
+            let out = st.root.join(format!("{job:?}-kill-{k}"));
+            let mut child = command(&st, job, &out, false, false, &[], true)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let at = full.mul_f64(rng.gen_range(0.0..1.0));
+            std::thread::sleep(at);
+            // SIGKILL (a child that already finished is simply reaped).
+            let _ = child.kill();
+            let status = child.wait().unwrap();
+            let killed = !status.success();
+            // A run that finished before the signal resumes as a no-op.
+            let then = finish_after_kill(&st, job, &out);
+            assert!(
+                result_bytes(job, &out) == want,
+                "{job:?}: killed at {at:?} ({then}): differs from the uninterrupted run"
+            );
+            let temps: Vec<String> = walk(&out)
+                .into_iter()
+                .filter(|n| n.contains(".tmp"))
+                .collect();
+            assert!(temps.is_empty(), "{job:?}: temporaries left: {temps:?}");
+            how.push(format!(
+                "{:.0} ms{}: {then}",
+                at.as_secs_f64() * 1e3,
+                if killed { "" } else { " (had finished)" }
+            ));
+        }
+        println!("{job:?} (uninterrupted {full:?}): {}", how.join("; "));
+    }
 }

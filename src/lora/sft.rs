@@ -361,6 +361,11 @@ impl<'a> LoraTrainer<'a> {
                 "training data has no usable sequence".into(),
             ));
         }
+        if self.step == 0 && !out.join(LORA_STATE_FILE).exists() {
+            // A fresh run saves its starting point first, so a run killed (or whose disk
+            // fills) before its first checkpoint is resumable from step 0.
+            self.save(out)?;
+        }
         let t0 = Instant::now();
         let every = self.cfg.checkpoint_every;
         while self.step < self.cfg.steps {

@@ -332,6 +332,11 @@ impl<'a> Gppo<'a> {
                 "training data has no usable sequence".into(),
             ));
         }
+        if self.step == 0 && !out.join(GPPO_STATE_FILE).exists() {
+            // As `elm train`: the starting point first, so a run stopped before its first
+            // checkpoint is resumable from step 0.
+            self.save(out)?;
+        }
         let start = self.step;
         let t0 = Instant::now();
         let every = self.cfg.checkpoint_every;
