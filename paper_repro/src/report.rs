@@ -52,6 +52,9 @@ pub struct Tables {
     pub seconds: f64,
     /// Settings of the scale (budgets, limits).
     pub limits: serde_json::Value,
+    /// Table 1's method-against-method comparison at the best healed baseline's window.
+    #[serde(default)]
+    pub same_window: Option<SameWindow>,
 }
 
 /// The model as a reader can find it: its file (or directory) name, not this machine's path.
@@ -499,7 +502,7 @@ fn dense_nll(t: &Tables) -> Option<f64> {
 /// The headline: the ELM against the dense model and the best baseline.
 fn headline(t: &Tables) -> String {
     let dense = t.main.iter().find(|r| r.kind == "dense");
-    let elm = t.main.iter().find(|r| r.kind.starts_with("ELM"));
+    let elm = t.main.iter().find(|r| r.model == MAIN_ELM_ROW);
     let best = t
         .main
         .iter()
@@ -532,6 +535,22 @@ fn headline(t: &Tables) -> String {
                     iv(&b.answer_nll),
                     opt(&b.delta_nll_vs_elm, signed)
                 );
+            }
+            if let Some(w) = &t.same_window {
+                if let Some(r) = t.main.iter().find(|r| r.model == w.elm) {
+                    let b = t.main.iter().find(|r| r.model == w.baseline);
+                    s += &format!(
+                        " Method against method at one window: trained with the same budget on layers {}–{} (the layers {} removes), \
+                         the ELM reaches answer NLL {} (Δ vs the tuned dense model {}) against that baseline's {}; the baseline's NLL minus this ELM's, paired: {}.",
+                        w.layers.0,
+                        w.layers.1,
+                        w.baseline,
+                        iv(&r.answer_nll),
+                        opt(&r.delta_nll, signed),
+                        b.map_or_else(|| "n/a".to_string(), |b| iv(&b.answer_nll)),
+                        signed(&w.delta_baseline_minus_elm),
+                    );
+                }
             }
             s + "\n\n"
         }

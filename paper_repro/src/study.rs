@@ -209,6 +209,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         stages: vec![],
         seconds: 0.0,
         limits: serde_json::Value::Null,
+        same_window: None,
     });
     t.model = model.display().to_string();
     t.limits = serde_json::to_value(&limits).map_err(|e| ReproError::Setup(e.to_string()))?;
@@ -243,6 +244,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         let d = dense.as_ref().expect("dense runs for the main table");
         let m = tables::main_results(&mut ctx, d)?;
         t.main = m.rows;
+        t.same_window = m.same_window;
         best_baseline = Some(m.best_baseline);
         trainings.extend(m.trainings);
         Some(m.elm)

@@ -40,6 +40,24 @@ impl From<&Estimate> for Interval {
     }
 }
 
+/// Table 1's row of the ELM itself (the one every other row is paired with).
+pub const MAIN_ELM_ROW: &str = "ELM (Anderson, δ = 0.5, one-step KV)";
+
+/// Method against method at one window: the ELM trained (same budget) at the layers the best
+/// healed baseline removes, and that baseline, paired over the same problems.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SameWindow {
+    /// The baseline's row name.
+    pub baseline: String,
+    /// The ELM's row name.
+    pub elm: String,
+    /// Replaced (and removed) layers `[first, last]`.
+    pub layers: (usize, usize),
+    /// The baseline's answer NLL minus the ELM's (negative: the baseline is better).
+    pub delta_baseline_minus_elm: Interval,
+}
+
 /// Table 1: main results.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -222,6 +240,7 @@ pub struct Main {
     /// The training-free method with the lowest answer NLL at M (the sweep's baseline).
     pub best_baseline: String,
     pub trainings: Vec<(String, Done<Trained>)>,
+    pub same_window: Option<SameWindow>,
 }
 
 pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError> {
@@ -302,12 +321,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         l.main.steps, l.main.batch_size, l.main.seq_len
     );
     let elm = runs::train(ctx, &Variant::elm(l.start, l.m), &l.main, None)?;
-    let elm_row = trained_row(
-        ctx,
-        "ELM (Anderson, δ = 0.5, one-step KV)".into(),
-        &format!("ELM, {budget}"),
-        &elm,
-    )?;
+    let elm_row = trained_row(ctx, MAIN_ELM_ROW.into(), &format!("ELM, {budget}"), &elm)?;
     let streamline = runs::train(ctx, &Variant::streamline(l.start, l.m), &l.main, None)?;
     let streamline_row = trained_row(
         ctx,
@@ -396,7 +410,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     // hold no answer token to tune on.
     // The best healed baseline's window, when it is one window (method against method, not
     // window against window: its row is compared with an ELM trained at the same layers).
-    let mut best_healed: Option<(f64, String, usize)> = None;
+    let mut best_healed: Option<(f64, String, usize, String, MetricReport)> = None;
     for (method, p, shape) in to_heal {
         let healed = runs::heal(ctx, &p, &l.lora)?;
         let subject = Subject::Model {
@@ -411,8 +425,9 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         );
         let v = nll.value.metric("answer_nll", &name)?.estimate.value;
         if let Some(start) = one_window(&p.value.report.removed_layers, l.m) {
-            if best_healed.as_ref().is_none_or(|(b, _, _)| v < *b) {
-                best_healed = Some((v, method.to_string(), start));
+            if best_healed.as_ref().is_none_or(|b| v < b.0) {
+                let items = nll.value.metric("answer_nll", &name)?.clone();
+                best_healed = Some((v, method.to_string(), start, name.clone(), items));
             }
         }
         compressed.push((rows.len(), nll.value.metric("answer_nll", &name)?.clone()));
@@ -436,13 +451,23 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         rows.push(r);
     }
     let mut same_window = vec![];
-    if let Some((_, method, start)) = best_healed.filter(|b| b.2 != l.start) {
+    let mut same_window_pair = None;
+    if let Some((_, method, start, baseline, baseline_items)) =
+        best_healed.filter(|b| b.2 != l.start)
+    {
         let t = runs::train(ctx, &Variant::elm(start, l.m), &l.main, None)?;
         let name = format!(
             "ELM at {method}'s window (layers {start}–{}; Anderson, δ = 0.5)",
             start + l.m - 1
         );
         let (r, items) = trained_row(ctx, name.clone(), &format!("ELM, {budget}"), &t)?;
+        let what = format!("{baseline} vs {name}");
+        same_window_pair = Some(SameWindow {
+            baseline,
+            elm: name,
+            layers: (start, start + l.m - 1),
+            delta_baseline_minus_elm: (&pair(&baseline_items, &items, &what)?.delta).into(),
+        });
         compressed.push((rows.len(), items));
         rows.push(r);
         same_window.push((format!("ELM M={} at layer {start} (main)", l.m), t));
@@ -507,6 +532,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         .chain(same_window)
         .chain(ablations)
         .collect(),
+        same_window: same_window_pair,
         elm,
     })
 }
