@@ -1,7 +1,8 @@
-//! SIGKILL at seeded random moments of `elm train` and `elm lora`, then resume: the finished
+//! SIGKILL at seeded random moments of `elm train`, `elm lora` and `elm search --method gppo`,
+//! then resume: the finished
 //! run equals an uninterrupted one bit for bit, with no temporary left.
 //!
-//! Faults injected into the checkpoint saves of `elm train` and `elm lora` with libfiu (Debian `fiu-utils`:
+//! Faults injected into the checkpoint saves of the same three commands with libfiu (Debian `fiu-utils`:
 //! `fiu-run -x` makes chosen POSIX calls fail): fsync and rename failing always or at random
 //! points of the run, and open failing at random. Whatever happens, a failed run exits 1 with a
 //! typed JSON error naming the file (and, for fsync and rename, the operation); what it left is
@@ -35,6 +36,8 @@ struct Setup {
 enum Job {
     Train,
     Lora,
+    /// `elm search --method gppo`.
+    Gppo,
 }
 
 fn setup() -> Setup {
@@ -119,6 +122,15 @@ fn command(
     let mut args: Vec<String> = match job {
         Job::Train => vec!["train".into(), "--model".into(), s(&st.model)],
         Job::Lora => vec!["lora".into(), "--model".into(), s(&st.model)],
+        Job::Gppo => vec![
+            "search".into(),
+            "--method".into(),
+            "gppo".into(),
+            "--num-replaced".into(),
+            "2".into(),
+            "--model".into(),
+            s(&st.model),
+        ],
     };
     if resume {
         args.push("--resume".into());
@@ -139,6 +151,13 @@ fn command(
                 } else {
                     &st.lora_config
                 }),
+            ]),
+            // Checkpoints at its starting point, every 20 steps and at the end.
+            Job::Gppo => args.extend([
+                "--seq-len".into(),
+                "16".into(),
+                "--steps".into(),
+                if long { "40" } else { "24" }.into(),
             ]),
         }
     }
@@ -169,11 +188,40 @@ fn command(
     cmd
 }
 
+/// A safetensors file's tensors (f32 bits) and metadata in name order: what "bit for bit" compares
+/// (the file's header lists its metadata in hash-map order, which differs from run to run).
+fn tensors_bits(path: &Path) -> Vec<u8> {
+    let f = elm::io::tensor_file::load_f32_tensors(path).unwrap();
+    let mut names: Vec<&String> = f.tensors.keys().collect();
+    names.sort();
+    let mut bytes = vec![];
+    for n in names {
+        bytes.extend(n.as_bytes());
+        bytes.extend(format!("{:?}", f.tensors[n].shape()).into_bytes());
+        bytes.extend(f.tensors[n].iter().flat_map(|x| x.to_bits().to_le_bytes()));
+    }
+    let mut meta: Vec<_> = f.metadata.iter().collect();
+    meta.sort();
+    bytes.extend(format!("{meta:?}").into_bytes());
+    bytes
+}
+
 /// What a finished run produced: the trained module, or the merged LoRA model.
 fn result_bytes(job: Job, out: &Path) -> Vec<u8> {
     match job {
-        Job::Train => std::fs::read(out.join("module.safetensors")).unwrap(),
-        Job::Lora => std::fs::read(out.join("model").join("model.safetensors")).unwrap(),
+        Job::Train => tensors_bits(&out.join("module.safetensors")),
+        Job::Lora => tensors_bits(&out.join("model").join("model.safetensors")),
+        // GPPO: the candidates' parameters at the last checkpoint and the policy.
+        Job::Gppo => {
+            let state: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(out.join("gppo_state.json")).unwrap(),
+            )
+            .unwrap();
+            let step_dir = state["step_dir"].as_str().unwrap();
+            let mut bytes = tensors_bits(&out.join(step_dir).join("params.safetensors"));
+            bytes.extend(state["policy"].to_string().into_bytes());
+            bytes
+        }
     }
 }
 
@@ -193,7 +241,7 @@ fn failing_fsync_rename_and_open_never_lose_or_tear_a_checkpoint() {
         return;
     }
     let st = setup();
-    for job in [Job::Train, Job::Lora] {
+    for job in [Job::Train, Job::Lora, Job::Gppo] {
         check_job(&st, job);
     }
 }
@@ -302,7 +350,11 @@ fn check_job(st: &Setup, job: Job) {
         assert!(temps.is_empty(), "{enable}: temporaries left: {temps:?}");
         println!("{what}");
         outcomes.push(serde_json::json!({
-            "command": format!("elm {}", format!("{job:?}").to_lowercase()),
+            "command": match job {
+                Job::Train => "elm train",
+                Job::Lora => "elm lora",
+                Job::Gppo => "elm search --method gppo",
+            },
             "fault": enable,
             "failed": failed,
             "error": error,
@@ -360,7 +412,7 @@ fn sigkill_at_random_moments_then_resume_equals_the_uninterrupted_run() {
     use rand::{rngs::StdRng, Rng, SeedableRng};
     use std::time::{Duration, Instant};
     let st = setup();
-    for job in [Job::Train, Job::Lora] {
+    for job in [Job::Train, Job::Lora, Job::Gppo] {
         // Two uninterrupted runs: the second (warm caches) times the window the kills sample.
         let mut full = Duration::MAX;
         let mut want = vec![];
