@@ -77,6 +77,17 @@ impl<'m> ElmSession<'m> {
             ));
         }
         let mc = model.config();
+        // Room for a full context plus the slot generation commits its last token into.
+        if max_seq > mc.max_position_embeddings.saturating_add(1) {
+            return Err(ElmError::config(
+                "max_seq",
+                format!(
+                    "{max_seq} positions exceed the model's context of {} tokens \
+                     (max_position_embeddings)",
+                    mc.max_position_embeddings
+                ),
+            ));
+        }
         let dense_kv = KvCache::with_layers(mc, model.kept_layers().len(), batch, max_seq)?;
         let fp_kv = match model.elm_config() {
             Some(e) if e.block.has_attention() => vec![LayerKv::new(mc, batch, max_seq)?],
