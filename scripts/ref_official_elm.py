@@ -93,7 +93,7 @@ def make_fixture(repo, out):
     tok = tiny_tokenizer(300)
     vocab = len(tok)
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=7,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                       rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
                       use_sliding_window=False, eos_token_id=0, bos_token_id=0)
     base = Qwen2ForCausalLM(cfg).eval()
