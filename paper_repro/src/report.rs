@@ -55,6 +55,9 @@ pub struct Tables {
     /// Table 1's method-against-method comparison at the best healed baseline's window.
     #[serde(default)]
     pub same_window: Option<SameWindow>,
+    /// Table 6: fully trained ELMs at the windows the pipeline considers.
+    #[serde(default)]
+    pub trained_windows: Vec<TrainedWindow>,
 }
 
 /// The model as a reader can find it: its file (or directory) name, not this machine's path.
@@ -634,7 +637,7 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool)) -> String {
         "Table 6 — Where to prune (paper: GPPO start-layer study)",
         &t.where_to_prune.as_ref().map_or_else(
             || "Not computed in this run (`--only` selected other tables).\n".to_string(),
-            |w| where_table(w, &t.limits["search"]),
+            |w| where_table(w, &t.limits["search"]) + &trained_windows_table(&t.trained_windows, w),
         ),
         paper::WHERE,
     );
@@ -751,6 +754,33 @@ fn where_table(w: &WhereToPrune, budget: &serde_json::Value) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    s
+}
+
+/// Table 6's check: do the enumeration's short candidates rank fully trained ELMs?
+fn trained_windows_table(rows: &[TrainedWindow], w: &WhereToPrune) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut s = format!(
+        "\nFully trained ELMs (the main results' budget, Anderson δ = 0.5) at the windows the pipeline considers, against the rank \
+         the enumeration's short candidates gave their start (of {}):\n\n| start (layers) | why this window | answer NLL | enumeration rank |\n|---|---|---|---|\n",
+        w.enum_ranking.len()
+    );
+    let mut sorted = rows.to_vec();
+    sorted.sort_by(|a, b| a.answer_nll.value.total_cmp(&b.answer_nll.value));
+    for r in &sorted {
+        s += &format!(
+            "| {} ([{}, {})) | {} | {} | {} |\n",
+            r.start,
+            r.start,
+            r.start + w.num_replaced,
+            r.why,
+            iv(&r.answer_nll),
+            r.enum_rank
+                .map_or_else(|| "not enumerated".to_string(), |k| k.to_string())
+        );
+    }
     s
 }
 

@@ -210,6 +210,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         seconds: 0.0,
         limits: serde_json::Value::Null,
         same_window: None,
+        trained_windows: vec![],
     });
     t.model = model.display().to_string();
     t.limits = serde_json::to_value(&limits).map_err(|e| ReproError::Setup(e.to_string()))?;
@@ -327,6 +328,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
             plots.join("where_to_prune.svg"),
         );
         std::fs::copy(&from, &to).map_err(|e| ReproError::io(&from, e))?;
+        t.trained_windows = tables::trained_windows(&mut ctx, &t, &w.value)?;
         t.where_to_prune = Some(w.value);
     }
     if sel(TableId::Canonical) {

@@ -58,6 +58,20 @@ pub struct SameWindow {
     pub delta_baseline_minus_elm: Interval,
 }
 
+/// Table 6's check of the enumeration: an ELM fully trained (main budget) at a window the
+/// pipeline considers, with the rank the enumeration's short candidates gave that start.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainedWindow {
+    pub start: usize,
+    /// Why this window (the study's default, the best healed baseline's, GPPO's argmax).
+    pub why: String,
+    pub answer_nll: Interval,
+    /// Rank of `start` among the enumerated starts (1 = best), when it was enumerated.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub enum_rank: Option<usize>,
+}
+
 /// Table 1: main results.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -799,4 +813,61 @@ pub fn best_baseline(ctx: &mut Ctx<'_>, _dense: &Dense) -> Result<String, ReproE
     }
     best.map(|b| b.1)
         .ok_or_else(|| ReproError::Setup("no training-free baseline configured".into()))
+}
+
+/// Table 6's check of the enumeration: the ELM fully trained at the study's window, at the best
+/// healed baseline's window (both from table 1) and at GPPO's argmax (trained here, the same
+/// budget), each with the rank the enumeration gave its start. Empty without table 1.
+pub fn trained_windows(
+    ctx: &mut Ctx<'_>,
+    t: &crate::report::Tables,
+    w: &elm::search::report::WhereToPrune,
+) -> Result<Vec<TrainedWindow>, ReproError> {
+    let l = ctx.limits.clone();
+    let rank = |start: usize| {
+        w.enum_ranking
+            .iter()
+            .position(|&s| s == start)
+            .map(|i| i + 1)
+    };
+    let row_nll = |name: &str| {
+        t.main
+            .iter()
+            .find(|r| r.model == name)
+            .map(|r| r.answer_nll)
+    };
+    let mut rows = vec![];
+    let Some(main) = row_nll(MAIN_ELM_ROW) else {
+        return Ok(rows);
+    };
+    rows.push(TrainedWindow {
+        start: l.start,
+        why: "the study's window (table 1's ELM)".into(),
+        answer_nll: main,
+        enum_rank: rank(l.start),
+    });
+    if let Some(sw) = &t.same_window {
+        if let Some(nll) = row_nll(&sw.elm) {
+            rows.push(TrainedWindow {
+                start: sw.layers.0,
+                why: format!("{}'s window", sw.baseline),
+                answer_nll: nll,
+                enum_rank: rank(sw.layers.0),
+            });
+        }
+    }
+    if let Some(g) = &w.gppo {
+        if rows.iter().all(|r| r.start != g.choice) {
+            let trained = runs::train(ctx, &Variant::elm(g.choice, l.m), &l.main, None)?;
+            let nll = runs::eval(ctx, &Subject::elm(&trained, "anderson", 0.5), "gsm8k-nll")?;
+            let what = format!("ELM at GPPO's window {}", g.choice);
+            rows.push(TrainedWindow {
+                start: g.choice,
+                why: "GPPO's argmax (the paper's pipeline)".into(),
+                answer_nll: (&nll.value.metric("answer_nll", &what)?.estimate).into(),
+                enum_rank: rank(g.choice),
+            });
+        }
+    }
+    Ok(rows)
 }

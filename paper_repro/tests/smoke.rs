@@ -70,6 +70,10 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         "{:?}",
         t.main
     );
+    // Table 6's check: fully trained ELMs at the study's window, the best healed baseline's and
+    // GPPO's argmax (when it is another window), each placed in the enumeration.
+    assert!(t.trained_windows.len() >= 2, "{:?}", t.trained_windows);
+    assert_eq!(t.trained_windows[0].start, l.start);
     assert_eq!(t.kv.len(), 2 * l.kv_ms.len());
     assert_eq!(t.solver.len(), 3 * l.tolerances.len());
     assert_eq!(t.grad.len(), 4);
