@@ -48,15 +48,7 @@ fn setup() -> Setup {
     elm::io::save_hf_model(&w, &model).unwrap();
     std::fs::write(model.join("tokenizer.json"), common::word_tokenizer_json()).unwrap();
     let data = root.join("train.jsonl");
-    let lines: Vec<String> = (0..8)
-        .map(|i| {
-            let words: Vec<String> = (0..12)
-                .map(|j| format!("w{}", 3 + (i * 7 + j) % 60))
-                .collect();
-            serde_json::json!({ "text": words.join(" ") }).to_string()
-        })
-        .collect();
-    std::fs::write(&data, lines.join("\n")).unwrap();
+    common::write_word_corpus(&data, 8, 7);
     let config = root.join("train.json");
     std::fs::write(&config, r#"{"steps": 6, "checkpoint_every": 2}"#).unwrap();
     let lora_config = root.join("lora.json");

@@ -56,15 +56,7 @@ fn fixture() -> &'static Fixture {
         let gguf = dir.join("tiny.gguf");
         elm::io::save_gguf_model(&w, &gguf).unwrap();
         let data = dir.join("train.jsonl");
-        let lines: Vec<String> = (0..8)
-            .map(|i| {
-                let words: Vec<String> = (0..12)
-                    .map(|j| format!("w{}", 3 + (i * 5 + j) % 60))
-                    .collect();
-                serde_json::json!({ "text": words.join(" ") }).to_string()
-            })
-            .collect();
-        std::fs::write(&data, lines.join("\n")).unwrap();
+        common::write_word_corpus(&data, 8, 5);
         let ckpt = dir.join("ckpt");
         let out = run(&[
             "compress",

@@ -30,7 +30,7 @@ use crate::io::hf::{config_from_hf_json, config_to_hf_json, load_hf_model_with};
 use crate::io::tensor_file::save_f32_tensors;
 use crate::io::tokenizer::Tokenizer;
 use crate::model::config::Arch;
-use crate::model::quant::{Linear, QLayer, QuantWeights};
+use crate::model::quant::QuantWeights;
 use crate::model::{LayerWeights, ModelConfig};
 
 use super::config::ElmConfig;
@@ -135,17 +135,9 @@ pub fn read_official(dir: &Path) -> Result<OfficialParts> {
             bias: Array1::from_vec(extras.remove(&proj_b).expect("loaded")),
         }),
     };
-    let dense = QuantWeights {
-        config,
-        embed: Linear::from_f32(&weights.embed, None),
-        layers: weights
-            .layers
-            .iter()
-            .map(|l| QLayer::from_f32(l, None))
-            .collect(),
-        final_norm: weights.final_norm,
-        lm_head: weights.lm_head.as_ref().map(|h| Linear::from_f32(h, None)),
-    };
+    // The kept layers (the block removed above) under the dense model's own config (N layers).
+    let mut dense = QuantWeights::from_f32(&weights, None);
+    dense.config = config;
     let tokenizer_path = dir.join("tokenizer.json");
     let tokenizer = if tokenizer_path.is_file() {
         Some(Tokenizer::from_file(&tokenizer_path)?)

@@ -267,6 +267,20 @@ pub fn fixture_json(rel: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
 }
 
+/// Writes a `.jsonl` training text of `lines` records of 12 words of [`word_tokenizer_json`]'s
+/// vocabulary (`stride` varies the words from line to line).
+pub fn write_word_corpus(path: &Path, lines: usize, stride: usize) {
+    let records: Vec<String> = (0..lines)
+        .map(|i| {
+            let words: Vec<String> = (0..12)
+                .map(|j| format!("w{}", 3 + (i * stride + j) % 60))
+                .collect();
+            serde_json::json!({ "text": words.join(" ") }).to_string()
+        })
+        .collect();
+    std::fs::write(path, records.join("\n")).unwrap();
+}
+
 /// A word-level tokenizer (HF `tokenizer.json`) over the tiny models' 64 ids: `<unk>`, `<s>`,
 /// `</s>`, `w3`..`w63`.
 pub fn word_tokenizer_json() -> String {
