@@ -306,40 +306,17 @@ fn check_job(st: &Setup, job: Job) {
         }
         // Faults gone: resume what the failed run left, or, when it completed no checkpoint,
         // start again as --resume's refusal says.
-        let resumed = run(st, job, &out, true, false, &[]);
-        let recovery;
-        let finished = if resumed.status.success() {
-            what += "; resumed";
-            recovery = "--resume continued from the last completed checkpoint";
-            resumed
-        } else {
-            let e = json_error(&resumed);
-            let msg = e["message"].as_str().unwrap_or("").to_string();
-            assert!(
-                msg.contains("state.json"),
-                "{job:?}, {enable}: resume refused for another reason: {msg}"
-            );
-            what += "; no checkpoint completed, started again";
-            recovery = "no checkpoint had completed: --resume refused naming the missing state file; started again with --force";
-            let again = run(st, job, &out, false, true, &[]);
-            assert!(
-                again.status.success(),
-                "{}",
-                String::from_utf8_lossy(&again.stderr)
-            );
-            again
+        let recovery = match finish(st, job, &out, false) {
+            Recovery::Resumed => {
+                what += "; resumed";
+                "--resume continued from the last completed checkpoint"
+            }
+            Recovery::StartedAgain => {
+                what += "; no checkpoint completed, started again";
+                "no checkpoint had completed: --resume refused naming the missing state file; started again with --force"
+            }
         };
-        assert!(finished.status.success());
-        assert!(
-            result_bytes(job, &out) == want,
-            "{point}: the finished run differs from the uninterrupted one ({what})"
-        );
-        // No temporary left behind.
-        let temps: Vec<String> = walk(&out)
-            .into_iter()
-            .filter(|n| n.contains(".tmp"))
-            .collect();
-        assert!(temps.is_empty(), "{enable}: temporaries left: {temps:?}");
+        assert_finished_as(job, &out, &want, &format!("{point}: {what}"));
         println!("{what}");
         outcomes.push(serde_json::json!({
             "command": match job {
@@ -376,19 +353,31 @@ fn walk(dir: &Path) -> Vec<String> {
     names
 }
 
-/// Runs `job` (long form) to the end after SIGKILL: `--resume` as long as there is a state
-/// file, otherwise (killed before its starting point was saved) again from the start.
-fn finish_after_kill(st: &Setup, job: Job, out: &Path) -> &'static str {
-    let resumed = command(st, job, out, true, false, &[], true)
+/// How a run stopped by a fault or a kill was finished.
+#[derive(Clone, Copy)]
+enum Recovery {
+    Resumed,
+    /// No checkpoint had completed: `--resume` refused, naming the missing state file.
+    StartedAgain,
+}
+
+/// Runs `job` in `out` to the end after a fault or a SIGKILL: `--resume` as long as there is a
+/// state file (a finished run resumes as a no-op), otherwise again from the start with
+/// `--force`, as `--resume`'s refusal says.
+fn finish(st: &Setup, job: Job, out: &Path, long: bool) -> Recovery {
+    let resumed = command(st, job, out, true, false, &[], long)
         .output()
         .unwrap();
     if resumed.status.success() {
-        return "resumed";
+        return Recovery::Resumed;
     }
     let e = json_error(&resumed);
     let msg = e["message"].as_str().unwrap_or("").to_string();
-    assert!(msg.contains("state.json"), "{job:?}: resume refused: {msg}");
-    let again = command(st, job, out, false, true, &[], true)
+    assert!(
+        msg.contains("state.json"),
+        "{job:?}: resume refused for another reason: {msg}"
+    );
+    let again = command(st, job, out, false, true, &[], long)
         .output()
         .unwrap();
     assert!(
@@ -396,7 +385,23 @@ fn finish_after_kill(st: &Setup, job: Job, out: &Path) -> &'static str {
         "{}",
         String::from_utf8_lossy(&again.stderr)
     );
-    "started again"
+    Recovery::StartedAgain
+}
+
+/// The finished run in `out` equals the uninterrupted one (`want`) and left no temporary.
+fn assert_finished_as(job: Job, out: &Path, want: &[u8], what: &str) {
+    assert!(
+        result_bytes(job, out) == want,
+        "{job:?}, {what}: the finished run differs from the uninterrupted one"
+    );
+    let temps: Vec<String> = walk(out)
+        .into_iter()
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(
+        temps.is_empty(),
+        "{job:?}, {what}: temporaries left: {temps:?}"
+    );
 }
 
 #[test]
@@ -438,17 +443,11 @@ fn sigkill_at_random_moments_then_resume_equals_the_uninterrupted_run() {
             let _ = child.kill();
             let status = child.wait().unwrap();
             let killed = !status.success();
-            // A run that finished before the signal resumes as a no-op.
-            let then = finish_after_kill(&st, job, &out);
-            assert!(
-                result_bytes(job, &out) == want,
-                "{job:?}: killed at {at:?} ({then}): differs from the uninterrupted run"
-            );
-            let temps: Vec<String> = walk(&out)
-                .into_iter()
-                .filter(|n| n.contains(".tmp"))
-                .collect();
-            assert!(temps.is_empty(), "{job:?}: temporaries left: {temps:?}");
+            let then = match finish(&st, job, &out, true) {
+                Recovery::Resumed => "resumed",
+                Recovery::StartedAgain => "started again",
+            };
+            assert_finished_as(job, &out, &want, &format!("killed at {at:?} ({then})"));
             how.push(format!(
                 "{:.0} ms{}: {then}",
                 at.as_secs_f64() * 1e3,
