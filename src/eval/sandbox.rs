@@ -193,27 +193,26 @@ fn launch_for(python: &Path, cfg: &SandboxConfig) -> Result<(PathBuf, Isolation)
     // Bubblewrap hides every home directory, so a per-user interpreter is not reachable in it.
     interpreters.push((resolved.clone(), false));
     interpreters.push((PathBuf::from("/usr/bin/python3"), false));
-    let mut candidates: Vec<(PathBuf, Isolation)> = interpreters
+    // Inside bubblewrap first; without it only when the user opted out of the boundary.
+    let boundaries: &[bool] = if cfg.run_without_boundary {
+        &[true, false]
+    } else {
+        &[true]
+    };
+    let candidates: Vec<(PathBuf, Isolation)> = boundaries
         .iter()
-        .map(|(p, unprivileged_user)| {
-            let iso = Isolation {
-                bubblewrap: true,
-                network_namespace: true,
-                unprivileged_user: *unprivileged_user,
-            };
-            (p.clone(), iso)
+        .flat_map(|&bubblewrap| {
+            interpreters.iter().map(move |(p, unprivileged_user)| {
+                let iso = Isolation {
+                    bubblewrap,
+                    // bwrap unshares the network itself.
+                    network_namespace: bubblewrap || network_namespace,
+                    unprivileged_user: *unprivileged_user,
+                };
+                (p.clone(), iso)
+            })
         })
         .collect();
-    if cfg.run_without_boundary {
-        candidates.extend(interpreters.iter().map(|(p, unprivileged_user)| {
-            let iso = Isolation {
-                bubblewrap: false,
-                network_namespace,
-                unprivileged_user: *unprivileged_user,
-            };
-            (p.clone(), iso)
-        }));
-    }
     let mut chosen = None;
     for (p, iso) in candidates {
         let dir = fresh_dir()?;
