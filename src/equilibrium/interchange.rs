@@ -17,21 +17,22 @@
 //! a caller can run the model as the official code does).
 //!
 //! Training checkpoints (`trainable_weights.pt` + `model_args.json` on a LoRA-merged base)
-//! are Python pickles; `scripts/official-elm-convert.sh` turns them into the integrated form with
-//! the official converter itself, so only this one format is read here.
+//! are Python pickles; `scripts/ref_official_elm.py --convert` turns them into the integrated form
+//! with the official converter itself, so only this one format is read here.
 
 use std::path::Path;
 
-use ndarray::{concatenate, s, Array1, Array2, ArrayD, Axis};
+use ndarray::{concatenate, s, Array1, Array2, Axis};
 use serde_json::{json, Value};
 
 use crate::error::{ElmError, Result};
-use crate::io::hf::{config_from_hf_json, config_to_hf_json, load_hf_model_with};
-use crate::io::tensor_file::save_f32_tensors;
+use crate::io::hf::{
+    config_from_hf_json, config_to_hf_json, load_hf_model_with, save_hf_model_with,
+};
 use crate::io::tokenizer::Tokenizer;
 use crate::model::config::Arch;
-use crate::model::quant::QuantWeights;
-use crate::model::{LayerWeights, ModelConfig};
+use crate::model::quant::{QFormat, QLayer, QuantWeights};
+use crate::model::{LayerWeights, ModelConfig, ModelWeights};
 
 use super::config::ElmConfig;
 use super::module::{ElmModule, ModuleBlock, ProjectionWeights};
@@ -75,8 +76,10 @@ pub struct OfficialParts {
     pub settings: OfficialSettings,
 }
 
-/// Reads an official integrated ELM directory (`ElmModel::import_official` builds the model).
-pub fn read_official(dir: &Path) -> Result<OfficialParts> {
+/// Reads an official integrated ELM directory (`ElmModel::import_official` builds the model),
+/// with the transformer layers' and the module's matrices in `layer_format` (`None`: f32; the
+/// embedding and head stay f32).
+pub fn read_official(dir: &Path, layer_format: Option<QFormat>) -> Result<OfficialParts> {
     let config_path = dir.join("config.json");
     let in_config = |e: ElmError| e.in_file(&config_path);
     let mut value = read_config(dir)?;
@@ -136,8 +139,13 @@ pub fn read_official(dir: &Path) -> Result<OfficialParts> {
         }),
     };
     // The kept layers (the block removed above) under the dense model's own config (N layers).
+    let kept = std::mem::take(&mut weights.layers);
     let mut dense = QuantWeights::from_f32(&weights, None);
     dense.config = config;
+    dense.layers = kept
+        .iter()
+        .map(|l| QLayer::from_f32(l, layer_format))
+        .collect();
     let tokenizer_path = dir.join("tokenizer.json");
     let tokenizer = if tokenizer_path.is_file() {
         Some(Tokenizer::from_file(&tokenizer_path)?)
@@ -148,7 +156,7 @@ pub fn read_official(dir: &Path) -> Result<OfficialParts> {
         elm,
         weights: QuantElm {
             dense,
-            module: Some(QuantModule::from_f32(&module, None)),
+            module: Some(QuantModule::from_f32(&module, layer_format)),
         },
         tokenizer,
         settings: OfficialSettings {
@@ -216,84 +224,56 @@ pub fn write_official(
         (ModuleBlock::Ffn(_), _) => return Err(refuse("an FFN-only block".into())),
     };
     let start = elm.start_layer;
-    let mut tensors: Vec<(String, ArrayD<f32>)> = vec![
-        ("model.embed_tokens.weight".into(), embed.into_dyn()),
-        ("model.norm.weight".into(), final_norm.into_dyn()),
-    ];
-    if let Some(h) = lm_head {
-        tensors.push(("lm_head.weight".into(), h.into_dyn()));
-    }
-    let mut push_layer = |i: usize, l: &LayerWeights| {
-        let p = |s: &str| format!("model.layers.{i}.{s}");
-        let zeros = |n: usize| Array1::<f32>::zeros(n);
-        tensors.extend([
-            (p("input_layernorm.weight"), l.attn_norm.clone().into_dyn()),
-            (p("self_attn.q_proj.weight"), l.wq.clone().into_dyn()),
-            (p("self_attn.k_proj.weight"), l.wk.clone().into_dyn()),
-            (p("self_attn.v_proj.weight"), l.wv.clone().into_dyn()),
-            (p("self_attn.o_proj.weight"), l.wo.clone().into_dyn()),
-            (
-                p("self_attn.q_proj.bias"),
-                l.bq.clone()
-                    .unwrap_or_else(|| zeros(l.wq.nrows()))
-                    .into_dyn(),
-            ),
-            (
-                p("self_attn.k_proj.bias"),
-                l.bk.clone()
-                    .unwrap_or_else(|| zeros(l.wk.nrows()))
-                    .into_dyn(),
-            ),
-            (
-                p("self_attn.v_proj.bias"),
-                l.bv.clone()
-                    .unwrap_or_else(|| zeros(l.wv.nrows()))
-                    .into_dyn(),
-            ),
-            (
-                p("post_attention_layernorm.weight"),
-                l.mlp_norm.clone().into_dyn(),
-            ),
-            (p("mlp.gate_proj.weight"), l.w_gate.clone().into_dyn()),
-            (p("mlp.up_proj.weight"), l.w_up.clone().into_dyn()),
-            (p("mlp.down_proj.weight"), l.w_down.clone().into_dyn()),
-        ]);
-    };
-    // Physical order: kept layers before the window, the block, the kept layers after it.
-    for (i, l) in kept.iter().enumerate().take(start) {
-        push_layer(i, l);
-    }
-    push_layer(start, block);
-    for (j, l) in kept.iter().enumerate().skip(start) {
-        push_layer(j + 1, l);
-    }
-    let proj = concatenate(Axis(1), &[projection.w_z.view(), projection.w_h.view()])
-        .map_err(|e| ElmError::shape("export_official proj", e.to_string()))?;
-    tensors.push((format!("model.layers.{start}.proj.weight"), proj.into_dyn()));
-    tensors.push((
-        format!("model.layers.{start}.proj.bias"),
-        projection.bias.clone().into_dyn(),
-    ));
-
-    let mut cfg = config_to_hf_json(&ModelConfig {
+    // The physical model the official file holds: kept layers before the window, the block,
+    // the kept layers after it, as a Qwen2 model (q/k/v biases zero where ours has none).
+    let qwen2 = ModelConfig {
         arch: Arch::Qwen2,
         attention_bias: true,
         ..config.clone()
-    });
+    };
+    let with_biases = |mut l: LayerWeights| {
+        if l.bq.is_none() {
+            l.bq = Some(Array1::zeros(l.wq.nrows()));
+        }
+        if l.bk.is_none() {
+            l.bk = Some(Array1::zeros(l.wk.nrows()));
+        }
+        if l.bv.is_none() {
+            l.bv = Some(Array1::zeros(l.wv.nrows()));
+        }
+        l
+    };
+    let mut layers = kept;
+    layers.insert(start, block.clone());
+    let physical = ModelWeights {
+        config: ModelConfig {
+            num_layers: layers.len(),
+            ..qwen2.clone()
+        },
+        embed,
+        layers: layers.into_iter().map(with_biases).collect(),
+        final_norm,
+        lm_head,
+    };
+    let proj = concatenate(Axis(1), &[projection.w_z.view(), projection.w_h.view()])
+        .map_err(|e| ElmError::shape("export_official proj", e.to_string()))?;
+    let extra = [
+        (format!("model.layers.{start}.proj.weight"), proj.into_dyn()),
+        (
+            format!("model.layers.{start}.proj.bias"),
+            projection.bias.clone().into_dyn(),
+        ),
+    ];
+    let mut cfg = config_to_hf_json(&qwen2);
     cfg["architectures"] = json!(["Qwen2ELMForCausalLM"]);
     cfg["use_sliding_window"] = json!(false);
     cfg["attention_dropout"] = json!(0.0);
     cfg[LAYER_IDX] = json!(start);
     cfg[INTERVAL_LEN] = json!(elm.num_replaced);
     cfg[EXIT_THRESHOLD] = json!(exit_threshold);
-    std::fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
-    let named: Vec<(String, &ArrayD<f32>)> = tensors.iter().map(|(n, a)| (n.clone(), a)).collect();
-    let metadata = [("format".to_string(), "pt".to_string())]
-        .into_iter()
-        .collect();
-    save_f32_tensors(&dir.join("model.safetensors"), &named, metadata)?;
+    save_hf_model_with(&physical, dir, &extra, &cfg)?;
     if let Some(t) = tokenizer {
         t.save_dir(dir)?;
     }
-    crate::io::write_json_atomic(&dir.join("config.json"), &cfg)
+    Ok(())
 }

@@ -169,7 +169,15 @@ impl ElmModel {
     /// replaced layers absent; its tokenizer when the directory has one; and how the official
     /// code runs it.
     pub fn import_official(dir: &Path) -> Result<(Self, Option<Tokenizer>, OfficialSettings)> {
-        let parts = interchange::read_official(dir)?;
+        ElmModel::import_official_as(dir, None)
+    }
+
+    /// [`Self::import_official`] with the layers and module in `layer_format`.
+    fn import_official_as(
+        dir: &Path,
+        layer_format: Option<QFormat>,
+    ) -> Result<(Self, Option<Tokenizer>, OfficialSettings)> {
+        let parts = interchange::read_official(dir, layer_format)?;
         let model = ElmModel::from_quant(Some(parts.elm), parts.weights)?;
         Ok((model, parts.tokenizer, parts.settings))
     }
@@ -258,34 +266,19 @@ impl ElmModel {
 
     /// `elm` given as an official integrated directory: the whole model (`--model` is not read).
     fn load_official_dir(dir: &Path, storage: WeightStorage) -> Result<(Self, Tokenizer)> {
-        let (model, tok, _) = ElmModel::import_official(dir)?;
+        // The transformer layers and the module quantized as requested; the embedding and head
+        // stay f32 (as imported).
+        let layer_format = match storage {
+            WeightStorage::Quant(format) => Some(format),
+            _ => None,
+        };
+        let (model, tok, _) = ElmModel::import_official_as(dir, layer_format)?;
         let tok = tok.ok_or_else(|| {
             ElmError::format(
                 dir.join("tokenizer.json"),
                 "missing: an official ELM directory needs its tokenizer (convert_to_hf.py copies it)",
             )
         })?;
-        let model = match (storage, model.weights) {
-            // The transformer layers and the module quantized as requested; the embedding and
-            // head stay f32 (as imported).
-            (WeightStorage::Quant(format), ElmWeights::Quant(mut q)) => {
-                q.dense.layers = q
-                    .dense
-                    .layers
-                    .iter()
-                    .map(|l| QLayer::from_f32(&l.to_f32(), Some(format)))
-                    .collect();
-                q.module = q
-                    .module
-                    .as_ref()
-                    .map(|m| QuantModule::from_f32(&m.to_f32(), Some(format)));
-                ElmModel::from_quant(model.elm, q)?
-            }
-            (_, weights) => ElmModel {
-                elm: model.elm,
-                weights,
-            },
-        };
         Ok((model, tok))
     }
 

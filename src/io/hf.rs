@@ -16,7 +16,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use ndarray::{Array1, Array2};
+use ndarray::{Array1, Array2, ArrayD};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde_json::{json, Map, Value};
 
@@ -559,7 +559,23 @@ pub fn load_hf_model_with(
 /// Writes `config.json` + `model.safetensors` (F32) into `dir` (created if needed).
 /// Each file is written to a temp file and renamed, so readers never see a torn file.
 pub fn save_hf_model(weights: &ModelWeights, dir: impl AsRef<Path>) -> Result<()> {
-    let dir = dir.as_ref();
+    save_hf_model_with(
+        weights,
+        dir.as_ref(),
+        &[],
+        &config_to_hf_json(&weights.config),
+    )
+}
+
+/// [`save_hf_model`] for a format derived from HF's (the mirror of [`load_hf_model_with`]):
+/// `weights`' tensors under their HF names plus the `extra` named tensors, and `config` as
+/// `config.json`.
+pub fn save_hf_model_with(
+    weights: &ModelWeights,
+    dir: &Path,
+    extra: &[(String, ArrayD<f32>)],
+    config: &Value,
+) -> Result<()> {
     weights.config.validate()?;
     fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
     check_shapes(weights)?;
@@ -612,6 +628,13 @@ pub fn save_hf_model(weights: &ModelWeights, dir: impl AsRef<Path>) -> Result<()
         push(p("mlp.up_proj.weight"), lw.w_up.shape(), m2(&lw.w_up));
         push(p("mlp.down_proj.weight"), lw.w_down.shape(), m2(&lw.w_down));
     }
+    for (name, a) in extra {
+        push(
+            name.clone(),
+            a.shape(),
+            a.as_standard_layout().iter().copied().collect(),
+        );
+    }
     let views = named
         .iter()
         .map(|(n, s, b)| {
@@ -626,7 +649,7 @@ pub fn save_hf_model(weights: &ModelWeights, dir: impl AsRef<Path>) -> Result<()
         .map_err(|e| ElmError::format(dir.join("model.safetensors"), e.to_string()))?;
     write_atomic(&dir.join("model.safetensors"), &bytes)?;
 
-    let config = serde_json::to_string_pretty(&config_to_hf_json(&weights.config))
+    let config = serde_json::to_string_pretty(config)
         .map_err(|e| json_err(&dir.join("config.json"), e.to_string()))?;
     write_atomic(&dir.join("config.json"), config.as_bytes())
 }
