@@ -128,3 +128,30 @@ fn bad_inputs_are_errors() {
     )
     .is_err());
 }
+
+#[test]
+fn spread_matches_the_textbook_sample_standard_deviation() {
+    use elm::eval::stats::spread;
+    // 2, 4, 4, 4, 5, 5, 7, 9: mean 5, sum of squares 32, sample sd sqrt(32 / 7).
+    let s = spread(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]).unwrap();
+    assert_eq!((s.n, s.mean, s.min, s.max), (8, 5.0, 2.0, 9.0));
+    assert!((s.sd - (32.0f64 / 7.0).sqrt()).abs() < 1e-12);
+    assert_eq!(spread(&[1.5]).unwrap().sd, 0.0);
+    assert!(spread(&[]).is_err());
+    assert!(spread(&[1.0, f64::NAN]).is_err());
+}
+
+#[test]
+fn least_squares_line_recovers_an_exact_line_and_refuses_degenerate_input() {
+    use elm::eval::stats::least_squares_line;
+    let x = [0.0, 1.0, 2.0, 3.0];
+    let y: Vec<f64> = x.iter().map(|v| 1.25 - 0.5 * v).collect();
+    let (a, b) = least_squares_line(&x, &y).unwrap();
+    assert!((a - 1.25).abs() < 1e-12 && (b + 0.5).abs() < 1e-12);
+    // Noisy points symmetric about the line y = x: the fit is exact (normal equations by hand).
+    let (a, b) = least_squares_line(&[0.0, 1.0, 2.0], &[0.1, 0.8, 2.1]).unwrap();
+    assert!((b - 1.0).abs() < 1e-12 && a.abs() < 1e-12, "{a} {b}");
+    assert!(least_squares_line(&[1.0, 1.0], &[0.0, 1.0]).is_err());
+    assert!(least_squares_line(&[1.0], &[0.0]).is_err());
+    assert!(least_squares_line(&[0.0, 1.0], &[0.0]).is_err());
+}

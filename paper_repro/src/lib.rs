@@ -4,6 +4,7 @@
 //! pruning, solvers, paired statistics and the spectral estimate are the library's.
 
 pub mod bench;
+pub mod curves;
 pub mod elm_cli;
 pub mod error;
 pub mod markdown;

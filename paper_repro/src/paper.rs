@@ -45,6 +45,9 @@ fixed point (ρ < 1 is the local condition; Picard's error shrinks by about ρ p
 problems check the solvers themselves against closed-form solutions.";
 
 /// Closing note on the scales.
+pub const CURVES: &str = "no learning curve: the ELM is trained for two epochs of MetaMathQA on 8 GPUs and compared with \
+baselines at that one budget only.";
+pub const SEEDS: &str = "one run per configuration; no spread over seeds is reported.";
 pub const SCALES: &str = "## Scales and run times\n\n\
 - `smoke` (CI, part of `cargo test -p paper_repro`): every table at toy sizes (2 training steps, 1–2 problems); \
 about 2 minutes on 2 cores; checks that every table is filled, not the figures.\n\

@@ -58,6 +58,12 @@ pub struct Tables {
     /// Table 6: fully trained ELMs at the windows the pipeline considers.
     #[serde(default)]
     pub trained_windows: Vec<TrainedWindow>,
+    /// Table 8 (scales with a curve study).
+    #[serde(default)]
+    pub curves: Option<crate::curves::Curves>,
+    /// Table 9 (same scales).
+    #[serde(default)]
+    pub seeds: Option<crate::curves::Seeds>,
 }
 
 /// The model as a reader can find it: its file (or directory) name, not this machine's path.
@@ -490,6 +496,249 @@ fn bounds(v: &[f64]) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
+/// `12.3k` tokens, `1.2M`.
+fn count(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.1}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.1}k", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+fn signed_float(x: f64) -> String {
+    format!("{}{}", if x >= 0.0 { "+" } else { "" }, float(x))
+}
+
+/// Table 8: the points, then each curve's trend against the reference ELM.
+fn curves_table(c: &crate::curves::Curves) -> String {
+    let mut t = Table::new(&[
+        "model",
+        "steps",
+        "training tokens",
+        "compute",
+        "answer NLL",
+        "minus the reference ELM (paired)",
+    ]);
+    for p in &c.points {
+        t.row(&[
+            p.series.clone(),
+            p.steps.to_string(),
+            count(p.tokens as f64),
+            seconds(p.compute_seconds),
+            iv(&p.answer_nll),
+            opt(&p.minus_elm, signed),
+        ]);
+    }
+    let mut tr = Table::new(&[
+        "model",
+        "answer NLL per doubling of tokens",
+        "gap at the smallest budget",
+        "gap at the largest budget",
+        "gap per doubling",
+        "gap",
+        "gap extrapolated to the paper's budget",
+    ]);
+    for r in &c.trends {
+        tr.row(&[
+            r.series.clone(),
+            signed_float(r.slope_per_doubling),
+            opt(&r.gap_smallest, signed),
+            opt(&r.gap_largest, signed),
+            r.gap_slope_per_doubling
+                .map_or_else(|| NOT_APPLICABLE.into(), signed_float),
+            r.verdict.clone(),
+            r.gap_at_paper_budget
+                .map_or_else(|| NOT_APPLICABLE.into(), signed_float),
+        ]);
+    }
+    let mut s = format!(
+        "Gaps are each model's answer NLL minus that of **{}** trained with the same number of steps (positive: the ELM is better). \
+         Trends are least-squares lines against log2(tokens) through every budget. The paper's budget (two epochs of MetaMathQA, {} \
+         problems seen) lies {:.1} doublings beyond the largest budget here; a line through {} points spanning {:.0} doublings says \
+         little that far out, so read the extrapolated gap as the sign of the trend, not a forecast.\n\n{}\n{}",
+        c.reference,
+        count(crate::curves::PAPER_PROBLEMS),
+        c.doublings_to_paper,
+        c.points.iter().filter(|p| p.series == c.reference).count(),
+        curve_span(c),
+        t.into_markdown(),
+        tr.into_markdown()
+    );
+    if let Some(v) = curves_verdict(c) {
+        s += &format!("\n{v}\n");
+    }
+    s
+}
+
+/// Doublings between the smallest and the largest budget of the reference curve.
+fn curve_span(c: &crate::curves::Curves) -> f64 {
+    let toks: Vec<f64> = c
+        .points
+        .iter()
+        .filter(|p| p.series == c.reference)
+        .map(|p| p.tokens as f64)
+        .collect();
+    let (lo, hi) = bounds_exact(&toks);
+    (hi / lo.max(1.0)).log2()
+}
+
+fn bounds_exact(v: &[f64]) -> (f64, f64) {
+    let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
+/// The sentence a reader looks for: does the best baseline's gap to the ELM shrink, cross or
+/// grow with the budget (the first trend after the reference's own).
+fn curves_verdict(c: &crate::curves::Curves) -> Option<String> {
+    let r = c.trends.iter().find(|r| r.series != c.reference)?;
+    let (first, last) = (r.gap_smallest?, r.gap_largest?);
+    let sure = |i: &Interval| {
+        if i.lo > 0.0 {
+            "the ELM is surely better"
+        } else if i.hi < 0.0 {
+            "the ELM is surely worse"
+        } else {
+            "not distinguishable"
+        }
+    };
+    Some(format!(
+        "**Verdict:** against {}, the gap {} with the budget: {} at the smallest budget ({}), {} at the largest ({}); \
+         it changes by {} nats/token per doubling of tokens.",
+        r.series,
+        r.verdict,
+        signed(&first),
+        sure(&first),
+        signed(&last),
+        sure(&last),
+        r.gap_slope_per_doubling
+            .map_or_else(|| NOT_APPLICABLE.into(), signed_float),
+    ))
+}
+
+/// Table 9: every seed, then the spread over seeds beside the intervals over problems.
+fn seeds_table(s: &crate::curves::Seeds) -> String {
+    let mut t = Table::new(&[
+        "model",
+        "seed",
+        "answer NLL",
+        "minus the ELM (paired, same seed)",
+    ]);
+    for r in &s.rows {
+        t.row(&[
+            r.series.clone(),
+            r.seed.to_string(),
+            iv(&r.answer_nll),
+            opt(&r.minus_elm, signed),
+        ]);
+    }
+    let spread = |x: &elm::eval::stats::Spread| {
+        format!(
+            "{} ± {} ({} … {})",
+            float(x.mean),
+            float(x.sd),
+            float(x.min),
+            float(x.max)
+        )
+    };
+    let mut u = Table::new(&[
+        "model",
+        "seeds",
+        "answer NLL: mean ± sd (min … max) over seeds",
+        "minus the ELM: mean ± sd (min … max)",
+        "verdict",
+    ]);
+    for r in &s.summaries {
+        u.row(&[
+            r.series.clone(),
+            r.answer_nll.n.to_string(),
+            spread(&r.answer_nll),
+            r.minus_elm
+                .as_ref()
+                .map_or_else(|| NOT_APPLICABLE.into(), spread),
+            r.verdict.clone(),
+        ]);
+    }
+    format!(
+        "Each model trained again with another seed (data order, LoRA init, dropout masks) at the main budget; the compressed \
+         models are cut from the same LoRA-tuned dense model (seed 0). \"Surely\" better or worse needs every seed's paired \
+         interval over problems to exclude 0 on the same side.\n\n{}\n{}",
+        t.into_markdown(),
+        u.into_markdown()
+    )
+}
+
+/// Answer NLL against the log2 of `x` (training tokens or compute seconds), one line per model.
+pub fn plot_curves(
+    c: &crate::curves::Curves,
+    x_of: fn(&crate::curves::CurvePoint) -> f64,
+    x_desc: &str,
+    path: &Path,
+) -> Result<(), ReproError> {
+    let xs: Vec<f64> = c.points.iter().map(|p| x_of(p).max(1.0).log2()).collect();
+    let ys: Vec<f64> = c
+        .points
+        .iter()
+        .flat_map(|p| [p.answer_nll.lo, p.answer_nll.hi])
+        .collect();
+    let (x0, x1) = bounds(&xs);
+    let (y0, y1) = with_legend_room(bounds(&ys));
+    let root = SVGBackend::new(path, (760, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("Learning curves: answer NLL vs {x_desc}"),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_label_formatter(&|x| count(x.exp2()))
+        .x_desc(format!("{x_desc} (log scale)"))
+        .y_desc("answer NLL (nats/token)")
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    let mut names: Vec<&str> = vec![];
+    for p in &c.points {
+        if !names.contains(&p.series.as_str()) {
+            names.push(&p.series);
+        }
+    }
+    let colors = [
+        RED,
+        BLUE,
+        BLACK,
+        MAGENTA,
+        GREEN,
+        CYAN,
+        RGBColor(230, 140, 0),
+    ];
+    for (i, name) in names.iter().enumerate() {
+        let mut pts: Vec<(f64, &Interval)> = c
+            .points
+            .iter()
+            .filter(|p| p.series == *name)
+            .map(|p| (x_of(p).max(1.0).log2(), &p.answer_nll))
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        draw_estimates(&mut chart, &pts, colors[i % colors.len()], name, path)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))
+}
+
 /// A section: our table, then the paper's figure it mirrors.
 fn section(title: &str, ours: &str, paper: &str) -> String {
     format!("## {title}\n\n{ours}\n**Paper:** {paper}\n\n")
@@ -555,6 +804,27 @@ fn headline(t: &Tables) -> String {
                     );
                 }
             }
+            if let Some(v) = t.curves.as_ref().and_then(curves_verdict) {
+                s += &format!(
+                    " Learning curves (table 8): {}",
+                    v.trim_start_matches("**Verdict:** ")
+                );
+            }
+            if let Some(seeds) = &t.seeds {
+                for r in &seeds.summaries {
+                    if let Some(g) = &r.minus_elm {
+                        s += &format!(
+                            " Over {} seeds, {} minus {}: {} ± {} (sd): {}.",
+                            g.n,
+                            r.series,
+                            seeds.reference,
+                            signed_float(g.mean),
+                            float(g.sd),
+                            r.verdict
+                        );
+                    }
+                }
+            }
             s + "\n\n"
         }
         _ => "The main-results table was not computed in this run (`--only`).\n\n".into(),
@@ -562,7 +832,7 @@ fn headline(t: &Tables) -> String {
 }
 
 /// `OUT/README.md`.
-pub fn readme(t: &Tables, plots_ok: (bool, bool)) -> String {
+pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
     let mut s = format!(
         "# ELM study — `{}` scale\n\nRegenerated by `paper_repro --scale {}` (the main job: `bash scripts/main.sh`); \
          every figure below comes from `tables.json` of the same run. Model: {}. Compute time of the run's {} distinct \
@@ -650,6 +920,25 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool)) -> String {
         ),
         paper::SPECTRAL,
     );
+    if let Some(c) = &t.curves {
+        let plots = if plots_ok.2 {
+            "\n![learning curves, tokens](plots/curves_tokens.svg)\n![learning curves, compute](plots/curves_seconds.svg)\n"
+        } else {
+            ""
+        };
+        s += &section(
+            "Table 8 — Learning curves (no counterpart in the paper)",
+            &format!("{}{plots}", curves_table(c)),
+            paper::CURVES,
+        );
+    }
+    if let Some(seeds) = &t.seeds {
+        s += &section(
+            "Table 9 — Seeds of the headline rows (no counterpart in the paper)",
+            &seeds_table(seeds),
+            paper::SEEDS,
+        );
+    }
     s += &format!(
         "## Training throughput\n\nMeasured tokens/s of every training of this run (steps of this invocation; a cached training shows the run that \
          computed it). {}\n\n{}\n",
@@ -681,11 +970,27 @@ fn nonempty<T>(rows: &[T], f: impl Fn(&[T]) -> String) -> String {
     }
 }
 
-/// Writes the plots (when their tables exist); returns which were written.
-pub fn plots(t: &Tables, dir: &Path) -> Result<(bool, bool), ReproError> {
+/// Writes the plots (when their tables exist); returns which were written (solvers, sweep,
+/// learning curves).
+pub fn plots(t: &Tables, dir: &Path) -> Result<(bool, bool, bool), ReproError> {
     std::fs::create_dir_all(dir).map_err(|e| ReproError::io(dir, e))?;
+    let c = t.curves.as_ref().filter(|c| !c.points.is_empty());
+    if let Some(c) = c {
+        plot_curves(
+            c,
+            |p| p.tokens as f64,
+            "training tokens",
+            &dir.join("curves_tokens.svg"),
+        )?;
+        plot_curves(
+            c,
+            |p| p.compute_seconds,
+            "compute seconds",
+            &dir.join("curves_seconds.svg"),
+        )?;
+    }
     let Some(d) = dense_nll(t) else {
-        return Ok((false, false));
+        return Ok((false, false, c.is_some()));
     };
     let a = !t.solver.is_empty();
     if a {
@@ -695,7 +1000,7 @@ pub fn plots(t: &Tables, dir: &Path) -> Result<(bool, bool), ReproError> {
     if b {
         plot_sweep(&t.sweep, d, &dir.join("compression_sweep.svg"))?;
     }
-    Ok((a, b))
+    Ok((a, b, c.is_some()))
 }
 
 /// Table 6: each selector's window placed in the enumeration of trained windows.

@@ -261,7 +261,7 @@ pub fn train(
         steps: budget.steps,
         batch_size: budget.batch_size,
         seq_len: budget.seq_len,
-        seed: 0,
+        seed: budget.seed,
         deq,
         checkpoint_every: (budget.steps / 4).max(1),
         ..TrainConfig::default()
@@ -517,14 +517,19 @@ pub fn eval(ctx: &mut Ctx<'_>, subject: &Subject, task: &str) -> Result<Done<Tas
 // ---------------------------------------------------------------------------------------------
 // LoRA-tuned dense model (the reference of every retention figure)
 
-/// `elm lora` of the dense model with the trainings' token budget (steps × batch × sequence
-/// length), so that the reference saw as much task data as each trained compressed model.
-pub fn lora(ctx: &mut Ctx<'_>, budget: &Budget) -> Result<Done<LoraReport>, ReproError> {
-    let (model, identity) = (ctx.model.clone(), json!(ctx.model_id));
+/// `elm lora` of the dense model `model` (identity `model_id`, see [`file_identity`]) with
+/// the trainings' token budget (steps × batch × sequence length), so that the reference saw as
+/// much task data as each trained compressed model.
+pub fn lora(
+    ctx: &mut Ctx<'_>,
+    model: &Path,
+    model_id: &str,
+    budget: &Budget,
+) -> Result<Done<LoraReport>, ReproError> {
     lora_stage(
         ctx,
-        &model,
-        identity,
+        model,
+        json!(model_id),
         elm::lora::LoraSpec::default(),
         budget,
     )
@@ -566,6 +571,7 @@ fn lora_stage(
         steps: budget.steps,
         batch_size: budget.batch_size,
         seq_len: budget.seq_len,
+        seed: budget.seed,
         checkpoint_every: (budget.steps / 4).max(1),
         lora: spec,
         ..elm::lora::LoraConfig::default()

@@ -1,6 +1,7 @@
 //! Run sizes: `smoke` (CI, about 2 minutes), `small` (SmolLM2-135M on a 2-core CPU; the compute
-//! time of its last run is in the README's headline block), `paper` (Qwen2.5-1.5B from local HF
-//! weights, for a machine with time or a GPU).
+//! time of its last run is in the README's headline block), `long` (`small` plus learning curves
+//! and seeds, tables 8 and 9; it reuses `small`'s stages when run in the same results directory),
+//! `paper` (Qwen2.5-1.5B from local HF weights, for a machine with time or a GPU).
 
 use clap::ValueEnum;
 use serde::Serialize;
@@ -10,6 +11,7 @@ use serde::Serialize;
 pub enum Scale {
     Smoke,
     Small,
+    Long,
     Paper,
 }
 
@@ -19,12 +21,31 @@ pub struct Budget {
     pub steps: usize,
     pub batch_size: usize,
     pub seq_len: usize,
+    /// Seeds the data order and the training's own randomness (LoRA init, dropout); 0 at every
+    /// table but the seeds table, so that the stage keys of earlier runs hold.
+    pub seed: u64,
 }
 
 impl Budget {
     pub fn max_tokens(&self) -> usize {
         self.steps * self.batch_size * self.seq_len
     }
+    /// The same schedule shape with `steps` steps (a point of a learning curve).
+    pub fn with_steps(self, steps: usize) -> Self {
+        Budget { steps, ..self }
+    }
+    pub fn with_seed(self, seed: u64) -> Self {
+        Budget { seed, ..self }
+    }
+}
+
+/// Tables 8 and 9: every curve's method trained from scratch at each of `steps` (the main
+/// budget's batch shape and schedule; the main budget is one of them), and the headline rows
+/// trained again with each of `seeds` (0 is the main table's) at the main budget.
+#[derive(Clone, Debug, Serialize)]
+pub struct CurveStudy {
+    pub steps: Vec<usize>,
+    pub seeds: Vec<u64>,
 }
 
 /// Sizes of one scale.
@@ -72,6 +93,8 @@ pub struct Limits {
     /// Table 1's rows of the ELM and LLM-Streamline started from LaCo's merge of the window
     /// (two more trainings; left to `paper` by `small`).
     pub la_co_init_rows: bool,
+    /// Tables 8 and 9 (`long` and `smoke`; absent at `small`, which must fit 90 minutes).
+    pub curves: Option<CurveStudy>,
 }
 
 /// Table 6's budget: GPPO steps, and the enumeration (every `enum_every`-th start trained
@@ -120,16 +143,19 @@ impl Scale {
                     steps: 2,
                     batch_size: 1,
                     seq_len: 32,
+                    seed: 0,
                 },
                 study: Budget {
                     steps: 2,
                     batch_size: 1,
                     seq_len: 32,
+                    seed: 0,
                 },
                 lora: Budget {
                     steps: 2,
                     batch_size: 1,
                     seq_len: 128,
+                    seed: 0,
                 },
                 held_out: 1,
                 bench: false,
@@ -153,6 +179,10 @@ impl Scale {
                     seq_len: 128,
                 },
                 la_co_init_rows: true,
+                curves: Some(CurveStudy {
+                    steps: vec![1, 2],
+                    seeds: vec![0, 1],
+                }),
             },
             Scale::Small => Limits {
                 nll_eval: 60,
@@ -162,16 +192,19 @@ impl Scale {
                     steps: 300,
                     batch_size: 2,
                     seq_len: 128,
+                    seed: 0,
                 },
                 study: Budget {
                     steps: 60,
                     batch_size: 2,
                     seq_len: 128,
+                    seed: 0,
                 },
                 lora: Budget {
                     steps: 300,
                     batch_size: 2,
                     seq_len: 128,
+                    seed: 0,
                 },
                 held_out: 16,
                 bench: true,
@@ -194,6 +227,16 @@ impl Scale {
                     seq_len: 128,
                 },
                 la_co_init_rows: false,
+                curves: None,
+            },
+            // `small`'s every table, plus learning curves at ¼, ½, 1 and 2 times the main
+            // budget (an 8× span) and two more seeds of the headline rows.
+            Scale::Long => Limits {
+                curves: Some(CurveStudy {
+                    steps: vec![75, 150, 300, 600],
+                    seeds: vec![0, 1, 2],
+                }),
+                ..Scale::Small.limits()
             },
             Scale::Paper => Limits {
                 nll_eval: 1319,
@@ -203,16 +246,19 @@ impl Scale {
                     steps: 2000,
                     batch_size: 8,
                     seq_len: 256,
+                    seed: 0,
                 },
                 study: Budget {
                     steps: 500,
                     batch_size: 8,
                     seq_len: 256,
+                    seed: 0,
                 },
                 lora: Budget {
                     steps: 2000,
                     batch_size: 8,
                     seq_len: 256,
+                    seed: 0,
                 },
                 held_out: 64,
                 bench: true,
@@ -235,6 +281,7 @@ impl Scale {
                     seq_len: 256,
                 },
                 la_co_init_rows: true,
+                curves: None,
             },
         }
     }
@@ -246,7 +293,7 @@ mod tests {
 
     #[test]
     fn every_scale_fits_the_model_and_the_issue() {
-        for s in [Scale::Smoke, Scale::Small, Scale::Paper] {
+        for s in [Scale::Smoke, Scale::Small, Scale::Long, Scale::Paper] {
             let l = s.limits();
             // SmolLM2-135M has 30 layers; Qwen2.5-1.5B 28.
             for &m in l.sweep.iter().chain(&l.kv_ms).chain([&l.m]) {
@@ -267,6 +314,19 @@ mod tests {
                 "{s:?}: a healed baseline is one of the baselines"
             );
         }
+        for s in [Scale::Smoke, Scale::Long] {
+            let l = s.limits();
+            let c = l.curves.as_ref().expect("curves at smoke and long");
+            assert!(
+                c.steps.len() >= 2 && c.steps.contains(&l.main.steps),
+                "{s:?}"
+            );
+            assert!(c.seeds.contains(&0), "{s:?}: seed 0 is the main table's");
+        }
+        let long = Scale::Long.limits();
+        let c = long.curves.as_ref().unwrap();
+        assert!(c.steps.len() >= 4 && c.seeds.len() >= 3);
+        assert!(c.steps.iter().max().unwrap() / c.steps.iter().min().unwrap() >= 8);
         for s in [Scale::Small, Scale::Paper] {
             let l = s.limits();
             assert_eq!(

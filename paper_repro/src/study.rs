@@ -32,6 +32,10 @@ pub enum TableId {
     Canonical,
     /// Table 7b: spectral radius of the trained maps.
     Spectral,
+    /// Table 8: learning curves (scales with a curve study: `long`, `smoke`).
+    Curves,
+    /// Table 9: the headline rows at several seeds (same scales).
+    Seeds,
 }
 
 /// Rebuild the study's tables and plots at one scale.
@@ -90,6 +94,8 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
     let mut u = if l.bench { 60.0 } else { 0.0 };
     let needs_dense = [
         TableId::Main,
+        TableId::Curves,
+        TableId::Seeds,
         TableId::Kv,
         TableId::Solver,
         TableId::Grad,
@@ -103,7 +109,7 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
         // Untuned and LoRA-tuned dense evaluations and the LoRA run.
         u += 2.0 * (nll + em) + train(&l.lora);
     }
-    if sel(TableId::Main) {
+    if sel(TableId::Main) || sel(TableId::Curves) || sel(TableId::Seeds) {
         // ELM, Streamline (layer and FFN), looped, the ELM at the best healed baseline's
         // window, the ELM's three ablations and (where the scale has them) the two LaCo-merged
         // inits; the healing fine-tunes.
@@ -132,6 +138,26 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
         u += (b.gppo_steps * b.seq_len) as f64 / 100.0
             + windows * (b.enum_steps * b.seq_len) as f64 / 100.0
             + prune;
+    }
+    if let Some(c) = &l.curves {
+        let per_point = |steps: usize| {
+            // A trained module, a heal and a LoRA run cost about the same per token here.
+            l.main.with_steps(steps).max_tokens() as f64 / 100.0 + nll
+        };
+        let fresh: Vec<usize> = c
+            .steps
+            .iter()
+            .copied()
+            .filter(|&n| n != l.main.steps)
+            .collect();
+        if sel(TableId::Curves) {
+            // ELM at two windows, the healed baselines, Streamline and the dense reference.
+            let series = 3 + l.healed.len();
+            u += series as f64 * fresh.iter().map(|&n| per_point(n)).sum::<f64>();
+        }
+        if sel(TableId::Seeds) {
+            u += 3.0 * (c.seeds.len() - 1) as f64 * per_point(l.main.steps);
+        }
     }
     if sel(TableId::Canonical) {
         u += 5.0;
@@ -175,7 +201,21 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     }
     let limits = args.scale.limits();
     let only = args.only.clone();
-    let sel = move |t: TableId| only.is_empty() || only.contains(&t);
+    let has_curves = limits.curves.is_some();
+    if !has_curves
+        && only
+            .iter()
+            .any(|t| matches!(t, TableId::Curves | TableId::Seeds))
+    {
+        return Err(ReproError::Setup(format!(
+            "--scale {} has no learning curves or seeds (tables 8 and 9): use --scale long",
+            format!("{:?}", args.scale).to_lowercase()
+        )));
+    }
+    let sel = move |t: TableId| {
+        (only.is_empty() || only.contains(&t))
+            && (has_curves || !matches!(t, TableId::Curves | TableId::Seeds))
+    };
     let stages = Stages::new(&out, args.force, plan_units(&limits, &sel))?;
     let mut ctx = Ctx {
         elm: &elm,
@@ -211,6 +251,8 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         limits: serde_json::Value::Null,
         same_window: None,
         trained_windows: vec![],
+        curves: None,
+        seeds: None,
     });
     t.model = model.display().to_string();
     t.limits = serde_json::to_value(&limits).map_err(|e| ReproError::Setup(e.to_string()))?;
@@ -226,6 +268,8 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     // stage at it (the untuned model's runs are already done by then).
     let dense = if needs(&[
         TableId::Main,
+        TableId::Curves,
+        TableId::Seeds,
         TableId::Kv,
         TableId::Solver,
         TableId::Grad,
@@ -241,9 +285,16 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         None
     };
     let mut best_baseline = None;
-    let main_elm = if sel(TableId::Main) {
+    let main_elm = if needs(&[TableId::Main, TableId::Curves, TableId::Seeds]) {
+        // Tables 8 and 9 read table 1's windows and ranking (its stages are cached).
         let d = dense.as_ref().expect("dense runs for the main table");
         let m = tables::main_results(&mut ctx, d)?;
+        if sel(TableId::Seeds) {
+            t.seeds = Some(crate::curves::seeds(&mut ctx, d, &m)?);
+        }
+        if sel(TableId::Curves) {
+            t.curves = Some(crate::curves::curves(&mut ctx, d, &m)?);
+        }
         t.main = m.rows;
         t.same_window = m.same_window;
         best_baseline = Some(m.best_baseline);

@@ -195,7 +195,7 @@ pub struct SpeedRow {
     pub peak_rss_bytes: u64,
 }
 
-fn pair(
+pub(crate) fn pair(
     model: &MetricReport,
     dense: &MetricReport,
     what: &str,
@@ -217,13 +217,17 @@ pub struct Dense {
     pub tuned: Done<LoraReport>,
     pub untuned_nll: Done<TaskRun>,
     pub untuned_em: Done<TaskRun>,
+    /// The untuned model and its identity (the LoRA runs of the learning curves start there).
+    pub untuned_model: std::path::PathBuf,
+    pub untuned_id: String,
 }
 
 pub fn dense(ctx: &mut Ctx<'_>) -> Result<Dense, ReproError> {
     let untuned_nll = runs::eval(ctx, &Subject::Dense, "gsm8k-nll")?;
     let untuned_em = runs::eval(ctx, &Subject::Dense, "gsm8k")?;
     let budget = ctx.limits.lora;
-    let tuned = runs::lora(ctx, &budget)?;
+    let (untuned_model, untuned_id) = (ctx.model.clone(), ctx.model_id.clone());
+    let tuned = runs::lora(ctx, &untuned_model, &untuned_id, &budget)?;
     let subject = Subject::Model {
         dir: tuned.value.out.clone().into(),
         key: tuned.key.clone(),
@@ -234,6 +238,8 @@ pub fn dense(ctx: &mut Ctx<'_>) -> Result<Dense, ReproError> {
         tuned,
         untuned_nll,
         untuned_em,
+        untuned_model,
+        untuned_id,
     })
 }
 
@@ -255,6 +261,10 @@ pub struct Main {
     pub best_baseline: String,
     pub trainings: Vec<(String, Done<Trained>)>,
     pub same_window: Option<SameWindow>,
+    /// First replaced layer of the ELM trained at the best healed baseline's window.
+    pub same_window_start: Option<usize>,
+    /// The healed baselines (`elm prune --method` names), best answer NLL first.
+    pub healed_ranked: Vec<String>,
 }
 
 pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError> {
@@ -425,6 +435,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     // The best healed baseline's window, when it is one window (method against method, not
     // window against window: its row is compared with an ELM trained at the same layers).
     let mut best_healed: Option<(f64, String, usize, String, MetricReport)> = None;
+    let mut healed_ranked: Vec<(f64, String)> = vec![];
     for (method, p, shape) in to_heal {
         let healed = runs::heal(ctx, &p, &l.lora)?;
         let subject = Subject::Model {
@@ -438,6 +449,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             runs::HEAL_RANK
         );
         let v = nll.value.metric("answer_nll", &name)?.estimate.value;
+        healed_ranked.push((v, method.to_string()));
         if let Some(start) = one_window(&p.value.report.removed_layers, l.m) {
             if best_healed.as_ref().is_none_or(|b| v < b.0) {
                 let items = nll.value.metric("answer_nll", &name)?.clone();
@@ -464,12 +476,15 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         compressed.push((rows.len(), items));
         rows.push(r);
     }
+    healed_ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut same_window = vec![];
     let mut same_window_pair = None;
+    let mut same_window_start = None;
     if let Some((_, method, start, baseline, baseline_items)) =
         best_healed.filter(|b| b.2 != l.start)
     {
         let t = runs::train(ctx, &Variant::elm(start, l.m), &l.main, None)?;
+        same_window_start = Some(start);
         let name = format!(
             "ELM at {method}'s window (layers {start}–{}; Anderson, δ = 0.5)",
             start + l.m - 1
@@ -547,6 +562,8 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         .chain(ablations)
         .collect(),
         same_window: same_window_pair,
+        same_window_start,
+        healed_ranked: healed_ranked.into_iter().map(|(_, m)| m).collect(),
         elm,
     })
 }

@@ -204,6 +204,35 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
             "{p:?}"
         );
     }
+    // Tables 8 and 9: every curve at every budget, the headline rows at every seed, each
+    // point's gap paired with the reference ELM of the same budget (or seed).
+    let study = l.curves.as_ref().unwrap();
+    let curves = t.curves.as_ref().expect("table 8 at smoke");
+    let series: std::collections::BTreeSet<&str> =
+        curves.points.iter().map(|p| p.series.as_str()).collect();
+    assert_eq!(curves.points.len(), series.len() * study.steps.len());
+    assert_eq!(curves.trends.len(), series.len());
+    // The reference ELM, each healed baseline, Streamline and the dense reference (and the ELM
+    // at the study's window when the reference sits elsewhere).
+    assert!(series.len() >= 3 + l.healed.len(), "{series:?}");
+    for p in &curves.points {
+        check_interval(&p.series, &p.answer_nll);
+        assert_eq!(p.minus_elm.is_none(), p.series == curves.reference, "{p:?}");
+        assert!(p.tokens > 0 && p.compute_seconds > 0.0, "{p:?}");
+    }
+    let seeds = t.seeds.as_ref().expect("table 9 at smoke");
+    assert_eq!(seeds.rows.len(), 3 * study.seeds.len());
+    assert_eq!(seeds.summaries.len(), 3);
+    assert_eq!(seeds.reference, curves.reference);
+    // Seed 0 at the main budget is the main table's ELM: the same figure.
+    let elm0 = &seeds.rows[0];
+    let main_ref = curves
+        .points
+        .iter()
+        .find(|p| p.series == curves.reference && p.steps == l.main.steps)
+        .unwrap();
+    assert_eq!(elm0.answer_nll, main_ref.answer_nll);
+
     // At smoke scale the main and ablation budgets are equal, so the main ELM is also the
     // gradient study's SJFB row and the sweep's M = 8 model: those stages are shared.
     assert!(t.stages.iter().any(|s| !s.cached));
@@ -218,6 +247,8 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         "Table 5",
         "Table 6",
         "Table 7",
+        "Table 8",
+        "Table 9",
         "**Paper:**",
         "Headline",
     ] {
@@ -236,6 +267,8 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         "solver_ablation.svg",
         "compression_sweep.svg",
         "where_to_prune.svg",
+        "curves_tokens.svg",
+        "curves_seconds.svg",
     ] {
         let svg = std::fs::read_to_string(out.join("plots").join(plot)).unwrap();
         assert!(svg.contains("<svg") && svg.contains("polyline"), "{plot}");

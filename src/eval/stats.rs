@@ -247,3 +247,62 @@ pub fn paired(
         verdict: verdict.into(),
     })
 }
+
+/// Spread of one figure over independent runs (seeds): mean, sample standard deviation
+/// (n − 1 in the denominator; 0 for one run), min and max.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    pub n: usize,
+    pub mean: f64,
+    pub sd: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+/// [`Spread`] of `values`; an error for no value or a non-finite one.
+pub fn spread(values: &[f64]) -> Result<Spread> {
+    if values.is_empty() || values.iter().any(|v| !v.is_finite()) {
+        return Err(ElmError::InvalidArgument(format!(
+            "spread: needs at least one finite value, got {values:?}"
+        )));
+    }
+    let n = values.len();
+    let mean = values.iter().sum::<f64>() / n as f64;
+    let ss: f64 = values.iter().map(|v| (v - mean).powi(2)).sum();
+    Ok(Spread {
+        n,
+        mean,
+        sd: if n > 1 {
+            (ss / (n - 1) as f64).sqrt()
+        } else {
+            0.0
+        },
+        min: values.iter().cloned().fold(f64::INFINITY, f64::min),
+        max: values.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+    })
+}
+
+/// Ordinary least-squares fit `y ≈ a + b·x`: returns `(a, b)`; an error when fewer than two
+/// distinct `x` or a non-finite value (a learning curve's trend per doubling of the budget is
+/// the slope against `log2(tokens)`).
+pub fn least_squares_line(x: &[f64], y: &[f64]) -> Result<(f64, f64)> {
+    let finite = x.iter().chain(y).all(|v| v.is_finite());
+    if x.len() != y.len() || !finite {
+        return Err(ElmError::InvalidArgument(format!(
+            "least_squares_line: {} x vs {} y values, all must be finite",
+            x.len(),
+            y.len()
+        )));
+    }
+    let n = x.len() as f64;
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let sxx: f64 = x.iter().map(|v| (v - mx).powi(2)).sum();
+    if x.len() < 2 || sxx == 0.0 {
+        return Err(ElmError::InvalidArgument(
+            "least_squares_line: needs at least two distinct x".into(),
+        ));
+    }
+    let sxy: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
+    let b = sxy / sxx;
+    Ok((my - b * mx, b))
+}

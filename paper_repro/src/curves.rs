@@ -1,0 +1,411 @@
+//! Tables 8 and 9 (`long`; `smoke` in CI): learning curves and seeds. Every point is a model
+//! trained from scratch with its own warm-up + cosine schedule over its own number of steps (the
+//! schedule depends on the total, so a longer budget cannot continue a shorter run), evaluated
+//! on the main table's held-out problems; the main budget's points are the main table's own
+//! stages. The compressed models start, as in table 1, from the LoRA-tuned dense model; the
+//! dense curve is that LoRA run itself at each budget.
+
+use elm::eval::stats::{least_squares_line, spread, Spread};
+use elm::eval::task::MetricReport;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ReproError;
+use crate::runs::{self, Ctx, Metrics, OwnCompute, Subject, Variant};
+use crate::scale::Budget;
+use crate::tables::{pair, Dense, Interval, Main};
+
+/// Two epochs of MetaMathQA's 395k problems: the paper's training, in problems seen (the
+/// curves' trend is extrapolated in problems, since the paper's token count is not given).
+pub const PAPER_PROBLEMS: f64 = 2.0 * 395_000.0;
+
+/// One method trained at every budget (or every seed).
+#[derive(Clone, Debug, PartialEq)]
+enum Series {
+    /// The ELM with its window's first layer.
+    Elm(usize),
+    /// A training-free baseline (`elm prune --method`) with the LoRA healing fine-tune.
+    Healed(String),
+    /// LLM-Streamline (one layer, one application) at the study's window.
+    Streamline,
+    /// The LoRA-tuned dense model (the reference of every retention figure).
+    Dense,
+}
+
+impl Series {
+    fn name(&self, m: usize) -> String {
+        match self {
+            Series::Elm(start) => format!("ELM (layers {start}–{})", start + m - 1),
+            Series::Healed(method) => format!("{method} + LoRA healing"),
+            Series::Streamline => "LLM-Streamline".into(),
+            Series::Dense => "dense, LoRA-tuned".into(),
+        }
+    }
+}
+
+/// One trained model of a curve or of the seeds table: its answer NLL items and its cost.
+struct Point {
+    tokens: usize,
+    compute_seconds: f64,
+    nll: MetricReport,
+}
+
+/// Trains (or reads from the cache) and evaluates `series` with the main budget's shape,
+/// `steps` steps and `seed`.
+fn train_point(
+    ctx: &mut Ctx<'_>,
+    dense: &Dense,
+    series: &Series,
+    steps: usize,
+    seed: u64,
+) -> Result<Point, ReproError> {
+    let l = ctx.limits.clone();
+    let what = series.name(l.m);
+    let (main, lora) = (
+        l.main.with_steps(steps).with_seed(seed),
+        l.lora.with_steps(steps).with_seed(seed),
+    );
+    let trained = |ctx: &mut Ctx<'_>, v: &Variant, b: &Budget| -> Result<Point, ReproError> {
+        let t = runs::train(ctx, v, b, None)?;
+        let run = runs::eval(ctx, &Subject::elm(&t, "anderson", 0.5), "gsm8k-nll")?;
+        Ok(Point {
+            tokens: b.max_tokens(),
+            compute_seconds: t.value.compute_seconds(),
+            nll: run.value.metric("answer_nll", &what)?.clone(),
+        })
+    };
+    match series {
+        Series::Elm(start) => trained(ctx, &Variant::elm(*start, l.m), &main),
+        Series::Streamline => trained(ctx, &Variant::streamline(l.start, l.m), &main),
+        Series::Healed(method) => {
+            let p = runs::prune(ctx, method, l.m)?;
+            let h = runs::heal(ctx, &p, &lora)?;
+            let subject = Subject::Model {
+                dir: h.value.out.clone().into(),
+                key: h.key.clone(),
+            };
+            let run = runs::eval(ctx, &subject, "gsm8k-nll")?;
+            Ok(Point {
+                tokens: lora.max_tokens(),
+                compute_seconds: p.value.report.seconds + h.value.compute_seconds(),
+                nll: run.value.metric("answer_nll", &what)?.clone(),
+            })
+        }
+        Series::Dense if steps == l.lora.steps && seed == l.lora.seed => Ok(Point {
+            tokens: l.lora.max_tokens(),
+            compute_seconds: dense.tuned.value.compute_seconds(),
+            nll: dense.nll.value.metric("answer_nll", &what)?.clone(),
+        }),
+        Series::Dense => {
+            let tuned = runs::lora(ctx, &dense.untuned_model, &dense.untuned_id, &lora)?;
+            let subject = Subject::Model {
+                dir: tuned.value.out.clone().into(),
+                key: tuned.key.clone(),
+            };
+            let run = runs::eval(ctx, &subject, "gsm8k-nll")?;
+            Ok(Point {
+                tokens: lora.max_tokens(),
+                compute_seconds: tuned.value.compute_seconds(),
+                nll: run.value.metric("answer_nll", &what)?.clone(),
+            })
+        }
+    }
+}
+
+/// Table 8: one point of a learning curve.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CurvePoint {
+    pub series: String,
+    pub steps: usize,
+    /// The point's own training tokens (steps × batch × sequence length).
+    pub tokens: usize,
+    /// Wall seconds of its training (and a baseline's selection and surgery) on this machine.
+    pub compute_seconds: f64,
+    pub answer_nll: Interval,
+    /// This answer NLL minus the reference ELM's at the same number of steps, paired over
+    /// problems (`None` on the reference's own points).
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub minus_elm: Option<Interval>,
+}
+
+/// Table 8's reading of one curve against the reference ELM's.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CurveTrend {
+    pub series: String,
+    /// Least-squares slope of answer NLL against log2(tokens): change per doubling.
+    pub slope_per_doubling: f64,
+    /// `minus_elm` at the smallest and at the largest budget (`None` for the reference).
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub gap_smallest: Option<Interval>,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub gap_largest: Option<Interval>,
+    /// Slope of the gap against log2(tokens) (`None` for the reference).
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub gap_slope_per_doubling: Option<f64>,
+    /// The gap's line extrapolated to [`PAPER_PROBLEMS`] (problems seen = steps × batch).
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub gap_at_paper_budget: Option<f64>,
+    /// `grows`, `shrinks` or `crosses` (point estimates, smallest to largest budget; see the
+    /// intervals for whether the change is sure), `n/a` for the reference.
+    pub verdict: String,
+}
+
+/// Table 8.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Curves {
+    /// The series every gap is paired with.
+    pub reference: String,
+    pub points: Vec<CurvePoint>,
+    pub trends: Vec<CurveTrend>,
+    /// log2 of [`PAPER_PROBLEMS`] over the largest budget's problems.
+    pub doublings_to_paper: f64,
+}
+
+/// The ELM every gap is measured against (the one at the best healed baseline's window, where
+/// the methods meet on the same layers; else the study's window), then the baselines, best first.
+fn series(main: &Main, start: usize) -> Vec<Series> {
+    let elm = main.same_window_start.unwrap_or(start);
+    let mut s = vec![Series::Elm(elm)];
+    s.extend(
+        main.healed_ranked
+            .iter()
+            .take(1)
+            .cloned()
+            .map(Series::Healed),
+    );
+    s.push(Series::Dense);
+    if elm != start {
+        s.push(Series::Elm(start));
+    }
+    s.extend(
+        main.healed_ranked
+            .iter()
+            .skip(1)
+            .cloned()
+            .map(Series::Healed),
+    );
+    s.push(Series::Streamline);
+    s
+}
+
+fn gap(model: &MetricReport, elm: &MetricReport, what: &str) -> Result<Interval, ReproError> {
+    Ok((&pair(model, elm, what)?.delta).into())
+}
+
+/// Table 8: every series at every budget of the scale's curve study.
+pub fn curves(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Curves, ReproError> {
+    let l = ctx.limits.clone();
+    let study = l
+        .curves
+        .clone()
+        .ok_or_else(|| ReproError::Setup("this scale has no learning curves".into()))?;
+    let mut steps = study.steps.clone();
+    steps.sort_unstable();
+    let all = series(main, l.start);
+    let reference = all[0].name(l.m);
+    let mut points = vec![];
+    let mut trends = vec![];
+    let mut elm_items: Vec<MetricReport> = vec![];
+    for s in &all {
+        let name = s.name(l.m);
+        let mut pts = vec![];
+        for (i, &n) in steps.iter().enumerate() {
+            let p = train_point(ctx, dense, s, n, 0)?;
+            let minus_elm = match elm_items.get(i) {
+                Some(e) if *s != all[0] => Some(gap(
+                    &p.nll,
+                    e,
+                    &format!("{name} vs {reference}, {n} steps"),
+                )?),
+                _ => None,
+            };
+            if *s == all[0] {
+                elm_items.push(p.nll.clone());
+            }
+            pts.push(CurvePoint {
+                series: name.clone(),
+                steps: n,
+                tokens: p.tokens,
+                compute_seconds: p.compute_seconds,
+                answer_nll: (&p.nll.estimate).into(),
+                minus_elm,
+            });
+        }
+        trends.push(trend(&name, &pts, l.main.batch_size)?);
+        points.extend(pts);
+    }
+    let largest = *steps.last().expect("a curve has budgets") as f64 * l.main.batch_size as f64;
+    Ok(Curves {
+        reference,
+        points,
+        trends,
+        doublings_to_paper: (PAPER_PROBLEMS / largest).log2(),
+    })
+}
+
+/// The trend of one series (slopes per doubling of the budget, gap at both ends).
+fn trend(name: &str, pts: &[CurvePoint], batch: usize) -> Result<CurveTrend, ReproError> {
+    let lib = |source| ReproError::Elm {
+        what: format!("learning curve of {name}"),
+        source,
+    };
+    let x: Vec<f64> = pts.iter().map(|p| (p.tokens as f64).log2()).collect();
+    let y: Vec<f64> = pts.iter().map(|p| p.answer_nll.value).collect();
+    let (_, slope) = least_squares_line(&x, &y).map_err(lib)?;
+    let gaps: Option<Vec<Interval>> = pts.iter().map(|p| p.minus_elm).collect();
+    let (first, last) = match &gaps {
+        Some(g) => (g.first().copied(), g.last().copied()),
+        None => (None, None),
+    };
+    let (mut gap_slope, mut at_paper) = (None, None);
+    if let Some(g) = &gaps {
+        let gy: Vec<f64> = g.iter().map(|i| i.value).collect();
+        let (a, b) = least_squares_line(&x, &gy).map_err(lib)?;
+        gap_slope = Some(b);
+        // log2(tokens) of the paper's budget in this curve's tokens per problem.
+        let last = pts.last().expect("points");
+        let per_problem = last.tokens as f64 / (last.steps * batch) as f64;
+        at_paper = Some(a + b * (PAPER_PROBLEMS * per_problem).log2());
+    }
+    let verdict = match (first, last) {
+        (Some(f), Some(l)) if f.value.signum() != l.value.signum() => "crosses",
+        (Some(f), Some(l)) if l.value.abs() < f.value.abs() => "shrinks",
+        (Some(_), Some(_)) => "grows",
+        _ => "n/a",
+    };
+    Ok(CurveTrend {
+        series: name.to_string(),
+        slope_per_doubling: slope,
+        gap_smallest: first,
+        gap_largest: last,
+        gap_slope_per_doubling: gap_slope,
+        gap_at_paper_budget: at_paper,
+        verdict: verdict.into(),
+    })
+}
+
+/// Table 9: one headline row trained with one seed at the main budget.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedRow {
+    pub series: String,
+    pub seed: u64,
+    pub answer_nll: Interval,
+    /// This answer NLL minus the reference ELM's trained with the same seed, paired over
+    /// problems (`None` on the ELM's own rows).
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub minus_elm: Option<Interval>,
+}
+
+/// Table 9's summary of one series over the seeds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedSummary {
+    pub series: String,
+    /// Answer NLL over the seeds (beside the bootstrap interval over problems of each seed).
+    pub answer_nll: Spread,
+    /// `minus_elm` over the seeds (`None` for the ELM).
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub minus_elm: Option<Spread>,
+    /// `worse than the ELM at every seed` / `better than the ELM at every seed` when every
+    /// seed's paired interval excludes 0 on the same side, else `not sure`; `n/a` for the ELM.
+    pub verdict: String,
+}
+
+/// Table 9.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Seeds {
+    pub reference: String,
+    pub rows: Vec<SeedRow>,
+    pub summaries: Vec<SeedSummary>,
+}
+
+/// Table 9: the headline rows (the reference ELM, the best healed baseline, the tuned dense
+/// model) at every seed of the scale's curve study, main budget.
+pub fn seeds(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Seeds, ReproError> {
+    let l = ctx.limits.clone();
+    let study = l
+        .curves
+        .clone()
+        .ok_or_else(|| ReproError::Setup("this scale has no seeds table".into()))?;
+    let mut all = vec![Series::Elm(main.same_window_start.unwrap_or(l.start))];
+    all.extend(
+        main.healed_ranked
+            .iter()
+            .take(1)
+            .cloned()
+            .map(Series::Healed),
+    );
+    all.push(Series::Dense);
+    let reference = all[0].name(l.m);
+    let mut rows = vec![];
+    let mut summaries = vec![];
+    let mut elm_items: Vec<MetricReport> = vec![];
+    for s in &all {
+        let name = s.name(l.m);
+        let (mut nll, mut gaps) = (vec![], vec![]);
+        let mut sides = vec![];
+        for (i, &seed) in study.seeds.iter().enumerate() {
+            let p = train_point(ctx, dense, s, l.main.steps, seed)?;
+            let minus_elm = match elm_items.get(i) {
+                Some(e) if *s != all[0] => Some(gap(
+                    &p.nll,
+                    e,
+                    &format!("{name} vs {reference}, seed {seed}"),
+                )?),
+                _ => None,
+            };
+            if *s == all[0] {
+                elm_items.push(p.nll.clone());
+            }
+            nll.push(p.nll.estimate.value);
+            if let Some(g) = minus_elm {
+                gaps.push(g.value);
+                sides.push(if g.lo > 0.0 {
+                    1
+                } else if g.hi < 0.0 {
+                    -1
+                } else {
+                    0
+                });
+            }
+            rows.push(SeedRow {
+                series: name.clone(),
+                seed,
+                answer_nll: (&p.nll.estimate).into(),
+                minus_elm,
+            });
+        }
+        let lib = |source| ReproError::Elm {
+            what: format!("seeds of {name}"),
+            source,
+        };
+        let verdict = if sides.is_empty() {
+            "n/a"
+        } else if sides.iter().all(|&x| x == 1) {
+            "worse than the ELM at every seed"
+        } else if sides.iter().all(|&x| x == -1) {
+            "better than the ELM at every seed"
+        } else {
+            "not sure"
+        };
+        summaries.push(SeedSummary {
+            series: name.clone(),
+            answer_nll: spread(&nll).map_err(lib)?,
+            minus_elm: if gaps.is_empty() {
+                None
+            } else {
+                Some(spread(&gaps).map_err(lib)?)
+            },
+            verdict: verdict.into(),
+        });
+    }
+    Ok(Seeds {
+        reference,
+        rows,
+        summaries,
+    })
+}
