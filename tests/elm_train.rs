@@ -553,3 +553,201 @@ fn run_killed_before_its_first_checkpoint_resumes_from_the_start() {
         full.module().unwrap().to_tensors(&w.config)
     );
 }
+
+/// ELM + heal on a tiny model: 5 layers, window [1, 3), layers 3 and 4 healed.
+fn heal_cfg(steps: usize) -> TrainConfig {
+    TrainConfig {
+        heal: Some(elm::lora::LoraSpec {
+            rank: 2,
+            alpha: 4.0,
+            dropout: 0.1,
+        }),
+        ..cfg(steps, 9)
+    }
+}
+
+#[test]
+fn heal_adapters_train_with_the_module_resume_bit_for_bit_and_load_merged() {
+    use elm::equilibrium::checkpoint::load_tensors;
+    use elm::equilibrium::module::{merge_heal, read_module_meta, HEAL_FILE};
+    let w = tiny_weights(Arch::Llama, 5, 4);
+    let ec = ElmConfig::new(1, 2);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    let train = data(12, 8);
+    let c = heal_cfg(8);
+    let mut full = Trainer::new(&w, ec.clone(), &module, c.clone(), "tiny".into()).unwrap();
+    for _ in 0..8 {
+        full.train_step(&train, 0).unwrap();
+    }
+    // Killed after step 5 (inside the CE phase, which starts at half of training), resumed.
+    let dir = TempDir::new("heal");
+    {
+        let mut part = Trainer::new(&w, ec.clone(), &module, c.clone(), "tiny".into()).unwrap();
+        for _ in 0..5 {
+            part.train_step(&train, 0).unwrap();
+        }
+        part.save(&dir).unwrap();
+    }
+    let mut resumed = Trainer::resume(&w, &dir).unwrap();
+    while resumed.step < 8 {
+        resumed.train_step(&train, 0).unwrap();
+    }
+    resumed.save(&dir).unwrap();
+    assert_eq!(
+        resumed.module().unwrap().to_tensors(&w.config),
+        full.module().unwrap().to_tensors(&w.config)
+    );
+    let heal = load_tensors(&dir.join(HEAL_FILE)).unwrap();
+    // 2 healed layers × 7 linear maps × (A, B).
+    assert_eq!(heal.len(), 2 * 7 * 2);
+    let full_dir = TempDir::new("heal-full");
+    full.save(&full_dir).unwrap();
+    assert_eq!(heal, load_tensors(&full_dir.join(HEAL_FILE)).unwrap());
+    // The CE term trained the adapters: B left zero.
+    let b = &heal["heal.layers.3.wq.lora_b"];
+    assert!(b.iter().any(|x| *x != 0.0), "B of layer 3 still zero");
+
+    // Loading merges W + (α/r)·B A into layers 3 and 4 (computed here by hand), nothing else.
+    let meta = read_module_meta(&dir).unwrap();
+    assert_eq!(meta.heal, c.heal);
+    let mut merged = w.clone();
+    merge_heal(&mut merged, &dir, &meta).unwrap();
+    for l in 0..3 {
+        assert_eq!(merged.layers[l].wq, w.layers[l].wq, "layer {l} changed");
+    }
+    for l in 3..5 {
+        let a = heal[&format!("heal.layers.{l}.w_down.lora_a")]
+            .clone()
+            .into_dimensionality::<ndarray::Ix2>()
+            .unwrap();
+        let b = heal[&format!("heal.layers.{l}.w_down.lora_b")]
+            .clone()
+            .into_dimensionality::<ndarray::Ix2>()
+            .unwrap();
+        let expect = &w.layers[l].w_down + &(b.dot(&a) * 2.0);
+        let got = &merged.layers[l].w_down;
+        let err = (&expect - got).iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        assert!(err < 1e-6, "layer {l}: |Δ| {err}");
+    }
+    // A heal file that lost a tensor is refused naming the file and the tensor.
+    let mut broken = heal.clone();
+    broken.remove("heal.layers.4.wk.lora_a");
+    elm::equilibrium::checkpoint::save_tensors(&dir.join(HEAL_FILE), &broken, None).unwrap();
+    let e = merge_heal(&mut w.clone(), &dir, &meta)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(HEAL_FILE) && e.contains("heal.layers.4.wk.lora_a"),
+        "{e}"
+    );
+}
+
+#[test]
+fn heal_without_a_layer_after_the_window_is_refused_naming_the_field() {
+    let w = tiny_weights(Arch::Llama, 5, 4);
+    let ec = ElmConfig::new(3, 2);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    let e = Trainer::new(&w, ec, &module, heal_cfg(4), "tiny".into())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("heal") && e.contains("no layer after"), "{e}");
+    let bad = TrainConfig {
+        heal: Some(elm::lora::LoraSpec {
+            rank: 0,
+            ..elm::lora::LoraSpec::default()
+        }),
+        ..cfg(4, 0)
+    };
+    let ec = ElmConfig::new(1, 2);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    let e = Trainer::new(&w, ec, &module, bad, "tiny".into())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("heal"), "{e}");
+}
+
+/// `elm` with `args`; (success, stdout JSON, stderr).
+fn elm_cli(args: &[String]) -> (bool, serde_json::Value, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_elm"))
+        .args(args)
+        .output()
+        .expect("run elm");
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (
+        out.status.success(),
+        json,
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn a_healed_checkpoint_decodes_in_f32_and_quantized_and_is_not_a_fresh_init() {
+    let dir = TempDir::new("heal-cli");
+    let root = dir.path();
+    let w = ModelWeights::random(&ModelConfig::tiny(Arch::Llama), 3);
+    let model = root.join("tiny");
+    elm::io::save_hf_model(&w, &model).unwrap();
+    std::fs::write(model.join("tokenizer.json"), common::word_tokenizer_json()).unwrap();
+    let data = root.join("train.jsonl");
+    common::write_word_corpus(&data, 8, 7);
+    let config = root.join("train.json");
+    std::fs::write(&config, r#"{"steps": 4, "heal": {"rank": 2, "alpha": 4}}"#).unwrap();
+    let ck = root.join("ck");
+    let s = |p: &std::path::Path| p.display().to_string();
+    let (ok, _, err) = elm_cli(&[
+        "train".into(),
+        "--model".into(),
+        s(&model),
+        "--start".into(),
+        "1".into(),
+        "--num-replaced".into(),
+        "2".into(),
+        "--config".into(),
+        s(&config),
+        "--data".into(),
+        s(&data),
+        "--eval-examples".into(),
+        "0".into(),
+        "--out".into(),
+        s(&ck),
+        "--json".into(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(ck.join(elm::equilibrium::module::HEAL_FILE).is_file());
+    for weights in ["f32", "auto"] {
+        let (ok, v, err) = elm_cli(&[
+            "generate".into(),
+            "--model".into(),
+            s(&model),
+            "--elm".into(),
+            s(&ck),
+            "--weights".into(),
+            weights.into(),
+            "--prompt".into(),
+            "w1 w2 w3".into(),
+            "--max-new-tokens".into(),
+            "3".into(),
+            "--json".into(),
+        ]);
+        assert!(ok, "--weights {weights}: {err}");
+        assert!(v["text"].is_string(), "{v}");
+    }
+    // Starting a new run from it would silently drop the healed layers: refused.
+    let (ok, _, err) = elm_cli(&[
+        "train".into(),
+        "--model".into(),
+        s(&model),
+        "--elm".into(),
+        s(&ck),
+        "--data".into(),
+        s(&data),
+        "--out".into(),
+        s(&root.join("again")),
+    ]);
+    assert!(
+        !ok && err.contains("heal") && err.contains("--resume"),
+        "{err}"
+    );
+}

@@ -59,6 +59,7 @@ fn saved(
         elm: ec.clone(),
         model_config: cfg.clone(),
         base_model: "tiny".into(),
+        heal: None,
     };
     save_module(&dir, module, &meta).unwrap();
     (dir, meta)

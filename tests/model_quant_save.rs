@@ -275,6 +275,7 @@ fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
             elm: ec.clone(),
             model_config: cfg.clone(),
             base_model: dir.display().to_string(),
+            heal: None,
         };
         elm::equilibrium::save_module(&ckpt, &module, &meta).unwrap();
         for format in [QFormat::Q8_0, QFormat::Q4_1] {
@@ -464,6 +465,7 @@ fn cli_quantize_refuses_existing_out_and_generate_loads_the_file() {
         elm: ec.clone(),
         model_config: cfg.clone(),
         base_model: dir.display().to_string(),
+        heal: None,
     };
     elm::equilibrium::save_module(&ckpt, &ElmModule::init(&w, &ec).unwrap(), &meta).unwrap();
     let out = fresh(&tmp, "cli.gguf");

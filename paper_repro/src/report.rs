@@ -58,6 +58,9 @@ pub struct Tables {
     /// Table 6: fully trained ELMs at the windows the pipeline considers.
     #[serde(default)]
     pub trained_windows: Vec<TrainedWindow>,
+    /// Table 1's ELM + heal row against the plain ELM (and the baseline) at its window.
+    #[serde(default)]
+    pub healed_elm: Option<HealedElm>,
     /// Table 8 (scales with a curve study).
     #[serde(default)]
     pub curves: Option<crate::curves::Curves>,
@@ -801,6 +804,21 @@ fn headline(t: &Tables) -> String {
                         opt(&r.delta_nll, signed),
                         b.map_or_else(|| "n/a".to_string(), |b| iv(&b.answer_nll)),
                         signed(&w.delta_baseline_minus_elm),
+                    );
+                }
+            }
+            if let Some(h) = &t.healed_elm {
+                if let Some(r) = t.main.iter().find(|r| r.model == h.healed) {
+                    s += &format!(
+                        " ELM + heal (a row no paper has; the module and a LoRA heal of the layers after the window trained together, same budget)                          on layers {}–{}: answer NLL {}; minus the plain ELM's at that window, paired: {}{}.",
+                        h.layers.0,
+                        h.layers.1,
+                        iv(&r.answer_nll),
+                        signed(&h.healed_minus_plain),
+                        match (&h.baseline, &h.baseline_minus_healed) {
+                            (Some(b), Some(d)) => format!("; {b} minus it: {}", signed(d)),
+                            _ => String::new(),
+                        }
                     );
                 }
             }

@@ -83,6 +83,10 @@ pub struct Variant {
     /// `elm compress --block` (absent: a decoder block; kept out of the stage key then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block: Option<String>,
+    /// ELM + heal: LoRA (r = [`HEAL_RANK`], α = 16) on the layers after the window, trained
+    /// with the module (`TrainConfig::heal`; false: kept out of the stage key).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub heal: bool,
 }
 
 impl Variant {
@@ -94,6 +98,7 @@ impl Variant {
             fixed_iterations: None,
             block_init: None,
             block: None,
+            heal: false,
         }
     }
     /// LLM-Streamline (layer replacement): one block, one application, no injection.
@@ -105,6 +110,7 @@ impl Variant {
             fixed_iterations: Some(1),
             block_init: None,
             block: None,
+            heal: false,
         }
     }
     /// LLM-Streamline's FFN replacement: the first replaced layer's MLP half (no attention, no
@@ -124,6 +130,7 @@ impl Variant {
             fixed_iterations: Some(k),
             block_init: None,
             block: None,
+            heal: false,
         }
     }
     /// The ELM's ablation: its module (with injection) applied exactly K times at train and
@@ -131,6 +138,13 @@ impl Variant {
     pub fn elm_fixed(start: usize, m: usize, k: usize) -> Self {
         Variant {
             fixed_iterations: Some(k),
+            ..Variant::elm(start, m)
+        }
+    }
+    /// The ELM trained together with a LoRA heal of the layers after its window.
+    pub fn elm_healed(start: usize, m: usize) -> Self {
+        Variant {
+            heal: true,
             ..Variant::elm(start, m)
         }
     }
@@ -264,6 +278,10 @@ pub fn train(
         seed: budget.seed,
         deq,
         checkpoint_every: (budget.steps / 4).max(1),
+        heal: variant.heal.then(|| elm::lora::LoraSpec {
+            rank: HEAL_RANK,
+            ..elm::lora::LoraSpec::default()
+        }),
         ..TrainConfig::default()
     };
     let held_out = ctx.limits.held_out;

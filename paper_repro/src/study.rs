@@ -111,9 +111,9 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
     }
     if sel(TableId::Main) || sel(TableId::Curves) || sel(TableId::Seeds) {
         // ELM, Streamline (layer and FFN), looped, the ELM at the best healed baseline's
-        // window, the ELM's three ablations and (where the scale has them) the two LaCo-merged
-        // inits; the healing fine-tunes.
-        let trainings = 8.0 + if l.la_co_init_rows { 2.0 } else { 0.0 };
+        // window, ELM + heal, the ELM's three ablations and (where the scale has them) the two
+        // LaCo-merged inits; the healing fine-tunes.
+        let trainings = 9.0 + if l.la_co_init_rows { 2.0 } else { 0.0 };
         u += trainings * (train(&l.main) + nll + em)
             + l.baselines.len() as f64 * (prune + nll + em)
             + l.healed.len() as f64 * (train(&l.lora) + nll + em);
@@ -250,6 +250,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         seconds: 0.0,
         limits: serde_json::Value::Null,
         same_window: None,
+        healed_elm: None,
         trained_windows: vec![],
         curves: None,
         seeds: None,
@@ -297,6 +298,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         }
         t.main = m.rows;
         t.same_window = m.same_window;
+        t.healed_elm = m.healed_elm;
         best_baseline = Some(m.best_baseline);
         trainings.extend(m.trainings);
         Some(m.elm)

@@ -58,6 +58,27 @@ pub struct SameWindow {
     pub delta_baseline_minus_elm: Interval,
 }
 
+/// ELM + heal (a row no paper has): the ELM trained together with a LoRA heal of the layers
+/// after its window, same budget, against the plain ELM at that window and (when the window is
+/// the best healed baseline's) against that baseline, paired over the same problems.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealedElm {
+    /// Row names in table 1.
+    pub healed: String,
+    pub plain: String,
+    /// Replaced layers `[first, last]`.
+    pub layers: (usize, usize),
+    /// The healed ELM's answer NLL minus the plain ELM's (negative: the heal helps).
+    pub healed_minus_plain: Interval,
+    /// The best healed baseline's row and its answer NLL minus the healed ELM's, when that
+    /// baseline removes the same window.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub baseline: Option<String>,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub baseline_minus_healed: Option<Interval>,
+}
+
 /// Table 6's check of the enumeration: an ELM fully trained (main budget) at a window the
 /// pipeline considers, with the rank the enumeration's short candidates gave that start.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -265,6 +286,7 @@ pub struct Main {
     pub same_window_start: Option<usize>,
     /// The healed baselines (`elm prune --method` names), best answer NLL first.
     pub healed_ranked: Vec<String>,
+    pub healed_elm: Option<HealedElm>,
 }
 
 pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError> {
@@ -480,6 +502,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     let mut same_window = vec![];
     let mut same_window_pair = None;
     let mut same_window_start = None;
+    let (mut same_window_items, mut same_window_baseline_items) = (None, None);
     if let Some((_, method, start, baseline, baseline_items)) =
         best_healed.filter(|b| b.2 != l.start)
     {
@@ -497,10 +520,57 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             layers: (start, start + l.m - 1),
             delta_baseline_minus_elm: (&pair(&baseline_items, &items, &what)?.delta).into(),
         });
+        same_window_items = Some(items.clone());
+        same_window_baseline_items = Some(baseline_items);
         compressed.push((rows.len(), items));
         rows.push(r);
         same_window.push((format!("ELM M={} at layer {start} (main)", l.m), t));
     }
+    // ELM + heal at the window where the methods meet (else the study's): the same budget,
+    // the module and the adapters trained together.
+    let heal_start = same_window_start.unwrap_or(l.start);
+    let healed = runs::train(ctx, &Variant::elm_healed(heal_start, l.m), &l.main, None)?;
+    let layers = (heal_start, heal_start + l.m - 1);
+    let name = format!(
+        "ELM + LoRA heal of the layers after the window (layers {}–{}; r = {}, α = 16; Anderson, δ = 0.5)",
+        layers.0,
+        layers.1,
+        runs::HEAL_RANK
+    );
+    let (r, healed_items) =
+        trained_row(ctx, name.clone(), &format!("ELM + heal, {budget}"), &healed)?;
+    let (plain_name, plain_items) = match (&same_window_pair, &same_window_items) {
+        (Some(w), Some(items)) => (w.elm.clone(), items.clone()),
+        _ => (MAIN_ELM_ROW.to_string(), elm_row.1.clone()),
+    };
+    let baseline = same_window_pair
+        .as_ref()
+        .map(|w| (w.baseline.clone(), same_window_baseline_items.clone()));
+    let healed_elm = Some(HealedElm {
+        healed: name.clone(),
+        plain: plain_name.clone(),
+        layers,
+        healed_minus_plain: (&pair(
+            &healed_items,
+            &plain_items,
+            &format!("{name} vs {plain_name}"),
+        )?
+        .delta)
+            .into(),
+        baseline: baseline.as_ref().map(|b| b.0.clone()),
+        baseline_minus_healed: match &baseline {
+            Some((b, Some(items))) => {
+                Some((&pair(items, &healed_items, &format!("{b} vs {name}"))?.delta).into())
+            }
+            _ => None,
+        },
+    });
+    compressed.push((rows.len(), healed_items));
+    rows.push(r);
+    same_window.push((
+        format!("ELM + heal M={} at layer {heal_start} (main)", l.m),
+        healed,
+    ));
     // The ELM's own ablations, at its budget (what its solve and its injection contribute),
     // and the ELM and Streamline started from LaCo's merge instead of the window's first layer.
     let mut ablations = vec![];
@@ -564,6 +634,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         same_window: same_window_pair,
         same_window_start,
         healed_ranked: healed_ranked.into_iter().map(|(_, m)| m).collect(),
+        healed_elm,
         elm,
     })
 }

@@ -60,13 +60,14 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
     // Every table, with every row the scale asks for.
     // Dense (tuned, untuned), the baselines, their healed versions, Streamline (layer and FFN),
     // looped, the ELM at the best healed baseline's window (window-delete's 3–10 at smoke, not
-    // the ELM's own), the ELM's three ablations, ELM and Streamline from LaCo's merge, and the ELM.
+    // the ELM's own), ELM + heal there, the ELM's three ablations, ELM and Streamline from
+    // LaCo's merge, and the ELM.
     assert!(t.main.iter().any(|r| r
         .model
         .starts_with("ELM at window-delete's window (layers 3–10")));
     assert_eq!(
         t.main.len(),
-        2 + l.baselines.len() + l.healed.len() + 3 + 1 + 5 + 1,
+        2 + l.baselines.len() + l.healed.len() + 3 + 1 + 1 + 5 + 1,
         "{:?}",
         t.main
     );
@@ -204,6 +205,12 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
             "{p:?}"
         );
     }
+    // ELM + heal: a row of table 1, paired with the plain ELM at its window.
+    let h = t.healed_elm.as_ref().expect("the ELM + heal comparison");
+    assert!(t.main.iter().any(|r| r.model == h.healed));
+    assert!(t.main.iter().any(|r| r.model == h.plain));
+    check_interval("healed minus plain", &h.healed_minus_plain);
+
     // Tables 8 and 9: every curve at every budget, the headline rows at every seed, each
     // point's gap paired with the reference ELM of the same budget (or seed).
     let study = l.curves.as_ref().unwrap();

@@ -92,6 +92,7 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
         elm: ec.clone(),
         model_config: dense.config.clone(),
         base_model: a.model.display().to_string(),
+        heal: None,
     };
     save_module(&a.out, &module, &meta)?;
     let params = param_report(&dense.config, &ec);
@@ -258,6 +259,13 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
                     )));
                 }
                 let (module, meta) = load_module_for(dir, &dense.config, &a.model)?;
+                if meta.heal.is_some() {
+                    // A fresh run would start from the module alone and drop the healed layers.
+                    return Err(ElmError::Unsupported(format!(
+                        "{}: this module was trained with a heal of the layers after its window;                          continue that run with --resume, or start a new one from --start/--num-replaced",
+                        dir.display()
+                    )));
+                }
                 (meta.elm, module)
             }
             (None, Some(l), Some(m)) => {

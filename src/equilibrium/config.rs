@@ -254,6 +254,13 @@ pub struct TrainConfig {
     /// a solve and 30 Jacobian-vector products, see [`super::spectral`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub spectral_every: usize,
+    /// ELM + heal: LoRA adapters on every kept layer after the window (all linear maps of
+    /// each block), trained jointly with the module by the CE term, saved beside the module
+    /// and merged into those layers when the checkpoint is loaded. The layers before the
+    /// window stay as they are: they produce the module's input and the distillation targets
+    /// (and the teacher cache). Absent (off) by default and from the serialised config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heal: Option<crate::lora::adapter::LoraSpec>,
 }
 
 fn is_zero(v: &usize) -> bool {

@@ -299,11 +299,24 @@ impl ElmModel {
         if storage == WeightStorage::F32 {
             return Self::load(model, elm);
         }
-        let (dense, tok) = load_inference(model, storage)?;
         let module_format = match storage {
             WeightStorage::Quant(f) => Some(f),
             _ => None,
         };
+        if let Some(dir) = elm {
+            // A healed checkpoint changes the layers after the window: merged in f32, then
+            // stored as asked (`auto` keeps them f32: a GGUF's blocks no longer hold them).
+            let meta = super::module::read_module_meta(dir)?;
+            if meta.heal.is_some() {
+                let (mut weights, tok) = load_pretrained(model)?;
+                let (module, meta) = load_module_for(dir, &weights.config, model)?;
+                super::module::merge_heal(&mut weights, dir, &meta)?;
+                let q = QuantWeights::from_f32(&weights, module_format);
+                let loaded = ElmModel::quantized(q, Some((meta.elm, &module)), module_format)?;
+                return Ok((loaded, tok));
+            }
+        }
+        let (dense, tok) = load_inference(model, storage)?;
         let loaded = match elm {
             None => ElmModel::quantized(dense, None, module_format)?,
             Some(dir) => {
@@ -341,11 +354,12 @@ impl ElmModel {
         if let Some(dir) = elm.filter(|p| interchange::is_official_dir(p)) {
             return ElmModel::load_official_dir(dir, WeightStorage::F32);
         }
-        let (weights, tok) = load_pretrained(model)?;
+        let (mut weights, tok) = load_pretrained(model)?;
         let loaded = match elm {
             None => ElmModel::dense(weights),
             Some(dir) => {
                 let (module, meta) = load_module_for(dir, &weights.config, model)?;
+                super::module::merge_heal(&mut weights, dir, &meta)?;
                 ElmModel::new(weights, meta.elm, module)?
             }
         };

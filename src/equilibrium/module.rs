@@ -315,6 +315,10 @@ pub struct ModuleMeta {
     pub model_config: ModelConfig,
     /// Path of the dense model, as given at compression time.
     pub base_model: String,
+    /// The LoRA heal of the layers after the window trained with the module (see
+    /// `TrainConfig::heal`): its adapters are in [`HEAL_FILE`], merged into those layers on load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heal: Option<crate::lora::adapter::LoraSpec>,
 }
 
 /// Format tag written into `elm.json`.
@@ -322,6 +326,10 @@ pub const MODULE_FORMAT: &str = "elm-module-v1";
 /// File names inside a checkpoint directory.
 pub const META_FILE: &str = "elm.json";
 pub const MODULE_FILE: &str = "module.safetensors";
+/// The heal's adapters (names `heal.layers.{l}.{target}.lora_{a,b}`) when `elm.json` has `heal`.
+pub const HEAL_FILE: &str = "heal.safetensors";
+/// Name prefix of the heal's adapters in the training store and in [`HEAL_FILE`].
+pub const HEAL_PREFIX: &str = "heal.";
 
 /// Writes `dir/module.safetensors` then `dir/elm.json` (each atomically).
 pub fn save_module(dir: &Path, module: &ElmModule, meta: &ModuleMeta) -> Result<()> {
@@ -404,6 +412,44 @@ pub fn read_module_meta(dir: &Path) -> Result<ModuleMeta> {
         .and_then(|()| meta.elm.validate(&meta.model_config))
         .map_err(|e| e.in_file(&meta_path))?;
     Ok(meta)
+}
+
+/// Merges the heal of checkpoint `dir` (when its `elm.json` names one) into the layers after
+/// the window of `dense`, the model the module was cut from: `W + (α/r)·B A` per adapter.
+/// Every adapter of every healed layer must be in [`HEAL_FILE`] with its shape, and nothing
+/// else; anything else is refused naming the file and the tensor.
+pub fn merge_heal(dense: &mut ModelWeights, dir: &Path, meta: &ModuleMeta) -> Result<()> {
+    use crate::lora::adapter::{lora_names, merge_layer, target_shape, TARGETS};
+    let Some(spec) = &meta.heal else {
+        return Ok(());
+    };
+    let file = dir.join(HEAL_FILE);
+    let cfg = dense.config.clone();
+    spec.validate(&cfg)
+        .map_err(|e| e.in_file(dir.join(META_FILE)))?;
+    let mut map = load_tensors(&file)?;
+    let mut store = crate::train::ParamStore::new();
+    for l in meta.elm.end_layer()..cfg.num_layers {
+        for t in TARGETS {
+            let (out, inp) = target_shape(&cfg, t)?;
+            let (na, nb) = lora_names(HEAL_PREFIX, l, t);
+            for (name, shape) in [(na, [spec.rank, inp]), (nb, [out, spec.rank])] {
+                let v = take_tensor(&mut map, &name, &shape, &file)?;
+                if v.iter().any(|x| !x.is_finite()) {
+                    return Err(ElmError::format(
+                        &file,
+                        format!("{name}: non-finite values"),
+                    ));
+                }
+                store.insert(name, v, false)?;
+            }
+        }
+    }
+    expect_empty(&map, &file)?;
+    for l in meta.elm.end_layer()..cfg.num_layers {
+        dense.layers[l] = merge_layer(&dense.layers[l], &store, spec, HEAL_PREFIX, l)?;
+    }
+    Ok(())
 }
 
 fn load_module_tensors(dir: &Path, meta: ModuleMeta) -> Result<(ElmModule, ModuleMeta)> {

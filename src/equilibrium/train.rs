@@ -33,7 +33,9 @@ use super::checkpoint::{write_json_atomic, TensorMap};
 use super::config::{read_json, ElmConfig, TrainConfig};
 use super::infer::solve_sequences;
 use super::map::ElmLayer;
-use super::module::{save_module, ElmModule, ElmParams, ModuleMeta, MODULE_FORMAT};
+use super::module::{
+    save_module, ElmModule, ElmParams, ModuleMeta, HEAL_FILE, HEAL_PREFIX, MODULE_FORMAT,
+};
 use crate::data::{batch_indices, make_batch, Batch, TokenSequence};
 use crate::model::dense_pass::{embed, run_dense_layers};
 
@@ -49,6 +51,36 @@ fn params_on_tape(cfg: &ModelConfig, elm: &ElmConfig, vars: &ParamVars) -> Resul
         i += 1;
         Ok(v)
     })
+}
+
+/// Seeds the heal's adapter init and dropout masks apart from the module's draws.
+const HEAL_SEED: u64 = 0x4EA1_0000_0000_0001;
+
+/// The layers a heal adapts: every layer after the window (an error when there is none).
+fn healed_layers(elm: &ElmConfig, cfg: &ModelConfig) -> Result<std::ops::Range<usize>> {
+    let r = elm.end_layer()..cfg.num_layers;
+    if r.is_empty() {
+        return Err(ElmError::config(
+            "heal",
+            format!(
+                "the window ends at the last layer ({}): no layer after it to heal",
+                cfg.num_layers - 1
+            ),
+        ));
+    }
+    Ok(r)
+}
+
+/// Store names of a heal's adapters, in [`crate::lora::adapter::insert_adapters`]' order.
+fn heal_names(elm: &ElmConfig, cfg: &ModelConfig) -> Result<Vec<String>> {
+    let mut names = vec![];
+    for l in healed_layers(elm, cfg)? {
+        for t in crate::lora::adapter::TARGETS {
+            let (a, b) = crate::lora::adapter::lora_names(HEAL_PREFIX, l, t);
+            names.extend([a, b]);
+        }
+    }
+    Ok(names)
 }
 
 /// Loss terms and settings of one step.
@@ -269,6 +301,20 @@ impl<'a> Trainer<'a> {
         for (name, value) in module.params(&dense.config).named() {
             store.insert(name, value.to_owned(), true)?;
         }
+        // The heal's adapters after the module's parameters (`params_on_tape` reads those by
+        // position), B = 0: the healed model starts as the unhealed one.
+        if let Some(spec) = &cfg.heal {
+            spec.validate(&dense.config)
+                .map_err(|e| ElmError::config("heal", e.to_string()))?;
+            crate::lora::adapter::insert_adapters(
+                &mut store,
+                &dense.config,
+                spec,
+                HEAL_PREFIX,
+                healed_layers(&elm, &dense.config)?,
+                cfg.seed ^ HEAL_SEED,
+            )?;
+        }
         let opt = AdamW::new(Self::adamw_config(&cfg))?;
         Self::build(dense, elm, cfg, base_model, store, opt, 0, vec![])
     }
@@ -296,6 +342,11 @@ impl<'a> Trainer<'a> {
     ) -> Result<Self> {
         cfg.validate()?;
         elm.validate(&dense.config)?;
+        if let Some(spec) = &cfg.heal {
+            spec.validate(&dense.config)
+                .map_err(|e| ElmError::config("heal", e.to_string()))?;
+            healed_layers(&elm, &dense.config)?;
+        }
         let sched = ScheduleConfig::warmup_cosine(
             cfg.lr as f64,
             cfg.steps,
@@ -394,6 +445,7 @@ impl<'a> Trainer<'a> {
             .names()
             .iter()
             .enumerate()
+            .filter(|(_, n)| !n.starts_with(HEAL_PREFIX))
             .map(|(i, n)| (n.clone(), self.store.value(i).clone()))
             .collect();
         ElmModule::from_tensors(
@@ -504,9 +556,30 @@ impl<'a> Trainer<'a> {
         let mut ce_val = None;
         if lambda_ce > 0.0 {
             let mut x = z;
-            for bt in &self.back {
-                let bv = BlockVars::register(&mut tape, bt, false);
-                x = block_forward(&mut tape, &bv, x, 0)?;
+            match &self.cfg.heal {
+                None => {
+                    for bt in &self.back {
+                        let bv = BlockVars::register(&mut tape, bt, false);
+                        x = block_forward(&mut tape, &bv, x, 0)?;
+                    }
+                }
+                Some(spec) => {
+                    use crate::lora::adapter::{block_lora, lora_block_forward, LoraRun};
+                    let all: Vec<Option<Var>> = vars.vars().iter().map(|v| Some(*v)).collect();
+                    let mut heal_rng =
+                        StdRng::seed_from_u64(step_seed(self.cfg.seed ^ HEAL_SEED, self.step));
+                    let mut run = LoraRun {
+                        scale: spec.scale(),
+                        dropout: spec.dropout,
+                        rng: Some(&mut heal_rng),
+                    };
+                    for (i, bt) in self.back.iter().enumerate() {
+                        let bv = BlockVars::register(&mut tape, bt, false);
+                        let lora =
+                            block_lora(&self.store, &all, HEAL_PREFIX, self.elm.end_layer() + i);
+                        x = lora_block_forward(&mut tape, &bv, &lora, x, &mut run)?;
+                    }
+                }
             }
             let fnorm = tape.constant_shared(self.final_norm.clone());
             let head = tape.constant_shared(self.lm_head.clone());
@@ -673,11 +746,24 @@ impl<'a> Trainer<'a> {
             history: self.history.clone(),
         };
         write_json_atomic(&dir.join(STATE_FILE), &state)?;
+        if self.cfg.heal.is_some() {
+            // Before elm.json names it, so that a loadable checkpoint always has its heal.
+            let heal: TensorMap = self
+                .store
+                .names()
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| n.starts_with(HEAL_PREFIX))
+                .map(|(i, n)| (n.clone(), self.store.value(i).clone()))
+                .collect();
+            super::checkpoint::save_tensors(&dir.join(HEAL_FILE), &heal, None)?;
+        }
         let meta = ModuleMeta {
             format: MODULE_FORMAT.into(),
             elm: self.elm.clone(),
             model_config: self.dense.config.clone(),
             base_model: self.base_model.clone(),
+            heal: self.cfg.heal.clone(),
         };
         save_module(dir, &self.module()?, &meta)?;
         crate::io::atomic::remove_old_step_dirs(dir, &step_dir);
@@ -714,12 +800,15 @@ impl<'a> Trainer<'a> {
             .map_err(|e| e.in_file(&sp))?;
         let sd = dir.join(&state.step_dir);
         let store = ParamStore::load(sd.join("params.safetensors"))?;
-        let expected: Vec<String> =
+        let mut expected: Vec<String> =
             ElmParams::shapes(&dense.config, state.elm.injection, state.elm.block)
                 .named()
                 .into_iter()
                 .map(|(n, _)| n)
                 .collect();
+        if state.train.heal.is_some() {
+            expected.extend(heal_names(&state.elm, &dense.config)?);
+        }
         if store.names() != expected.as_slice() {
             return Err(ElmError::format(
                 sd.join("params.safetensors"),
