@@ -154,6 +154,8 @@ pub fn enumerate(
         entries: vec![],
     };
     if let Some(dir) = out {
+        // Temporaries of a killed run were never renamed into place: nothing refers to them.
+        crate::io::atomic::remove_stale_temps(dir)?;
         let p = dir.join(ENUM_FILE);
         if p.exists() {
             let prev: Enumeration = read_json(&p)?;
