@@ -106,8 +106,8 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
             "kv": kv,
         }))?;
     } else {
-        println!("wrote {}", a.out.display());
-        println!(
+        say!("wrote {}", a.out.display());
+        say!(
             "parameters: dense {} ({} non-embedding) -> ELM {} ({} non-embedding); reduction {:.1}% total, {:.1}% non-embedding",
             params.dense_total,
             params.dense_non_embedding,
@@ -116,9 +116,13 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
             100.0 * params.reduction_total,
             100.0 * params.reduction_non_embedding
         );
-        println!(
+        say!(
             "KV bytes at {} tokens: dense {}, one-step {} ({:.3}), multi-step(M iterations) {}",
-            a.context, kv.dense, kv.one_step, kv.one_step_ratio, kv.multi_step
+            a.context,
+            kv.dense,
+            kv.one_step,
+            kv.one_step_ratio,
+            kv.multi_step
         );
     }
     Ok(())
@@ -343,7 +347,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
             .into();
         print_json(&v)?;
     } else {
-        println!(
+        say!(
             "trained {} steps ({} this run, {:.1}s) -> {}",
             outcome.steps,
             outcome.steps_this_run,
@@ -351,7 +355,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
             a.out.display()
         );
         if let (Some(b), Some(f)) = (outcome.distill_before, outcome.distill_after) {
-            println!(
+            say!(
                 "held-out distillation MSE ({} GSM8K test problems): {b:.5} -> {f:.5}",
                 outcome.held_out_examples
             );
@@ -530,7 +534,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         }
         for (name, m) in &run.metrics {
             if let Some(p) = &m.paired {
-                println!(
+                say!(
                     "{name}: Δ = {:+.4} [{:+.4}, {:+.4}] ({}){}",
                     p.delta.value,
                     p.delta.lo,
@@ -544,7 +548,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             }
         }
         for s in &run.gsm8k_samples {
-            println!(
+            say!(
                 "--- {}\n{}\n=> strict {} ({}), flexible {} ({})",
                 s.id,
                 s.prediction,
@@ -555,7 +559,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             );
         }
         for s in &run.humaneval_samples {
-            println!("--- {} {:?}\n{}", s.task_id, s.verdict, s.completion);
+            say!("--- {} {:?}\n{}", s.task_id, s.verdict, s.completion);
         }
     }
     Ok(())
@@ -564,12 +568,15 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
 fn print_run(label: &str, r: &TaskRun) {
     for (name, m) in &r.metrics {
         let e = &m.estimate;
-        println!(
+        say!(
             "{label}: {name} = {:.4} [{:.4}, {:.4}] (95% bootstrap, n = {})",
-            e.value, e.lo, e.hi, e.n
+            e.value,
+            e.lo,
+            e.hi,
+            e.n
         );
     }
-    println!(
+    say!(
         "{label}: {} tokens in {:.1}s = {:.1} tok/s{}",
         r.tokens,
         r.seconds,
@@ -657,7 +664,7 @@ pub fn run_spectral(a: SpectralArgs) -> Result<()> {
     if a.json {
         print_json(&r)?;
     } else {
-        println!(
+        say!(
             "ρ(∂φ/∂z) at z* over {} sequences: mean {:.4}, min {:.4}, max {:.4} (max relative residual of z* {:.2e})",
             r.n, r.mean_radius, r.min_radius, r.max_radius, r.max_rel_residual
         );

@@ -49,7 +49,7 @@ pub fn run_export_official(a: ExportOfficialArgs) -> Result<()> {
             "fixed_point_exit_threshold": a.exit_threshold,
         }))?;
     } else {
-        println!(
+        say!(
             "wrote {} (official integrated ELM: layers {}..{} replaced, exit threshold {})",
             a.out.display(),
             elm.start_layer,

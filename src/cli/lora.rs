@@ -22,7 +22,7 @@ pub(crate) fn train_data(
 ) -> Result<Vec<TokenSequence>> {
     let (seqs, dropped) = training_sequences(tok, data, data_dir, seq_len)?;
     if dropped > 0 {
-        eprintln!(
+        say_err!(
             "note: {dropped} of {} training sequences have no answer token within {seq_len} tokens; dropped",
             seqs.len() + dropped
         );
@@ -149,13 +149,13 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
     if a.json {
         print_json(&report)?;
     } else {
-        println!(
+        say!(
             "LoRA SFT {} steps ({seconds:.0}s): train CE {first:.4} -> {last:.4}; merged model -> {}",
             report.steps,
             model_dir.display()
         );
         if let (Some(b), Some(f)) = (before, after) {
-            println!(
+            say!(
                 "held-out answer NLL ({} GSM8K test problems): {b:.4} -> {f:.4} nats/token",
                 test.len()
             );

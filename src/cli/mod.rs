@@ -5,6 +5,24 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `println!` that never panics: when stdout fails (a pipe closed early, a full disk under a
+/// redirect, an injected fault) the human-readable line is lost, not the command's work and
+/// not its exit status. Machine output goes through `output::print_json`, which reports it.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+/// [`say!`] for stderr (progress notes, warnings, the error line).
+macro_rules! say_err {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 pub mod elm_cmds;
 pub mod interchange;
 pub mod lora;
@@ -92,7 +110,7 @@ pub fn main() -> ExitCode {
                     .next()
                     .unwrap_or("")
                     .trim_start_matches("error: ");
-                println!(
+                say!(
                     "{}",
                     serde_json::json!({"error": {
                         "kind": "usage",
@@ -127,9 +145,9 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            say_err!("error: {e}");
             if json {
-                println!("{}", e.to_json());
+                say!("{}", e.to_json());
             }
             ExitCode::FAILURE
         }

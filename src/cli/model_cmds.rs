@@ -67,7 +67,7 @@ pub fn run_fetch(args: FetchArgs) -> Result<()> {
     if args.json {
         print_json(&json!({ "path": path, "verified": true }))?;
     } else {
-        println!("{}", path.display());
+        say!("{}", path.display());
     }
     Ok(())
 }
@@ -274,16 +274,16 @@ fn report_generation(
         }
         print_json(&v)?;
     } else {
-        println!();
+        say!();
         for (b, text) in texts.iter().enumerate().skip(1) {
-            println!("--- sample {b} ---\n{text}");
+            say!("--- sample {b} ---\n{text}");
         }
-        eprintln!(
+        say_err!(
             "[{} prompt tokens, {} new; prefill {prefill_tok_s:.1} tok/s, decode {decode_tok_s:.1} tok/s]",
             out.prompt_tokens, out.new_tokens
         );
         if let Some(r) = &elm_report {
-            eprintln!(
+            say_err!(
                 "[ELM {}: iterations/token {:.2} (max {}), layer evals/token {:.2}, KV {} bytes]",
                 r.solver,
                 r.decode.mean_iterations,
@@ -367,10 +367,10 @@ pub fn run_logits(args: LogitsArgs) -> Result<()> {
         let top: Vec<(usize, f32)> = order.iter().map(|&i| (i, row[i])).collect();
         print_json(&json!({ "prompt_tokens": ids, "top": top }))?;
     } else {
-        println!("prompt tokens: {ids:?}");
+        say!("prompt tokens: {ids:?}");
         for &i in &order {
             let piece = tok.decode(&[i as u32]).unwrap_or_default();
-            println!("{i:>8} {:>12.5} {piece:?}", row[i]);
+            say!("{i:>8} {:>12.5} {piece:?}", row[i]);
         }
     }
     Ok(())
@@ -465,7 +465,7 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
             "solver": run.solver,
         }))?;
     } else {
-        println!(
+        say!(
             "perplexity {:.4} (mean NLL {mean:.4} over {} tokens, {} windows of ≤ {})",
             mean.exp(),
             run.scored_tokens,
@@ -552,7 +552,7 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
     if args.json {
         print_json(&value)?;
     } else {
-        println!(
+        say!(
             "{}",
             serde_json::to_string_pretty(&value).expect("serializable")
         );

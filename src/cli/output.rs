@@ -14,8 +14,11 @@ pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<()> {
         what: "output".into(),
         msg: e.to_string(),
     })?;
-    println!("{line}");
-    Ok(())
+    // A failing stdout is an error of its own (scripts read this line), never a panic.
+    use std::io::Write as _;
+    writeln!(std::io::stdout(), "{line}")
+        .and_then(|()| std::io::stdout().flush())
+        .map_err(|e| ElmError::io(Path::new("<stdout>"), e))
 }
 
 /// `value` as a JSON value, for reports that a command extends before printing.
@@ -103,7 +106,7 @@ pub fn lock_run_dir(dir: &Path, resume: bool) -> Result<Option<elm::io::DirLock>
     let command: Vec<String> = std::env::args().collect();
     let lock = elm::io::DirLock::acquire(dir, &command.join(" "))?;
     if let Some(note) = lock.takeover_note() {
-        eprintln!("{note}");
+        say_err!("{note}");
     }
     Ok(Some(lock))
 }

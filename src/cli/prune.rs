@@ -82,7 +82,7 @@ pub fn run_prune(a: PruneArgs) -> Result<()> {
         v["calibration"] = calib_path.display().to_string().into();
         print_json(&v)?;
     } else {
-        println!(
+        say!(
             "{}: removed layers {:?} ({} by {}), {} -> {} parameters ({} -> {} non-embedding), KV at 1k tokens {} -> {} bytes; wrote {}",
             method.name(),
             r.removed_layers,

@@ -57,7 +57,7 @@ pub fn run_quantize(a: QuantizeArgs) -> Result<()> {
         print_json(&value)?;
     } else {
         let formats: Vec<String> = formats.iter().map(|(f, n)| format!("{n} {f}")).collect();
-        println!(
+        say!(
             "wrote {} ({bytes} bytes; matrices: {})",
             a.out.display(),
             formats.join(", ")

@@ -194,7 +194,7 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
         v["out"] = out.display().to_string().into();
         print_json(&v)?;
     } else {
-        println!(
+        say!(
             "GPPO {} steps ({:.0}s this run): chosen start = argmax θ = {}; softmax θ = [{}]; trace {}",
             outcome.steps,
             outcome.seconds,
@@ -286,7 +286,7 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
     if a.json {
         print_json(&e)?;
     } else {
-        println!(
+        say!(
             "enumeration ({} starts, {} steps each; dense NLL {:.4}): ranking best first {:?}",
             e.entries.len(),
             cfg.steps,
@@ -313,7 +313,7 @@ fn run_metric(a: &SearchArgs, method: Selector) -> Result<()> {
     if a.json {
         print_json(&mc)?;
     } else {
-        println!(
+        say!(
             "{}: chosen start {} (scores by start, {} is better: {:?})",
             method.name(),
             mc.choice,
@@ -355,9 +355,9 @@ fn run_report(a: &SearchArgs) -> Result<()> {
     if a.json {
         print_json(&r)?;
     } else {
-        println!("enumeration ranking (best first): {:?}", r.enum_ranking);
+        say!("enumeration ranking (best first): {:?}", r.enum_ranking);
         if let Some(p) = &r.gppo {
-            println!(
+            say!(
                 "gppo: argmax θ = {} (on grid {}), enumeration rank {} of {}, Spearman(θ, −NLL) = {}",
                 p.choice,
                 p.choice_on_grid,
@@ -367,9 +367,13 @@ fn run_report(a: &SearchArgs) -> Result<()> {
             );
         }
         for p in &r.metrics {
-            println!(
+            say!(
                 "{}: start {} (on grid {}), enumeration rank {}, NLL gap {:.4}",
-                p.method, p.choice, p.choice_on_grid, p.enum_rank, p.nll_gap
+                p.method,
+                p.choice,
+                p.choice_on_grid,
+                p.enum_rank,
+                p.nll_gap
             );
         }
     }

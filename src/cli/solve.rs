@@ -207,7 +207,7 @@ pub fn run_solve(args: SolveArgs) -> Result<()> {
     if args.json {
         print_json(&out)?;
     } else {
-        println!(
+        say!(
             "{} on {}: converged {} ({}/{} rows), {} iterations, {} map evals, residual {:.3e}, error vs exact {}, {:.4} s",
             cfg.name(),
             problem.name(),
@@ -289,7 +289,7 @@ pub fn run_study(args: StudyArgs) -> Result<()> {
         print_json(&json!({"problem": problem.name(), "plot": args.plot, "solvers": solvers}))?;
     } else {
         for c in &curves {
-            println!(
+            say!(
                 "{:9} {} map evals, converged {}, residual {:.3e}",
                 c.solver,
                 c.sol.map_evals,
@@ -297,7 +297,7 @@ pub fn run_study(args: StudyArgs) -> Result<()> {
                 c.sol.max_residual()
             );
         }
-        println!("plot written to {}", args.plot.display());
+        say!("plot written to {}", args.plot.display());
     }
     Ok(())
 }

@@ -124,8 +124,11 @@ pub fn run_sweep(a: SweepArgs) -> Result<()> {
     if a.json {
         print_json(&report)?;
     } else {
-        print!("{}", markdown(&cfg, &rows, &marks));
-        println!("wrote {}", a.out.display());
+        {
+            use std::io::Write as _;
+            let _ = std::io::stdout().write_all(markdown(&cfg, &rows, &marks).as_bytes());
+        }
+        say!("wrote {}", a.out.display());
     }
     Ok(())
 }
