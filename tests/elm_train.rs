@@ -751,3 +751,21 @@ fn a_healed_checkpoint_decodes_in_f32_and_quantized_and_is_not_a_fresh_init() {
         "{err}"
     );
 }
+
+#[test]
+fn a_batch_without_answer_tokens_trains_on_distillation_alone() {
+    let w = tiny_weights(Arch::Llama, 5, 4);
+    let ec = ElmConfig::new(1, 2);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    let mut seqs = data(8, 2);
+    for s in &mut seqs {
+        s.loss_mask.iter_mut().for_each(|m| *m = false);
+    }
+    // 4 steps: the last two are in the CE phase (from half of training).
+    let mut t = Trainer::new(&w, ec, &module, cfg(4, 1), "tiny".into()).unwrap();
+    for _ in 0..4 {
+        let log = t.train_step(&seqs, 0).unwrap();
+        assert!(log.ce.is_none() && log.distill.is_finite(), "{log:?}");
+    }
+    assert!(t.history[3].lambda_ce > 0.0);
+}

@@ -267,3 +267,31 @@ fn bad_input_is_a_typed_error() {
     let e = LoraTrainer::resume(&w, &d).err().unwrap().to_string();
     assert!(e.contains("lora_state.json"), "{e}");
 }
+
+#[test]
+fn a_batch_without_answer_tokens_passes_without_an_update() {
+    let w = tiny_weights(Arch::Llama, 3, 2);
+    let cfg = LoraConfig {
+        lora: spec(),
+        steps: 4,
+        batch_size: 2,
+        seq_len: 32,
+        checkpoint_every: 0,
+        ..LoraConfig::default()
+    };
+    // Every answer past the sequence: nothing to fit.
+    let mut seqs = data(4, 3);
+    for s in &mut seqs {
+        s.loss_mask.iter_mut().for_each(|m| *m = false);
+    }
+    let mut tr = LoraTrainer::new(&w, cfg, "tiny".into()).unwrap();
+    let before: Vec<ArrayD<f32>> = (0..tr.adapters().len())
+        .map(|i| tr.adapters().value(i).clone())
+        .collect();
+    let log = tr.train_step(&seqs, 0).unwrap();
+    assert_eq!((log.tokens, log.ce, log.grad_norm), (0, 0.0, 0.0));
+    assert_eq!(tr.step, 1);
+    for (i, b) in before.iter().enumerate() {
+        assert_eq!(tr.adapters().value(i), b, "adapter {i} moved");
+    }
+}

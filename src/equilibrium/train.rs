@@ -554,7 +554,10 @@ impl<'a> Trainer<'a> {
             loss = tape.add(loss, w)?;
         }
         let mut ce_val = None;
-        if lambda_ce > 0.0 {
+        // A batch whose answers all lie past `seq_len` has nothing for the CE term: the step
+        // trains on the distillation term alone (the CE of zero tokens is undefined).
+        let supervised = batch.targets.iter().flatten().any(Option::is_some);
+        if lambda_ce > 0.0 && supervised {
             let mut x = z;
             match &self.cfg.heal {
                 None => {

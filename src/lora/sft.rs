@@ -159,7 +159,8 @@ impl LoraConfig {
 pub struct LoraStepLog {
     pub step: usize,
     pub lr: f64,
-    /// Mean CE over the batch's answer tokens.
+    /// Mean CE over the batch's answer tokens (0 with `tokens` 0: a batch without answer
+    /// tokens, no update).
     pub ce: f64,
     pub grad_norm: f64,
     pub tokens: usize,
@@ -304,6 +305,26 @@ impl<'a> LoraTrainer<'a> {
         let idx = batch_indices(data.len(), self.cfg.batch_size, self.step, self.cfg.seed);
         let seqs: Vec<&TokenSequence> = idx.iter().map(|&i| &data[i]).collect();
         let mut rng = StdRng::seed_from_u64(step_seed(self.cfg.seed ^ 0x10AA, self.step));
+        // A batch whose answers all lie past `seq_len` holds nothing to fit: the step passes
+        // without an update (the schedule moves on), logged with 0 tokens.
+        if !make_batch(&seqs, pad_id)
+            .targets
+            .iter()
+            .flatten()
+            .any(Option::is_some)
+        {
+            let log = LoraStepLog {
+                step: self.step,
+                lr: self.sched.lr_at(self.step),
+                ce: 0.0,
+                grad_norm: 0.0,
+                tokens: 0,
+                seconds: t0.elapsed().as_secs_f64(),
+            };
+            self.step += 1;
+            self.history.push(log.clone());
+            return Ok(log);
+        }
         let mut tape = Tape::<f32>::new();
         let (ce, vars, tokens) = self.forward(&mut tape, &seqs, pad_id, Some(&mut rng))?;
         let ce_val = tape.scalar(ce) as f64;

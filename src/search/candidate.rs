@@ -352,24 +352,35 @@ impl<'a> Candidates<'a> {
         let valid = teacher.valid();
         let target = tape.constant(teacher.states[l + m].clone().into_dyn());
         let mse = crate::nn::masked_mse(&mut tape, z, target, &valid)?;
-        let mut x = z;
-        for bt in &self.blocks[l + m..] {
-            let bv = BlockVars::register(&mut tape, bt, false);
-            x = block_forward(&mut tape, &bv, x, 0)?;
-        }
-        let fnorm = tape.constant_shared(self.final_norm.clone());
-        let head = tape.constant_shared(self.lm_head.clone());
         let targets = teacher.targets();
-        let eps = self.dense.config.rms_norm_eps;
-        // Final norm, LM head and CE at answer tokens only.
-        let (ce, _) = crate::nn::supervised_cross_entropy(&mut tape, x, &targets, -1, |t, x| {
-            let nx = crate::nn::rms_norm(t, x, fnorm, eps)?;
-            t.matmul_t(nx, head, None)
-        })?;
-        let (ce_v, mse_v) = (tape.scalar(ce) as f64, tape.scalar(mse) as f64);
-        let a = tape.scale(ce, self.cfg.ce_weight);
+        // A batch whose answers all lie past `seq_len` trains on the distillation term alone
+        // (CE logged as 0: the CE of zero tokens is undefined).
+        let (ce_term, ce_v) = if targets.iter().any(|&t| t != -1) {
+            let mut x = z;
+            for bt in &self.blocks[l + m..] {
+                let bv = BlockVars::register(&mut tape, bt, false);
+                x = block_forward(&mut tape, &bv, x, 0)?;
+            }
+            let fnorm = tape.constant_shared(self.final_norm.clone());
+            let head = tape.constant_shared(self.lm_head.clone());
+            let eps = self.dense.config.rms_norm_eps;
+            // Final norm, LM head and CE at answer tokens only.
+            let (ce, _) =
+                crate::nn::supervised_cross_entropy(&mut tape, x, &targets, -1, |t, x| {
+                    let nx = crate::nn::rms_norm(t, x, fnorm, eps)?;
+                    t.matmul_t(nx, head, None)
+                })?;
+            let ce_v = tape.scalar(ce) as f64;
+            (Some(tape.scale(ce, self.cfg.ce_weight)), ce_v)
+        } else {
+            (None, 0.0)
+        };
+        let mse_v = tape.scalar(mse) as f64;
         let b = tape.scale(mse, self.cfg.distill_weight);
-        let loss = tape.add(a, b)?;
+        let loss = match ce_term {
+            Some(a) => tape.add(a, b)?,
+            None => b,
+        };
         let loss_v = tape.scalar(loss) as f64;
         if !loss_v.is_finite() {
             return Err(ElmError::NonFinite(format!("candidate {l} loss")));
