@@ -55,6 +55,9 @@ about 2 minutes on 2 cores; checks that every table is filled, not the figures.\
 run is stated at the top of this page (main results and the LoRA reference: 300 steps × 2 × 128 tokens per trained model; \
 ablations: 60 steps; table 6: GPPO 100 steps, enumeration of every 2nd start × 8 steps; 60 problems for NLL, 16 for \
 exact match). The stage cache makes a rerun after a kill resume where it stopped.\n\
+- `long` (`SCALE=long bash scripts/main.sh`, into `results/long/`): `small`'s tables (read from `small`'s stage \
+records when it ran first) plus table 8 (learning curves at 75, 150, 300 and 600 steps) and table 9 (three seeds of \
+the headline rows); its own compute time is stated at the top of its page.\n\
 - `paper`: `--model` pointing at a local HF directory of Qwen2.5-1.5B-Instruct (config.json, safetensors, \
 tokenizer.json), the full GSM8K test set, 2000 steps × 8 × 256 tokens; days on a CPU (training runs on the CPU \
 library; a GPU speeds up only dense decoding and benchmarks).\n";

@@ -810,7 +810,7 @@ fn headline(t: &Tables) -> String {
             if let Some(h) = &t.healed_elm {
                 if let Some(r) = t.main.iter().find(|r| r.model == h.healed) {
                     s += &format!(
-                        " ELM + heal (a row no paper has; the module and a LoRA heal of the layers after the window trained together, same budget)                          on layers {}–{}: answer NLL {}; minus the plain ELM's at that window, paired: {}{}.",
+                        " ELM + heal (a row no paper has; the module and a LoRA heal of the layers after the window trained together, same budget) on layers {}–{}: answer NLL {}; minus the plain ELM's at that window, paired: {}{}.",
                         h.layers.0,
                         h.layers.1,
                         iv(&r.answer_nll),
