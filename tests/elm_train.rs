@@ -688,8 +688,7 @@ fn a_healed_checkpoint_decodes_in_f32_and_quantized_and_is_not_a_fresh_init() {
     let root = dir.path();
     let w = ModelWeights::random(&ModelConfig::tiny(Arch::Llama), 3);
     let model = root.join("tiny");
-    elm::io::save_hf_model(&w, &model).unwrap();
-    std::fs::write(model.join("tokenizer.json"), common::word_tokenizer_json()).unwrap();
+    common::write_word_model(&w, &model);
     let data = root.join("train.jsonl");
     common::write_word_corpus(&data, 8, 7);
     let config = root.join("train.json");

@@ -50,8 +50,7 @@ fn setup() -> Setup {
     let root = dir.path().to_path_buf();
     let w = ModelWeights::random(&ModelConfig::tiny(Arch::Llama), 3);
     let model = root.join("tiny");
-    elm::io::save_hf_model(&w, &model).unwrap();
-    std::fs::write(model.join("tokenizer.json"), common::word_tokenizer_json()).unwrap();
+    common::write_word_model(&w, &model);
     let data = root.join("train.jsonl");
     common::write_word_corpus(&data, 8, 7);
     let config = root.join("train.json");
@@ -269,6 +268,34 @@ fn command_name(job: Job) -> &'static str {
     }
 }
 
+/// One row of the README's fault table (only finished runs that equal the uninterrupted one,
+/// with no temporary left, get this far).
+fn outcome(
+    job: Job,
+    fault: &str,
+    failed: bool,
+    error: serde_json::Value,
+    recovery: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "command": command_name(job),
+        "fault": fault,
+        "failed": failed,
+        "error": error,
+        "recovery": recovery,
+        "result_equals_uninterrupted_run": true,
+        "temporaries_left": 0,
+    })
+}
+
+/// `ELM_FAULT_REPORT/NAME.json`, which `scripts/fault-table.sh` turns into the README's table.
+fn write_report(name: &str, outcomes: &[serde_json::Value]) {
+    if let Some(dir) = std::env::var_os("ELM_FAULT_REPORT") {
+        let path = PathBuf::from(dir).join(format!("{name}.json"));
+        std::fs::write(&path, serde_json::to_string_pretty(outcomes).unwrap()).unwrap();
+    }
+}
+
 /// The JSON error a failed run printed on stdout.
 fn json_error(o: &Output) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&o.stdout);
@@ -370,21 +397,14 @@ fn check_job(st: &Setup, job: Job) {
         };
         assert_finished_as(job, &out, &want, &format!("{point}: {what}"));
         println!("{what}");
-        outcomes.push(serde_json::json!({
-            "command": command_name(job),
-            "fault": enable,
-            "failed": failed,
-            "error": error,
-            "recovery": if failed { recovery } else { "not hit: the run finished" },
-            "result_equals_uninterrupted_run": true,
-            "temporaries_left": 0,
-        }));
+        let recovery = if failed {
+            recovery
+        } else {
+            "not hit: the run finished"
+        };
+        outcomes.push(outcome(job, enable, failed, error, recovery));
     }
-    // `scripts/fault-table.sh` turns these into the README's table.
-    if let Some(path) = std::env::var_os("ELM_FAULT_REPORT") {
-        let path = PathBuf::from(path).join(format!("{job:?}.json"));
-        std::fs::write(&path, serde_json::to_string_pretty(&outcomes).unwrap()).unwrap();
-    }
+    write_report(&format!("{job:?}"), &outcomes);
 }
 
 fn walk(dir: &Path) -> Vec<String> {
@@ -619,21 +639,16 @@ fn a_full_disk_stops_the_run_with_a_typed_error_and_resume_finishes_it() {
             what += &format!("; {recovery}");
             assert_finished_as(job, &copy, &want, &what);
             println!("{what}");
-            outcomes.push(serde_json::json!({
-                "command": command_name(job),
-                "fault": format!("ENOSPC: run directory on a {size}-byte tmpfs"),
-                "failed": failed,
-                "error": error,
-                "recovery": if failed { recovery } else { "not hit: the run fits" },
-                "result_equals_uninterrupted_run": true,
-                "temporaries_left": 0,
-            }));
+            let fault = format!("ENOSPC: run directory on a {size}-byte tmpfs");
+            let recovery = if failed {
+                recovery
+            } else {
+                "not hit: the run fits"
+            };
+            outcomes.push(outcome(job, &fault, failed, error, recovery));
         }
     }
-    if let Some(path) = std::env::var_os("ELM_FAULT_REPORT") {
-        let path = PathBuf::from(path).join("enospc.json");
-        std::fs::write(&path, serde_json::to_string_pretty(&outcomes).unwrap()).unwrap();
-    }
+    write_report("enospc", &outcomes);
 }
 
 /// `elm quantize` writes one file: with fsync, rename or open failing (libfiu), or its disk
@@ -653,8 +668,7 @@ fn a_failing_or_full_disk_never_leaves_a_torn_quantized_file() {
     };
     let w = ModelWeights::random(&cfg, 5);
     let model = root.join("tiny");
-    elm::io::save_hf_model(&w, &model).unwrap();
-    std::fs::write(model.join("tokenizer.json"), common::word_tokenizer_json()).unwrap();
+    common::write_word_model(&w, &model);
     let ckpt = root.join("ckpt");
     let o = Command::new(env!("CARGO_BIN_EXE_elm"))
         .args(["compress", "--model", &s(&model), "--start", "1"])

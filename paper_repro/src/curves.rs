@@ -194,6 +194,42 @@ fn gap(model: &MetricReport, elm: &MetricReport, what: &str) -> Result<Interval,
     Ok((&pair(model, elm, what)?.delta).into())
 }
 
+/// Every series of `all` trained at every `(steps, seed)` of `runs`, in that order; each point
+/// with its answer NLL minus that of `all[0]` (the reference ELM) at the same run, paired over
+/// problems (`None` for the reference's own points).
+fn paired_runs(
+    ctx: &mut Ctx<'_>,
+    dense: &Dense,
+    all: &[Series],
+    runs: &[(usize, u64)],
+) -> Result<Vec<Vec<(Point, Option<Interval>)>>, ReproError> {
+    let m = ctx.limits.m;
+    let reference = all[0].name(m);
+    let mut elm_items: Vec<MetricReport> = vec![];
+    let mut out = vec![];
+    for s in all {
+        let name = s.name(m);
+        let mut pts = vec![];
+        for (i, &(steps, seed)) in runs.iter().enumerate() {
+            let p = train_point(ctx, dense, s, steps, seed)?;
+            let minus_elm = match elm_items.get(i) {
+                Some(e) if s != &all[0] => Some(gap(
+                    &p.nll,
+                    e,
+                    &format!("{name} vs {reference}, {steps} steps, seed {seed}"),
+                )?),
+                _ => None,
+            };
+            if s == &all[0] {
+                elm_items.push(p.nll.clone());
+            }
+            pts.push((p, minus_elm));
+        }
+        out.push(pts);
+    }
+    Ok(out)
+}
+
 /// Table 8: every series at every budget of the scale's curve study.
 pub fn curves(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Curves, ReproError> {
     let l = ctx.limits.clone();
@@ -205,34 +241,23 @@ pub fn curves(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Curves, R
     steps.sort_unstable();
     let all = series(main, l.start);
     let reference = all[0].name(l.m);
+    let runs: Vec<(usize, u64)> = steps.iter().map(|&n| (n, 0)).collect();
     let mut points = vec![];
     let mut trends = vec![];
-    let mut elm_items: Vec<MetricReport> = vec![];
-    for s in &all {
+    for (s, pts) in all.iter().zip(paired_runs(ctx, dense, &all, &runs)?) {
         let name = s.name(l.m);
-        let mut pts = vec![];
-        for (i, &n) in steps.iter().enumerate() {
-            let p = train_point(ctx, dense, s, n, 0)?;
-            let minus_elm = match elm_items.get(i) {
-                Some(e) if *s != all[0] => Some(gap(
-                    &p.nll,
-                    e,
-                    &format!("{name} vs {reference}, {n} steps"),
-                )?),
-                _ => None,
-            };
-            if *s == all[0] {
-                elm_items.push(p.nll.clone());
-            }
-            pts.push(CurvePoint {
+        let pts: Vec<CurvePoint> = pts
+            .into_iter()
+            .zip(&steps)
+            .map(|((p, minus_elm), &n)| CurvePoint {
                 series: name.clone(),
                 steps: n,
                 tokens: p.tokens,
                 compute_seconds: p.compute_seconds,
                 answer_nll: (&p.nll.estimate).into(),
                 minus_elm,
-            });
-        }
+            })
+            .collect();
         trends.push(trend(&name, &pts, l.main.batch_size)?);
         points.extend(pts);
     }
@@ -341,26 +366,18 @@ pub fn seeds(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Seeds, Rep
     );
     all.push(Series::Dense);
     let reference = all[0].name(l.m);
+    let runs: Vec<(usize, u64)> = study
+        .seeds
+        .iter()
+        .map(|&seed| (l.main.steps, seed))
+        .collect();
     let mut rows = vec![];
     let mut summaries = vec![];
-    let mut elm_items: Vec<MetricReport> = vec![];
-    for s in &all {
+    for (s, pts) in all.iter().zip(paired_runs(ctx, dense, &all, &runs)?) {
         let name = s.name(l.m);
         let (mut nll, mut gaps) = (vec![], vec![]);
         let mut sides = vec![];
-        for (i, &seed) in study.seeds.iter().enumerate() {
-            let p = train_point(ctx, dense, s, l.main.steps, seed)?;
-            let minus_elm = match elm_items.get(i) {
-                Some(e) if *s != all[0] => Some(gap(
-                    &p.nll,
-                    e,
-                    &format!("{name} vs {reference}, seed {seed}"),
-                )?),
-                _ => None,
-            };
-            if *s == all[0] {
-                elm_items.push(p.nll.clone());
-            }
+        for ((p, minus_elm), &(_, seed)) in pts.into_iter().zip(&runs) {
             nll.push(p.nll.estimate.value);
             if let Some(g) = minus_elm {
                 gaps.push(g.value);

@@ -281,6 +281,13 @@ pub fn write_word_corpus(path: &Path, lines: usize, stride: usize) {
     std::fs::write(path, records.join("\n")).unwrap();
 }
 
+/// `w` as an HF model directory at `dir` with [`word_tokenizer_json`]'s tokenizer: a model the
+/// `elm` CLI loads like a real one.
+pub fn write_word_model(w: &elm::model::ModelWeights, dir: &Path) {
+    elm::io::save_hf_model(w, dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), word_tokenizer_json()).unwrap();
+}
+
 /// A word-level tokenizer (HF `tokenizer.json`) over the tiny models' 64 ids: `<unk>`, `<s>`,
 /// `</s>`, `w3`..`w63`.
 pub fn word_tokenizer_json() -> String {
