@@ -194,6 +194,9 @@ fn gap(model: &MetricReport, elm: &MetricReport, what: &str) -> Result<Interval,
     Ok((&pair(model, elm, what)?.delta).into())
 }
 
+/// A trained point and its answer NLL minus the reference ELM's at the same run.
+type PairedPoint = (Point, Option<Interval>);
+
 /// Every series of `all` trained at every `(steps, seed)` of `runs`, in that order; each point
 /// with its answer NLL minus that of `all[0]` (the reference ELM) at the same run, paired over
 /// problems (`None` for the reference's own points).
@@ -202,7 +205,7 @@ fn paired_runs(
     dense: &Dense,
     all: &[Series],
     runs: &[(usize, u64)],
-) -> Result<Vec<Vec<(Point, Option<Interval>)>>, ReproError> {
+) -> Result<Vec<Vec<PairedPoint>>, ReproError> {
     let m = ctx.limits.m;
     let reference = all[0].name(m);
     let mut elm_items: Vec<MetricReport> = vec![];
