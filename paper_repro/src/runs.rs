@@ -887,6 +887,36 @@ pub fn spectral(ctx: &mut Ctx<'_>, t: &Done<Trained>) -> Result<Done<Spectral>, 
     })
 }
 
+/// `elm sweep --json`: map evaluations of Picard, Anderson and Broyden against ρ on the
+/// canonical linear problem, with the trained ELMs' measured ρ marked.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RhoSweep {
+    pub config: elm::solver::rho_sweep::RhoSweepConfig,
+    pub marks: Vec<(String, f64)>,
+    pub rows: Vec<elm::solver::rho_sweep::RhoSweepRow>,
+}
+
+/// `elm sweep` with `marks` (name, measured ρ); its plot is copied to `plots/rho_sweep.svg`.
+pub fn rho_sweep(
+    ctx: &mut Ctx<'_>,
+    marks: &[(String, f64)],
+    plots: &Path,
+) -> Result<Done<RhoSweep>, ReproError> {
+    let config = json!({ "marks": marks });
+    let elm = ctx.elm;
+    let done = ctx.stages.run("rho_sweep", &config, 1.0, |dir| {
+        let mut a = args(&["sweep", "--out", &path_arg(dir)]);
+        for (name, rho) in marks {
+            a.extend(args(&["--mark", &format!("{name}={rho}")]));
+        }
+        Ok(elm.run::<Unread>(&a)?.raw)
+    })?;
+    std::fs::create_dir_all(plots).map_err(|e| ReproError::io(plots, e))?;
+    let (from, to) = (done.dir.join("rho_sweep.svg"), plots.join("rho_sweep.svg"));
+    std::fs::copy(&from, &to).map_err(|e| ReproError::io(&from, e))?;
+    Ok(done)
+}
+
 /// Every library report paper_repro decodes, serialised from a library value as its `elm ...
 /// --json` command prints it (plus the keys the command adds), must decode into the type the
 /// stages read: a field the library renames or retypes fails here, not in the smoke run.

@@ -163,7 +163,7 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
         u += 5.0;
     }
     if sel(TableId::Spectral) {
-        u += (1 + l.sweep.len()) as f64 * l.spectral_sequences as f64 * 10.0;
+        u += (1 + l.sweep.len()) as f64 * l.spectral_sequences as f64 * 10.0 + 1.0;
     }
     u
 }
@@ -251,6 +251,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         limits: serde_json::Value::Null,
         same_window: None,
         healed_elm: None,
+        rho_sweep: None,
         trained_windows: vec![],
         curves: None,
         seeds: None,
@@ -407,6 +408,13 @@ pub fn run(args: Args) -> Result<(), ReproError> {
             }
         }
         t.spectral = tables::spectral(&mut ctx, &models)?;
+        // Where the trained maps sit on the canonical problem's ρ axis (when acceleration pays).
+        let marks: Vec<(String, f64)> = t
+            .spectral
+            .iter()
+            .map(|r| (r.model.clone(), r.mean_radius))
+            .collect();
+        t.rho_sweep = Some(runs::rho_sweep(&mut ctx, &marks, &out.join("plots"))?.value);
     }
     if !trainings.is_empty() {
         // One row per distinct training (the sweep's M = main M may be the gradient study's SJFB run).

@@ -205,6 +205,11 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
             "{p:?}"
         );
     }
+    // Table 7c: the ρ sweep with every trained ELM of table 7b marked.
+    let rho = t.rho_sweep.as_ref().expect("the rho sweep");
+    assert_eq!(rho.marks.len(), t.spectral.len());
+    assert!(rho.rows.iter().any(|r| r.solver == "anderson"));
+
     // ELM + heal: a row of table 1, paired with the plain ELM at its window.
     let h = t.healed_elm.as_ref().expect("the ELM + heal comparison");
     assert!(t.main.iter().any(|r| r.model == h.healed));
@@ -275,6 +280,7 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         "compression_sweep.svg",
         "where_to_prune.svg",
         "curves_tokens.svg",
+        "rho_sweep.svg",
         "curves_seconds.svg",
     ] {
         let svg = std::fs::read_to_string(out.join("plots").join(plot)).unwrap();
