@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job (README): installs system needs, fetches SmolLM2-135M, builds in release mode and rebuilds the
 # paper's tables and plots at the `small` scale (CPU) into results/. Override with SCALE=smoke|small|long|paper.
-# `long` (small + learning curves and seeds) writes results/long/ and leaves the README headline to `small`; it
+# `long` (small + learning curves and seeds) writes results/long/ and the README's long block (the headline stays
+# `small`'s); it
 # starts from the stage records `small` left in results/stages (the same stages, same keys), so after a `small`
 # run it computes only what it adds.
 set -euo pipefail
@@ -16,6 +17,6 @@ if [ "$scale" = long ]; then
     # -n: a record the long run already has (perhaps recomputed) is kept.
     cp -n results/stages/*.json results/long/stages/
   fi
-  exec cargo run --release -p paper_repro -- --scale long --out results/long
+  exec cargo run --release -p paper_repro -- --scale long --out results/long --readme README.md
 fi
 cargo run --release -p paper_repro -- --scale "$scale" --out results --readme README.md

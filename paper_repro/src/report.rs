@@ -1233,9 +1233,40 @@ fn unique_stage_seconds(t: &Tables) -> f64 {
 
 /// `text` with its headline block replaced by `block` (`None` when it has none).
 pub fn replace_headline_block(text: &str, block: &str) -> Option<String> {
-    let start = text.find(HEADLINE_BEGIN)?;
-    let end = text[start..].find(HEADLINE_END)? + start + HEADLINE_END.len();
-    Some(format!("{}{block}{}", &text[..start], &text[end..]))
+    replace_block(text, HEADLINE_BEGIN, HEADLINE_END, block)
+}
+
+/// `text` with the span from `begin` to `end` (markers included) replaced by `block`.
+pub fn replace_block(text: &str, begin: &str, end: &str, block: &str) -> Option<String> {
+    let start = text.find(begin)?;
+    let stop = text[start..].find(end)? + start + end.len();
+    Some(format!("{}{block}{}", &text[..start], &text[stop..]))
+}
+
+/// Markers of the block a `long` run writes into the repository's README (the headline block
+/// stays the main job's).
+pub const LONG_BEGIN: &str = "<!-- long:begin -->";
+pub const LONG_END: &str = "<!-- long:end -->";
+
+/// The `long` run's block: its compute time, the curves' verdict and trends, the seeds'
+/// summary; `link` is the run's README relative to the repository's.
+pub fn long_block(t: &Tables, link: &str) -> String {
+    let mut s = format!(
+        "{LONG_BEGIN}\n*Written by `paper_repro --scale long`: {} stages that took {} to compute on this machine \
+         (this invocation computed {} of them); all tables: [{link}]({link}).*\n\n",
+        t.stages.len(),
+        seconds(unique_stage_seconds(t)),
+        t.stages.iter().filter(|s| !s.cached).count(),
+    );
+    if let Some(c) = &t.curves {
+        s += &curves_table(c);
+        s += "\n";
+    }
+    if let Some(seeds) = &t.seeds {
+        s += &seeds_table(seeds);
+        s += "\n";
+    }
+    s + LONG_END
 }
 
 #[cfg(test)]

@@ -438,15 +438,32 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     if let Some(path) = &args.readme {
         let text = std::fs::read_to_string(path).map_err(|e| ReproError::io(path, e))?;
         let link = out.join("README.md");
-        let updated = report::replace_headline_block(&text, &report::headline_block(&t, &link))
-            .ok_or_else(|| {
-                ReproError::Setup(format!(
-                    "{}: no `{}` … `{}` block to replace",
-                    path.display(),
-                    report::HEADLINE_BEGIN,
-                    report::HEADLINE_END
-                ))
-            })?;
+        // `long` writes its own block; the headline stays the main job's.
+        let (begin, end, block) = if args.scale == Scale::Long {
+            let rel = path
+                .canonicalize()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.to_path_buf()))
+                .and_then(|d| link.strip_prefix(d).ok().map(|r| r.display().to_string()))
+                .unwrap_or_else(|| link.display().to_string());
+            (
+                report::LONG_BEGIN,
+                report::LONG_END,
+                report::long_block(&t, &rel),
+            )
+        } else {
+            (
+                report::HEADLINE_BEGIN,
+                report::HEADLINE_END,
+                report::headline_block(&t, &link),
+            )
+        };
+        let updated = report::replace_block(&text, begin, end, &block).ok_or_else(|| {
+            ReproError::Setup(format!(
+                "{}: no `{begin}` … `{end}` block to replace",
+                path.display()
+            ))
+        })?;
         elm::io::write_atomic(path, updated.as_bytes()).map_err(|source| ReproError::Elm {
             what: format!("writing {}", path.display()),
             source,
