@@ -16,6 +16,11 @@ if [ "$scale" = long ]; then
   if compgen -G 'results/stages/*.json' >/dev/null; then
     # -n: a record the long run already has (perhaps recomputed) is kept.
     cp -n results/stages/*.json results/long/stages/
+    # A cached stage's files (plots, checkpoints) stay in small's work directory.
+    mkdir -p results/long/work
+    for d in results/work/*; do
+      [ -e "results/long/work/$(basename "$d")" ] || ln -s "$PWD/$d" results/long/work/
+    done
   fi
   exec cargo run --release -p paper_repro -- --scale long --out results/long --readme README.md
 fi
