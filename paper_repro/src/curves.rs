@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::ReproError;
 use crate::runs::{self, Ctx, Metrics, OwnCompute, Subject, Variant};
 use crate::scale::Budget;
+use crate::stage::Done;
 use crate::tables::{pair, Dense, Interval, Main};
+use elm::lora::LoraReport;
 
 /// Two epochs of MetaMathQA's 395k problems: the paper's training, in problems seen (the
 /// curves' trend is extrapolated in problems, since the paper's token count is not given).
@@ -73,22 +75,23 @@ fn train_point(
             nll: run.value.metric("answer_nll", &what)?.clone(),
         })
     };
+    // A LoRA stage's merged model (`before`: the compute spent before it, e.g. pruning).
+    let tuned =
+        |ctx: &mut Ctx<'_>, run: &Done<LoraReport>, before: f64| -> Result<Point, ReproError> {
+            let eval = runs::eval(ctx, &Subject::tuned(run), "gsm8k-nll")?;
+            Ok(Point {
+                tokens: lora.max_tokens(),
+                compute_seconds: before + run.value.compute_seconds(),
+                nll: eval.value.metric("answer_nll", &what)?.clone(),
+            })
+        };
     match series {
         Series::Elm(start) => trained(ctx, &Variant::elm(*start, l.m), &main),
         Series::Streamline => trained(ctx, &Variant::streamline(l.start, l.m), &main),
         Series::Healed(method) => {
             let p = runs::prune(ctx, method, l.m)?;
             let h = runs::heal(ctx, &p, &lora)?;
-            let subject = Subject::Model {
-                dir: h.value.out.clone().into(),
-                key: h.key.clone(),
-            };
-            let run = runs::eval(ctx, &subject, "gsm8k-nll")?;
-            Ok(Point {
-                tokens: lora.max_tokens(),
-                compute_seconds: p.value.report.seconds + h.value.compute_seconds(),
-                nll: run.value.metric("answer_nll", &what)?.clone(),
-            })
+            tuned(ctx, &h, p.value.report.seconds)
         }
         Series::Dense if steps == l.lora.steps && seed == l.lora.seed => Ok(Point {
             tokens: l.lora.max_tokens(),
@@ -96,17 +99,8 @@ fn train_point(
             nll: dense.nll.value.metric("answer_nll", &what)?.clone(),
         }),
         Series::Dense => {
-            let tuned = runs::lora(ctx, &dense.untuned_model, &dense.untuned_id, &lora)?;
-            let subject = Subject::Model {
-                dir: tuned.value.out.clone().into(),
-                key: tuned.key.clone(),
-            };
-            let run = runs::eval(ctx, &subject, "gsm8k-nll")?;
-            Ok(Point {
-                tokens: lora.max_tokens(),
-                compute_seconds: tuned.value.compute_seconds(),
-                nll: run.value.metric("answer_nll", &what)?.clone(),
-            })
+            let t = runs::lora(ctx, &dense.untuned_model, &dense.untuned_id, &lora)?;
+            tuned(ctx, &t, 0.0)
         }
     }
 }

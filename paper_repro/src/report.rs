@@ -586,14 +586,7 @@ fn curve_span(c: &crate::curves::Curves) -> f64 {
         .filter(|p| p.series == c.reference)
         .map(|p| p.tokens as f64)
         .collect();
-    let (lo, hi) = bounds_exact(&toks);
-    (hi / lo.max(1.0)).log2()
-}
-
-fn bounds_exact(v: &[f64]) -> (f64, f64) {
-    let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    (lo, hi)
+    elm::eval::stats::spread(&toks).map_or(0.0, |s| (s.max / s.min.max(1.0)).log2())
 }
 
 /// The sentence a reader looks for: does the best baseline's gap to the ELM shrink, cross or

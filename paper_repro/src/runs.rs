@@ -439,6 +439,13 @@ pub enum Subject {
 }
 
 impl Subject {
+    /// The merged model a LoRA stage wrote (the tuned dense model, a healed baseline).
+    pub fn tuned(run: &Done<LoraReport>) -> Self {
+        Subject::Model {
+            dir: run.value.out.clone().into(),
+            key: run.key.clone(),
+        }
+    }
     /// The trained module of `t` solved by `solver` to absolute per-token tolerance `tol`.
     pub fn elm(t: &Done<Trained>, solver: &str, tol: f64) -> Self {
         Subject::Elm {

@@ -249,10 +249,7 @@ pub fn dense(ctx: &mut Ctx<'_>) -> Result<Dense, ReproError> {
     let budget = ctx.limits.lora;
     let (untuned_model, untuned_id) = (ctx.model.clone(), ctx.model_id.clone());
     let tuned = runs::lora(ctx, &untuned_model, &untuned_id, &budget)?;
-    let subject = Subject::Model {
-        dir: tuned.value.out.clone().into(),
-        key: tuned.key.clone(),
-    };
+    let subject = Subject::tuned(&tuned);
     Ok(Dense {
         nll: runs::eval(ctx, &subject, "gsm8k-nll")?,
         em: runs::eval(ctx, &subject, "gsm8k")?,
@@ -460,10 +457,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     let mut healed_ranked: Vec<(f64, String)> = vec![];
     for (method, p, shape) in to_heal {
         let healed = runs::heal(ctx, &p, &l.lora)?;
-        let subject = Subject::Model {
-            dir: healed.value.out.clone().into(),
-            key: healed.key.clone(),
-        };
+        let subject = Subject::tuned(&healed);
         let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
         let em = runs::eval(ctx, &subject, "gsm8k")?;
         let name = format!(
