@@ -192,17 +192,7 @@ fn command(
         s(&st.data),
         "--json".into(),
     ]);
-    let mut cmd = if faults.is_empty() {
-        Command::new(env!("CARGO_BIN_EXE_elm"))
-    } else {
-        let mut c = Command::new("fiu-run");
-        c.arg("-x");
-        for f in faults {
-            c.args(["-c", f]);
-        }
-        c.arg(env!("CARGO_BIN_EXE_elm"));
-        c
-    };
+    let mut cmd = elm_under(faults);
     cmd.args(&args);
     cmd
 }
@@ -256,6 +246,50 @@ fn result_bytes(job: Job, out: &Path) -> Vec<u8> {
             bytes
         }
     }
+}
+
+/// `elm`, under `fiu-run -x` with each of `faults` enabled (`-c`) when there are any.
+fn elm_under(faults: &[&str]) -> Command {
+    if faults.is_empty() {
+        return Command::new(env!("CARGO_BIN_EXE_elm"));
+    }
+    let mut c = Command::new("fiu-run");
+    c.arg("-x");
+    for f in faults {
+        c.args(["-c", f]);
+    }
+    c.arg(env!("CARGO_BIN_EXE_elm"));
+    c
+}
+
+/// Whether bubblewrap can mount a size-limited tmpfs here (the full-disk cases need it).
+fn small_disk_available() -> Result<(), String> {
+    let probe = Command::new("bwrap")
+        .args(["--dev-bind", "/", "/", "--size", "65536", "--tmpfs", "/mnt"])
+        .arg("true")
+        .output();
+    match &probe {
+        Ok(o) if o.status.success() => Ok(()),
+        _ => Err(format!("bwrap cannot mount a sized tmpfs here: {probe:?}")),
+    }
+}
+
+/// `sh -c script` inside bubblewrap with a tmpfs of `size` bytes over `mnt` (a full disk
+/// there once `size` is written; the rest of the file system as it is).
+fn on_small_disk(mnt: &Path, size: u64, script: &str) -> Output {
+    Command::new("bwrap")
+        .args([
+            "--dev-bind",
+            "/",
+            "/",
+            "--size",
+            &size.to_string(),
+            "--tmpfs",
+        ])
+        .arg(mnt)
+        .args(["sh", "-c", script])
+        .output()
+        .unwrap()
 }
 
 /// The command line a job runs, as the README's fault table names it.
@@ -550,12 +584,7 @@ fn dir_bytes(dir: &Path) -> u64 {
 /// started again when not even the first save completed), ends where an uninterrupted run ends.
 #[test]
 fn a_full_disk_stops_the_run_with_a_typed_error_and_resume_finishes_it() {
-    let probe = Command::new("bwrap")
-        .args(["--dev-bind", "/", "/", "--size", "65536", "--tmpfs", "/mnt"])
-        .arg("true")
-        .output();
-    if !matches!(&probe, Ok(o) if o.status.success()) {
-        let why = format!("bwrap cannot mount a sized tmpfs here: {probe:?}");
+    if let Err(why) = small_disk_available() {
         assert!(std::env::var_os("CI").is_none(), "{why}");
         common::print_skip(&common::current_test(), &why);
         return;
@@ -593,19 +622,7 @@ fn a_full_disk_stops_the_run_with_a_typed_error_and_resume_finishes_it() {
                 inside.display(),
                 copy.display()
             );
-            let o = Command::new("bwrap")
-                .args([
-                    "--dev-bind",
-                    "/",
-                    "/",
-                    "--size",
-                    &size.to_string(),
-                    "--tmpfs",
-                ])
-                .arg(&mnt)
-                .args(["sh", "-c", &script])
-                .output()
-                .unwrap();
+            let o = on_small_disk(&mnt, size, &script);
             let failed = !o.status.success();
             let mut what = format!("{job:?}, tmpfs of {size} bytes: ");
             let mut error = serde_json::Value::Null;
@@ -677,17 +694,7 @@ fn a_failing_or_full_disk_never_leaves_a_torn_quantized_file() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let quantize = |out: &Path, faults: &[&str]| {
-        let mut c = if faults.is_empty() {
-            Command::new(env!("CARGO_BIN_EXE_elm"))
-        } else {
-            let mut c = Command::new("fiu-run");
-            c.arg("-x");
-            for f in faults {
-                c.args(["-c", f]);
-            }
-            c.arg(env!("CARGO_BIN_EXE_elm"));
-            c
-        };
+        let mut c = elm_under(faults);
         c.args(["quantize", "--model", &s(&model), "--elm", &s(&ckpt)])
             .args(["--format", "q8_0", "--json", "--out", &s(out)]);
         c.output().unwrap()
@@ -756,6 +763,11 @@ fn a_failing_or_full_disk_never_leaves_a_torn_quantized_file() {
         assert_eq!(std::fs::read(&out).unwrap(), want, "{enable}: rerun");
     }
     // Full disk: a tmpfs of half the file's size.
+    if let Err(why) = small_disk_available() {
+        assert!(std::env::var_os("CI").is_none(), "{why}");
+        common::print_skip(&common::current_test(), &why);
+        return;
+    }
     let mnt = root.join("small-disk");
     std::fs::create_dir_all(&mnt).unwrap();
     let out = mnt.join("model.gguf");
@@ -767,37 +779,22 @@ fn a_failing_or_full_disk_never_leaves_a_torn_quantized_file() {
         out.display(),
         mnt.display()
     );
-    let o = Command::new("bwrap")
-        .args([
-            "--dev-bind",
-            "/",
-            "/",
-            "--size",
-            &(want.len() / 2).to_string(),
-        ])
-        .arg("--tmpfs")
-        .arg(&mnt)
-        .args(["sh", "-c", &script])
-        .output()
-        .unwrap();
-    if o.status.code() == Some(1) {
-        let stdout = String::from_utf8_lossy(&o.stdout);
-        let e: serde_json::Value =
-            serde_json::from_str(stdout.lines().find(|l| l.starts_with('{')).unwrap_or("{}"))
-                .unwrap();
-        let msg = e["error"]["message"].as_str().unwrap_or("");
-        assert!(msg.contains("No space left"), "{stdout}");
-        // What the directory held when the command had stopped: no file, no temporary.
-        let listed: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('{')).collect();
-        assert!(
-            listed.iter().all(|l| *l == "." || *l == ".."),
-            "left on the full disk: {listed:?}"
-        );
-    } else {
-        // No bwrap with a sized tmpfs here (the full-disk test above says so, in CI too).
-        eprintln!(
-            "full-disk case skipped: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    let o = on_small_disk(&mnt, (want.len() / 2) as u64, &script);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let e: serde_json::Value =
+        serde_json::from_str(stdout.lines().find(|l| l.starts_with('{')).unwrap_or("{}")).unwrap();
+    let msg = e["error"]["message"].as_str().unwrap_or("");
+    assert!(msg.contains("No space left"), "{stdout}");
+    // What the directory held when the command had stopped: no file, no temporary.
+    let listed: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('{')).collect();
+    assert!(
+        listed.iter().all(|l| *l == "." || *l == ".."),
+        "left on the full disk: {listed:?}"
+    );
 }
