@@ -279,6 +279,14 @@ pub struct Batch {
     pub seq_len: usize,
 }
 
+impl Batch {
+    /// Whether any position has a CE target (a batch whose answers all lie past `seq_len`
+    /// has none: there is nothing for a cross-entropy term to fit).
+    pub fn has_targets(&self) -> bool {
+        self.targets.iter().flatten().any(Option::is_some)
+    }
+}
+
 /// Pads `seqs` to the longest one (at most `max_len`).
 pub fn make_batch(seqs: &[&TokenSequence], pad_id: u32) -> Batch {
     let seq_len = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);

@@ -556,8 +556,7 @@ impl<'a> Trainer<'a> {
         let mut ce_val = None;
         // A batch whose answers all lie past `seq_len` has nothing for the CE term: the step
         // trains on the distillation term alone (the CE of zero tokens is undefined).
-        let supervised = batch.targets.iter().flatten().any(Option::is_some);
-        if lambda_ce > 0.0 && supervised {
+        if lambda_ce > 0.0 && batch.has_targets() {
             let mut x = z;
             match &self.cfg.heal {
                 None => {

@@ -14,7 +14,7 @@ use rand::{rngs::StdRng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::autograd::{Tape, Var};
-use crate::data::{batch_indices, make_batch, TokenSequence};
+use crate::data::{batch_indices, make_batch, Batch, TokenSequence};
 use crate::equilibrium::checkpoint::write_json_atomic;
 use crate::equilibrium::config::read_json;
 use crate::equilibrium::train::step_seed;
@@ -262,16 +262,14 @@ impl<'a> LoraTrainer<'a> {
         merge_model(self.dense, &self.store, &self.cfg.lora, "")
     }
 
-    /// Mean answer-token CE of a padded batch of `seqs` under the current adapters, and the
-    /// tape gradients when `train` (dropout on, masks from `rng`).
+    /// Mean answer-token CE of a padded `batch` under the current adapters, and the tape
+    /// gradients when `train` (dropout on, masks from `rng`).
     fn forward(
         &self,
         tape: &mut Tape<f32>,
-        seqs: &[&TokenSequence],
-        pad_id: u32,
+        batch: &Batch,
         rng: Option<&mut StdRng>,
     ) -> Result<(Var, Vec<Option<Var>>, usize)> {
-        let batch = make_batch(seqs, pad_id);
         let (b, t) = (batch.tokens.len(), batch.seq_len);
         let mv = ModelVars::register(tape, &self.tensors, &Trainable::none());
         let vars = self.store.register(tape);
@@ -305,14 +303,10 @@ impl<'a> LoraTrainer<'a> {
         let idx = batch_indices(data.len(), self.cfg.batch_size, self.step, self.cfg.seed);
         let seqs: Vec<&TokenSequence> = idx.iter().map(|&i| &data[i]).collect();
         let mut rng = StdRng::seed_from_u64(step_seed(self.cfg.seed ^ 0x10AA, self.step));
+        let batch = make_batch(&seqs, pad_id);
         // A batch whose answers all lie past `seq_len` holds nothing to fit: the step passes
         // without an update (the schedule moves on), logged with 0 tokens.
-        if !make_batch(&seqs, pad_id)
-            .targets
-            .iter()
-            .flatten()
-            .any(Option::is_some)
-        {
+        if !batch.has_targets() {
             let log = LoraStepLog {
                 step: self.step,
                 lr: self.sched.lr_at(self.step),
@@ -326,7 +320,7 @@ impl<'a> LoraTrainer<'a> {
             return Ok(log);
         }
         let mut tape = Tape::<f32>::new();
-        let (ce, vars, tokens) = self.forward(&mut tape, &seqs, pad_id, Some(&mut rng))?;
+        let (ce, vars, tokens) = self.forward(&mut tape, &batch, Some(&mut rng))?;
         let ce_val = tape.scalar(ce) as f64;
         if !ce_val.is_finite() {
             return Err(ElmError::NonFinite(format!(
@@ -360,7 +354,8 @@ impl<'a> LoraTrainer<'a> {
         for chunk in seqs.chunks(batch.max(1)) {
             let refs: Vec<&TokenSequence> = chunk.iter().collect();
             let mut tape = Tape::<f32>::new();
-            let r = tape.no_grad(|tape| self.forward(tape, &refs, pad_id, None));
+            let batch = make_batch(&refs, pad_id);
+            let r = tape.no_grad(|tape| self.forward(tape, &batch, None));
             let (ce, _, count) = r?;
             sum += tape.scalar(ce) as f64 * count as f64;
             n += count;
