@@ -47,3 +47,106 @@ mod imp {
         false
     }
 }
+
+/// A global allocator that forwards to the system's and counts: live bytes, their high-water
+/// mark and the number of allocations. The `elm` binary installs it, so a command can measure
+/// the heap a probe step takes (`crate::memory`) and tests can bound allocations per step:
+///
+/// ```ignore
+/// #[global_allocator]
+/// static HEAP: elm::heap::CountingAlloc = elm::heap::CountingAlloc;
+/// ```
+///
+/// Three relaxed atomic updates per allocation: nothing next to the allocation itself.
+pub struct CountingAlloc;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+fn grew(bytes: usize) {
+    let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+}
+
+// SAFETY: every call forwards to `System` with the caller's arguments; the counters never
+// touch the memory handed out.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc(layout);
+        if !p.is_null() {
+            INSTALLED.store(true, Ordering::Relaxed);
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            grew(layout.size());
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = System.alloc_zeroed(layout);
+        if !p.is_null() {
+            INSTALLED.store(true, Ordering::Relaxed);
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            grew(layout.size());
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        System.dealloc(p, layout);
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let q = System.realloc(p, layout, new_size);
+        if !q.is_null() {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            if new_size >= layout.size() {
+                grew(new_size - layout.size());
+            } else {
+                LIVE.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+            }
+        }
+        q
+    }
+}
+
+/// What [`CountingAlloc`] has counted so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapCounters {
+    /// Bytes allocated and not yet freed.
+    pub live_bytes: usize,
+    /// Highest `live_bytes` since the start or the last [`reset_peak`].
+    pub peak_bytes: usize,
+    /// Allocations (and reallocations) since the start.
+    pub allocations: usize,
+}
+
+/// The counters, or `None` where [`CountingAlloc`] is not the global allocator.
+pub fn counters() -> Option<HeapCounters> {
+    INSTALLED.load(Ordering::Relaxed).then(|| HeapCounters {
+        live_bytes: LIVE.load(Ordering::Relaxed),
+        peak_bytes: PEAK.load(Ordering::Relaxed),
+        allocations: ALLOCATIONS.load(Ordering::Relaxed),
+    })
+}
+
+/// Starts a new high-water mark at the bytes live now.
+pub fn reset_peak() {
+    PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+/// The most heap `f` held at once beyond what was live when it started (its peak), or `None`
+/// without [`CountingAlloc`]. Resets the high-water mark; other threads' allocations in the
+/// meantime count too.
+pub fn peak_during<R>(f: impl FnOnce() -> R) -> (R, Option<usize>) {
+    let before = counters().map(|c| c.live_bytes);
+    reset_peak();
+    let r = f();
+    let peak = match (before, counters()) {
+        (Some(b), Some(c)) => Some(c.peak_bytes.saturating_sub(b)),
+        _ => None,
+    };
+    (r, peak)
+}

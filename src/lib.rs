@@ -17,6 +17,7 @@ pub mod error;
 pub mod gemm;
 pub mod heap;
 pub mod limits;
+pub mod memory;
 pub use error::{ElmError, Result};
 
 pub mod autograd;

@@ -307,6 +307,19 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         ));
     }
     let pad = tok.eos_id().unwrap_or(0);
+    let memory = training_memory(
+        "train",
+        &a.model,
+        &dense,
+        |longest| {
+            Ok((
+                trainer.probe_step_bytes(longest, pad)?,
+                trainer.unallocated_optimizer_bytes(),
+            ))
+        },
+        &data,
+    )?;
+    super::output::check_memory(&memory, a.json)?;
     let held = if a.eval_examples > 0 {
         let dir = resolve_data_dir(a.data_dir.as_deref())?;
         let test: Vec<Example> = load_gsm8k(&dir, Split::Test)?
@@ -341,6 +354,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         v["params"] = serde_json::to_value(&params).unwrap_or_default();
         // Measured high-water mark of this process (the whole training, evaluation included).
         v["peak_rss_bytes"] = elm::io::peak_rss_bytes().into();
+        v["memory_estimate"] = serde_json::to_value(&memory).unwrap_or_default();
         v["teacher_cache"] = trainer
             .teacher_cache_stats()
             .map(|(hits, misses)| serde_json::json!({"hits": hits, "misses": misses}))
@@ -362,6 +376,37 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A training command's estimate (`train`, `lora`): what is loaded, the model file while it
+/// was read, and a step on the longest sequence (`probe` measures one sequence's step and
+/// scales it to the batch, and says the optimiser state still to be allocated).
+pub(crate) fn training_memory(
+    command: &str,
+    model_path: &std::path::Path,
+    dense: &ModelWeights,
+    probe: impl FnOnce(&elm::data::TokenSequence) -> Result<(u64, u64)>,
+    data: &[elm::data::TokenSequence],
+) -> Result<elm::memory::MemoryEstimate> {
+    use elm::memory::{loaded_bytes_or, mapped_model_bytes, MemoryEstimate, RUNTIME_BYTES};
+    let longest = data
+        .iter()
+        .max_by_key(|s| s.tokens.len())
+        .ok_or_else(|| ElmError::InvalidArgument("training data has no usable sequence".into()))?;
+    let (step, optimiser) = probe(longest)?;
+    Ok(MemoryEstimate::new(
+        command,
+        &[
+            ("runtime", RUNTIME_BYTES),
+            ("loaded", loaded_bytes_or(4 * dense.num_params() as u64)),
+            ("optimiser moments", optimiser),
+        ],
+    )
+    .with_phase("loading", &[("model file", mapped_model_bytes(model_path))])
+    .with_phase(
+        "training step",
+        &[("step (one sequence probed × batch)", step)],
+    ))
 }
 
 #[derive(clap::Args, Debug)]
@@ -466,6 +511,20 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     let data = TaskData::load(task, &dir, a.limit)?;
     default_blas_threads();
     let (model, tok) = ElmModel::load(&a.model, a.infer.elm.as_deref())?;
+    let loaded = elm::memory::loaded_bytes_or(0);
+    let comparing = a.compare_dense || a.compare_elm.is_some() || a.compare_model.is_some();
+    // The reference model is loaded beside the first: counted as large as it.
+    let loaded = if comparing { 2 * loaded } else { loaded };
+    let memory = elm::eval::task::memory_estimate(
+        &model,
+        &tok,
+        task,
+        &data,
+        &opts,
+        loaded,
+        elm::memory::mapped_model_bytes(&a.model),
+    )?;
+    super::output::check_memory(&memory, a.json)?;
     let mut run = run_one("model", &model, &tok, task, &data, &opts)?;
     let reference_elm = a.compare_elm.as_ref();
     let reference = if a.compare_dense || reference_elm.is_some() || a.compare_model.is_some() {
@@ -514,6 +573,8 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         v["elm"] = a.infer.elm.as_ref().map(|p| p.display().to_string()).into();
         v["data_dir"] = dir.display().to_string().into();
         v["inference"] = serde_json::to_value(&opts.inference).unwrap_or_default();
+        v["memory_estimate"] = serde_json::to_value(&memory).unwrap_or_default();
+        v["peak_rss_bytes"] = elm::io::peak_rss_bytes().into();
         v["reference"] = match &reference {
             Some(r) => {
                 let mut rv = to_value(r)?;

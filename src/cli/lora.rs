@@ -106,6 +106,29 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
         trainer.cfg.seq_len,
     )?;
     let pad = tok.eos_id().unwrap_or(0);
+    let memory = super::elm_cmds::training_memory(
+        "lora",
+        &a.model,
+        &dense,
+        |longest| {
+            Ok((
+                trainer.probe_step_bytes(longest, pad)?,
+                trainer.unallocated_optimizer_bytes(),
+            ))
+        },
+        &data,
+    )?;
+    // After training: the merged copy of the model beside the trainer's, and its tensors'
+    // bytes twice while `save_hf_model` writes them (one copy per tensor, one serialised).
+    let model_bytes = 4 * dense.num_params() as u64;
+    let memory = memory.with_phase(
+        "merging",
+        &[
+            ("merged model", model_bytes),
+            ("its bytes while written", 2 * model_bytes),
+        ],
+    );
+    super::output::check_memory(&memory, a.json)?;
     let test = test_problems(a.data_dir.as_deref(), a.eval_examples)?;
     let before = if test.is_empty() {
         None
@@ -147,7 +170,10 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
     };
     write_json_atomic(&a.out.join("lora_report.json"), &report)?;
     if a.json {
-        print_json(&report)?;
+        let mut v = super::output::to_json(&report)?;
+        v["memory_estimate"] = super::output::to_json(&memory)?;
+        v["peak_rss_bytes"] = elm::io::peak_rss_bytes().into();
+        print_json(&v)?;
     } else {
         say!(
             "LoRA SFT {} steps ({seconds:.0}s): train CE {first:.4} -> {last:.4}; merged model -> {}",

@@ -20,7 +20,8 @@ use elm::model::{
     default_model_path, load_pretrained, models_dir, AnyTransformer, Transformer, WeightStorage,
 };
 
-use super::output::{bar, default_blas_threads, print_json, spinner, to_json};
+use super::output::{bar, check_memory, default_blas_threads, print_json, spinner, to_json};
+use elm::memory::MemoryEstimate;
 
 /// The prompt's token ids, optionally wrapped in the ChatML template.
 fn encode_prompt(tok: &Tokenizer, prompt: &str, chat: bool) -> Result<Vec<u32>> {
@@ -175,6 +176,8 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         Loaded::Gpu(w, _) => &w.config,
     };
     check_generation_size(mc, prompt.len(), args.max_new_tokens, args.batch)?;
+    let memory = generation_memory(mc, &path, prompt.len(), args.max_new_tokens, args.batch);
+    check_memory(&memory, args.json)?;
     let config = SamplingConfig {
         max_new_tokens: args.max_new_tokens,
         temperature: args.temperature,
@@ -215,7 +218,39 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
             (out, None)
         }
     };
-    report_generation(&args, &config, &tok, out, elm_report)
+    report_generation(&args, &config, &tok, out, elm_report, &memory)
+}
+
+/// `generate`'s estimate: what is loaded, the model file while it was read, and the decode
+/// (KV cache of every row over prompt + new tokens, one layer's prefill activations, a row of
+/// logits per sequence).
+fn generation_memory(
+    mc: &elm::model::ModelConfig,
+    path: &std::path::Path,
+    prompt_tokens: usize,
+    max_new_tokens: usize,
+    batch: usize,
+) -> MemoryEstimate {
+    use elm::memory::{forward_bytes, kv_cache_bytes, loaded_bytes_or, mapped_model_bytes};
+    let tokens = prompt_tokens + max_new_tokens;
+    MemoryEstimate::new(
+        "generate",
+        &[
+            ("runtime", elm::memory::RUNTIME_BYTES),
+            ("loaded", loaded_bytes_or(0)),
+        ],
+    )
+    .with_phase("loading", &[("model file", mapped_model_bytes(path))])
+    .with_phase(
+        "decoding",
+        &[
+            ("KV cache", kv_cache_bytes(mc, batch, tokens)),
+            (
+                "activations",
+                forward_bytes(mc, batch, prompt_tokens, batch),
+            ),
+        ],
+    )
 }
 
 /// What `generate` runs: three paths, one sampling loop.
@@ -234,6 +269,7 @@ fn report_generation(
     tok: &Tokenizer,
     out: Generation,
     elm_report: Option<ElmGenerateStats>,
+    memory: &MemoryEstimate,
 ) -> Result<()> {
     let texts: Vec<String> = out
         .tokens
@@ -266,6 +302,8 @@ fn report_generation(
             "decode_tok_s": decode_tok_s,
             "finish_reasons": out.finish,
             "device": args.device.to_string(),
+            "memory_estimate": memory,
+            "peak_rss_bytes": elm::io::peak_rss_bytes(),
         });
         if let (Some(obj), Some(serde_json::Value::Object(extra))) =
             (v.as_object_mut(), elm_report.as_ref().map(|r| json!(r)))

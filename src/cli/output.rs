@@ -110,3 +110,13 @@ pub fn lock_run_dir(dir: &Path, resume: bool) -> Result<Option<elm::io::DirLock>
     }
     Ok(Some(lock))
 }
+
+/// Refuses the command when its memory estimate exceeds what the machine has, and otherwise
+/// says the estimate on stderr (under `--json` it goes into the JSON report instead).
+pub fn check_memory(estimate: &elm::memory::MemoryEstimate, json: bool) -> Result<()> {
+    estimate.check()?;
+    if !json {
+        say_err!("memory estimate: {}", estimate.summary());
+    }
+    Ok(())
+}

@@ -131,6 +131,17 @@ pub struct TrainState {
 pub const TRAIN_FORMAT: &str = "elm-train-v1";
 pub const STATE_FILE: &str = "train_state.json";
 
+/// What [`Trainer::loss_and_grads`] computed besides the gradients.
+struct StepTerms {
+    distill: f64,
+    ce: Option<f64>,
+    loss: f64,
+    jacobian: Option<f64>,
+    sampled: Option<(usize, usize)>,
+    tokens: usize,
+    tape_peak_bytes: usize,
+}
+
 /// A training run in progress.
 pub struct Trainer<'a> {
     dense: &'a ModelWeights,
@@ -497,10 +508,72 @@ impl<'a> Trainer<'a> {
         let seqs: Vec<&TokenSequence> = idx.iter().map(|&i| &data[i]).collect();
         let batch = make_batch(&seqs, pad_id);
         let (h, target) = self.teacher(&batch)?;
-        let (bs, t, c) = h.dim();
-        let (lambda_ce, lambda_distill) = self.cfg.lambda.at(self.step, self.cfg.steps);
-        let valid: Vec<bool> = batch.valid.iter().flatten().copied().collect();
+        let lambdas = self.cfg.lambda.at(self.step, self.cfg.steps);
+        let (terms, mut pg) = self.loss_and_grads(&batch, h, target, self.step, lambdas)?;
+        let grad_norm = pg.clip_global_norm(self.cfg.clip as f64)?;
+        let lr = self.sched.lr_at(self.step);
+        self.opt.step(&mut self.store, &pg, lr)?;
+        let every = self.cfg.spectral_every;
+        let spectral_radius = if every > 0 && self.step.is_multiple_of(every) {
+            Some(self.batch_spectral_radius(&batch)?)
+        } else {
+            None
+        };
+        let log = StepLog {
+            step: self.step,
+            lr,
+            lambda_ce: lambdas.0,
+            lambda_distill: lambdas.1,
+            distill: terms.distill,
+            ce: terms.ce,
+            loss: terms.loss,
+            grad_norm,
+            sampled: terms.sampled,
+            tokens: terms.tokens,
+            seconds: t0.elapsed().as_secs_f64(),
+            jacobian: terms.jacobian,
+            spectral_radius,
+        };
+        self.step += 1;
+        self.history.push(log.clone());
+        Ok(log)
+    }
 
+    /// Heap bytes one step on a batch of `batch_size` copies of `longest` would hold at its
+    /// peak beyond what the trainer holds already, with the CE term on (it needs the most):
+    /// one sequence is run (teacher, solve, tape, backward) without changing the run, and its
+    /// peak scaled by the batch size (every `[B, T, ·]` buffer is linear in B at a fixed T).
+    /// Measured with [`crate::heap::CountingAlloc`] when it is the global allocator, else the
+    /// tape's own high-water mark (a lower bound: it misses the untaped teacher pass).
+    pub fn probe_step_bytes(&self, longest: &TokenSequence, pad_id: u32) -> Result<u64> {
+        let batch = make_batch(&[longest], pad_id);
+        let (result, heap_peak) = crate::heap::peak_during(|| -> Result<usize> {
+            let (h, target) = self.dense_targets(&batch)?;
+            let (terms, _) = self.loss_and_grads(&batch, h, target, self.step, (1.0, 1.0))?;
+            Ok(terms.tape_peak_bytes)
+        });
+        let tape_peak = result?;
+        let one = heap_peak.unwrap_or(tape_peak) as u64;
+        Ok(one.saturating_mul(self.cfg.batch_size as u64))
+    }
+
+    /// Bytes of optimiser state still to be allocated at the first update (a fresh run).
+    pub fn unallocated_optimizer_bytes(&self) -> u64 {
+        self.opt.unallocated_state_bytes(&self.store)
+    }
+
+    /// The step's loss on a tape and the gradients of the trainable parameters (unclipped):
+    /// everything of a step that does not change the run.
+    fn loss_and_grads(
+        &self,
+        batch: &Batch,
+        h: Array3<f32>,
+        target: Array3<f32>,
+        step: usize,
+        (lambda_ce, lambda_distill): (f32, f32),
+    ) -> Result<(StepTerms, crate::train::ParamGrads)> {
+        let (bs, t, c) = h.dim();
+        let valid: Vec<bool> = batch.valid.iter().flatten().copied().collect();
         let mut tape = Tape::<f32>::new();
         let vars = self.store.register(&mut tape);
         let params = params_on_tape(&self.dense.config, &self.elm, &vars)?;
@@ -512,7 +585,7 @@ impl<'a> Trainer<'a> {
         };
         let hv = tape.constant(h.into_dyn());
         // The rule's own seed drives its draws (the default rule is seeded by `cfg.seed`).
-        let mut rng = StdRng::seed_from_u64(step_seed(self.deq.gradient.seed(), self.step));
+        let mut rng = StdRng::seed_from_u64(step_seed(self.deq.gradient.seed(), step));
         let (z, rep) = implicit_forward_with_rng(
             &mut tape,
             &self.layer,
@@ -569,7 +642,7 @@ impl<'a> Trainer<'a> {
                     use crate::lora::adapter::{block_lora, lora_block_forward, LoraRun};
                     let all: Vec<Option<Var>> = vars.vars().iter().map(|v| Some(*v)).collect();
                     let mut heal_rng =
-                        StdRng::seed_from_u64(step_seed(self.cfg.seed ^ HEAL_SEED, self.step));
+                        StdRng::seed_from_u64(step_seed(self.cfg.seed ^ HEAL_SEED, step));
                     let mut run = LoraRun {
                         scale: spec.scale(),
                         dropout: spec.dropout,
@@ -604,40 +677,20 @@ impl<'a> Trainer<'a> {
         }
         let loss_val = tape.scalar(loss) as f64;
         if !loss_val.is_finite() {
-            return Err(ElmError::NonFinite(format!(
-                "training loss at step {}",
-                self.step
-            )));
+            return Err(ElmError::NonFinite(format!("training loss at step {step}")));
         }
         let mut grads = tape.backward(loss)?;
-        let mut pg = self.store.collect_grads(&vars, &mut grads)?;
-        let grad_norm = pg.clip_global_norm(self.cfg.clip as f64)?;
-        let lr = self.sched.lr_at(self.step);
-        self.opt.step(&mut self.store, &pg, lr)?;
-        let every = self.cfg.spectral_every;
-        let spectral_radius = if every > 0 && self.step.is_multiple_of(every) {
-            Some(self.batch_spectral_radius(&batch)?)
-        } else {
-            None
-        };
-        let log = StepLog {
-            step: self.step,
-            lr,
-            lambda_ce,
-            lambda_distill,
+        let pg = self.store.collect_grads(&vars, &mut grads)?;
+        let terms = StepTerms {
             distill,
             ce: ce_val,
             loss: loss_val,
-            grad_norm,
+            jacobian,
             sampled: rep.sampled,
             tokens: valid.iter().filter(|v| **v).count(),
-            seconds: t0.elapsed().as_secs_f64(),
-            jacobian,
-            spectral_radius,
+            tape_peak_bytes: tape.peak_bytes(),
         };
-        self.step += 1;
-        self.history.push(log.clone());
-        Ok(log)
+        Ok((terms, pg))
     }
 
     /// Distillation MSE of the module's fixed point (solved with `solver` until `stop`) vs the

@@ -303,3 +303,83 @@ pub fn run_task(
         ))),
     }
 }
+
+/// Tokens of the task's longest sequence and the most tokens one sequence has scored: prompt
+/// and answer for the NLL tasks (the answer scored), prompt and `max_new_tokens` for the
+/// generation tasks (chat template included for GSM8K).
+pub fn longest_sequence(
+    tok: &Tokenizer,
+    task: Task,
+    data: &TaskData,
+    max_new_tokens: usize,
+) -> Result<(usize, usize)> {
+    let count = |text: &str| tok.encode(text, false).map(|ids| ids.len());
+    let (mut longest, mut scored) = (0, 0);
+    let mut take = |prompt: usize, answer: usize| {
+        longest = longest.max(prompt + answer);
+        scored = scored.max(answer);
+    };
+    match data {
+        TaskData::Gsm8k { examples, .. } => {
+            for e in examples {
+                let prompt = count(&crate::data::chat_prompt(tok, &e.question))?;
+                match task {
+                    Task::Gsm8kNll => take(prompt, count(&e.answer)? + 1),
+                    _ => take(prompt, max_new_tokens),
+                }
+            }
+        }
+        TaskData::HumanEval(problems) => {
+            for p in problems {
+                let prompt = count(&p.prompt)? + 1;
+                match task {
+                    Task::HumanEvalNll => take(prompt, count(&p.canonical_solution)? + 1),
+                    _ => take(prompt, max_new_tokens),
+                }
+            }
+        }
+    }
+    Ok((longest, scored))
+}
+
+/// `elm eval`'s memory: `loaded` (the models, measured or predicted by the caller), the model
+/// file while it was read, and the batches in flight — with a single-threaded BLAS one per
+/// core (`teacher_forced_nll`) — each with its KV cache and one layer's activations over the
+/// longest sequence, and the logits of one sequence's scored tokens (NLL) or of each row's
+/// next token (generation).
+pub fn memory_estimate(
+    model: &ElmModel,
+    tok: &Tokenizer,
+    task: Task,
+    data: &TaskData,
+    opts: &TaskOptions,
+    loaded: u64,
+    model_file: u64,
+) -> Result<crate::memory::MemoryEstimate> {
+    use crate::memory::{forward_bytes, kv_cache_bytes, MemoryEstimate, RUNTIME_BYTES};
+    let cfg = model.config();
+    let (tokens, scored) = longest_sequence(tok, task, data, opts.max_new_tokens)?;
+    let batch = opts.batch.min(data.len()).max(1);
+    let in_flight = if crate::model::ops::blas_threads() == 1 {
+        rayon::current_num_threads().clamp(1, data.len().div_ceil(batch).max(1))
+    } else {
+        1
+    } as u64;
+    let logit_rows = match task {
+        Task::Gsm8kNll | Task::HumanEvalNll => scored,
+        Task::Gsm8k | Task::HumanEval => batch,
+    };
+    let kv = kv_cache_bytes(cfg, batch, tokens);
+    let activations = forward_bytes(cfg, batch, tokens, logit_rows);
+    Ok(
+        MemoryEstimate::new("eval", &[("runtime", RUNTIME_BYTES), ("loaded", loaded)])
+            .with_phase("loading", &[("model file", model_file)])
+            .with_phase(
+                "scoring",
+                &[
+                    ("KV caches", kv.saturating_mul(in_flight)),
+                    ("activations", activations.saturating_mul(in_flight)),
+                ],
+            ),
+    )
+}

@@ -163,6 +163,15 @@ impl AdamW {
         self.state.get(name).map(|s| (&s.m, &s.v))
     }
 
+    /// Bytes of the moments this optimiser will allocate at its first update of `store`'s
+    /// trainable tensors that have none yet (two f32 tensors each): memory a run needs later.
+    pub fn unallocated_state_bytes(&self, store: &ParamStore) -> u64 {
+        (0..store.len())
+            .filter(|&i| store.is_trainable(i) && !self.state.contains_key(store.name(i)))
+            .map(|i| 2 * 4 * store.value(i).len() as u64)
+            .sum()
+    }
+
     /// One AdamW update of every trainable tensor that has a gradient, with learning rate `lr`.
     /// Non-finite gradients or lr → error before anything is modified.
     pub fn step(&mut self, store: &mut ParamStore, grads: &ParamGrads, lr: f64) -> Result<()> {

@@ -1,0 +1,184 @@
+//! One memory estimate per command, checked against the memory available before its work
+//! starts (issue 29): a command that cannot fit is refused at once with the parts it would
+//! need, instead of being killed by the kernel an hour in.
+//!
+//! An estimate is what the command holds for its whole life (the runtime, the model file it
+//! maps, what it has loaded) plus the largest of its transient phases (a decode's KV cache and
+//! activations, a training step's tape, a merge). What is already loaded is read from the heap
+//! counters ([`crate::heap::CountingAlloc`], installed by the `elm` binary) rather than
+//! predicted; what lies ahead is predicted from the shapes, or measured on one probe sequence
+//! and scaled (a training step, whose tape no formula here would track as the code changes).
+//! `scripts/memory-table.sh` compares every estimate with the measured peak RSS.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::model::ModelConfig;
+
+/// Resident bytes of the process before any model is loaded: the binary, its shared
+/// libraries, thread stacks and the allocator's arenas (measured: `elm` at startup holds
+/// 10–14 MB; rounded up so small commands are not underestimated).
+pub const RUNTIME_BYTES: u64 = 16 << 20;
+
+/// One named share of an estimate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MemoryPart {
+    pub name: String,
+    pub bytes: u64,
+}
+
+/// A transient phase: its parts are live together, and freed before the next phase.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MemoryPhase {
+    pub name: String,
+    pub parts: Vec<MemoryPart>,
+}
+
+impl MemoryPhase {
+    /// Sum of the phase's parts.
+    pub fn bytes(&self) -> u64 {
+        self.parts
+            .iter()
+            .fold(0u64, |a, p| a.saturating_add(p.bytes))
+    }
+}
+
+/// What a command needs at its peak: everything held plus its largest phase.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MemoryEstimate {
+    /// The command (`generate`, `eval`, `train`, `lora`).
+    pub command: String,
+    /// Held for the command's whole life.
+    pub held: Vec<MemoryPart>,
+    pub phases: Vec<MemoryPhase>,
+    /// `held` + the largest phase.
+    pub total_bytes: u64,
+}
+
+fn parts(list: &[(&str, u64)]) -> Vec<MemoryPart> {
+    list.iter()
+        .map(|&(name, bytes)| MemoryPart {
+            name: name.to_string(),
+            bytes,
+        })
+        .collect()
+}
+
+impl MemoryEstimate {
+    /// An estimate of `command` holding `held` throughout.
+    pub fn new(command: &str, held: &[(&str, u64)]) -> Self {
+        let mut e = MemoryEstimate {
+            command: command.to_string(),
+            held: parts(held),
+            phases: vec![],
+            total_bytes: 0,
+        };
+        e.total_bytes = e.compute_total();
+        e
+    }
+
+    /// Adds a transient phase.
+    pub fn with_phase(mut self, name: &str, list: &[(&str, u64)]) -> Self {
+        self.phases.push(MemoryPhase {
+            name: name.to_string(),
+            parts: parts(list),
+        });
+        self.total_bytes = self.compute_total();
+        self
+    }
+
+    fn compute_total(&self) -> u64 {
+        let held = self
+            .held
+            .iter()
+            .fold(0u64, |a, p| a.saturating_add(p.bytes));
+        let phase = self
+            .phases
+            .iter()
+            .map(MemoryPhase::bytes)
+            .max()
+            .unwrap_or(0);
+        held.saturating_add(phase)
+    }
+
+    /// The phase that sets the peak.
+    pub fn peak_phase(&self) -> Option<&MemoryPhase> {
+        self.phases.iter().max_by_key(|p| p.bytes())
+    }
+
+    /// One line for a person: the total and its parts, in MiB.
+    pub fn summary(&self) -> String {
+        let mib = |b: u64| format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64);
+        let mut s = format!("{} for `{}`: ", mib(self.total_bytes), self.command);
+        let held: Vec<String> = self
+            .held
+            .iter()
+            .map(|p| format!("{} {}", p.name, mib(p.bytes)))
+            .collect();
+        s.push_str(&held.join(" + "));
+        if let Some(p) = self.peak_phase() {
+            let inner: Vec<String> = p
+                .parts
+                .iter()
+                .map(|q| format!("{} {}", q.name, mib(q.bytes)))
+                .collect();
+            s.push_str(&format!(" + {} ({})", p.name, inner.join(", ")));
+        }
+        s
+    }
+
+    /// Refuses the command when its estimate exceeds the memory available
+    /// ([`crate::limits::mem_budget`]), naming the estimate's parts.
+    pub fn check(&self) -> Result<()> {
+        crate::limits::check_alloc(
+            &format!("memory estimate ({})", self.summary()),
+            self.total_bytes as u128,
+        )
+    }
+}
+
+/// Heap bytes live now when [`crate::heap::CountingAlloc`] counts them, else `fallback` (the
+/// caller's prediction of what it has loaded).
+pub fn loaded_bytes_or(fallback: u64) -> u64 {
+    crate::heap::counters().map_or(fallback, |c| c.live_bytes as u64)
+}
+
+/// Bytes of a model file that loading maps and reads whole (a `.gguf` file, or the
+/// `*.safetensors` files of a directory); 0 where none can be read.
+pub fn mapped_model_bytes(path: &Path) -> u64 {
+    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    if path.is_dir() {
+        std::fs::read_dir(path)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                    .map(|p| size(&p))
+                    .sum()
+            })
+            .unwrap_or(0)
+    } else {
+        size(path)
+    }
+}
+
+/// f32 bytes of a KV cache of `batch` rows × `tokens` positions over every layer.
+pub fn kv_cache_bytes(cfg: &ModelConfig, batch: usize, tokens: usize) -> u64 {
+    let kv_dim = (cfg.num_kv_heads * cfg.head_dim) as u64;
+    4 * 2 * cfg.num_layers as u64 * kv_dim * batch as u64 * tokens as u64
+}
+
+/// f32 bytes live in one layer of an untaped forward over `[batch, tokens]` (the residual
+/// stream, its norm, q/k/v, the attention scores of one row's heads and the MLP's
+/// gate/up/product), plus `logit_rows` rows of logits.
+pub fn forward_bytes(cfg: &ModelConfig, batch: usize, tokens: usize, logit_rows: usize) -> u64 {
+    let (b, t) = (batch as u64, tokens as u64);
+    let c = cfg.hidden_size as u64;
+    let i = cfg.intermediate_size as u64;
+    let h = cfg.num_heads as u64;
+    let per_token = 6 * c + 3 * i;
+    4 * (b * t * per_token + h * t * t + logit_rows as u64 * cfg.vocab_size as u64)
+}
