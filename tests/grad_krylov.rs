@@ -197,15 +197,27 @@ fn implicit(solver: impl Into<LinearSolverConfig>, rel_tol: f64, max_iter: usize
     GradientRule::implicit(solver, rel_tol, max_iter)
 }
 
-/// The backward solvers compared: three Krylov/series methods and two fixed-point ones.
+/// The backward solvers compared: four Krylov/series methods (CGNR's `J·v` by central
+/// differences of the layer) and two fixed-point ones.
 fn backward_solvers() -> Vec<LinearSolverConfig> {
     vec![
         LinearSolverConfig::gmres(30),
         LinearSolverConfig::bicgstab(),
+        LinearSolverConfig::cgnr(),
         LinearSolverConfig::neumann(50_000),
         SolverConfig::picard().into(),
         SolverConfig::anderson().into(),
     ]
+}
+
+/// `tol`, or 1e-9 for CGNR: its `J·v` by central differences carries a relative error of about
+/// 1e-11 in f64, below which the normal equations' residual stagnates.
+fn tolerance(name: &str, tol: f64) -> f64 {
+    if name == "cgnr" {
+        tol.max(1e-9)
+    } else {
+        tol
+    }
 }
 
 fn setup() {
@@ -222,7 +234,7 @@ fn every_backward_solver_gives_the_exact_ift_gradient_on_the_canonical_linear_pr
         let mut vjps = vec![];
         for solver in backward_solvers() {
             let name = solver.name();
-            let (g, rep) = run(&p, &implicit(solver, 1e-11, 50_000));
+            let (g, rep) = run(&p, &implicit(solver, tolerance(name, 1e-11), 50_000));
             let err = rel_err(&g.unwrap(), &exact);
             let back = rep.backward.get().unwrap();
             println!(
@@ -252,7 +264,7 @@ fn krylov_backward_gives_the_exact_ift_gradient_on_a_tanh_layer() {
     let exact = p.exact();
     for solver in backward_solvers() {
         let name = solver.name();
-        let (g, rep) = run(&p, &implicit(solver, 1e-12, 5000));
+        let (g, rep) = run(&p, &implicit(solver, tolerance(name, 1e-12), 5000));
         let err = rel_err(&g.unwrap(), &exact);
         let back = rep.backward.get().unwrap();
         println!("tanh {name}: {} VJPs, rel. error {err:.2e}", back.vjp_evals);
@@ -269,7 +281,14 @@ fn f32_krylov_backward_is_close_to_the_f64_reference() {
     for solver in [
         LinearSolverConfig::gmres(10),
         LinearSolverConfig::bicgstab(),
+        LinearSolverConfig::cgnr(),
     ] {
+        // CGNR's central-difference J·v carries ~eps^(2/3) ≈ 4e-5 relative error in f32.
+        let (tol, allowed) = if solver.name() == "cgnr" {
+            (1e-4, 1e-3)
+        } else {
+            (1e-6, 1e-4)
+        };
         let mut tape = Tape::<f32>::new();
         let f = |a: &Array2<f64>| a.mapv(|v| v as f32).into_dyn();
         let w = tape.param(f(&p.w));
@@ -277,7 +296,7 @@ fn f32_krylov_backward_is_close_to_the_f64_reference() {
         let b = tape.param(p.b.mapv(|v| v as f32).into_dyn());
         let x = tape.param(f(&p.x));
         let c = tape.constant(f(&p.c));
-        let deq = DeqConfig::new(implicit(solver.clone(), 1e-6, 200))
+        let deq = DeqConfig::new(implicit(solver.clone(), tol, 200))
             .with_forward(SolverConfig::anderson(), StopCriteria::default());
         let z0 = ArrayD::zeros(vec![p.batch(), p.dim()]);
         let (z, rep) =
@@ -291,8 +310,9 @@ fn f32_krylov_backward_is_close_to_the_f64_reference() {
             .collect();
         let err = rel_err(&got, &exact);
         assert!(rep.backward.get().unwrap().converged());
+        println!("f32 {}: rel. error {err:.2e}", solver.name());
         assert!(
-            err < 1e-4,
+            err < allowed,
             "{}: f32 vs f64 exact rel {err:e}",
             solver.name()
         );

@@ -100,7 +100,7 @@ pub use config::{
 pub use engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
 pub use error::{MapError, Result, SolverError};
 pub use linear::{
-    FnOperator, LinearOperator, LinearSolution, LinearSolverConfig, MatrixOperator,
+    FnOperator, FnOperatorPair, LinearOperator, LinearSolution, LinearSolverConfig, MatrixOperator,
     BUILTIN_LINEAR_SOLVERS, DEFAULT_GMRES_RESTART, DEFAULT_NEUMANN_TERMS,
 };
 pub use picard::Picard;

@@ -2,8 +2,9 @@
 //! `[B, D]` batch: restarted GMRES(m), BiCGStab, a truncated Neumann series and any fixed-point
 //! solver on `x = b + (I − A) x`. Written for the adjoint of implicit layers, `(I − Jᵀ) u = g`,
 //! where `A` is only available as products (one vector-Jacobian product per application), so
-//! every method touches `A` only through a [`LinearOperator`] and needs nothing else (no `Aᵀ`:
-//! that is why CG on the normal equations is not here, see [`LinearSolverConfig`]).
+//! every method but one touches `A` only through a [`LinearOperator`]'s products `A v`. CG on the
+//! normal equations (CGNR) also needs `Aᵀ v`: an operator offers it through
+//! [`LinearOperator::apply_transpose`] ([`MatrixOperator`], [`FnOperatorPair`]).
 //!
 //! ## Per-row stopping
 //! Each row runs its own method state. Every batched operator call applies `A` to one vector per
@@ -48,6 +49,19 @@ pub trait LinearOperator<T: SolverFloat> {
         active: &[bool],
         out: ArrayViewMut2<T>,
     ) -> Result<(), MapError>;
+    /// Whether [`LinearOperator::apply_transpose`] is offered (CGNR needs it).
+    fn has_transpose(&self) -> bool {
+        false
+    }
+    /// `out[b] = Aᵀ x[b]` for every active row; only where [`LinearOperator::has_transpose`].
+    fn apply_transpose(
+        &mut self,
+        _x: ArrayView2<T>,
+        _active: &[bool],
+        _out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
+        Err(SolverError::InvalidArgument("this operator offers no products with Aᵀ".into()).into())
+    }
 }
 
 /// A [`LinearOperator`] from a closure over the whole batch: `f(x [B, D], active [B], out [B, D])`.
@@ -81,6 +95,51 @@ where
     }
 }
 
+/// A [`LinearOperator`] with products by `A` and by `Aᵀ`, from two closures of
+/// [`FnOperator`]'s form: what CGNR needs.
+pub struct FnOperatorPair<F, G> {
+    dim: usize,
+    f: F,
+    ft: G,
+}
+
+impl<F, G> FnOperatorPair<F, G> {
+    /// `f` applies `A`, `ft` applies `Aᵀ`, on rows of width `dim`.
+    pub fn new(dim: usize, f: F, ft: G) -> Self {
+        FnOperatorPair { dim, f, ft }
+    }
+}
+
+impl<T, F, G> LinearOperator<T> for FnOperatorPair<F, G>
+where
+    T: SolverFloat,
+    F: FnMut(ArrayView2<T>, &[bool], ArrayViewMut2<T>) -> Result<(), MapError>,
+    G: FnMut(ArrayView2<T>, &[bool], ArrayViewMut2<T>) -> Result<(), MapError>,
+{
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn apply(
+        &mut self,
+        x: ArrayView2<T>,
+        active: &[bool],
+        out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
+        (self.f)(x, active, out)
+    }
+    fn has_transpose(&self) -> bool {
+        true
+    }
+    fn apply_transpose(
+        &mut self,
+        x: ArrayView2<T>,
+        active: &[bool],
+        out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
+        (self.ft)(x, active, out)
+    }
+}
+
 /// A dense `A [D, D]` applied to each active row (`out[b] = A x[b]`, f64 sums, no BLAS, so a
 /// row's product never depends on the batch around it).
 pub struct MatrixOperator<T> {
@@ -108,8 +167,33 @@ impl<T: SolverFloat> LinearOperator<T> for MatrixOperator<T> {
         &mut self,
         x: ArrayView2<T>,
         active: &[bool],
+        out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
+        self.product(false, x, active, out)
+    }
+    fn has_transpose(&self) -> bool {
+        true
+    }
+    fn apply_transpose(
+        &mut self,
+        x: ArrayView2<T>,
+        active: &[bool],
+        out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
+        self.product(true, x, active, out)
+    }
+}
+
+impl<T: SolverFloat> MatrixOperator<T> {
+    /// `out[b] = A x[b]`, or `Aᵀ x[b]` when `transpose`, for the active rows.
+    fn product(
+        &self,
+        transpose: bool,
+        x: ArrayView2<T>,
+        active: &[bool],
         mut out: ArrayViewMut2<T>,
     ) -> Result<(), MapError> {
+        let a = if transpose { self.a.t() } else { self.a.view() };
         let d = self.a.nrows();
         if x.ncols() != d || out.dim() != x.dim() || active.len() != x.nrows() {
             return Err(SolverError::shape(
@@ -121,8 +205,7 @@ impl<T: SolverFloat> LinearOperator<T> for MatrixOperator<T> {
         for (b, _) in active.iter().enumerate().filter(|(_, &a)| a) {
             let xr = x.row(b);
             for i in 0..d {
-                let s: f64 = self
-                    .a
+                let s: f64 = a
                     .row(i)
                     .iter()
                     .zip(xr.iter())
@@ -159,7 +242,7 @@ impl<T> LinearSolution<T> {
 
 /// The built-in linear (Krylov / series) methods by name; [`LinearSolverConfig::by_name`] also
 /// accepts the fixed-point solvers of [`BUILTIN_SOLVERS`].
-pub const BUILTIN_LINEAR_SOLVERS: [&str; 3] = ["gmres", "bicgstab", "neumann"];
+pub const BUILTIN_LINEAR_SOLVERS: [&str; 4] = ["gmres", "bicgstab", "neumann", "cgnr"];
 
 /// Default GMRES restart length.
 pub const DEFAULT_GMRES_RESTART: usize = 30;
@@ -167,14 +250,13 @@ pub const DEFAULT_GMRES_RESTART: usize = 30;
 pub const DEFAULT_NEUMANN_TERMS: usize = 100;
 
 /// How a batched linear system `A x = b` is solved. JSON form: `{"kind": "gmres", "restart": 30}`,
-/// `{"kind": "bicgstab"}`, `{"kind": "neumann", "terms": 100}`, or any [`SolverConfig`]'s own
+/// `{"kind": "bicgstab"}`, `{"kind": "neumann", "terms": 100}`, `{"kind": "cgnr"}`, or any [`SolverConfig`]'s own
 /// form (`{"kind": "anderson", "history": 5}`), which is the fixed-point variant, so a config
 /// that names a fixed-point solver reads and writes exactly as a [`SolverConfig`] does.
 ///
-/// Not here: CG on the normal equations (CGNE/CGNR) needs products with `Aᵀ` as well as `A`;
-/// for the adjoint of an implicit layer that is a Jacobian-vector product `J v`, which the
-/// reverse-mode tape does not offer (finite differences or a double VJP would be a different,
-/// approximate or unsupported operator), and CG on `A Aᵀ` squares the condition number anyway.
+/// CGNR needs products with `Aᵀ` as well as `A`; for the adjoint of an implicit layer,
+/// `A = I − Jᵀ`, that is a Jacobian-vector product `J v`, which the reverse-mode tape does not
+/// offer: the implicit rule supplies it by central differences of the layer (see `elm::grad`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum LinearSolverConfig {
     /// Restarted GMRES(m): Arnoldi with modified Gram–Schmidt, Givens rotations; `restart`
@@ -189,6 +271,11 @@ pub enum LinearSolverConfig {
     Neumann { terms: usize },
     /// A fixed-point solver on `x = b + (I − A) x` (one application per map evaluation).
     FixedPoint(SolverConfig),
+    /// Conjugate gradients on the normal equations `AᵀA x = Aᵀb` (CGNR): the residual of the
+    /// normal system never grows, at two products per iteration (`A` and `Aᵀ`) and a condition
+    /// number squared; needs an operator with [`LinearOperator::apply_transpose`]. Rows are
+    /// Converged only on the true residual `b − A x`.
+    Cgnr,
 }
 
 impl From<SolverConfig> for LinearSolverConfig {
@@ -210,12 +297,17 @@ impl LinearSolverConfig {
     pub fn neumann(terms: usize) -> Self {
         LinearSolverConfig::Neumann { terms }
     }
+    /// CG on the normal equations.
+    pub fn cgnr() -> Self {
+        LinearSolverConfig::Cgnr
+    }
     /// Default config of `name`: one of [`BUILTIN_LINEAR_SOLVERS`] or [`BUILTIN_SOLVERS`].
     pub fn by_name(name: &str) -> Result<Self> {
         match name {
             "gmres" => Ok(Self::gmres(DEFAULT_GMRES_RESTART)),
             "bicgstab" => Ok(Self::bicgstab()),
             "neumann" => Ok(Self::neumann(DEFAULT_NEUMANN_TERMS)),
+            "cgnr" => Ok(Self::cgnr()),
             other if BUILTIN_SOLVERS.contains(&other) => {
                 Ok(Self::FixedPoint(SolverConfig::by_name(other)?))
             }
@@ -228,6 +320,7 @@ impl LinearSolverConfig {
             LinearSolverConfig::Gmres { .. } => "gmres",
             LinearSolverConfig::BiCgStab => "bicgstab",
             LinearSolverConfig::Neumann { .. } => "neumann",
+            LinearSolverConfig::Cgnr => "cgnr",
             LinearSolverConfig::FixedPoint(c) => c.name(),
         }
     }
@@ -247,7 +340,7 @@ impl LinearSolverConfig {
                 }
                 Ok(())
             }
-            LinearSolverConfig::BiCgStab => Ok(()),
+            LinearSolverConfig::BiCgStab | LinearSolverConfig::Cgnr => Ok(()),
             LinearSolverConfig::Neumann { terms } => crate::error::check_max_iter("terms", *terms),
             LinearSolverConfig::FixedPoint(c) => c.validate(),
         }
@@ -280,12 +373,15 @@ impl LinearSolverConfig {
         }
         match self {
             LinearSolverConfig::Gmres { restart } => {
-                run_rows(&mut Gmres::new(*restart), op, b, x0, stop)
+                run_rows(&mut Gmres::new(*restart), op, b, x0, stop, None)
             }
-            LinearSolverConfig::BiCgStab => run_rows(&mut BiCgStab::default(), op, b, x0, stop),
+            LinearSolverConfig::BiCgStab => {
+                run_rows(&mut BiCgStab::default(), op, b, x0, stop, None)
+            }
             LinearSolverConfig::Neumann { terms } => {
-                run_rows(&mut Neumann::new(*terms), op, b, x0, stop)
+                run_rows(&mut Neumann::new(*terms), op, b, x0, stop, None)
             }
+            LinearSolverConfig::Cgnr => solve_cgnr(op, b, x0, stop),
             LinearSolverConfig::FixedPoint(c) => {
                 // f(x) = b + x − A x: its residual f(x) − x is the system's b − A x.
                 let mut map = FnMap::new(
@@ -359,6 +455,7 @@ mod json {
             #[serde(default = "default_terms")]
             terms: usize,
         },
+        Cgnr {},
     }
 
     impl Serialize for LinearSolverConfig {
@@ -371,6 +468,7 @@ mod json {
                 LinearSolverConfig::Neumann { terms } => {
                     Krylov::Neumann { terms: *terms }.serialize(s)
                 }
+                LinearSolverConfig::Cgnr => Krylov::Cgnr {}.serialize(s),
                 LinearSolverConfig::FixedPoint(c) => c.serialize(s),
             }
         }
@@ -388,6 +486,7 @@ mod json {
                     Krylov::Gmres { restart } => Ok(LinearSolverConfig::Gmres { restart }),
                     Krylov::Bicgstab {} => Ok(LinearSolverConfig::BiCgStab),
                     Krylov::Neumann { terms } => Ok(LinearSolverConfig::Neumann { terms }),
+                    Krylov::Cgnr {} => Ok(LinearSolverConfig::Cgnr),
                 };
             }
             if !BUILTIN_SOLVERS.contains(&kind) && kind != "custom" {
@@ -500,12 +599,14 @@ impl Rows {
 }
 
 /// Runs `method` on every row of `b` from `x0`; see the module docs for the protocol.
+/// Rows marked in `frozen` are left as they are (reported Converged, no application).
 fn run_rows<T: SolverFloat>(
     method: &mut dyn RowMethod,
     op: &mut dyn LinearOperator<T>,
     b: ArrayView2<T>,
     x0: ArrayView2<T>,
     stop: &StopCriteria,
+    frozen: Option<&[bool]>,
 ) -> Result<LinearSolution<T>> {
     let (batch, dim) = b.dim();
     let (field, bytes) = method.state_bytes(batch, dim);
@@ -572,7 +673,9 @@ fn run_rows<T: SolverFloat>(
 
     for row in 0..batch {
         let span = row * dim..(row + 1) * dim;
-        if x[span.clone()].iter().all(|&v| v == 0.0) {
+        if frozen.is_some_and(|f| f[row]) {
+            rows.stop(row, RowStatus::Converged, &mut inp[span]);
+        } else if x[span.clone()].iter().all(|&v| v == 0.0) {
             w.copy_from_slice(&bw[span.clone()]);
             on_residual(
                 row,
@@ -1002,4 +1105,223 @@ impl RowMethod for Neumann {
     fn finish(&mut self, row: usize, _x: &mut [f64]) {
         self.pending[row] = false;
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CG on the normal equations.
+
+/// Unpreconditioned conjugate gradients for a symmetric positive definite operator (here
+/// `AᵀA`); per row `r, p` and `rᵀr`.
+#[derive(Default)]
+struct Cg {
+    dim: usize,
+    r: Vec<f64>,
+    p: Vec<f64>,
+    rr: Vec<f64>,
+}
+
+impl RowMethod for Cg {
+    fn state_bytes(&self, batch: usize, dim: usize) -> (&'static str, u128) {
+        ("cgnr", bytes_of(8, &[batch, dim, 2]))
+    }
+    fn init(&mut self, batch: usize, dim: usize) {
+        self.dim = dim;
+        self.r = vec![0.0; batch * dim];
+        self.p = vec![0.0; batch * dim];
+        self.rr = vec![0.0; batch];
+    }
+    fn restart(&mut self, row: usize, r: &[f64], rn: f64, _x: &mut [f64], inp: &mut [f64]) -> bool {
+        let span = row * self.dim..(row + 1) * self.dim;
+        self.r[span.clone()].copy_from_slice(r);
+        self.p[span].copy_from_slice(r);
+        inp.copy_from_slice(r);
+        self.rr[row] = rn * rn;
+        true
+    }
+    fn advance(&mut self, row: usize, ainp: &mut [f64], x: &mut [f64], inp: &mut [f64]) -> Advance {
+        let span = row * self.dim..(row + 1) * self.dim;
+        let (r, p) = (&mut self.r[span.clone()], &mut self.p[span]);
+        let pap = dot(p, ainp);
+        if !pap.is_finite() {
+            return Advance::Restart(f64::NAN);
+        }
+        if pap <= 0.0 {
+            // Not positive definite along p (rounding at convergence): restart from the truth.
+            return Advance::Restart(norm(r));
+        }
+        let alpha = self.rr[row] / pap;
+        axpy(x, alpha, p);
+        axpy(r, -alpha, ainp);
+        let rr = dot(r, r);
+        let beta = rr / self.rr[row];
+        self.rr[row] = rr;
+        for (pi, &ri) in p.iter_mut().zip(r.iter()) {
+            *pi = ri + beta * *pi;
+        }
+        inp.copy_from_slice(p);
+        Advance::Next(rr.sqrt())
+    }
+    fn finish(&mut self, _row: usize, _x: &mut [f64]) {}
+}
+
+/// `x ↦ Aᵀ(A x)` of an operator with both products.
+struct NormalOperator<'a, T: SolverFloat> {
+    op: &'a mut dyn LinearOperator<T>,
+    ax: Array2<T>,
+}
+
+impl<T: SolverFloat> LinearOperator<T> for NormalOperator<'_, T> {
+    fn dim(&self) -> usize {
+        self.op.dim()
+    }
+    fn apply(
+        &mut self,
+        x: ArrayView2<T>,
+        active: &[bool],
+        out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
+        self.ax.fill(T::zero());
+        self.op.apply(x, active, self.ax.view_mut())?;
+        self.op.apply_transpose(self.ax.view(), active, out)
+    }
+}
+
+/// CGNR: CG on `AᵀA x = Aᵀb` (each CG application is two products), then the true residual
+/// `b − A x` of every row decides. A row whose true residual misses the tolerance (the normal
+/// residual is smaller by up to `‖A⁻ᵀ‖`) runs CG again from its `x`, with the normal system's
+/// tolerance 10× tighter each round (down to 1e-6 of the target), while its budget of
+/// `stop.max_iter` products lasts.
+fn solve_cgnr<T: SolverFloat>(
+    op: &mut dyn LinearOperator<T>,
+    b: ArrayView2<T>,
+    x0: ArrayView2<T>,
+    stop: &StopCriteria,
+) -> Result<LinearSolution<T>> {
+    if !op.has_transpose() {
+        return Err(SolverError::config(
+            "kind",
+            "cgnr needs products with Aᵀ, which this operator does not offer \
+             (use gmres or bicgstab)",
+        ));
+    }
+    let (batch, dim) = b.dim();
+    check_alloc("cgnr", bytes_of(std::mem::size_of::<T>(), &[batch, dim, 4]))?;
+    let all = vec![true; batch];
+    let mut atb = Array2::<T>::zeros((batch, dim));
+    op.apply_transpose(b, &all, atb.view_mut())?;
+    let mut products = vec![1usize; batch];
+    let mut calls = 1usize;
+    let mut x = x0.to_owned();
+    let mut inner = stop.clone();
+    inner.abs_tol *= 0.1;
+    inner.rel_tol *= 0.1;
+    let bnorm: Vec<f64> = b
+        .rows()
+        .into_iter()
+        .map(|r| r.iter().map(|v| v.widen().powi(2)).sum::<f64>().sqrt())
+        .collect();
+    let mut restarts = vec![0usize; batch];
+    let mut outcome: Vec<Option<(RowStatus, f64)>> = vec![None; batch];
+    let mut ax = Array2::<T>::zeros((batch, dim));
+    // Rows whose verdict is final: later rounds leave them alone.
+    let mut done = vec![false; batch];
+    loop {
+        let used = products.iter().copied().max().unwrap_or(0);
+        // Two products per CG application, and one left for the true residual; rounds of at
+        // most 2·D applications (CG's exact-arithmetic bound is D), so a recurrence that drifts
+        // from the truth (rounding, an inexact Aᵀ) restarts from the true residual.
+        let budget = (stop.max_iter.saturating_sub(used + 1) / 2).min(2 * dim.max(8));
+        if budget > 0 {
+            inner.max_iter = budget;
+            let mut normal = NormalOperator {
+                op: &mut *op,
+                ax: Array2::<T>::zeros((batch, dim)),
+            };
+            let sol = run_rows(
+                &mut Cg::default(),
+                &mut normal,
+                atb.view(),
+                x.view(),
+                &inner,
+                Some(&done),
+            )?;
+            calls += 2 * sol.applications;
+            for (p, row) in products.iter_mut().zip(&sol.rows) {
+                *p += 2 * row.iterations;
+            }
+            x = sol.x;
+        }
+        // The true residual of every row.
+        ax.fill(T::zero());
+        let open: Vec<bool> = done.iter().map(|d| !d).collect();
+        op.apply(x.view(), &open, ax.view_mut())?;
+        calls += 1;
+        let mut again = false;
+        for row in 0..batch {
+            if done[row] {
+                continue;
+            }
+            products[row] += 1;
+            let rn = b
+                .row(row)
+                .iter()
+                .zip(ax.row(row))
+                .map(|(&bi, &ai)| (bi.widen() - ai.widen()).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            let rel = rn / (bnorm[row] + stop.rel_eps);
+            let status = if !rn.is_finite() || x.row(row).iter().any(|v| !v.widen().is_finite()) {
+                Some(RowStatus::NonFinite)
+            } else if rn == 0.0
+                || (stop.abs_tol > 0.0 && rn <= stop.abs_tol)
+                || (stop.rel_tol > 0.0 && rel <= stop.rel_tol)
+            {
+                Some(RowStatus::Converged)
+            } else if rn > stop.divergence_factor * bnorm[row].max(1e-30) {
+                Some(RowStatus::Diverged)
+            } else if products[row] + 2 >= stop.max_iter || budget == 0 {
+                Some(RowStatus::MaxIter)
+            } else {
+                None
+            };
+            match status {
+                Some(st) => {
+                    outcome[row] = Some((st, rn));
+                    done[row] = true;
+                }
+                None => {
+                    outcome[row] = Some((RowStatus::MaxIter, rn));
+                    restarts[row] += 1;
+                    again = true;
+                }
+            }
+        }
+        if !again {
+            break;
+        }
+        if inner.rel_tol > stop.rel_tol * 1e-6 || inner.abs_tol > stop.abs_tol * 1e-6 {
+            inner.abs_tol *= 0.1;
+            inner.rel_tol *= 0.1;
+        }
+    }
+    let rows = (0..batch)
+        .map(|row| {
+            let (status, rn) = outcome[row].unwrap_or((RowStatus::MaxIter, f64::NAN));
+            RowOutcome {
+                status,
+                iterations: products[row],
+                residual: rn,
+                rel_residual: rn / (bnorm[row] + stop.rel_eps),
+                trace: None,
+                spectral_radius: None,
+                restarts: restarts[row],
+                backtracks: 0,
+            }
+        })
+        .collect();
+    Ok(LinearSolution {
+        x,
+        rows,
+        applications: calls,
+    })
 }

@@ -451,6 +451,7 @@ fn configs_read_and_write_json() {
         ),
         (r#"{"kind":"gmres"}"#, LinearSolverConfig::gmres(30)),
         (r#"{"kind":"bicgstab"}"#, LinearSolverConfig::bicgstab()),
+        (r#"{"kind":"cgnr"}"#, LinearSolverConfig::cgnr()),
         (
             r#"{"kind":"neumann","terms":7}"#,
             LinearSolverConfig::neumann(7),
@@ -481,6 +482,7 @@ fn configs_read_and_write_json() {
     );
     for bad in [
         r#"{"kind":"gmres","bogus":1}"#,
+        r#"{"kind":"cgnr","restart":3}"#,
         r#"{"kind":"bicgstab","restart":3}"#,
         r#"{"kind":"neumann","terms":0}"#,
         r#"{"kind":"gmres","restart":0}"#,
@@ -501,4 +503,115 @@ fn configs_read_and_write_json() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("gmres") && e.contains("anderson"), "{e}");
+}
+
+#[test]
+fn cgnr_reaches_the_exact_solution_of_the_canonical_and_a_non_symmetric_system() {
+    setup();
+    let stop = StopCriteria::relative(1e-10, 50_000);
+    for rho in [0.5, 0.9, 0.99] {
+        let p = LinearProblem::new(100, rho, 3, 11).unwrap();
+        let m = i_minus(&p.a);
+        let mut op = MatrixOperator::new(m.clone()).unwrap();
+        let sol = solve(&LinearSolverConfig::cgnr(), &mut op, p.b.view(), &stop);
+        let res = true_residuals(&m, sol.x.view(), p.b.view());
+        for (r, row) in sol.rows.iter().enumerate() {
+            assert_eq!(row.status, RowStatus::Converged, "ρ={rho}: {row:?}");
+            // Converged on the true residual, recomputed here.
+            let bn = norm(p.b.row(r));
+            assert!(res[r] <= 1e-10 * bn * 1.01, "ρ={rho} row {r}: {:e}", res[r]);
+            let err = norm((&sol.x.row(r) - &p.exact.row(r)).view());
+            let bound = res[r] / (1.0 - rho) + 1e-13 * norm(p.exact.row(r));
+            assert!(err <= bound, "ρ={rho} row {r}: error {err:e} > {bound:e}");
+        }
+        println!("ρ = {rho}: cgnr {} products", sol.max_iterations());
+    }
+    // Non-symmetric: (I − W) x = c, ‖W‖₂ = 0.95, against the contraction run to machine precision.
+    let p = TanhProblem::<f64>::new(60, 8, 4, 0.95, 5).unwrap();
+    let (w, c) = (p.w.clone(), p.injection.clone());
+    let mut exact = Array2::<f64>::zeros(c.dim());
+    for _ in 0..2000 {
+        exact = exact.dot(&w.t()) + &c;
+    }
+    let m = i_minus(&w);
+    let mut op = MatrixOperator::new(m.clone()).unwrap();
+    let sol = solve(
+        &LinearSolverConfig::cgnr(),
+        &mut op,
+        c.view(),
+        &StopCriteria::relative(1e-12, 5000),
+    );
+    assert!(sol.all_converged(), "{:?}", sol.rows);
+    let res = true_residuals(&m, sol.x.view(), c.view());
+    for r in 0..c.nrows() {
+        let err = norm((&sol.x.row(r) - &exact.row(r)).view());
+        let bound = res[r] / (1.0 - 0.95) + 1e-12 * norm(exact.row(r));
+        assert!(err <= bound, "cgnr row {r}: {err:e} > {bound:e}");
+    }
+}
+
+#[test]
+fn cgnr_refuses_an_operator_without_transpose_and_reports_a_short_budget() {
+    setup();
+    let b = Array2::<f64>::ones((2, 4));
+    let mut plain = FnOperator::new(
+        4,
+        |x: ArrayView2<f64>, _: &[bool], mut out: ArrayViewMut2<f64>| -> Result<(), MapError> {
+            out.assign(&x);
+            Ok(())
+        },
+    );
+    let r = LinearSolverConfig::cgnr().solve(
+        &mut plain,
+        b.view(),
+        Array2::zeros((2, 4)).view(),
+        &StopCriteria::default(),
+    );
+    match r {
+        Err(SolverError::Config { field, msg }) => {
+            assert_eq!(field, "kind");
+            assert!(msg.contains("Aᵀ"), "{msg}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The pair form: A and Aᵀ from two closures, same answers as the matrix.
+    let p = LinearProblem::new(40, 0.9, 2, 4).unwrap();
+    let m = i_minus(&p.a);
+    let (m1, m2) = (m.clone(), m.t().to_owned());
+    let mut pair = elm_solver::FnOperatorPair::new(
+        40,
+        move |x: ArrayView2<f64>,
+              _: &[bool],
+              mut out: ArrayViewMut2<f64>|
+              -> Result<(), MapError> {
+            out.assign(&x.dot(&m1.t()));
+            Ok(())
+        },
+        move |x: ArrayView2<f64>,
+              _: &[bool],
+              mut out: ArrayViewMut2<f64>|
+              -> Result<(), MapError> {
+            out.assign(&x.dot(&m2.t()));
+            Ok(())
+        },
+    );
+    let sol = solve(
+        &LinearSolverConfig::cgnr(),
+        &mut pair,
+        p.b.view(),
+        &StopCriteria::relative(1e-10, 10_000),
+    );
+    assert!(sol.all_converged(), "{:?}", sol.rows);
+    // Too few products: every row stops as MaxIter within its budget, never Converged.
+    let mut op = MatrixOperator::new(m.clone()).unwrap();
+    let sol = solve(
+        &LinearSolverConfig::cgnr(),
+        &mut op,
+        p.b.view(),
+        &StopCriteria::relative(1e-12, 9),
+    );
+    for row in &sol.rows {
+        assert_eq!(row.status, RowStatus::MaxIter, "{row:?}");
+        assert!(row.iterations <= 9, "{row:?}");
+    }
 }
