@@ -261,6 +261,12 @@ pub struct TrainConfig {
     /// (and the teacher cache). Absent (off) by default and from the serialised config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heal: Option<crate::lora::adapter::LoraSpec>,
+    /// Spectral normalisation of every matrix of the module that acts on the state (all but
+    /// the injection's `W_h`; `W → c·W/σ̂(W)`, power iteration
+    /// kept across steps and checkpoints): the module trains and is saved with normalised
+    /// matrices. Absent (off) by default and from the serialised config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spectral_norm: Option<crate::grad::SpectralNormConfig>,
 }
 
 fn is_zero(v: &usize) -> bool {
@@ -365,6 +371,9 @@ impl TrainConfig {
             return Err(ElmError::config("betas", "each must be in [0, 1)"));
         }
         self.jacobian_penalty.validate()?;
+        if let Some(sn) = &self.spectral_norm {
+            sn.validate()?;
+        }
         self.fixed_point_correction.validate()?;
         if !(0.0..=1.0).contains(&self.warmup_frac) || !(0.0..=1.0).contains(&self.min_lr_frac) {
             return Err(ElmError::config(

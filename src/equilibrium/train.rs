@@ -23,11 +23,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::autograd::{Tape, Var};
 use crate::error::{ElmError, Result};
-use crate::grad::{implicit_forward_with_rng, DeqConfig, GradientRule};
+use crate::grad::{implicit_forward_with_rng, DeqConfig, GradientRule, SpectralNorm};
 use crate::model::tape::{block_forward, BlockTensors, BlockVars};
 use crate::model::{ModelConfig, ModelWeights};
 use crate::solver::{SolverConfig, StopCriteria};
-use crate::train::{AdamW, AdamWConfig, ParamStore, ParamVars, ScheduleConfig};
+use crate::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
 
 use super::checkpoint::{write_json_atomic, TensorMap};
 use super::config::{read_json, ElmConfig, TrainConfig};
@@ -40,11 +40,10 @@ use crate::data::{batch_indices, make_batch, Batch, TokenSequence};
 use crate::model::dense_pass::{embed, run_dense_layers};
 
 /// The module's parameters registered on `tape`, typed (store order = [`ElmParams`] order).
-fn params_on_tape(cfg: &ModelConfig, elm: &ElmConfig, vars: &ParamVars) -> Result<ElmParams<Var>> {
+fn params_on_tape(cfg: &ModelConfig, elm: &ElmConfig, vars: &[Var]) -> Result<ElmParams<Var>> {
     let mut i = 0;
     ElmParams::shapes(cfg, elm.injection, elm.block).try_map(|name, _| {
         let v = vars
-            .vars()
             .get(i)
             .copied()
             .ok_or_else(|| ElmError::tensor(name, "not registered"))?;
@@ -159,7 +158,21 @@ pub struct Trainer<'a> {
     pub step: usize,
     pub history: Vec<StepLog>,
     teacher_cache: Option<TeacherCache>,
+    /// Per store index: the power-iteration state of a spectrally normalised matrix
+    /// (`cfg.spectral_norm`), `None` for everything else.
+    spectral: Vec<Option<SpectralNorm>>,
 }
+
+/// Power-iteration states of a run with spectral normalisation, `step-*/spectral_norm.json`
+/// (JSON: f64 vectors read back bit for bit, so a resumed run continues exactly).
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpectralState {
+    /// Parameter name → `(u, v, target)` (the target differs per matrix when `relative`).
+    vectors: std::collections::BTreeMap<String, (Vec<f64>, Vec<f64>, f64)>,
+}
+
+const SPECTRAL_FILE: &str = "spectral_norm.json";
 
 /// On-disk cache of the teacher's states `(h_l, h_{l+M})` of whole training batches.
 ///
@@ -383,6 +396,22 @@ impl<'a> Trainer<'a> {
         };
         deq.validate()?;
         let mc = &dense.config;
+        let spectral = match &cfg.spectral_norm {
+            None => vec![None; store.len()],
+            Some(sn) => (0..store.len())
+                .map(|i| {
+                    let w = store.value(i);
+                    // The matrices that act on the state z: not the heal's adapters, and not
+                    // the injection's W_h (it maps h, so it does not bear on contraction).
+                    let name = store.name(i);
+                    if name.starts_with(HEAL_PREFIX) || name == "p.w_h" || w.ndim() != 2 {
+                        return Ok(None);
+                    }
+                    let state = SpectralNorm::warm_start(w, sn, cfg.seed ^ i as u64)?;
+                    Ok(Some(state))
+                })
+                .collect::<Result<Vec<_>>>()?,
+        };
         let back = (elm.end_layer()..mc.num_layers)
             .map(|l| BlockTensors::from_weights(&dense.layers[l], mc))
             .collect();
@@ -402,6 +431,7 @@ impl<'a> Trainer<'a> {
             step,
             history,
             teacher_cache: None,
+            spectral,
         })
     }
 
@@ -457,8 +487,20 @@ impl<'a> Trainer<'a> {
             .iter()
             .enumerate()
             .filter(|(_, n)| !n.starts_with(HEAL_PREFIX))
-            .map(|(i, n)| (n.clone(), self.store.value(i).clone()))
-            .collect();
+            .map(|(i, n)| {
+                let w = self.store.value(i);
+                let value = match &self.spectral[i] {
+                    // As the next step would use it: its power iterations on the current W.
+                    Some(sn) => {
+                        let mut next = sn.clone();
+                        next.update(w)?;
+                        next.normalised_value(w)?
+                    }
+                    None => w.clone(),
+                };
+                Ok((n.clone(), value))
+            })
+            .collect::<Result<_>>()?;
         ElmModule::from_tensors(
             map,
             &self.dense.config,
@@ -508,6 +550,12 @@ impl<'a> Trainer<'a> {
         let seqs: Vec<&TokenSequence> = idx.iter().map(|&i| &data[i]).collect();
         let batch = make_batch(&seqs, pad_id);
         let (h, target) = self.teacher(&batch)?;
+        // This step's power iterations, on the matrices as the last update left them.
+        for (i, sn) in self.spectral.iter_mut().enumerate() {
+            if let Some(sn) = sn {
+                sn.update(self.store.value(i))?;
+            }
+        }
         let lambdas = self.cfg.lambda.at(self.step, self.cfg.steps);
         let (terms, mut pg) = self.loss_and_grads(&batch, h, target, self.step, lambdas)?;
         let grad_norm = pg.clip_global_norm(self.cfg.clip as f64)?;
@@ -576,7 +624,17 @@ impl<'a> Trainer<'a> {
         let valid: Vec<bool> = batch.valid.iter().flatten().copied().collect();
         let mut tape = Tape::<f32>::new();
         let vars = self.store.register(&mut tape);
-        let params = params_on_tape(&self.dense.config, &self.elm, &vars)?;
+        // Spectrally normalised matrices enter the layer as c·W/σ̂(W), differentiable in W.
+        let module_vars = vars
+            .vars()
+            .iter()
+            .zip(&self.spectral)
+            .map(|(&v, sn)| match sn {
+                Some(sn) => sn.normalise(&mut tape, v),
+                None => Ok(v),
+            })
+            .collect::<Result<Vec<Var>>>()?;
+        let params = params_on_tape(&self.dense.config, &self.elm, &module_vars)?;
         // With injection the iteration starts at 0 (h enters through P); without, at h itself.
         let z0 = if self.elm.injection {
             ArrayD::<f32>::zeros(IxDyn(&[bs, t, c]))
@@ -790,6 +848,20 @@ impl<'a> Trainer<'a> {
         crate::io::atomic::sync_dir(parent.unwrap_or(Path::new(".")))?;
         self.store.save(sd.join("params.safetensors"))?;
         self.opt.save(sd.join("optimizer.safetensors"))?;
+        if self.cfg.spectral_norm.is_some() {
+            let vectors = self
+                .spectral
+                .iter()
+                .enumerate()
+                .filter_map(|(i, sn)| {
+                    let sn = sn.as_ref()?;
+                    let (u, v) = sn.vectors();
+                    let entry = (u.to_vec(), v.to_vec(), sn.target);
+                    Some((self.store.name(i).to_string(), entry))
+                })
+                .collect();
+            write_json_atomic(&sd.join(SPECTRAL_FILE), &SpectralState { vectors })?;
+        }
         let state = TrainState {
             format: TRAIN_FORMAT.into(),
             step: self.step,
@@ -872,7 +944,7 @@ impl<'a> Trainer<'a> {
         }
         let opt = AdamW::load(sd.join("optimizer.safetensors"))?;
         opt.check_against(&store)?;
-        Self::build(
+        let mut trainer = Self::build(
             dense,
             state.elm,
             state.train,
@@ -881,7 +953,40 @@ impl<'a> Trainer<'a> {
             opt,
             state.step,
             state.history,
-        )
+        )?;
+        if let Some(cfg) = trainer.cfg.spectral_norm.clone() {
+            let path = sd.join(SPECTRAL_FILE);
+            let saved: SpectralState = read_json(&path)?;
+            for (i, sn) in trainer.spectral.iter_mut().enumerate() {
+                let Some(sn) = sn else { continue };
+                let name = trainer.store.name(i);
+                let (u, v, target) = saved.vectors.get(name).ok_or_else(|| {
+                    ElmError::format(&path, format!("no singular vectors for `{name}`"))
+                })?;
+                let (want_u, want_v) = (sn.vectors().0.len(), sn.vectors().1.len());
+                if u.len() != want_u || v.len() != want_v {
+                    return Err(ElmError::format(
+                        &path,
+                        format!(
+                            "`{name}`: vectors of {} and {}, expected {want_u} and {want_v}",
+                            u.len(),
+                            v.len()
+                        ),
+                    ));
+                }
+                *sn = SpectralNorm::from_vectors(
+                    u.clone().into(),
+                    v.clone().into(),
+                    *target,
+                    cfg.iterations,
+                )
+                .map_err(|e| e.in_file(&path))?;
+            }
+            if saved.vectors.len() != trainer.spectral.iter().flatten().count() {
+                return Err(ElmError::format(&path, "unexpected parameter names"));
+            }
+        }
+        Ok(trainer)
     }
 }
 

@@ -81,4 +81,4 @@ pub use regularizer::{
     fixed_point_correction, jacobian_penalty, FixedPointCorrection, JacobianPenalty,
 };
 pub use rule::{BackwardFailure, DeqConfig, GradientRule};
-pub use spectral_norm::SpectralNorm;
+pub use spectral_norm::{SpectralNorm, SpectralNormConfig};

@@ -9,9 +9,50 @@
 
 use ndarray::{Array1, Array2, ArrayD, Ix2};
 use rand::{rngs::StdRng, Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
 
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
+
+/// Settings of spectral normalisation for a layer's linear maps (e.g. `"spectral_norm":
+/// {"target": 0.9}` in an ELM training config).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpectralNormConfig {
+    /// `c`: every normalised matrix has spectral norm `c` (or `c` times its starting spectral
+    /// norm, when `relative`).
+    pub target: f64,
+    /// Power iterations per training step (1 tracks σ once warm; the start is warmed up).
+    #[serde(default = "one")]
+    pub iterations: usize,
+    /// Hold each matrix at `target × σ(W₀)` of its own start instead of one absolute norm: for
+    /// a layer initialised from a pretrained one, whose matrices' norms differ by orders of
+    /// magnitude.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub relative: bool,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// Most power iterations that warm a fresh state up before its first use (it stops earlier
+/// once σ̂ changes by less than 1e-9 relative between iterations).
+const WARMUP_ITERATIONS: usize = 1000;
+
+impl SpectralNormConfig {
+    /// Refuses a target that is not finite and positive and an iteration count of 0 or above
+    /// the iteration cap, naming the field.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.target.is_finite() && self.target > 0.0) {
+            return Err(ElmError::config(
+                "spectral_norm.target",
+                format!("{}: must be finite and > 0", self.target),
+            ));
+        }
+        crate::limits::check_max_iter("spectral_norm.iterations", self.iterations)
+    }
+}
 
 /// The power-iteration state of one `[N, K]` matrix.
 #[derive(Clone, Debug)]
@@ -98,6 +139,45 @@ impl SpectralNorm {
     pub fn apply<T: AdFloat>(&mut self, tape: &mut Tape<T>, w: Var) -> Result<Var> {
         let value = tape.value(w).clone();
         self.update(&value)?;
+        self.normalise(tape, w)
+    }
+
+    /// The state of the given vectors (a saved run's), refusing non-finite or empty ones.
+    pub fn from_vectors(
+        u: Array1<f64>,
+        v: Array1<f64>,
+        target: f64,
+        iterations: usize,
+    ) -> Result<Self> {
+        if u.is_empty() || v.is_empty() || u.iter().chain(v.iter()).any(|x| !x.is_finite()) {
+            return Err(ElmError::config(
+                "spectral_norm",
+                "singular-vector estimates must be non-empty and finite",
+            ));
+        }
+        if !(target.is_finite() && target > 0.0) {
+            return Err(ElmError::config(
+                "spectral_norm.target",
+                format!("{target}: must be finite and > 0"),
+            ));
+        }
+        Ok(SpectralNorm {
+            u,
+            v,
+            target,
+            iterations,
+            sigma: None,
+        })
+    }
+
+    /// The left and right singular-vector estimates `(u, v)`.
+    pub fn vectors(&self) -> (&Array1<f64>, &Array1<f64>) {
+        (&self.u, &self.v)
+    }
+
+    /// `target · W / σ̂(W)` on the tape with the current `u`, `v` (no power iteration: the state
+    /// is not changed, so a step can be replayed or probed).
+    pub fn normalise<T: AdFloat>(&self, tape: &mut Tape<T>, w: Var) -> Result<Var> {
         let uv = Array2::from_shape_fn((self.u.len(), self.v.len()), |(i, j)| {
             T::of(self.u[i] * self.v[j])
         });
@@ -107,5 +187,67 @@ impl SpectralNorm {
         let inv = tape.recip(sigma);
         let inv = tape.scale(inv, T::of(self.target));
         tape.mul(w, inv)
+    }
+}
+
+impl SpectralNorm {
+    /// A state for the `[N, K]` matrix `w` under `cfg`, seeded, warmed up by power iteration
+    /// until `σ̂` settles, so that it is close to σ from its first use (a random start needs
+    /// many iterations where the top singular values are close). With `cfg.relative` its
+    /// target is `cfg.target × σ̂(w)`.
+    pub fn warm_start(w: &ArrayD<f32>, cfg: &SpectralNormConfig, seed: u64) -> Result<Self> {
+        cfg.validate()?;
+        if w.ndim() != 2 {
+            return Err(ElmError::shape(
+                "spectral_norm",
+                format!("W of shape {:?} is not a matrix", w.shape()),
+            ));
+        }
+        let mut state = SpectralNorm::new(w.shape()[0], w.shape()[1], cfg.target, seed)?;
+        let mut last = state.update(w)?;
+        for _ in 1..WARMUP_ITERATIONS {
+            let sigma = state.update(w)?;
+            let settled = (sigma - last).abs() <= 1e-9 * sigma;
+            last = sigma;
+            if settled {
+                break;
+            }
+        }
+        if cfg.relative {
+            state.target = cfg.target * last;
+        }
+        state.iterations = cfg.iterations;
+        Ok(state)
+    }
+
+    /// `target · W / σ̂` of a value with the current `u`, `v` (`σ̂ = uᵀ W v` in f64): the matrix
+    /// a trained layer uses at inference.
+    pub fn normalised_value(&self, w: &ArrayD<f32>) -> Result<ArrayD<f32>> {
+        let w2 = w
+            .view()
+            .into_dimensionality::<Ix2>()
+            .map_err(|e| ElmError::shape("spectral_norm", e.to_string()))?;
+        if w2.dim() != (self.u.len(), self.v.len()) {
+            return Err(ElmError::shape(
+                "spectral_norm",
+                format!(
+                    "W {:?} for a state of [{}, {}]",
+                    w2.dim(),
+                    self.u.len(),
+                    self.v.len()
+                ),
+            ));
+        }
+        let sigma: f64 = w2
+            .indexed_iter()
+            .map(|((i, j), &x)| self.u[i] * x as f64 * self.v[j])
+            .sum();
+        if !sigma.is_finite() || sigma <= 0.0 {
+            return Err(ElmError::NonFinite(format!(
+                "spectral_norm: σ̂ = {sigma} (a zero or non-finite matrix)"
+            )));
+        }
+        let scale = self.target / sigma;
+        Ok(w.mapv(|x| (x as f64 * scale) as f32))
     }
 }
