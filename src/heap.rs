@@ -57,7 +57,7 @@ mod imp {
 /// static HEAP: elm::heap::CountingAlloc = elm::heap::CountingAlloc;
 /// ```
 ///
-/// Three relaxed atomic updates per allocation: nothing next to the allocation itself.
+/// Four relaxed atomic updates per allocation: nothing next to the allocation itself.
 pub struct CountingAlloc;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -66,9 +66,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 fn grew(bytes: usize) {
+    ALLOCATED.fetch_add(bytes, Ordering::Relaxed);
     let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
     PEAK.fetch_max(live, Ordering::Relaxed);
 }
@@ -121,6 +123,8 @@ pub struct HeapCounters {
     pub peak_bytes: usize,
     /// Allocations (and reallocations) since the start.
     pub allocations: usize,
+    /// Bytes ever allocated since the start (a reallocation counts what it grew by).
+    pub allocated_bytes: usize,
 }
 
 /// The counters, or `None` where [`CountingAlloc`] is not the global allocator.
@@ -129,6 +133,7 @@ pub fn counters() -> Option<HeapCounters> {
         live_bytes: LIVE.load(Ordering::Relaxed),
         peak_bytes: PEAK.load(Ordering::Relaxed),
         allocations: ALLOCATIONS.load(Ordering::Relaxed),
+        allocated_bytes: ALLOCATED.load(Ordering::Relaxed),
     })
 }
 
