@@ -939,3 +939,40 @@ fn relative_spectral_norm_holds_each_matrix_at_a_multiple_of_its_starting_norm()
         );
     }
 }
+
+#[test]
+fn a_run_request_reads_back_and_refuses_another_command_or_model() {
+    use elm::equilibrium::checkpoint::{read_run_request, write_run_request, RUN_REQUEST_FILE};
+    let dir = TempDir::new("request");
+    let mc = ModelConfig::tiny(Arch::Llama);
+    let c = cfg(7, 3);
+    assert!(read_run_request::<TrainConfig>(&dir, "train", &mc)
+        .unwrap()
+        .is_none());
+    write_run_request(&dir, "train", &mc, &c).unwrap();
+    let back: TrainConfig = read_run_request(&dir, "train", &mc).unwrap().unwrap();
+    assert_eq!(back.steps, 7);
+    assert_eq!(
+        serde_json::to_value(&back).unwrap(),
+        serde_json::to_value(&c).unwrap()
+    );
+    let e = read_run_request::<TrainConfig>(&dir, "lora", &mc)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(RUN_REQUEST_FILE) && e.contains("train"), "{e}");
+    let other = ModelConfig::tiny(Arch::Qwen2);
+    let e = read_run_request::<TrainConfig>(&dir, "train", &other)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("different model"), "{e}");
+    // A request with an unknown key (hand-edited) is refused naming the file.
+    let p = dir.join(RUN_REQUEST_FILE);
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    v["extra"] = 1.into();
+    std::fs::write(&p, v.to_string()).unwrap();
+    let e = read_run_request::<TrainConfig>(&dir, "train", &mc)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(RUN_REQUEST_FILE), "{e}");
+}

@@ -419,16 +419,13 @@ fn check_job(st: &Setup, job: Job) {
         }
         // Faults gone: resume what the failed run left, or, when it completed no checkpoint,
         // start again as --resume's refusal says.
-        let recovery = match finish(st, job, &out, false) {
-            Recovery::Resumed => {
-                what += "; resumed";
-                "--resume continued from the last completed checkpoint"
-            }
-            Recovery::StartedAgain => {
-                what += "; no checkpoint completed, started again";
-                "no checkpoint had completed: --resume refused naming the missing state file; started again with --force"
-            }
+        let recovery = finish(st, job, &out, false);
+        what += match recovery {
+            Recovery::Resumed => "; resumed",
+            Recovery::FromRequest => "; no checkpoint completed, resumed from the request",
+            Recovery::StartedAgain => "; nothing saved, started again",
         };
+        let recovery = recovery.describe();
         assert_finished_as(job, &out, &want, &format!("{point}: {what}"));
         println!("{what}");
         let recovery = if failed {
@@ -459,18 +456,38 @@ fn walk(dir: &Path) -> Vec<String> {
 #[derive(Clone, Copy)]
 enum Recovery {
     Resumed,
-    /// No checkpoint had completed: `--resume` refused, naming the missing state file.
+    /// No checkpoint had completed: `--resume` started the run again from its saved request.
+    FromRequest,
+    /// Not even the request was saved: `--resume` refused, naming the missing files.
     StartedAgain,
 }
 
-/// Runs `job` in `out` to the end after a fault or a SIGKILL: `--resume` as long as there is a
-/// state file (a finished run resumes as a no-op), otherwise again from the start with
-/// `--force`, as `--resume`'s refusal says.
+impl Recovery {
+    fn describe(self) -> &'static str {
+        match self {
+            Recovery::Resumed => "--resume continued from the last completed checkpoint",
+            Recovery::FromRequest => {
+                "no checkpoint had completed: --resume started the run again from its saved request"
+            }
+            Recovery::StartedAgain => {
+                "nothing had been saved, not even the request: --resume refused naming the missing files; started again with --force"
+            }
+        }
+    }
+}
+
+/// Runs `job` in `out` to the end after a fault or a SIGKILL: `--resume` (from the last
+/// checkpoint, or from the saved request when no checkpoint completed; a finished run resumes
+/// as a no-op), otherwise again from the start with `--force`, as `--resume`'s refusal says.
 fn finish(st: &Setup, job: Job, out: &Path, long: bool) -> Recovery {
     let resumed = command(st, job, out, true, false, &[], long)
         .output()
         .unwrap();
     if resumed.status.success() {
+        let said = String::from_utf8_lossy(&resumed.stderr);
+        if said.contains("no checkpoint was completed") {
+            return Recovery::FromRequest;
+        }
         return Recovery::Resumed;
     }
     let e = json_error(&resumed);
@@ -547,6 +564,7 @@ fn sigkill_at_random_moments_then_resume_equals_the_uninterrupted_run() {
             let killed = !status.success();
             let then = match finish(&st, job, &out, true) {
                 Recovery::Resumed => "resumed",
+                Recovery::FromRequest => "resumed from the request",
                 Recovery::StartedAgain => "started again",
             };
             assert_finished_as(job, &out, &want, &format!("killed at {at:?} ({then})"));
@@ -641,9 +659,7 @@ fn a_full_disk_stops_the_run_with_a_typed_error_and_resume_finishes_it() {
             let recovery = if copy.exists() {
                 match finish(&st, job, &copy, false) {
                     Recovery::Resumed => "moved to a larger disk, --resume continued",
-                    Recovery::StartedAgain => {
-                        "no save had completed: --resume refused naming the missing state file; started again with --force"
-                    }
+                    other => other.describe(),
                 }
             } else {
                 // Not even the run directory could be created: nothing to keep.

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use elm::data::{load_examples, load_gsm8k, resolve_data_dir, tokenize_all, Example, Split};
 use elm::equilibrium::accounting::{kv_report, param_report};
+use elm::equilibrium::checkpoint::{read_run_request, write_run_request, RUN_REQUEST_FILE};
 use elm::equilibrium::config::TrainConfig;
 use elm::equilibrium::infer::{ElmModel, InferenceConfig, KvMode};
 use elm::equilibrium::module::{
@@ -232,18 +233,30 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
                 "--resume continues the saved run as configured: drop --config/--steps/--elm/--start/--m",
             ));
         }
-        if !a.out.join(STATE_FILE).exists() {
-            return Err(ElmError::config(
-                "resume",
-                format!(
-                    "no {} in {}: the run completed no checkpoint (not even its starting \
-                     point), so there is nothing to resume; start it again with --force",
-                    STATE_FILE,
-                    a.out.display()
-                ),
-            ));
+        if a.out.join(STATE_FILE).exists() {
+            Trainer::resume(&dense, &a.out)?
+        } else {
+            // Stopped before its starting point was saved (a full disk): nothing was trained,
+            // so the run starts again as it was requested.
+            let req: TrainRequest = read_run_request(&a.out, "train", &dense.config)?
+                .ok_or_else(|| nothing_to_resume(&a.out, STATE_FILE))?;
+            say_err!(
+                "{}: no checkpoint was completed; starting the run again as it was requested",
+                a.out.display()
+            );
+            elm::io::atomic::remove_stale_temps(&a.out)?;
+            let module = match &req.init_module {
+                Some(dir) => load_module_for(dir, &dense.config, &a.model)?.0,
+                None => ElmModule::init(&dense, &req.elm)?,
+            };
+            Trainer::new(
+                &dense,
+                req.elm,
+                &module,
+                req.train,
+                a.model.display().to_string(),
+            )?
         }
-        Trainer::resume(&dense, &a.out)?
     } else {
         let mut cfg = match &a.config {
             Some(p) => TrainConfig::from_file(p)?,
@@ -284,6 +297,15 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
                 ))
             }
         };
+        // The request first: a run stopped before even its starting point is saved can then
+        // be resumed (started again as asked) once space is freed.
+        std::fs::create_dir_all(&a.out).map_err(|e| ElmError::io(&a.out, e))?;
+        let req = TrainRequest {
+            train: cfg.clone(),
+            elm: ec.clone(),
+            init_module: a.elm.clone(),
+        };
+        write_run_request(&a.out, "train", &dense.config, &req)?;
         Trainer::new(&dense, ec, &module, cfg, a.model.display().to_string())?
     };
     let examples: Vec<Example> = match &a.data {
@@ -376,6 +398,29 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What a fresh `elm train` was asked to do (`run_request.json`).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrainRequest {
+    train: TrainConfig,
+    elm: ElmConfig,
+    /// `--elm`: the module the run starts from (`None`: initialised from `--start`/`--m`).
+    init_module: Option<PathBuf>,
+}
+
+/// `--resume` of a directory holding neither a checkpoint (`state_file`) nor a request.
+pub(crate) fn nothing_to_resume(dir: &std::path::Path, state_file: &str) -> ElmError {
+    ElmError::config(
+        "resume",
+        format!(
+            "no {state_file} or {RUN_REQUEST_FILE} in {}: the run saved nothing, not even its \
+             request, so there is nothing to resume; start it again (with --force if the \
+             directory holds other files)",
+            dir.display()
+        ),
+    )
 }
 
 /// A training command's estimate (`train`, `lora`): what is loaded, the model file while it

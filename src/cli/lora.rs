@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use elm::data::{test_problems, training_sequences, TokenSequence};
+use elm::equilibrium::checkpoint::{read_run_request, write_run_request};
 use elm::error::{ElmError, Result};
 use elm::io::tokenizer::Tokenizer;
 use elm::io::{save_hf_model, write_json_atomic};
@@ -74,17 +75,20 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
                 "--resume continues the saved run as configured: drop --config/--steps/--seq-len",
             ));
         }
-        if !a.out.join(LORA_STATE_FILE).exists() {
-            return Err(ElmError::config(
-                "resume",
-                format!(
-                    "no {LORA_STATE_FILE} in {}: the run completed no checkpoint, so there is \
-                     nothing to resume; start it again with --force",
-                    a.out.display()
-                ),
-            ));
+        if a.out.join(LORA_STATE_FILE).exists() {
+            LoraTrainer::resume(&dense, &a.out)?
+        } else {
+            // Stopped before its starting point was saved: nothing was trained, so the run
+            // starts again as it was requested.
+            let cfg: LoraConfig = read_run_request(&a.out, "lora", &dense.config)?
+                .ok_or_else(|| super::elm_cmds::nothing_to_resume(&a.out, LORA_STATE_FILE))?;
+            say_err!(
+                "{}: no checkpoint was completed; starting the run again as it was requested",
+                a.out.display()
+            );
+            elm::io::atomic::remove_stale_temps(&a.out)?;
+            LoraTrainer::new(&dense, cfg, a.model.display().to_string())?
         }
-        LoraTrainer::resume(&dense, &a.out)?
     } else {
         elm::limits::check_output_dir("out", &a.out, a.force)?;
         let mut cfg = match &a.config {
@@ -97,6 +101,9 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
         if let Some(s) = a.seq_len {
             cfg.seq_len = s;
         }
+        // The request first: a run stopped before its starting point is saved stays resumable.
+        std::fs::create_dir_all(&a.out).map_err(|e| ElmError::io(&a.out, e))?;
+        write_run_request(&a.out, "lora", &dense.config, &cfg)?;
         LoraTrainer::new(&dense, cfg, a.model.display().to_string())?
     };
     let data = train_data(

@@ -7,6 +7,7 @@ use plotters::prelude::*;
 
 use elm::compress::{BoundaryStates, Calibration};
 use elm::data::{gsm8k_path, resolve_data_dir, test_problems, tokenize_all, Example, Split};
+use elm::equilibrium::checkpoint::{read_run_request, write_run_request};
 use elm::equilibrium::config::read_json;
 use elm::error::{ElmError, Result};
 use elm::io::tokenizer::Tokenizer;
@@ -126,13 +127,20 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
     let _lock = super::output::lock_run_dir(out, a.resume)?;
     let (dense, tok) = load_pretrained(&a.model)?;
     let mut g = if a.resume {
-        if !out.join(GPPO_STATE_FILE).exists() {
-            return Err(ElmError::config(
-                "resume",
-                format!("no {GPPO_STATE_FILE} in {}", out.display()),
-            ));
+        if out.join(GPPO_STATE_FILE).exists() {
+            Gppo::resume(&dense, out)?
+        } else {
+            // Stopped before its starting point was saved: nothing was trained, so the search
+            // starts again as it was requested.
+            let cfg: GppoConfig = read_run_request(out, "gppo", &dense.config)?
+                .ok_or_else(|| super::elm_cmds::nothing_to_resume(out, GPPO_STATE_FILE))?;
+            say_err!(
+                "{}: no checkpoint was completed; starting the search again as it was requested",
+                out.display()
+            );
+            elm::io::atomic::remove_stale_temps(out)?;
+            Gppo::new(&dense, cfg, a.model.display().to_string())?
         }
-        Gppo::resume(&dense, out)?
     } else {
         elm::limits::check_output_dir("out", out, a.force)?;
         let mut cfg = match &a.config {
@@ -160,6 +168,10 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
         if let Some(v) = a.policy_lr {
             cfg.policy_lr = v;
         }
+        // The request first: a search stopped before its starting point is saved stays
+        // resumable.
+        std::fs::create_dir_all(out).map_err(|e| ElmError::io(out, e))?;
+        write_run_request(out, "gppo", &dense.config, &cfg)?;
         Gppo::new(&dense, cfg, a.model.display().to_string())?
     };
     let data = train_data(
@@ -217,13 +229,22 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
     let (dense, tok) = load_pretrained(&a.model)?;
     let existing = out.join(elm::search::enumerate::ENUM_FILE);
     let mut cfg = if a.resume {
-        if !existing.exists() {
-            return Err(ElmError::config(
-                "resume",
-                format!("no {} to resume", existing.display()),
-            ));
+        if existing.exists() {
+            read_json::<Enumeration>(&existing)?.config
+        } else {
+            // Stopped before its first entry was saved: nothing was trained, so the
+            // enumeration starts again as it was requested.
+            let cfg: EnumConfig =
+                read_run_request(out, "enumerate", &dense.config)?.ok_or_else(|| {
+                    super::elm_cmds::nothing_to_resume(out, elm::search::enumerate::ENUM_FILE)
+                })?;
+            say_err!(
+                "{}: no checkpoint was completed; starting the enumeration again as it was requested",
+                out.display()
+            );
+            elm::io::atomic::remove_stale_temps(out)?;
+            cfg
         }
-        read_json::<Enumeration>(&existing)?.config
     } else {
         if existing.exists() {
             return Err(ElmError::config(
@@ -251,6 +272,10 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
             cfg.every = k;
         }
         apply_candidate_flags(a, &mut cfg.candidate);
+        cfg.validate(&dense.config)?;
+        // The request first: an enumeration stopped before its first entry stays resumable.
+        std::fs::create_dir_all(out).map_err(|e| ElmError::io(out, e))?;
+        write_run_request(out, "enumerate", &dense.config, &cfg)?;
     }
     cfg.validate(&dense.config)?;
     let seq = cfg.candidate.seq_len;
