@@ -221,6 +221,8 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         elm::limits::check_output_dir("out", &a.out, a.force)?;
     }
     let (dense, tok): (ModelWeights, Tokenizer) = load_pretrained(&a.model)?;
+    // A fresh run's request, written once everything is checked, before its first save.
+    let mut request = None;
     let mut trainer = if a.resume {
         if a.config.is_some()
             || a.steps.is_some()
@@ -297,15 +299,11 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
                 ))
             }
         };
-        // The request first: a run stopped before even its starting point is saved can then
-        // be resumed (started again as asked) once space is freed.
-        std::fs::create_dir_all(&a.out).map_err(|e| ElmError::io(&a.out, e))?;
-        let req = TrainRequest {
+        request = Some(TrainRequest {
             train: cfg.clone(),
             elm: ec.clone(),
             init_module: a.elm.clone(),
-        };
-        write_run_request(&a.out, "train", &dense.config, &req)?;
+        });
         Trainer::new(&dense, ec, &module, cfg, a.model.display().to_string())?
     };
     let examples: Vec<Example> = match &a.data {
@@ -354,6 +352,11 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         vec![]
     };
     let bar = bar(trainer.cfg.steps, trainer.step);
+    if let Some(req) = &request {
+        // Before the starting point is saved: a run stopped before that save (a full disk) is
+        // then resumed by starting it again as asked.
+        write_request(&a.out, "train", &dense.config, req)?;
+    }
     let outcome = trainer.run(&data, pad, &a.out, Some(&HeldOut::new(&held)), |event| {
         if let TrainEvent::Step(log) = event {
             bar.set_message(format!(
@@ -408,6 +411,17 @@ struct TrainRequest {
     elm: ElmConfig,
     /// `--elm`: the module the run starts from (`None`: initialised from `--start`/`--m`).
     init_module: Option<PathBuf>,
+}
+
+/// Writes a fresh run's request into its run directory (created here if it is not yet).
+pub(crate) fn write_request<T: serde::Serialize>(
+    dir: &std::path::Path,
+    command: &str,
+    model: &elm::model::ModelConfig,
+    request: &T,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
+    write_run_request(dir, command, model, request)
 }
 
 /// `--resume` of a directory holding neither a checkpoint (`state_file`) nor a request.

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use elm::data::{test_problems, training_sequences, TokenSequence};
-use elm::equilibrium::checkpoint::{read_run_request, write_run_request};
+use elm::equilibrium::checkpoint::read_run_request;
 use elm::error::{ElmError, Result};
 use elm::io::tokenizer::Tokenizer;
 use elm::io::{save_hf_model, write_json_atomic};
@@ -68,6 +68,8 @@ pub struct LoraArgs {
 pub fn run_lora(a: LoraArgs) -> Result<()> {
     let _lock = super::output::lock_run_dir(&a.out, a.resume)?;
     let (dense, tok) = load_pretrained(&a.model)?;
+    // A fresh run's request, written once everything is checked, before its first save.
+    let mut request = None;
     let mut trainer = if a.resume {
         if a.config.is_some() || a.steps.is_some() || a.seq_len.is_some() {
             return Err(ElmError::config(
@@ -101,10 +103,9 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
         if let Some(s) = a.seq_len {
             cfg.seq_len = s;
         }
-        // The request first: a run stopped before its starting point is saved stays resumable.
-        std::fs::create_dir_all(&a.out).map_err(|e| ElmError::io(&a.out, e))?;
-        write_run_request(&a.out, "lora", &dense.config, &cfg)?;
-        LoraTrainer::new(&dense, cfg, a.model.display().to_string())?
+        let trainer = LoraTrainer::new(&dense, cfg.clone(), a.model.display().to_string())?;
+        request = Some(cfg);
+        trainer
     };
     let data = train_data(
         &tok,
@@ -143,6 +144,9 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
         Some(answer_nll_mean(&dense, &tok, &test, 4)?)
     };
     let b = bar(trainer.cfg.steps, trainer.step);
+    if let Some(req) = &request {
+        super::elm_cmds::write_request(&a.out, "lora", &dense.config, req)?;
+    }
     let seconds = trainer.run(&data, pad, &a.out, |ev| {
         if let LoraEvent::Step(l) = ev {
             b.set_message(format!(

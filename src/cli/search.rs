@@ -7,7 +7,7 @@ use plotters::prelude::*;
 
 use elm::compress::{BoundaryStates, Calibration};
 use elm::data::{gsm8k_path, resolve_data_dir, test_problems, tokenize_all, Example, Split};
-use elm::equilibrium::checkpoint::{read_run_request, write_run_request};
+use elm::equilibrium::checkpoint::read_run_request;
 use elm::equilibrium::config::read_json;
 use elm::error::{ElmError, Result};
 use elm::io::tokenizer::Tokenizer;
@@ -126,6 +126,8 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
     let out = need_out(a)?;
     let _lock = super::output::lock_run_dir(out, a.resume)?;
     let (dense, tok) = load_pretrained(&a.model)?;
+    // A fresh search's request, written once everything is checked, before its first save.
+    let mut request = None;
     let mut g = if a.resume {
         if out.join(GPPO_STATE_FILE).exists() {
             Gppo::resume(&dense, out)?
@@ -168,11 +170,9 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
         if let Some(v) = a.policy_lr {
             cfg.policy_lr = v;
         }
-        // The request first: a search stopped before its starting point is saved stays
-        // resumable.
-        std::fs::create_dir_all(out).map_err(|e| ElmError::io(out, e))?;
-        write_run_request(out, "gppo", &dense.config, &cfg)?;
-        Gppo::new(&dense, cfg, a.model.display().to_string())?
+        let g = Gppo::new(&dense, cfg.clone(), a.model.display().to_string())?;
+        request = Some(cfg);
+        g
     };
     let data = train_data(
         &tok,
@@ -182,6 +182,9 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
     )?;
     let pad = tok.eos_id().unwrap_or(0);
     let b = bar(g.cfg.steps, g.step);
+    if let Some(req) = &request {
+        super::elm_cmds::write_request(out, "gppo", &dense.config, req)?;
+    }
     let outcome = g.run(&data, pad, out, |ev| match ev {
         GppoEvent::Step(l) => {
             b.set_message(format!(
@@ -272,10 +275,6 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
             cfg.every = k;
         }
         apply_candidate_flags(a, &mut cfg.candidate);
-        cfg.validate(&dense.config)?;
-        // The request first: an enumeration stopped before its first entry stays resumable.
-        std::fs::create_dir_all(out).map_err(|e| ElmError::io(out, e))?;
-        write_run_request(out, "enumerate", &dense.config, &cfg)?;
     }
     cfg.validate(&dense.config)?;
     let seq = cfg.candidate.seq_len;
@@ -289,6 +288,10 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
     let pad = tok.eos_id().unwrap_or(0);
     let starts = cfg.starts(&dense.config);
     let b = bar(starts.len() * cfg.steps, 0);
+    if !a.resume || !existing.exists() {
+        // Before the first entry is saved: an enumeration stopped before it stays resumable.
+        super::elm_cmds::write_request(out, "enumerate", &dense.config, &cfg)?;
+    }
     let e = enumerate(
         &dense,
         &cfg,
