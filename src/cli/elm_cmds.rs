@@ -421,6 +421,8 @@ pub(crate) fn write_request<T: serde::Serialize>(
     request: &T,
 ) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
+    // A killed earlier attempt's temporaries (this command holds the directory's lock).
+    elm::io::atomic::remove_stale_temps(dir)?;
     write_run_request(dir, command, model, request)
 }
 
