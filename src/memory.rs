@@ -14,6 +14,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::data::TokenSequence;
 use crate::error::Result;
 use crate::model::ModelConfig;
 
@@ -181,4 +182,17 @@ pub fn forward_bytes(cfg: &ModelConfig, batch: usize, tokens: usize, logit_rows:
     let h = cfg.num_heads as u64;
     let per_token = 6 * c + 3 * i;
     4 * (b * t * per_token + h * t * t + logit_rows as u64 * cfg.vocab_size as u64)
+}
+
+/// A trainer whose step can be measured before its run (the ELM trainer, the LoRA trainer).
+pub trait StepMemory {
+    /// Heap bytes one step on a batch of the run's batch size, every row as long as
+    /// `longest`, would hold at its peak beyond what the trainer holds already: one sequence
+    /// is run without changing the run, and its peak scaled by the batch size (every
+    /// `[B, T, ·]` buffer is linear in B at a fixed T). Measured with
+    /// [`crate::heap::CountingAlloc`] when it is the global allocator, else the tape's own
+    /// high-water mark (a lower bound).
+    fn probe_step_bytes(&self, longest: &TokenSequence, pad_id: u32) -> Result<u64>;
+    /// Bytes of optimiser state still to be allocated at the first update (a fresh run).
+    fn unallocated_optimizer_bytes(&self) -> u64;
 }

@@ -15,6 +15,7 @@ use elm::equilibrium::ElmModule;
 use elm::grad::{DeqConfig, GradientRule};
 use elm::heap::{counters, CountingAlloc};
 use elm::lora::{LoraConfig, LoraTrainer};
+use elm::memory::StepMemory;
 use elm::model::Arch;
 
 #[global_allocator]

@@ -327,18 +327,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         ));
     }
     let pad = tok.eos_id().unwrap_or(0);
-    let memory = training_memory(
-        "train",
-        &a.model,
-        &dense,
-        |longest| {
-            Ok((
-                trainer.probe_step_bytes(longest, pad)?,
-                trainer.unallocated_optimizer_bytes(),
-            ))
-        },
-        &data,
-    )?;
+    let memory = training_memory("train", &a.model, &dense, &trainer, &data, pad)?;
     super::output::check_memory(&memory, a.json)?;
     let held = if a.eval_examples > 0 {
         let dir = resolve_data_dir(a.data_dir.as_deref())?;
@@ -440,27 +429,28 @@ pub(crate) fn nothing_to_resume(dir: &std::path::Path, state_file: &str) -> ElmE
 }
 
 /// A training command's estimate (`train`, `lora`): what is loaded, the model file while it
-/// was read, and a step on the longest sequence (`probe` measures one sequence's step and
-/// scales it to the batch, and says the optimiser state still to be allocated).
+/// was read, optimiser moments still to come, and a step on the longest sequence (measured on
+/// one sequence and scaled to the batch).
 pub(crate) fn training_memory(
     command: &str,
     model_path: &std::path::Path,
     dense: &ModelWeights,
-    probe: impl FnOnce(&elm::data::TokenSequence) -> Result<(u64, u64)>,
+    trainer: &impl elm::memory::StepMemory,
     data: &[elm::data::TokenSequence],
+    pad: u32,
 ) -> Result<elm::memory::MemoryEstimate> {
     use elm::memory::{loaded_bytes_or, mapped_model_bytes, MemoryEstimate, RUNTIME_BYTES};
     let longest = data
         .iter()
         .max_by_key(|s| s.tokens.len())
         .ok_or_else(|| ElmError::InvalidArgument("training data has no usable sequence".into()))?;
-    let (step, optimiser) = probe(longest)?;
+    let step = trainer.probe_step_bytes(longest, pad)?;
     Ok(MemoryEstimate::new(
         command,
         &[
             ("runtime", RUNTIME_BYTES),
             ("loaded", loaded_bytes_or(4 * dense.num_params() as u64)),
-            ("optimiser moments", optimiser),
+            ("optimiser moments", trainer.unallocated_optimizer_bytes()),
         ],
     )
     .with_phase("loading", &[("model file", mapped_model_bytes(model_path))])

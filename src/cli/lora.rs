@@ -114,18 +114,7 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
         trainer.cfg.seq_len,
     )?;
     let pad = tok.eos_id().unwrap_or(0);
-    let memory = super::elm_cmds::training_memory(
-        "lora",
-        &a.model,
-        &dense,
-        |longest| {
-            Ok((
-                trainer.probe_step_bytes(longest, pad)?,
-                trainer.unallocated_optimizer_bytes(),
-            ))
-        },
-        &data,
-    )?;
+    let memory = super::elm_cmds::training_memory("lora", &a.model, &dense, &trainer, &data, pad)?;
     // After training: the merged copy of the model beside the trainer's, and its tensors'
     // bytes twice while `save_hf_model` writes them (one copy per tensor, one serialised).
     let model_bytes = 4 * dense.num_params() as u64;

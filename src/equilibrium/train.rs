@@ -587,29 +587,6 @@ impl<'a> Trainer<'a> {
         Ok(log)
     }
 
-    /// Heap bytes one step on a batch of `batch_size` copies of `longest` would hold at its
-    /// peak beyond what the trainer holds already, with the CE term on (it needs the most):
-    /// one sequence is run (teacher, solve, tape, backward) without changing the run, and its
-    /// peak scaled by the batch size (every `[B, T, ·]` buffer is linear in B at a fixed T).
-    /// Measured with [`crate::heap::CountingAlloc`] when it is the global allocator, else the
-    /// tape's own high-water mark (a lower bound: it misses the untaped teacher pass).
-    pub fn probe_step_bytes(&self, longest: &TokenSequence, pad_id: u32) -> Result<u64> {
-        let batch = make_batch(&[longest], pad_id);
-        let (result, heap_peak) = crate::heap::peak_during(|| -> Result<usize> {
-            let (h, target) = self.dense_targets(&batch)?;
-            let (terms, _) = self.loss_and_grads(&batch, h, target, self.step, (1.0, 1.0))?;
-            Ok(terms.tape_peak_bytes)
-        });
-        let tape_peak = result?;
-        let one = heap_peak.unwrap_or(tape_peak) as u64;
-        Ok(one.saturating_mul(self.cfg.batch_size as u64))
-    }
-
-    /// Bytes of optimiser state still to be allocated at the first update (a fresh run).
-    pub fn unallocated_optimizer_bytes(&self) -> u64 {
-        self.opt.unallocated_state_bytes(&self.store)
-    }
-
     /// The step's loss on a tape and the gradients of the trainable parameters (unclipped):
     /// everything of a step that does not change the run.
     fn loss_and_grads(
@@ -987,6 +964,25 @@ impl<'a> Trainer<'a> {
             }
         }
         Ok(trainer)
+    }
+}
+
+impl crate::memory::StepMemory for Trainer<'_> {
+    /// With the CE term on (it needs the most): teacher, solve, tape and backward.
+    fn probe_step_bytes(&self, longest: &TokenSequence, pad_id: u32) -> Result<u64> {
+        let batch = make_batch(&[longest], pad_id);
+        let (result, heap_peak) = crate::heap::peak_during(|| -> Result<usize> {
+            let (h, target) = self.dense_targets(&batch)?;
+            let (terms, _) = self.loss_and_grads(&batch, h, target, self.step, (1.0, 1.0))?;
+            Ok(terms.tape_peak_bytes)
+        });
+        let tape_peak = result?;
+        let one = heap_peak.unwrap_or(tape_peak) as u64;
+        Ok(one.saturating_mul(self.cfg.batch_size as u64))
+    }
+
+    fn unallocated_optimizer_bytes(&self) -> u64 {
+        self.opt.unallocated_state_bytes(&self.store)
     }
 }
 

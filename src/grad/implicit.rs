@@ -11,8 +11,8 @@ use serde::Serialize;
 use super::rule::{BackwardFailure, DeqConfig, GradientRule};
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::solver::{
-    FixedPointMap, FnMap, FnOperator, FnOperatorPair, LinearSolverConfig, MapError, RowOutcome,
-    RowStatus, SolverError, SolverFloat,
+    FixedPointMap, FnMap, LinearOperator, LinearSolverConfig, MapError, RowOutcome, RowStatus,
+    SolverError, SolverFloat,
 };
 use crate::{ElmError, Result};
 
@@ -604,47 +604,13 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
                         .solve(&mut map, g_rows.view(), &self.stop)
                         .map(|s| (s.z, s.rows, s.map_evals))
                 }
-                LinearSolverConfig::Cgnr => {
-                    // (I − Jᵀ) u = g; its transpose I − J through J·v by central differences
-                    // of f (the tape is reverse-mode only).
-                    let ctx = &self;
-                    let mut op = FnOperatorPair::new(
-                        d,
-                        |u: ArrayView2<T>,
-                         _active: &[bool],
-                         mut out: ArrayViewMut2<T>|
-                         -> std::result::Result<(), MapError> {
-                            vjp.jt(u, out.view_mut())?;
-                            Zip::from(&mut out).and(&u).for_each(|o, &ui| *o = ui - *o);
-                            Ok(())
-                        },
-                        |v: ArrayView2<T>,
-                         _active: &[bool],
-                         mut out: ArrayViewMut2<T>|
-                         -> std::result::Result<(), MapError> {
-                            ctx.jv(v, out.view_mut(), b, d)?;
-                            Zip::from(&mut out).and(&v).for_each(|o, &vi| *o = vi - *o);
-                            Ok(())
-                        },
-                    );
-                    let u0 = Array2::<T>::zeros((b, d));
-                    LinearSolverConfig::Cgnr
-                        .solve(&mut op, g_rows.view(), u0.view(), &self.stop)
-                        .map(|s| (s.x, s.rows, s.applications))
-                }
                 linear => {
                     // (I − Jᵀ) u = g from u₀ = 0, whose residual g needs no VJP.
-                    let mut op = FnOperator::new(
+                    let mut op = AdjointOperator {
+                        vjp: &mut vjp,
+                        b,
                         d,
-                        |u: ArrayView2<T>,
-                         _active: &[bool],
-                         mut out: ArrayViewMut2<T>|
-                         -> std::result::Result<(), MapError> {
-                            vjp.jt(u, out.view_mut())?;
-                            Zip::from(&mut out).and(&u).for_each(|o, &ui| *o = ui - *o);
-                            Ok(())
-                        },
-                    );
+                    };
                     let u0 = Array2::<T>::zeros((b, d));
                     linear
                         .solve(&mut op, g_rows.view(), u0.view(), &self.stop)
@@ -753,6 +719,43 @@ fn describe_rows(rows: &[RowOutcome], which: &[usize]) -> String {
         parts.push(format!("{} more", which.len() - SHOWN));
     }
     parts.join("; ")
+}
+
+/// The adjoint system's `A = I − Jᵀ` for the linear solvers, with `Aᵀ = I − J` through
+/// [`AdjointCtx::jv`] for CGNR.
+struct AdjointOperator<'v, 'a, T: GradFloat, L: ImplicitLayer<T>> {
+    vjp: &'v mut AdjointVjp<'a, T, L>,
+    b: usize,
+    d: usize,
+}
+
+impl<T: GradFloat, L: ImplicitLayer<T>> LinearOperator<T> for AdjointOperator<'_, '_, T, L> {
+    fn dim(&self) -> usize {
+        self.d
+    }
+    fn apply(
+        &mut self,
+        u: ArrayView2<T>,
+        _active: &[bool],
+        mut out: ArrayViewMut2<T>,
+    ) -> std::result::Result<(), MapError> {
+        self.vjp.jt(u, out.view_mut())?;
+        Zip::from(&mut out).and(&u).for_each(|o, &ui| *o = ui - *o);
+        Ok(())
+    }
+    fn has_transpose(&self) -> bool {
+        true
+    }
+    fn apply_transpose(
+        &mut self,
+        v: ArrayView2<T>,
+        _active: &[bool],
+        mut out: ArrayViewMut2<T>,
+    ) -> std::result::Result<(), MapError> {
+        self.vjp.ctx.jv(v, out.view_mut(), self.b, self.d)?;
+        Zip::from(&mut out).and(&v).for_each(|o, &vi| *o = vi - *o);
+        Ok(())
+    }
 }
 
 /// `u ↦ Jᵀu` at `z*` for a batch of adjoint rows: `f` recorded once on a scratch tape (only z

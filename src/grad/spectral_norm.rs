@@ -99,9 +99,8 @@ impl SpectralNorm {
         self.sigma
     }
 
-    /// `iterations` power-iteration steps on the value of `w` (`v ← Wᵀu/‖·‖`, `u ← Wv/‖·‖`);
-    /// returns `σ̂ = uᵀ W v`.
-    pub fn update<T: AdFloat>(&mut self, w: &ArrayD<T>) -> Result<f64> {
+    /// `w` as the `[N, K]` matrix this state is for, or a shape error.
+    fn matrix<'w, T: AdFloat>(&self, w: &'w ArrayD<T>) -> Result<ndarray::ArrayView2<'w, T>> {
         let w = w
             .view()
             .into_dimensionality::<Ix2>()
@@ -117,6 +116,13 @@ impl SpectralNorm {
                 ),
             ));
         }
+        Ok(w)
+    }
+
+    /// `iterations` power-iteration steps on the value of `w` (`v ← Wᵀu/‖·‖`, `u ← Wv/‖·‖`);
+    /// returns `σ̂ = uᵀ W v`.
+    pub fn update<T: AdFloat>(&mut self, w: &ArrayD<T>) -> Result<f64> {
+        let w = self.matrix(w)?;
         let w: Array2<f64> = w.mapv(|x| x.to_f64().unwrap_or(f64::NAN));
         for _ in 0..self.iterations {
             let v = w.t().dot(&self.u);
@@ -223,21 +229,7 @@ impl SpectralNorm {
     /// `target · W / σ̂` of a value with the current `u`, `v` (`σ̂ = uᵀ W v` in f64): the matrix
     /// a trained layer uses at inference.
     pub fn normalised_value(&self, w: &ArrayD<f32>) -> Result<ArrayD<f32>> {
-        let w2 = w
-            .view()
-            .into_dimensionality::<Ix2>()
-            .map_err(|e| ElmError::shape("spectral_norm", e.to_string()))?;
-        if w2.dim() != (self.u.len(), self.v.len()) {
-            return Err(ElmError::shape(
-                "spectral_norm",
-                format!(
-                    "W {:?} for a state of [{}, {}]",
-                    w2.dim(),
-                    self.u.len(),
-                    self.v.len()
-                ),
-            ));
-        }
+        let w2 = self.matrix(w)?;
         let sigma: f64 = w2
             .indexed_iter()
             .map(|((i, j), &x)| self.u[i] * x as f64 * self.v[j])

@@ -297,32 +297,6 @@ impl<'a> LoraTrainer<'a> {
         Ok((ce, vars, n))
     }
 
-    /// Heap bytes one step on a batch of `batch_size` copies of `longest` would hold at its
-    /// peak beyond what the trainer holds already: one sequence is run forward and backward
-    /// (dropout on) without changing the run, and its peak scaled by the batch size. Measured
-    /// with [`crate::heap::CountingAlloc`] when it is the global allocator, else the tape's
-    /// high-water mark.
-    pub fn probe_step_bytes(&self, longest: &TokenSequence, pad_id: u32) -> Result<u64> {
-        let batch = make_batch(&[longest], pad_id);
-        let mut rng = StdRng::seed_from_u64(step_seed(self.cfg.seed ^ 0x10AA, self.step));
-        let (result, heap_peak) = crate::heap::peak_during(|| -> Result<usize> {
-            let mut tape = Tape::<f32>::new();
-            let (ce, vars, _) = self.forward(&mut tape, &batch, Some(&mut rng))?;
-            let mut grads = tape.backward(ce)?;
-            let g: Vec<_> = vars.iter().map(|v| v.and_then(|v| grads.take(v))).collect();
-            drop(crate::train::ParamGrads::new(g));
-            Ok(tape.peak_bytes())
-        });
-        let tape_peak = result?;
-        let one = heap_peak.unwrap_or(tape_peak) as u64;
-        Ok(one.saturating_mul(self.cfg.batch_size as u64))
-    }
-
-    /// Bytes of optimiser state still to be allocated at the first update (a fresh run).
-    pub fn unallocated_optimizer_bytes(&self) -> u64 {
-        self.opt.unallocated_state_bytes(&self.store)
-    }
-
     /// One optimisation step on batch `self.step`.
     pub fn train_step(&mut self, data: &[TokenSequence], pad_id: u32) -> Result<LoraStepLog> {
         let t0 = Instant::now();
@@ -493,5 +467,28 @@ impl<'a> LoraTrainer<'a> {
             state.step,
             state.history,
         )
+    }
+}
+
+impl crate::memory::StepMemory for LoraTrainer<'_> {
+    /// Forward and backward with dropout on.
+    fn probe_step_bytes(&self, longest: &TokenSequence, pad_id: u32) -> Result<u64> {
+        let batch = make_batch(&[longest], pad_id);
+        let mut rng = StdRng::seed_from_u64(step_seed(self.cfg.seed ^ 0x10AA, self.step));
+        let (result, heap_peak) = crate::heap::peak_during(|| -> Result<usize> {
+            let mut tape = Tape::<f32>::new();
+            let (ce, vars, _) = self.forward(&mut tape, &batch, Some(&mut rng))?;
+            let mut grads = tape.backward(ce)?;
+            let g: Vec<_> = vars.iter().map(|v| v.and_then(|v| grads.take(v))).collect();
+            drop(crate::train::ParamGrads::new(g));
+            Ok(tape.peak_bytes())
+        });
+        let tape_peak = result?;
+        let one = heap_peak.unwrap_or(tape_peak) as u64;
+        Ok(one.saturating_mul(self.cfg.batch_size as u64))
+    }
+
+    fn unallocated_optimizer_bytes(&self) -> u64 {
+        self.opt.unallocated_state_bytes(&self.store)
     }
 }
