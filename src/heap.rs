@@ -69,6 +69,16 @@ static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
+/// Counts a fresh block of `size` bytes at `p` (nothing when the allocation failed).
+fn allocated(p: *mut u8, size: usize) -> *mut u8 {
+    if !p.is_null() {
+        INSTALLED.store(true, Ordering::Relaxed);
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        grew(size);
+    }
+    p
+}
+
 fn grew(bytes: usize) {
     ALLOCATED.fetch_add(bytes, Ordering::Relaxed);
     let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
@@ -79,22 +89,10 @@ fn grew(bytes: usize) {
 // touch the memory handed out.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            INSTALLED.store(true, Ordering::Relaxed);
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-            grew(layout.size());
-        }
-        p
+        allocated(System.alloc(layout), layout.size())
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(layout);
-        if !p.is_null() {
-            INSTALLED.store(true, Ordering::Relaxed);
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-            grew(layout.size());
-        }
-        p
+        allocated(System.alloc_zeroed(layout), layout.size())
     }
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
         System.dealloc(p, layout);

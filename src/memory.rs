@@ -37,12 +37,15 @@ pub struct MemoryPhase {
     pub parts: Vec<MemoryPart>,
 }
 
+/// Sum of `parts`, saturating (a saturated estimate is still refused).
+fn total(parts: &[MemoryPart]) -> u64 {
+    parts.iter().fold(0u64, |a, p| a.saturating_add(p.bytes))
+}
+
 impl MemoryPhase {
     /// Sum of the phase's parts.
     pub fn bytes(&self) -> u64 {
-        self.parts
-            .iter()
-            .fold(0u64, |a, p| a.saturating_add(p.bytes))
+        total(&self.parts)
     }
 }
 
@@ -80,6 +83,20 @@ impl MemoryEstimate {
         e
     }
 
+    /// The start every command's estimate shares: the runtime and what it has `loaded` held
+    /// throughout, and the `model_file` mapped while it was read.
+    pub fn loaded_model(command: &str, loaded: u64, model_file: u64) -> Self {
+        MemoryEstimate::new(command, &[("runtime", RUNTIME_BYTES), ("loaded", loaded)])
+            .with_phase("loading", &[("model file", model_file)])
+    }
+
+    /// Adds a part held throughout.
+    pub fn with_held(mut self, name: &str, bytes: u64) -> Self {
+        self.held.extend(parts(&[(name, bytes)]));
+        self.total_bytes = self.compute_total();
+        self
+    }
+
     /// Adds a transient phase.
     pub fn with_phase(mut self, name: &str, list: &[(&str, u64)]) -> Self {
         self.phases.push(MemoryPhase {
@@ -91,10 +108,7 @@ impl MemoryEstimate {
     }
 
     fn compute_total(&self) -> u64 {
-        let held = self
-            .held
-            .iter()
-            .fold(0u64, |a, p| a.saturating_add(p.bytes));
+        let held = total(&self.held);
         let phase = self
             .phases
             .iter()
@@ -195,4 +209,14 @@ pub trait StepMemory {
     fn probe_step_bytes(&self, longest: &TokenSequence, pad_id: u32) -> Result<u64>;
     /// Bytes of optimiser state still to be allocated at the first update (a fresh run).
     fn unallocated_optimizer_bytes(&self) -> u64;
+}
+
+/// What a [`StepMemory::probe_step_bytes`] reports for a probe `step` on one sequence that
+/// returns its tape's high-water mark: the heap peak it reached (the tape's mark where
+/// [`crate::heap::CountingAlloc`] does not count), times `batch_size`.
+pub fn scaled_step_peak(batch_size: usize, step: impl FnOnce() -> Result<usize>) -> Result<u64> {
+    let (result, heap_peak) = crate::heap::peak_during(step);
+    let tape_peak = result?;
+    let one = heap_peak.unwrap_or(tape_peak) as u64;
+    Ok(one.saturating_mul(batch_size as u64))
 }

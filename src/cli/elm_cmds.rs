@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use elm::data::{load_examples, load_gsm8k, resolve_data_dir, tokenize_all, Example, Split};
 use elm::equilibrium::accounting::{kv_report, param_report};
-use elm::equilibrium::checkpoint::{read_run_request, write_run_request, RUN_REQUEST_FILE};
 use elm::equilibrium::config::TrainConfig;
 use elm::equilibrium::infer::{ElmModel, InferenceConfig, KvMode};
 use elm::equilibrium::module::{
@@ -18,7 +17,7 @@ use elm::io::tokenizer::Tokenizer;
 use elm::model::{load_pretrained, load_weights, ModelWeights};
 use elm::solver::{SolverConfig, StopCriteria};
 
-use super::output::{bar, default_blas_threads, print_json, to_json};
+use super::output::{bar, default_blas_threads, print_json, restart_request, to_json};
 
 #[derive(clap::Args, Debug)]
 pub struct CompressArgs {
@@ -240,13 +239,8 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         } else {
             // Stopped before its starting point was saved (a full disk): nothing was trained,
             // so the run starts again as it was requested.
-            let req: TrainRequest = read_run_request(&a.out, "train", &dense.config)?
-                .ok_or_else(|| nothing_to_resume(&a.out, STATE_FILE))?;
-            say_err!(
-                "{}: no checkpoint was completed; starting the run again as it was requested",
-                a.out.display()
-            );
-            elm::io::atomic::remove_stale_temps(&a.out)?;
+            let req: TrainRequest =
+                restart_request(&a.out, "train", &dense.config, STATE_FILE, "run")?;
             let module = match &req.init_module {
                 Some(dir) => load_module_for(dir, &dense.config, &a.model)?.0,
                 None => ElmModule::init(&dense, &req.elm)?,
@@ -344,7 +338,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
     if let Some(req) = &request {
         // Before the starting point is saved: a run stopped before that save (a full disk) is
         // then resumed by starting it again as asked.
-        write_request(&a.out, "train", &dense.config, req)?;
+        super::output::write_request(&a.out, "train", &dense.config, req)?;
     }
     let outcome = trainer.run(&data, pad, &a.out, Some(&HeldOut::new(&held)), |event| {
         if let TrainEvent::Step(log) = event {
@@ -402,32 +396,6 @@ struct TrainRequest {
     init_module: Option<PathBuf>,
 }
 
-/// Writes a fresh run's request into its run directory (created here if it is not yet).
-pub(crate) fn write_request<T: serde::Serialize>(
-    dir: &std::path::Path,
-    command: &str,
-    model: &elm::model::ModelConfig,
-    request: &T,
-) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
-    // A killed earlier attempt's temporaries (this command holds the directory's lock).
-    elm::io::atomic::remove_stale_temps(dir)?;
-    write_run_request(dir, command, model, request)
-}
-
-/// `--resume` of a directory holding neither a checkpoint (`state_file`) nor a request.
-pub(crate) fn nothing_to_resume(dir: &std::path::Path, state_file: &str) -> ElmError {
-    ElmError::config(
-        "resume",
-        format!(
-            "no {state_file} or {RUN_REQUEST_FILE} in {}: the run saved nothing, not even its \
-             request, so there is nothing to resume; start it again (with --force if the \
-             directory holds other files)",
-            dir.display()
-        ),
-    )
-}
-
 /// A training command's estimate (`train`, `lora`): what is loaded, the model file while it
 /// was read, optimiser moments still to come, and a step on the longest sequence (measured on
 /// one sequence and scaled to the batch).
@@ -439,25 +407,21 @@ pub(crate) fn training_memory(
     data: &[elm::data::TokenSequence],
     pad: u32,
 ) -> Result<elm::memory::MemoryEstimate> {
-    use elm::memory::{loaded_bytes_or, mapped_model_bytes, MemoryEstimate, RUNTIME_BYTES};
+    use elm::memory::{loaded_bytes_or, mapped_model_bytes, MemoryEstimate};
     let longest = data
         .iter()
         .max_by_key(|s| s.tokens.len())
         .ok_or_else(|| ElmError::InvalidArgument("training data has no usable sequence".into()))?;
     let step = trainer.probe_step_bytes(longest, pad)?;
-    Ok(MemoryEstimate::new(
-        command,
-        &[
-            ("runtime", RUNTIME_BYTES),
-            ("loaded", loaded_bytes_or(4 * dense.num_params() as u64)),
-            ("optimiser moments", trainer.unallocated_optimizer_bytes()),
-        ],
+    let loaded = loaded_bytes_or(4 * dense.num_params() as u64);
+    Ok(
+        MemoryEstimate::loaded_model(command, loaded, mapped_model_bytes(model_path))
+            .with_held("optimiser moments", trainer.unallocated_optimizer_bytes())
+            .with_phase(
+                "training step",
+                &[("step (one sequence probed × batch)", step)],
+            ),
     )
-    .with_phase("loading", &[("model file", mapped_model_bytes(model_path))])
-    .with_phase(
-        "training step",
-        &[("step (one sequence probed × batch)", step)],
-    ))
 }
 
 #[derive(clap::Args, Debug)]

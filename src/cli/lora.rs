@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 
 use elm::data::{test_problems, training_sequences, TokenSequence};
-use elm::equilibrium::checkpoint::read_run_request;
 use elm::error::{ElmError, Result};
 use elm::io::tokenizer::Tokenizer;
 use elm::io::{save_hf_model, write_json_atomic};
@@ -82,13 +81,13 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
         } else {
             // Stopped before its starting point was saved: nothing was trained, so the run
             // starts again as it was requested.
-            let cfg: LoraConfig = read_run_request(&a.out, "lora", &dense.config)?
-                .ok_or_else(|| super::elm_cmds::nothing_to_resume(&a.out, LORA_STATE_FILE))?;
-            say_err!(
-                "{}: no checkpoint was completed; starting the run again as it was requested",
-                a.out.display()
-            );
-            elm::io::atomic::remove_stale_temps(&a.out)?;
+            let cfg: LoraConfig = super::output::restart_request(
+                &a.out,
+                "lora",
+                &dense.config,
+                LORA_STATE_FILE,
+                "run",
+            )?;
             LoraTrainer::new(&dense, cfg, a.model.display().to_string())?
         }
     } else {
@@ -134,7 +133,7 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
     };
     let b = bar(trainer.cfg.steps, trainer.step);
     if let Some(req) = &request {
-        super::elm_cmds::write_request(&a.out, "lora", &dense.config, req)?;
+        super::output::write_request(&a.out, "lora", &dense.config, req)?;
     }
     let seconds = trainer.run(&data, pad, &a.out, |ev| {
         if let LoraEvent::Step(l) = ev {

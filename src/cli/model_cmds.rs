@@ -233,24 +233,17 @@ fn generation_memory(
 ) -> MemoryEstimate {
     use elm::memory::{forward_bytes, kv_cache_bytes, loaded_bytes_or, mapped_model_bytes};
     let tokens = prompt_tokens + max_new_tokens;
-    MemoryEstimate::new(
-        "generate",
-        &[
-            ("runtime", elm::memory::RUNTIME_BYTES),
-            ("loaded", loaded_bytes_or(0)),
-        ],
-    )
-    .with_phase("loading", &[("model file", mapped_model_bytes(path))])
-    .with_phase(
-        "decoding",
-        &[
-            ("KV cache", kv_cache_bytes(mc, batch, tokens)),
-            (
-                "activations",
-                forward_bytes(mc, batch, prompt_tokens, batch),
-            ),
-        ],
-    )
+    MemoryEstimate::loaded_model("generate", loaded_bytes_or(0), mapped_model_bytes(path))
+        .with_phase(
+            "decoding",
+            &[
+                ("KV cache", kv_cache_bytes(mc, batch, tokens)),
+                (
+                    "activations",
+                    forward_bytes(mc, batch, prompt_tokens, batch),
+                ),
+            ],
+        )
 }
 
 /// What `generate` runs: three paths, one sampling loop.

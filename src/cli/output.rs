@@ -120,3 +120,48 @@ pub fn check_memory(estimate: &elm::memory::MemoryEstimate, json: bool) -> Resul
     }
     Ok(())
 }
+
+/// Writes a fresh run's request (`run_request.json`) into its run directory, created here if
+/// it is not yet, once the run has passed every check and before its first save.
+pub fn write_request<T: serde::Serialize>(
+    dir: &Path,
+    command: &str,
+    model: &elm::model::ModelConfig,
+    request: &T,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
+    // A killed earlier attempt's temporaries (this command holds the directory's lock).
+    elm::io::atomic::remove_stale_temps(dir)?;
+    elm::equilibrium::checkpoint::write_run_request(dir, command, model, request)
+}
+
+/// `--resume` of a run `dir` that holds no checkpoint (`state_file`): the request the fresh run
+/// saved, to start the `what` (run, search, ...) again as it was asked, since nothing of it was
+/// trained; the dead attempt's temporaries are removed. Without a request: an error saying
+/// there is nothing to resume.
+pub fn restart_request<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    command: &str,
+    model: &elm::model::ModelConfig,
+    state_file: &str,
+    what: &str,
+) -> Result<T> {
+    use elm::equilibrium::checkpoint::{read_run_request, RUN_REQUEST_FILE};
+    let request = read_run_request(dir, command, model)?.ok_or_else(|| {
+        ElmError::config(
+            "resume",
+            format!(
+                "no {state_file} or {RUN_REQUEST_FILE} in {}: the run saved nothing, not even its \
+                 request, so there is nothing to resume; start it again (with --force if the \
+                 directory holds other files)",
+                dir.display()
+            ),
+        )
+    })?;
+    say_err!(
+        "{}: no checkpoint was completed; starting the {what} again as it was requested",
+        dir.display()
+    );
+    elm::io::atomic::remove_stale_temps(dir)?;
+    Ok(request)
+}

@@ -7,7 +7,6 @@ use plotters::prelude::*;
 
 use elm::compress::{BoundaryStates, Calibration};
 use elm::data::{gsm8k_path, resolve_data_dir, test_problems, tokenize_all, Example, Split};
-use elm::equilibrium::checkpoint::read_run_request;
 use elm::equilibrium::config::read_json;
 use elm::error::{ElmError, Result};
 use elm::io::tokenizer::Tokenizer;
@@ -134,13 +133,13 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
         } else {
             // Stopped before its starting point was saved: nothing was trained, so the search
             // starts again as it was requested.
-            let cfg: GppoConfig = read_run_request(out, "gppo", &dense.config)?
-                .ok_or_else(|| super::elm_cmds::nothing_to_resume(out, GPPO_STATE_FILE))?;
-            say_err!(
-                "{}: no checkpoint was completed; starting the search again as it was requested",
-                out.display()
-            );
-            elm::io::atomic::remove_stale_temps(out)?;
+            let cfg: GppoConfig = super::output::restart_request(
+                out,
+                "gppo",
+                &dense.config,
+                GPPO_STATE_FILE,
+                "search",
+            )?;
             Gppo::new(&dense, cfg, a.model.display().to_string())?
         }
     } else {
@@ -183,7 +182,7 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
     let pad = tok.eos_id().unwrap_or(0);
     let b = bar(g.cfg.steps, g.step);
     if let Some(req) = &request {
-        super::elm_cmds::write_request(out, "gppo", &dense.config, req)?;
+        super::output::write_request(out, "gppo", &dense.config, req)?;
     }
     let outcome = g.run(&data, pad, out, |ev| match ev {
         GppoEvent::Step(l) => {
@@ -237,16 +236,13 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
         } else {
             // Stopped before its first entry was saved: nothing was trained, so the
             // enumeration starts again as it was requested.
-            let cfg: EnumConfig =
-                read_run_request(out, "enumerate", &dense.config)?.ok_or_else(|| {
-                    super::elm_cmds::nothing_to_resume(out, elm::search::enumerate::ENUM_FILE)
-                })?;
-            say_err!(
-                "{}: no checkpoint was completed; starting the enumeration again as it was requested",
-                out.display()
-            );
-            elm::io::atomic::remove_stale_temps(out)?;
-            cfg
+            super::output::restart_request(
+                out,
+                "enumerate",
+                &dense.config,
+                elm::search::enumerate::ENUM_FILE,
+                "enumeration",
+            )?
         }
     } else {
         if existing.exists() {
@@ -290,7 +286,7 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
     let b = bar(starts.len() * cfg.steps, 0);
     if !a.resume || !existing.exists() {
         // Before the first entry is saved: an enumeration stopped before it stays resumable.
-        super::elm_cmds::write_request(out, "enumerate", &dense.config, &cfg)?;
+        super::output::write_request(out, "enumerate", &dense.config, &cfg)?;
     }
     let e = enumerate(
         &dense,

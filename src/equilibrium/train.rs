@@ -971,14 +971,11 @@ impl crate::memory::StepMemory for Trainer<'_> {
     /// With the CE term on (it needs the most): teacher, solve, tape and backward.
     fn probe_step_bytes(&self, longest: &TokenSequence, pad_id: u32) -> Result<u64> {
         let batch = make_batch(&[longest], pad_id);
-        let (result, heap_peak) = crate::heap::peak_during(|| -> Result<usize> {
+        crate::memory::scaled_step_peak(self.cfg.batch_size, || {
             let (h, target) = self.dense_targets(&batch)?;
             let (terms, _) = self.loss_and_grads(&batch, h, target, self.step, (1.0, 1.0))?;
             Ok(terms.tape_peak_bytes)
-        });
-        let tape_peak = result?;
-        let one = heap_peak.unwrap_or(tape_peak) as u64;
-        Ok(one.saturating_mul(self.cfg.batch_size as u64))
+        })
     }
 
     fn unallocated_optimizer_bytes(&self) -> u64 {

@@ -356,7 +356,7 @@ pub fn memory_estimate(
     loaded: u64,
     model_file: u64,
 ) -> Result<crate::memory::MemoryEstimate> {
-    use crate::memory::{forward_bytes, kv_cache_bytes, MemoryEstimate, RUNTIME_BYTES};
+    use crate::memory::{forward_bytes, kv_cache_bytes, MemoryEstimate};
     let cfg = model.config();
     let (tokens, scored) = longest_sequence(tok, task, data, opts.max_new_tokens)?;
     let batch = opts.batch.min(data.len()).max(1);
@@ -372,14 +372,12 @@ pub fn memory_estimate(
     let kv = kv_cache_bytes(cfg, batch, tokens);
     let activations = forward_bytes(cfg, batch, tokens, logit_rows);
     Ok(
-        MemoryEstimate::new("eval", &[("runtime", RUNTIME_BYTES), ("loaded", loaded)])
-            .with_phase("loading", &[("model file", model_file)])
-            .with_phase(
-                "scoring",
-                &[
-                    ("KV caches", kv.saturating_mul(in_flight)),
-                    ("activations", activations.saturating_mul(in_flight)),
-                ],
-            ),
+        MemoryEstimate::loaded_model("eval", loaded, model_file).with_phase(
+            "scoring",
+            &[
+                ("KV caches", kv.saturating_mul(in_flight)),
+                ("activations", activations.saturating_mul(in_flight)),
+            ],
+        ),
     )
 }

@@ -510,11 +510,21 @@ struct AdjointCtx<T: GradFloat, L: ImplicitLayer<T>> {
 impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
     /// `f(z*, x, θ)` on a scratch tape; `z` differentiable iff `z_grad`, x/θ per `xp_grad`.
     fn scratch(&self, z_grad: bool, xp_grad: bool) -> Result<(Tape<T>, Var, Vec<Var>, Var)> {
+        self.scratch_at(self.z_star.clone(), z_grad, xp_grad)
+    }
+
+    /// [`AdjointCtx::scratch`] at the state `z` instead of `z*`.
+    fn scratch_at(
+        &self,
+        z: Arc<ArrayD<T>>,
+        z_grad: bool,
+        xp_grad: bool,
+    ) -> Result<(Tape<T>, Var, Vec<Var>, Var)> {
         let mut t = Tape::<T>::new();
         let zv = if z_grad {
-            t.param_shared(self.z_star.clone())
+            t.param_shared(z)
         } else {
-            t.constant_shared(self.z_star.clone())
+            t.constant_shared(z)
         };
         let mut leaves = Vec::with_capacity(1 + self.values.len());
         for (i, a) in std::iter::once(&self.x)
@@ -553,14 +563,7 @@ impl<T: GradFloat, L: ImplicitLayer<T>> AdjointCtx<T, L> {
         let at = |sign: f64| -> Result<ArrayD<T>> {
             let step = T::narrow(sign * eps);
             let z = &*self.z_star + &(&v * step);
-            let mut t = Tape::<T>::new();
-            let zv = t.constant(z);
-            let leaves: Vec<Var> = std::iter::once(&self.x)
-                .chain(self.values.iter())
-                .map(|a| t.constant_shared(a.clone()))
-                .collect();
-            let params = self.params.with_vars(&leaves[1..])?;
-            let y = self.layer.forward(&mut t, zv, leaves[0], &params)?;
+            let (t, _, _, y) = self.scratch_at(Arc::new(z), false, false)?;
             Ok(t.value(y).clone())
         };
         let (plus, minus) = (at(1.0)?, at(-1.0)?);

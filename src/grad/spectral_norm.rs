@@ -40,18 +40,34 @@ fn one() -> usize {
 /// once σ̂ changes by less than 1e-9 relative between iterations).
 const WARMUP_ITERATIONS: usize = 1000;
 
+/// Refuses a target norm that is not finite and positive, naming the field.
+fn check_target(target: f64) -> Result<()> {
+    if !(target.is_finite() && target > 0.0) {
+        return Err(ElmError::config(
+            "spectral_norm.target",
+            format!("{target}: must be finite and > 0"),
+        ));
+    }
+    Ok(())
+}
+
 impl SpectralNormConfig {
     /// Refuses a target that is not finite and positive and an iteration count of 0 or above
     /// the iteration cap, naming the field.
     pub fn validate(&self) -> Result<()> {
-        if !(self.target.is_finite() && self.target > 0.0) {
-            return Err(ElmError::config(
-                "spectral_norm.target",
-                format!("{}: must be finite and > 0", self.target),
-            ));
-        }
+        check_target(self.target)?;
         crate::limits::check_max_iter("spectral_norm.iterations", self.iterations)
     }
+}
+
+/// `σ̂` when it can divide a matrix: finite and positive (a zero or non-finite matrix is not).
+fn usable_sigma(sigma: f64) -> Result<f64> {
+    if !sigma.is_finite() || sigma <= 0.0 {
+        return Err(ElmError::NonFinite(format!(
+            "spectral_norm: σ̂ = {sigma} (a zero or non-finite matrix)"
+        )));
+    }
+    Ok(sigma)
 }
 
 /// The power-iteration state of one `[N, K]` matrix.
@@ -73,12 +89,7 @@ impl SpectralNorm {
         if rows == 0 || cols == 0 {
             return Err(ElmError::shape("spectral_norm", "empty matrix"));
         }
-        if !(target.is_finite() && target > 0.0) {
-            return Err(ElmError::config(
-                "spectral_norm.target",
-                format!("{target}: must be finite and > 0"),
-            ));
-        }
+        check_target(target)?;
         let mut rng = StdRng::seed_from_u64(seed);
         let unit = |n: usize, rng: &mut StdRng| {
             let a: Array1<f64> = Array1::from_shape_fn(n, |_| rng.gen_range(-1.0..1.0));
@@ -130,12 +141,7 @@ impl SpectralNorm {
             let u = w.dot(&self.v);
             self.u = &u / u.dot(&u).sqrt().max(1e-30);
         }
-        let sigma = self.u.dot(&w.dot(&self.v));
-        if !sigma.is_finite() || sigma <= 0.0 {
-            return Err(ElmError::NonFinite(format!(
-                "spectral_norm: σ̂ = {sigma} (a zero or non-finite matrix)"
-            )));
-        }
+        let sigma = usable_sigma(self.u.dot(&w.dot(&self.v)))?;
         self.sigma = Some(sigma);
         Ok(sigma)
     }
@@ -161,12 +167,7 @@ impl SpectralNorm {
                 "singular-vector estimates must be non-empty and finite",
             ));
         }
-        if !(target.is_finite() && target > 0.0) {
-            return Err(ElmError::config(
-                "spectral_norm.target",
-                format!("{target}: must be finite and > 0"),
-            ));
-        }
+        check_target(target)?;
         Ok(SpectralNorm {
             u,
             v,
@@ -230,15 +231,11 @@ impl SpectralNorm {
     /// a trained layer uses at inference.
     pub fn normalised_value(&self, w: &ArrayD<f32>) -> Result<ArrayD<f32>> {
         let w2 = self.matrix(w)?;
-        let sigma: f64 = w2
-            .indexed_iter()
-            .map(|((i, j), &x)| self.u[i] * x as f64 * self.v[j])
-            .sum();
-        if !sigma.is_finite() || sigma <= 0.0 {
-            return Err(ElmError::NonFinite(format!(
-                "spectral_norm: σ̂ = {sigma} (a zero or non-finite matrix)"
-            )));
-        }
+        let sigma = usable_sigma(
+            w2.indexed_iter()
+                .map(|((i, j), &x)| self.u[i] * x as f64 * self.v[j])
+                .sum(),
+        )?;
         let scale = self.target / sigma;
         Ok(w.mapv(|x| (x as f64 * scale) as f32))
     }

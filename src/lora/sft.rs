@@ -297,12 +297,18 @@ impl<'a> LoraTrainer<'a> {
         Ok((ce, vars, n))
     }
 
+    /// The dropout masks' generator of step `self.step` (its own stream, apart from the
+    /// adapters' init).
+    fn dropout_rng(&self) -> StdRng {
+        StdRng::seed_from_u64(step_seed(self.cfg.seed ^ 0x10AA, self.step))
+    }
+
     /// One optimisation step on batch `self.step`.
     pub fn train_step(&mut self, data: &[TokenSequence], pad_id: u32) -> Result<LoraStepLog> {
         let t0 = Instant::now();
         let idx = batch_indices(data.len(), self.cfg.batch_size, self.step, self.cfg.seed);
         let seqs: Vec<&TokenSequence> = idx.iter().map(|&i| &data[i]).collect();
-        let mut rng = StdRng::seed_from_u64(step_seed(self.cfg.seed ^ 0x10AA, self.step));
+        let mut rng = self.dropout_rng();
         let batch = make_batch(&seqs, pad_id);
         // A batch whose answers all lie past `seq_len` holds nothing to fit: the step passes
         // without an update (the schedule moves on), logged with 0 tokens.
@@ -474,18 +480,15 @@ impl crate::memory::StepMemory for LoraTrainer<'_> {
     /// Forward and backward with dropout on.
     fn probe_step_bytes(&self, longest: &TokenSequence, pad_id: u32) -> Result<u64> {
         let batch = make_batch(&[longest], pad_id);
-        let mut rng = StdRng::seed_from_u64(step_seed(self.cfg.seed ^ 0x10AA, self.step));
-        let (result, heap_peak) = crate::heap::peak_during(|| -> Result<usize> {
+        let mut rng = self.dropout_rng();
+        crate::memory::scaled_step_peak(self.cfg.batch_size, || {
             let mut tape = Tape::<f32>::new();
             let (ce, vars, _) = self.forward(&mut tape, &batch, Some(&mut rng))?;
             let mut grads = tape.backward(ce)?;
             let g: Vec<_> = vars.iter().map(|v| v.and_then(|v| grads.take(v))).collect();
             drop(crate::train::ParamGrads::new(g));
             Ok(tape.peak_bytes())
-        });
-        let tape_peak = result?;
-        let one = heap_peak.unwrap_or(tape_peak) as u64;
-        Ok(one.saturating_mul(self.cfg.batch_size as u64))
+        })
     }
 
     fn unallocated_optimizer_bytes(&self) -> u64 {

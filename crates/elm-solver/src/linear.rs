@@ -577,12 +577,18 @@ struct Rows {
     active: Vec<bool>,
 }
 
+/// Whether a residual of norm `rn` against a right-hand side of norm `bnorm` meets `stop`'s
+/// absolute or relative tolerance (a zero residual always does).
+fn meets_tolerance(rn: f64, bnorm: f64, stop: &StopCriteria) -> bool {
+    let rel = rn / (bnorm + stop.rel_eps);
+    rn == 0.0
+        || (stop.abs_tol > 0.0 && rn <= stop.abs_tol)
+        || (stop.rel_tol > 0.0 && rel <= stop.rel_tol)
+}
+
 impl Rows {
     fn converged(&self, row: usize, rn: f64, stop: &StopCriteria) -> bool {
-        let rel = rn / (self.bnorm[row] + stop.rel_eps);
-        rn == 0.0
-            || (stop.abs_tol > 0.0 && rn <= stop.abs_tol)
-            || (stop.rel_tol > 0.0 && rel <= stop.rel_tol)
+        meets_tolerance(rn, self.bnorm[row], stop)
     }
     fn diverged(&self, row: usize, rn: f64, stop: &StopCriteria) -> bool {
         rn > stop.divergence_factor * self.first_res[row].max(1e-30)
@@ -1269,13 +1275,9 @@ fn solve_cgnr<T: SolverFloat>(
                 .map(|(&bi, &ai)| (bi.widen() - ai.widen()).powi(2))
                 .sum::<f64>()
                 .sqrt();
-            let rel = rn / (bnorm[row] + stop.rel_eps);
             let status = if !rn.is_finite() || x.row(row).iter().any(|v| !v.widen().is_finite()) {
                 Some(RowStatus::NonFinite)
-            } else if rn == 0.0
-                || (stop.abs_tol > 0.0 && rn <= stop.abs_tol)
-                || (stop.rel_tol > 0.0 && rel <= stop.rel_tol)
-            {
+            } else if meets_tolerance(rn, bnorm[row], stop) {
                 Some(RowStatus::Converged)
             } else if rn > stop.divergence_factor * bnorm[row].max(1e-30) {
                 Some(RowStatus::Diverged)
