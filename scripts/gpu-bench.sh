@@ -8,6 +8,7 @@
 # loads at run time (libnvrtc, libcublas), system OpenBLAS (as for any elm build), python3 + torch.
 #
 # Usage: scripts/gpu-bench.sh            (env overrides below)
+#   BIN=path: a driver built elsewhere (BUILD_ONLY=1 prints its path), for GPU machines without cargo
 #   ORDINAL=0 PREFILL_LEN=512 DECODE_PROMPT_LEN=128 STEPS=64 BATCHES=1,32 REPS=5 TF32=0
 #   MODELS="smollm2-135m qwen2.5-1.5b" OUT=target/gpu-bench
 set -euo pipefail
@@ -89,12 +90,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 EOF
 
-# Same dependency versions as elm itself (and works offline when elm's deps are cached).
-cp "$ROOT/Cargo.lock" "$DRIVER/Cargo.lock"
-echo "gpu-bench: building the elm driver ($PROFILE, --features cuda) ..." >&2
-cargo build --profile "$PROFILE" --quiet --manifest-path "$DRIVER/Cargo.toml"
-PROFILE_DIR="$PROFILE"; [ "$PROFILE" = dev ] && PROFILE_DIR=debug
-BIN="$CARGO_TARGET_DIR/$PROFILE_DIR/elm-gpu-bench"
+if [ -z "${BIN:-}" ]; then
+  # Same dependency versions as elm itself (and works offline when elm's deps are cached).
+  cp "$ROOT/Cargo.lock" "$DRIVER/Cargo.lock"
+  echo "gpu-bench: building the elm driver ($PROFILE, --features cuda) ..." >&2
+  cargo build --profile "$PROFILE" --quiet --manifest-path "$DRIVER/Cargo.toml"
+  PROFILE_DIR="$PROFILE"; [ "$PROFILE" = dev ] && PROFILE_DIR=debug
+  BIN="$CARGO_TARGET_DIR/$PROFILE_DIR/elm-gpu-bench"
+fi
 if [ -n "${BUILD_ONLY:-}" ]; then echo "gpu-bench: built $BIN" >&2; exit 0; fi
 
 COMMON=(--prefill-len "$PREFILL_LEN" --decode-prompt-len "$DECODE_PROMPT_LEN" --steps "$STEPS"

@@ -81,7 +81,8 @@ class Decoder:
 
     @torch.no_grad()
     def forward(self, tokens, start):
-        """tokens: [B, T] (all sequences at the same position `start`); returns last-position logits [B, V]."""
+        """tokens: [B, T] (all sequences at the same position `start`), B at most the cache's batch
+        (its first B rows are used); returns last-position logits [B, V]."""
         cfg = self.cfg
         b, t = tokens.shape
         h, kv, d = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
@@ -92,10 +93,10 @@ class Decoder:
             k = F.linear(xn, lw["wk"], lw["bk"]).view(b, t, kv, d).transpose(1, 2)
             v = F.linear(xn, lw["wv"], lw["bv"]).view(b, t, kv, d).transpose(1, 2)
             q, k = self.rope(q, start, t), self.rope(k, start, t)
-            self.k_cache[li][:, :, start:start + t] = k
-            self.v_cache[li][:, :, start:start + t] = v
-            keys = self.k_cache[li][:, :, :start + t].repeat_interleave(h // kv, dim=1)
-            vals = self.v_cache[li][:, :, :start + t].repeat_interleave(h // kv, dim=1)
+            self.k_cache[li][:b, :, start:start + t] = k
+            self.v_cache[li][:b, :, start:start + t] = v
+            keys = self.k_cache[li][:b, :, :start + t].repeat_interleave(h // kv, dim=1)
+            vals = self.v_cache[li][:b, :, :start + t].repeat_interleave(h // kv, dim=1)
             if self.attn == "sdpa":
                 # Causal mask aligned to the end (queries are the last t of start+t keys).
                 mask = None
