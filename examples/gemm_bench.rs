@@ -65,11 +65,27 @@ fn main() {
         // bf16 dot products do two multiply-adds per f32 lane: its peak is twice the FMA one.
         let bf16 = has_avx512_bf16().then(|| timed(GemmKernel::Avx512Bf16));
         let blas = timed(GemmKernel::Blas);
+        // B a weight registered as frozen (packed once, as for training's frozen layers and in
+        // evaluation); the dW product's B is an activation, never frozen.
+        let weight = !name.starts_with("gᵀ·x");
+        let (frozen_f32, frozen_bf16) = if weight {
+            let mut frozen = elm::gemm::FrozenWeights::new();
+            frozen.borrow(&b_store);
+            let f32 = timed(GemmKernel::Avx512);
+            let bf16 = has_avx512_bf16().then(|| timed(GemmKernel::Avx512Bf16));
+            (Some(f32), bf16)
+        } else {
+            (None, None)
+        };
         rows.push(serde_json::json!({
             "shape": name, "blas_gflop_s": blas, "avx512_gflop_s": ours,
             "ratio": ours / blas, "avx512_fraction_of_peak": ours / peak,
             "avx512_bf16_gflop_s": bf16,
             "bf16_fraction_of_bf16_peak": bf16.map(|g| g / (2.0 * peak)),
+            "avx512_frozen_b_gflop_s": frozen_f32,
+            "avx512_frozen_b_fraction_of_peak": frozen_f32.map(|g| g / peak),
+            "avx512_bf16_frozen_b_gflop_s": frozen_bf16,
+            "bf16_frozen_b_fraction_of_bf16_peak": frozen_bf16.map(|g| g / (2.0 * peak)),
         }));
     }
     println!(

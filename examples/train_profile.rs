@@ -6,7 +6,7 @@
 //! the LoRA SFT step (rank 16 on the seven linear maps of every layer).
 //! One warm-up step, then the mean of `STEPS`.
 //!
-//! `cargo run --release --example train_profile -- [--model M] [--steps N] [--batch B]
+//! `cargo run --release --example train_profile -- [--model M] [--steps N] [--batch B] [--phases P,..]
 //! [--seq T] [--precision f32|bf16] [--json]`
 use std::time::Instant;
 
@@ -53,6 +53,9 @@ fn main() -> elm::Result<()> {
     let batch: usize = flag(&args, "--batch", 2)?;
     let seq: usize = flag(&args, "--seq", 128)?;
     let json = args.iter().any(|a| a == "--json");
+    // `--phases distill,ce_teacher_cache,lora`: only these (for profiling one); all by default.
+    let only: String = flag(&args, "--phases", String::new())?;
+    let wanted = |key: &str| only.is_empty() || only.split(',').any(|p| p == key);
     let precision: elm::gemm::Precision = flag(&args, "--precision", elm::gemm::Precision::F32)?;
     elm::gemm::set_precision(precision)?;
 
@@ -96,6 +99,14 @@ fn main() -> elm::Result<()> {
         cfg.lambda.ce_start = ce_ramp;
         cfg.lambda.ce_end = ce_ramp;
         for cached in [false, true] {
+            let key = if cached {
+                format!("{phase}_teacher_cache")
+            } else {
+                phase.to_string()
+            };
+            if !wanted(&key) {
+                continue;
+            }
             let trainer = || Trainer::new(&dense, ec.clone(), &module, cfg.clone(), model.clone());
             if cached {
                 // Fill the cache with the same batches, then time a trainer that reads it.
@@ -117,11 +128,6 @@ fn main() -> elm::Result<()> {
                 seconds += t.elapsed().as_secs_f64();
                 tokens += log.tokens;
             }
-            let key = if cached {
-                format!("{phase}_teacher_cache")
-            } else {
-                phase.to_string()
-            };
             phases.insert(
                 key,
                 serde_json::json!({
@@ -141,24 +147,26 @@ fn main() -> elm::Result<()> {
         checkpoint_every: 0,
         ..Default::default()
     };
-    let mut lora = elm::lora::LoraTrainer::new(&dense, lora_cfg, model.clone())?;
-    lora.train_step(&data, pad)?;
-    let (mut seconds, mut tokens) = (0.0, 0usize);
-    for _ in 0..steps {
-        let t = Instant::now();
+    if wanted("lora") {
+        let mut lora = elm::lora::LoraTrainer::new(&dense, lora_cfg, model.clone())?;
         lora.train_step(&data, pad)?;
-        seconds += t.elapsed().as_secs_f64();
-        // Positions processed (every sequence is `seq` tokens long); the step's own `tokens`
-        // counts the supervised ones.
-        tokens += batch * seq;
+        let (mut seconds, mut tokens) = (0.0, 0usize);
+        for _ in 0..steps {
+            let t = Instant::now();
+            lora.train_step(&data, pad)?;
+            seconds += t.elapsed().as_secs_f64();
+            // Positions processed (every sequence is `seq` tokens long); the step's own `tokens`
+            // counts the supervised ones.
+            tokens += batch * seq;
+        }
+        phases.insert(
+            "lora".into(),
+            serde_json::json!({
+                "seconds_per_step": seconds / steps as f64,
+                "tok_s": tokens as f64 / seconds,
+            }),
+        );
     }
-    phases.insert(
-        "lora".into(),
-        serde_json::json!({
-            "seconds_per_step": seconds / steps as f64,
-            "tok_s": tokens as f64 / seconds,
-        }),
-    );
     let out = serde_json::json!({
         "model": model,
         "threads": rayon::current_num_threads(),

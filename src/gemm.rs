@@ -245,6 +245,219 @@ pub fn peak_fma_gflops_per_core() -> f64 {
     (reps * 64 * 2) as f64 / t.elapsed().as_secs_f64() / 1e9
 }
 
+/// A `B` packed whole: per `KC`-block of its rows, every `NR`-column sliver (f32, or bf16
+/// k-pairs in one u32).
+pub(crate) enum Panels {
+    F32(Vec<Vec<f32>>),
+    Bf16(Vec<Vec<u32>>),
+}
+
+impl Panels {
+    fn bytes(&self) -> u64 {
+        // Both element types are 4 bytes (a bf16 pair in one u32).
+        4 * match self {
+            Panels::F32(v) => v.iter().map(Vec::len).sum::<usize>(),
+            Panels::Bf16(v) => v.iter().map(Vec::len).sum::<usize>(),
+        } as u64
+    }
+}
+
+/// Weights registered as unchanging (see [`FrozenWeights`]) and the packed forms built from
+/// them: a product whose `B` lies inside one of them packs it once and reuses it.
+mod frozen {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, LazyLock, Mutex, OnceLock};
+
+    use ndarray::ArrayView2;
+
+    use super::Panels;
+
+    /// One packed form of one view: where it starts, its shape and strides, the format.
+    #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+    struct Key {
+        ptr: usize,
+        dim: (usize, usize),
+        strides: (isize, isize),
+        bf16: bool,
+    }
+
+    pub(super) type Slot = Arc<OnceLock<Panels>>;
+
+    #[derive(Default)]
+    struct Registry {
+        next_owner: u64,
+        /// `[start, end)` byte ranges of registered weights and their owner.
+        ranges: Vec<(usize, usize, u64)>,
+        packs: HashMap<Key, (u64, Slot)>,
+    }
+
+    static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
+    /// Registered ranges, read without the lock: products skip the lookup while there are none.
+    static RANGES: AtomicUsize = AtomicUsize::new(0);
+
+    fn registry() -> std::sync::MutexGuard<'static, Registry> {
+        // A panic elsewhere while holding the lock leaves the registry consistent (every
+        // change is one push or retain).
+        REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn new_owner() -> u64 {
+        let mut r = registry();
+        r.next_owner += 1;
+        r.next_owner
+    }
+
+    pub(super) fn register(owner: u64, start: usize, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        registry().ranges.push((start, start + bytes, owner));
+        RANGES.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn release(owner: u64) {
+        let mut r = registry();
+        let before = r.ranges.len();
+        r.ranges.retain(|&(_, _, o)| o != owner);
+        RANGES.fetch_sub(before - r.ranges.len(), Ordering::Relaxed);
+        r.packs.retain(|_, (o, _)| *o != owner);
+    }
+
+    /// Bytes of the packed forms built so far, of one owner or (`None`) of all.
+    pub(super) fn packed_bytes(owner: Option<u64>) -> u64 {
+        registry()
+            .packs
+            .values()
+            .filter(|(o, _)| owner.is_none_or(|w| w == *o))
+            .filter_map(|(_, slot)| slot.get().map(Panels::bytes))
+            .sum()
+    }
+
+    pub(super) fn registered_bytes(owner: u64) -> u64 {
+        registry()
+            .ranges
+            .iter()
+            .filter(|(_, _, o)| *o == owner)
+            .map(|&(s, e, _)| (e - s) as u64)
+            .sum()
+    }
+
+    /// The packed form of `b` if `b` lies wholly inside a registered weight (made empty here,
+    /// filled by the caller through `OnceLock::get_or_init`, so concurrent products build it once).
+    pub(super) fn lookup(bf16: bool, b: &ArrayView2<f32>) -> Option<Slot> {
+        if RANGES.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let (rows, cols) = b.dim();
+        let (rs, cs) = (b.strides()[0], b.strides()[1]);
+        if rows == 0 || cols == 0 || rs < 0 || cs < 0 {
+            return None;
+        }
+        let start = b.as_ptr() as usize;
+        let last = (rows - 1) * rs as usize + (cols - 1) * cs as usize;
+        let end = start + (last + 1) * std::mem::size_of::<f32>();
+        let mut r = registry();
+        let owner = r
+            .ranges
+            .iter()
+            .find(|&&(s, e, _)| s <= start && end <= e)
+            .map(|&(_, _, o)| o)?;
+        let key = Key {
+            ptr: start,
+            dim: (rows, cols),
+            strides: (rs, cs),
+            bf16,
+        };
+        Some(
+            r.packs
+                .entry(key)
+                .or_insert_with(|| (owner, Slot::default()))
+                .1
+                .clone(),
+        )
+    }
+}
+
+/// Weights that stay unchanged while this value lives (borrowed for `'a`, or shared through an
+/// `Arc` it keeps a clone of): large products reading one of them as `B` (`x·Wᵀ`, `g·W`) pack
+/// it once, in the product's precision, and reuse the packed form until this is dropped,
+/// instead of packing it again on every call. The packed forms take memory ([`Self::packed_bytes`]):
+/// the weight's size in bf16 (half of it in f32) per layout used.
+pub struct FrozenWeights<'a> {
+    owner: u64,
+    shared: Vec<std::sync::Arc<ndarray::ArrayD<f32>>>,
+    _borrow: std::marker::PhantomData<&'a f32>,
+}
+
+impl Default for FrozenWeights<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<'a> FrozenWeights<'a> {
+    pub fn new() -> Self {
+        FrozenWeights {
+            owner: frozen::new_owner(),
+            shared: Vec::new(),
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    fn register_slice(&self, w: Option<&[f32]>) {
+        if let Some(w) = w {
+            frozen::register(self.owner, w.as_ptr() as usize, std::mem::size_of_val(w));
+        }
+    }
+
+    /// Registers a weight borrowed for this value's life (a non-contiguous one is skipped).
+    pub fn borrow<S, D>(&mut self, w: &'a ndarray::ArrayBase<S, D>) -> &mut Self
+    where
+        S: ndarray::Data<Elem = f32>,
+        D: ndarray::Dimension,
+    {
+        self.register_slice(w.as_slice_memory_order());
+        self
+    }
+
+    /// Registers a shared weight, keeping it alive (and, being shared, unchanged).
+    pub fn share(&mut self, w: &std::sync::Arc<ndarray::ArrayD<f32>>) -> &mut Self {
+        self.register_slice(w.as_slice_memory_order());
+        self.shared.push(w.clone());
+        self
+    }
+
+    /// Bytes of the packed forms built so far.
+    pub fn packed_bytes(&self) -> u64 {
+        frozen::packed_bytes(Some(self.owner))
+    }
+
+    /// What the packed forms will take once every registered weight has been read in
+    /// `layouts` layouts (1: `x·Wᵀ` only, as in inference; 2: `g·W` too, as in training
+    /// through a frozen layer) at the current precision: f32 packs are the weight's size,
+    /// bf16 ones half of it.
+    pub fn expected_packed_bytes(&self, layouts: u64) -> u64 {
+        let f32_bytes = frozen::registered_bytes(self.owner);
+        let per_layout = match precision() {
+            Precision::F32 => f32_bytes,
+            Precision::Bf16 => f32_bytes / 2,
+        };
+        per_layout * layouts
+    }
+}
+
+/// Bytes of every frozen weight's packed forms built so far (all [`FrozenWeights`] alive).
+pub fn frozen_packed_bytes() -> u64 {
+    frozen::packed_bytes(None)
+}
+
+impl Drop for FrozenWeights<'_> {
+    fn drop(&mut self) {
+        frozen::release(self.owner);
+    }
+}
+
 thread_local! {
     /// Packing buffers of this thread (rayon's workers persist, so steps reuse them).
     static PACK: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
@@ -259,7 +472,7 @@ mod avx512 {
     use ndarray::{s, ArrayView2, ArrayViewMut2};
     use rayon::prelude::*;
 
-    use super::{PACK, PACK_BF16};
+    use super::{Panels, PACK, PACK_BF16};
 
     const MR: usize = 12;
     const NR: usize = 32;
@@ -291,6 +504,12 @@ mod avx512 {
             c.map_inplace(|x| *x = if beta == 0.0 { 0.0 } else { beta * *x });
             return;
         }
+        // A frozen weight as B: its panels packed once (the Arc keeps them alive through
+        // this call even if the registration ends meanwhile).
+        let frozen = super::frozen::lookup(bf16, b);
+        if let Some(slot) = &frozen {
+            slot.get_or_init(|| pack_whole_b(bf16, b));
+        }
         let threads = rayon::current_num_threads().max(1);
         let cp = CPtr {
             ptr: c.as_mut_ptr(),
@@ -315,6 +534,12 @@ mod avx512 {
             } else {
                 (a.slice(s![lo..hi, ..]), b.view(), lo as isize * cp.rs)
             };
+            // The part's first column in the whole packed B (a multiple of NR).
+            let col0 = if split_n { lo } else { 0 };
+            let packed = frozen
+                .as_ref()
+                .and_then(|slot| slot.get())
+                .map(|p| (p, col0));
             let c_p = CPtr {
                 // SAFETY: `off` is inside C (lo < the split dimension).
                 ptr: unsafe { cp.ptr.offset(off) },
@@ -323,10 +548,15 @@ mod avx512 {
             // SAFETY: the caller detected AVX-512F (and BF16 for `bf16`); c_p covers the
             // part's rows/columns.
             unsafe {
-                if bf16 {
-                    gemm_serial_bf16(alpha, &a_p, &b_p, beta, c_p)
-                } else {
-                    gemm_serial(alpha, &a_p, &b_p, beta, c_p)
+                match packed {
+                    Some((Panels::Bf16(p), col0)) => {
+                        gemm_serial_bf16(alpha, &a_p, &b_p, beta, c_p, Some((p, col0)))
+                    }
+                    Some((Panels::F32(p), col0)) => {
+                        gemm_serial(alpha, &a_p, &b_p, beta, c_p, Some((p, col0)))
+                    }
+                    None if bf16 => gemm_serial_bf16(alpha, &a_p, &b_p, beta, c_p, None),
+                    None => gemm_serial(alpha, &a_p, &b_p, beta, c_p, None),
                 }
             };
         };
@@ -337,9 +567,10 @@ mod avx512 {
         }
     }
 
-    /// The GotoBLAS loop nest both kernels share: a `B` panel packed per (jc, pc), an `A`
-    /// block per ic, the micro-kernel over the tiles. `depth(kc)` is a packed sliver's depth
-    /// (k values, or k-pairs for bf16); `tile(depth, a, b, c_ij, mr, nr, β)` one micro-tile.
+    /// The GotoBLAS loop nest both kernels share: a `B` panel per (jc, pc) (packed into `pb`,
+    /// or found already packed: `pack_b` returns where it is), an `A` block per ic, the
+    /// micro-kernel over the tiles. `depth(kc)` is a packed sliver's depth (k values, or
+    /// k-pairs for bf16); `tile(depth, a, b, c_ij, mr, nr, β)` one micro-tile.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn blocked<P>(
@@ -349,7 +580,7 @@ mod avx512 {
         pa: &mut [P],
         pb: &mut [P],
         depth: impl Fn(usize) -> usize,
-        mut pack_b: impl FnMut(usize, usize, usize, usize, &mut [P]),
+        mut pack_b: impl FnMut(usize, usize, usize, usize, &mut [P]) -> *const P,
         mut pack_a: impl FnMut(usize, usize, usize, usize, &mut [P]),
         tile: impl Fn(usize, *const P, *const P, *mut f32, usize, usize, f32),
     ) {
@@ -358,7 +589,7 @@ mod avx512 {
             for pc in (0..k).step_by(KC) {
                 let kc = KC.min(k - pc);
                 let d = depth(kc);
-                pack_b(pc, kc, jc, nc, pb);
+                let panel = pack_b(pc, kc, jc, nc, pb);
                 // β applies once: on the first K block; later blocks accumulate.
                 let beta_k = if pc == 0 { beta } else { 1.0 };
                 for ic in (0..m).step_by(MC) {
@@ -366,7 +597,7 @@ mod avx512 {
                     pack_a(ic, mc, pc, kc, pa);
                     for jr in (0..nc).step_by(NR) {
                         let nr = NR.min(nc - jr);
-                        let bp = pb.as_ptr().add(jr / NR * NR * d);
+                        let bp = panel.add(jr / NR * NR * d);
                         for ir in (0..mc).step_by(MR) {
                             let mr = MR.min(mc - ir);
                             let ap = pa.as_ptr().add(ir / MR * MR * d);
@@ -381,7 +612,20 @@ mod avx512 {
         }
     }
 
-    /// The blocked loop on one thread.
+    /// Where a `K`-block's panel of a pre-packed `B` starts for columns from `jc`: the
+    /// K-blocks' panels of the whole `B` and the first column of this part of it.
+    #[inline(always)]
+    fn prepacked<P>(
+        (panels, col0): (&[Vec<P>], usize),
+        pc: usize,
+        jc: usize,
+        d: usize,
+    ) -> *const P {
+        // SAFETY (of the caller's reads): the panel holds every NR-sliver of the whole B.
+        panels[pc / KC][(col0 + jc) / NR * NR * d..].as_ptr()
+    }
+
+    /// The blocked loop on one thread; `packed`: `B`'s panels packed already (a frozen weight).
     #[target_feature(enable = "avx512f")]
     unsafe fn gemm_serial(
         alpha: f32,
@@ -389,6 +633,7 @@ mod avx512 {
         b: &ArrayView2<f32>,
         beta: f32,
         c: CPtr,
+        packed: Option<(&[Vec<f32>], usize)>,
     ) {
         let ((m, k), n) = (a.dim(), b.ncols());
         PACK.with(|pack| {
@@ -403,7 +648,13 @@ mod avx512 {
                 pa,
                 pb,
                 |kc| kc,
-                |pc, kc, jc, nc, pb| pack_b(b, pc, kc, jc, nc, pb),
+                |pc, kc, jc, nc, pb| match packed {
+                    Some(p) => prepacked(p, pc, jc, kc),
+                    None => {
+                        pack_b(b, pc, kc, jc, nc, pb);
+                        pb.as_ptr()
+                    }
+                },
                 |ic, mc, pc, kc, pa| pack_a(a, ic, mc, pc, kc, pa),
                 |d, ap, bp, cij, mr, nr, bk| kernel(d, ap, bp, cij, c.rs, c.cs, mr, nr, alpha, bk),
             );
@@ -625,9 +876,43 @@ mod avx512 {
         });
     }
 
-    /// [`pack_pairs`] for a source contiguous along k (`row(r)` points at `x[r, 0]`): 32 values
-    /// at a time rounded by `vcvtne2ps2bf16` (nearest even; like the hardware's dot products
-    /// it flushes f32 subnormals, below 1.2e-38, to zero), then spread over the sliver.
+    /// Transposes a 16 × 16 block of u32 held as 16 rows: `r[j][i]` becomes `r[i][j]`
+    /// (interleaves of 32 then 64 bits within 128-bit lanes, then two rounds of lane shuffles).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn transpose16(r: &mut [__m512i; 16]) {
+        let mut t = [_mm512_setzero_si512(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4j + e] holds, in 128-bit lane L, element 4L + e of rows 4j .. 4j + 3.
+        let mut u = [_mm512_setzero_si512(); 16];
+        for j in 0..4 {
+            u[4 * j] = _mm512_unpacklo_epi64(t[4 * j], t[4 * j + 2]);
+            u[4 * j + 1] = _mm512_unpackhi_epi64(t[4 * j], t[4 * j + 2]);
+            u[4 * j + 2] = _mm512_unpacklo_epi64(t[4 * j + 1], t[4 * j + 3]);
+            u[4 * j + 3] = _mm512_unpackhi_epi64(t[4 * j + 1], t[4 * j + 3]);
+        }
+        let mut v = [_mm512_setzero_si512(); 16];
+        for g in 0..2 {
+            for e in 0..4 {
+                let (a, b) = (u[8 * g + e], u[8 * g + 4 + e]);
+                v[8 * g + e] = _mm512_shuffle_i32x4::<0x88>(a, b);
+                v[8 * g + 4 + e] = _mm512_shuffle_i32x4::<0xdd>(a, b);
+            }
+        }
+        for i in 0..8 {
+            r[i] = _mm512_shuffle_i32x4::<0x88>(v[i], v[8 + i]);
+            r[8 + i] = _mm512_shuffle_i32x4::<0xdd>(v[i], v[8 + i]);
+        }
+    }
+
+    /// [`pack_pairs`] for a source contiguous along k (`row(r)` points at `x[r, 0]`): per 16
+    /// rows and 32 values of k, each row rounded by `vcvtne2ps2bf16` (nearest even; like the
+    /// hardware's dot products it flushes f32 subnormals, below 1.2e-38, to zero) into 16
+    /// pairs, the 16 × 16 block transposed in registers and stored a pair index at a time;
+    /// the odd tail of k scalar.
     #[target_feature(enable = "avx512f,avx512bf16")]
     unsafe fn pack_pairs_contiguous(
         rows: usize,
@@ -636,65 +921,158 @@ mod avx512 {
         out: &mut [u32],
         row: impl Fn(usize) -> *const f32,
     ) {
-        let mut lanes = [0u32; 16];
-        for_each_pair_row(rows, kc, w, out, |dst, r, i| {
-            let src = row(i);
-            let mut p2 = 0;
-            while 2 * p2 + 32 <= kc {
-                // SAFETY: 32 values from 2·p2 are inside the row (checked by the loop bound);
-                // the closure runs inside this AVX-512 BF16 function.
-                unsafe {
-                    let lo = _mm512_loadu_ps(src.add(2 * p2));
-                    let hi = _mm512_loadu_ps(src.add(2 * p2 + 16));
-                    let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-                    _mm512_storeu_si512(lanes.as_mut_ptr() as *mut _, v);
-                }
-                for (t, &x) in lanes.iter().enumerate() {
-                    dst[(p2 + t) * w + r] = x;
-                }
-                p2 += 16;
-            }
-            // SAFETY: p < kc is inside the row.
-            fill_pairs_scalar(dst, w, r, p2, kc, |p| unsafe { *src.add(p) });
-        });
-    }
-
-    /// [`pack_pairs`] for a `B` whose rows (k) are contiguous along its columns: per k-pair,
-    /// 16 columns of rows `k` and `k + 1` rounded together by `vcvtne2ps2bf16` and interleaved
-    /// into (k, k+1) pairs by one 16-bit permute; `row(p)` points at `B[p, 0]` of the panel.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn pack_pairs_rows(
-        cols: usize,
-        kc: usize,
-        out: &mut [u32],
-        row: impl Fn(usize) -> *const f32,
-    ) {
         let kp = kc.div_ceil(2);
-        // Output 16-bit element 2j takes row k's column j (input j), 2j+1 row k+1's (16 + j).
-        let idx: [i16; 32] = std::array::from_fn(|e| ((e / 2) + 16 * (e % 2)) as i16);
-        let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
-        for (sl, j0) in (0..cols).step_by(NR).enumerate() {
-            let dst = &mut out[sl * NR * kp..(sl + 1) * NR * kp];
-            for half in 0..NR / 16 {
-                let jb = j0 + 16 * half;
-                let n = cols.saturating_sub(jb).min(16);
-                let mask: __mmask16 = if n >= 16 { 0xffff } else { (1u16 << n) - 1 };
-                for p2 in 0..kp {
-                    let lo = _mm512_maskz_loadu_ps(mask, row(2 * p2).add(jb));
-                    let hi = if 2 * p2 + 1 < kc {
-                        _mm512_maskz_loadu_ps(mask, row(2 * p2 + 1).add(jb))
-                    } else {
-                        _mm512_setzero_ps()
-                    };
-                    let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-                    let v = _mm512_permutexvar_epi16(idx, v);
-                    _mm512_storeu_si512(dst.as_mut_ptr().add(p2 * NR + 16 * half) as *mut _, v);
+        let chunks = kc / 32;
+        for (sl, r0) in (0..rows).step_by(w).enumerate() {
+            let n = w.min(rows - r0);
+            let dst = out[sl * w * kp..(sl + 1) * w * kp].as_mut_ptr();
+            for g0 in (0..w).step_by(16) {
+                let lanes = 16.min(w - g0);
+                let mask: __mmask16 = if lanes == 16 {
+                    0xffff
+                } else {
+                    (1 << lanes) - 1
+                };
+                for c in 0..chunks {
+                    let mut r = [_mm512_setzero_si512(); 16];
+                    for (i, ri) in r
+                        .iter_mut()
+                        .enumerate()
+                        .take(lanes.min(n.saturating_sub(g0)))
+                    {
+                        // SAFETY: 32 values from 32·c are inside the row (c < kc / 32).
+                        let src = row(r0 + g0 + i).add(32 * c);
+                        let (lo, hi) = (_mm512_loadu_ps(src), _mm512_loadu_ps(src.add(16)));
+                        *ri = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+                    }
+                    transpose16(&mut r);
+                    for (t, rt) in r.iter().enumerate() {
+                        // SAFETY: pair 16c + t < kp, lanes g0 .. g0 + lanes < w of its row.
+                        _mm512_mask_storeu_epi32(
+                            dst.add((16 * c + t) * w + g0) as *mut _,
+                            mask,
+                            *rt,
+                        );
+                    }
+                }
+            }
+            let dst = &mut out[sl * w * kp..(sl + 1) * w * kp];
+            for r in 0..w {
+                if r < n {
+                    let src = row(r0 + r);
+                    // SAFETY: p < kc is inside the row.
+                    fill_pairs_scalar(dst, w, r, 16 * chunks, kc, |p| unsafe { *src.add(p) });
+                } else {
+                    for p2 in 16 * chunks..kp {
+                        dst[p2 * w + r] = 0;
+                    }
                 }
             }
         }
     }
 
-    /// The blocked loop on one thread, bf16 inputs.
+    /// [`pack_pairs`] for a source whose rows along k are contiguous across the sliver's
+    /// width (`B[p, j]` of a row-major `B`, or `A = gᵀ`): per k-pair, 16 entries of `k` and
+    /// `k + 1` rounded together by `vcvtne2ps2bf16` and interleaved into (k, k+1) pairs by one
+    /// 16-bit permute; `row(p)` points at entry 0 of the panel's row `p`; `w` (≤ 32) is the
+    /// sliver width.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn pack_pairs_rows(
+        cols: usize,
+        kc: usize,
+        w: usize,
+        out: &mut [u32],
+        row: impl Fn(usize) -> *const f32,
+    ) {
+        let kp = kc.div_ceil(2);
+        // Output 16-bit element 2j takes row k's entry j (input j), 2j+1 row k+1's (16 + j).
+        let idx: [i16; 32] = std::array::from_fn(|e| ((e / 2) + 16 * (e % 2)) as i16);
+        let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
+        let mask_of = |n: usize| -> __mmask16 {
+            if n >= 16 {
+                0xffff
+            } else {
+                (1u16 << n) - 1
+            }
+        };
+        for (sl, j0) in (0..cols).step_by(w).enumerate() {
+            let dst = &mut out[sl * w * kp..(sl + 1) * w * kp];
+            for jb in (0..w).step_by(16) {
+                let load = mask_of(cols.saturating_sub(j0 + jb));
+                let store = mask_of(w - jb);
+                for p2 in 0..kp {
+                    let lo = _mm512_maskz_loadu_ps(load, row(2 * p2).add(j0 + jb));
+                    let hi = if 2 * p2 + 1 < kc {
+                        _mm512_maskz_loadu_ps(load, row(2 * p2 + 1).add(j0 + jb))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                    let v = _mm512_permutexvar_epi16(idx, v);
+                    _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(p2 * w + jb) as *mut _, store, v);
+                }
+            }
+        }
+    }
+
+    /// `B[pc.., jc..]` (`kc × nc`) into `NR`-column slivers of k-pairs, zero-padded.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn pack_b_bf16(
+        b: &ArrayView2<f32>,
+        pc: usize,
+        kc: usize,
+        jc: usize,
+        nc: usize,
+        pb: &mut [u32],
+    ) {
+        let (brs, bcs, bbase) = (b.strides()[0], b.strides()[1], b.as_ptr());
+        // SAFETY (all packers): (pc+p, jc+j) is inside B.
+        if brs == 1 {
+            pack_pairs_contiguous(nc, kc, NR, pb, |j| {
+                bbase.offset(pc as isize + (jc + j) as isize * bcs)
+            });
+        } else if bcs == 1 {
+            pack_pairs_rows(nc, kc, NR, pb, |p| {
+                bbase.offset((pc + p) as isize * brs + jc as isize)
+            });
+        } else {
+            pack_pairs(nc, kc, NR, pb, |j, p| {
+                *bbase.offset((pc + p) as isize * brs + (jc + j) as isize * bcs)
+            });
+        }
+    }
+
+    /// The whole of `B` packed, one panel (every `NR`-sliver of its columns) per `KC`-block of
+    /// its rows: what a frozen weight keeps.
+    pub(super) fn pack_whole_b(bf16: bool, b: &ArrayView2<f32>) -> Panels {
+        let (k, n) = b.dim();
+        let slivers = n.div_ceil(NR) * NR;
+        let blocks = (0..k).step_by(KC).map(|pc| (pc, KC.min(k - pc)));
+        if bf16 {
+            Panels::Bf16(
+                blocks
+                    .map(|(pc, kc)| {
+                        let mut out = vec![0u32; slivers * kc.div_ceil(2)];
+                        // SAFETY: bf16 products run only where the CPU has AVX-512 BF16.
+                        unsafe { pack_b_bf16(b, pc, kc, 0, n, &mut out) };
+                        out
+                    })
+                    .collect(),
+            )
+        } else {
+            Panels::F32(
+                blocks
+                    .map(|(pc, kc)| {
+                        let mut out = vec![0f32; slivers * kc];
+                        pack_b(b, pc, kc, 0, n, &mut out);
+                        out
+                    })
+                    .collect(),
+            )
+        }
+    }
+
+    /// The blocked loop on one thread, bf16 inputs; `packed` as for [`gemm_serial`].
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn gemm_serial_bf16(
         alpha: f32,
@@ -702,35 +1080,33 @@ mod avx512 {
         b: &ArrayView2<f32>,
         beta: f32,
         c: CPtr,
+        packed: Option<(&[Vec<u32>], usize)>,
     ) {
         let ((m, k), n) = (a.dim(), b.ncols());
         let (ars, acs, abase) = (a.strides()[0], a.strides()[1], a.as_ptr());
-        let (brs, bcs, bbase) = (b.strides()[0], b.strides()[1], b.as_ptr());
         PACK_BF16.with(|pack| {
             let mut pack = pack.borrow_mut();
             let (pa, pb) = &mut *pack;
             pa.resize(MC.div_ceil(MR) * MR * KC / 2, 0);
             pb.resize(NC.div_ceil(NR) * NR * KC / 2, 0);
-            // SAFETY (all packers): (pc+p, jc+j) and (ic+i, pc+p) are inside B and A.
-            let pack_b = |pc: usize, kc: usize, jc: usize, nc: usize, pb: &mut [u32]| unsafe {
-                if brs == 1 {
-                    pack_pairs_contiguous(nc, kc, NR, pb, |j| {
-                        bbase.offset(pc as isize + (jc + j) as isize * bcs)
-                    });
-                } else if bcs == 1 {
-                    pack_pairs_rows(nc, kc, pb, |p| {
-                        bbase.offset((pc + p) as isize * brs + jc as isize)
-                    });
-                } else {
-                    pack_pairs(nc, kc, NR, pb, |j, p| {
-                        *bbase.offset((pc + p) as isize * brs + (jc + j) as isize * bcs)
-                    });
+            let pack_b = |pc: usize, kc: usize, jc: usize, nc: usize, pb: &mut [u32]| match packed {
+                Some(p) => prepacked(p, pc, jc, kc.div_ceil(2)),
+                None => {
+                    // SAFETY: inside this AVX-512 BF16 function.
+                    unsafe { pack_b_bf16(b, pc, kc, jc, nc, pb) };
+                    pb.as_ptr()
                 }
             };
+            // SAFETY (the packer): (ic+i, pc+p) is inside A.
             let pack_a = |ic: usize, mc: usize, pc: usize, kc: usize, pa: &mut [u32]| unsafe {
                 if acs == 1 {
                     pack_pairs_contiguous(mc, kc, MR, pa, |i| {
                         abase.offset((ic + i) as isize * ars + pc as isize)
+                    });
+                } else if ars == 1 {
+                    // A = gᵀ (the weight gradient's product).
+                    pack_pairs_rows(mc, kc, MR, pa, |p| {
+                        abase.offset((pc + p) as isize * acs + ic as isize)
                     });
                 } else {
                     pack_pairs(mc, kc, MR, pa, |i, p| {

@@ -209,14 +209,21 @@ pub trait StepMemory {
     fn probe_step_bytes(&self, longest: &TokenSequence, pad_id: u32) -> Result<u64>;
     /// Bytes of optimiser state still to be allocated at the first update (a fresh run).
     fn unallocated_optimizer_bytes(&self) -> u64;
+    /// Bytes of the packed forms of the frozen weights the trainer's products reuse, as
+    /// built so far (after a probe step: all a step builds).
+    fn packed_weight_bytes(&self) -> u64;
 }
 
 /// What a [`StepMemory::probe_step_bytes`] reports for a probe `step` on one sequence that
 /// returns its tape's high-water mark: the heap peak it reached (the tape's mark where
 /// [`crate::heap::CountingAlloc`] does not count), times `batch_size`.
+/// Frozen weights packed during the probe (the first use of each) stay held, are reported by
+/// [`StepMemory::packed_weight_bytes`], and are left out of the step's peak.
 pub fn scaled_step_peak(batch_size: usize, step: impl FnOnce() -> Result<usize>) -> Result<u64> {
+    let packed_before = crate::gemm::frozen_packed_bytes();
     let (result, heap_peak) = crate::heap::peak_during(step);
     let tape_peak = result?;
-    let one = heap_peak.unwrap_or(tape_peak) as u64;
+    let packed = crate::gemm::frozen_packed_bytes().saturating_sub(packed_before);
+    let one = heap_peak.map_or(tape_peak as u64, |p| (p as u64).saturating_sub(packed));
     Ok(one.saturating_mul(batch_size as u64))
 }

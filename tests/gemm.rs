@@ -288,3 +288,106 @@ fn precision_switch_selects_the_kernel() {
     set_precision(Precision::F32).unwrap();
     assert!((run() - 64.0 * (1.0 + 2f32.powi(-9))).abs() < 1e-4);
 }
+
+/// A weight registered as frozen is packed once, on its first product, and every product
+/// reading it (first and later, either layout, parts of it split over threads by rows or by
+/// columns, several K and N blocks) equals the one that packs it each time, bit for bit; once
+/// the registration is dropped products pack again and still agree.
+#[test]
+fn frozen_weights_are_packed_once_and_give_the_same_product() {
+    use elm::gemm::FrozenWeights;
+    let mut kernels = vec![];
+    if detected_kernel() == GemmKernel::Avx512 {
+        kernels.push(GemmKernel::Avx512);
+    }
+    if elm::gemm::has_avx512_bf16() {
+        kernels.push(GemmKernel::Avx512Bf16);
+    }
+    if kernels.is_empty() {
+        println!("skipped: this CPU has no AVX-512 (frozen weights only serve its kernels)");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(21);
+    // (M, K, N): split over N; split over M; two K blocks and two N blocks (KC 256, NC 2048).
+    for (m, k, n) in [(13, 300, 70), (300, 70, 45), (75, 577, 2100)] {
+        for tb in [false, true] {
+            let w = Array2::from_shape_fn(if tb { (n, k) } else { (k, n) }, |_| {
+                rng.gen_range(-2.0f32..2.0)
+            });
+            let a = Array2::from_shape_fn((m, k), |_| rng.gen_range(-2.0f32..2.0));
+            let b = if tb { w.t() } else { w.view() };
+            for &kernel in &kernels {
+                let product = || {
+                    let mut c = Array2::<f32>::zeros((m, n));
+                    sgemm_with(kernel, 1.0, &a.view(), &b, 0.0, &mut c.view_mut());
+                    c
+                };
+                let plain = product();
+                let mut frozen = FrozenWeights::new();
+                frozen.borrow(&w);
+                assert_eq!(
+                    frozen.packed_bytes(),
+                    0,
+                    "nothing is packed before a product"
+                );
+                assert_eq!(
+                    product(),
+                    plain,
+                    "{kernel:?} [{m},{k}]x[{k},{n}] tb={tb}, first"
+                );
+                let packed = frozen.packed_bytes();
+                let padded_n = n.div_ceil(32) * 32;
+                let depth = match kernel {
+                    GemmKernel::Avx512Bf16 => (0..k)
+                        .step_by(256)
+                        .map(|p| (k - p).min(256).div_ceil(2))
+                        .sum(),
+                    _ => k,
+                };
+                assert_eq!(
+                    packed,
+                    (4 * padded_n * depth) as u64,
+                    "{kernel:?}: one packed form"
+                );
+                assert_eq!(
+                    product(),
+                    plain,
+                    "{kernel:?} [{m},{k}]x[{k},{n}] tb={tb}, reused"
+                );
+                assert_eq!(frozen.packed_bytes(), packed, "reuse packs nothing more");
+                // A part of the weight (its first columns of B) is a view of its own.
+                let part = b.slice(s![.., ..n / 2]);
+                let mut c = Array2::<f32>::zeros((m, n / 2));
+                sgemm_with(kernel, 1.0, &a.view(), &part, 0.0, &mut c.view_mut());
+                assert_eq!(
+                    c,
+                    plain.slice(s![.., ..n / 2]),
+                    "{kernel:?}: a part of a frozen weight"
+                );
+                drop(frozen);
+                assert_eq!(product(), plain, "{kernel:?}: after the registration ends");
+            }
+        }
+    }
+    // Shared through an Arc: kept alive by the registration.
+    let w = std::sync::Arc::new(
+        Array2::from_shape_fn((64, 96), |(i, j)| (i * 3 + j) as f32 * 0.01).into_dyn(),
+    );
+    let a = Array2::from_shape_fn((40, 96), |(i, j)| (i + j) as f32 * 0.02);
+    let w2 = w.view().into_dimensionality::<ndarray::Ix2>().unwrap();
+    let mut plain = Array2::<f32>::zeros((40, 64));
+    sgemm_with(
+        kernels[0],
+        1.0,
+        &a.view(),
+        &w2.t(),
+        0.0,
+        &mut plain.view_mut(),
+    );
+    let mut frozen = FrozenWeights::new();
+    frozen.share(&w);
+    let mut c = Array2::<f32>::zeros((40, 64));
+    sgemm_with(kernels[0], 1.0, &a.view(), &w2.t(), 0.0, &mut c.view_mut());
+    assert_eq!(c, plain);
+    assert!(frozen.packed_bytes() > 0);
+}

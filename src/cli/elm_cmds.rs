@@ -412,11 +412,13 @@ pub(crate) fn training_memory(
         .iter()
         .max_by_key(|s| s.tokens.len())
         .ok_or_else(|| ElmError::InvalidArgument("training data has no usable sequence".into()))?;
-    let step = trainer.probe_step_bytes(longest, pad)?;
+    // What is loaded is read before the probe, which packs the frozen weights (held after it).
     let loaded = loaded_bytes_or(4 * dense.num_params() as u64);
+    let step = trainer.probe_step_bytes(longest, pad)?;
     Ok(
         MemoryEstimate::loaded_model(command, loaded, mapped_model_bytes(model_path))
             .with_held("optimiser moments", trainer.unallocated_optimizer_bytes())
+            .with_held("packed frozen weights", trainer.packed_weight_bytes())
             .with_phase(
                 "training step",
                 &[("step (one sequence probed × batch)", step)],

@@ -6,6 +6,7 @@ use std::path::Path;
 use ndarray::{Array1, Array3};
 
 use crate::error::{ElmError, Result};
+use crate::gemm::Precision;
 use crate::io::tokenizer::Tokenizer;
 use crate::model::quant::{Linear, LinearRef, QFormat, QLayer, QuantWeights, WeightStorage};
 use crate::model::{
@@ -365,6 +366,25 @@ impl ElmModel {
         };
         Ok((loaded, tok))
     }
+    /// The matrices scoring reuses packed while the returned value lives (see
+    /// [`crate::gemm::FrozenWeights`]): the LM head always (its products have few rows, so
+    /// packing it would dominate them); under bf16 every dense matrix too (their packing also
+    /// rounds, and bf16 packs take half the weight's size). None for quantized weights, whose
+    /// products do not pack.
+    pub fn frozen_for_scoring(&self) -> crate::gemm::FrozenWeights<'_> {
+        match &self.weights {
+            ElmWeights::F32 { dense, .. } if crate::gemm::precision() == Precision::Bf16 => {
+                dense.frozen()
+            }
+            ElmWeights::F32 { dense, .. } => {
+                let mut f = crate::gemm::FrozenWeights::new();
+                f.borrow(dense.lm_head());
+                f
+            }
+            ElmWeights::Quant(_) => crate::gemm::FrozenWeights::new(),
+        }
+    }
+
     /// The dense model's config (all N layers, the replaced ones included).
     pub fn config(&self) -> &ModelConfig {
         match &self.weights {

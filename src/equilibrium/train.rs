@@ -158,6 +158,9 @@ pub struct Trainer<'a> {
     pub step: usize,
     pub history: Vec<StepLog>,
     teacher_cache: Option<TeacherCache>,
+    /// The dense model, the back layers and the head, none of which training changes: their
+    /// packed forms are reused across steps.
+    frozen: crate::gemm::FrozenWeights<'a>,
     /// Per store index: the power-iteration state of a spectrally normalised matrix
     /// (`cfg.spectral_norm`), `None` for everything else.
     spectral: Vec<Option<SpectralNorm>>,
@@ -412,15 +415,24 @@ impl<'a> Trainer<'a> {
                 })
                 .collect::<Result<Vec<_>>>()?,
         };
-        let back = (elm.end_layer()..mc.num_layers)
+        let back: Vec<BlockTensors<f32>> = (elm.end_layer()..mc.num_layers)
             .map(|l| BlockTensors::from_weights(&dense.layers[l], mc))
             .collect();
+        let lm_head = Arc::new(dense.lm_head().clone().into_dyn());
+        let mut frozen = dense.frozen();
+        frozen.share(&lm_head);
+        for bt in &back {
+            bt.map(|_, w| {
+                frozen.share(w);
+            });
+        }
         Ok(Trainer {
             dense,
+            frozen,
             layer: ElmLayer::new(mc, elm.injection, elm.block),
             back,
             final_norm: Arc::new(dense.final_norm.clone().into_dyn()),
-            lm_head: Arc::new(dense.lm_head().clone().into_dyn()),
+            lm_head,
             elm,
             cfg,
             base_model,
@@ -980,6 +992,10 @@ impl crate::memory::StepMemory for Trainer<'_> {
 
     fn unallocated_optimizer_bytes(&self) -> u64 {
         self.opt.unallocated_state_bytes(&self.store)
+    }
+
+    fn packed_weight_bytes(&self) -> u64 {
+        self.frozen.packed_bytes()
     }
 }
 

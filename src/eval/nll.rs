@@ -135,6 +135,8 @@ pub fn teacher_forced_nll(
         }
     }
     let start = Instant::now();
+    // Every batch reads the same weights: those worth it are packed once for all of them.
+    let _frozen = model.frozen_for_scoring();
     // Longest first: the largest session is allocated first, and batches hold neighbours.
     let mut order: Vec<usize> = (0..seqs.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].tokens.len()));

@@ -371,13 +371,20 @@ pub fn memory_estimate(
     };
     let kv = kv_cache_bytes(cfg, batch, tokens);
     let activations = forward_bytes(cfg, batch, tokens, logit_rows);
-    Ok(
-        MemoryEstimate::loaded_model("eval", loaded, model_file).with_phase(
-            "scoring",
-            &[
-                ("KV caches", kv.saturating_mul(in_flight)),
-                ("activations", activations.saturating_mul(in_flight)),
-            ],
+    let estimate = MemoryEstimate::loaded_model("eval", loaded, model_file);
+    // Teacher-forced scoring packs its frozen weights once (`teacher_forced_nll`).
+    let estimate = match task {
+        Task::Gsm8kNll | Task::HumanEvalNll => estimate.with_held(
+            "packed frozen weights",
+            model.frozen_for_scoring().expected_packed_bytes(1),
         ),
-    )
+        Task::Gsm8k | Task::HumanEval => estimate,
+    };
+    Ok(estimate.with_phase(
+        "scoring",
+        &[
+            ("KV caches", kv.saturating_mul(in_flight)),
+            ("activations", activations.saturating_mul(in_flight)),
+        ],
+    ))
 }

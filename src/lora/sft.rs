@@ -196,6 +196,9 @@ pub enum LoraEvent<'a> {
 pub struct LoraTrainer<'a> {
     dense: &'a ModelWeights,
     tensors: ModelTensors<f32>,
+    /// `tensors`, which training never changes (the adapters live in `store`): their packed
+    /// forms are reused across steps.
+    frozen: crate::gemm::FrozenWeights<'static>,
     pub cfg: LoraConfig,
     base_model: String,
     store: ParamStore,
@@ -239,8 +242,10 @@ impl<'a> LoraTrainer<'a> {
             cfg.min_lr_frac as f64,
         );
         sched.validate()?;
+        let tensors = ModelTensors::from_weights(dense)?;
         Ok(LoraTrainer {
-            tensors: ModelTensors::from_weights(dense)?,
+            frozen: tensors.frozen(),
+            tensors,
             dense,
             cfg,
             base_model,
@@ -493,5 +498,9 @@ impl crate::memory::StepMemory for LoraTrainer<'_> {
 
     fn unallocated_optimizer_bytes(&self) -> u64 {
         self.opt.unallocated_state_bytes(&self.store)
+    }
+
+    fn packed_weight_bytes(&self) -> u64 {
+        self.frozen.packed_bytes()
     }
 }

@@ -430,6 +430,26 @@ pub struct ModelTensors<T: AdFloat> {
     pub lm_head: Option<Arc<ArrayD<T>>>,
 }
 
+impl ModelTensors<f32> {
+    /// Every matrix registered as unchanging while the returned value lives (it keeps them
+    /// alive): large products pack each once (see [`crate::gemm::FrozenWeights`]).
+    pub fn frozen(&self) -> crate::gemm::FrozenWeights<'static> {
+        let mut f = crate::gemm::FrozenWeights::new();
+        f.share(&self.embed);
+        if let Some(head) = &self.lm_head {
+            f.share(head);
+        }
+        for l in &self.layers {
+            l.map(|_, w| {
+                if w.ndim() == 2 {
+                    f.share(w);
+                }
+            });
+        }
+        f
+    }
+}
+
 impl<T: AdFloat> ModelTensors<T> {
     /// Converts a model's `f32` weights once (reuse across steps).
     pub fn from_weights(w: &ModelWeights) -> Result<Self> {

@@ -55,6 +55,22 @@ impl ModelWeights {
     pub fn lm_head(&self) -> &Array2<f32> {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
+
+    /// Every matrix of the model registered as unchanging while borrowed: large products pack
+    /// each once (see [`crate::gemm::FrozenWeights`]).
+    pub fn frozen(&self) -> crate::gemm::FrozenWeights<'_> {
+        let mut f = crate::gemm::FrozenWeights::new();
+        f.borrow(&self.embed);
+        if let Some(head) = &self.lm_head {
+            f.borrow(head);
+        }
+        for l in &self.layers {
+            for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                f.borrow(w);
+            }
+        }
+        f
+    }
 }
 
 impl LayerWeights {
