@@ -223,6 +223,13 @@ pub fn matmul(a: &ArrayView2<f32>, b: &ArrayView2<f32>) -> ndarray::Array2<f32> 
     c
 }
 
+/// [`matmul`] in f32 whatever [`precision`] says.
+pub fn matmul_f32(a: &ArrayView2<f32>, b: &ArrayView2<f32>) -> ndarray::Array2<f32> {
+    let mut c = ndarray::Array2::<f32>::zeros((a.nrows(), b.ncols()));
+    sgemm_with(detected_kernel(), 1.0, a, b, 0.0, &mut c.view_mut());
+    c
+}
+
 /// Peak f32 multiply-add rate of one core in GFLOP/s (2 flops per FMA lane), measured with
 /// independent FMA chains in registers: what "fraction of peak" is a fraction of. Multiply by
 /// the threads for the machine.
@@ -668,6 +675,16 @@ mod avx512 {
         for (sl, i0) in (0..mc).step_by(MR).enumerate() {
             let rows = MR.min(mc - i0);
             let dst = &mut out[sl * MR * kc..(sl + 1) * MR * kc];
+            if cs == 1 {
+                // SAFETY: rows ic+i0 .. +rows, columns pc .. pc+kc are inside A, each row
+                // contiguous; packing runs only where AVX-512F was detected.
+                unsafe {
+                    pack_transposed(rows, kc, MR, dst, |i| {
+                        base.offset((ic + i0 + i) as isize * rs + pc as isize)
+                    })
+                };
+                continue;
+            }
             for p in 0..kc {
                 let d = &mut dst[p * MR..(p + 1) * MR];
                 for (i, x) in d.iter_mut().enumerate() {
@@ -680,6 +697,46 @@ mod avx512 {
                         0.0
                     };
                 }
+            }
+        }
+    }
+
+    /// `dst[p · w + r] = row(r)[p]` for `p < kc`, `r < w` (zero for `r ≥ n`): `n` source rows
+    /// contiguous along `p` into a `w`-wide sliver, 16 × 16 blocks transposed in registers.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pack_transposed(
+        n: usize,
+        kc: usize,
+        w: usize,
+        dst: &mut [f32],
+        row: impl Fn(usize) -> *const f32,
+    ) {
+        let chunks = kc / 16;
+        let out = dst.as_mut_ptr();
+        for g0 in (0..w).step_by(16) {
+            let lanes = 16.min(w - g0);
+            let mask: __mmask16 = if lanes == 16 {
+                0xffff
+            } else {
+                (1 << lanes) - 1
+            };
+            let valid = lanes.min(n.saturating_sub(g0));
+            for c in 0..chunks {
+                let mut r = [_mm512_setzero_si512(); 16];
+                for (i, ri) in r.iter_mut().enumerate().take(valid) {
+                    // SAFETY: 16 values from 16·c are inside row g0 + i (c < kc / 16).
+                    *ri = _mm512_castps_si512(_mm512_loadu_ps(row(g0 + i).add(16 * c)));
+                }
+                transpose16(&mut r);
+                for (t, rt) in r.iter().enumerate() {
+                    // SAFETY: p = 16c + t < kc and lanes g0 .. g0 + lanes ≤ w of its row.
+                    _mm512_mask_storeu_epi32(out.add((16 * c + t) * w + g0) as *mut _, mask, *rt);
+                }
+            }
+        }
+        for p in 16 * chunks..kc {
+            for r in 0..w {
+                dst[p * w + r] = if r < n { *row(r).add(p) } else { 0.0 };
             }
         }
     }
@@ -704,9 +761,17 @@ mod avx512 {
                     d[..cols].copy_from_slice(src);
                     d[cols..].fill(0.0);
                 }
+            } else if rs == 1 {
+                // Transposed B (`Wᵀ` of a PyTorch-layout weight): each column contiguous
+                // along k.
+                // SAFETY: columns jc+j0 .. +cols, rows pc .. pc+kc are inside B; packing runs
+                // only where AVX-512F was detected.
+                unsafe {
+                    pack_transposed(cols, kc, NR, dst, |j| {
+                        base.offset(pc as isize + (jc + j0 + j) as isize * cs)
+                    })
+                };
             } else {
-                // Transposed B (`Wᵀ` of a PyTorch-layout weight): walk each column
-                // contiguously along k.
                 for j in 0..NR {
                     for p in 0..kc {
                         dst[p * NR + j] = if j < cols {
@@ -1043,32 +1108,42 @@ mod avx512 {
     }
 
     /// The whole of `B` packed, one panel (every `NR`-sliver of its columns) per `KC`-block of
-    /// its rows: what a frozen weight keeps.
+    /// its rows: what a frozen weight keeps. The slivers are packed on all threads (a weight
+    /// that is frozen for one training step only is packed once per step).
     pub(super) fn pack_whole_b(bf16: bool, b: &ArrayView2<f32>) -> Panels {
         let (k, n) = b.dim();
-        let slivers = n.div_ceil(NR) * NR;
-        let blocks = (0..k).step_by(KC).map(|pc| (pc, KC.min(k - pc)));
+        let slivers = n.div_ceil(NR);
+        let per_thread = slivers.div_ceil(rayon::current_num_threads().max(1)).max(1);
+        fn blocks<P: Copy + Default + Send>(
+            k: usize,
+            n: usize,
+            slivers: usize,
+            per_thread: usize,
+            depth: impl Fn(usize) -> usize + Sync,
+            pack: impl Fn(usize, usize, usize, usize, &mut [P]) + Sync,
+        ) -> Vec<Vec<P>> {
+            (0..k)
+                .step_by(KC)
+                .map(|pc| {
+                    let kc = KC.min(k - pc);
+                    let part = per_thread * NR * depth(kc);
+                    let mut out = vec![P::default(); slivers * NR * depth(kc)];
+                    out.par_chunks_mut(part).enumerate().for_each(|(i, chunk)| {
+                        let jc = i * per_thread * NR;
+                        pack(pc, kc, jc, (n - jc).min(per_thread * NR), chunk);
+                    });
+                    out
+                })
+                .collect()
+        }
         if bf16 {
-            Panels::Bf16(
-                blocks
-                    .map(|(pc, kc)| {
-                        let mut out = vec![0u32; slivers * kc.div_ceil(2)];
-                        // SAFETY: bf16 products run only where the CPU has AVX-512 BF16.
-                        unsafe { pack_b_bf16(b, pc, kc, 0, n, &mut out) };
-                        out
-                    })
-                    .collect(),
-            )
+            // SAFETY: bf16 products run only where the CPU has AVX-512 BF16.
+            let pack =
+                |pc, kc, jc, nc, out: &mut [u32]| unsafe { pack_b_bf16(b, pc, kc, jc, nc, out) };
+            Panels::Bf16(blocks(k, n, slivers, per_thread, |kc| kc.div_ceil(2), pack))
         } else {
-            Panels::F32(
-                blocks
-                    .map(|(pc, kc)| {
-                        let mut out = vec![0f32; slivers * kc];
-                        pack_b(b, pc, kc, 0, n, &mut out);
-                        out
-                    })
-                    .collect(),
-            )
+            let pack = |pc, kc, jc, nc, out: &mut [f32]| pack_b(b, pc, kc, jc, nc, out);
+            Panels::F32(blocks(k, n, slivers, per_thread, |kc| kc, pack))
         }
     }
 

@@ -62,10 +62,25 @@ pub trait AdFloat:
     ) -> ndarray::Array2<Self> {
         a.dot(b)
     }
+    /// [`Self::matmul`] in the type's own precision even under `--precision bf16`: the
+    /// attention's score and value products, which the bf16 mode keeps in f32 (as its
+    /// quality table was measured).
+    fn matmul_full_precision(
+        a: &ndarray::ArrayView2<Self>,
+        b: &ndarray::ArrayView2<Self>,
+    ) -> ndarray::Array2<Self> {
+        a.dot(b)
+    }
 }
 impl AdFloat for f32 {
     fn matmul(a: &ndarray::ArrayView2<f32>, b: &ndarray::ArrayView2<f32>) -> ndarray::Array2<f32> {
         crate::gemm::matmul(a, b)
+    }
+    fn matmul_full_precision(
+        a: &ndarray::ArrayView2<f32>,
+        b: &ndarray::ArrayView2<f32>,
+    ) -> ndarray::Array2<f32> {
+        crate::gemm::matmul_f32(a, b)
     }
 }
 impl AdFloat for f64 {}

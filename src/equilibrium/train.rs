@@ -624,6 +624,15 @@ impl<'a> Trainer<'a> {
             })
             .collect::<Result<Vec<Var>>>()?;
         let params = params_on_tape(&self.dense.config, &self.elm, &module_vars)?;
+        // The module's matrices stay fixed through this step's solve and backward (the update
+        // comes after): each is packed once per step instead of once per product.
+        let mut step_frozen = crate::gemm::FrozenWeights::new();
+        for &v in &module_vars {
+            let w = tape.shared(v);
+            if w.ndim() == 2 {
+                step_frozen.share(&w);
+            }
+        }
         // With injection the iteration starts at 0 (h enters through P); without, at h itself.
         let z0 = if self.elm.injection {
             ArrayD::<f32>::zeros(IxDyn(&[bs, t, c]))

@@ -4,7 +4,6 @@
 //! attention over the cached K/V plus the new tokens' own K/V (causal), half-split
 //! RoPE at positions `cache.lens()[b] + t`, and a SwiGLU MLP.
 
-use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array3, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Zip};
 
 use super::config::ModelConfig;
@@ -174,7 +173,9 @@ fn forward_rows<W: BlockWeights + ?Sized>(
             }
         }
 
-        // --- scaled dot-product attention per (sequence, head): two small GEMMs each.
+        // --- scaled dot-product attention per (sequence, head): two small GEMMs each, in
+        // f32 under either precision (as the bf16 mode's quality was measured).
+        let kernel = crate::gemm::detected_kernel();
         let scale = 1.0 / (d as f32).sqrt();
         let group = cfg.group_size();
         let qv = ArrayView3::from_shape((b, t, h * d), q.as_slice().ok_or_else(not_contiguous)?)
@@ -203,14 +204,14 @@ fn forward_rows<W: BlockWeights + ?Sized>(
                 }
                 let mut sc = ArrayViewMut2::from_shape((nl, total), take(scores, nl * total))
                     .map_err(layout)?;
-                general_mat_mul(scale, &q_h, &k_h.t(), 0.0, &mut sc);
+                crate::gemm::sgemm_with(kernel, scale, &q_h, &k_h.t(), 0.0, &mut sc);
                 for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
                     masked_softmax_inplace(
                         row.as_slice_mut().ok_or_else(not_contiguous)?,
                         p0 + ti + 1,
                     );
                 }
-                general_mat_mul(1.0, &sc.view(), &v_h, 0.0, &mut out_h);
+                crate::gemm::sgemm_with(kernel, 1.0, &sc.view(), &v_h, 0.0, &mut out_h);
             }
         }
         let attn2 = ArrayView2::from_shape((n, h * d), attn.as_slice().ok_or_else(not_contiguous)?)

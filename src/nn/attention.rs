@@ -67,7 +67,7 @@ pub fn forward<T4: AdFloat>(
             let qh = q4.slice(s![bi, .., hi, ..]).to_owned(); // [T, D]
             let kh = k4.slice(s![bi, .., kvh, ..]).to_owned(); // [S, D]
             let vh = v4.slice(s![bi, .., kvh, ..]).to_owned(); // [S, D]
-            let mut sc: Array2<T4> = qh.dot(&kh.t()) * scale; // [T, S]
+            let mut sc: Array2<T4> = T4::matmul_full_precision(&qh.view(), &kh.t()) * scale; // [T, S]
             for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
                 let last = prefix + ti; // last visible key
                 let m = row
@@ -84,7 +84,7 @@ pub fn forward<T4: AdFloat>(
                 }
                 row.mapv_inplace(|x| x / sum);
             }
-            let o = sc.dot(&vh);
+            let o = T4::matmul_full_precision(&sc.view(), &vh.view());
             (o, sc)
         })
         .collect();
@@ -127,14 +127,18 @@ pub fn backward<T4: AdFloat>(
             let vh = v4.slice(s![bi, .., kvh, ..]).to_owned();
             let doh = do4.slice(s![bi, .., hi, ..]).to_owned(); // [T, D]
                                                                 // out = P V → dV = Pᵀ dO, dP = dO Vᵀ.
-            let dvh = p.t().dot(&doh);
-            let mut ds = doh.dot(&vh.t()); // [T, S]
-                                           // Softmax VJP per row; masked entries have p = 0 and get 0.
+            let dvh = T4::matmul_full_precision(&p.t(), &doh.view());
+            let mut ds = T4::matmul_full_precision(&doh.view(), &vh.t()); // [T, S]
+                                                                          // Softmax VJP per row; masked entries have p = 0 and get 0.
             for (mut dsr, pr) in ds.rows_mut().into_iter().zip(p.rows()) {
                 let dot: T4 = dsr.iter().zip(pr.iter()).map(|(&a, &b)| a * b).sum();
                 dsr.zip_mut_with(&pr, |x, &pi| *x = pi * (*x - dot) * scale);
             }
-            (ds.dot(&kh), ds.t().dot(&qh), dvh)
+            (
+                T4::matmul_full_precision(&ds.view(), &kh.view()),
+                T4::matmul_full_precision(&ds.t(), &qh.view()),
+                dvh,
+            )
         })
         .collect();
     let mut dq = Array4::<T4>::zeros((b, t, h, d));

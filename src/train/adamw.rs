@@ -231,20 +231,48 @@ impl AdamW {
             let t = st.step as i32;
             let bc1 = 1.0 - b1.powi(t);
             let bc2 = 1.0 - b2.powi(t);
+            let update = |p: &mut f32, m: &mut f32, v: &mut f32, g: f32| {
+                let g = g as f64;
+                let m_new = b1 * (*m as f64) + (1.0 - b1) * g;
+                let v_new = b2 * (*v as f64) + (1.0 - b2) * g * g;
+                *m = m_new as f32;
+                *v = v_new as f32;
+                let update = (m_new / bc1) / ((v_new / bc2).sqrt() + eps);
+                *p = ((*p as f64) * decay - lr * update) as f32;
+            };
             let p = store.value_mut(i);
-            ndarray::Zip::from(p)
-                .and(&mut st.m)
-                .and(&mut st.v)
-                .and(g)
-                .for_each(|p, m, v, &g| {
-                    let g = g as f64;
-                    let m_new = b1 * (*m as f64) + (1.0 - b1) * g;
-                    let v_new = b2 * (*v as f64) + (1.0 - b2) * g * g;
-                    *m = m_new as f32;
-                    *v = v_new as f32;
-                    let update = (m_new / bc1) / ((v_new / bc2).sqrt() + eps);
-                    *p = ((*p as f64) * decay - lr * update) as f32;
-                });
+            let standard = [p.is_standard_layout(), st.m.is_standard_layout()]
+                .into_iter()
+                .chain([st.v.is_standard_layout(), g.is_standard_layout()])
+                .all(|x| x);
+            match (
+                p.as_slice_mut(),
+                st.m.as_slice_mut(),
+                st.v.as_slice_mut(),
+                g.as_slice(),
+            ) {
+                // Elementwise and independent: split over the cores in fixed chunks (the
+                // result does not depend on the split), each chunk a loop the compiler
+                // vectorises.
+                (Some(p), Some(m), Some(v), Some(g)) if standard => {
+                    use rayon::prelude::*;
+                    const CHUNK: usize = 1 << 14;
+                    p.par_chunks_mut(CHUNK)
+                        .zip(m.par_chunks_mut(CHUNK))
+                        .zip(v.par_chunks_mut(CHUNK))
+                        .zip(g.par_chunks(CHUNK))
+                        .for_each(|(((p, m), v), g)| {
+                            for (((p, m), v), &g) in p.iter_mut().zip(m).zip(v).zip(g) {
+                                update(p, m, v, g);
+                            }
+                        });
+                }
+                _ => ndarray::Zip::from(store.value_mut(i))
+                    .and(&mut st.m)
+                    .and(&mut st.v)
+                    .and(g)
+                    .for_each(|p, m, v, &g| update(p, m, v, g)),
+            }
         }
         Ok(())
     }
