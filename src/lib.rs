@@ -18,6 +18,7 @@ pub mod gemm;
 pub mod heap;
 pub mod limits;
 pub mod memory;
+pub mod simd;
 pub use error::{ElmError, Result};
 
 pub mod autograd;

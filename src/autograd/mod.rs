@@ -62,6 +62,15 @@ pub trait AdFloat:
     ) -> ndarray::Array2<Self> {
         a.dot(b)
     }
+    /// `x ← e^x` over a slice (f32: [`crate::simd::exp_in_place`], vectorised).
+    fn exp_in_place(xs: &mut [Self]) {
+        xs.iter_mut().for_each(|x| *x = x.exp());
+    }
+    /// `x ← 1 / (1 + e^-x)` over a slice (f32: [`crate::simd::sigmoid_in_place`]).
+    fn sigmoid_in_place(xs: &mut [Self]) {
+        xs.iter_mut()
+            .for_each(|x| *x = Self::one() / (Self::one() + (-*x).exp()));
+    }
     /// [`Self::matmul`] in the type's own precision even under `--precision bf16`: the
     /// attention's score and value products, which the bf16 mode keeps in f32 (as its
     /// quality table was measured).
@@ -81,6 +90,12 @@ impl AdFloat for f32 {
         b: &ndarray::ArrayView2<f32>,
     ) -> ndarray::Array2<f32> {
         crate::gemm::matmul_f32(a, b)
+    }
+    fn exp_in_place(xs: &mut [f32]) {
+        crate::simd::exp_in_place(xs)
+    }
+    fn sigmoid_in_place(xs: &mut [f32]) {
+        crate::simd::sigmoid_in_place(xs)
     }
 }
 impl AdFloat for f64 {}

@@ -346,8 +346,15 @@ pub fn rms_norm_into(
 
 /// `gate[i] = silu(gate[i]) * up[i]` (SwiGLU), in place on `gate`.
 pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+    // σ(g) a block at a time (vectorised), then g·σ(g)·u.
+    let mut s = [0.0f32; 256];
+    for (g, u) in gate.chunks_mut(256).zip(up.chunks(256)) {
+        let s = &mut s[..g.len()];
+        s.copy_from_slice(g);
+        crate::simd::sigmoid_in_place(s);
+        for ((g, &u), &s) in g.iter_mut().zip(u).zip(s.iter()) {
+            *g = *g * s * u;
+        }
     }
 }
 
@@ -355,11 +362,9 @@ pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
 pub fn masked_softmax_inplace(row: &mut [f32], visible: usize) {
     let (live, dead) = row.split_at_mut(visible);
     let max = live.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
-    for v in live.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
+    live.iter_mut().for_each(|v| *v -= max);
+    crate::simd::exp_in_place(live);
+    let sum: f32 = live.iter().sum();
     let inv = 1.0 / sum;
     live.iter_mut().for_each(|v| *v *= inv);
     dead.iter_mut().for_each(|v| *v = 0.0);

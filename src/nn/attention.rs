@@ -73,16 +73,15 @@ pub fn forward<T4: AdFloat>(
                 let m = row
                     .slice(s![..=last])
                     .fold(T4::neg_infinity(), |a, &x| a.max(x));
-                let mut sum = T4::zero();
-                for (si, x) in row.iter_mut().enumerate() {
-                    *x = if si <= last {
-                        (*x - m).exp()
-                    } else {
-                        T4::zero()
-                    };
-                    sum += *x;
-                }
-                row.mapv_inplace(|x| x / sum);
+                let row = row
+                    .as_slice_mut()
+                    .expect("a row of a fresh array is contiguous");
+                let (live, dead) = row.split_at_mut(last + 1);
+                live.iter_mut().for_each(|x| *x -= m);
+                T4::exp_in_place(live);
+                dead.fill(T4::zero());
+                let sum: T4 = live.iter().copied().sum();
+                live.iter_mut().for_each(|x| *x /= sum);
             }
             let o = T4::matmul_full_precision(&sc.view(), &vh.view());
             (o, sc)

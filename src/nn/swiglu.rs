@@ -2,7 +2,6 @@
 
 use ndarray::{ArrayD, Zip};
 
-use crate::autograd::ops::{silu_grad_scalar, silu_scalar};
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
 
@@ -14,9 +13,18 @@ pub fn forward<T: AdFloat>(gate: &ArrayD<T>, up: &ArrayD<T>) -> Result<ArrayD<T>
             format!("gate {:?} vs up {:?}", gate.shape(), up.shape()),
         ));
     }
+    let s = sigmoid(gate);
     Ok(Zip::from(gate)
+        .and(&s)
         .and(up)
-        .map_collect(|&g, &u| silu_scalar(g) * u))
+        .map_collect(|&g, &s, &u| g * s * u))
+}
+
+/// `σ(gate)`, elementwise (vectorised for f32).
+fn sigmoid<T: AdFloat>(gate: &ArrayD<T>) -> ArrayD<T> {
+    let mut s = crate::autograd::ops::standard(gate.clone());
+    T::sigmoid_in_place(s.as_slice_mut().expect("standard layout is contiguous"));
+    s
 }
 
 /// Returns `(d_gate, d_up)`.
@@ -25,13 +33,17 @@ pub fn backward<T: AdFloat>(
     up: &ArrayD<T>,
     dy: &ArrayD<T>,
 ) -> (ArrayD<T>, ArrayD<T>) {
+    let s = sigmoid(gate);
+    // d/dg [g·σ(g)] = σ(g)·(1 + g·(1 − σ(g))).
     let dgate = Zip::from(gate)
+        .and(&s)
         .and(up)
         .and(dy)
-        .map_collect(|&g, &u, &d| d * u * silu_grad_scalar(g));
+        .map_collect(|&g, &s, &u, &d| d * u * s * (T::one() + g * (T::one() - s)));
     let dup = Zip::from(gate)
+        .and(&s)
         .and(dy)
-        .map_collect(|&g, &d| d * silu_scalar(g));
+        .map_collect(|&g, &s, &d| d * g * s);
     (dgate, dup)
 }
 

@@ -1,0 +1,96 @@
+//! Elementwise f32 transcendental functions over slices, vectorised with AVX-512F where the
+//! CPU has it (detected at run time) and scalar elsewhere: the softmaxes (attention, the
+//! cross-entropy over the vocabulary) and SiLU take one `exp` per element, and glibc's scalar
+//! `expf` was ~5% of a training step.
+//!
+//! `exp` here: `x = n·ln2 + r` with `n` the nearest integer to `x·log2(e)` and `|r| ≤ ln2/2`
+//! (`ln2` split in two so `r` is exact to f32), `e^r` by its Taylor polynomial of degree 7
+//! (truncation below 6e-9 relative, under half an f32 ulp), and `2^n` applied by `vscalefps`,
+//! which overflows to `inf` and underflows through the subnormals to 0 like `expf`. Within
+//! 2 ulp of the exact value (tested against f64); NaN stays NaN, `exp(-inf) = 0`,
+//! `exp(inf) = inf`.
+
+/// `x ← e^x` for every element.
+pub fn exp_in_place(xs: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F is present (checked above).
+        unsafe { avx512::map(xs, |x| avx512::exp(x)) };
+        return;
+    }
+    xs.iter_mut().for_each(|x| *x = x.exp());
+}
+
+/// `x ← 1 / (1 + e^-x)` for every element.
+pub fn sigmoid_in_place(xs: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F is present (checked above).
+        unsafe { avx512::map(xs, |x| avx512::sigmoid(x)) };
+        return;
+    }
+    xs.iter_mut().for_each(|x| *x = 1.0 / (1.0 + (-*x).exp()));
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Applies `f` 16 lanes at a time; the tail through masked loads and stores.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub unsafe fn map(xs: &mut [f32], f: impl Fn(__m512) -> __m512) {
+        let mut chunks = xs.chunks_exact_mut(16);
+        for c in &mut chunks {
+            let p = c.as_mut_ptr();
+            _mm512_storeu_ps(p, f(_mm512_loadu_ps(p)));
+        }
+        let tail = chunks.into_remainder();
+        if !tail.is_empty() {
+            let mask: __mmask16 = (1u16 << tail.len()) - 1;
+            let p = tail.as_mut_ptr();
+            _mm512_mask_storeu_ps(p, mask, f(_mm512_maskz_loadu_ps(mask, p)));
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub unsafe fn exp(x: __m512) -> __m512 {
+        // Past these e^x is inf or 0 in f32; clamping keeps n·ln2 finite (scalef still
+        // yields inf / 0). NaN lanes are put back at the end (min/max would drop them).
+        let xc = _mm512_max_ps(
+            _mm512_min_ps(x, _mm512_set1_ps(89.0)),
+            _mm512_set1_ps(-104.0),
+        );
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(xc, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        // ln2 = 0.693359375 (exact in 9 bits, so n·hi is exact) − 2.121944400e-4.
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), xc);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let c = |v: f32| _mm512_set1_ps(v);
+        let mut p = c(1.0 / 5040.0);
+        for k in [
+            1.0 / 720.0,
+            1.0 / 120.0,
+            1.0 / 24.0,
+            1.0 / 6.0,
+            0.5,
+            1.0,
+            1.0,
+        ] {
+            p = _mm512_fmadd_ps(p, r, c(k));
+        }
+        let y = _mm512_scalef_ps(p, n);
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        _mm512_mask_mov_ps(y, nan, x)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub unsafe fn sigmoid(x: __m512) -> __m512 {
+        let one = _mm512_set1_ps(1.0);
+        let e = exp(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        _mm512_div_ps(one, _mm512_add_ps(one, e))
+    }
+}
