@@ -567,9 +567,19 @@ mod avx512 {
                 }
             };
         };
+        // From outside rayon's pool (the training and prefill steps' main thread) the parts
+        // go to the spinning team, whose helpers are still awake from the previous product:
+        // a rayon join parks the caller and wakes a sleeping worker every time, which cost
+        // ~10% of a training step on this VM. Inside rayon's pool (per-head attention,
+        // batches scored in parallel), or while another thread holds the team, rayon.
+        let team = crate::team::SpinTeam::global();
+        let on_team = parts > 1
+            && parts == team.parts()
+            && rayon::current_thread_index().is_none()
+            && team.try_run(&run).is_some();
         if parts == 1 {
             run(0);
-        } else {
+        } else if !on_team {
             (0..parts).into_par_iter().for_each(run);
         }
     }

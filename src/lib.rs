@@ -19,6 +19,7 @@ pub mod heap;
 pub mod limits;
 pub mod memory;
 pub mod simd;
+pub mod team;
 pub use error::{ElmError, Result};
 
 pub mod autograd;

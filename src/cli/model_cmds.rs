@@ -576,7 +576,7 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
         }
         to_json(&BenchSuite {
             machine: machine_description(),
-            threads: elm::model::team::SpinTeam::global().parts(),
+            threads: elm::team::SpinTeam::global().parts(),
             runs,
         })?
     };

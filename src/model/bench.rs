@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 use super::config::ModelConfig;
 use super::generate::argmax;
 use super::quant::BlockWeights;
-use super::team::SpinTeam;
 use super::transformer::{DecoderWeights, Transformer};
 use super::weights::ModelWeights;
 use crate::error::Result;
+use crate::team::SpinTeam;
 
 /// A buffer whose parallel read measures the machine's read bandwidth.
 ///

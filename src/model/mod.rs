@@ -29,7 +29,6 @@ pub mod load;
 pub mod ops;
 pub mod quant;
 pub mod tape;
-pub mod team;
 pub mod transformer;
 pub mod weights;
 

@@ -6,7 +6,7 @@ use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 
 use super::quant::{detected_kernel, qmatmul_rows, LinearRef, QActs, QMatrix};
-use super::team::SpinTeam;
+use crate::team::SpinTeam;
 
 /// Rows from which a product is a prefill / training one rather than a decode batch.
 const PREFILL_ROWS: usize = 32;

@@ -64,9 +64,9 @@ pub fn forward<T4: AdFloat>(
         .map(|bh| {
             let (bi, hi) = (bh / h, bh % h);
             let kvh = hi / group;
-            let qh = q4.slice(s![bi, .., hi, ..]).to_owned(); // [T, D]
-            let kh = k4.slice(s![bi, .., kvh, ..]).to_owned(); // [S, D]
-            let vh = v4.slice(s![bi, .., kvh, ..]).to_owned(); // [S, D]
+            let qh = q4.slice(s![bi, .., hi, ..]); // [T, D]
+            let kh = k4.slice(s![bi, .., kvh, ..]); // [S, D]
+            let vh = v4.slice(s![bi, .., kvh, ..]); // [S, D]
             let mut sc: Array2<T4> = T4::matmul_full_precision(&qh.view(), &kh.t()) * scale; // [T, S]
             for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
                 let last = prefix + ti; // last visible key
@@ -121,11 +121,11 @@ pub fn backward<T4: AdFloat>(
             let (bi, hi) = (bh / h, bh % h);
             let kvh = hi / group;
             let p = cache.probs.slice(s![bi, hi, .., ..]); // [T, S]
-            let qh = q4.slice(s![bi, .., hi, ..]).to_owned();
-            let kh = k4.slice(s![bi, .., kvh, ..]).to_owned();
-            let vh = v4.slice(s![bi, .., kvh, ..]).to_owned();
-            let doh = do4.slice(s![bi, .., hi, ..]).to_owned(); // [T, D]
-                                                                // out = P V → dV = Pᵀ dO, dP = dO Vᵀ.
+            let qh = q4.slice(s![bi, .., hi, ..]);
+            let kh = k4.slice(s![bi, .., kvh, ..]);
+            let vh = v4.slice(s![bi, .., kvh, ..]);
+            let doh = do4.slice(s![bi, .., hi, ..]); // [T, D]
+                                                     // out = P V → dV = Pᵀ dO, dP = dO Vᵀ.
             let dvh = T4::matmul_full_precision(&p.t(), &doh.view());
             let mut ds = T4::matmul_full_precision(&doh.view(), &vh.t()); // [T, S]
                                                                           // Softmax VJP per row; masked entries have p = 0 and get 0.

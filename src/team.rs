@@ -1,6 +1,8 @@
-//! A fork-join team of spinning threads for the batch-1 decode matvecs.
+//! A fork-join team of spinning threads for the batch-1 decode matvecs and the large
+//! products of training and prefill ([`crate::gemm`]).
 //!
-//! A decode step makes ~4 fork-joins per layer, each lasting only ~50–500 µs. With
+//! A decode step makes ~4 fork-joins per layer, each lasting only ~50–500 µs (a training
+//! step some hundreds of products, with single-threaded work between them). With
 //! rayon, the caller (outside the pool) parks on a latch for every join and is woken
 //! by the OS afterwards; on a small VM that wake-up alone costs ~10–20 µs per join,
 //! ~10% of the step. Here the caller runs part 0 itself and the helpers spin between

@@ -1,4 +1,4 @@
-//! `model::team::SpinTeam` and the batch-1 matvec kernel that runs on it.
+//! `team::SpinTeam` and the batch-1 matvec kernel that runs on it.
 
 mod common;
 
@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use elm::model::ops::matvecs_split;
-use elm::model::team::{SpinTeam, SPIN_BEFORE_PARK};
+use elm::team::{SpinTeam, SPIN_BEFORE_PARK};
 use ndarray::{Array1, Array2};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
