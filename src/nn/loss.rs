@@ -44,17 +44,12 @@ pub fn cross_entropy_forward<T: AdFloat>(
     let l = standard(logits.clone());
     let mut total = T::zero();
     let mut counted = 0;
-    // One row's exponentials (reused across rows).
-    let mut e: Vec<T> = Vec::new();
     for (row, &t) in as_2d(&l).rows().into_iter().zip(targets) {
         if t == ignore_index {
             continue;
         }
         let m = row.fold(T::neg_infinity(), |a, &b| a.max(b));
-        e.clear();
-        e.extend(row.iter().map(|&x| x - m));
-        T::exp_in_place(&mut e);
-        let lse = m + e.iter().copied().sum::<T>().ln();
+        let lse = m + row.iter().map(|&x| (x - m).exp()).sum::<T>().ln();
         total += lse - row[t as usize];
         counted += 1;
     }
@@ -88,11 +83,7 @@ pub fn cross_entropy_backward<T: AdFloat>(
             continue;
         }
         let m = row.fold(T::neg_infinity(), |a, &b| a.max(b));
-        let row_s = row
-            .as_slice_mut()
-            .expect("a row of a standard array is contiguous");
-        row_s.iter_mut().for_each(|x| *x -= m);
-        T::exp_in_place(row_s);
+        row.mapv_inplace(|x| (x - m).exp());
         let s = row.sum();
         row.mapv_inplace(|x| x / s * k);
         row[t as usize] -= k;
