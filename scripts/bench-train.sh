@@ -129,10 +129,17 @@ if readme:
                           for k in rows) + " tok/s."]
     lines += ["", f"GEMM alone (`examples/gemm_bench.rs`, {gemm['threads']} threads, measured FMA peak "
               f"{gemm['peak_fma_gflop_s']:.0f} GFLOP/s):", "",
-              "| shape | OpenBLAS GFLOP/s | ours GFLOP/s | ours / OpenBLAS | ours / peak |",
-              "|---|---:|---:|---:|---:|"]
+              "| shape | OpenBLAS GFLOP/s | ours GFLOP/s | ours / OpenBLAS | ours / peak | ours, B frozen / peak "
+              "| ours bf16 GFLOP/s | bf16 / bf16 peak | bf16, B frozen / bf16 peak |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    opt = lambda v, fmt: "–" if v is None else format(v, fmt)
     lines += [f"| {r['shape']} | {r['blas_gflop_s']:.0f} | {r['avx512_gflop_s']:.0f} | {r['ratio']:.2f}x | "
-              f"{r['avx512_fraction_of_peak']:.2f} |" for r in gemm["shapes"]]
+              f"{r['avx512_fraction_of_peak']:.2f} | {opt(r.get('avx512_frozen_b_fraction_of_peak'), '.2f')} | "
+              f"{opt(r.get('avx512_bf16_gflop_s'), '.0f')} | {opt(r.get('bf16_fraction_of_bf16_peak'), '.2f')} | "
+              f"{opt(r.get('bf16_frozen_b_fraction_of_bf16_peak'), '.2f')} |" for r in gemm["shapes"]]
+    lines += ["", "B frozen: the weight registered with `gemm::FrozenWeights` (packed once, as the trainers "
+              "and NLL scoring do for weights they never change); the dW product's B is an activation. "
+              "The bf16 peak is twice the FMA peak (two multiply-adds per lane per `vdpbf16ps`)."]
     lines += ["", f"Freed memory kept in the process (`src/heap.rs`) against glibc's default "
               f"(`ELM_KEEP_HEAP=0`), whole benchmark: {f0 / 1e6:.2f} M → {f1 / 1e6:.2f} M minor page "
               f"faults, {s0:.1f} s → {s1:.1f} s system time; CE phase {glibc['phases']['ce']['tok_s']:.0f}"
