@@ -141,11 +141,15 @@ pub fn sgemm(
     beta: f32,
     c: &mut ArrayViewMut2<f32>,
 ) {
-    let kernel = match precision() {
+    sgemm_with(precision_kernel(), alpha, a, b, beta, c)
+}
+
+/// The kernel [`precision`] selects for large products.
+fn precision_kernel() -> GemmKernel {
+    match precision() {
         Precision::Bf16 => GemmKernel::Avx512Bf16,
         Precision::F32 => detected_kernel(),
-    };
-    sgemm_with(kernel, alpha, a, b, beta, c)
+    }
 }
 
 /// [`sgemm`] with the kernel chosen by the caller (tests and benchmarks compare them); a kernel
@@ -218,15 +222,21 @@ pub fn prefer_own_threads() -> GemmKernel {
 
 /// `a · b` into a new array (the `dot` of the training paths).
 pub fn matmul(a: &ArrayView2<f32>, b: &ArrayView2<f32>) -> ndarray::Array2<f32> {
-    let mut c = ndarray::Array2::<f32>::zeros((a.nrows(), b.ncols()));
-    sgemm(1.0, a, b, 0.0, &mut c.view_mut());
-    c
+    matmul_with(precision_kernel(), a, b)
 }
 
 /// [`matmul`] in f32 whatever [`precision`] says.
 pub fn matmul_f32(a: &ArrayView2<f32>, b: &ArrayView2<f32>) -> ndarray::Array2<f32> {
+    matmul_with(detected_kernel(), a, b)
+}
+
+fn matmul_with(
+    kernel: GemmKernel,
+    a: &ArrayView2<f32>,
+    b: &ArrayView2<f32>,
+) -> ndarray::Array2<f32> {
     let mut c = ndarray::Array2::<f32>::zeros((a.nrows(), b.ncols()));
-    sgemm_with(detected_kernel(), 1.0, a, b, 0.0, &mut c.view_mut());
+    sgemm_with(kernel, 1.0, a, b, 0.0, &mut c.view_mut());
     c
 }
 
@@ -390,7 +400,7 @@ mod frozen {
 /// `Arc` it keeps a clone of): large products reading one of them as `B` (`x·Wᵀ`, `g·W`) pack
 /// it once, in the product's precision, and reuse the packed form until this is dropped,
 /// instead of packing it again on every call. The packed forms take memory ([`Self::packed_bytes`]):
-/// the weight's size in bf16 (half of it in f32) per layout used.
+/// the weight's size in f32, half of it in bf16, per layout used.
 pub struct FrozenWeights<'a> {
     owner: u64,
     shared: Vec<std::sync::Arc<ndarray::ArrayD<f32>>>,
@@ -722,28 +732,10 @@ mod avx512 {
         row: impl Fn(usize) -> *const f32,
     ) {
         let chunks = kc / 16;
-        let out = dst.as_mut_ptr();
-        for g0 in (0..w).step_by(16) {
-            let lanes = 16.min(w - g0);
-            let mask: __mmask16 = if lanes == 16 {
-                0xffff
-            } else {
-                (1 << lanes) - 1
-            };
-            let valid = lanes.min(n.saturating_sub(g0));
-            for c in 0..chunks {
-                let mut r = [_mm512_setzero_si512(); 16];
-                for (i, ri) in r.iter_mut().enumerate().take(valid) {
-                    // SAFETY: 16 values from 16·c are inside row g0 + i (c < kc / 16).
-                    *ri = _mm512_castps_si512(_mm512_loadu_ps(row(g0 + i).add(16 * c)));
-                }
-                transpose16(&mut r);
-                for (t, rt) in r.iter().enumerate() {
-                    // SAFETY: p = 16c + t < kc and lanes g0 .. g0 + lanes ≤ w of its row.
-                    _mm512_mask_storeu_epi32(out.add((16 * c + t) * w + g0) as *mut _, mask, *rt);
-                }
-            }
-        }
+        transpose_into(n, chunks, w, dst.as_mut_ptr() as *mut u32, |i, c| {
+            // SAFETY: 16 values from 16·c are inside row i (c < kc / 16).
+            unsafe { _mm512_castps_si512(_mm512_loadu_ps(row(i).add(16 * c))) }
+        });
         for p in 16 * chunks..kc {
             for r in 0..w {
                 dst[p * w + r] = if r < n { *row(r).add(p) } else { 0.0 };
@@ -951,6 +943,51 @@ mod avx512 {
         });
     }
 
+    /// The first `min(n, 16)` lanes.
+    #[inline(always)]
+    fn lane_mask(n: usize) -> __mmask16 {
+        if n >= 16 {
+            0xffff
+        } else {
+            (1u16 << n) - 1
+        }
+    }
+
+    /// The block transpose the contiguous packers share: for each 16-row group of a `w`-wide
+    /// sliver and each chunk `c < chunks`, `load(r, c)` gives row `r`'s 16 lanes of that
+    /// chunk (rows `≥ n` stay zero); the 16 × 16 block is transposed in registers and output
+    /// `t`'s lane for row `r` lands at `out[(16c + t) · w + r]`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn transpose_into(
+        n: usize,
+        chunks: usize,
+        w: usize,
+        out: *mut u32,
+        load: impl Fn(usize, usize) -> __m512i,
+    ) {
+        for g0 in (0..w).step_by(16) {
+            let lanes = 16.min(w - g0);
+            let mask = lane_mask(lanes);
+            for c in 0..chunks {
+                let mut r = [_mm512_setzero_si512(); 16];
+                for (i, ri) in r
+                    .iter_mut()
+                    .enumerate()
+                    .take(lanes.min(n.saturating_sub(g0)))
+                {
+                    *ri = load(g0 + i, c);
+                }
+                transpose16(&mut r);
+                for (t, rt) in r.iter().enumerate() {
+                    // SAFETY (caller): 16c + t is below the sliver's depth, lanes g0 .. g0 +
+                    // lanes ≤ w.
+                    _mm512_mask_storeu_epi32(out.add((16 * c + t) * w + g0) as *mut _, mask, *rt);
+                }
+            }
+        }
+    }
+
     /// Transposes a 16 × 16 block of u32 held as 16 rows: `r[j][i]` becomes `r[i][j]`
     /// (interleaves of 32 then 64 bits within 128-bit lanes, then two rounds of lane shuffles).
     #[target_feature(enable = "avx512f")]
@@ -1001,36 +1038,14 @@ mod avx512 {
         for (sl, r0) in (0..rows).step_by(w).enumerate() {
             let n = w.min(rows - r0);
             let dst = out[sl * w * kp..(sl + 1) * w * kp].as_mut_ptr();
-            for g0 in (0..w).step_by(16) {
-                let lanes = 16.min(w - g0);
-                let mask: __mmask16 = if lanes == 16 {
-                    0xffff
-                } else {
-                    (1 << lanes) - 1
-                };
-                for c in 0..chunks {
-                    let mut r = [_mm512_setzero_si512(); 16];
-                    for (i, ri) in r
-                        .iter_mut()
-                        .enumerate()
-                        .take(lanes.min(n.saturating_sub(g0)))
-                    {
-                        // SAFETY: 32 values from 32·c are inside the row (c < kc / 32).
-                        let src = row(r0 + g0 + i).add(32 * c);
-                        let (lo, hi) = (_mm512_loadu_ps(src), _mm512_loadu_ps(src.add(16)));
-                        *ri = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-                    }
-                    transpose16(&mut r);
-                    for (t, rt) in r.iter().enumerate() {
-                        // SAFETY: pair 16c + t < kp, lanes g0 .. g0 + lanes < w of its row.
-                        _mm512_mask_storeu_epi32(
-                            dst.add((16 * c + t) * w + g0) as *mut _,
-                            mask,
-                            *rt,
-                        );
-                    }
+            transpose_into(n, chunks, w, dst, |i, c| {
+                // SAFETY: 32 values from 32·c are inside the row (c < kc / 32).
+                unsafe {
+                    let src = row(r0 + i).add(32 * c);
+                    let (lo, hi) = (_mm512_loadu_ps(src), _mm512_loadu_ps(src.add(16)));
+                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
                 }
-            }
+            });
             let dst = &mut out[sl * w * kp..(sl + 1) * w * kp];
             for r in 0..w {
                 if r < n {
@@ -1063,18 +1078,11 @@ mod avx512 {
         // Output 16-bit element 2j takes row k's entry j (input j), 2j+1 row k+1's (16 + j).
         let idx: [i16; 32] = std::array::from_fn(|e| ((e / 2) + 16 * (e % 2)) as i16);
         let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
-        let mask_of = |n: usize| -> __mmask16 {
-            if n >= 16 {
-                0xffff
-            } else {
-                (1u16 << n) - 1
-            }
-        };
         for (sl, j0) in (0..cols).step_by(w).enumerate() {
             let dst = &mut out[sl * w * kp..(sl + 1) * w * kp];
             for jb in (0..w).step_by(16) {
-                let load = mask_of(cols.saturating_sub(j0 + jb));
-                let store = mask_of(w - jb);
+                let load = lane_mask(cols.saturating_sub(j0 + jb));
+                let store = lane_mask(w - jb);
                 for p2 in 0..kp {
                     let lo = _mm512_maskz_loadu_ps(load, row(2 * p2).add(j0 + jb));
                     let hi = if 2 * p2 + 1 < kc {
