@@ -426,3 +426,48 @@ fn report_places_off_grid_choices_on_the_best_enumerated_start() {
     assert!(close(p.nll_gap, 0.5, 1e-12));
     assert!(r.gppo.is_none() && r.gppo_spearman.is_none());
 }
+
+/// A resumed GPPO run reads θ, Adam's moments and the buffered rewards back from JSON: every
+/// f64 must come back bit for bit, or the resumed run drifts from the uninterrupted one
+/// (serde_json's default float parser can be off by one ulp; `float_roundtrip` is exact).
+#[test]
+fn policy_state_json_round_trip_keeps_every_bit() {
+    use rand::Rng;
+    let dir = common::TempDir::new("policy_json");
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut draw = |n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                let x: f64 = rng.gen_range(-1.0..1.0);
+                x * 10f64.powi(rng.gen_range(-12..12))
+            })
+            .collect()
+    };
+    let state = PolicyState {
+        theta: draw(4000),
+        m: draw(4000),
+        v: draw(4000).into_iter().map(f64::abs).collect(),
+        t: 7,
+    };
+    let path = dir.path().join("policy.json");
+    elm::io::atomic::write_json_atomic(&path, &state).unwrap();
+    let back: PolicyState = elm::equilibrium::config::read_json(&path).unwrap();
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (name, a, b) in [
+        ("theta", &state.theta, &back.theta),
+        ("m", &state.m, &back.m),
+        ("v", &state.v, &back.v),
+    ] {
+        let differ = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(
+            bits(a),
+            bits(b),
+            "{name}: {differ} of {} values changed",
+            a.len()
+        );
+    }
+}

@@ -17,15 +17,31 @@ fn model_path() -> PathBuf {
 }
 
 fn run(out: &std::path::Path, model: &std::path::Path, extra: &[&str]) -> Tables {
-    let status = Command::new(env!("CARGO_BIN_EXE_paper_repro"))
+    let output = Command::new(env!("CARGO_BIN_EXE_paper_repro"))
         .args(["--scale", "smoke", "--out"])
         .arg(out)
         .arg("--model")
         .arg(model)
         .args(extra)
-        .status()
+        .output()
         .expect("run paper_repro");
-    assert!(status.success(), "paper_repro --scale smoke failed");
+    let said = String::from_utf8_lossy(&output.stderr);
+    // Its progress lines are long; the failure's cause is at the end (CI keeps only the panic).
+    let tail: Vec<&str> = said.lines().rev().take(15).collect();
+    // Free space where it wrote (a full disk is one cause a log tail alone may not show).
+    let df = Command::new("df")
+        .arg("-h")
+        .arg(out)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    assert!(
+        output.status.success(),
+        "paper_repro --scale smoke failed ({}); {df}the end of its stderr:\n{}\nstdout:\n{}",
+        output.status,
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+        String::from_utf8_lossy(&output.stdout)
+    );
     let text = std::fs::read_to_string(out.join("tables.json")).unwrap();
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("tables.json is incomplete: {e}"))
 }
@@ -52,7 +68,9 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         );
         return;
     }
-    let out = std::env::temp_dir().join(format!("paper_repro_smoke_{}", std::process::id()));
+    // Several GB of stage outputs: beside the build (which had room), not in a possibly small /tmp.
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("paper_repro_smoke_{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let t = run(&out, &model, &[]);
     let l = Scale::Smoke.limits();

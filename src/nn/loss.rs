@@ -44,12 +44,17 @@ pub fn cross_entropy_forward<T: AdFloat>(
     let l = standard(logits.clone());
     let mut total = T::zero();
     let mut counted = 0;
+    // One row's exponentials (reused across rows).
+    let mut e: Vec<T> = Vec::new();
     for (row, &t) in as_2d(&l).rows().into_iter().zip(targets) {
         if t == ignore_index {
             continue;
         }
         let m = row.fold(T::neg_infinity(), |a, &b| a.max(b));
-        let lse = m + row.iter().map(|&x| (x - m).exp()).sum::<T>().ln();
+        e.clear();
+        e.extend(row.iter().map(|&x| x - m));
+        T::exp_in_place(&mut e);
+        let lse = m + e.iter().copied().sum::<T>().ln();
         total += lse - row[t as usize];
         counted += 1;
     }
@@ -83,7 +88,12 @@ pub fn cross_entropy_backward<T: AdFloat>(
             continue;
         }
         let m = row.fold(T::neg_infinity(), |a, &b| a.max(b));
-        row.mapv_inplace(|x| (x - m).exp());
+        row.mapv_inplace(|x| x - m);
+        // `standard` made the rows contiguous.
+        match row.as_slice_mut() {
+            Some(xs) => T::exp_in_place(xs),
+            None => row.mapv_inplace(|x| x.exp()),
+        }
         let s = row.sum();
         row.mapv_inplace(|x| x / s * k);
         row[t as usize] -= k;
