@@ -91,6 +91,7 @@ fn merged_linear_equals_the_unmerged_lora_forward() {
             a,
             b,
             spec().scale(),
+            None,
         )
         .unwrap();
         // Merged: a plain linear with W' = W + (α/r) B A.

@@ -297,3 +297,91 @@ fn gradcheck_lora_linear() {
     let g = tape.backward(l).unwrap();
     assert!(g.get(wv).is_none() && g.get(bv).is_some() && g.get(xv).is_some());
 }
+
+#[test]
+fn dropout_mask_is_one_standard_uniform_per_element() {
+    use elm::nn::lora::Dropout;
+    let (n, p) = (1003, 0.3f32);
+    let mut bulk = StdRng::seed_from_u64(4);
+    let mut each = StdRng::seed_from_u64(4);
+    let d = Dropout::<f64>::draw(&mut bulk, n, p);
+    let m = d.apply(&ArrayD::from_elem(IxDyn(&[n]), 1.0));
+    let scale = (1.0 / (1.0 - p)) as f64;
+    let mut kept = 0;
+    for &v in m.iter() {
+        let want = if each.gen::<f32>() < 1.0 - p {
+            scale
+        } else {
+            0.0
+        };
+        assert_eq!(v, want);
+        kept += (v != 0.0) as usize;
+    }
+    // Both outcomes occur, near the expected share, and both generators end in the same state.
+    assert!((600..800).contains(&kept), "{kept} of {n} kept");
+    assert_eq!(bulk.gen::<u64>(), each.gen::<u64>());
+}
+
+#[test]
+fn gradcheck_lora_linear_with_dropout_and_equals_the_unfused_ops() {
+    use elm::nn::lora::{lora_linear_with_dropout, Dropout};
+    let mut rng = StdRng::seed_from_u64(19);
+    let x = rand_arr(&mut rng, &[2, 3, 5]);
+    let w = rand_arr(&mut rng, &[4, 5]);
+    let a = rand_arr(&mut rng, &[2, 5]);
+    let b = rand_arr(&mut rng, &[4, 2]);
+    let bias = rand_arr(&mut rng, &[4]);
+    let mask = || Dropout::<f64>::draw(&mut StdRng::seed_from_u64(7), 30, 0.4);
+    check(
+        "lora+dropout+bias",
+        |t, v| lora_linear_with_dropout(t, v[0], v[1], Some(v[4]), v[2], v[3], 0.5, Some(mask())),
+        &[x.clone(), w.clone(), a.clone(), b.clone(), bias.clone()],
+    );
+    check(
+        "lora+dropout",
+        |t, v| lora_linear_with_dropout(t, v[0], v[1], None, v[2], v[3], 2.0, Some(mask())),
+        &[x.clone(), w.clone(), a.clone(), b.clone()],
+    );
+    // The same map written with the tape's primitives: base + s·((x ⊙ m) Aᵀ) Bᵀ.
+    let run = |fused: bool| {
+        let mut tape = Tape::<f64>::new();
+        let v: Vec<Var> = [&x, &w, &a, &b, &bias]
+            .iter()
+            .map(|t| tape.param((*t).clone()))
+            .collect();
+        let y = if fused {
+            lora_linear_with_dropout(
+                &mut tape,
+                v[0],
+                v[1],
+                Some(v[4]),
+                v[2],
+                v[3],
+                0.5,
+                Some(mask()),
+            )
+            .unwrap()
+        } else {
+            let ones = ArrayD::from_elem(IxDyn(&[2, 3, 5]), 1.0);
+            let m = tape.constant(mask().apply(&ones));
+            let base = tape.matmul_t(v[0], v[1], Some(v[4])).unwrap();
+            let xd = tape.mul(v[0], m).unwrap();
+            let xa = tape.matmul_t(xd, v[2], None).unwrap();
+            let low = tape.matmul_t(xa, v[3], None).unwrap();
+            let low = tape.scale(low, 0.5);
+            tape.add(base, low).unwrap()
+        };
+        let value = tape.value(y).clone();
+        let sq = tape.mul(y, y).unwrap();
+        let l = tape.sum(sq);
+        let g = tape.backward(l).unwrap();
+        let grads: Vec<ArrayD<f64>> = v.iter().map(|&p| g.get(p).unwrap().clone()).collect();
+        (value, grads)
+    };
+    let (y0, g0) = run(false);
+    let (y1, g1) = run(true);
+    assert!(max_abs_diff(&y0, &y1) < 1e-14);
+    for (i, (p, q)) in g0.iter().zip(&g1).enumerate() {
+        assert!(max_abs_diff(p, q) < 1e-13, "input {i}");
+    }
+}

@@ -532,7 +532,7 @@ impl<T: AdFloat> Tape<T> {
                         ),
                     ));
                 }
-                if !ig.iter().all(|x| x.is_finite()) {
+                if !all_finite(&ig) {
                     return Err(ElmError::NonFinite(format!(
                         "gradient flowing from {var:?} into {inp:?}"
                     )));
@@ -555,6 +555,15 @@ impl<T: AdFloat> Tape<T> {
         let returned: usize = result.grads.values().map(array_bytes).sum();
         self.sub_live(returned);
         Ok(result)
+    }
+}
+
+/// Whether every element is finite. Without the early exit of `iter().all` the loop
+/// vectorises: this check runs on every gradient a backward pass moves.
+pub fn all_finite<T: AdFloat>(xs: &ArrayD<T>) -> bool {
+    match xs.as_slice_memory_order() {
+        Some(s) => s.iter().fold(true, |ok, x| ok & x.is_finite()),
+        None => xs.iter().all(|x| x.is_finite()),
     }
 }
 

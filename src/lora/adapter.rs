@@ -10,6 +10,7 @@ use crate::autograd::{Tape, Var};
 use crate::error::{ElmError, Result};
 use crate::model::tape::{BlockParams, BlockVars};
 use crate::model::{LayerWeights, ModelConfig, ModelWeights};
+use crate::nn::lora::Dropout;
 use crate::nn::{self, RopeLayout};
 use crate::train::ParamStore;
 
@@ -187,27 +188,13 @@ impl LoraRun<'_> {
         let Some(lv) = lora else {
             return tape.matmul_t(x, w, bias);
         };
-        match self.rng.as_deref_mut() {
+        let dropout = match self.rng.as_deref_mut() {
             Some(rng) if self.dropout > 0.0 => {
-                let keep = 1.0 - self.dropout;
-                let shape = tape.value(x).shape().to_vec();
-                let mask = ArrayD::from_shape_simple_fn(IxDyn(&shape), || {
-                    if rng.gen::<f32>() < keep {
-                        1.0 / keep
-                    } else {
-                        0.0
-                    }
-                });
-                let base = tape.matmul_t(x, w, bias)?;
-                let m = tape.constant(mask);
-                let xd = tape.mul(x, m)?;
-                let xa = tape.matmul_t(xd, lv.a, None)?;
-                let low = tape.matmul_t(xa, lv.b, None)?;
-                let low = tape.scale(low, self.scale);
-                tape.add(base, low)
+                Some(Dropout::draw(rng, tape.value(x).len(), self.dropout))
             }
-            _ => nn::lora_linear(tape, x, w, bias, lv.a, lv.b, self.scale),
-        }
+            _ => None,
+        };
+        nn::lora::lora_linear_with_dropout(tape, x, w, bias, lv.a, lv.b, self.scale, dropout)
     }
 }
 

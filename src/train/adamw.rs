@@ -200,7 +200,7 @@ impl AdamW {
                         ),
                     ));
                 }
-                if g.iter().any(|x| !x.is_finite()) {
+                if !crate::autograd::all_finite(g) {
                     return Err(ElmError::NonFinite(format!(
                         "gradient of `{}`",
                         store.name(i)
