@@ -6,11 +6,17 @@
 # object: both sides' tok/s and ours over theirs. Needs `torch` (TORCH_PY: a python that has it;
 # default: a venv in target/torch-venv made on first use). Also writes the object to
 # results/bench_train.json (OUT= to change), which the README's performance section points to.
-# About 1 minute on 2 cores once built.
+# The training steps, ours and PyTorch's, run in REPS rounds (default 3), both sides in every
+# round, and each phase reports its median over the rounds: this VM's speed drifts by 10-30%
+# over minutes, and a ratio of two single runs minutes apart carried that drift.
+# About 9 minutes on 2 cores once built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads="${THREADS:-2}"
 steps="${STEPS:-4}"
+reps="${REPS:-3}"
+rounds=$(mktemp -d)
+trap 'rm -rf "$rounds"' EXIT
 py="${TORCH_PY:-}"
 if [ -z "$py" ]; then
   py=target/torch-venv/bin/python
@@ -25,14 +31,11 @@ model="${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 gemm=$(OPENBLAS_NUM_THREADS="$threads" RAYON_NUM_THREADS="$threads" target/release/examples/gemm_bench)
 # OpenBLAS's threads are left to the example (one when our GEMM carries the large products).
 export RAYON_NUM_THREADS="$threads"
-ours=$(target/release/examples/train_profile --steps "$steps" --json)
-# bf16 mode where the CPU has AVX-512 BF16 (else null).
-bf16=$(target/release/examples/train_profile --steps "$steps" --precision bf16 --json 2>/dev/null || echo null)
 # The same with glibc's default of returning freed blocks to the kernel (src/heap.rs).
 glibc=$(ELM_KEEP_HEAP=0 target/release/examples/train_profile --steps "$steps" --json)
 # The same on the linked BLAS for every product (OpenBLAS with a thread per core).
 blas=$(ELM_GEMM=blas OPENBLAS_NUM_THREADS="$threads" target/release/examples/train_profile --steps "$steps" --json)
-sup=$(echo "$ours" | "$py" -c "import json,sys; print(round(json.load(sys.stdin)['supervised_tokens']))")
+sup=$(echo "$glibc" | "$py" -c "import json,sys; print(round(json.load(sys.stdin)['supervised_tokens']))")
 # Dense prefill of 256 tokens (f32 weights), ours and PyTorch's, f32 and bf16.
 pre() { RAYON_NUM_THREADS="$threads" target/release/elm bench --model "$model" --prompt-len 256 --decode-steps 4 --json "$@"; }
 p32=$(pre); pbf=$(pre --precision bf16 2>/dev/null || echo null)
@@ -41,13 +44,36 @@ nll=$(RAYON_NUM_THREADS="$threads" target/release/elm eval --model "$model" --ta
 tpre() { "$py" scripts/torch_ref_bench.py --model smollm2-135m --device cpu --prefill-len 256 --batches 1 --steps 2 --reps 5 --threads "$threads" "$@"; }
 tp32=$(tpre); tpbf=$(tpre --bf16)
 ref() { "$py" scripts/torch_train_ref.py --threads "$threads" --steps "$steps" --supervised "$sup" "$@"; }
-t32=$(ref --dtype f32); t32c=$(ref --dtype f32 --teacher-cache --phases distill,ce)
-tbf=$(ref --dtype bf16); tbfc=$(ref --dtype bf16 --teacher-cache --phases distill,ce)
-"$py" - "${OUT:-results/bench_train.json}" "${README:-}" "threads=$threads steps=$steps" "$nll" "$p32" "$pbf" "$tp32" "$tpbf" "$bf16" "$gemm" "$blas" "$glibc" "$ours" "$t32" "$t32c" "$tbf" "$tbfc" <<'PY'
-import json, os, sys
-out, readme, how = sys.argv[1:4]
+for r in $(seq "$reps"); do
+  target/release/examples/train_profile --steps "$steps" --json > "$rounds/ours-$r.json"
+  # bf16 mode where the CPU has AVX-512 BF16 (else null).
+  target/release/examples/train_profile --steps "$steps" --precision bf16 --json 2>/dev/null \
+    > "$rounds/bf16-$r.json" || echo null > "$rounds/bf16-$r.json"
+  ref --dtype f32 > "$rounds/t32-$r.json"
+  ref --dtype f32 --teacher-cache --phases distill,ce > "$rounds/t32c-$r.json"
+  ref --dtype bf16 > "$rounds/tbf-$r.json"
+  ref --dtype bf16 --teacher-cache --phases distill,ce > "$rounds/tbfc-$r.json"
+done
+"$py" - "${OUT:-results/bench_train.json}" "${README:-}" "threads=$threads steps=$steps rounds=$reps" "$rounds" "$nll" "$p32" "$pbf" "$tp32" "$tpbf" "$gemm" "$blas" "$glibc" <<'PY'
+import glob, json, os, statistics, sys
+out, readme, how, rounds = sys.argv[1:5]
 threads = how.split()[0].split("=")[1]
-nll, p32, pbf, tp32, tpbf, ours_bf16, gemm, blas, glibc, ours, t32, t32c, tbf, tbfc = (json.loads(a) for a in sys.argv[4:])
+nll, p32, pbf, tp32, tpbf, gemm, blas, glibc = (json.loads(a) for a in sys.argv[5:])
+
+def median_of(name):
+    """The rounds of one side: the first round's report with every phase's tok/s replaced by
+    its median over the rounds (and the rounds' values kept beside it)."""
+    runs = [json.load(open(p)) for p in sorted(glob.glob(f"{rounds}/{name}-*.json"))]
+    if not runs or runs[0] is None:
+        return None
+    merged = dict(runs[0])
+    merged["phases"] = {}
+    for phase in runs[0]["phases"]:
+        values = [r["phases"][phase]["tok_s"] for r in runs]
+        merged["phases"][phase] = {"tok_s": statistics.median(values), "rounds_tok_s": values}
+    return merged
+
+ours, ours_bf16, t32, t32c, tbf, tbfc = (median_of(n) for n in ("ours", "bf16", "t32", "t32c", "tbf", "tbfc"))
 prefill = {
     "elm_f32_tok_s": p32["prefill_tok_s"],
     "elm_bf16_tok_s": pbf["prefill_tok_s"] if pbf else None,
@@ -68,6 +94,10 @@ for phase in ("distill", "ce"):
             "torch_bf16_tok_s": bf16["phases"][phase]["tok_s"],
             "ratio_vs_torch_f32": mine / f32["phases"][phase]["tok_s"],
             "ratio_vs_torch_bf16": mine / bf16["phases"][phase]["tok_s"],
+            "rounds_tok_s": {"elm_f32": ours["phases"][key]["rounds_tok_s"],
+                             "elm_bf16": ours_bf16["phases"][key]["rounds_tok_s"] if ours_bf16 else None,
+                             "torch_f32": f32["phases"][phase]["rounds_tok_s"],
+                             "torch_bf16": bf16["phases"][phase]["rounds_tok_s"]},
         }
 mine = ours["phases"]["lora"]["tok_s"]
 mine_bf16 = ours_bf16["phases"]["lora"]["tok_s"] if ours_bf16 else None
@@ -79,6 +109,10 @@ rows["lora"] = {
     "torch_bf16_tok_s": tbf["phases"]["lora"]["tok_s"],
     "ratio_vs_torch_f32": mine / t32["phases"]["lora"]["tok_s"],
     "ratio_vs_torch_bf16": mine / tbf["phases"]["lora"]["tok_s"],
+    "rounds_tok_s": {"elm_f32": ours["phases"]["lora"]["rounds_tok_s"],
+                     "elm_bf16": ours_bf16["phases"]["lora"]["rounds_tok_s"] if ours_bf16 else None,
+                     "torch_f32": t32["phases"]["lora"]["rounds_tok_s"],
+                     "torch_bf16": tbf["phases"]["lora"]["rounds_tok_s"]},
 }
 report = json.dumps({"threads": ours["threads"], "batch": ours["batch"], "seq_len": ours["seq_len"],
                      "supervised_tokens": ours["supervised_tokens"], "torch": t32["torch"],
@@ -102,7 +136,8 @@ if readme:
              "lora": "LoRA SFT step (rank 16, 7 maps x 30 layers)"}
     lines = [f"Generated by `README=README.md bash scripts/bench-train.sh` ({how}; PyTorch "
              f"{t32['torch']}, eager; batch {ours['batch']} x {ours['seq_len']}, "
-             f"{ours['supervised_tokens']:.0f} supervised tokens per batch; tok/s, ratios ours / PyTorch).",
+             f"{ours['supervised_tokens']:.0f} supervised tokens per batch; tok/s, each the median of "
+             f"{how.split('rounds=')[1]} rounds that ran both sides; ratios ours / PyTorch).",
              "",
              "| step | elm f32 | PyTorch f32 | f32 ratio | elm bf16 | PyTorch bf16 autocast | bf16 ratio |",
              "|---|---:|---:|---:|---:|---:|---:|"]
