@@ -125,18 +125,18 @@ pub fn backward<T: AdFloat>(
     let dys = dy * scale;
     // low = xa · Bᵀ: d xa = s·dy·B, dB = s·dyᵀ·xa.
     let (dxa, db, _) = linear_backward(&cache.xa, b, &dys, nx || na, nb, false);
-    let (dx_low, da) = match (&dxa, dropout) {
-        (Some(dxa), None) => {
-            let (dxl, da, _) = linear_backward(x, a, dxa, nx, na, false);
+    // With dropout, xa = (x ⊙ m) Aᵀ: dA = dxaᵀ (x ⊙ m), dx = (dxa A) ⊙ m.
+    let (dx_low, da) = match &dxa {
+        Some(dxa) => {
+            let xd = dropout.filter(|_| na).map(|d| d.apply(x));
+            let (dxl, da, _) = linear_backward(xd.as_ref().unwrap_or(x), a, dxa, nx, na, false);
+            let dxl = match dropout {
+                Some(d) => dxl.map(|g| d.apply(&g)),
+                None => dxl,
+            };
             (dxl, da)
         }
-        // xa = (x ⊙ m) Aᵀ: dA = dxaᵀ (x ⊙ m), dx = (dxa A) ⊙ m.
-        (Some(dxa), Some(d)) => {
-            let xd = if na { Some(d.apply(x)) } else { None };
-            let (dxl, da, _) = linear_backward(xd.as_ref().unwrap_or(x), a, dxa, nx, na, false);
-            (dxl.map(|g| d.apply(&g)), da)
-        }
-        (None, _) => (None, None),
+        None => (None, None),
     };
     let dx = match (dx_base, dx_low) {
         (Some(p), Some(q)) => Some(p + q),
