@@ -241,10 +241,8 @@ impl AdamW {
                 *p = ((*p as f64) * decay - lr * update) as f32;
             };
             let p = store.value_mut(i);
-            let standard = [p.is_standard_layout(), st.m.is_standard_layout()]
-                .into_iter()
-                .chain([st.v.is_standard_layout(), g.is_standard_layout()])
-                .all(|x| x);
+            // `as_slice` is `Some` only for arrays in standard (row-major, contiguous) order,
+            // so the four slices index the same elements.
             match (
                 p.as_slice_mut(),
                 st.m.as_slice_mut(),
@@ -254,7 +252,7 @@ impl AdamW {
                 // Elementwise and independent: split over the cores in fixed chunks (the
                 // result does not depend on the split), each chunk a loop the compiler
                 // vectorises.
-                (Some(p), Some(m), Some(v), Some(g)) if standard => {
+                (Some(p), Some(m), Some(v), Some(g)) => {
                     use rayon::prelude::*;
                     const CHUNK: usize = 1 << 14;
                     p.par_chunks_mut(CHUNK)
