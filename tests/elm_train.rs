@@ -173,7 +173,7 @@ fn tape_module_equals_inference_module() {
             )
             .unwrap();
         assert_eq!(fast, want);
-        // New parameter values (new tensors) must be used, not the module built for the old ones.
+        // New parameter values (new tensors) are the ones read.
         let shifted: Vec<_> = arcs
             .iter()
             .map(|a| std::sync::Arc::new(a.mapv(|v| v * 0.9)))

@@ -574,7 +574,7 @@ fn single_row_linear_matches_f64_for_both_blas_thread_settings() {
     for threads in [1, 2] {
         set_blas_threads(threads);
         let mut y = Array2::zeros((1, 700));
-        linear_into(x.view(), &w, None, y.view_mut());
+        linear_into(x.view(), w.view(), None, y.view_mut());
         assert_close(
             &format!("linear, {threads} BLAS threads"),
             y.view(),

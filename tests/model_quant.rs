@@ -108,7 +108,7 @@ fn kernels_match_dequantized_reference_on_random_blocks() {
                 let mut qx = QActs::default();
                 linears_into(
                     x.view(),
-                    &mut [(LinearRef::Quant(&w), Some(&bias), y.view_mut())],
+                    &mut [(LinearRef::Quant(&w), Some(bias.view()), y.view_mut())],
                     &mut qx,
                 );
                 let want_b = &want + &bias.mapv(|v| v as f64);

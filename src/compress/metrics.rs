@@ -132,12 +132,17 @@ pub fn removal_nll(
         let mut normed = Array2::zeros(flat.raw_dim());
         rms_norm_into(
             flat.view(),
-            &weights.final_norm,
+            weights.final_norm.view(),
             weights.config.rms_norm_eps,
             normed.view_mut(),
         );
         let mut logits = Array2::zeros((flat.nrows(), weights.config.vocab_size));
-        linear_into(normed.view(), weights.lm_head(), None, logits.view_mut());
+        linear_into(
+            normed.view(),
+            weights.lm_head().view(),
+            None,
+            logits.view_mut(),
+        );
         for (k, row) in logits.axis_iter(Axis(0)).enumerate() {
             let (ci, ti) = (rows.start + k / (t - 1), k % (t - 1));
             let target = calib.chunks[ci][ti + 1] as usize;

@@ -9,9 +9,11 @@
 //! The two no-tape modes are one function (a whole-sequence pass is a cached pass on an empty
 //! cache); the taped mode runs the same steps on the tape's ops, and tests hold the two equal.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use ndarray::{Array1, Array2, Array3, ArrayD, ArrayView2, ArrayView3, ArrayViewMut3, Ix3};
+use ndarray::{
+    Array2, Array3, ArrayD, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut3, Ix1, Ix2, Ix3,
+};
 
 use crate::autograd::{Tape, Var};
 use crate::error::{ElmError, Result};
@@ -30,7 +32,7 @@ use super::module::{ElmModule, ElmParams, ModuleBlock};
 /// and its projection `(W_z, W_h, b)` (`None` without injection).
 pub(crate) struct ModuleView<'a, W: ?Sized> {
     pub block: &'a W,
-    pub projection: Option<(LinearRef<'a>, LinearRef<'a>, &'a Array1<f32>)>,
+    pub projection: Option<(LinearRef<'a>, LinearRef<'a>, ArrayView1<'a, f32>)>,
 }
 
 impl<W: BlockWeights + ?Sized> ModuleView<'_, W> {
@@ -101,32 +103,7 @@ impl<W: BlockWeights + ?Sized> ModuleView<'_, W> {
     }
 }
 
-impl ElmModule {
-    /// Block input `u = z·W_zᵀ + h·W_hᵀ + b` (without injection: `u = z`). z, h: `[N, C]` →
-    /// `[N, C]`.
-    pub fn inject(&self, z: ArrayView2<f32>, h: ArrayView2<f32>) -> Array2<f32> {
-        match &self.projection {
-            Some(p) => {
-                let mut u = crate::gemm::matmul(&h, &p.w_h.t());
-                crate::gemm::sgemm(1.0, &z, &p.w_z.t(), 1.0, &mut u.view_mut());
-                u += &p.bias;
-                u
-            }
-            None => z.to_owned(),
-        }
-    }
-
-    /// The module as the no-tape kernels see it.
-    pub(crate) fn view(&self) -> ModuleView<'_, dyn BlockWeights> {
-        ModuleView {
-            block: &self.block,
-            projection: self
-                .projection
-                .as_ref()
-                .map(|p| (LinearRef::F32(&p.w_z), LinearRef::F32(&p.w_h), &p.bias)),
-        }
-    }
-
+impl<W: BlockWeights + ?Sized> ModuleView<'_, W> {
     /// `φ(z, h)` for new tokens: row `r` of `z`, `h` `[R, T, C]` holds `T` new tokens of
     /// sequence `seqs[r]` of `cache`, which they attend to after its history. Their K/V stay
     /// pending in `cache` (the caller commits the iterate it keeps). Returns `[R, T, C]`.
@@ -149,12 +126,11 @@ impl ElmModule {
         let h2 = h
             .to_shape((r * t, c))
             .map_err(|e| ElmError::shape("ElmModule::apply", e.to_string()))?;
-        let view = self.view();
         let mut inj = Array2::zeros((0, 0));
-        view.injection_term_into(h2.view(), &mut inj, &mut scratch.qx);
+        self.injection_term_into(h2.view(), &mut inj, &mut scratch.qx);
         let z = z.as_standard_layout();
         let mut u = Array3::zeros((r, t, c));
-        view.apply_cached_into(
+        self.apply_cached_into(
             cfg,
             z.view(),
             inj.view(),
@@ -181,6 +157,59 @@ impl ElmModule {
     }
 }
 
+impl ElmModule {
+    /// Block input `u = z·W_zᵀ + h·W_hᵀ + b` (without injection: `u = z`). z, h: `[N, C]` →
+    /// `[N, C]`.
+    pub fn inject(&self, z: ArrayView2<f32>, h: ArrayView2<f32>) -> Array2<f32> {
+        match &self.projection {
+            Some(p) => {
+                let mut u = crate::gemm::matmul(&h, &p.w_h.t());
+                crate::gemm::sgemm(1.0, &z, &p.w_z.t(), 1.0, &mut u.view_mut());
+                u += &p.bias;
+                u
+            }
+            None => z.to_owned(),
+        }
+    }
+
+    /// The module as the no-tape kernels see it.
+    pub(crate) fn view(&self) -> ModuleView<'_, dyn BlockWeights> {
+        ModuleView {
+            block: &self.block,
+            projection: self.projection.as_ref().map(|p| {
+                (
+                    LinearRef::F32(p.w_z.view()),
+                    LinearRef::F32(p.w_h.view()),
+                    p.bias.view(),
+                )
+            }),
+        }
+    }
+
+    /// [`ModuleView::apply_cached`] on this module.
+    pub fn apply_cached(
+        &self,
+        cfg: &ModelConfig,
+        z: ArrayView3<f32>,
+        h: ArrayView3<f32>,
+        seqs: &[usize],
+        cache: &mut LayerKv,
+        scratch: &mut Scratch,
+    ) -> Result<Array3<f32>> {
+        self.view().apply_cached(cfg, z, h, seqs, cache, scratch)
+    }
+
+    /// [`ModuleView::apply`] on this module: `φ(z, h)` on whole sequences `[B, T, C]`.
+    pub fn apply(
+        &self,
+        cfg: &ModelConfig,
+        z: ArrayView3<f32>,
+        h: ArrayView3<f32>,
+    ) -> Result<Array3<f32>> {
+        self.view().apply(cfg, z, h)
+    }
+}
+
 /// `φ(z, h)` on the tape: `z`, `h` `[B, T, C]` at positions `0..T`.
 pub fn apply_taped(tape: &mut Tape<f32>, p: &ElmParams<Var>, z: Var, h: Var) -> Result<Var> {
     let u = match &p.projection {
@@ -199,20 +228,15 @@ pub fn apply_taped(tape: &mut Tape<f32>, p: &ElmParams<Var>, z: Var, h: Var) -> 
 
 /// The module as an [`ImplicitLayer`] (state `z` and injection `h`: `[B, T, C]`).
 ///
-/// Its gradient-free evaluations run [`ElmModule::apply`] on the parameter values they are
-/// given; the `ElmModule` built from them is kept while the same value tensors come back (a
-/// training step's many iterations), so the weights are copied once per step, not per iteration.
+/// Its gradient-free evaluations run [`ModuleView::apply`] on the parameter values they are
+/// given, read in place: no copy per step, and the products find the matrices among the
+/// step's frozen weights (registered by the trainer), so each is packed once per step.
 #[derive(Clone)]
 pub struct ElmLayer {
     cfg: ModelConfig,
     injection: bool,
     block: BlockKind,
-    built: Arc<Mutex<Option<BuiltModule>>>,
 }
-
-/// Parameter value tensors (kept alive, so pointer equality means equal contents) and the
-/// module built from them.
-type BuiltModule = (Vec<Arc<ArrayD<f32>>>, Arc<ElmModule>);
 
 impl ElmLayer {
     /// The layer of a module for model `cfg`, with or without input injection, whose block is
@@ -222,22 +246,11 @@ impl ElmLayer {
             cfg: cfg.clone(),
             injection,
             block,
-            built: Arc::new(Mutex::new(None)),
         }
     }
 
-    /// The module whose parameters are `values` (in [`ElmParams`] order).
-    fn module_of(&self, values: &[Arc<ArrayD<f32>>]) -> Result<Arc<ElmModule>> {
-        let mut built = self
-            .built
-            .lock()
-            .map_err(|_| ElmError::InvalidArgument("ElmLayer: poisoned module cache".into()))?;
-        if let Some((vals, module)) = built.as_ref() {
-            if vals.len() == values.len() && vals.iter().zip(values).all(|(a, b)| Arc::ptr_eq(a, b))
-            {
-                return Ok(module.clone());
-            }
-        }
+    /// `values` (in [`ElmParams`] order) named, their shapes checked against the module's.
+    fn named<'v>(&self, values: &'v [Arc<ArrayD<f32>>]) -> Result<ElmParams<&'v ArrayD<f32>>> {
         let mut it = values.iter();
         let named =
             ElmParams::shapes(&self.cfg, self.injection, self.block).try_map(|name, shape| {
@@ -250,7 +263,7 @@ impl ElmLayer {
                         format!("ElmLayer: shape {:?}, expected {:?}", v.shape(), shape),
                     ));
                 }
-                Ok(v.clone())
+                Ok(&**v)
             })?;
         if it.next().is_some() {
             return Err(ElmError::shape(
@@ -261,9 +274,7 @@ impl ElmLayer {
                 ),
             ));
         }
-        let module = Arc::new(ElmModule::from_params(&named)?);
-        *built = Some((values.to_vec(), module.clone()));
-        Ok(module)
+        Ok(named)
     }
 }
 
@@ -281,7 +292,31 @@ impl ImplicitLayer<f32> for ElmLayer {
         _params: &ElmParams<Var>,
         values: &[Arc<ArrayD<f32>>],
     ) -> Result<ArrayD<f32>> {
-        let module = self.module_of(values)?;
+        let named = self.named(values)?;
+        let block = match &named.block {
+            ModuleBlock::Decoder(b) => b.borrowed()?,
+            ModuleBlock::Ffn(f) => f.borrowed()?,
+        };
+        fn rank2<'a>(name: &str, a: &'a ArrayD<f32>) -> Result<ArrayView2<'a, f32>> {
+            a.view()
+                .into_dimensionality::<Ix2>()
+                .map_err(|e| ElmError::tensor(name, e.to_string()))
+        }
+        let projection = match &named.projection {
+            Some(p) => Some((
+                LinearRef::F32(rank2("p.w_z", p.w_z)?),
+                LinearRef::F32(rank2("p.w_h", p.w_h)?),
+                p.bias
+                    .view()
+                    .into_dimensionality::<Ix1>()
+                    .map_err(|e| ElmError::tensor("p.bias", e.to_string()))?,
+            )),
+            None => None,
+        };
+        let module = ModuleView {
+            block: &block,
+            projection,
+        };
         let z3 = z
             .into_dimensionality::<Ix3>()
             .map_err(|e| ElmError::shape("ElmLayer z", e.to_string()))?;

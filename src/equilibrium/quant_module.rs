@@ -82,7 +82,7 @@ impl QuantModule {
             projection: self
                 .projection
                 .as_ref()
-                .map(|p| (p.w_z.as_ref(), p.w_h.as_ref(), &p.bias)),
+                .map(|p| (p.w_z.as_ref(), p.w_h.as_ref(), p.bias.view())),
         }
     }
 }

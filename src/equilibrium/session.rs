@@ -212,7 +212,7 @@ impl<'m> ElmSession<'m> {
         let model = self.model;
         let mc = model.config();
         let mut hn = Array2::zeros(h.raw_dim());
-        rms_norm_into(h, model.final_norm(), mc.rms_norm_eps, hn.view_mut());
+        rms_norm_into(h, model.final_norm().view(), mc.rms_norm_eps, hn.view_mut());
         let mut logits = Array2::zeros((h.nrows(), mc.vocab_size));
         let mut qx = QActs::default();
         linear_any_into(hn.view(), model.lm_head(), None, logits.view_mut(), &mut qx);

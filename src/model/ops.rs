@@ -3,7 +3,7 @@
 //! Every kernel writes into a caller-provided buffer so the decode loop allocates nothing.
 
 use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
-use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
+use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 
 use super::quant::{detected_kernel, qmatmul_rows, LinearRef, QActs, QMatrix};
 use crate::team::SpinTeam;
@@ -18,12 +18,12 @@ const PREFILL_ROWS: usize = 32;
 /// [`crate::gemm`].
 pub fn linear_into(
     x: ArrayView2<f32>,
-    w: &Array2<f32>,
-    bias: Option<&Array1<f32>>,
+    w: ArrayView2<f32>,
+    bias: Option<ArrayView1<f32>>,
     mut y: ArrayViewMut2<f32>,
 ) {
     if x.nrows() == 1 {
-        matvec_split(w.view(), x.row(0), y.row_mut(0));
+        matvec_split(w, x.row(0), y.row_mut(0));
     } else if x.nrows() < PREFILL_ROWS {
         general_mat_mul(1.0, &x, &w.t(), 0.0, &mut y);
     } else {
@@ -31,7 +31,7 @@ pub fn linear_into(
     }
     if let Some(b) = bias {
         for mut row in y.rows_mut() {
-            row += b;
+            row += &b;
         }
     }
 }
@@ -108,7 +108,7 @@ unsafe impl Sync for SplitJob<'_> {}
 /// One projection of a [`linears_into`] group: weight, optional bias, output `[N, out]`.
 pub type LinearJob<'a, 'b> = (
     LinearRef<'a>,
-    Option<&'a Array1<f32>>,
+    Option<ArrayView1<'a, f32>>,
     ArrayViewMut2<'b, f32>,
 );
 
@@ -138,7 +138,7 @@ pub fn linears_into(x: ArrayView2<f32>, jobs: &mut [LinearJob<'_, '_>], qx: &mut
         for (_, bias, y) in jobs.iter_mut() {
             if let Some(b) = bias {
                 for mut row in y.rows_mut() {
-                    row += *b;
+                    row += &*b;
                 }
             }
         }
@@ -147,7 +147,7 @@ pub fn linears_into(x: ArrayView2<f32>, jobs: &mut [LinearJob<'_, '_>], qx: &mut
     let mut any_quant = false;
     for (w, bias, y) in jobs.iter_mut() {
         match w {
-            LinearRef::F32(a) => linear_into(x, a, *bias, y.view_mut()),
+            LinearRef::F32(a) => linear_into(x, *a, *bias, y.view_mut()),
             LinearRef::Quant(_) => any_quant = true,
         }
     }
@@ -159,17 +159,17 @@ pub fn linears_into(x: ArrayView2<f32>, jobs: &mut [LinearJob<'_, '_>], qx: &mut
     for (w, bias, y) in jobs.iter_mut() {
         if let (LinearRef::Quant(_), Some(b)) = (w, bias) {
             for mut row in y.rows_mut() {
-                row += *b;
+                row += &*b;
             }
         }
     }
 }
 
 /// `y[N, out] = x[N, in] · Wᵀ (+ bias)` for a weight in any storage (see [`linears_into`]).
-pub fn linear_any_into(
+pub fn linear_any_into<'a>(
     x: ArrayView2<f32>,
-    w: LinearRef<'_>,
-    bias: Option<&Array1<f32>>,
+    w: LinearRef<'a>,
+    bias: Option<ArrayView1<'a, f32>>,
     y: ArrayViewMut2<f32>,
     qx: &mut QActs,
 ) {
@@ -328,7 +328,7 @@ unsafe fn matvec_rows_avx2(w: &[f32], x: &[f32], y: &mut [f32]) {
 /// `out[n, :] = x[n, :] / sqrt(mean(x[n, :]²) + eps) * gain`, rows `[N, C]`.
 pub fn rms_norm_into(
     x: ArrayView2<f32>,
-    gain: &Array1<f32>,
+    gain: ArrayView1<f32>,
     eps: f32,
     mut out: ArrayViewMut2<f32>,
 ) {

@@ -18,7 +18,7 @@
 //! [`QMatrix`] from a file's bytes, [`QMatrix::quantize`] makes one from f32 weights.
 
 use half::f16;
-use ndarray::{Array1, Array2, ArrayView2};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
 
 use super::config::ModelConfig;
 use super::weights::{FfnWeights, LayerWeights, ModelWeights};
@@ -649,7 +649,8 @@ pub enum Linear {
 /// A borrowed [`Linear`]: what the block kernels take.
 #[derive(Clone, Copy, Debug)]
 pub enum LinearRef<'a> {
-    F32(&'a Array2<f32>),
+    /// A view, so weights held elsewhere (the tape's shared values) are read in place.
+    F32(ArrayView2<'a, f32>),
     Quant(&'a QMatrix),
 }
 
@@ -663,7 +664,7 @@ impl Linear {
     }
     pub fn as_ref(&self) -> LinearRef<'_> {
         match self {
-            Linear::F32(a) => LinearRef::F32(a),
+            Linear::F32(a) => LinearRef::F32(a.view()),
             Linear::Quant(q) => LinearRef::Quant(q),
         }
     }
@@ -699,6 +700,13 @@ impl Linear {
 }
 
 impl LinearRef<'_> {
+    /// The same weight borrowed for `&self`'s lifetime (a view's lifetime is invariant).
+    pub fn reborrow(&self) -> LinearRef<'_> {
+        match self {
+            LinearRef::F32(a) => LinearRef::F32(a.view()),
+            LinearRef::Quant(q) => LinearRef::Quant(q),
+        }
+    }
     pub fn dim(&self) -> (usize, usize) {
         match self {
             LinearRef::F32(a) => a.dim(),
@@ -720,7 +728,7 @@ impl LinearRef<'_> {
 pub struct BlockRef<'a> {
     /// The attention sublayer (`None`: the block is `x + MLP(RMSNorm(x))`).
     pub attn: Option<AttnRef<'a>>,
-    pub mlp_norm: &'a Array1<f32>,
+    pub mlp_norm: ArrayView1<'a, f32>,
     pub w_gate: LinearRef<'a>,
     pub w_up: LinearRef<'a>,
     pub w_down: LinearRef<'a>,
@@ -729,19 +737,19 @@ pub struct BlockRef<'a> {
 /// Borrowed weights of a block's attention sublayer.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnRef<'a> {
-    pub attn_norm: &'a Array1<f32>,
+    pub attn_norm: ArrayView1<'a, f32>,
     pub wq: LinearRef<'a>,
     pub wk: LinearRef<'a>,
     pub wv: LinearRef<'a>,
     pub wo: LinearRef<'a>,
-    pub bq: Option<&'a Array1<f32>>,
-    pub bk: Option<&'a Array1<f32>>,
-    pub bv: Option<&'a Array1<f32>>,
+    pub bq: Option<ArrayView1<'a, f32>>,
+    pub bk: Option<ArrayView1<'a, f32>>,
+    pub bv: Option<ArrayView1<'a, f32>>,
 }
 
-impl BlockRef<'_> {
+impl<'a> BlockRef<'a> {
     /// The block's matrices: attention's (when it has it), then the MLP's.
-    pub fn linears(&self) -> Vec<LinearRef<'_>> {
+    pub fn linears(&self) -> Vec<LinearRef<'a>> {
         let mut v = Vec::with_capacity(7);
         if let Some(a) = &self.attn {
             v.extend([a.wq, a.wk, a.wv, a.wo]);
@@ -752,7 +760,7 @@ impl BlockRef<'_> {
 
     /// Bytes of every tensor of the block.
     pub fn bytes(&self) -> usize {
-        let vec = |v: Option<&Array1<f32>>| v.map_or(0, |v| v.len() * 4);
+        let vec = |v: Option<ArrayView1<f32>>| v.map_or(0, |v| v.len() * 4);
         let attn_vectors = self.attn.as_ref().map_or(0, |a| {
             vec(Some(a.attn_norm)) + vec(a.bq) + vec(a.bk) + vec(a.bv)
         });
@@ -768,23 +776,47 @@ pub trait BlockWeights: Sync {
     fn block_ref(&self) -> BlockRef<'_>;
 }
 
+/// Borrowed weights are block weights too (e.g. a block read in place from tape values).
+impl BlockWeights for BlockRef<'_> {
+    fn block_ref(&self) -> BlockRef<'_> {
+        // Views are invariant in their lifetime: each is re-borrowed for `&self`'s.
+        let attn = self.attn.as_ref().map(|a| AttnRef {
+            attn_norm: a.attn_norm.view(),
+            wq: a.wq.reborrow(),
+            wk: a.wk.reborrow(),
+            wv: a.wv.reborrow(),
+            wo: a.wo.reborrow(),
+            bq: a.bq.as_ref().map(ArrayView1::view),
+            bk: a.bk.as_ref().map(ArrayView1::view),
+            bv: a.bv.as_ref().map(ArrayView1::view),
+        });
+        BlockRef {
+            attn,
+            mlp_norm: self.mlp_norm.view(),
+            w_gate: self.w_gate.reborrow(),
+            w_up: self.w_up.reborrow(),
+            w_down: self.w_down.reborrow(),
+        }
+    }
+}
+
 impl BlockWeights for LayerWeights {
     fn block_ref(&self) -> BlockRef<'_> {
         BlockRef {
             attn: Some(AttnRef {
-                attn_norm: &self.attn_norm,
-                wq: LinearRef::F32(&self.wq),
-                wk: LinearRef::F32(&self.wk),
-                wv: LinearRef::F32(&self.wv),
-                wo: LinearRef::F32(&self.wo),
-                bq: self.bq.as_ref(),
-                bk: self.bk.as_ref(),
-                bv: self.bv.as_ref(),
+                attn_norm: self.attn_norm.view(),
+                wq: LinearRef::F32(self.wq.view()),
+                wk: LinearRef::F32(self.wk.view()),
+                wv: LinearRef::F32(self.wv.view()),
+                wo: LinearRef::F32(self.wo.view()),
+                bq: self.bq.as_ref().map(Array1::view),
+                bk: self.bk.as_ref().map(Array1::view),
+                bv: self.bv.as_ref().map(Array1::view),
             }),
-            mlp_norm: &self.mlp_norm,
-            w_gate: LinearRef::F32(&self.w_gate),
-            w_up: LinearRef::F32(&self.w_up),
-            w_down: LinearRef::F32(&self.w_down),
+            mlp_norm: self.mlp_norm.view(),
+            w_gate: LinearRef::F32(self.w_gate.view()),
+            w_up: LinearRef::F32(self.w_up.view()),
+            w_down: LinearRef::F32(self.w_down.view()),
         }
     }
 }
@@ -793,10 +825,10 @@ impl BlockWeights for FfnWeights {
     fn block_ref(&self) -> BlockRef<'_> {
         BlockRef {
             attn: None,
-            mlp_norm: &self.mlp_norm,
-            w_gate: LinearRef::F32(&self.w_gate),
-            w_up: LinearRef::F32(&self.w_up),
-            w_down: LinearRef::F32(&self.w_down),
+            mlp_norm: self.mlp_norm.view(),
+            w_gate: LinearRef::F32(self.w_gate.view()),
+            w_up: LinearRef::F32(self.w_up.view()),
+            w_down: LinearRef::F32(self.w_down.view()),
         }
     }
 }
@@ -842,7 +874,7 @@ impl BlockWeights for QFfn {
     fn block_ref(&self) -> BlockRef<'_> {
         BlockRef {
             attn: None,
-            mlp_norm: &self.mlp_norm,
+            mlp_norm: self.mlp_norm.view(),
             w_gate: self.w_gate.as_ref(),
             w_up: self.w_up.as_ref(),
             w_down: self.w_down.as_ref(),
@@ -917,16 +949,16 @@ impl BlockWeights for QLayer {
     fn block_ref(&self) -> BlockRef<'_> {
         BlockRef {
             attn: Some(AttnRef {
-                attn_norm: &self.attn_norm,
+                attn_norm: self.attn_norm.view(),
                 wq: self.wq.as_ref(),
                 wk: self.wk.as_ref(),
                 wv: self.wv.as_ref(),
                 wo: self.wo.as_ref(),
-                bq: self.bq.as_ref(),
-                bk: self.bk.as_ref(),
-                bv: self.bv.as_ref(),
+                bq: self.bq.as_ref().map(Array1::view),
+                bk: self.bk.as_ref().map(Array1::view),
+                bv: self.bv.as_ref().map(Array1::view),
             }),
-            mlp_norm: &self.mlp_norm,
+            mlp_norm: self.mlp_norm.view(),
             w_gate: self.w_gate.as_ref(),
             w_up: self.w_up.as_ref(),
             w_down: self.w_down.as_ref(),

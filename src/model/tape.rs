@@ -15,6 +15,7 @@ use ndarray::{ArrayD, ArrayViewD, Dimension};
 
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
+use crate::model::quant::{AttnRef, BlockRef, LinearRef};
 use crate::model::{FfnWeights, LayerWeights, ModelConfig, ModelWeights};
 use crate::nn::{self, RopeLayout};
 
@@ -215,6 +216,55 @@ impl FfnWeights {
     }
 }
 
+/// `h`'s array viewed as rank `D`, naming the tensor `name` when the rank differs.
+fn view_rank<'a, H: AsArray, D: Dimension>(
+    name: &str,
+    h: &'a H,
+) -> Result<ndarray::ArrayView<'a, f32, D>> {
+    h.as_array()
+        .into_dimensionality()
+        .map_err(|e| ElmError::tensor(name, e.to_string()))
+}
+
+impl<H: AsArray> BlockParams<H> {
+    /// The block's weights read in place from its handles (shared tape values, checkpoint
+    /// tensors): what the no-tape kernels run on, without the copy of [`LayerWeights::from_block`].
+    /// Errors name the tensor whose rank is wrong.
+    pub fn borrowed<'a>(&'a self) -> Result<BlockRef<'a>> {
+        let bias =
+            |name: &str, h: &'a Option<H>| h.as_ref().map(|h| view_rank(name, h)).transpose();
+        Ok(BlockRef {
+            attn: Some(AttnRef {
+                attn_norm: view_rank("attn_norm", &self.attn_norm)?,
+                wq: LinearRef::F32(view_rank("wq", &self.wq)?),
+                wk: LinearRef::F32(view_rank("wk", &self.wk)?),
+                wv: LinearRef::F32(view_rank("wv", &self.wv)?),
+                wo: LinearRef::F32(view_rank("wo", &self.wo)?),
+                bq: bias("bq", &self.bq)?,
+                bk: bias("bk", &self.bk)?,
+                bv: bias("bv", &self.bv)?,
+            }),
+            mlp_norm: view_rank("mlp_norm", &self.mlp_norm)?,
+            w_gate: LinearRef::F32(view_rank("w_gate", &self.w_gate)?),
+            w_up: LinearRef::F32(view_rank("w_up", &self.w_up)?),
+            w_down: LinearRef::F32(view_rank("w_down", &self.w_down)?),
+        })
+    }
+}
+
+impl<H: AsArray> FfnParams<H> {
+    /// The feed-forward-only block read in place (see [`BlockParams::borrowed`]).
+    pub fn borrowed(&self) -> Result<BlockRef<'_>> {
+        Ok(BlockRef {
+            attn: None,
+            mlp_norm: view_rank("mlp_norm", &self.mlp_norm)?,
+            w_gate: LinearRef::F32(view_rank("w_gate", &self.w_gate)?),
+            w_up: LinearRef::F32(view_rank("w_up", &self.w_up)?),
+            w_down: LinearRef::F32(view_rank("w_down", &self.w_down)?),
+        })
+    }
+}
+
 /// An owned copy of `h`'s array as rank `D`, naming the tensor `name` when the rank differs.
 fn to_rank<H: AsArray, D: Dimension>(name: &str, h: &H) -> Result<ndarray::Array<f32, D>> {
     h.as_array()
@@ -271,6 +321,11 @@ pub trait AsArray {
 impl AsArray for ArrayD<f32> {
     fn as_array(&self) -> ArrayViewD<'_, f32> {
         self.view()
+    }
+}
+impl<A: AsArray + ?Sized> AsArray for &A {
+    fn as_array(&self) -> ArrayViewD<'_, f32> {
+        (**self).as_array()
     }
 }
 impl AsArray for Arc<ArrayD<f32>> {

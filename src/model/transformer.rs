@@ -59,7 +59,7 @@ impl DecoderWeights for ModelWeights {
         &self.final_norm
     }
     fn lm_head_ref(&self) -> LinearRef<'_> {
-        LinearRef::F32(self.lm_head())
+        LinearRef::F32(self.lm_head().view())
     }
     fn check(&self) -> Result<()> {
         check_shapes(self)
@@ -272,7 +272,7 @@ impl<W: DecoderWeights> Transformer<W> {
             ndarray::ArrayViewMut2::from_shape((n, c), take(normed, n * c)).expect("sized");
         rms_norm_into(
             h,
-            self.weights.final_norm(),
+            self.weights.final_norm().view(),
             self.config().rms_norm_eps,
             hn.view_mut(),
         );
@@ -545,7 +545,7 @@ fn check_quant_shapes(w: &QuantWeights) -> Result<()> {
         }
         Ok(())
     };
-    let vecn = |name: String, a: Option<&ndarray::Array1<f32>>, want: Option<usize>| match (
+    let vecn = |name: String, a: Option<ndarray::ArrayView1<f32>>, want: Option<usize>| match (
         a.map(|a| a.len()),
         want,
     ) {
@@ -556,7 +556,7 @@ fn check_quant_shapes(w: &QuantWeights) -> Result<()> {
         )),
     };
     mat("embed".into(), w.embed.as_ref(), (v, c))?;
-    vecn("final_norm".into(), Some(&w.final_norm), Some(c))?;
+    vecn("final_norm".into(), Some(w.final_norm.view()), Some(c))?;
     match (&w.lm_head, cfg.tie_word_embeddings) {
         (Some(h), false) => mat("lm_head".into(), h.as_ref(), (v, c))?,
         (None, true) => {}

@@ -488,12 +488,17 @@ pub fn answer_nll_of_hidden(
         let mut normed = Array2::zeros(rows.raw_dim());
         rms_norm_into(
             rows.view(),
-            &weights.final_norm,
+            weights.final_norm.view(),
             weights.config.rms_norm_eps,
             normed.view_mut(),
         );
         let mut logits = Array2::zeros((pos.len(), weights.config.vocab_size));
-        linear_into(normed.view(), weights.lm_head(), None, logits.view_mut());
+        linear_into(
+            normed.view(),
+            weights.lm_head().view(),
+            None,
+            logits.view_mut(),
+        );
         for (k, row) in logits.axis_iter(Axis(0)).enumerate() {
             let target = tg[pos[k]].expect("scored position");
             sum += crate::eval::nll::token_nll(row, target);
