@@ -207,6 +207,36 @@ fn global_norm_clipping() {
 }
 
 #[test]
+fn global_norm_and_clipping_of_large_tensors_match_f64_sums() {
+    // Sizes that span several of the norm's parallel chunks and leave a remainder of its
+    // eight-lane loop; one tensor in Fortran order (read in memory order, not logical order).
+    let mut k = 0u64;
+    let mut next = || {
+        k += 1;
+        ((k.wrapping_mul(2654435761) % 20001) as f32 - 10000.0) * 1e-3
+    };
+    let a = ArrayD::from_shape_simple_fn(IxDyn(&[100_003]), &mut next);
+    let b = ArrayD::from_shape_simple_fn(IxDyn(&[301, 257]), &mut next);
+    let b_view = b.t().to_owned().reversed_axes(); // equal to `b`, Fortran order in memory
+    let want_sq: f64 = a
+        .iter()
+        .chain(b.iter())
+        .map(|&x| (x as f64) * (x as f64))
+        .sum();
+    let mut g = ParamGrads::new(vec![Some(a.clone()), None, Some(b_view)]);
+    assert_close("norm", g.global_norm(), want_sq.sqrt(), 1e-12);
+    let max = want_sq.sqrt() / 4.0;
+    g.clip_global_norm(max).unwrap();
+    let c = (max / (want_sq.sqrt() + 1e-6)) as f32;
+    for (got, &x) in g.grads[0].as_ref().unwrap().iter().zip(a.iter()) {
+        assert_eq!(*got, x * c);
+    }
+    for (got, &x) in g.grads[2].as_ref().unwrap().iter().zip(b.iter()) {
+        assert_eq!(*got, x * c);
+    }
+}
+
+#[test]
 fn schedule_values_at_key_steps() {
     let s = ScheduleConfig {
         peak_lr: 2e-4,

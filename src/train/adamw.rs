@@ -7,7 +7,11 @@
 //! p ← p − lr · (m / (1−β1ᵗ)) / (sqrt(v / (1−β2ᵗ)) + ε)
 //! ```
 //! `t` counts the steps *this tensor* received a gradient (a tensor without gradient in a step
-//! is left untouched, moments included). Moments are stored in f32; the update is computed in f64.
+//! is left untouched, moments included). Moments are stored in f32 and the update is computed in
+//! f32, as PyTorch does: `p ← p·(1 − lr·wd) − (lr/(1−β1ᵗ)) · m / (√v/√(1−β2ᵗ) + ε)` (the scalars
+//! in f64). f64 division and square root over millions of parameters made the update
+//! compute-bound (several milliseconds per step for a 4M-parameter module); in f32 it runs at
+//! the speed of memory.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -231,14 +235,18 @@ impl AdamW {
             let t = st.step as i32;
             let bc1 = 1.0 - b1.powi(t);
             let bc2 = 1.0 - b2.powi(t);
+            let (b1f, b2f) = (b1 as f32, b2 as f32);
+            let (one_b1, one_b2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
+            let step_size = (lr / bc1) as f32;
+            let inv_sqrt_bc2 = (1.0 / bc2.sqrt()) as f32;
+            let (eps32, decay32) = (eps as f32, decay as f32);
             let update = |p: &mut f32, m: &mut f32, v: &mut f32, g: f32| {
-                let g = g as f64;
-                let m_new = b1 * (*m as f64) + (1.0 - b1) * g;
-                let v_new = b2 * (*v as f64) + (1.0 - b2) * g * g;
-                *m = m_new as f32;
-                *v = v_new as f32;
-                let update = (m_new / bc1) / ((v_new / bc2).sqrt() + eps);
-                *p = ((*p as f64) * decay - lr * update) as f32;
+                let m_new = b1f * *m + one_b1 * g;
+                let v_new = b2f * *v + one_b2 * g * g;
+                *m = m_new;
+                *v = v_new;
+                let denom = v_new.sqrt() * inv_sqrt_bc2 + eps32;
+                *p = *p * decay32 - step_size * m_new / denom;
             };
             let p = store.value_mut(i);
             // `as_slice` is `Some` only for arrays in standard (row-major, contiguous) order,
