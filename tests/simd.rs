@@ -1,7 +1,8 @@
 //! `elm::simd` against f64 references: `exp` and `sigmoid` over a dense sweep of their f32
-//! range (each tail length of the 16-lane loop included) and at the special values.
+//! range (each tail length of the 16-lane loop included) and at the special values; the
+//! lane-split sums against f64 sums.
 
-use elm::simd::{exp_in_place, sigmoid_in_place};
+use elm::simd::{dot3, exp_in_place, sigmoid_in_place, sum_of_squares};
 
 /// Error in units of the f32 spacing at the reference value (subnormal results: of the
 /// smallest subnormal).
@@ -77,4 +78,37 @@ fn sigmoid_is_within_three_ulp_of_f64_and_saturates() {
     sigmoid_in_place(&mut special);
     assert!(special[0].is_nan());
     assert_eq!(&special[1..], &[1.0, 0.0, 1.0, 0.0, 0.5]);
+}
+
+#[test]
+fn lane_split_sums_match_f64_sums_at_every_tail_length() {
+    let v = |n: usize, k: f32| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as f32 * 0.37 + k).sin()) * 3.0)
+            .collect()
+    };
+    for n in [0, 1, 15, 16, 17, 31, 576, 1537] {
+        let (a, b, c) = (v(n, 0.1), v(n, 1.3), v(n, 2.9));
+        let sq: f64 = a.iter().map(|&x| (x as f64) * (x as f64)).sum();
+        let got = sum_of_squares(&a) as f64;
+        // f32 sums of n positive terms: relative error below n·2⁻²⁴.
+        assert!(
+            (got - sq).abs() <= sq * (n.max(1) as f64) * 6e-8,
+            "n = {n}: {got} vs {sq}"
+        );
+        let d: f64 = (0..n)
+            .map(|i| a[i] as f64 * b[i] as f64 * c[i] as f64)
+            .sum();
+        let scale: f64 = (0..n)
+            .map(|i| (a[i] as f64 * b[i] as f64 * c[i] as f64).abs())
+            .sum();
+        let got = dot3(&a, &b, &c) as f64;
+        assert!(
+            (got - d).abs() <= scale * (n.max(1) as f64 + 2.0) * 6e-8,
+            "n = {n}: {got} vs {d}"
+        );
+        // In f64 the same sums are exact to f64 rounding.
+        let a64: Vec<f64> = a.iter().map(|&x| x as f64).collect();
+        assert!((sum_of_squares(&a64) - sq).abs() <= sq * 1e-14);
+    }
 }

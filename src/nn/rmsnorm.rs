@@ -36,7 +36,12 @@ pub fn forward<T: AdFloat>(
     let gs = g.as_slice().expect("contiguous gain");
     let mut rstd = Vec::with_capacity(y.len() / c.max(1));
     for mut row in y.lanes_mut(Axis(nd - 1)) {
-        let ms = row.iter().map(|&v| v * v).sum::<T>() / T::of(c as f64);
+        // `y` is in standard layout (`standard` above), so every row is a slice.
+        let sq = match row.as_slice() {
+            Some(r) => crate::simd::sum_of_squares(r),
+            None => row.iter().map(|&v| v * v).sum::<T>(),
+        };
+        let ms = sq / T::of(c as f64);
         let r = T::one() / (ms + eps).sqrt();
         rstd.push(r);
         for (v, &gi) in row.iter_mut().zip(gs) {
@@ -65,13 +70,15 @@ pub fn backward<T: AdFloat>(
         .zip(x.lanes(Axis(nd - 1)))
         .zip(&cache.rstd)
     {
-        let mut dot = T::zero();
-        for ((&d, &xi), (&gi, dgi)) in drow
-            .iter()
-            .zip(xrow.iter())
-            .zip(gs.iter().zip(dg.iter_mut()))
-        {
-            dot += d * gi * xi;
+        let dot = match (drow.as_slice(), xrow.as_slice()) {
+            (Some(d), Some(xr)) => crate::simd::dot3(d, gs, xr),
+            _ => drow
+                .iter()
+                .zip(xrow.iter())
+                .zip(gs)
+                .fold(T::zero(), |s, ((&d, &xi), &gi)| s + d * gi * xi),
+        };
+        for ((&d, &xi), dgi) in drow.iter().zip(xrow.iter()).zip(dg.iter_mut()) {
             *dgi += d * xi * r;
         }
         let k = r * r * dot * inv_c;
