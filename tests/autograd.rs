@@ -410,3 +410,25 @@ fn supervised_cross_entropy_equals_the_ignoring_one() {
     let none = elm::nn::supervised_cross_entropy(&mut t, xv, &[-1; 6], -1, |_, h| Ok(h));
     assert!(none.is_err());
 }
+
+#[test]
+fn all_finite_finds_one_bad_element_wherever_it_lies() {
+    // 200,001 elements: split over the cores; 1,000: checked on the caller.
+    for n in [200_001usize, 1_000] {
+        let good = ArrayD::from_shape_fn(IxDyn(&[n]), |i| (i[0] as f32 * 0.1).sin());
+        assert!(elm::autograd::all_finite(&good), "n = {n}");
+        for at in [0, n / 2, n - 1] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut x = good.clone();
+                x[[at]] = bad;
+                assert!(!elm::autograd::all_finite(&x), "n = {n}, {bad} at {at}");
+            }
+        }
+    }
+    // The transpose copied into standard order, and the array in Fortran order (read in
+    // memory order).
+    let mut m = ArrayD::from_shape_fn(IxDyn(&[300, 400]), |i| (i[0] + i[1]) as f64);
+    m[[299, 0]] = f64::NAN;
+    assert!(!elm::autograd::all_finite(&m.t().to_owned()));
+    assert!(!elm::autograd::all_finite(&m.clone().reversed_axes()));
+}

@@ -559,10 +559,27 @@ impl<T: AdFloat> Tape<T> {
 }
 
 /// Whether every element is finite. Without the early exit of `iter().all` the loop
-/// vectorises: this check runs on every gradient a backward pass moves.
+/// vectorises; large arrays are split over the cores' [`SpinTeam`](crate::team::SpinTeam)
+/// (whose helpers would otherwise wait: this check runs on every gradient a backward pass
+/// moves, weight gradients of millions of elements included).
 pub fn all_finite<T: AdFloat>(xs: &ArrayD<T>) -> bool {
+    /// Below this a fork-join costs more than the second core saves.
+    const SPLIT_FROM: usize = 1 << 16;
+    let finite = |s: &[T]| s.iter().fold(true, |ok, x| ok & x.is_finite());
     match xs.as_slice_memory_order() {
-        Some(s) => s.iter().fold(true, |ok, x| ok & x.is_finite()),
+        Some(s) if s.len() >= SPLIT_FROM => {
+            let team = crate::team::SpinTeam::global();
+            let part = s.len().div_ceil(team.parts());
+            let bad = std::sync::atomic::AtomicBool::new(false);
+            team.run(&|p| {
+                let chunk = &s[(p * part).min(s.len())..((p + 1) * part).min(s.len())];
+                if !finite(chunk) {
+                    bad.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+            !bad.into_inner()
+        }
+        Some(s) => finite(s),
         None => xs.iter().all(|x| x.is_finite()),
     }
 }

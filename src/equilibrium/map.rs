@@ -101,9 +101,7 @@ impl<W: BlockWeights + ?Sized> ModuleView<'_, W> {
         lens.resize(r, t);
         block_forward_rows(self.block, cfg, u, seqs, lens, cache, false, scratch)
     }
-}
 
-impl<W: BlockWeights + ?Sized> ModuleView<'_, W> {
     /// `φ(z, h)` for new tokens: row `r` of `z`, `h` `[R, T, C]` holds `T` new tokens of
     /// sequence `seqs[r]` of `cache`, which they attend to after its history. Their K/V stay
     /// pending in `cache` (the caller commits the iterate it keeps). Returns `[R, T, C]`.
