@@ -179,13 +179,7 @@ if readme:
               f"(`ELM_KEEP_HEAP=0`), whole benchmark: {f0 / 1e6:.2f} M → {f1 / 1e6:.2f} M minor page "
               f"faults, {s0:.1f} s → {s1:.1f} s system time; CE phase {glibc['phases']['ce']['tok_s']:.0f}"
               f" → {ours['phases']['ce']['tok_s']:.0f} tok/s."]
-    text = open(readme).read()
-    begin, end = "<!-- train-perf:begin -->", "<!-- train-perf:end -->"
-    if begin not in text or end not in text:
-        sys.exit(f"{readme}: no {begin} ... {end} block to rewrite")
-    head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    with open(readme + ".tmp", "w") as f:
-        f.write(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
-    os.replace(readme + ".tmp", readme)
+    sys.path.insert(0, "scripts")
+    from readme_block import rewrite
+    rewrite(readme, "train-perf", lines)
 PY
