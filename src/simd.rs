@@ -1,7 +1,8 @@
 //! Elementwise f32 transcendental functions over slices, vectorised with AVX-512F where the
 //! CPU has it (detected at run time) and scalar elsewhere: the softmaxes (attention, the
 //! cross-entropy over the vocabulary) and SiLU take one `exp` per element, and glibc's scalar
-//! `expf` was ~5% of a training step.
+//! `expf` was ~5% of a training step. Also sums over a row split into interleaved partial sums
+//! ([`sum_of_squares`], [`dot3`]) so that they vectorise (RMSNorm).
 //!
 //! `exp` here: `x = n·ln2 + r` with `n` the nearest integer to `x·log2(e)` and `|r| ≤ ln2/2`
 //! (`ln2` split in two so `r` is exact to f32), `e^r` by its Taylor polynomial of degree 7
@@ -10,7 +11,7 @@
 //! 2 ulp of the exact value (tested against f64); NaN stays NaN, `exp(-inf) = 0`,
 //! `exp(inf) = inf`.
 
-/// Independent partial sums of [`sum_of_squares`] and [`dot`]: one running sum is a chain of
+/// Independent partial sums of [`sum_of_squares`] and [`dot3`]: one running sum is a chain of
 /// dependent additions (~4 cycles per element); sixteen let the compiler keep several
 /// vector accumulators in flight. The order is fixed, so results are deterministic.
 const LANES: usize = 16;

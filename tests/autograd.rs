@@ -4,7 +4,7 @@
 
 use elm::autograd::{gradcheck, Tape, Var};
 use elm::Result;
-use ndarray::{ArrayD, IxDyn};
+use ndarray::{ArrayD, IxDyn, ShapeBuilder};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn rand_arr(rng: &mut StdRng, shape: &[usize]) -> ArrayD<f64> {
@@ -425,10 +425,17 @@ fn all_finite_finds_one_bad_element_wherever_it_lies() {
             }
         }
     }
-    // The transpose copied into standard order, and the array in Fortran order (read in
-    // memory order).
+    // The same array in Fortran order (read in memory order), and every other column of it in
+    // place (an owned array that is not contiguous: read element by element).
     let mut m = ArrayD::from_shape_fn(IxDyn(&[300, 400]), |i| (i[0] + i[1]) as f64);
     m[[299, 0]] = f64::NAN;
-    assert!(!elm::autograd::all_finite(&m.t().to_owned()));
-    assert!(!elm::autograd::all_finite(&m.clone().reversed_axes()));
+    let mut fortran = ArrayD::zeros(IxDyn(&[300, 400]).f());
+    fortran.assign(&m);
+    assert!(!fortran.is_standard_layout());
+    assert!(!elm::autograd::all_finite(&fortran));
+    let mut strided = m.clone();
+    strided
+        .slice_each_axis_inplace(|ax| ndarray::Slice::new(0, None, 1 + ax.axis.index() as isize));
+    assert!(strided.as_slice_memory_order().is_none());
+    assert!(!elm::autograd::all_finite(&strided));
 }

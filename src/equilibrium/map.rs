@@ -1,10 +1,11 @@
 //! The ELM map `φ(z, h) = f*(W_z·z + W_h·h + b)`, written once, in its three evaluation modes:
 //!
 //! - [`apply_taped`]: on the autograd tape (training; [`ElmLayer`] is its [`ImplicitLayer`]);
-//! - [`ElmModule::apply`]: no tape, whole sequences from position 0 (gradient-free
-//!   iterations, distillation evaluation);
-//! - [`ElmModule::apply_cached`]: no tape, new tokens of some sequences against the fixed-point
-//!   block's KV cache (prefill and decode, see [`super::infer`]).
+//! - [`ModuleView::apply`] (and [`ElmModule::apply`]): no tape, whole sequences from position 0
+//!   (gradient-free iterations, reading the tape's values in place; distillation evaluation);
+//! - [`ModuleView::apply_cached`] (and [`ElmModule::apply_cached`]): no tape, new tokens of some
+//!   sequences against the fixed-point block's KV cache (prefill and decode, see
+//!   [`super::infer`]).
 //!
 //! The two no-tape modes are one function (a whole-sequence pass is a cached pass on an empty
 //! cache); the taped mode runs the same steps on the tape's ops, and tests hold the two equal.
