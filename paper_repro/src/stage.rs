@@ -116,6 +116,14 @@ impl Drop for Heartbeat {
     }
 }
 
+/// [`elm::io::atomic::remove_stale_temps`] with the engine's error.
+fn remove_stale_temps(dir: &Path) -> Result<usize, ReproError> {
+    elm::io::atomic::remove_stale_temps(dir).map_err(|source| ReproError::Elm {
+        what: format!("removing a killed run's temporaries in {}", dir.display()),
+        source,
+    })
+}
+
 /// The seconds in a stage's [`SPENT_FILE`] (0 when there is none or it does not read).
 fn spent_before(dir: &Path) -> f64 {
     std::fs::read_to_string(dir.join(SPENT_FILE))
@@ -142,11 +150,15 @@ pub fn key_of(name: &str, config: &Value) -> String {
 }
 
 impl Stages {
+    /// The engine over `out`, which the caller holds alone (the study takes its directory
+    /// lock first): temporaries a killed run left in `out` and its first-level directories
+    /// (the stage records, the tables) are removed here.
     pub fn new(out: &Path, force: bool, planned_units: f64) -> Result<Self, ReproError> {
         for d in ["stages", "work"] {
             let p = out.join(d);
             std::fs::create_dir_all(&p).map_err(|e| ReproError::io(&p, e))?;
         }
+        remove_stale_temps(out)?;
         Ok(Stages {
             out: out.to_path_buf(),
             force,
@@ -214,6 +226,9 @@ impl Stages {
             eta.map_or("?".into(), seconds)
         );
         std::fs::create_dir_all(&dir).map_err(|e| ReproError::io(&dir, e))?;
+        // A run killed in this stage may have left a temporary (its heartbeat's, a
+        // checkpoint's) that nothing would rename now.
+        remove_stale_temps(&dir)?;
         let before = spent_before(&dir);
         if before > 0.0 {
             eprintln!("  {label}: {} spent in earlier runs", seconds(before));
@@ -382,6 +397,39 @@ mod tests {
             rec.seconds
         );
         assert!(!dir.join(SPENT_FILE).exists(), "counted, then cleared");
+        let _ = std::fs::remove_dir_all(&out);
+    }
+
+    #[test]
+    fn a_killed_runs_temporaries_are_removed_on_resume() {
+        let out = tmp("stale");
+        let dir = out
+            .join("work")
+            .join(format!("t-{}", key_of("t", &json!(1))));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(out.join("stages")).unwrap();
+        // What a kill inside `write_atomic` leaves: `.<name>.tmp<pid>-<n>`.
+        let record_tmp = out.join("stages").join(".t-0.json.tmp4242-0");
+        let beat_tmp = dir.join(format!(".{SPENT_FILE}.tmp4242-7"));
+        let kept = dir.join("notes.tmp"); // not a temporary of write_atomic
+        for f in [&record_tmp, &beat_tmp, &kept] {
+            std::fs::write(f, "{").unwrap();
+        }
+        let mut st = Stages::new(&out, false, 1.0).unwrap();
+        assert!(
+            !record_tmp.exists(),
+            "the records' directory is cleaned on start"
+        );
+        assert!(
+            beat_tmp.exists(),
+            "a stage's directory is left until it runs"
+        );
+        st.run::<_, u32>("t", &json!(1), 1.0, |d| {
+            assert!(!d.join(format!(".{SPENT_FILE}.tmp4242-7")).exists());
+            Ok(json!(1))
+        })
+        .unwrap();
+        assert!(kept.exists());
         let _ = std::fs::remove_dir_all(&out);
     }
 
