@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{word_tokenizer_json as tokenizer_json, TempDir};
+use common::word_tokenizer_json as tokenizer_json;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,8 +25,9 @@ const U64_MAX: &str = "18446744073709551615";
 const CHILD_LIMIT: Duration = Duration::from_secs(30);
 
 struct Fixture {
-    /// Shared by every test; a static is never dropped, so it stays after the run.
-    dir: TempDir,
+    /// Shared by every test. A static is never dropped, so it lives beside the build
+    /// (`CARGO_TARGET_TMPDIR`, one fixed directory the next run replaces), not in `/tmp`.
+    dir: PathBuf,
     /// Tiny HF model directory (config.json, model.safetensors, tokenizer.json).
     model: PathBuf,
     /// The same model as a GGUF (weights only: `compress` reads it).
@@ -47,7 +48,9 @@ fn fresh(name: &str) -> PathBuf {
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
-        let dir = TempDir::new("refuse");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("refuse-fixture");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
         let cfg = ModelConfig::tiny(Arch::Llama);
         let w = ModelWeights::random(&cfg, 7);
         let model = dir.join("tiny");
