@@ -16,17 +16,22 @@
 /// vector accumulators in flight. The order is fixed, so results are deterministic.
 const LANES: usize = 16;
 
-/// `Σ xᵢ²`, summed in [`LANES`] interleaved partial sums.
-pub fn sum_of_squares<T: num_traits::Float>(xs: &[T]) -> T {
-    let mut acc = [T::zero(); LANES];
+/// `Σ xᵢ²` accumulated in `A` (`T` itself, or wider: f32 elements summed in f64), in
+/// [`LANES`] interleaved partial sums.
+pub fn sum_of_squares<T: Copy, A: num_traits::Float + From<T>>(xs: &[T]) -> A {
+    let sq = |x: T| {
+        let x = <A as From<T>>::from(x);
+        x * x
+    };
+    let mut acc = [A::zero(); LANES];
     let mut chunks = xs.chunks_exact(LANES);
     for c in &mut chunks {
         for (a, &x) in acc.iter_mut().zip(c) {
-            *a = *a + x * x;
+            *a = *a + sq(x);
         }
     }
-    let tail = chunks.remainder().iter().fold(T::zero(), |s, &x| s + x * x);
-    acc.iter().fold(T::zero(), |s, &a| s + a) + tail
+    let tail = chunks.remainder().iter().fold(A::zero(), |s, &x| s + sq(x));
+    acc.iter().fold(A::zero(), |s, &a| s + a) + tail
 }
 
 /// `Σ aᵢ·bᵢ·cᵢ` over equal-length slices, summed like [`sum_of_squares`].

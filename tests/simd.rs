@@ -90,7 +90,7 @@ fn lane_split_sums_match_f64_sums_at_every_tail_length() {
     for n in [0, 1, 15, 16, 17, 31, 576, 1537] {
         let (a, b, c) = (v(n, 0.1), v(n, 1.3), v(n, 2.9));
         let sq: f64 = a.iter().map(|&x| (x as f64) * (x as f64)).sum();
-        let got = sum_of_squares(&a) as f64;
+        let got = sum_of_squares::<f32, f32>(&a) as f64;
         // f32 sums of n positive terms: relative error below n·2⁻²⁴.
         assert!(
             (got - sq).abs() <= sq * (n.max(1) as f64) * 6e-8,
@@ -109,6 +109,8 @@ fn lane_split_sums_match_f64_sums_at_every_tail_length() {
         );
         // In f64 the same sums are exact to f64 rounding.
         let a64: Vec<f64> = a.iter().map(|&x| x as f64).collect();
-        assert!((sum_of_squares(&a64) - sq).abs() <= sq * 1e-14);
+        assert!((sum_of_squares::<f64, f64>(&a64) - sq).abs() <= sq * 1e-14);
+        // f32 elements summed in f64 (the gradient norm's use).
+        assert!((sum_of_squares::<f32, f64>(&a) - sq).abs() <= sq * 1e-14);
     }
 }

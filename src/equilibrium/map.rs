@@ -12,9 +12,7 @@
 
 use std::sync::Arc;
 
-use ndarray::{
-    Array2, Array3, ArrayD, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut3, Ix1, Ix2, Ix3,
-};
+use ndarray::{Array2, Array3, ArrayD, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut3, Ix3};
 
 use crate::autograd::{Tape, Var};
 use crate::error::{ElmError, Result};
@@ -22,7 +20,7 @@ use crate::grad::ImplicitLayer;
 use crate::model::dense_pass::fresh_cache;
 use crate::model::ops::linear_any_into;
 use crate::model::quant::{LinearRef, QActs};
-use crate::model::tape::{block_forward, ffn_forward};
+use crate::model::tape::{block_forward, ffn_forward, view_rank};
 use crate::model::{block_forward_rows, BlockWeights, LayerKv, ModelConfig, Scratch};
 
 use super::config::BlockKind;
@@ -296,19 +294,11 @@ impl ImplicitLayer<f32> for ElmLayer {
             ModuleBlock::Decoder(b) => b.borrowed()?,
             ModuleBlock::Ffn(f) => f.borrowed()?,
         };
-        fn rank2<'a>(name: &str, a: &'a ArrayD<f32>) -> Result<ArrayView2<'a, f32>> {
-            a.view()
-                .into_dimensionality::<Ix2>()
-                .map_err(|e| ElmError::tensor(name, e.to_string()))
-        }
         let projection = match &named.projection {
             Some(p) => Some((
-                LinearRef::F32(rank2("p.w_z", p.w_z)?),
-                LinearRef::F32(rank2("p.w_h", p.w_h)?),
-                p.bias
-                    .view()
-                    .into_dimensionality::<Ix1>()
-                    .map_err(|e| ElmError::tensor("p.bias", e.to_string()))?,
+                LinearRef::F32(view_rank("p.w_z", &p.w_z)?),
+                LinearRef::F32(view_rank("p.w_h", &p.w_h)?),
+                view_rank("p.bias", &p.bias)?,
             )),
             None => None,
         };

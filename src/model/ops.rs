@@ -336,7 +336,7 @@ pub fn rms_norm_into(
     for (xr, mut or) in x.rows().into_iter().zip(out.rows_mut()) {
         let xs = xr.as_slice().expect("contiguous rows");
         let os = or.as_slice_mut().expect("contiguous rows");
-        let mean_sq = crate::simd::sum_of_squares(xs) / xs.len() as f32;
+        let mean_sq = crate::simd::sum_of_squares::<f32, f32>(xs) / xs.len() as f32;
         let inv = 1.0 / (mean_sq + eps).sqrt();
         for ((o, &v), &g) in os.iter_mut().zip(xs).zip(gain) {
             *o = v * inv * g;

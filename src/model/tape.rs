@@ -217,7 +217,7 @@ impl FfnWeights {
 }
 
 /// `h`'s array viewed as rank `D`, naming the tensor `name` when the rank differs.
-fn view_rank<'a, H: AsArray, D: Dimension>(
+pub(crate) fn view_rank<'a, H: AsArray, D: Dimension>(
     name: &str,
     h: &'a H,
 ) -> Result<ndarray::ArrayView<'a, f32, D>> {
@@ -267,10 +267,7 @@ impl<H: AsArray> FfnParams<H> {
 
 /// An owned copy of `h`'s array as rank `D`, naming the tensor `name` when the rank differs.
 fn to_rank<H: AsArray, D: Dimension>(name: &str, h: &H) -> Result<ndarray::Array<f32, D>> {
-    h.as_array()
-        .to_owned()
-        .into_dimensionality()
-        .map_err(|e| ElmError::tensor(name, e.to_string()))
+    view_rank(name, h).map(|v| v.to_owned())
 }
 
 impl LayerWeights {

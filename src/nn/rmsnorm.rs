@@ -38,7 +38,7 @@ pub fn forward<T: AdFloat>(
     for mut row in y.lanes_mut(Axis(nd - 1)) {
         // `y` is in standard layout (`standard` above), so every row is a slice.
         let sq = match row.as_slice() {
-            Some(r) => crate::simd::sum_of_squares(r),
+            Some(r) => crate::simd::sum_of_squares::<T, T>(r),
             None => row.iter().map(|&v| v * v).sum::<T>(),
         };
         let ms = sq / T::of(c as f64);

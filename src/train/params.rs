@@ -268,30 +268,17 @@ impl ParamGrads {
 /// number of threads).
 const CHUNK: usize = 1 << 15;
 
-/// `Σ x²` in f64. A running sum in one accumulator is a chain of dependent additions (a few
-/// cycles per element, a millisecond per million): eight independent accumulators per chunk
-/// let the loop vectorise, and chunks run on both cores. The order is fixed, so the result is.
+/// `Σ x²` in f64: [`crate::simd::sum_of_squares`] per fixed chunk (a single running sum is a
+/// chain of dependent additions, a millisecond per million elements), chunks on both cores.
+/// The order is fixed, so the result is.
 fn sum_of_squares(g: &ArrayD<f32>) -> f64 {
     use rayon::prelude::*;
-    const LANES: usize = 8;
-    let chunk_sum = |xs: &[f32]| {
-        let mut acc = [0.0f64; LANES];
-        let mut lanes = xs.chunks_exact(LANES);
-        for c in &mut lanes {
-            for (a, &x) in acc.iter_mut().zip(c) {
-                *a += (x as f64) * (x as f64);
-            }
-        }
-        let tail: f64 = lanes
-            .remainder()
-            .iter()
-            .map(|&x| (x as f64) * (x as f64))
-            .sum();
-        acc.iter().sum::<f64>() + tail
-    };
     match g.as_slice_memory_order() {
         Some(xs) => {
-            let parts: Vec<f64> = xs.par_chunks(CHUNK).map(chunk_sum).collect();
+            let parts: Vec<f64> = xs
+                .par_chunks(CHUNK)
+                .map(crate::simd::sum_of_squares::<f32, f64>)
+                .collect();
             parts.iter().sum()
         }
         None => g.iter().map(|&x| (x as f64) * (x as f64)).sum(),
