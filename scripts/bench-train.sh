@@ -80,40 +80,30 @@ prefill = {
     "torch_f32_tok_s": tp32["prefill_tok_s"],
     "torch_bf16_tok_s": tpbf["prefill_tok_s"],
 }
+def row(key, phase, f32, bf16):
+    """One step's row: our phase `key` (of train_profile) against PyTorch's `phase`, f32 and bf16."""
+    mine = ours["phases"][key]["tok_s"]
+    mine_bf16 = ours_bf16["phases"][key]["tok_s"] if ours_bf16 else None
+    return {
+        "elm_f32_tok_s": mine,
+        "elm_bf16_tok_s": mine_bf16,
+        "ratio_bf16_vs_torch_bf16": mine_bf16 / bf16["phases"][phase]["tok_s"] if mine_bf16 else None,
+        "torch_f32_tok_s": f32["phases"][phase]["tok_s"],
+        "torch_bf16_tok_s": bf16["phases"][phase]["tok_s"],
+        "ratio_vs_torch_f32": mine / f32["phases"][phase]["tok_s"],
+        "ratio_vs_torch_bf16": mine / bf16["phases"][phase]["tok_s"],
+        "rounds_tok_s": {"elm_f32": ours["phases"][key]["rounds_tok_s"],
+                         "elm_bf16": ours_bf16["phases"][key]["rounds_tok_s"] if ours_bf16 else None,
+                         "torch_f32": f32["phases"][phase]["rounds_tok_s"],
+                         "torch_bf16": bf16["phases"][phase]["rounds_tok_s"]},
+    }
+
 rows = {}
 for phase in ("distill", "ce"):
     for cached, (f32, bf16) in ((False, (t32, tbf)), (True, (t32c, tbfc))):
         key = phase + ("_teacher_cache" if cached else "")
-        mine = ours["phases"][key]["tok_s"]
-        mine_bf16 = ours_bf16["phases"][key]["tok_s"] if ours_bf16 else None
-        rows[key] = {
-            "elm_f32_tok_s": mine,
-            "elm_bf16_tok_s": mine_bf16,
-            "ratio_bf16_vs_torch_bf16": mine_bf16 / bf16["phases"][phase]["tok_s"] if mine_bf16 else None,
-            "torch_f32_tok_s": f32["phases"][phase]["tok_s"],
-            "torch_bf16_tok_s": bf16["phases"][phase]["tok_s"],
-            "ratio_vs_torch_f32": mine / f32["phases"][phase]["tok_s"],
-            "ratio_vs_torch_bf16": mine / bf16["phases"][phase]["tok_s"],
-            "rounds_tok_s": {"elm_f32": ours["phases"][key]["rounds_tok_s"],
-                             "elm_bf16": ours_bf16["phases"][key]["rounds_tok_s"] if ours_bf16 else None,
-                             "torch_f32": f32["phases"][phase]["rounds_tok_s"],
-                             "torch_bf16": bf16["phases"][phase]["rounds_tok_s"]},
-        }
-mine = ours["phases"]["lora"]["tok_s"]
-mine_bf16 = ours_bf16["phases"]["lora"]["tok_s"] if ours_bf16 else None
-rows["lora"] = {
-    "elm_f32_tok_s": mine,
-    "elm_bf16_tok_s": mine_bf16,
-    "ratio_bf16_vs_torch_bf16": mine_bf16 / tbf["phases"]["lora"]["tok_s"] if mine_bf16 else None,
-    "torch_f32_tok_s": t32["phases"]["lora"]["tok_s"],
-    "torch_bf16_tok_s": tbf["phases"]["lora"]["tok_s"],
-    "ratio_vs_torch_f32": mine / t32["phases"]["lora"]["tok_s"],
-    "ratio_vs_torch_bf16": mine / tbf["phases"]["lora"]["tok_s"],
-    "rounds_tok_s": {"elm_f32": ours["phases"]["lora"]["rounds_tok_s"],
-                     "elm_bf16": ours_bf16["phases"]["lora"]["rounds_tok_s"] if ours_bf16 else None,
-                     "torch_f32": t32["phases"]["lora"]["rounds_tok_s"],
-                     "torch_bf16": tbf["phases"]["lora"]["rounds_tok_s"]},
-}
+        rows[key] = row(key, phase, f32, bf16)
+rows["lora"] = row("lora", "lora", t32, tbf)
 report = json.dumps({"threads": ours["threads"], "batch": ours["batch"], "seq_len": ours["seq_len"],
                      "supervised_tokens": ours["supervised_tokens"], "torch": t32["torch"],
                      "elm_peak_rss_bytes": ours["peak_rss_bytes"],
