@@ -594,23 +594,69 @@ mod avx512 {
         }
     }
 
+    /// Largest all-of-`K` packed `A` the few-rows order keeps (in bytes): it is reread for every
+    /// `NR`-sliver of `B`, so it must stay in the 1 MB L2 beside `B`'s slivers.
+    const WHOLE_A_BYTES: usize = 512 << 10;
+
     /// The GotoBLAS loop nest both kernels share: a `B` panel per (jc, pc) (packed into `pb`,
     /// or found already packed: `pack_b` returns where it is), an `A` block per ic, the
     /// micro-kernel over the tiles. `depth(kc)` is a packed sliver's depth (k values, or
     /// k-pairs for bf16); `tile(depth, a, b, c_ij, mr, nr, β)` one micro-tile.
+    ///
+    /// A pre-packed `B` (`b_prepacked`: `pack_b` only finds panels) with few rows in `A` (all
+    /// of it, every `K` block, packed within [`WHOLE_A_BYTES`]) takes another order: all of
+    /// `A` packed once, then per `NR`-sliver of `B` every `K` block. Goto's order passes over
+    /// `C` once per `K` block, and with few rows and many columns (the LM head: 75 × 49152,
+    /// 14.7 MB) each pass goes to memory: `C` was read and written 3 times for k = 576 beside
+    /// one read of `B`. Here a sliver's `C` strip (m × NR) stays in L1 across the `K` blocks.
+    /// Every element still sums its `K` blocks in the same order, so the result is the same
+    /// bit for bit.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn blocked<P>(
+    unsafe fn blocked<P: Copy + Default>(
         (m, n, k): (usize, usize, usize),
         c: CPtr,
         beta: f32,
-        pa: &mut [P],
+        b_prepacked: bool,
+        pa: &mut Vec<P>,
         pb: &mut [P],
         depth: impl Fn(usize) -> usize,
         mut pack_b: impl FnMut(usize, usize, usize, usize, &mut [P]) -> *const P,
         mut pack_a: impl FnMut(usize, usize, usize, usize, &mut [P]),
         tile: impl Fn(usize, *const P, *const P, *mut f32, usize, usize, f32),
     ) {
+        let whole_a = m.div_ceil(MR) * MR * depth(KC) * k.div_ceil(KC);
+        if b_prepacked && whole_a * std::mem::size_of::<P>() <= WHOLE_A_BYTES {
+            let block = m.div_ceil(MR) * MR * depth(KC);
+            pa.resize(whole_a, P::default());
+            for (bi, pc) in (0..k).step_by(KC).enumerate() {
+                pack_a(
+                    0,
+                    m,
+                    pc,
+                    KC.min(k - pc),
+                    &mut pa[bi * block..(bi + 1) * block],
+                );
+            }
+            for jc in (0..n).step_by(NC) {
+                let nc = NC.min(n - jc);
+                for jr in (0..nc).step_by(NR) {
+                    let nr = NR.min(nc - jr);
+                    for (bi, pc) in (0..k).step_by(KC).enumerate() {
+                        let d = depth(KC.min(k - pc));
+                        let bp = pack_b(pc, KC.min(k - pc), jc, nc, pb).add(jr / NR * NR * d);
+                        let beta_k = if pc == 0 { beta } else { 1.0 };
+                        for ir in (0..m).step_by(MR) {
+                            let ap = pa.as_ptr().add(bi * block + ir / MR * MR * d);
+                            let cij = c.ptr.offset(ir as isize * c.rs + (jc + jr) as isize * c.cs);
+                            tile(d, ap, bp, cij, MR.min(m - ir), nr, beta_k);
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        pa.resize(MC.div_ceil(MR) * MR * depth(KC), P::default());
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
             for pc in (0..k).step_by(KC) {
@@ -666,12 +712,14 @@ mod avx512 {
         PACK.with(|pack| {
             let mut pack = pack.borrow_mut();
             let (pa, pb) = &mut *pack;
-            pa.resize(MC.div_ceil(MR) * MR * KC, 0.0);
-            pb.resize(NC.div_ceil(NR) * NR * KC, 0.0);
+            if packed.is_none() {
+                pb.resize(NC.div_ceil(NR) * NR * KC, 0.0);
+            }
             blocked(
                 (m, n, k),
                 c,
                 beta,
+                packed.is_some(),
                 pa,
                 pb,
                 |kc| kc,
@@ -790,7 +838,10 @@ mod avx512 {
         }
     }
 
-    /// `C[mr × nr] = α · Â·B̂ + β · C` for one micro-tile from packed slivers.
+    /// `C[mr × nr] = α · Â·B̂ + β · C` for one micro-tile from packed slivers. A short tile of
+    /// rows (the last, where m is not a multiple of `MR`) runs only as many rows as it has,
+    /// rounded up to 4: the full kernel spent a whole tile's FMAs on it (for the LM head's 75
+    /// rows, 7 tiles of work instead of 6⅓). Each row's sums are those of the full kernel.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn kernel(
@@ -805,13 +856,35 @@ mod avx512 {
         alpha: f32,
         beta: f32,
     ) {
-        let mut lo = [_mm512_setzero_ps(); MR];
-        let mut hi = [_mm512_setzero_ps(); MR];
+        match mr {
+            0..=4 => kernel_rows::<4>(kc, a, b, c, rs, cs, mr, nr, alpha, beta),
+            5..=8 => kernel_rows::<8>(kc, a, b, c, rs, cs, mr, nr, alpha, beta),
+            _ => kernel_rows::<MR>(kc, a, b, c, rs, cs, mr, nr, alpha, beta),
+        }
+    }
+
+    /// [`kernel`] on the first `R` rows of the packed `A` sliver.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn kernel_rows<const R: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        rs: isize,
+        cs: isize,
+        mr: usize,
+        nr: usize,
+        alpha: f32,
+        beta: f32,
+    ) {
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
         let (mut ap, mut bp) = (a, b);
         for _ in 0..kc {
             let b0 = _mm512_loadu_ps(bp);
             let b1 = _mm512_loadu_ps(bp.add(16));
-            for i in 0..MR {
+            for i in 0..R {
                 let ai = _mm512_set1_ps(*ap.add(i));
                 lo[i] = _mm512_fmadd_ps(ai, b0, lo[i]);
                 hi[i] = _mm512_fmadd_ps(ai, b1, hi[i]);
@@ -826,9 +899,9 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    unsafe fn store_tile(
-        lo: &[__m512; MR],
-        hi: &[__m512; MR],
+    unsafe fn store_tile<const R: usize>(
+        lo: &[__m512; R],
+        hi: &[__m512; R],
         c: *mut f32,
         rs: isize,
         cs: isize,
@@ -838,8 +911,8 @@ mod avx512 {
         beta: f32,
     ) {
         let va = _mm512_set1_ps(alpha);
-        if mr == MR && nr == NR && cs == 1 {
-            for i in 0..MR {
+        if mr == R && nr == NR && cs == 1 {
+            for i in 0..R {
                 let row = c.offset(i as isize * rs);
                 let (mut x0, mut x1) = (_mm512_mul_ps(va, lo[i]), _mm512_mul_ps(va, hi[i]));
                 // β = 0 must not read C (it may hold NaN from a fresh buffer).
@@ -854,7 +927,7 @@ mod avx512 {
             return;
         }
         let mut tile = [0.0f32; MR * NR];
-        for i in 0..MR {
+        for i in 0..R {
             _mm512_storeu_ps(tile.as_mut_ptr().add(i * NR), lo[i]);
             _mm512_storeu_ps(tile.as_mut_ptr().add(i * NR + 16), hi[i]);
         }
@@ -862,7 +935,8 @@ mod avx512 {
             for j in 0..nr {
                 let p = c.offset(i as isize * rs + j as isize * cs);
                 let v = alpha * tile[i * NR + j];
-                *p = if beta == 0.0 { v } else { v + beta * *p };
+                // Fused, as in the full tiles: a row's result does not depend on its tile.
+                *p = if beta == 0.0 { v } else { beta.mul_add(*p, v) };
             }
         }
     }
@@ -1180,8 +1254,9 @@ mod avx512 {
         PACK_BF16.with(|pack| {
             let mut pack = pack.borrow_mut();
             let (pa, pb) = &mut *pack;
-            pa.resize(MC.div_ceil(MR) * MR * KC / 2, 0);
-            pb.resize(NC.div_ceil(NR) * NR * KC / 2, 0);
+            if packed.is_none() {
+                pb.resize(NC.div_ceil(NR) * NR * KC / 2, 0);
+            }
             let pack_b = |pc: usize, kc: usize, jc: usize, nc: usize, pb: &mut [u32]| match packed {
                 Some(p) => prepacked(p, pc, jc, kc.div_ceil(2)),
                 None => {
@@ -1211,6 +1286,7 @@ mod avx512 {
                 (m, n, k),
                 c,
                 beta,
+                packed.is_some(),
                 pa,
                 pb,
                 |kc| kc.div_ceil(2),
@@ -1224,7 +1300,8 @@ mod avx512 {
     }
 
     /// The bf16 micro-tile: per k-pair two loads of `B`, twelve broadcasts of an `A` pair and
-    /// 24 `vdpbf16ps` (each two multiply-adds per lane, summed in f32).
+    /// 24 `vdpbf16ps` (each two multiply-adds per lane, summed in f32); a short tile of rows
+    /// runs only the rows it has, rounded up to 4, as in [`kernel`].
     #[target_feature(enable = "avx512f,avx512bf16")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn kernel_bf16(
@@ -1239,13 +1316,35 @@ mod avx512 {
         alpha: f32,
         beta: f32,
     ) {
-        let mut lo = [_mm512_setzero_ps(); MR];
-        let mut hi = [_mm512_setzero_ps(); MR];
+        match mr {
+            0..=4 => kernel_bf16_rows::<4>(kp, a, b, c, rs, cs, mr, nr, alpha, beta),
+            5..=8 => kernel_bf16_rows::<8>(kp, a, b, c, rs, cs, mr, nr, alpha, beta),
+            _ => kernel_bf16_rows::<MR>(kp, a, b, c, rs, cs, mr, nr, alpha, beta),
+        }
+    }
+
+    /// [`kernel_bf16`] on the first `R` rows of the packed `A` sliver.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn kernel_bf16_rows<const R: usize>(
+        kp: usize,
+        a: *const u32,
+        b: *const u32,
+        c: *mut f32,
+        rs: isize,
+        cs: isize,
+        mr: usize,
+        nr: usize,
+        alpha: f32,
+        beta: f32,
+    ) {
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
         let (mut ap, mut bp) = (a, b);
         for _ in 0..kp {
             let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp as *const _));
             let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(16) as *const _));
-            for i in 0..MR {
+            for i in 0..R {
                 let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
                 lo[i] = _mm512_dpbf16_ps(lo[i], ai, b0);
                 hi[i] = _mm512_dpbf16_ps(hi[i], ai, b1);

@@ -308,8 +308,15 @@ fn frozen_weights_are_packed_once_and_give_the_same_product() {
         return;
     }
     let mut rng = StdRng::seed_from_u64(21);
-    // (M, K, N): split over N; split over M; two K blocks and two N blocks (KC 256, NC 2048).
-    for (m, k, n) in [(13, 300, 70), (300, 70, 45), (75, 577, 2100)] {
+    // (M, K, N): split over N; split over M; two K blocks and two N blocks (KC 256, NC 2048);
+    // all of A packed at once (the few-rows order) in the first three, not in the last (too
+    // long a K for it).
+    for (m, k, n) in [
+        (13, 300, 70),
+        (300, 70, 45),
+        (75, 577, 2100),
+        (20, 12000, 40),
+    ] {
         for tb in [false, true] {
             let w = Array2::from_shape_fn(if tb { (n, k) } else { (k, n) }, |_| {
                 rng.gen_range(-2.0f32..2.0)
@@ -317,9 +324,12 @@ fn frozen_weights_are_packed_once_and_give_the_same_product() {
             let a = Array2::from_shape_fn((m, k), |_| rng.gen_range(-2.0f32..2.0));
             let b = if tb { w.t() } else { w.view() };
             for &kernel in &kernels {
+                // β ≠ 0 on a C of its own values: the first K block scales it, later ones add.
+                let c0 =
+                    |cols| Array2::from_shape_fn((m, cols), |(i, j)| (i * 7 + j) as f32 * 0.01);
                 let product = || {
-                    let mut c = Array2::<f32>::zeros((m, n));
-                    sgemm_with(kernel, 1.0, &a.view(), &b, 0.0, &mut c.view_mut());
+                    let mut c = c0(n);
+                    sgemm_with(kernel, 1.5, &a.view(), &b, -0.5, &mut c.view_mut());
                     c
                 };
                 let plain = product();
@@ -357,8 +367,8 @@ fn frozen_weights_are_packed_once_and_give_the_same_product() {
                 assert_eq!(frozen.packed_bytes(), packed, "reuse packs nothing more");
                 // A part of the weight (its first columns of B) is a view of its own.
                 let part = b.slice(s![.., ..n / 2]);
-                let mut c = Array2::<f32>::zeros((m, n / 2));
-                sgemm_with(kernel, 1.0, &a.view(), &part, 0.0, &mut c.view_mut());
+                let mut c = c0(n / 2);
+                sgemm_with(kernel, 1.5, &a.view(), &part, -0.5, &mut c.view_mut());
                 assert_eq!(
                     c,
                     plain.slice(s![.., ..n / 2]),
