@@ -594,6 +594,20 @@ mod avx512 {
         }
     }
 
+    /// A micro-kernel `$kernel::<R>(args)` with the fewest rows `R` of 4, 8 and `MR` that cover
+    /// `mr`: a short last tile of rows (m not a multiple of `MR`) no longer pays for twelve (the
+    /// LM head's 75 rows: 7 tiles of work instead of 6⅓). Each row's sums are those of the full
+    /// kernel.
+    macro_rules! by_rows {
+        ($mr:expr, $kernel:ident, $($arg:expr),*) => {
+            match $mr {
+                0..=4 => $kernel::<4>($($arg),*),
+                5..=8 => $kernel::<8>($($arg),*),
+                _ => $kernel::<MR>($($arg),*),
+            }
+        };
+    }
+
     /// Largest all-of-`K` packed `A` the few-rows order keeps (in bytes): it is reread for every
     /// `NR`-sliver of `B`, so it must stay in the 1 MB L2 beside `B`'s slivers.
     const WHOLE_A_BYTES: usize = 512 << 10;
@@ -731,7 +745,9 @@ mod avx512 {
                     }
                 },
                 |ic, mc, pc, kc, pa| pack_a(a, ic, mc, pc, kc, pa),
-                |d, ap, bp, cij, mr, nr, bk| kernel(d, ap, bp, cij, c.rs, c.cs, mr, nr, alpha, bk),
+                |d, ap, bp, cij, mr, nr, bk| {
+                    by_rows!(mr, kernel, d, ap, bp, cij, c.rs, c.cs, mr, nr, alpha, bk)
+                },
             );
         });
     }
@@ -838,35 +854,11 @@ mod avx512 {
         }
     }
 
-    /// `C[mr × nr] = α · Â·B̂ + β · C` for one micro-tile from packed slivers. A short tile of
-    /// rows (the last, where m is not a multiple of `MR`) runs only as many rows as it has,
-    /// rounded up to 4: the full kernel spent a whole tile's FMAs on it (for the LM head's 75
-    /// rows, 7 tiles of work instead of 6⅓). Each row's sums are those of the full kernel.
+    /// `C[mr × nr] = α · Â·B̂ + β · C` for one micro-tile from packed slivers, on the first `R`
+    /// rows of the `A` sliver (`by_rows!` picks `R`).
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn kernel(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        c: *mut f32,
-        rs: isize,
-        cs: isize,
-        mr: usize,
-        nr: usize,
-        alpha: f32,
-        beta: f32,
-    ) {
-        match mr {
-            0..=4 => kernel_rows::<4>(kc, a, b, c, rs, cs, mr, nr, alpha, beta),
-            5..=8 => kernel_rows::<8>(kc, a, b, c, rs, cs, mr, nr, alpha, beta),
-            _ => kernel_rows::<MR>(kc, a, b, c, rs, cs, mr, nr, alpha, beta),
-        }
-    }
-
-    /// [`kernel`] on the first `R` rows of the packed `A` sliver.
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn kernel_rows<const R: usize>(
+    unsafe fn kernel<const R: usize>(
         kc: usize,
         a: *const f32,
         b: *const f32,
@@ -1293,40 +1285,30 @@ mod avx512 {
                 pack_b,
                 pack_a,
                 |d, ap, bp, cij, mr, nr, bk| {
-                    kernel_bf16(d, ap, bp, cij, c.rs, c.cs, mr, nr, alpha, bk)
+                    by_rows!(
+                        mr,
+                        kernel_bf16,
+                        d,
+                        ap,
+                        bp,
+                        cij,
+                        c.rs,
+                        c.cs,
+                        mr,
+                        nr,
+                        alpha,
+                        bk
+                    )
                 },
             );
         });
     }
 
-    /// The bf16 micro-tile: per k-pair two loads of `B`, twelve broadcasts of an `A` pair and
-    /// 24 `vdpbf16ps` (each two multiply-adds per lane, summed in f32); a short tile of rows
-    /// runs only the rows it has, rounded up to 4, as in [`kernel`].
+    /// The bf16 micro-tile: per k-pair two loads of `B`, `R` broadcasts of an `A` pair and
+    /// `2R` `vdpbf16ps` (each two multiply-adds per lane, summed in f32); `R` as in [`kernel`].
     #[target_feature(enable = "avx512f,avx512bf16")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn kernel_bf16(
-        kp: usize,
-        a: *const u32,
-        b: *const u32,
-        c: *mut f32,
-        rs: isize,
-        cs: isize,
-        mr: usize,
-        nr: usize,
-        alpha: f32,
-        beta: f32,
-    ) {
-        match mr {
-            0..=4 => kernel_bf16_rows::<4>(kp, a, b, c, rs, cs, mr, nr, alpha, beta),
-            5..=8 => kernel_bf16_rows::<8>(kp, a, b, c, rs, cs, mr, nr, alpha, beta),
-            _ => kernel_bf16_rows::<MR>(kp, a, b, c, rs, cs, mr, nr, alpha, beta),
-        }
-    }
-
-    /// [`kernel_bf16`] on the first `R` rows of the packed `A` sliver.
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn kernel_bf16_rows<const R: usize>(
+    unsafe fn kernel_bf16<const R: usize>(
         kp: usize,
         a: *const u32,
         b: *const u32,
