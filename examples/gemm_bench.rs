@@ -1,7 +1,8 @@
 //! The f32 GEMM on the shapes an ELM training step and prefill run (SmolLM2-135M, 256 tokens),
 //! our AVX-512 kernel against the linked BLAS in the same run, with the measured FMA peak:
 //! GFLOP/s and fraction of peak per shape, as JSON.
-//! `cargo run --release --example gemm_bench -- [--reps N]`
+//! `cargo run --release --example gemm_bench -- [--reps N] [--only TEXT]` (`--only`: the shapes
+//! whose name contains TEXT, e.g. `head`).
 use std::time::Instant;
 
 use elm::gemm::{has_avx512_bf16, peak_fma_gflops_per_core, sgemm_with, GemmKernel};
@@ -15,6 +16,10 @@ fn main() {
         .position(|a| a == "--reps")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(10);
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
     // BLAS keeps its own threads here (one per core unless OPENBLAS_NUM_THREADS says).
     let threads = rayon::current_num_threads();
     let peak = peak_fma_gflops_per_core() * threads as f64;
@@ -30,6 +35,9 @@ fn main() {
     ];
     let mut rows = vec![];
     for (name, m, k, n, bt) in shapes {
+        if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+            continue;
+        }
         let a = Array2::from_shape_fn((m, k), |_| rng.gen_range(-1.0f32..1.0));
         let b_store = if bt {
             Array2::from_shape_fn((n, k), |_| rng.gen_range(-1.0f32..1.0))
