@@ -124,13 +124,17 @@ fn converged_one_step_multi_step_and_recompute_agree() {
             SolverConfig::broyden(),
         ] {
             let name = solver.name();
+            // 1e-5, not 1e-6: an f32 iterate's absolute residual bottoms out near 1e-6, and where
+            // exactly depends on the CPU's BLAS kernels (Picard stalled at 1.05e-6 on an Intel
+            // Xeon's OpenBLAS, converged on AMD's), so 1e-6 tested the rounding, not the modes.
+            let tol = 1e-5;
             let mut full =
-                ElmSession::new(&model, infer(solver.clone(), 1e-6, KvMode::OneStep), 1, 32)
+                ElmSession::new(&model, infer(solver.clone(), tol, KvMode::OneStep), 1, 32)
                     .unwrap();
             let want = full.prefill(std::slice::from_ref(&seq)).unwrap();
             for mode in [KvMode::OneStep, KvMode::MultiStep] {
                 let mut s =
-                    ElmSession::new(&model, infer(solver.clone(), 1e-6, mode), 1, 32).unwrap();
+                    ElmSession::new(&model, infer(solver.clone(), tol, mode), 1, 32).unwrap();
                 s.prefill(&[seq[..3].to_vec()]).unwrap();
                 let mut got = Array2::zeros((1, 1));
                 for &t in &seq[3..] {
