@@ -125,8 +125,9 @@ fn converged_one_step_multi_step_and_recompute_agree() {
         ] {
             let name = solver.name();
             // 1e-5, not 1e-6: an f32 iterate's absolute residual bottoms out near 1e-6, and where
-            // exactly depends on the CPU's BLAS kernels (Picard stalled at 1.05e-6 on an Intel
-            // Xeon's OpenBLAS, converged on AMD's), so 1e-6 tested the rounding, not the modes.
+            // exactly depends on the BLAS kernels. Debian's OpenBLAS 0.3.21 does not know a newer
+            // Intel Xeon and runs its generic (Prescott) kernels there; Picard then stalled at
+            // 1.05e-6 (with OPENBLAS_CORETYPE=SkylakeX it converged), so 1e-6 tested rounding.
             let tol = 1e-5;
             let mut full =
                 ElmSession::new(&model, infer(solver.clone(), tol, KvMode::OneStep), 1, 32)
