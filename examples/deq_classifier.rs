@@ -15,6 +15,8 @@
 
 #[path = "support/adaptive_picard.rs"]
 mod adaptive_picard;
+#[path = "support/args.rs"]
+mod args;
 
 use std::time::Instant;
 
@@ -285,15 +287,7 @@ fn train(
 fn main() -> elm::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let json = args.iter().any(|a| a == "--json");
-    let arg = |name: &str, default: u64| -> elm::Result<u64> {
-        match args.iter().position(|a| a == name) {
-            Some(i) => args
-                .get(i + 1)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| elm::ElmError::config(name, "expects a non-negative integer")),
-            None => Ok(default),
-        }
-    };
+    let arg = |name: &str, default: u64| -> elm::Result<u64> { args::flag(&args, name, default) };
     let steps = arg("--steps", 200)? as usize;
     let seed = arg("--seed", 0)?;
     let solver = match args.iter().position(|a| a == "--solver") {

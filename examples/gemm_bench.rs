@@ -3,23 +3,20 @@
 //! GFLOP/s and fraction of peak per shape, as JSON.
 //! `cargo run --release --example gemm_bench -- [--reps N] [--only TEXT]` (`--only`: the shapes
 //! whose name contains TEXT, e.g. `head`).
+#[path = "support/args.rs"]
+mod args;
+
 use std::time::Instant;
 
 use elm::gemm::{has_avx512_bf16, peak_fma_gflops_per_core, sgemm_with, GemmKernel};
 use ndarray::Array2;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-fn main() {
+fn main() -> elm::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let reps: usize = args
-        .iter()
-        .position(|a| a == "--reps")
-        .and_then(|i| args.get(i + 1)?.parse().ok())
-        .unwrap_or(10);
-    let only = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1).cloned());
+    let reps: usize = args::flag(&args, "--reps", 10)?;
+    // Empty: every shape (every name contains "").
+    let only: String = args::flag(&args, "--only", String::new())?;
     // BLAS keeps its own threads here (one per core unless OPENBLAS_NUM_THREADS says).
     let threads = rayon::current_num_threads();
     let peak = peak_fma_gflops_per_core() * threads as f64;
@@ -35,7 +32,7 @@ fn main() {
     ];
     let mut rows = vec![];
     for (name, m, k, n, bt) in shapes {
-        if only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+        if !name.contains(only.as_str()) {
             continue;
         }
         let a = Array2::from_shape_fn((m, k), |_| rng.gen_range(-1.0f32..1.0));
@@ -100,4 +97,5 @@ fn main() {
         "{}",
         serde_json::json!({"threads": threads, "peak_fma_gflop_s": peak, "shapes": rows})
     );
+    Ok(())
 }

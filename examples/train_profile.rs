@@ -8,25 +8,19 @@
 //!
 //! `cargo run --release --example train_profile -- [--model M] [--steps N] [--batch B] [--phases P,..]
 //! [--seq T] [--precision f32|bf16] [--json]`
+#[path = "support/args.rs"]
+mod args;
+
 use std::time::Instant;
 
 use elm::data::{load_gsm8k, resolve_data_dir, tokenize_example, Example, Split};
 use elm::equilibrium::module::ElmModule;
 use elm::equilibrium::train::Trainer;
 use elm::equilibrium::{ElmConfig, TrainConfig};
-use elm::error::ElmError;
 use elm::eval::gsm8k::chat_prompt;
 use elm::grad::{DeqConfig, GradientRule};
 
-fn flag<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> elm::Result<T> {
-    match args.iter().position(|a| a == name) {
-        None => Ok(default),
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| ElmError::config(name, "expects a value of its type")),
-    }
-}
+use args::flag;
 
 /// This process's minor page faults and kernel CPU seconds so far (`/proc/self/stat` fields
 /// 10 and 15; clock ticks of 1/100 s), or `None` off Linux.
