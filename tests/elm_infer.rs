@@ -115,6 +115,11 @@ fn dense_session_matches_layerwise_recompute_and_decode_matches_prefill() {
 
 #[test]
 fn converged_one_step_multi_step_and_recompute_agree() {
+    // 1e-5, not 1e-6: an f32 iterate's absolute residual bottoms out near 1e-6, and where exactly
+    // depends on the BLAS kernels. Debian's OpenBLAS 0.3.21 does not know a newer Intel Xeon and
+    // runs its generic (Prescott) kernels there; Picard then stalled at 1.05e-6 (with
+    // OPENBLAS_CORETYPE=SkylakeX it converged), so 1e-6 tested rounding.
+    let tol = 1e-5;
     for arch in [Arch::Llama, Arch::Qwen2] {
         let model = elm_model(arch);
         let seq: Vec<u32> = vec![3, 17, 29, 5, 44, 61, 12, 8];
@@ -124,11 +129,6 @@ fn converged_one_step_multi_step_and_recompute_agree() {
             SolverConfig::broyden(),
         ] {
             let name = solver.name();
-            // 1e-5, not 1e-6: an f32 iterate's absolute residual bottoms out near 1e-6, and where
-            // exactly depends on the BLAS kernels. Debian's OpenBLAS 0.3.21 does not know a newer
-            // Intel Xeon and runs its generic (Prescott) kernels there; Picard then stalled at
-            // 1.05e-6 (with OPENBLAS_CORETYPE=SkylakeX it converged), so 1e-6 tested rounding.
-            let tol = 1e-5;
             let mut full =
                 ElmSession::new(&model, infer(solver.clone(), tol, KvMode::OneStep), 1, 32)
                     .unwrap();
