@@ -11,7 +11,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use crate::error::{ElmError, Result};
-use crate::io::tokenizer::Tokenizer;
+use crate::formats::tokenizer::Tokenizer;
 
 /// One question/answer pair (GSM8K `answer` ends with `#### N`).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -24,6 +24,7 @@ pub use error::{ElmError, Result};
 
 pub mod autograd;
 pub mod data;
+pub mod formats;
 pub mod grad;
 pub mod io;
 pub mod model;

@@ -1045,7 +1045,7 @@ fn gpu_smollm2_logits_and_greedy_match_cpu() {
     let Some(path) = common::real_model() else {
         return;
     };
-    let w = elm::io::load_gguf_model(&path).expect("load SmolLM2");
+    let w = elm::formats::load_gguf_model(&path).expect("load SmolLM2");
     // Arbitrary fixed token ids (< vocab): the comparison needs no tokenizer.
     let prompts = vec![
         vec![1u32, 4093, 198, 1780, 314, 216, 34, 31],

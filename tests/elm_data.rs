@@ -6,8 +6,9 @@ use common::TempDir;
 use std::collections::BTreeMap;
 
 use elm::data::*;
-use elm::equilibrium::checkpoint::{load_tensors, save_tensors, write_atomic};
+use elm::equilibrium::checkpoint::{load_tensors, save_tensors};
 use elm::equilibrium::config::{LambdaSchedule, TrainConfig};
+use elm::io::write_atomic;
 use elm::ElmError;
 use ndarray::{ArrayD, IxDyn};
 

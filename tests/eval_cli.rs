@@ -28,7 +28,7 @@ fn elm(args: &[&str]) -> (bool, serde_json::Value, String) {
 
 /// NLL of the first `n` GSM8K test answers, one sequence at a time through
 /// `prefill_all_logits` (an independent path from the batched one).
-fn one_at_a_time_nll(model: &ElmModel, tok: &elm::io::tokenizer::Tokenizer, n: usize) -> f64 {
+fn one_at_a_time_nll(model: &ElmModel, tok: &elm::formats::tokenizer::Tokenizer, n: usize) -> f64 {
     let test = load_gsm8k(&default_data_dir(), Split::Test).unwrap();
     let (mut sum, mut count) = (0.0, 0usize);
     for e in test.iter().take(n) {

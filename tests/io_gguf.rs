@@ -5,8 +5,10 @@
 mod common;
 
 use common::*;
-use elm::io::gguf::{dequantize, gguf_to_bytes, kv, GgmlType, GgufFile, GgufTensorData, GgufValue};
-use elm::io::{load_gguf_model, permute_rope_rows, save_gguf_model, unpermute_rope_rows};
+use elm::formats::gguf::{
+    dequantize, gguf_to_bytes, kv, GgmlType, GgufFile, GgufTensorData, GgufValue,
+};
+use elm::formats::{load_gguf_model, permute_rope_rows, save_gguf_model, unpermute_rope_rows};
 use elm::model::Arch;
 use elm::ElmError;
 use ndarray::{Array1, Array2, Axis};
@@ -159,7 +161,7 @@ fn writer_round_trips_metadata_and_default_alignment() {
         kv("a.empty", GgufValue::Array(vec![])),
     ];
     let t = GgufTensorData::f32("x", &[2, 3], &[1., 2., 3., 4., 5., 6.]);
-    elm::io::gguf::write_gguf(
+    elm::formats::gguf::write_gguf(
         &path,
         &meta,
         &[

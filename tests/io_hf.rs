@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use common::*;
-use elm::io::{config_from_hf_json, load_hf_model, save_hf_model};
+use elm::formats::{config_from_hf_json, load_hf_model, save_hf_model};
 use elm::model::{Arch, ModelWeights};
 use elm::ElmError;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -190,7 +190,8 @@ fn smollm2_hf_config_matches_gguf_config() {
     let hf = config_from_hf_json(&smollm2_config_json()).unwrap();
     assert_eq!(hf.head_dim, 64);
     let Some(path) = real_model() else { return };
-    let gguf = elm::io::config_from_gguf(&elm::io::GgufFile::open(path).unwrap()).unwrap();
+    let gguf =
+        elm::formats::config_from_gguf(&elm::formats::GgufFile::open(path).unwrap()).unwrap();
     assert_eq!(hf, gguf);
 }
 

@@ -7,9 +7,9 @@ mod common;
 use std::sync::OnceLock;
 
 use common::*;
-use elm::io::gguf::{kv, write_gguf, GgufValue};
-use elm::io::tokenizer::Tokenizer;
-use elm::io::GgufFile;
+use elm::formats::gguf::{kv, write_gguf, GgufValue};
+use elm::formats::tokenizer::Tokenizer;
+use elm::formats::GgufFile;
 use elm::ElmError;
 
 /// The real checkpoint's tokenizer, loaded once; `None` (each caller printing its own skip

@@ -6,9 +6,9 @@ mod common;
 
 use common::{tiny_weights, TempDir};
 use elm::data::{make_batch, TokenSequence};
-use elm::lora::adapter::{insert_adapters, lora_names, merge_layer, TARGETS};
 use elm::lora::{LoraConfig, LoraSpec, LoraTrainer};
 use elm::model::dense_pass::{embed, run_dense_layers};
+use elm::model::lora_adapter::{insert_adapters, lora_names, merge_layer, TARGETS};
 use elm::model::{Arch, ModelConfig};
 use elm::search::candidate::answer_nll_of_hidden;
 use elm::train::ParamStore;

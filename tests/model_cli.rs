@@ -76,7 +76,8 @@ fn logits_and_generate_json_match_reference() {
     assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0);
     // Greedy text = detokenized reference continuation.
     let tok =
-        elm::io::tokenizer::Tokenizer::from_gguf(&elm::io::GgufFile::open(path).unwrap()).unwrap();
+        elm::formats::tokenizer::Tokenizer::from_gguf(&elm::formats::GgufFile::open(path).unwrap())
+            .unwrap();
     assert_eq!(
         v["text"].as_str().unwrap(),
         tok.decode(&case.greedy[..8]).unwrap()

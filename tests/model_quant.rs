@@ -229,7 +229,7 @@ fn real_checkpoint_first_layer_kernels_match_dequantized_f32() {
     let Some(path) = common::real_model() else {
         return;
     };
-    let gguf = elm::io::GgufFile::open(&path).unwrap();
+    let gguf = elm::formats::GgufFile::open(&path).unwrap();
     let mut rng = StdRng::seed_from_u64(1);
     let mut seen = 0;
     for name in [
@@ -243,7 +243,7 @@ fn real_checkpoint_first_layer_kernels_match_dequantized_f32() {
     ] {
         let name = format!("blk.0.{name}.weight");
         let info = gguf.tensor_info(&name).unwrap();
-        let Some(format) = elm::io::qformat_of(info.ggml_type) else {
+        let Some(format) = elm::formats::qformat_of(info.ggml_type) else {
             continue;
         };
         let shape = info.shape();

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use elm::equilibrium::infer::{ElmDecoder, ElmModel, ElmSession, InferenceConfig, QuantElm};
 use elm::equilibrium::{BlockKind, ElmConfig, ElmModule, ModuleBlock};
 use elm::error::ElmError;
-use elm::io::gguf::{kv, write_gguf, GgufFile, GgufTensorData};
-use elm::io::tokenizer::Tokenizer;
+use elm::formats::gguf::{kv, write_gguf, GgufFile, GgufTensorData};
+use elm::formats::tokenizer::Tokenizer;
 use elm::model::generate::{generate, SamplingConfig};
 use elm::model::quant::{Linear, QLayer};
 use elm::model::{
@@ -26,7 +26,7 @@ use elm::solver::{SolverConfig, StopCriteria};
 use ndarray::Array2;
 
 /// GGUF metadata as written.
-type Meta = Vec<(String, elm::io::gguf::GgufValue)>;
+type Meta = Vec<(String, elm::formats::gguf::GgufValue)>;
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
@@ -265,7 +265,7 @@ fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
         let cfg = whole_block_config(arch);
         let w = ModelWeights::random(&cfg, 9);
         let dir = fresh(&tmp, "hf");
-        elm::io::save_hf_model(&w, &dir).unwrap();
+        elm::formats::save_hf_model(&w, &dir).unwrap();
         std::fs::write(dir.join("tokenizer.json"), tokenizer_json()).unwrap();
         let ec = ElmConfig::new(1, 2);
         let module = ElmModule::init(&w, &ec).unwrap();
@@ -394,7 +394,7 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
         &|m| {
             for (k, v) in m.iter_mut() {
                 if k == "elm.format" {
-                    *v = elm::io::gguf::GgufValue::String("elm-quant-v0".into());
+                    *v = elm::formats::gguf::GgufValue::String("elm-quant-v0".into());
                 }
             }
         },
@@ -414,7 +414,7 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
         &|m| {
             for (k, v) in m.iter_mut() {
                 if k == "elm.config" {
-                    *v = elm::io::gguf::GgufValue::String(
+                    *v = elm::formats::gguf::GgufValue::String(
                         r#"{"start_layer": 4, "num_replaced": 3}"#.into(),
                     );
                 }
@@ -432,7 +432,7 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
             m.retain(|(k, _)| k != "elm.model_config");
             m.push(kv(
                 "elm.model_config",
-                elm::io::gguf::GgufValue::String("{not json".into()),
+                elm::formats::gguf::GgufValue::String("{not json".into()),
             ));
         },
         &none_t,
@@ -456,7 +456,7 @@ fn cli_quantize_refuses_existing_out_and_generate_loads_the_file() {
     let cfg = whole_block_config(Arch::Llama);
     let w = ModelWeights::random(&cfg, 21);
     let dir = fresh(&tmp, "cli-hf");
-    elm::io::save_hf_model(&w, &dir).unwrap();
+    elm::formats::save_hf_model(&w, &dir).unwrap();
     std::fs::write(dir.join("tokenizer.json"), tokenizer_json()).unwrap();
     let ckpt = fresh(&tmp, "cli-ckpt");
     let ec = ElmConfig::new(1, 2);

@@ -26,7 +26,7 @@ struct Fixture {
 
 fn load_model() -> Option<Transformer> {
     let path = common::real_model()?;
-    let weights = elm::io::load_gguf_model(&path).expect("load real model");
+    let weights = elm::formats::load_gguf_model(&path).expect("load real model");
     Some(Transformer::new(weights).expect("valid weights"))
 }
 

@@ -54,10 +54,10 @@ fn fixture() -> &'static Fixture {
         let cfg = ModelConfig::tiny(Arch::Llama);
         let w = ModelWeights::random(&cfg, 7);
         let model = dir.join("tiny");
-        elm::io::save_hf_model(&w, &model).unwrap();
+        elm::formats::save_hf_model(&w, &model).unwrap();
         std::fs::write(model.join("tokenizer.json"), tokenizer_json()).unwrap();
         let gguf = dir.join("tiny.gguf");
-        elm::io::save_gguf_model(&w, &gguf).unwrap();
+        elm::formats::save_gguf_model(&w, &gguf).unwrap();
         let data = dir.join("train.jsonl");
         common::write_word_corpus(&data, 8, 5);
         let ckpt = dir.join("ckpt");

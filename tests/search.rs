@@ -451,7 +451,7 @@ fn policy_state_json_round_trip_keeps_every_bit() {
     };
     let path = dir.path().join("policy.json");
     elm::io::atomic::write_json_atomic(&path, &state).unwrap();
-    let back: PolicyState = elm::equilibrium::config::read_json(&path).unwrap();
+    let back: PolicyState = elm::io::read_json(&path).unwrap();
     let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for (name, a, b) in [
         ("theta", &state.theta, &back.theta),

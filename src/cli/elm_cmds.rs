@@ -13,7 +13,7 @@ use elm::equilibrium::train::{HeldOut, TrainEvent, Trainer, STATE_FILE};
 use elm::equilibrium::ElmConfig;
 use elm::error::{ElmError, Result};
 use elm::eval::{run_task, BootstrapConfig, Task, TaskData, TaskOptions, TaskRun};
-use elm::io::tokenizer::Tokenizer;
+use elm::formats::tokenizer::Tokenizer;
 use elm::model::{load_pretrained, load_weights, ModelWeights};
 use elm::solver::{SolverConfig, StopCriteria};
 

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 
 use elm::data::{test_problems, training_sequences, TokenSequence};
 use elm::error::{ElmError, Result};
-use elm::io::tokenizer::Tokenizer;
-use elm::io::{save_hf_model, write_json_atomic};
+use elm::formats::save_hf_model;
+use elm::formats::tokenizer::Tokenizer;
+use elm::io::write_json_atomic;
 use elm::lora::sft::LORA_STATE_FILE;
 use elm::lora::{answer_nll_mean, ce_ends, LoraConfig, LoraEvent, LoraReport, LoraTrainer};
 use elm::model::load_pretrained;

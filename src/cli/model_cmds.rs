@@ -13,7 +13,7 @@ use elm::error::{ElmError, Result};
 use elm::eval::gsm8k::stop_ids;
 use elm::eval::nll::{teacher_forced_nll, ScoredSequence};
 use elm::eval::SolverSummary;
-use elm::io::tokenizer::Tokenizer;
+use elm::formats::tokenizer::Tokenizer;
 use elm::model::bench::{self, machine_description};
 use elm::model::generate::{check_generation_size, generate, Decoder, Generation, SamplingConfig};
 use elm::model::{

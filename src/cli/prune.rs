@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use elm::compress::{prune, BoundaryStates, Calibration, PruneMethod, PruneOptions};
 use elm::data::{gsm8k_path, resolve_data_dir, Split};
 use elm::error::{ElmError, Result};
-use elm::io::{save_hf_model, write_json_atomic};
+use elm::formats::save_hf_model;
+use elm::io::write_json_atomic;
 use elm::model::load_pretrained;
 
 use super::output::{print_json, to_json};

@@ -7,9 +7,9 @@ use plotters::prelude::*;
 
 use elm::compress::{BoundaryStates, Calibration};
 use elm::data::{gsm8k_path, resolve_data_dir, test_problems, tokenize_all, Example, Split};
-use elm::equilibrium::config::read_json;
 use elm::error::{ElmError, Result};
-use elm::io::tokenizer::Tokenizer;
+use elm::formats::tokenizer::Tokenizer;
+use elm::io::read_json;
 use elm::io::write_json_atomic;
 use elm::model::load_pretrained;
 use elm::search::gppo::{GppoEvent, GPPO_STATE_FILE};

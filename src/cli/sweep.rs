@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use plotters::prelude::*;
 
-use elm::equilibrium::config::read_json;
 use elm::equilibrium::spectral::SpectralReport;
 use elm::error::{ElmError, Result};
+use elm::io::read_json;
 use elm::io::{write_atomic, write_json_atomic};
 use elm::solver::rho_sweep::{rho_sweep, RhoSweepConfig, RhoSweepRow};
 use elm::solver::{SolverConfig, BUILTIN_SOLVERS};

@@ -6,7 +6,7 @@ use ndarray::{s, Array3};
 
 use crate::data::{load_examples, Example};
 use crate::error::{ElmError, Result};
-use crate::io::tokenizer::Tokenizer;
+use crate::formats::tokenizer::Tokenizer;
 use crate::model::dense_pass::{embed, run_dense_layers};
 use crate::model::ModelWeights;
 

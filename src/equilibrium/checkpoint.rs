@@ -9,8 +9,7 @@ use ndarray::ArrayD;
 
 use crate::error::{ElmError, Result};
 use crate::io::tensor_file::{load_f32_tensors, save_f32_tensors};
-
-pub use crate::io::{write_atomic, write_json_atomic};
+use crate::io::write_json_atomic;
 
 /// Named f32 tensors in a stable (sorted) order.
 pub type TensorMap = BTreeMap<String, ArrayD<f32>>;
@@ -114,7 +113,7 @@ pub fn read_run_request<T: serde::de::DeserializeOwned>(
     if !path.exists() {
         return Ok(None);
     }
-    let r: RunRequest<T> = super::config::read_json(&path)?;
+    let r: RunRequest<T> = crate::io::read_json(&path)?;
     if r.command != command {
         return Err(ElmError::format(
             &path,

@@ -26,10 +26,10 @@ use ndarray::{concatenate, s, Array1, Array2, Axis};
 use serde_json::{json, Value};
 
 use crate::error::{ElmError, Result};
-use crate::io::hf::{
+use crate::formats::hf::{
     config_from_hf_json, config_to_hf_json, load_hf_model_with, save_hf_model_with,
 };
-use crate::io::tokenizer::Tokenizer;
+use crate::formats::tokenizer::Tokenizer;
 use crate::model::config::Arch;
 use crate::model::quant::{QFormat, QLayer, QuantWeights};
 use crate::model::{LayerWeights, ModelConfig, ModelWeights};

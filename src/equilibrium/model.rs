@@ -6,8 +6,8 @@ use std::path::Path;
 use ndarray::{Array1, Array3};
 
 use crate::error::{ElmError, Result};
+use crate::formats::tokenizer::Tokenizer;
 use crate::gemm::Precision;
-use crate::io::tokenizer::Tokenizer;
 use crate::model::quant::{Linear, LinearRef, QFormat, QLayer, QuantWeights, WeightStorage};
 use crate::model::{
     embed_tokens, load_inference, load_pretrained, BlockWeights, DecoderWeights, ModelConfig,

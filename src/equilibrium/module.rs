@@ -19,10 +19,9 @@ use crate::model::quant::{BlockRef, BlockWeights};
 use crate::model::tape::{AsArray, BlockParams, FfnParams};
 use crate::model::{FfnWeights, LayerWeights, ModelConfig, ModelWeights};
 
-use super::checkpoint::{
-    expect_empty, load_tensors, save_tensors, take_tensor, write_json_atomic, TensorMap,
-};
-use super::config::{read_json, BlockKind, ElmConfig};
+use super::checkpoint::{expect_empty, load_tensors, save_tensors, take_tensor, TensorMap};
+use super::config::{BlockKind, ElmConfig};
+use crate::io::{read_json, write_json_atomic};
 
 /// The input injection `u = z·W_zᵀ + h·W_hᵀ + b` over any handle type.
 #[derive(Clone, Debug)]
@@ -318,7 +317,7 @@ pub struct ModuleMeta {
     /// The LoRA heal of the layers after the window trained with the module (see
     /// `TrainConfig::heal`): its adapters are in [`HEAL_FILE`], merged into those layers on load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub heal: Option<crate::lora::adapter::LoraSpec>,
+    pub heal: Option<crate::model::lora_adapter::LoraSpec>,
 }
 
 /// Format tag written into `elm.json`.
@@ -419,7 +418,7 @@ pub fn read_module_meta(dir: &Path) -> Result<ModuleMeta> {
 /// Every adapter of every healed layer must be in [`HEAL_FILE`] with its shape, and nothing
 /// else; anything else is refused naming the file and the tensor.
 pub fn merge_heal(dense: &mut ModelWeights, dir: &Path, meta: &ModuleMeta) -> Result<()> {
-    use crate::lora::adapter::{lora_names, merge_layer, target_shape, TARGETS};
+    use crate::model::lora_adapter::{lora_names, merge_layer, target_shape, TARGETS};
     let Some(spec) = &meta.heal else {
         return Ok(());
     };

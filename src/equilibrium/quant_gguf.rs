@@ -29,11 +29,11 @@ use super::config::{BlockKind, ElmConfig};
 use super::module::ModuleBlock;
 use super::quant_module::{QuantElm, QuantModule, QuantProjection};
 use crate::error::{ElmError, Result};
-use crate::io::gguf::{kv, write_gguf, GgmlType, GgufFile, GgufTensorData, GgufValue};
-use crate::io::gguf_model::{
+use crate::formats::gguf::{kv, write_gguf, GgmlType, GgufFile, GgufTensorData, GgufValue};
+use crate::formats::gguf_model::{
     arch_metadata, permute_rope_qrows, permute_rope_rows, Taker, ELM_CONFIG_KEY,
 };
-use crate::io::tokenizer::{Tokenizer, TOKENIZER_CONFIG_KEY, TOKENIZER_JSON_KEY};
+use crate::formats::tokenizer::{Tokenizer, TOKENIZER_CONFIG_KEY, TOKENIZER_JSON_KEY};
 use crate::model::quant::{Linear, QFormat, QLayer, QuantWeights, WeightStorage, QK};
 use crate::model::{Arch, ModelConfig};
 

@@ -29,15 +29,18 @@ use crate::model::{ModelConfig, ModelWeights};
 use crate::solver::{SolverConfig, StopCriteria};
 use crate::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
 
-use super::checkpoint::{write_json_atomic, TensorMap};
-use super::config::{read_json, ElmConfig, TrainConfig};
+use super::checkpoint::TensorMap;
+use super::config::{ElmConfig, TrainConfig};
 use super::infer::solve_sequences;
 use super::map::ElmLayer;
 use super::module::{
     save_module, ElmModule, ElmParams, ModuleMeta, HEAL_FILE, HEAL_PREFIX, MODULE_FORMAT,
 };
 use crate::data::{batch_indices, make_batch, Batch, TokenSequence};
+use crate::io::write_json_atomic;
+use crate::io::{read_json, Fnv64};
 use crate::model::dense_pass::{embed, run_dense_layers};
+use crate::train::step_seed;
 
 /// The module's parameters registered on `tape`, typed (store order = [`ElmParams`] order).
 fn params_on_tape(cfg: &ModelConfig, elm: &ElmConfig, vars: &[Var]) -> Result<ElmParams<Var>> {
@@ -70,12 +73,12 @@ fn healed_layers(elm: &ElmConfig, cfg: &ModelConfig) -> Result<std::ops::Range<u
     Ok(r)
 }
 
-/// Store names of a heal's adapters, in [`crate::lora::adapter::insert_adapters`]' order.
+/// Store names of a heal's adapters, in [`crate::model::lora_adapter::insert_adapters`]' order.
 fn heal_names(elm: &ElmConfig, cfg: &ModelConfig) -> Result<Vec<String>> {
     let mut names = vec![];
     for l in healed_layers(elm, cfg)? {
-        for t in crate::lora::adapter::TARGETS {
-            let (a, b) = crate::lora::adapter::lora_names(HEAL_PREFIX, l, t);
+        for t in crate::model::lora_adapter::TARGETS {
+            let (a, b) = crate::model::lora_adapter::lora_names(HEAL_PREFIX, l, t);
             names.extend([a, b]);
         }
     }
@@ -238,30 +241,6 @@ impl TeacherCache {
     }
 }
 
-/// FNV-1a, 64 bit: a stable content hash (std's `DefaultHasher` may change between releases).
-pub struct Fnv64(u64);
-
-impl Fnv64 {
-    pub fn new() -> Self {
-        Fnv64(0xcbf2_9ce4_8422_2325)
-    }
-    pub fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= b as u64;
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    pub fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-impl Default for Fnv64 {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// What [`Trainer::run`] reports as it goes.
 #[derive(Clone, Debug)]
 pub enum TrainEvent<'a> {
@@ -333,7 +312,7 @@ impl<'a> Trainer<'a> {
         if let Some(spec) = &cfg.heal {
             spec.validate(&dense.config)
                 .map_err(|e| ElmError::config("heal", e.to_string()))?;
-            crate::lora::adapter::insert_adapters(
+            crate::model::lora_adapter::insert_adapters(
                 &mut store,
                 &dense.config,
                 spec,
@@ -695,7 +674,7 @@ impl<'a> Trainer<'a> {
                     }
                 }
                 Some(spec) => {
-                    use crate::lora::adapter::{block_lora, lora_block_forward, LoraRun};
+                    use crate::model::lora_adapter::{block_lora, lora_block_forward, LoraRun};
                     let all: Vec<Option<Var>> = vars.vars().iter().map(|v| Some(*v)).collect();
                     let mut heal_rng =
                         StdRng::seed_from_u64(step_seed(self.cfg.seed ^ HEAL_SEED, step));
@@ -1006,14 +985,6 @@ impl crate::memory::StepMemory for Trainer<'_> {
     fn packed_weight_bytes(&self) -> u64 {
         self.frozen.packed_bytes()
     }
-}
-
-/// Seed of step `step`'s gradient-rule RNG.
-pub fn step_seed(seed: u64, step: usize) -> u64 {
-    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ (step as u64)
-            .wrapping_add(0xD1B5_4A32_D192_ED03)
-            .rotate_left(17)
 }
 
 /// See [`Trainer::eval_distill`].

@@ -13,7 +13,7 @@ use crate::equilibrium::infer::{
     generate_greedy_until, ElmModel, ElmSession, FpStat, InferenceConfig,
 };
 use crate::error::{ElmError, Result};
-use crate::io::tokenizer::Tokenizer;
+use crate::formats::tokenizer::Tokenizer;
 
 use super::answer::{score_response, AnswerScore};
 use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};

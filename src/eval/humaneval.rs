@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::equilibrium::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
-use crate::io::tokenizer::Tokenizer;
+use crate::formats::tokenizer::Tokenizer;
 
 use super::gsm8k::{greedy_batch, stop_ids, GreedyStops};
 use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};

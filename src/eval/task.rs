@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::{load_gsm8k, Split};
 use crate::equilibrium::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
-use crate::io::tokenizer::Tokenizer;
+use crate::formats::tokenizer::Tokenizer;
 
 use super::gsm8k::{answer_nll, eval_gsm8k, Gsm8kOptions, Sample};
 use super::humaneval::{self, HumanEvalOptions, HumanEvalSample, Problem};

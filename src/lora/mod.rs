@@ -2,16 +2,16 @@
 //! the weights ("tuned dense", the reference every compressed model is compared to and cut
 //! from).
 //!
-//! - [`adapter`]: adapters on q, k, v, o, gate, up, down; their tape forward
-//!   ([`adapter::lora_block_forward`]) and the merge `W + (α/r)·B A`.
+//! - the adapters themselves (q, k, v, o, gate, up, down; their tape forward and the merge
+//!   `W + (α/r)·B A`) live in [`crate::model::lora_adapter`], below the ELM, which heals the
+//!   layers after its window with them.
 //! - [`sft`]: [`sft::LoraTrainer`] — answer-token CE, AdamW, warm-up + cosine, resumable
 //!   checkpoints.
 //! - [`answer_nll_mean`]: held-out answer NLL of a dense model (the before/after figure).
 
-pub mod adapter;
 pub mod sft;
 
-pub use adapter::{merge_layer, merge_model, LoraSpec, TARGETS};
+pub use crate::model::lora_adapter::{merge_layer, merge_model, LoraSpec, TARGETS};
 pub use sft::{LoraConfig, LoraEvent, LoraStepLog, LoraTrainer};
 
 use serde::{Deserialize, Serialize};
@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::QaExample;
 use crate::equilibrium::infer::{ElmModel, InferenceConfig};
 use crate::error::Result;
-use crate::io::tokenizer::Tokenizer;
+use crate::formats::tokenizer::Tokenizer;
 use crate::model::ModelWeights;
 
 /// Mean answer NLL (nats per answer token) of `weights` on `examples` (chat template, the

@@ -15,15 +15,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::autograd::{Tape, Var};
 use crate::data::{batch_indices, make_batch, Batch, TokenSequence};
-use crate::equilibrium::checkpoint::write_json_atomic;
-use crate::equilibrium::config::read_json;
-use crate::equilibrium::train::step_seed;
 use crate::error::{ElmError, Result};
+use crate::io::read_json;
+use crate::io::write_json_atomic;
 use crate::model::tape::{ModelTensors, ModelVars, Trainable};
 use crate::model::{ModelConfig, ModelWeights};
+use crate::train::step_seed;
 use crate::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
 
-use super::adapter::{
+use crate::model::lora_adapter::{
     block_lora, insert_adapters, lora_block_forward, merge_model, LoraRun, LoraSpec,
 };
 

@@ -13,7 +13,7 @@ use super::load::{load_inference, load_pretrained};
 use super::quant::{QuantWeights, WeightStorage};
 use super::transformer::Transformer;
 use crate::error::Result;
-use crate::io::tokenizer::Tokenizer;
+use crate::formats::tokenizer::Tokenizer;
 
 /// A dense transformer with f32 or quantized matrices.
 pub enum AnyTransformer {

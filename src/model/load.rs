@@ -5,14 +5,14 @@ use std::path::{Path, PathBuf};
 use super::quant::{QuantWeights, WeightStorage};
 use super::weights::ModelWeights;
 use crate::error::{ElmError, Result};
-use crate::io::tokenizer::Tokenizer;
-use crate::io::{load_gguf_quant, load_gguf_weights, load_hf_model, GgufFile};
+use crate::formats::tokenizer::Tokenizer;
+use crate::formats::{load_gguf_quant, load_gguf_weights, load_hf_model, GgufFile};
 
 /// File name of the default real model.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// Directory holding model files (one definition, in `io`).
-pub use crate::io::models_dir;
+pub use crate::formats::models_dir;
 
 /// Path of the default SmolLM2 GGUF (may not exist; see `scripts/fetch-smollm2.sh`).
 pub fn default_model_path() -> PathBuf {

@@ -26,6 +26,7 @@ pub mod dense_pass;
 pub mod generate;
 pub mod kv_cache;
 pub mod load;
+pub mod lora_adapter;
 pub mod ops;
 pub mod quant;
 pub mod tape;

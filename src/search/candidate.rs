@@ -18,9 +18,11 @@ use crate::autograd::{Tape, Var};
 use crate::data::{make_batch, Batch, TokenSequence};
 use crate::equilibrium::module::{ElmModule, ProjectionWeights};
 use crate::error::{ElmError, Result};
-use crate::lora::adapter::{block_lora, insert_adapters, lora_block_forward, merge_layer, LoraRun};
 use crate::lora::LoraSpec;
 use crate::model::dense_pass::{embed, run_dense_layers};
+use crate::model::lora_adapter::{
+    block_lora, insert_adapters, lora_block_forward, merge_layer, LoraRun,
+};
 use crate::model::ops::{linear_into, rms_norm_into};
 use crate::model::tape::{block_forward, BlockTensors, BlockVars};
 use crate::model::{ModelConfig, ModelWeights};

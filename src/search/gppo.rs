@@ -17,11 +17,11 @@ use rand::{rngs::StdRng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{batch_indices, TokenSequence};
-use crate::equilibrium::checkpoint::write_json_atomic;
-use crate::equilibrium::config::read_json;
-use crate::equilibrium::train::step_seed;
 use crate::error::{ElmError, Result};
+use crate::io::read_json;
+use crate::io::write_json_atomic;
 use crate::model::{ModelConfig, ModelWeights};
+use crate::train::step_seed;
 use crate::train::{AdamW, ParamStore, ScheduleConfig};
 
 use super::candidate::{CandidateConfig, CandidateStep, Candidates, TeacherBatch};

@@ -17,11 +17,13 @@
 mod adamw;
 mod params;
 mod schedule;
+mod seed;
 mod tape_glue;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use params::{ParamGrads, ParamStore};
 pub use schedule::ScheduleConfig;
+pub use seed::step_seed;
 pub use tape_glue::ParamVars;
 
 /// The crate's seeded RNG constructor (every random choice in training goes through a seed).

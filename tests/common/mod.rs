@@ -29,7 +29,7 @@ pub fn real_model_required() -> bool {
 }
 
 /// The real SmolLM2-135M-Instruct GGUF (`elm::model::default_model_path()`: the file
-/// `elm::io::SMOLLM2_GGUF` in `$ELM_MODELS_DIR`, default `models/`, fetched by
+/// `elm::formats::SMOLLM2_GGUF` in `$ELM_MODELS_DIR`, default `models/`, fetched by
 /// scripts/setup.sh); its tokenizer is inside it. When absent: panics under
 /// `ELM_REQUIRE_REAL_MODEL=1`, else prints `skipped <test>: ...` ([`print_skip`]) and returns
 /// `None`:
@@ -47,7 +47,7 @@ pub fn real_model() -> Option<PathBuf> {
             "real model not found at {} and {REQUIRE_REAL_MODEL} is set: run scripts/setup.sh \
              (or point ELM_MODELS_DIR at the directory holding {})",
             path.display(),
-            elm::io::SMOLLM2_GGUF
+            elm::formats::SMOLLM2_GGUF
         );
     }
     print_skip(
@@ -284,7 +284,7 @@ pub fn write_word_corpus(path: &Path, lines: usize, stride: usize) {
 /// `w` as an HF model directory at `dir` with [`word_tokenizer_json`]'s tokenizer: a model the
 /// `elm` CLI loads like a real one.
 pub fn write_word_model(w: &elm::model::ModelWeights, dir: &Path) {
-    elm::io::save_hf_model(w, dir).unwrap();
+    elm::formats::save_hf_model(w, dir).unwrap();
     std::fs::write(dir.join("tokenizer.json"), word_tokenizer_json()).unwrap();
 }
 

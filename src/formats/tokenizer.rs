@@ -363,7 +363,7 @@ impl Tokenizer {
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let json = self.inner.to_string(true).map_err(tok_err)?;
-        super::write_atomic(path, json.as_bytes())
+        crate::io::write_atomic(path, json.as_bytes())
     }
 
     /// Writes `tokenizer.json` and a `tokenizer_config.json` (BOS/EOS tokens, `add_bos_token`,
@@ -373,8 +373,8 @@ impl Tokenizer {
     pub fn save_dir(&self, dir: impl AsRef<Path>) -> Result<()> {
         let dir = dir.as_ref();
         let (json, config) = self.to_json_parts(true)?;
-        super::write_atomic(&dir.join("tokenizer.json"), json.as_bytes())?;
-        super::write_atomic(&dir.join("tokenizer_config.json"), config.as_bytes())
+        crate::io::write_atomic(&dir.join("tokenizer.json"), json.as_bytes())?;
+        crate::io::write_atomic(&dir.join("tokenizer_config.json"), config.as_bytes())
     }
 
     /// The texts [`Tokenizer::save_dir`] writes, `(tokenizer.json, tokenizer_config.json)`;

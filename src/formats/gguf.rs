@@ -880,7 +880,7 @@ pub fn write_gguf(
         .and_then(|(_, v)| v.as_int())
         .map_or(DEFAULT_ALIGNMENT, |a| a as u64);
     let bytes = gguf_to_bytes(metadata, tensors, alignment);
-    super::write_atomic(path, &bytes)
+    crate::io::write_atomic(path, &bytes)
 }
 
 /// Convenience: `(key, value)` pair for [`write_gguf`] metadata.

@@ -20,8 +20,8 @@ use ndarray::{Array1, Array2, ArrayD};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde_json::{json, Map, Value};
 
-use super::write_atomic;
 use crate::error::{ElmError, Result};
+use crate::io::write_atomic;
 use crate::model::{Arch, LayerWeights, ModelConfig, ModelWeights};
 
 /// `config.json` keys that do not affect the forward pass and are ignored.
