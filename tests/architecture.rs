@@ -1,9 +1,18 @@
-//! The layout the architecture promises, checked on the source tree itself: no two files of
-//! `src/` import each other (directly or around a loop), and every file ARCHITECTURE.md's
-//! "where new work goes" names exists.
+//! The layout the architecture promises, checked on the source trees themselves (`src/`,
+//! `crates/elm-solver/src/`, `paper_repro/src/`):
+//!
+//! - **folders only point down**: every top-level module (a folder or a file directly under the
+//!   root) imports only modules on a lower line of ARCHITECTURE.md's "Layer order" list, read
+//!   from the file; a module missing from the list fails too, so a new folder must be placed;
+//! - **no file loops**: no two files import each other, directly or around a loop;
+//! - every file ARCHITECTURE.md's "where new work goes" names exists.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -16,9 +25,10 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The module path of a file under `src/` (`src/equilibrium/session.rs` → `[equilibrium, session]`).
-fn module_of(src: &Path, file: &Path) -> Vec<String> {
-    let rel = file.strip_prefix(src).unwrap().with_extension("");
+/// The module path of a file under its crate root (`src/equilibrium/session.rs` →
+/// `[equilibrium, session]`; `mod.rs`, `lib.rs` and `main.rs` name their folder).
+fn module_of(root: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(root).unwrap().with_extension("");
     let mut parts: Vec<String> = rel
         .iter()
         .map(|s| s.to_string_lossy().into_owned())
@@ -32,7 +42,64 @@ fn module_of(src: &Path, file: &Path) -> Vec<String> {
     parts
 }
 
-/// Paths after `crate::` / `super::` in code (comments and `#[cfg(test)]` modules dropped).
+/// `mod.rs`, `lib.rs`, `main.rs`: files that gather their children (their own imports are
+/// their children's).
+fn is_gatherer(f: &Path) -> bool {
+    matches!(
+        f.file_name().and_then(|n| n.to_str()),
+        Some("mod.rs" | "lib.rs" | "main.rs")
+    )
+}
+
+/// The paths of a use-tree starting at `text` (`a::b`, `a::{b, c::{d, e}}`, `a::*`), each as
+/// its segments; `rest` is what follows the tree.
+fn use_tree(text: &str) -> (Vec<Vec<String>>, &str) {
+    fn ident(t: &str) -> (&str, &str) {
+        let end = t
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(t.len());
+        (&t[..end], &t[end..])
+    }
+    fn tree<'a>(t: &'a str, prefix: &[String], out: &mut Vec<Vec<String>>) -> &'a str {
+        let t = t.trim_start();
+        if let Some(inner) = t.strip_prefix('{') {
+            let mut t = inner;
+            loop {
+                t = t.trim_start();
+                if let Some(after) = t.strip_prefix('}') {
+                    return after;
+                }
+                if t.is_empty() {
+                    return t;
+                }
+                t = tree(t, prefix, out);
+                t = t.trim_start();
+                t = t.strip_prefix(',').unwrap_or(t);
+            }
+        }
+        let (name, after) = ident(t);
+        if name.is_empty() {
+            // `*` or the end of a path.
+            out.push(prefix.to_vec());
+            return t.strip_prefix('*').unwrap_or(t);
+        }
+        let mut path = prefix.to_vec();
+        path.push(name.to_string());
+        match after.strip_prefix("::") {
+            Some(next) => tree(next, &path, out),
+            None => {
+                out.push(path);
+                after
+            }
+        }
+    }
+    let mut out = vec![];
+    let rest = tree(text, &[], &mut out);
+    (out, rest)
+}
+
+/// Paths after `crate::` / `super::` in code (comments and `#[cfg(test)]` modules dropped),
+/// brace groups expanded: `(is_super, segments)`.
 fn references(code: &str) -> Vec<(bool, Vec<String>)> {
     let code = code.split("#[cfg(test)]").next().unwrap();
     let code: String = code
@@ -47,59 +114,42 @@ fn references(code: &str) -> Vec<(bool, Vec<String>)> {
             let before = rest[..i].chars().last();
             let tail = &rest[i + start.len()..];
             rest = tail;
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
                 continue;
             }
-            let mut segs = vec![];
-            let mut t = tail;
-            loop {
-                let end = t
-                    .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-                    .unwrap_or(t.len());
-                if end == 0 {
-                    break;
-                }
-                segs.push(t[..end].to_string());
-                match t[end..].strip_prefix("::") {
-                    Some(next) => t = next,
-                    None => break,
-                }
+            for segs in use_tree(tail).0 {
+                out.push((start == "super::", segs));
             }
-            out.push((start == "super::", segs));
         }
     }
     out
 }
 
-/// file → the other files of `src/` it names (module files `mod.rs`/`lib.rs` excluded: they
-/// only gather their children).
-fn import_graph() -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// A crate's source tree: every file's module path and the other files it names (gatherers
+/// excluded: they only gather their children).
+struct Tree {
+    root: PathBuf,
+    graph: BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+    module: BTreeMap<PathBuf, Vec<String>>,
+}
+
+fn tree(root: &Path) -> Tree {
     let mut files = vec![];
-    rust_files(&src, &mut files);
+    rust_files(root, &mut files);
     let by_module: BTreeMap<Vec<String>, PathBuf> = files
         .iter()
-        .map(|f| (module_of(&src, f), f.clone()))
+        .filter(|f| f.file_name().is_some_and(|n| n != "main.rs"))
+        .map(|f| (module_of(root, f), f.clone()))
         .collect();
-    let is_gatherer = |f: &Path| {
-        matches!(
-            f.file_name().and_then(|n| n.to_str()),
-            Some("mod.rs" | "lib.rs")
-        )
-    };
     let mut graph = BTreeMap::new();
     for f in &files {
-        let me = module_of(&src, f);
-        let base: Vec<String> = if is_gatherer(f) {
-            me.clone()
-        } else {
-            me[..me.len().saturating_sub(1)].to_vec()
-        };
+        let me = module_of(root, f);
         let code = std::fs::read_to_string(f).unwrap();
         let mut edges = BTreeSet::new();
         for (is_super, mut segs) in references(&code) {
+            // `super` of module `a::b` (file or folder alike) is `a`.
             let mut target = if is_super {
-                let mut b = base.clone();
+                let mut b = me.clone();
                 b.pop();
                 while segs.first().map(String::as_str) == Some("super") {
                     segs.remove(0);
@@ -122,14 +172,19 @@ fn import_graph() -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
         }
         graph.insert(f.clone(), edges);
     }
-    graph
+    let module = files
+        .iter()
+        .map(|f| (f.clone(), module_of(root, f)))
+        .collect();
+    Tree {
+        root: root.to_path_buf(),
+        graph,
+        module,
+    }
 }
 
-#[test]
-fn no_two_files_of_src_import_each_other() {
-    let graph = import_graph();
-    assert!(graph.len() > 50, "found only {} files", graph.len());
-    // Depth-first search for a back edge; report the loop it closes.
+/// Every import loop between files of `t` (depth-first search for back edges).
+fn file_loops(t: &Tree) -> Vec<Vec<PathBuf>> {
     fn visit(
         f: &PathBuf,
         g: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
@@ -153,33 +208,203 @@ fn no_two_files_of_src_import_each_other() {
         state.insert(f.clone(), 2);
     }
     let (mut state, mut loops) = (BTreeMap::new(), vec![]);
-    for f in graph.keys() {
+    for f in t.graph.keys() {
         if !state.contains_key(f) {
-            visit(f, &graph, &mut state, &mut vec![], &mut loops);
+            visit(f, &t.graph, &mut state, &mut vec![], &mut loops);
         }
     }
-    assert!(loops.is_empty(), "import loops between files: {loops:#?}");
+    loops
 }
 
-/// The checker finds a loop when there is one (two files that name each other).
+/// ARCHITECTURE.md's "Layer order": for each source root, its top-level modules line by line,
+/// highest first (a line's modules are siblings that must not import each other).
+fn layer_order() -> BTreeMap<String, Vec<Vec<String>>> {
+    let text = std::fs::read_to_string(workspace().join("ARCHITECTURE.md")).unwrap();
+    let section = text
+        .split("## Layer order")
+        .nth(1)
+        .expect("ARCHITECTURE.md has a 'Layer order' section");
+    let block = section
+        .split("```text")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the 'Layer order' section holds a ```text block");
+    let mut roots: BTreeMap<String, Vec<Vec<String>>> = BTreeMap::new();
+    let mut current = None;
+    for line in block.lines() {
+        let line = line.split('#').next().unwrap();
+        if line.trim().is_empty() {
+            continue;
+        }
+        if !line.starts_with(' ') {
+            let root = line.trim().trim_end_matches(':').to_string();
+            roots.entry(root.clone()).or_default();
+            current = Some(root);
+            continue;
+        }
+        let root = current.clone().expect("a layer line before any root line");
+        let units: Vec<String> = line
+            .split(|c: char| c == '·' || c.is_whitespace())
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        roots.get_mut(&root).unwrap().push(units);
+    }
+    roots
+}
+
+/// The top-level module a file belongs to (`""` for the crate root's own file).
+fn unit_of(t: &Tree, f: &Path) -> String {
+    t.module[f].first().cloned().unwrap_or_default()
+}
+
+/// Every import of `t` that does not point down the layer list `layers` (highest first), as
+/// `(from file, to file, why)`, plus the top-level modules the list does not place.
+fn layer_violations(t: &Tree, layers: &[Vec<String>]) -> Vec<String> {
+    let mut level = BTreeMap::new();
+    for (i, line) in layers.iter().enumerate() {
+        for u in line {
+            // Highest first: the first line gets the largest number.
+            level.insert(u.clone(), layers.len() - i);
+        }
+    }
+    let mut out = vec![];
+    let units: BTreeSet<String> = t
+        .graph
+        .keys()
+        .map(|f| unit_of(t, f))
+        .filter(|u| !u.is_empty())
+        .collect();
+    for u in &units {
+        if !level.contains_key(u) {
+            out.push(format!(
+                "{}: `{u}` is not in ARCHITECTURE.md's layer order",
+                t.root.display()
+            ));
+        }
+    }
+    for u in level.keys() {
+        if !units.contains(u) {
+            out.push(format!(
+                "{}: ARCHITECTURE.md's layer order names `{u}`, which is not a module there",
+                t.root.display()
+            ));
+        }
+    }
+    for (f, edges) in &t.graph {
+        let from = unit_of(t, f);
+        for e in edges {
+            let to = unit_of(t, e);
+            if from == to || from.is_empty() || to.is_empty() {
+                continue;
+            }
+            let (Some(a), Some(b)) = (level.get(&from), level.get(&to)) else {
+                continue;
+            };
+            if b >= a {
+                out.push(format!(
+                    "{} imports {}: `{from}` may import only modules below it, and `{to}` is {}",
+                    f.strip_prefix(workspace()).unwrap_or(f).display(),
+                    e.strip_prefix(workspace()).unwrap_or(e).display(),
+                    if a == b {
+                        "on the same line"
+                    } else {
+                        "above it"
+                    }
+                ));
+            }
+        }
+    }
+    out
+}
+
+const ROOTS: [&str; 3] = ["src", "crates/elm-solver/src", "paper_repro/src"];
+
 #[test]
-fn the_loop_finder_sees_references() {
-    let refs = references("use super::session::ElmSession;\nlet x = crate::solver::SolverConfig::anderson(); // crate::io\n");
-    assert_eq!(
-        refs,
-        vec![
-            (
-                false,
-                vec!["solver".into(), "SolverConfig".into(), "anderson".into()]
-            ),
-            (true, vec!["session".into(), "ElmSession".into()]),
-        ]
+fn folders_import_only_the_layers_below_them() {
+    let order = layer_order();
+    let mut problems = vec![];
+    for root in ROOTS {
+        let layers = order
+            .get(root)
+            .unwrap_or_else(|| panic!("ARCHITECTURE.md's layer order has no `{root}:` list"));
+        problems.extend(layer_violations(&tree(&workspace().join(root)), layers));
+    }
+    assert!(
+        problems.is_empty(),
+        "imports against ARCHITECTURE.md's layer order:\n{}",
+        problems.join("\n")
     );
 }
 
 #[test]
+fn no_two_files_import_each_other() {
+    for root in ROOTS {
+        let t = tree(&workspace().join(root));
+        assert!(
+            t.graph.len() > 10,
+            "{root}: found only {} files",
+            t.graph.len()
+        );
+        let loops = file_loops(&t);
+        assert!(
+            loops.is_empty(),
+            "{root}: import loops between files: {loops:#?}"
+        );
+    }
+}
+
+/// The checker sees what it must: brace groups, `super` from a file (its folder) and from a
+/// folder's `mod.rs` (the parent), a planted upward import, a loop.
+#[test]
+fn the_checker_sees_references_layers_and_loops() {
+    let refs = references(
+        "use super::session::ElmSession;\nuse crate::{io::read_json, model::{config::A, B}};\nlet x = crate::solver::SolverConfig::anderson(); // crate::io\n",
+    );
+    let want: Vec<(bool, Vec<String>)> = vec![
+        (false, vec!["io".into(), "read_json".into()]),
+        (false, vec!["model".into(), "config".into(), "A".into()]),
+        (false, vec!["model".into(), "B".into()]),
+        (
+            false,
+            vec!["solver".into(), "SolverConfig".into(), "anderson".into()],
+        ),
+        (true, vec!["session".into(), "ElmSession".into()]),
+    ];
+    assert_eq!(refs, want);
+    // A tiny crate: `low/a.rs` names its sibling through `super`, `high.rs` imports `low`, and
+    // a planted `low/b.rs → high` import goes up the layers and closes a file loop.
+    let dir = std::env::temp_dir().join(format!("elm-arch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("low")).unwrap();
+    std::fs::write(dir.join("lib.rs"), "pub mod low;\npub mod high;\n").unwrap();
+    std::fs::write(dir.join("low/mod.rs"), "pub mod a;\npub mod b;\n").unwrap();
+    std::fs::write(dir.join("low/a.rs"), "use super::b::B;\n").unwrap();
+    std::fs::write(dir.join("low/b.rs"), "pub struct B;\n").unwrap();
+    std::fs::write(dir.join("high.rs"), "use crate::low::a::A;\n").unwrap();
+    let layers = vec![vec!["high".to_string()], vec!["low".to_string()]];
+    let t = tree(&dir);
+    assert!(t.graph[&dir.join("low/a.rs")].contains(&dir.join("low/b.rs")));
+    assert!(layer_violations(&t, &layers).is_empty());
+    assert!(file_loops(&t).is_empty());
+    std::fs::write(dir.join("low/b.rs"), "use crate::high::H;\npub struct B;\n").unwrap();
+    let t = tree(&dir);
+    let v = layer_violations(&t, &layers);
+    assert!(v.len() == 1 && v[0].contains("above it"), "{v:?}");
+    assert_eq!(file_loops(&t).len(), 1);
+    // A module the list does not place, and a listed one that does not exist.
+    let v = layer_violations(&t, &[vec!["high".into()], vec!["gone".into()]]);
+    assert!(
+        v.iter().any(|m| m.contains("`low` is not in"))
+            && v.iter().any(|m| m.contains("names `gone`")),
+        "{v:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn architecture_names_only_files_that_exist() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = workspace();
     let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
     let section = text
         .split("## Where new work goes")

@@ -126,10 +126,15 @@ fn real_gsm8k_loads() {
 #[test]
 fn train_config_defaults_and_unknown_keys() {
     let c = TrainConfig::default();
-    assert_eq!(c.lr, 2e-4);
-    assert_eq!(c.betas, [0.9, 0.95]);
+    assert_eq!(c.optim.lr, 2e-4);
+    assert_eq!(c.optim.betas, [0.9, 0.95]);
     assert_eq!(
-        (c.warmup_frac, c.min_lr_frac, c.weight_decay, c.clip),
+        (
+            c.optim.warmup_frac,
+            c.optim.min_lr_frac,
+            c.optim.weight_decay,
+            c.optim.clip
+        ),
         (0.1, 0.01, 0.02, 0.1)
     );
     c.validate().unwrap();

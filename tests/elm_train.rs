@@ -16,6 +16,7 @@ use elm::grad::{DeqConfig, GradientRule, ImplicitLayer};
 use elm::model::dense_pass::run_dense_layers;
 use elm::model::{Arch, ModelConfig, ModelWeights, Transformer};
 use elm::solver::{SolverConfig, StopCriteria};
+use elm::train::OptimConfig;
 use ndarray::{Array3, ArrayD};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -36,8 +37,11 @@ fn cfg(steps: usize, seed: u64) -> TrainConfig {
         steps,
         batch_size: 4,
         seq_len: 16,
-        lr: 3e-3,
-        clip: 1.0,
+        optim: OptimConfig {
+            lr: 3e-3,
+            clip: 1.0,
+            ..OptimConfig::default()
+        },
         seed,
         ..TrainConfig::default()
     }
@@ -942,7 +946,7 @@ fn relative_spectral_norm_holds_each_matrix_at_a_multiple_of_its_starting_norm()
 
 #[test]
 fn a_run_request_reads_back_and_refuses_another_command_or_model() {
-    use elm::equilibrium::checkpoint::{read_run_request, write_run_request, RUN_REQUEST_FILE};
+    use elm::io::run_dir::{read_run_request, write_run_request, RUN_REQUEST_FILE};
     let dir = TempDir::new("request");
     let mc = ModelConfig::tiny(Arch::Llama);
     let c = cfg(7, 3);

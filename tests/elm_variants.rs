@@ -20,6 +20,7 @@ use elm::grad::{DeqConfig, GradientRule};
 use elm::model::generate::{generate, SamplingConfig};
 use elm::model::{Arch, LayerWeights, ModelConfig, ModelWeights, Transformer};
 use elm::solver::SolverConfig;
+use elm::train::OptimConfig;
 use ndarray::Array2;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -286,8 +287,11 @@ fn fixed_iteration_variants_train_by_unrolling() {
         steps: 4,
         batch_size: 4,
         seq_len: 10,
-        lr: 3e-3,
-        clip: 1.0,
+        optim: OptimConfig {
+            lr: 3e-3,
+            clip: 1.0,
+            ..OptimConfig::default()
+        },
         ..TrainConfig::default()
     };
     let cases = [

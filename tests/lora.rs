@@ -11,6 +11,7 @@ use elm::model::dense_pass::{embed, run_dense_layers};
 use elm::model::lora_adapter::{insert_adapters, lora_names, merge_layer, TARGETS};
 use elm::model::{Arch, ModelConfig};
 use elm::search::candidate::answer_nll_of_hidden;
+use elm::train::OptimConfig;
 use elm::train::ParamStore;
 use ndarray::{Array2, ArrayD, Ix2, IxDyn};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -126,8 +127,11 @@ fn merged_model_answer_ce_equals_unmerged_training_forward() {
             steps: 6,
             batch_size: 2,
             seq_len: 32,
-            lr: 2e-2,
-            clip: 10.0,
+            optim: OptimConfig {
+                lr: 2e-2,
+                clip: 10.0,
+                ..OptimConfig::default()
+            },
             checkpoint_every: 0,
             ..LoraConfig::default()
         };
@@ -175,8 +179,11 @@ fn sft_lowers_answer_ce_and_resume_equals_uninterrupted() {
         steps: 30,
         batch_size: 4,
         seq_len: 32,
-        lr: 1e-2,
-        clip: 1.0,
+        optim: OptimConfig {
+            lr: 1e-2,
+            clip: 1.0,
+            ..OptimConfig::default()
+        },
         seed: 5,
         checkpoint_every: 10,
         ..LoraConfig::default()

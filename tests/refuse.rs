@@ -1136,7 +1136,13 @@ fn file_case(rng: &mut StdRng) -> Case {
                 _ => value,
             };
             let path = fresh("fz-cfg").with_extension("json");
-            std::fs::write(&path, serde_json::json!({ key: value }).to_string()).unwrap();
+            // The optimiser's keys sit in its one config, under `optim`.
+            let config = if elm::train::OPTIM_KEYS.contains(&key) {
+                serde_json::json!({ "optim": { key: value } })
+            } else {
+                serde_json::json!({ key: value })
+            };
+            std::fs::write(&path, config.to_string()).unwrap();
             Case {
                 args: owned_args(&[
                     "train",

@@ -20,6 +20,7 @@ use elm::search::report::{ranks, spearman};
 use elm::search::{
     enumerate, metric_choice, where_to_prune, EnumConfig, Gppo, GppoConfig, Selector,
 };
+use elm::train::OptimConfig;
 use rand::{rngs::StdRng, SeedableRng};
 
 fn close(a: f64, b: f64, tol: f64) -> bool {
@@ -194,9 +195,12 @@ fn cand_cfg() -> CandidateConfig {
         },
         batch_size: 2,
         seq_len: 32,
-        lr: 3e-3,
-        clip: 1.0,
-        warmup_frac: 0.0,
+        optim: OptimConfig {
+            lr: 3e-3,
+            clip: 1.0,
+            warmup_frac: 0.0,
+            ..elm::search::candidate::candidate_optim()
+        },
         ..CandidateConfig::new(2)
     }
 }

@@ -533,3 +533,95 @@ fn store_registers_on_tape_and_adamw_minimises_a_quadratic() {
         &arr1(&[0.1f32, 0.1, 0.1]).into_dyn()
     );
 }
+
+/// The one optimiser config: the defaults every trainer shares, its AdamW and schedule, a file
+/// that still has a key at its old place refused naming the key and where it moved, and the
+/// candidates' own weight-decay default kept for keys a file leaves out.
+#[test]
+fn one_optimiser_config_for_every_trainer() {
+    use elm::equilibrium::TrainConfig;
+    use elm::lora::LoraConfig;
+    use elm::search::candidate::{candidate_optim, CandidateConfig};
+    use elm::search::GppoConfig;
+    use elm::train::{OptimConfig, OPTIM_KEYS};
+    let d = OptimConfig::default();
+    assert_eq!(TrainConfig::default().optim, d);
+    assert_eq!(LoraConfig::default().optim, d);
+    assert_eq!(
+        (d.lr, d.betas, d.eps, d.weight_decay, d.clip),
+        (2e-4, [0.9, 0.95], 1e-8, 0.02, 0.1)
+    );
+    let a = d.adamw();
+    assert_eq!(
+        (a.beta1, a.beta2, a.eps, a.weight_decay),
+        (
+            0.9f32 as f64,
+            0.95f32 as f64,
+            1e-8f32 as f64,
+            0.02f32 as f64
+        )
+    );
+    let s = d.schedule(100).unwrap();
+    assert_eq!((s.warmup_steps, s.total_steps), (10, 100));
+    assert_close("peak lr", s.lr_at(10), 2e-4f32 as f64, 1e-12);
+    // The candidates keep the official GPPO code's decay (PyTorch's AdamW default) unless told.
+    assert_eq!(CandidateConfig::new(8).optim, candidate_optim());
+    assert_eq!(candidate_optim().weight_decay, 0.01);
+    let c: CandidateConfig =
+        serde_json::from_str(r#"{"num_replaced": 8, "optim": {"lr": 5e-4}}"#).unwrap();
+    assert_eq!(
+        c.optim,
+        OptimConfig {
+            lr: 5e-4,
+            ..candidate_optim()
+        }
+    );
+    let e = serde_json::from_str::<CandidateConfig>(r#"{"num_replaced": 8, "optim": {"lrr": 1}}"#)
+        .unwrap_err();
+    assert!(e.to_string().contains("lrr"), "{e}");
+    // Validation names the key at its place.
+    let bad = OptimConfig {
+        clip: -1.0,
+        ..OptimConfig::default()
+    };
+    assert!(bad
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("optim.clip"));
+    // Old files: every moved key, at the top and inside GPPO's `candidate`.
+    let dir = TempDir::new("optim-moved");
+    for key in OPTIM_KEYS {
+        let p = dir.join("train.json");
+        std::fs::write(&p, format!(r#"{{"steps": 3, "{key}": 1}}"#)).unwrap();
+        let e = TrainConfig::from_file(&p).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("`{key}`"))
+                && e.contains(&format!("optim.{key}"))
+                && e.contains("train.json"),
+            "{e}"
+        );
+        let e = LoraConfig::from_file(&p).unwrap_err().to_string();
+        assert!(e.contains(&format!("optim.{key}")), "{e}");
+        let p = dir.join("gppo.json");
+        std::fs::write(
+            &p,
+            format!(r#"{{"candidate": {{"num_replaced": 8, "{key}": 1}}, "steps": 3}}"#),
+        )
+        .unwrap();
+        let e = GppoConfig::from_file(&p).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("candidate.{key}"))
+                && e.contains(&format!("candidate.optim.{key}")),
+            "{e}"
+        );
+    }
+    // The new place reads.
+    let p = dir.join("ok.json");
+    std::fs::write(&p, r#"{"steps": 3, "optim": {"lr": 1e-3, "clip": 1.0}}"#).unwrap();
+    let t = TrainConfig::from_file(&p).unwrap();
+    assert_eq!(
+        (t.optim.lr, t.optim.clip, t.optim.weight_decay),
+        (1e-3, 1.0, 0.02)
+    );
+}

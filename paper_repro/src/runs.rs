@@ -740,6 +740,8 @@ pub fn where_to_prune(
                     &b.enum_every.to_string(),
                     "--seq-len",
                     &b.seq_len.to_string(),
+                    // No saved entry: whatever a killed run left in the directory is replaced.
+                    "--force",
                 ]));
             }
             a.extend(args(&["--eval-examples", &b.enum_eval.to_string()]));

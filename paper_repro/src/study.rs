@@ -191,12 +191,15 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     let out = out.canonicalize().map_err(|e| ReproError::io(&out, e))?;
     // One paper_repro per results directory for the whole run (its stages and README).
     let command: Vec<String> = std::env::args().collect();
-    let lock =
-        elm::io::DirLock::acquire(&out, &command.join(" ")).map_err(|e| ReproError::Elm {
-            what: "results directory".into(),
-            source: e,
+    // Its stages are content-addressed: an earlier run's results are reused, never refused.
+    let run =
+        elm::io::RunDir::lock(&out, elm::io::OpenMode::Reuse, &command.join(" ")).map_err(|e| {
+            ReproError::Elm {
+                what: "results directory".into(),
+                source: e,
+            }
         })?;
-    if let Some(note) = lock.takeover_note() {
+    if let Some(note) = run.takeover_note() {
         eprintln!("{note}");
     }
     let limits = args.scale.limits();

@@ -14,10 +14,12 @@ use elm::equilibrium::ElmConfig;
 use elm::error::{ElmError, Result};
 use elm::eval::{run_task, BootstrapConfig, Task, TaskData, TaskOptions, TaskRun};
 use elm::formats::tokenizer::Tokenizer;
-use elm::model::{load_pretrained, load_weights, ModelWeights};
+use elm::model::{load_weights, ModelWeights};
 use elm::solver::{SolverConfig, StopCriteria};
 
-use super::output::{bar, default_blas_threads, print_json, restart_request, to_json};
+use super::output::{bar, default_blas_threads, print_json, to_json};
+use super::output::{open_run, OpenedRun};
+use elm::io::RunStart;
 
 #[derive(clap::Args, Debug)]
 pub struct CompressArgs {
@@ -64,8 +66,7 @@ pub struct CompressArgs {
 /// Initialises the fixed-point module from layer `l` and reports parameter/KV accounting.
 pub fn run_compress(a: CompressArgs) -> Result<()> {
     let (block_init, block) = (a.block_init, a.block);
-    let _lock = super::output::lock_run_dir(&a.out, false)?;
-    elm::limits::check_output_dir("out", &a.out, a.force)?;
+    let _run = super::output::lock_out_dir(&a.out, elm::io::OpenMode::Fresh { force: a.force })?;
     let dense = load_weights(&a.model)?;
     // The KV report multiplies the context out: refuse one that overflows.
     let mc = &dense.config;
@@ -214,33 +215,37 @@ pub struct TrainArgs {
 
 /// `elm train`: trains the module, checkpointing atomically; `--resume` continues a run.
 pub fn run_train(a: TrainArgs) -> Result<()> {
-    let _lock = super::output::lock_run_dir(&a.out, a.resume)?;
-    if !a.resume {
-        // A new run never silently replaces an existing one (or any other files).
-        elm::limits::check_output_dir("out", &a.out, a.force)?;
-    }
-    let (dense, tok): (ModelWeights, Tokenizer) = load_pretrained(&a.model)?;
-    // A fresh run's request, written once everything is checked, before its first save.
-    let mut request = None;
-    let mut trainer = if a.resume {
-        if a.config.is_some()
+    if a.resume
+        && (a.config.is_some()
             || a.steps.is_some()
             || a.elm.is_some()
             || a.start.is_some()
-            || a.num_replaced.is_some()
-        {
-            return Err(ElmError::config(
-                "resume",
-                "--resume continues the saved run as configured: drop --config/--steps/--elm/--start/--m",
-            ));
-        }
-        if a.out.join(STATE_FILE).exists() {
-            Trainer::resume(&dense, &a.out)?
-        } else {
-            // Stopped before its starting point was saved (a full disk): nothing was trained,
-            // so the run starts again as it was requested.
-            let req: TrainRequest =
-                restart_request(&a.out, "train", &dense.config, STATE_FILE, "run")?;
+            || a.num_replaced.is_some())
+    {
+        return Err(ElmError::config(
+            "resume",
+            "--resume continues the saved run as configured: drop --config/--steps/--elm/--start/--m",
+        ));
+    }
+    let OpenedRun {
+        run,
+        start,
+        dense,
+        tok,
+    } = open_run::<TrainRequest>(
+        &a.out,
+        a.resume,
+        a.force,
+        ("train", STATE_FILE, "run"),
+        &a.model,
+    )?;
+    // A fresh run's request, written once everything is checked, before its first save.
+    let mut request = None;
+    let mut trainer = match start {
+        RunStart::Resume => Trainer::resume(&dense, &a.out)?,
+        // Stopped before its starting point was saved (a full disk): nothing was trained, so
+        // the run starts again as it was requested.
+        RunStart::Restart { request: req, .. } => {
             let module = match &req.init_module {
                 Some(dir) => load_module_for(dir, &dense.config, &a.model)?.0,
                 None => ElmModule::init(&dense, &req.elm)?,
@@ -253,52 +258,53 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
                 a.model.display().to_string(),
             )?
         }
-    } else {
-        let mut cfg = match &a.config {
-            Some(p) => TrainConfig::from_file(p)?,
-            None => TrainConfig::default(),
-        };
-        if let Some(s) = a.steps {
-            cfg.steps = s;
-        }
-        let (ec, module) = match (&a.elm, a.start, a.num_replaced) {
-            (Some(dir), None, None) => {
-                if elm::equilibrium::interchange::is_official_dir(dir) {
-                    return Err(ElmError::Unsupported(format!(
-                        "{}: an official integrated ELM holds no replaced layers (training's \
+        RunStart::Fresh => {
+            let mut cfg = match &a.config {
+                Some(p) => TrainConfig::from_file(p)?,
+                None => TrainConfig::default(),
+            };
+            if let Some(s) = a.steps {
+                cfg.steps = s;
+            }
+            let (ec, module) = match (&a.elm, a.start, a.num_replaced) {
+                (Some(dir), None, None) => {
+                    if elm::equilibrium::interchange::is_official_dir(dir) {
+                        return Err(ElmError::Unsupported(format!(
+                            "{}: an official integrated ELM holds no replaced layers (training's \
                          teacher), so it cannot be trained further here; evaluate, decode or \
                          quantize it, or train a module with --start/--num-replaced",
-                        dir.display()
-                    )));
-                }
-                let (module, meta) = load_module_for(dir, &dense.config, &a.model)?;
-                if meta.heal.is_some() {
-                    // A fresh run would start from the module alone and drop the healed layers.
-                    return Err(ElmError::Unsupported(format!(
+                            dir.display()
+                        )));
+                    }
+                    let (module, meta) = load_module_for(dir, &dense.config, &a.model)?;
+                    if meta.heal.is_some() {
+                        // A fresh run would start from the module alone and drop the healed layers.
+                        return Err(ElmError::Unsupported(format!(
                         "{}: this module was trained with a heal of the layers after its window;                          continue that run with --resume, or start a new one from --start/--num-replaced",
                         dir.display()
                     )));
+                    }
+                    (meta.elm, module)
                 }
-                (meta.elm, module)
-            }
-            (None, Some(l), Some(m)) => {
-                let ec = ElmConfig::new(l, m);
-                let module = ElmModule::init(&dense, &ec)?;
-                (ec, module)
-            }
-            _ => {
-                return Err(ElmError::config(
-                    "elm",
-                    "give either --elm CKPT or both --start and --m",
-                ))
-            }
-        };
-        request = Some(TrainRequest {
-            train: cfg.clone(),
-            elm: ec.clone(),
-            init_module: a.elm.clone(),
-        });
-        Trainer::new(&dense, ec, &module, cfg, a.model.display().to_string())?
+                (None, Some(l), Some(m)) => {
+                    let ec = ElmConfig::new(l, m);
+                    let module = ElmModule::init(&dense, &ec)?;
+                    (ec, module)
+                }
+                _ => {
+                    return Err(ElmError::config(
+                        "elm",
+                        "give either --elm CKPT or both --start and --m",
+                    ))
+                }
+            };
+            request = Some(TrainRequest {
+                train: cfg.clone(),
+                elm: ec.clone(),
+                init_module: a.elm.clone(),
+            });
+            Trainer::new(&dense, ec, &module, cfg, a.model.display().to_string())?
+        }
     };
     let examples: Vec<Example> = match &a.data {
         Some(p) => load_examples(p)?,
@@ -338,7 +344,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
     if let Some(req) = &request {
         // Before the starting point is saved: a run stopped before that save (a full disk) is
         // then resumed by starting it again as asked.
-        super::output::write_request(&a.out, "train", &dense.config, req)?;
+        run.write_request("train", &dense.config, req)?;
     }
     let outcome = trainer.run(&data, pad, &a.out, Some(&HeldOut::new(&held)), |event| {
         if let TrainEvent::Step(log) = event {

@@ -8,7 +8,7 @@ use elm::equilibrium::infer::ElmModel;
 use elm::error::Result;
 use elm::model::default_model_path;
 
-use super::output::{lock_run_dir, print_json};
+use super::output::{lock_out_dir, print_json};
 
 #[derive(clap::Args, Debug)]
 pub struct ExportOfficialArgs {
@@ -33,8 +33,7 @@ pub struct ExportOfficialArgs {
 }
 
 pub fn run_export_official(a: ExportOfficialArgs) -> Result<()> {
-    let _lock = lock_run_dir(&a.out, false)?;
-    elm::limits::check_output_dir("out", &a.out, a.force)?;
+    let _run = lock_out_dir(&a.out, elm::io::OpenMode::Fresh { force: a.force })?;
     let model_path = a.model.clone().unwrap_or_else(default_model_path);
     let (model, tok) = ElmModel::load(&model_path, Some(&a.elm))?;
     model.export_official(Some(&tok), a.exit_threshold, &a.out)?;

@@ -7,10 +7,9 @@ use elm::data::{test_problems, training_sequences, TokenSequence};
 use elm::error::{ElmError, Result};
 use elm::formats::save_hf_model;
 use elm::formats::tokenizer::Tokenizer;
-use elm::io::write_json_atomic;
+use elm::io::{write_json_atomic, RunStart};
 use elm::lora::sft::LORA_STATE_FILE;
 use elm::lora::{answer_nll_mean, ce_ends, LoraConfig, LoraEvent, LoraReport, LoraTrainer};
-use elm::model::load_pretrained;
 
 use super::output::{bar, print_json};
 
@@ -66,46 +65,48 @@ pub struct LoraArgs {
 
 /// `elm lora`: LoRA SFT, merge with α/r, save the tuned dense model, answer NLL before/after.
 pub fn run_lora(a: LoraArgs) -> Result<()> {
-    let _lock = super::output::lock_run_dir(&a.out, a.resume)?;
-    let (dense, tok) = load_pretrained(&a.model)?;
+    if a.resume && (a.config.is_some() || a.steps.is_some() || a.seq_len.is_some()) {
+        return Err(ElmError::config(
+            "resume",
+            "--resume continues the saved run as configured: drop --config/--steps/--seq-len",
+        ));
+    }
+    let super::output::OpenedRun {
+        run,
+        start,
+        dense,
+        tok,
+    } = super::output::open_run::<LoraConfig>(
+        &a.out,
+        a.resume,
+        a.force,
+        ("lora", LORA_STATE_FILE, "run"),
+        &a.model,
+    )?;
     // A fresh run's request, written once everything is checked, before its first save.
     let mut request = None;
-    let mut trainer = if a.resume {
-        if a.config.is_some() || a.steps.is_some() || a.seq_len.is_some() {
-            return Err(ElmError::config(
-                "resume",
-                "--resume continues the saved run as configured: drop --config/--steps/--seq-len",
-            ));
-        }
-        if a.out.join(LORA_STATE_FILE).exists() {
-            LoraTrainer::resume(&dense, &a.out)?
-        } else {
-            // Stopped before its starting point was saved: nothing was trained, so the run
-            // starts again as it was requested.
-            let cfg: LoraConfig = super::output::restart_request(
-                &a.out,
-                "lora",
-                &dense.config,
-                LORA_STATE_FILE,
-                "run",
-            )?;
+    let mut trainer = match start {
+        RunStart::Resume => LoraTrainer::resume(&dense, &a.out)?,
+        // Stopped before its starting point was saved: nothing was trained, so the run starts
+        // again as it was requested.
+        RunStart::Restart { request: cfg, .. } => {
             LoraTrainer::new(&dense, cfg, a.model.display().to_string())?
         }
-    } else {
-        elm::limits::check_output_dir("out", &a.out, a.force)?;
-        let mut cfg = match &a.config {
-            Some(p) => LoraConfig::from_file(p)?,
-            None => LoraConfig::default(),
-        };
-        if let Some(s) = a.steps {
-            cfg.steps = s;
+        RunStart::Fresh => {
+            let mut cfg = match &a.config {
+                Some(p) => LoraConfig::from_file(p)?,
+                None => LoraConfig::default(),
+            };
+            if let Some(s) = a.steps {
+                cfg.steps = s;
+            }
+            if let Some(s) = a.seq_len {
+                cfg.seq_len = s;
+            }
+            let trainer = LoraTrainer::new(&dense, cfg.clone(), a.model.display().to_string())?;
+            request = Some(cfg);
+            trainer
         }
-        if let Some(s) = a.seq_len {
-            cfg.seq_len = s;
-        }
-        let trainer = LoraTrainer::new(&dense, cfg.clone(), a.model.display().to_string())?;
-        request = Some(cfg);
-        trainer
     };
     let data = train_data(
         &tok,
@@ -134,7 +135,7 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
     };
     let b = bar(trainer.cfg.steps, trainer.step);
     if let Some(req) = &request {
-        super::output::write_request(&a.out, "lora", &dense.config, req)?;
+        run.write_request("lora", &dense.config, req)?;
     }
     let seconds = trainer.run(&data, pad, &a.out, |ev| {
         if let LoraEvent::Step(l) = ev {

@@ -95,20 +95,64 @@ pub fn write_plot(
     std::fs::rename(&tmp, path).map_err(|e| ElmError::io(path, e))
 }
 
-/// Locks the run directory `dir` for this command's whole life (one writer per directory;
-/// `elm::io::DirLock`), saying so when it takes over from a dead holder.
-pub fn lock_run_dir(dir: &Path, resume: bool) -> Result<Option<elm::io::DirLock>> {
-    // Nothing to lock where the command's own check refuses the path (a file, or a missing
-    // run to resume): it then names what is wrong.
-    if (resume || dir.exists()) && !dir.is_dir() {
-        return Ok(None);
-    }
-    let command: Vec<String> = std::env::args().collect();
-    let lock = elm::io::DirLock::acquire(dir, &command.join(" "))?;
-    if let Some(note) = lock.takeover_note() {
+/// This command line, as the lock holder a second writer is shown.
+fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+/// A resumable command's run directory, locked, with the model it runs on.
+pub struct OpenedRun<R> {
+    pub run: elm::io::RunDir,
+    pub start: elm::io::RunStart<R>,
+    pub dense: elm::model::ModelWeights,
+    pub tok: elm::formats::Tokenizer,
+}
+
+/// The prologue of a resumable command (`train`, `lora`, `search`): locks `dir` (this command
+/// line is the holder a second writer is shown) before loading the model at `model`, then
+/// finds how the run starts (`elm::io::RunDir::start`: fresh, resume, or restart from the
+/// saved request of `command`, whose committed state is `state_file`). Says on stderr when it
+/// takes over a dead holder's lock or starts a run again from its request.
+pub fn open_run<R: serde::de::DeserializeOwned>(
+    dir: &Path,
+    resume: bool,
+    force: bool,
+    (command, state_file, what): (&str, &str, &str),
+    model: &Path,
+) -> Result<OpenedRun<R>> {
+    let mode = elm::io::OpenMode::from_flags(resume, force);
+    let run = elm::io::RunDir::lock(dir, mode, &command_line())?;
+    if let Some(note) = run.takeover_note() {
         say_err!("{note}");
     }
-    Ok(Some(lock))
+    let (dense, tok) = elm::model::load_pretrained(model)?;
+    let kind = elm::io::RunKind {
+        command,
+        state_file,
+        what,
+        model: &dense.config,
+    };
+    let start = run.start(&kind)?;
+    if let elm::io::RunStart::Restart { note, .. } = &start {
+        say_err!("{note}");
+    }
+    Ok(OpenedRun {
+        run,
+        start,
+        dense,
+        tok,
+    })
+}
+
+/// The prologue of a command that writes a directory it never resumes (`compress`, `prune`,
+/// `import`: `OpenMode::Fresh`, refused when not empty unless forced) or adds to
+/// (`search --method report`: `OpenMode::Reuse`): the lock and the directory check.
+pub fn lock_out_dir(dir: &Path, mode: elm::io::OpenMode) -> Result<elm::io::RunDir> {
+    let run = elm::io::RunDir::lock(dir, mode, &command_line())?;
+    if let Some(note) = run.takeover_note() {
+        say_err!("{note}");
+    }
+    Ok(run)
 }
 
 /// Refuses the command when its memory estimate exceeds what the machine has, and otherwise
@@ -119,49 +163,4 @@ pub fn check_memory(estimate: &elm::memory::MemoryEstimate, json: bool) -> Resul
         say_err!("memory estimate: {}", estimate.summary());
     }
     Ok(())
-}
-
-/// Writes a fresh run's request (`run_request.json`) into its run directory, created here if
-/// it is not yet, once the run has passed every check and before its first save.
-pub fn write_request<T: serde::Serialize>(
-    dir: &Path,
-    command: &str,
-    model: &elm::model::ModelConfig,
-    request: &T,
-) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
-    // A killed earlier attempt's temporaries (this command holds the directory's lock).
-    elm::io::atomic::remove_stale_temps(dir)?;
-    elm::equilibrium::checkpoint::write_run_request(dir, command, model, request)
-}
-
-/// `--resume` of a run `dir` that holds no checkpoint (`state_file`): the request the fresh run
-/// saved, to start the `what` (run, search, ...) again as it was asked, since nothing of it was
-/// trained; the dead attempt's temporaries are removed. Without a request: an error saying
-/// there is nothing to resume.
-pub fn restart_request<T: serde::de::DeserializeOwned>(
-    dir: &Path,
-    command: &str,
-    model: &elm::model::ModelConfig,
-    state_file: &str,
-    what: &str,
-) -> Result<T> {
-    use elm::equilibrium::checkpoint::{read_run_request, RUN_REQUEST_FILE};
-    let request = read_run_request(dir, command, model)?.ok_or_else(|| {
-        ElmError::config(
-            "resume",
-            format!(
-                "no {state_file} or {RUN_REQUEST_FILE} in {}: the run saved nothing, not even its \
-                 request, so there is nothing to resume; start it again (with --force if the \
-                 directory holds other files)",
-                dir.display()
-            ),
-        )
-    })?;
-    say_err!(
-        "{}: no checkpoint was completed; starting the {what} again as it was requested",
-        dir.display()
-    );
-    elm::io::atomic::remove_stale_temps(dir)?;
-    Ok(request)
 }

@@ -57,8 +57,7 @@ pub fn run_prune(a: PruneArgs) -> Result<()> {
     if a.batch == 0 {
         return Err(ElmError::config("batch", "must be >= 1"));
     }
-    let _lock = super::output::lock_run_dir(&a.out, false)?;
-    elm::limits::check_output_dir("out", &a.out, a.force)?;
+    let _run = super::output::lock_out_dir(&a.out, elm::io::OpenMode::Fresh { force: a.force })?;
     let (weights, tok) = load_pretrained(&a.model)?;
     let calib_path = match &a.calibration {
         Some(p) => p.clone(),

@@ -5,12 +5,13 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
+use super::output::{open_run, OpenedRun};
 use elm::compress::{BoundaryStates, Calibration};
 use elm::data::{gsm8k_path, resolve_data_dir, test_problems, tokenize_all, Example, Split};
 use elm::error::{ElmError, Result};
 use elm::formats::tokenizer::Tokenizer;
 use elm::io::read_json;
-use elm::io::write_json_atomic;
+use elm::io::{write_json_atomic, RunStart};
 use elm::model::load_pretrained;
 use elm::search::gppo::{GppoEvent, GPPO_STATE_FILE};
 use elm::search::{
@@ -114,7 +115,7 @@ fn apply_candidate_flags(a: &SearchArgs, c: &mut elm::search::candidate::Candida
         c.seq_len = s;
     }
     if let Some(lr) = a.lr {
-        c.lr = lr;
+        c.optim.lr = lr;
     }
     if let Some(s) = a.seed {
         c.seed = s;
@@ -123,55 +124,57 @@ fn apply_candidate_flags(a: &SearchArgs, c: &mut elm::search::candidate::Candida
 
 fn run_gppo(a: &SearchArgs) -> Result<()> {
     let out = need_out(a)?;
-    let _lock = super::output::lock_run_dir(out, a.resume)?;
-    let (dense, tok) = load_pretrained(&a.model)?;
+    let OpenedRun {
+        run,
+        start,
+        dense,
+        tok,
+    } = open_run::<GppoConfig>(
+        out,
+        a.resume,
+        a.force,
+        ("gppo", GPPO_STATE_FILE, "search"),
+        &a.model,
+    )?;
     // A fresh search's request, written once everything is checked, before its first save.
     let mut request = None;
-    let mut g = if a.resume {
-        if out.join(GPPO_STATE_FILE).exists() {
-            Gppo::resume(&dense, out)?
-        } else {
-            // Stopped before its starting point was saved: nothing was trained, so the search
-            // starts again as it was requested.
-            let cfg: GppoConfig = super::output::restart_request(
-                out,
-                "gppo",
-                &dense.config,
-                GPPO_STATE_FILE,
-                "search",
-            )?;
+    let mut g = match start {
+        RunStart::Resume => Gppo::resume(&dense, out)?,
+        // Stopped before its starting point was saved: nothing was trained, so the search
+        // starts again as it was requested.
+        RunStart::Restart { request: cfg, .. } => {
             Gppo::new(&dense, cfg, a.model.display().to_string())?
         }
-    } else {
-        elm::limits::check_output_dir("out", out, a.force)?;
-        let mut cfg = match &a.config {
-            Some(p) => GppoConfig::from_file(p)?,
-            None => GppoConfig::new(a.num_replaced, a.steps.unwrap_or(100)),
-        };
-        if a.config.is_some() {
-            if let Some(s) = a.steps {
-                cfg.steps = s;
+        RunStart::Fresh => {
+            let mut cfg = match &a.config {
+                Some(p) => GppoConfig::from_file(p)?,
+                None => GppoConfig::new(a.num_replaced, a.steps.unwrap_or(100)),
+            };
+            if a.config.is_some() {
+                if let Some(s) = a.steps {
+                    cfg.steps = s;
+                }
             }
+            apply_candidate_flags(a, &mut cfg.candidate);
+            if let Some(v) = a.update_every {
+                cfg.update_every = v;
+            }
+            if let Some(v) = a.ppo_epochs {
+                cfg.ppo_epochs = v;
+            }
+            if let Some(v) = a.clip_eps {
+                cfg.clip_eps = v;
+            }
+            if let Some(v) = a.entropy_coef {
+                cfg.entropy_coef = v;
+            }
+            if let Some(v) = a.policy_lr {
+                cfg.policy_lr = v;
+            }
+            let g = Gppo::new(&dense, cfg.clone(), a.model.display().to_string())?;
+            request = Some(cfg);
+            g
         }
-        apply_candidate_flags(a, &mut cfg.candidate);
-        if let Some(v) = a.update_every {
-            cfg.update_every = v;
-        }
-        if let Some(v) = a.ppo_epochs {
-            cfg.ppo_epochs = v;
-        }
-        if let Some(v) = a.clip_eps {
-            cfg.clip_eps = v;
-        }
-        if let Some(v) = a.entropy_coef {
-            cfg.entropy_coef = v;
-        }
-        if let Some(v) = a.policy_lr {
-            cfg.policy_lr = v;
-        }
-        let g = Gppo::new(&dense, cfg.clone(), a.model.display().to_string())?;
-        request = Some(cfg);
-        g
     };
     let data = train_data(
         &tok,
@@ -182,7 +185,7 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
     let pad = tok.eos_id().unwrap_or(0);
     let b = bar(g.cfg.steps, g.step);
     if let Some(req) = &request {
-        super::output::write_request(out, "gppo", &dense.config, req)?;
+        run.write_request("gppo", &dense.config, req)?;
     }
     let outcome = g.run(&data, pad, out, |ev| match ev {
         GppoEvent::Step(l) => {
@@ -227,41 +230,39 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
 
 fn run_enumerate(a: &SearchArgs) -> Result<()> {
     let out = need_out(a)?;
-    let _lock = super::output::lock_run_dir(out, a.resume)?;
-    let (dense, tok) = load_pretrained(&a.model)?;
     let existing = out.join(elm::search::enumerate::ENUM_FILE);
-    let mut cfg = if a.resume {
-        if existing.exists() {
-            read_json::<Enumeration>(&existing)?.config
-        } else {
-            // Stopped before its first entry was saved: nothing was trained, so the
-            // enumeration starts again as it was requested.
-            super::output::restart_request(
-                out,
-                "enumerate",
-                &dense.config,
-                elm::search::enumerate::ENUM_FILE,
-                "enumeration",
-            )?
-        }
-    } else {
-        if existing.exists() {
-            return Err(ElmError::config(
-                "out",
-                format!(
-                    "{} exists (add --resume to continue it)",
-                    existing.display()
-                ),
-            ));
-        }
-        match &a.config {
-            Some(p) => read_json(p)?,
+    let OpenedRun {
+        run,
+        start,
+        dense,
+        tok,
+    } = open_run::<EnumConfig>(
+        out,
+        a.resume,
+        a.force,
+        (
+            "enumerate",
+            elm::search::enumerate::ENUM_FILE,
+            "enumeration",
+        ),
+        &a.model,
+    )?;
+    // The request is (re)written unless an entry is saved: an enumeration stopped before its
+    // first entry stays resumable.
+    let write_request = !matches!(start, RunStart::Resume);
+    let mut cfg = match start {
+        RunStart::Resume => read_json::<Enumeration>(&existing)?.config,
+        // Stopped before its first entry was saved: nothing was trained, so the enumeration
+        // starts again as it was requested.
+        RunStart::Restart { request, .. } => request,
+        RunStart::Fresh => match &a.config {
+            Some(p) => elm::train::read_config_file(p, &["candidate"])?,
             None => EnumConfig {
                 candidate: elm::search::candidate::CandidateConfig::new(a.num_replaced),
                 steps: 10,
                 every: 1,
             },
-        }
+        },
     };
     if !a.resume {
         if let Some(s) = a.steps {
@@ -284,9 +285,8 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
     let pad = tok.eos_id().unwrap_or(0);
     let starts = cfg.starts(&dense.config);
     let b = bar(starts.len() * cfg.steps, 0);
-    if !a.resume || !existing.exists() {
-        // Before the first entry is saved: an enumeration stopped before it stays resumable.
-        super::output::write_request(out, "enumerate", &dense.config, &cfg)?;
+    if write_request {
+        run.write_request("enumerate", &dense.config, &cfg)?;
     }
     let e = enumerate(
         &dense,
@@ -354,7 +354,8 @@ fn run_metric(a: &SearchArgs, method: Selector) -> Result<()> {
 
 fn run_report(a: &SearchArgs) -> Result<()> {
     let out = need_out(a)?;
-    let _lock = super::output::lock_run_dir(out, false)?;
+    // The report adds its files beside whatever the directory holds.
+    let _run = super::output::lock_out_dir(out, elm::io::OpenMode::Reuse)?;
     let edir = a.enumeration.as_ref().ok_or_else(|| {
         ElmError::config("enumeration", "--method report needs --enumeration DIR")
     })?;

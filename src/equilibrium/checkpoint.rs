@@ -9,7 +9,6 @@ use ndarray::ArrayD;
 
 use crate::error::{ElmError, Result};
 use crate::io::tensor_file::{load_f32_tensors, save_f32_tensors};
-use crate::io::write_json_atomic;
 
 /// Named f32 tensors in a stable (sorted) order.
 pub type TensorMap = BTreeMap<String, ArrayD<f32>>;
@@ -67,67 +66,4 @@ pub fn expect_empty(map: &TensorMap, file: &Path) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// File of a resumable run's request: what a fresh run was asked to do, written before its
-/// first checkpoint.
-pub const RUN_REQUEST_FILE: &str = "run_request.json";
-
-/// A fresh run's request, so that a run stopped before even its starting point was saved (a
-/// disk full from the start) can still be continued by `--resume` once space is freed: it
-/// starts that run again exactly as asked, since nothing of it was trained.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RunRequest<T> {
-    /// The command that wrote it (`train`, `lora`, `gppo`).
-    pub command: String,
-    /// The model the run was started on.
-    pub model_config: crate::model::ModelConfig,
-    /// The command's settings as the fresh run resolved them.
-    pub request: T,
-}
-
-/// Writes `request` of `command` into run directory `dir` (atomically).
-pub fn write_run_request<T: serde::Serialize>(
-    dir: &Path,
-    command: &str,
-    model_config: &crate::model::ModelConfig,
-    request: &T,
-) -> Result<()> {
-    let r = RunRequest {
-        command: command.to_string(),
-        model_config: model_config.clone(),
-        request,
-    };
-    write_json_atomic(&dir.join(RUN_REQUEST_FILE), &r)
-}
-
-/// The request of `command` saved in `dir`, `None` when there is none; one written by another
-/// command or for another model is refused naming the file.
-pub fn read_run_request<T: serde::de::DeserializeOwned>(
-    dir: &Path,
-    command: &str,
-    model_config: &crate::model::ModelConfig,
-) -> Result<Option<T>> {
-    let path = dir.join(RUN_REQUEST_FILE);
-    if !path.exists() {
-        return Ok(None);
-    }
-    let r: RunRequest<T> = crate::io::read_json(&path)?;
-    if r.command != command {
-        return Err(ElmError::format(
-            &path,
-            format!("a request of `{}`, not `{command}`", r.command),
-        ));
-    }
-    if &r.model_config != model_config {
-        return Err(ElmError::config(
-            "model",
-            format!(
-                "{}: the run was started on a different model",
-                path.display()
-            ),
-        ));
-    }
-    Ok(Some(r.request))
 }

@@ -5,8 +5,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ElmError, Result};
-use crate::io::read_json;
 use crate::model::ModelConfig;
+use crate::train::{read_config_file, OptimConfig};
 
 /// Which layers are replaced and how the module is initialised.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -208,24 +208,9 @@ pub struct TrainConfig {
     /// Sequences are truncated to this many tokens.
     #[serde(default = "d_seq_len")]
     pub seq_len: usize,
-    #[serde(default = "d_lr")]
-    pub lr: f32,
-    #[serde(default = "d_betas")]
-    pub betas: [f32; 2],
-    #[serde(default = "d_eps")]
-    pub eps: f32,
-    /// Linear warm-up over this fraction of steps, then cosine decay.
-    #[serde(default = "d_warmup")]
-    pub warmup_frac: f32,
-    /// Cosine decay ends at this fraction of the peak lr.
-    #[serde(default = "d_min_lr")]
-    pub min_lr_frac: f32,
-    /// Decoupled weight decay; not applied to norms or biases.
-    #[serde(default = "d_wd")]
-    pub weight_decay: f32,
-    /// Global gradient-norm clip.
-    #[serde(default = "d_clip")]
-    pub clip: f32,
+    /// AdamW, clip and schedule (see [`OptimConfig`]).
+    #[serde(default)]
+    pub optim: OptimConfig,
     #[serde(default)]
     pub lambda: LambdaSchedule,
     /// Gradient rule, forward solver and its stopping; `None` = [`TrainConfig::deq`]'s default:
@@ -283,27 +268,6 @@ fn d_batch() -> usize {
 fn d_seq_len() -> usize {
     256
 }
-fn d_lr() -> f32 {
-    2e-4
-}
-fn d_betas() -> [f32; 2] {
-    [0.9, 0.95]
-}
-fn d_eps() -> f32 {
-    1e-8
-}
-fn d_warmup() -> f32 {
-    0.1
-}
-fn d_min_lr() -> f32 {
-    0.01
-}
-fn d_wd() -> f32 {
-    0.02
-}
-fn d_clip() -> f32 {
-    0.1
-}
 fn d_ckpt_every() -> usize {
     50
 }
@@ -331,7 +295,7 @@ impl TrainConfig {
     }
     /// Reads a JSON config file; unknown keys are an error naming the file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let cfg: Self = read_json(path)?;
+        let cfg: Self = read_config_file(path, &[])?;
         cfg.validate().map_err(|e| e.in_file(path))?;
         Ok(cfg)
     }
@@ -354,34 +318,12 @@ impl TrainConfig {
             ));
         }
         crate::limits::checked_product("batch_size", &[self.batch_size, self.seq_len])?;
-        let fin = [
-            ("lr", self.lr),
-            ("eps", self.eps),
-            ("weight_decay", self.weight_decay),
-            ("clip", self.clip),
-        ];
-        for (f, v) in fin {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(ElmError::config(
-                    f,
-                    format!("must be finite and >= 0, got {v}"),
-                ));
-            }
-        }
-        if !self.betas.iter().all(|b| (0.0..1.0).contains(b)) {
-            return Err(ElmError::config("betas", "each must be in [0, 1)"));
-        }
+        self.optim.validate()?;
         self.jacobian_penalty.validate()?;
         if let Some(sn) = &self.spectral_norm {
             sn.validate()?;
         }
         self.fixed_point_correction.validate()?;
-        if !(0.0..=1.0).contains(&self.warmup_frac) || !(0.0..=1.0).contains(&self.min_lr_frac) {
-            return Err(ElmError::config(
-                "warmup_frac/min_lr_frac",
-                "must be in [0, 1]",
-            ));
-        }
         Ok(())
     }
 }

@@ -27,7 +27,7 @@ use crate::grad::{implicit_forward_with_rng, DeqConfig, GradientRule, SpectralNo
 use crate::model::tape::{block_forward, BlockTensors, BlockVars};
 use crate::model::{ModelConfig, ModelWeights};
 use crate::solver::{SolverConfig, StopCriteria};
-use crate::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
+use crate::train::{AdamW, ParamStore, ScheduleConfig};
 
 use super::checkpoint::TensorMap;
 use super::config::{ElmConfig, TrainConfig};
@@ -37,10 +37,11 @@ use super::module::{
     save_module, ElmModule, ElmParams, ModuleMeta, HEAL_FILE, HEAL_PREFIX, MODULE_FORMAT,
 };
 use crate::data::{batch_indices, make_batch, Batch, TokenSequence};
+use crate::io::run_dir::{begin_step, commit_step, read_state};
 use crate::io::write_json_atomic;
 use crate::io::{read_json, Fnv64};
 use crate::model::dense_pass::{embed, run_dense_layers};
-use crate::train::step_seed;
+use crate::train::{load_params_and_optimizer, save_params_and_optimizer, step_seed};
 
 /// The module's parameters registered on `tape`, typed (store order = [`ElmParams`] order).
 fn params_on_tape(cfg: &ModelConfig, elm: &ElmConfig, vars: &[Var]) -> Result<ElmParams<Var>> {
@@ -132,6 +133,8 @@ pub struct TrainState {
 
 pub const TRAIN_FORMAT: &str = "elm-train-v1";
 pub const STATE_FILE: &str = "train_state.json";
+
+crate::impl_run_state!(TrainState, format: TRAIN_FORMAT, model: ModelConfig);
 
 /// What [`Trainer::loss_and_grads`] computed besides the gradients.
 struct StepTerms {
@@ -321,18 +324,8 @@ impl<'a> Trainer<'a> {
                 cfg.seed ^ HEAL_SEED,
             )?;
         }
-        let opt = AdamW::new(Self::adamw_config(&cfg))?;
+        let opt = AdamW::new(cfg.optim.adamw())?;
         Self::build(dense, elm, cfg, base_model, store, opt, 0, vec![])
-    }
-
-    fn adamw_config(cfg: &TrainConfig) -> AdamWConfig {
-        AdamWConfig {
-            beta1: cfg.betas[0] as f64,
-            beta2: cfg.betas[1] as f64,
-            eps: cfg.eps as f64,
-            weight_decay: cfg.weight_decay as f64,
-            ..AdamWConfig::default()
-        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -353,13 +346,7 @@ impl<'a> Trainer<'a> {
                 .map_err(|e| ElmError::config("heal", e.to_string()))?;
             healed_layers(&elm, &dense.config)?;
         }
-        let sched = ScheduleConfig::warmup_cosine(
-            cfg.lr as f64,
-            cfg.steps,
-            cfg.warmup_frac as f64,
-            cfg.min_lr_frac as f64,
-        );
-        sched.validate()?;
+        let sched = cfg.optim.schedule(cfg.steps)?;
         let deq = match elm.fixed_iterations {
             // Exactly K applications: the only faithful gradient is through all of them.
             Some(k) => {
@@ -549,7 +536,7 @@ impl<'a> Trainer<'a> {
         }
         let lambdas = self.cfg.lambda.at(self.step, self.cfg.steps);
         let (terms, mut pg) = self.loss_and_grads(&batch, h, target, self.step, lambdas)?;
-        let grad_norm = pg.clip_global_norm(self.cfg.clip as f64)?;
+        let grad_norm = pg.clip_global_norm(self.cfg.optim.clip as f64)?;
         let lr = self.sched.lr_at(self.step);
         self.opt.step(&mut self.store, &pg, lr)?;
         let every = self.cfg.spectral_every;
@@ -815,16 +802,9 @@ impl<'a> Trainer<'a> {
 
     /// Writes a resumable checkpoint into `dir` (see module doc).
     pub fn save(&self, dir: &Path) -> Result<()> {
-        let step_dir = format!("step-{:07}", self.step);
-        let sd = dir.join(&step_dir);
-        std::fs::create_dir_all(&sd).map_err(|e| ElmError::io(&sd, e))?;
-        // The new step directory's entry (and the run directory's own, on the first save) must
-        // be durable before train_state.json names it.
-        crate::io::atomic::sync_dir(dir)?;
-        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
-        crate::io::atomic::sync_dir(parent.unwrap_or(Path::new(".")))?;
-        self.store.save(sd.join("params.safetensors"))?;
-        self.opt.save(sd.join("optimizer.safetensors"))?;
+        let step = begin_step(dir, self.step)?;
+        let sd = &step.path;
+        save_params_and_optimizer(sd, &self.store, &self.opt)?;
         if self.cfg.spectral_norm.is_some() {
             let vectors = self
                 .spectral
@@ -846,10 +826,10 @@ impl<'a> Trainer<'a> {
             elm: self.elm.clone(),
             model_config: self.dense.config.clone(),
             base_model: self.base_model.clone(),
-            step_dir: step_dir.clone(),
+            step_dir: step.name.clone(),
             history: self.history.clone(),
         };
-        write_json_atomic(&dir.join(STATE_FILE), &state)?;
+        commit_step(dir, &step, STATE_FILE, &state)?;
         if self.cfg.heal.is_some() {
             // Before elm.json names it, so that a loadable checkpoint always has its heal.
             let heal: TensorMap = self
@@ -869,41 +849,20 @@ impl<'a> Trainer<'a> {
             base_model: self.base_model.clone(),
             heal: self.cfg.heal.clone(),
         };
-        save_module(dir, &self.module()?, &meta)?;
-        crate::io::atomic::remove_old_step_dirs(dir, &step_dir);
-        Ok(())
+        save_module(dir, &self.module()?, &meta)
     }
 
     /// Resumes from `dir/train_state.json` with the run's own config (the lr schedule and
     /// the λ schedule depend on the total step count, so it cannot change on resume).
     pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {
         let sp: PathBuf = dir.join(STATE_FILE);
-        // Temp files of a killed run were never renamed into place: nothing refers to them.
-        crate::io::atomic::remove_stale_temps(dir)?;
-        let state: TrainState = read_json(&sp)?;
-        if state.format != TRAIN_FORMAT {
-            return Err(ElmError::format(
-                &sp,
-                format!("format `{}`, expected `{TRAIN_FORMAT}`", state.format),
-            ));
-        }
-        if state.model_config != dense.config {
-            return Err(ElmError::config(
-                "model",
-                format!(
-                    "{}: checkpoint was trained on a different model config",
-                    sp.display()
-                ),
-            ));
-        }
+        let (state, sd): (TrainState, _) = read_state(dir, STATE_FILE, &dense.config)?;
         // A hand-edited state is refused naming the file before anything is sized from it.
         state
             .train
             .validate()
             .and_then(|()| state.elm.validate(&dense.config))
             .map_err(|e| e.in_file(&sp))?;
-        let sd = dir.join(&state.step_dir);
-        let store = ParamStore::load(sd.join("params.safetensors"))?;
         let mut expected: Vec<String> =
             ElmParams::shapes(&dense.config, state.elm.injection, state.elm.block)
                 .named()
@@ -913,14 +872,7 @@ impl<'a> Trainer<'a> {
         if state.train.heal.is_some() {
             expected.extend(heal_names(&state.elm, &dense.config)?);
         }
-        if store.names() != expected.as_slice() {
-            return Err(ElmError::format(
-                sd.join("params.safetensors"),
-                "unexpected parameter names",
-            ));
-        }
-        let opt = AdamW::load(sd.join("optimizer.safetensors"))?;
-        opt.check_against(&store)?;
+        let (store, opt) = load_params_and_optimizer(&sd, &expected, "parameter")?;
         let mut trainer = Self::build(
             dense,
             state.elm,

@@ -8,6 +8,7 @@ pub mod dir_lock;
 pub mod fingerprint;
 pub mod json;
 pub mod process;
+pub mod run_dir;
 pub mod tensor_file;
 
 pub use atomic::{write_atomic, write_json_atomic};
@@ -15,3 +16,4 @@ pub use dir_lock::{DirLock, LockHolder};
 pub use fingerprint::Fnv64;
 pub use json::read_json;
 pub use process::peak_rss_bytes;
+pub use run_dir::{OpenMode, RunDir, RunKind, RunStart};

@@ -7,7 +7,7 @@
 //! A run directory holds `step-<k>/{params,optimizer}.safetensors`, then `lora_state.json`
 //! (written last, atomically: the commit point).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use rand::{rngs::StdRng, SeedableRng};
@@ -16,12 +16,14 @@ use serde::{Deserialize, Serialize};
 use crate::autograd::{Tape, Var};
 use crate::data::{batch_indices, make_batch, Batch, TokenSequence};
 use crate::error::{ElmError, Result};
-use crate::io::read_json;
-use crate::io::write_json_atomic;
+use crate::io::run_dir::{begin_step, commit_step, read_state};
 use crate::model::tape::{ModelTensors, ModelVars, Trainable};
 use crate::model::{ModelConfig, ModelWeights};
 use crate::train::step_seed;
-use crate::train::{AdamW, AdamWConfig, ParamStore, ScheduleConfig};
+use crate::train::{
+    load_params_and_optimizer, read_config_file, save_params_and_optimizer, AdamW, OptimConfig,
+    ParamStore, ScheduleConfig,
+};
 
 use crate::model::lora_adapter::{
     block_lora, insert_adapters, lora_block_forward, merge_model, LoraRun, LoraSpec,
@@ -41,20 +43,9 @@ pub struct LoraConfig {
     /// Sequences are truncated to this many tokens.
     #[serde(default = "d_seq_len")]
     pub seq_len: usize,
-    #[serde(default = "d_lr")]
-    pub lr: f32,
-    #[serde(default = "d_betas")]
-    pub betas: [f32; 2],
-    #[serde(default = "d_eps")]
-    pub eps: f32,
-    #[serde(default = "d_warmup")]
-    pub warmup_frac: f32,
-    #[serde(default = "d_min_lr")]
-    pub min_lr_frac: f32,
-    #[serde(default = "d_wd")]
-    pub weight_decay: f32,
-    #[serde(default = "d_clip")]
-    pub clip: f32,
+    /// AdamW, clip and schedule (see [`OptimConfig`]).
+    #[serde(default)]
+    pub optim: OptimConfig,
     /// Seeds the data order, the adapters' init and the dropout masks.
     #[serde(default)]
     pub seed: u64,
@@ -72,27 +63,6 @@ fn d_batch() -> usize {
 fn d_seq_len() -> usize {
     256
 }
-fn d_lr() -> f32 {
-    2e-4
-}
-fn d_betas() -> [f32; 2] {
-    [0.9, 0.95]
-}
-fn d_eps() -> f32 {
-    1e-8
-}
-fn d_warmup() -> f32 {
-    0.1
-}
-fn d_min_lr() -> f32 {
-    0.01
-}
-fn d_wd() -> f32 {
-    0.02
-}
-fn d_clip() -> f32 {
-    0.1
-}
 fn d_ckpt() -> usize {
     50
 }
@@ -105,7 +75,7 @@ impl Default for LoraConfig {
 
 impl LoraConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
-        read_json(path)
+        read_config_file(path, &[])
     }
     /// Positive counts, finite non-negative rates, `lora` valid for `model`.
     pub fn validate(&self, model: &ModelConfig) -> Result<()> {
@@ -118,38 +88,8 @@ impl LoraConfig {
                 return Err(ElmError::config(f, "must be > 0"));
             }
         }
-        for (f, v) in [
-            ("lr", self.lr),
-            ("eps", self.eps),
-            ("weight_decay", self.weight_decay),
-            ("clip", self.clip),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(ElmError::config(
-                    f,
-                    format!("must be finite and >= 0, got {v}"),
-                ));
-            }
-        }
-        if !self.betas.iter().all(|b| (0.0..1.0).contains(b)) {
-            return Err(ElmError::config("betas", "each must be in [0, 1)"));
-        }
-        if !(0.0..=1.0).contains(&self.warmup_frac) || !(0.0..=1.0).contains(&self.min_lr_frac) {
-            return Err(ElmError::config(
-                "warmup_frac/min_lr_frac",
-                "must be in [0, 1]",
-            ));
-        }
+        self.optim.validate()?;
         self.lora.validate(model)
-    }
-    fn adamw(&self) -> AdamWConfig {
-        AdamWConfig {
-            beta1: self.betas[0] as f64,
-            beta2: self.betas[1] as f64,
-            eps: self.eps as f64,
-            weight_decay: self.weight_decay as f64,
-            ..AdamWConfig::default()
-        }
     }
 }
 
@@ -183,6 +123,8 @@ pub struct LoraState {
 }
 
 pub const LORA_FORMAT: &str = "elm-lora-v1";
+
+crate::impl_run_state!(LoraState, format: LORA_FORMAT, model: ModelConfig);
 pub const LORA_STATE_FILE: &str = "lora_state.json";
 
 /// What [`LoraTrainer::run`] reports as it goes.
@@ -221,7 +163,7 @@ impl<'a> LoraTrainer<'a> {
             0..dense.config.num_layers,
             cfg.seed,
         )?;
-        let opt = AdamW::new(cfg.adamw())?;
+        let opt = AdamW::new(cfg.optim.adamw())?;
         Self::build(dense, cfg, base_model, store, opt, 0, vec![])
     }
 
@@ -235,13 +177,7 @@ impl<'a> LoraTrainer<'a> {
         history: Vec<LoraStepLog>,
     ) -> Result<Self> {
         cfg.validate(&dense.config)?;
-        let sched = ScheduleConfig::warmup_cosine(
-            cfg.lr as f64,
-            cfg.steps,
-            cfg.warmup_frac as f64,
-            cfg.min_lr_frac as f64,
-        );
-        sched.validate()?;
+        let sched = cfg.optim.schedule(cfg.steps)?;
         let tensors = ModelTensors::from_weights(dense)?;
         Ok(LoraTrainer {
             frozen: tensors.frozen(),
@@ -342,7 +278,7 @@ impl<'a> LoraTrainer<'a> {
         let mut grads = tape.backward(ce)?;
         let g: Vec<_> = vars.iter().map(|v| v.and_then(|v| grads.take(v))).collect();
         let mut pg = crate::train::ParamGrads::new(g);
-        let grad_norm = pg.clip_global_norm(self.cfg.clip as f64)?;
+        let grad_norm = pg.clip_global_norm(self.cfg.optim.clip as f64)?;
         let lr = self.sched.lr_at(self.step);
         self.opt.step(&mut self.store, &pg, lr)?;
         let log = LoraStepLog {
@@ -410,48 +346,23 @@ impl<'a> LoraTrainer<'a> {
 
     /// Writes a resumable checkpoint into `dir`.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        let step_dir = format!("step-{:07}", self.step);
-        let sd = dir.join(&step_dir);
-        std::fs::create_dir_all(&sd).map_err(|e| ElmError::io(&sd, e))?;
-        self.store.save(sd.join("params.safetensors"))?;
-        self.opt.save(sd.join("optimizer.safetensors"))?;
+        let step = begin_step(dir, self.step)?;
+        save_params_and_optimizer(&step.path, &self.store, &self.opt)?;
         let state = LoraState {
             format: LORA_FORMAT.into(),
             step: self.step,
             config: self.cfg.clone(),
             model_config: self.dense.config.clone(),
             base_model: self.base_model.clone(),
-            step_dir: step_dir.clone(),
+            step_dir: step.name.clone(),
             history: self.history.clone(),
         };
-        write_json_atomic(&dir.join(LORA_STATE_FILE), &state)?;
-        crate::io::atomic::remove_old_step_dirs(dir, &step_dir);
-        Ok(())
+        commit_step(dir, &step, LORA_STATE_FILE, &state)
     }
 
     /// Resumes from `dir/lora_state.json` with the run's own config.
     pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {
-        let sp: PathBuf = dir.join(LORA_STATE_FILE);
-        // Temp files of a killed run were never renamed into place: nothing refers to them.
-        crate::io::atomic::remove_stale_temps(dir)?;
-        let state: LoraState = read_json(&sp)?;
-        if state.format != LORA_FORMAT {
-            return Err(ElmError::format(
-                &sp,
-                format!("format `{}`, expected `{LORA_FORMAT}`", state.format),
-            ));
-        }
-        if state.model_config != dense.config {
-            return Err(ElmError::config(
-                "model",
-                format!(
-                    "{}: the adapters were trained on a different model config",
-                    sp.display()
-                ),
-            ));
-        }
-        let sd = dir.join(&state.step_dir);
-        let store = ParamStore::load(sd.join("params.safetensors"))?;
+        let (state, sd): (LoraState, _) = read_state(dir, LORA_STATE_FILE, &dense.config)?;
         let mut fresh = ParamStore::new();
         insert_adapters(
             &mut fresh,
@@ -461,14 +372,7 @@ impl<'a> LoraTrainer<'a> {
             0..dense.config.num_layers,
             0,
         )?;
-        if store.names() != fresh.names() {
-            return Err(ElmError::format(
-                sd.join("params.safetensors"),
-                "unexpected LoRA parameter names",
-            ));
-        }
-        let opt = AdamW::load(sd.join("optimizer.safetensors"))?;
-        opt.check_against(&store)?;
+        let (store, opt) = load_params_and_optimizer(&sd, fresh.names(), "LoRA parameter")?;
         Self::build(
             dense,
             state.config,

@@ -26,7 +26,7 @@ use crate::model::lora_adapter::{
 use crate::model::ops::{linear_into, rms_norm_into};
 use crate::model::tape::{block_forward, BlockTensors, BlockVars};
 use crate::model::{ModelConfig, ModelWeights};
-use crate::train::{AdamW, AdamWConfig, ParamGrads, ParamStore};
+use crate::train::{AdamW, OptimConfig, ParamGrads, ParamStore};
 
 /// Settings of the candidate ELMs (shared by GPPO and the enumeration).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -40,18 +40,13 @@ pub struct CandidateConfig {
     pub batch_size: usize,
     #[serde(default = "d_seq_len")]
     pub seq_len: usize,
-    #[serde(default = "d_lr")]
-    pub lr: f32,
-    #[serde(default = "d_betas")]
-    pub betas: [f32; 2],
-    #[serde(default = "d_wd")]
-    pub weight_decay: f32,
-    #[serde(default = "d_clip")]
-    pub clip: f32,
-    #[serde(default = "d_warmup")]
-    pub warmup_frac: f32,
-    #[serde(default = "d_min_lr")]
-    pub min_lr_frac: f32,
+    /// AdamW, clip and schedule (see [`OptimConfig`]); keys a file leaves out take the
+    /// candidates' own defaults ([`candidate_optim`]).
+    #[serde(
+        default = "candidate_optim",
+        deserialize_with = "deserialize_candidate_optim"
+    )]
+    pub optim: OptimConfig,
     #[serde(default = "one")]
     pub ce_weight: f32,
     #[serde(default = "one")]
@@ -70,24 +65,21 @@ fn d_batch() -> usize {
 fn d_seq_len() -> usize {
     256
 }
-fn d_lr() -> f32 {
-    2e-4
+/// The shared defaults but for the weight decay: the official GPPO code builds its AdamW
+/// without a `weight_decay` argument, so PyTorch's default 0.01 applies there.
+pub fn candidate_optim() -> OptimConfig {
+    OptimConfig {
+        weight_decay: 0.01,
+        ..OptimConfig::default()
+    }
 }
-fn d_betas() -> [f32; 2] {
-    [0.9, 0.95]
+
+fn deserialize_candidate_optim<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<OptimConfig, D::Error> {
+    OptimConfig::deserialize_over(candidate_optim(), d)
 }
-fn d_wd() -> f32 {
-    0.01
-}
-fn d_clip() -> f32 {
-    0.1
-}
-fn d_warmup() -> f32 {
-    0.1
-}
-fn d_min_lr() -> f32 {
-    0.01
-}
+
 fn one() -> f32 {
     1.0
 }
@@ -120,9 +112,6 @@ impl CandidateConfig {
             }
         }
         for (f, v) in [
-            ("lr", self.lr),
-            ("weight_decay", self.weight_decay),
-            ("clip", self.clip),
             ("ce_weight", self.ce_weight),
             ("distill_weight", self.distill_weight),
             ("wz_scale", self.wz_scale),
@@ -134,15 +123,7 @@ impl CandidateConfig {
                 ));
             }
         }
-        if !self.betas.iter().all(|b| (0.0..1.0).contains(b)) {
-            return Err(ElmError::config("betas", "each must be in [0, 1)"));
-        }
-        if !(0.0..=1.0).contains(&self.warmup_frac) || !(0.0..=1.0).contains(&self.min_lr_frac) {
-            return Err(ElmError::config(
-                "warmup_frac/min_lr_frac",
-                "must be in [0, 1]",
-            ));
-        }
+        self.optim.validate()?;
         self.lora.validate(model)
     }
 
@@ -256,17 +237,8 @@ impl<'a> Candidates<'a> {
             store.insert(nb, ArrayD::zeros(IxDyn(&[c])), true)?;
             insert_adapters(&mut store, &dense.config, &cfg.lora, "", [l], cfg.seed)?;
         }
-        let opt = AdamW::new(Self::adamw(&cfg))?;
+        let opt = AdamW::new(cfg.optim.adamw())?;
         Self::with_state(dense, cfg, store, opt)
-    }
-
-    fn adamw(cfg: &CandidateConfig) -> AdamWConfig {
-        AdamWConfig {
-            beta1: cfg.betas[0] as f64,
-            beta2: cfg.betas[1] as f64,
-            weight_decay: cfg.weight_decay as f64,
-            ..AdamWConfig::default()
-        }
     }
 
     /// Candidates from saved parameters and optimiser state.
@@ -390,7 +362,7 @@ impl<'a> Candidates<'a> {
         let mut grads = tape.backward(loss)?;
         let g: Vec<_> = vars.iter().map(|v| v.and_then(|v| grads.take(v))).collect();
         let mut pg = ParamGrads::new(g);
-        let grad_norm = pg.clip_global_norm(self.cfg.clip as f64)?;
+        let grad_norm = pg.clip_global_norm(self.cfg.optim.clip as f64)?;
         self.opt.step(&mut self.store, &pg, lr)?;
         Ok(CandidateStep {
             start: l,

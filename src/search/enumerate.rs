@@ -16,7 +16,6 @@ use crate::io::read_json;
 use crate::io::write_json_atomic;
 use crate::model::ModelWeights;
 use crate::train::step_seed;
-use crate::train::ScheduleConfig;
 
 use super::candidate::{CandidateConfig, Candidates, TeacherBatch};
 
@@ -171,13 +170,7 @@ pub fn enumerate(
             result.entries = prev.entries;
         }
     }
-    let sched = ScheduleConfig::warmup_cosine(
-        c.lr as f64,
-        cfg.steps,
-        c.warmup_frac as f64,
-        c.min_lr_frac as f64,
-    );
-    sched.validate()?;
+    let sched = c.optim.schedule(cfg.steps)?;
     for start in cfg.starts(&dense.config) {
         if result.entries.iter().any(|e| e.start == start) {
             continue;

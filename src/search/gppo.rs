@@ -10,7 +10,7 @@
 //! Adam state, the pending buffer and the trace. Files: `step-<k>/{params,optimizer}.safetensors`,
 //! then `gppo_state.json` (the commit point).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use rand::{rngs::StdRng, SeedableRng};
@@ -18,11 +18,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{batch_indices, TokenSequence};
 use crate::error::{ElmError, Result};
-use crate::io::read_json;
+use crate::io::run_dir::{begin_step, commit_step, read_state};
 use crate::io::write_json_atomic;
 use crate::model::{ModelConfig, ModelWeights};
+use crate::train::read_config_file;
 use crate::train::step_seed;
-use crate::train::{AdamW, ParamStore, ScheduleConfig};
+use crate::train::{load_params_and_optimizer, save_params_and_optimizer, ScheduleConfig};
 
 use super::candidate::{CandidateConfig, CandidateStep, Candidates, TeacherBatch};
 use super::policy::{log_softmax, sample, softmax, PolicyState, Transition};
@@ -80,7 +81,7 @@ impl GppoConfig {
         .expect("defaults deserialize")
     }
     pub fn from_file(path: &Path) -> Result<Self> {
-        read_json(path)
+        read_config_file(path, &["candidate"])
     }
     /// Positive steps, p and q; ε in (0, 1]; finite rates; a valid candidate config.
     pub fn validate(&self, model: &ModelConfig) -> Result<()> {
@@ -163,6 +164,8 @@ pub struct GppoState {
 }
 
 pub const GPPO_FORMAT: &str = "elm-gppo-v1";
+
+crate::impl_run_state!(GppoState, format: GPPO_FORMAT, model: ModelConfig);
 pub const GPPO_STATE_FILE: &str = "gppo_state.json";
 
 /// What a GPPO run found.
@@ -237,13 +240,7 @@ impl<'a> Gppo<'a> {
         step: usize,
     ) -> Result<Self> {
         let c = &cfg.candidate;
-        let sched = ScheduleConfig::warmup_cosine(
-            c.lr as f64,
-            cfg.steps,
-            c.warmup_frac as f64,
-            c.min_lr_frac as f64,
-        );
-        sched.validate()?;
+        let sched = c.optim.schedule(cfg.steps)?;
         Ok(Gppo {
             cands,
             cfg,
@@ -389,67 +386,40 @@ impl<'a> Gppo<'a> {
 
     /// Writes a resumable checkpoint into `dir` (and `gppo_trace.json`).
     pub fn save(&self, dir: &Path) -> Result<()> {
-        let step_dir = format!("step-{:07}", self.step);
-        let sd = dir.join(&step_dir);
-        std::fs::create_dir_all(&sd).map_err(|e| ElmError::io(&sd, e))?;
-        self.cands.store.save(sd.join("params.safetensors"))?;
-        self.cands.opt.save(sd.join("optimizer.safetensors"))?;
+        let step = begin_step(dir, self.step)?;
+        save_params_and_optimizer(&step.path, &self.cands.store, &self.cands.opt)?;
         let state = GppoState {
             format: GPPO_FORMAT.into(),
             step: self.step,
             config: self.cfg.clone(),
             model_config: self.cands.dense.config.clone(),
             base_model: self.base_model.clone(),
-            step_dir: step_dir.clone(),
+            step_dir: step.name.clone(),
             policy: self.policy.clone(),
             buffer: self.buffer.clone(),
             trace: self.trace.clone(),
             history: self.history.clone(),
         };
-        write_json_atomic(&dir.join(GPPO_STATE_FILE), &state)?;
-        write_json_atomic(&dir.join("gppo_trace.json"), &self.outcome())?;
-        crate::io::atomic::remove_old_step_dirs(dir, &step_dir);
-        Ok(())
+        commit_step(dir, &step, GPPO_STATE_FILE, &state)?;
+        write_json_atomic(&dir.join("gppo_trace.json"), &self.outcome())
     }
 
     /// Resumes from `dir/gppo_state.json` with the run's own config.
     pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {
-        let sp: PathBuf = dir.join(GPPO_STATE_FILE);
-        // Temp files of a killed run were never renamed into place: nothing refers to them.
-        crate::io::atomic::remove_stale_temps(dir)?;
-        let state: GppoState = read_json(&sp)?;
-        if state.format != GPPO_FORMAT {
-            return Err(ElmError::format(
-                &sp,
-                format!("format `{}`, expected `{GPPO_FORMAT}`", state.format),
-            ));
-        }
-        if state.model_config != dense.config {
-            return Err(ElmError::config(
-                "model",
-                format!("{}: run was on a different model config", sp.display()),
-            ));
-        }
+        let (state, sd): (GppoState, _) = read_state(dir, GPPO_STATE_FILE, &dense.config)?;
+        let sp = dir.join(GPPO_STATE_FILE);
         state.config.validate(&dense.config)?;
-        let sd = dir.join(&state.step_dir);
-        let store = ParamStore::load(sd.join("params.safetensors"))?;
         let k = state.config.candidate.num_starts(&dense.config);
         let fresh = Candidates::new(
             dense,
             state.config.candidate.clone(),
             &(0..k).collect::<Vec<_>>(),
         )?;
-        if store.names() != fresh.store.names() {
-            return Err(ElmError::format(
-                sd.join("params.safetensors"),
-                "unexpected candidate parameter names",
-            ));
-        }
         if state.policy.theta.len() != k {
             return Err(ElmError::format(&sp, "θ has the wrong length"));
         }
-        let opt = AdamW::load(sd.join("optimizer.safetensors"))?;
-        opt.check_against(&store)?;
+        let (store, opt) =
+            load_params_and_optimizer(&sd, fresh.store.names(), "candidate parameter")?;
         let cands = Candidates::with_state(dense, state.config.candidate.clone(), store, opt)?;
         Self::build(
             cands,

@@ -15,12 +15,16 @@
 //! ```
 
 mod adamw;
+pub mod checkpoint;
+mod optim;
 mod params;
 mod schedule;
 mod seed;
 mod tape_glue;
 
 pub use adamw::{AdamW, AdamWConfig};
+pub use checkpoint::{load_params_and_optimizer, save_params_and_optimizer};
+pub use optim::{read_config_file, OptimConfig, OPTIM_KEYS};
 pub use params::{ParamGrads, ParamStore};
 pub use schedule::ScheduleConfig;
 pub use seed::step_seed;
