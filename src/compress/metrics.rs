@@ -1,13 +1,12 @@
 //! Layer- and window-selection scores on the dense residual stream ([`BoundaryStates`]), each
 //! accumulated in f64. Windows are `[s, s + M)`; removing one feeds `h_s` to layer `s + M`.
 
-use ndarray::{s, Array2, ArrayView1, ArrayView3, Axis};
+use ndarray::{s, ArrayView1, ArrayView3, Axis};
 
 use super::calibration::{BoundaryStates, Calibration};
 use crate::autograd::{AdFloat, Tape};
 use crate::error::{ElmError, Result};
-use crate::model::dense_pass::run_dense_layers;
-use crate::model::ops::{linear_into, rms_norm_into};
+use crate::model::dense_pass::{head_logits, run_dense_layers};
 use crate::model::tape::{BlockParams, ModelTensors, ModelVars, Trainable};
 use crate::model::ModelWeights;
 use crate::nn::IGNORE_INDEX;
@@ -129,20 +128,7 @@ pub fn removal_nll(
             .to_shape(((r * (t - 1)), c))
             .map_err(|e| ElmError::shape("removal_nll", e.to_string()))?
             .into_owned();
-        let mut normed = Array2::zeros(flat.raw_dim());
-        rms_norm_into(
-            flat.view(),
-            weights.final_norm.view(),
-            weights.config.rms_norm_eps,
-            normed.view_mut(),
-        );
-        let mut logits = Array2::zeros((flat.nrows(), weights.config.vocab_size));
-        linear_into(
-            normed.view(),
-            weights.lm_head().view(),
-            None,
-            logits.view_mut(),
-        );
+        let logits = head_logits(weights, flat.view());
         for (k, row) in logits.axis_iter(Axis(0)).enumerate() {
             let (ci, ti) = (rows.start + k / (t - 1), k % (t - 1));
             let target = calib.chunks[ci][ti + 1] as usize;

@@ -3,7 +3,7 @@
 //!
 //! Right padding is harmless here: attention is causal, so real tokens never see pads.
 
-use ndarray::Array3;
+use ndarray::{Array2, Array3, ArrayView2};
 
 use crate::error::{ElmError, Result};
 use crate::model::{block_forward_inplace, embed_tokens, LayerWeights, ModelConfig, ModelWeights};
@@ -46,6 +46,26 @@ pub fn run_layers<'a>(
         block_forward_inplace(w, cfg, x.view_mut(), &lens, &mut kv, false, &mut scratch)?;
     }
     Ok(x)
+}
+
+/// The dense model's logits `[N, V]` of final hidden states `[N, C]`: the final norm, then the
+/// LM head (the scoring step every whole-sequence NLL shares).
+pub fn head_logits(weights: &ModelWeights, hidden: ArrayView2<f32>) -> Array2<f32> {
+    let mut normed = Array2::zeros(hidden.raw_dim());
+    crate::model::ops::rms_norm_into(
+        hidden,
+        weights.final_norm.view(),
+        weights.config.rms_norm_eps,
+        normed.view_mut(),
+    );
+    let mut logits = Array2::zeros((hidden.nrows(), weights.config.vocab_size));
+    crate::model::ops::linear_into(
+        normed.view(),
+        weights.lm_head().view(),
+        None,
+        logits.view_mut(),
+    );
+    logits
 }
 
 /// An empty single-layer cache and scratch for a whole-sequence pass of `[B, T]` tokens.

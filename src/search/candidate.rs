@@ -19,11 +19,10 @@ use crate::data::{make_batch, Batch, TokenSequence};
 use crate::equilibrium::module::{ElmModule, ProjectionWeights};
 use crate::error::{ElmError, Result};
 use crate::lora::LoraSpec;
-use crate::model::dense_pass::{embed, run_dense_layers};
+use crate::model::dense_pass::{embed, head_logits, run_dense_layers};
 use crate::model::lora_adapter::{
     block_lora, insert_adapters, lora_block_forward, merge_layer, LoraRun,
 };
-use crate::model::ops::{linear_into, rms_norm_into};
 use crate::model::tape::{block_forward, BlockTensors, BlockVars};
 use crate::model::{ModelConfig, ModelWeights};
 use crate::train::{AdamW, OptimConfig, ParamGrads, ParamStore};
@@ -459,20 +458,7 @@ pub fn answer_nll_of_hidden(
         for (k, &p) in pos.iter().enumerate() {
             rows.row_mut(k).assign(&hidden.slice(s![r, p, ..]));
         }
-        let mut normed = Array2::zeros(rows.raw_dim());
-        rms_norm_into(
-            rows.view(),
-            weights.final_norm.view(),
-            weights.config.rms_norm_eps,
-            normed.view_mut(),
-        );
-        let mut logits = Array2::zeros((pos.len(), weights.config.vocab_size));
-        linear_into(
-            normed.view(),
-            weights.lm_head().view(),
-            None,
-            logits.view_mut(),
-        );
+        let logits = head_logits(weights, rows.view());
         for (k, row) in logits.axis_iter(Axis(0)).enumerate() {
             let target = tg[pos[k]].expect("scored position");
             sum += crate::eval::nll::token_nll(row, target);
