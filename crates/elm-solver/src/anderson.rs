@@ -10,14 +10,11 @@
 //! f64. When Cholesky fails or the estimated condition number exceeds `max_condition`, that row's
 //! history is dropped (restart) and a Picard step is taken.
 
-use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
+use ndarray::{ArrayView1, ArrayViewMut1};
 
-use super::engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
+use super::engine::{IterationRule, RuleSolver, StepEvent};
 use super::kernels::dot2_f64;
-use super::{
-    cast, AndersonConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
-    StopCriteria,
-};
+use super::{cast, AndersonConfig, OutputOptions, SolverFloat};
 use crate::error::Result;
 
 /// Anderson-accelerated fixed-point solver.
@@ -33,7 +30,7 @@ impl Anderson {
 }
 
 /// Per-batch buffers, allocated once in `init`.
-struct AndersonRule<T> {
+pub struct AndersonRule<T> {
     m: usize,
     lambda: f64,
     beta: T,
@@ -286,42 +283,24 @@ impl<T: SolverFloat> AndersonRule<T> {
     }
 }
 
-impl<T: SolverFloat> FixedPointSolver<T> for Anderson {
+impl RuleSolver for Anderson {
+    type Rule<T: SolverFloat> = AndersonRule<T>;
     fn name(&self) -> &'static str {
         "anderson"
     }
-    fn solve_observed(
-        &self,
-        map: &mut dyn FixedPointMap<T>,
-        z0: ArrayView2<T>,
-        stop: &StopCriteria,
-        observer: &mut dyn Observer<T>,
-    ) -> Result<Solution<T>> {
-        self.config.validate()?;
-        let mut rule = AndersonRule::<T>::new(&self.config);
-        run_fixed_point(&mut rule, stop, &self.config.output, map, z0, observer)
+    fn validate(&self) -> Result<()> {
+        self.config.validate()
     }
-    fn solve_in(
-        &self,
-        ws: &mut SolveWorkspace<T>,
-        map: &mut dyn FixedPointMap<T>,
-        z0: ArrayView2<T>,
-        stop: &StopCriteria,
-    ) -> Result<()> {
-        self.config.validate()?;
-        ws.run_with_rule(
-            || AndersonRule::<T>::new(&self.config),
-            // The kept buffers are resized by `init`; only the settings are taken anew.
-            |r| {
-                let fresh = AndersonRule::<T>::new(&self.config);
-                (r.m, r.lambda, r.beta, r.max_condition) =
-                    (fresh.m, fresh.lambda, fresh.beta, fresh.max_condition);
-            },
-            stop,
-            &self.config.output,
-            map,
-            z0,
-            &mut super::NoObserver,
-        )
+    fn output(&self) -> &OutputOptions {
+        &self.config.output
+    }
+    fn rule<T: SolverFloat>(&self) -> AndersonRule<T> {
+        AndersonRule::new(&self.config)
+    }
+    // The kept buffers are resized by `init`; only the settings are taken anew.
+    fn configure<T: SolverFloat>(&self, rule: &mut AndersonRule<T>) {
+        let fresh = AndersonRule::<T>::new(&self.config);
+        (rule.m, rule.lambda, rule.beta, rule.max_condition) =
+            (fresh.m, fresh.lambda, fresh.beta, fresh.max_condition);
     }
 }

@@ -10,14 +10,11 @@
 //! one, the step is halved (no Jacobian update) up to `max_backtracks` times; each halving costs
 //! one map evaluation. If it still grows, the point is accepted and the memory cleared.
 
-use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
+use ndarray::{ArrayView1, ArrayViewMut1};
 
-use super::engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
+use super::engine::{IterationRule, RuleSolver, StepEvent};
 use super::kernels::{dot2_mixed, dot_mixed};
-use super::{
-    cast, BroydenConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
-    StopCriteria,
-};
+use super::{cast, BroydenConfig, OutputOptions, SolverFloat};
 use crate::error::Result;
 
 /// Limited-memory good-Broyden solver.
@@ -32,7 +29,7 @@ impl Broyden {
     }
 }
 
-struct BroydenRule<T> {
+pub struct BroydenRule<T> {
     cfg: BroydenConfig,
     beta: f64,
     dim: usize,
@@ -286,41 +283,23 @@ impl<T: SolverFloat> BroydenRule<T> {
     }
 }
 
-impl<T: SolverFloat> FixedPointSolver<T> for Broyden {
+impl RuleSolver for Broyden {
+    type Rule<T: SolverFloat> = BroydenRule<T>;
     fn name(&self) -> &'static str {
         "broyden"
     }
-    fn solve_observed(
-        &self,
-        map: &mut dyn FixedPointMap<T>,
-        z0: ArrayView2<T>,
-        stop: &StopCriteria,
-        observer: &mut dyn Observer<T>,
-    ) -> Result<Solution<T>> {
-        self.config.validate()?;
-        let mut rule = BroydenRule::<T>::new(&self.config);
-        run_fixed_point(&mut rule, stop, &self.config.output, map, z0, observer)
+    fn validate(&self) -> Result<()> {
+        self.config.validate()
     }
-    fn solve_in(
-        &self,
-        ws: &mut SolveWorkspace<T>,
-        map: &mut dyn FixedPointMap<T>,
-        z0: ArrayView2<T>,
-        stop: &StopCriteria,
-    ) -> Result<()> {
-        self.config.validate()?;
-        ws.run_with_rule(
-            || BroydenRule::<T>::new(&self.config),
-            // The kept buffers are resized by `init`; only the settings are taken anew.
-            |r| {
-                r.cfg.clone_from(&self.config);
-                r.beta = self.config.beta;
-            },
-            stop,
-            &self.config.output,
-            map,
-            z0,
-            &mut super::NoObserver,
-        )
+    fn output(&self) -> &OutputOptions {
+        &self.config.output
+    }
+    fn rule<T: SolverFloat>(&self) -> BroydenRule<T> {
+        BroydenRule::new(&self.config)
+    }
+    // The kept buffers are resized by `init`; only the settings are taken anew.
+    fn configure<T: SolverFloat>(&self, rule: &mut BroydenRule<T>) {
+        rule.cfg.clone_from(&self.config);
+        rule.beta = self.config.beta;
     }
 }

@@ -2,9 +2,11 @@
 //! rejected at every level) and [`CustomSolver`], which lets any [`FixedPointSolver`] stand
 //! wherever a config is taken.
 //!
-//! A new built-in solver is its own file (`<name>.rs`), its config struct, variant and entry in
-//! [`BUILTIN_SOLVERS`] here, and its `mod`/`pub use` line in `lib.rs`: everything else (the CLI's
-//! `--solver`, the benches, the tests, paper_repro) reads [`BUILTIN_SOLVERS`].
+//! A new built-in solver is its own file (`<name>.rs`: its [`crate::RuleSolver`] and
+//! [`crate::IterationRule`]), here its config struct, a [`SolverKind`] variant (added to
+//! [`SolverKind::ALL`]) and a [`SolverConfig`] variant with their arms in the exhaustive matches
+//! (the compiler lists the missing ones), and its `mod`/`pub use` line in `lib.rs`: everything
+//! else (the CLI's `--solver`, the benches, the tests, paper_repro) reads [`BUILTIN_SOLVERS`].
 
 use std::sync::Arc;
 
@@ -245,9 +247,73 @@ impl BroydenConfig {
     }
 }
 
-/// The built-in solvers by name, in the order the CLI, the benches, the tests and paper_repro list
-/// them. [`SolverConfig::by_name`] builds each one's default config.
-pub const BUILTIN_SOLVERS: [&str; 3] = ["picard", "anderson", "broyden"];
+/// The built-in solvers: the one list that [`BUILTIN_SOLVERS`], [`SolverConfig::by_name`] and
+/// command lines read. A new built-in solver is a variant here and in [`SolverConfig`], and its
+/// arm in the exhaustive matches below (the compiler lists them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SolverKind {
+    Picard,
+    Anderson,
+    Broyden,
+}
+
+impl SolverKind {
+    /// Every built-in solver, in the order the CLI, the benches, the tests and paper_repro list
+    /// them.
+    pub const ALL: [SolverKind; 3] = [
+        SolverKind::Picard,
+        SolverKind::Anderson,
+        SolverKind::Broyden,
+    ];
+    /// The solver's name, as in the JSON form's `kind` and on command lines.
+    pub const fn name(self) -> &'static str {
+        match self {
+            SolverKind::Picard => "picard",
+            SolverKind::Anderson => "anderson",
+            SolverKind::Broyden => "broyden",
+        }
+    }
+    /// The solver with its default config.
+    pub fn default_config(self) -> SolverConfig {
+        match self {
+            SolverKind::Picard => SolverConfig::picard(),
+            SolverKind::Anderson => SolverConfig::anderson(),
+            SolverKind::Broyden => SolverConfig::broyden(),
+        }
+    }
+}
+
+/// A built-in solver by its name (one of [`BUILTIN_SOLVERS`]).
+impl std::str::FromStr for SolverKind {
+    type Err = SolverError;
+    fn from_str(name: &str) -> Result<Self> {
+        SolverKind::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| {
+                SolverError::config(
+                    "kind",
+                    format!(
+                        "unknown solver `{name}` (expected {})",
+                        BUILTIN_SOLVERS.join("|")
+                    ),
+                )
+            })
+    }
+}
+
+/// The built-in solvers by name ([`SolverKind::ALL`]'s names), in the order the CLI, the
+/// benches, the tests and paper_repro list them. [`SolverConfig::by_name`] builds each one's
+/// default config.
+pub const BUILTIN_SOLVERS: [&str; SolverKind::ALL.len()] = {
+    let mut names = [""; SolverKind::ALL.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = SolverKind::ALL[i].name();
+        i += 1;
+    }
+    names
+};
 
 /// Any solver's config: the algorithm and what a solve reports, never when it stops (that is a
 /// [`StopCriteria`] passed with each solve). JSON form `{"kind": "anderson", "history": 5}`.
@@ -295,25 +361,23 @@ impl SolverConfig {
     }
     /// Default config of the built-in solver `name` (one of [`BUILTIN_SOLVERS`]).
     pub fn by_name(name: &str) -> Result<Self> {
-        match name {
-            "picard" => Ok(Self::picard()),
-            "anderson" => Ok(Self::anderson()),
-            "broyden" => Ok(Self::broyden()),
-            other => Err(SolverError::config(
-                "kind",
-                format!(
-                    "unknown solver `{other}` (expected {})",
-                    BUILTIN_SOLVERS.join("|")
-                ),
-            )),
+        name.parse::<SolverKind>().map(SolverKind::default_config)
+    }
+    /// The built-in solver; `None` for a custom one.
+    pub fn kind(&self) -> Option<SolverKind> {
+        match self {
+            SolverConfig::Picard(_) => Some(SolverKind::Picard),
+            SolverConfig::Anderson(_) => Some(SolverKind::Anderson),
+            SolverConfig::Broyden(_) => Some(SolverKind::Broyden),
+            SolverConfig::Custom(_) => None,
         }
     }
     /// Solver name: the built-in's, or the custom solver's own.
     pub fn name(&self) -> &'static str {
         match self {
-            SolverConfig::Picard(_) => "picard",
-            SolverConfig::Anderson(_) => "anderson",
-            SolverConfig::Broyden(_) => "broyden",
+            SolverConfig::Picard(_) => SolverKind::Picard.name(),
+            SolverConfig::Anderson(_) => SolverKind::Anderson.name(),
+            SolverConfig::Broyden(_) => SolverKind::Broyden.name(),
             SolverConfig::Custom(c) => c.name(),
         }
     }
@@ -375,16 +439,11 @@ impl SolverConfig {
             msg: e.to_string(),
         })?;
         let has = |j: &serde_json::Value| key != "kind" && j.get(key).is_some();
-        if !has(&json) || matches!(self, SolverConfig::Custom(_)) {
-            let owners: Vec<&str> = BUILTIN_SOLVERS
-                .iter()
-                .copied()
-                .filter(|n| {
-                    Self::by_name(n)
-                        .ok()
-                        .and_then(|c| serde_json::to_value(c).ok())
-                        .is_some_and(|j| has(&j))
-                })
+        if !has(&json) || self.kind().is_none() {
+            let owners: Vec<&str> = SolverKind::ALL
+                .into_iter()
+                .filter(|k| serde_json::to_value(k.default_config()).is_ok_and(|j| has(&j)))
+                .map(SolverKind::name)
                 .collect();
             let msg = if owners.is_empty() {
                 format!("no solver has a parameter `{key}`")

@@ -95,13 +95,14 @@ pub use anderson::Anderson;
 pub use broyden::Broyden;
 pub use config::{
     AndersonConfig, BroydenConfig, CustomSolver, OutputOptions, PicardConfig, SolverConfig,
-    StopCriteria, BUILTIN_SOLVERS,
+    SolverKind, StopCriteria, BUILTIN_SOLVERS,
 };
-pub use engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
+pub use engine::{run_fixed_point, IterationRule, RuleSolver, SolveWorkspace, StepEvent};
 pub use error::{MapError, Result, SolverError};
 pub use linear::{
-    FnOperator, FnOperatorPair, LinearOperator, LinearSolution, LinearSolverConfig, MatrixOperator,
-    BUILTIN_LINEAR_SOLVERS, DEFAULT_GMRES_RESTART, DEFAULT_NEUMANN_TERMS,
+    FnOperator, FnOperatorPair, LinearOperator, LinearSolution, LinearSolverConfig,
+    LinearSolverKind, MatrixOperator, BUILTIN_LINEAR_SOLVERS, DEFAULT_GMRES_RESTART,
+    DEFAULT_NEUMANN_TERMS,
 };
 pub use picard::Picard;
 
