@@ -97,7 +97,10 @@ mod json {
             assert_eq!(kind_of(&json), kind.name());
             let back: LinearSolverConfig = serde_json::from_value(json.clone()).unwrap();
             assert_eq!(back, cfg);
-            assert_eq!(LinearSolverConfig::from_json(&json.to_string()).unwrap(), cfg);
+            assert_eq!(
+                LinearSolverConfig::from_json(&json.to_string()).unwrap(),
+                cfg
+            );
             // `{"kind": name}` alone is the default config.
             let bare = format!(r#"{{"kind": "{}"}}"#, kind.name());
             assert_eq!(LinearSolverConfig::from_json(&bare).unwrap(), cfg);

@@ -6,10 +6,11 @@ use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 use crate::config::StopCriteria;
 use crate::error::{bytes_of, check_alloc, MapError, Result, SolverError};
 use crate::linear::driver::{
-    axpy, dot, meets_tolerance, norm, run_rows, Advance, LinearSolution, RowMethod,
+    axpy, dot, meets_tolerance, norm, relative_residual, row_outcome, run_rows, Advance,
+    LinearSolution, RowMethod,
 };
 use crate::linear::operator::LinearOperator;
-use crate::{RowOutcome, RowStatus, SolverFloat};
+use crate::{RowStatus, SolverFloat};
 
 /// Unpreconditioned conjugate gradients for a symmetric positive definite operator (here
 /// `AᵀA`); per row `r, p` and `rᵀr`.
@@ -204,16 +205,13 @@ pub(super) fn solve_cgnr<T: SolverFloat>(
     let rows = (0..batch)
         .map(|row| {
             let (status, rn) = outcome[row].unwrap_or((RowStatus::MaxIter, f64::NAN));
-            RowOutcome {
+            row_outcome(
                 status,
-                iterations: products[row],
-                residual: rn,
-                rel_residual: rn / (bnorm[row] + stop.rel_eps),
-                trace: None,
-                spectral_radius: None,
-                restarts: restarts[row],
-                backtracks: 0,
-            }
+                products[row],
+                rn,
+                relative_residual(rn, bnorm[row], stop),
+                restarts[row],
+            )
         })
         .collect();
     Ok(LinearSolution {

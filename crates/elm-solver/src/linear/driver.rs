@@ -93,10 +93,36 @@ struct Rows {
     active: Vec<bool>,
 }
 
+/// `‖r‖ / (‖b‖ + rel_eps)`: the relative residual of the linear stop test.
+pub(super) fn relative_residual(rn: f64, bnorm: f64, stop: &StopCriteria) -> f64 {
+    rn / (bnorm + stop.rel_eps)
+}
+
+/// What a row of a linear solve reports: no trace, spectral radius or backtracks (fixed-point
+/// notions); `iterations` are its operator applications.
+pub(super) fn row_outcome(
+    status: RowStatus,
+    iterations: usize,
+    residual: f64,
+    rel_residual: f64,
+    restarts: usize,
+) -> RowOutcome {
+    RowOutcome {
+        status,
+        iterations,
+        residual,
+        rel_residual,
+        trace: None,
+        spectral_radius: None,
+        restarts,
+        backtracks: 0,
+    }
+}
+
 /// Whether a residual of norm `rn` against a right-hand side of norm `bnorm` meets `stop`'s
 /// absolute or relative tolerance (a zero residual always does).
 pub(super) fn meets_tolerance(rn: f64, bnorm: f64, stop: &StopCriteria) -> bool {
-    let rel = rn / (bnorm + stop.rel_eps);
+    let rel = relative_residual(rn, bnorm, stop);
     rn == 0.0
         || (stop.abs_tol > 0.0 && rn <= stop.abs_tol)
         || (stop.rel_tol > 0.0 && rel <= stop.rel_tol)
@@ -111,7 +137,7 @@ impl Rows {
     }
     fn record(&mut self, row: usize, rn: f64, stop: &StopCriteria) {
         self.res[row] = rn;
-        self.rel[row] = rn / (self.bnorm[row] + stop.rel_eps);
+        self.rel[row] = relative_residual(rn, self.bnorm[row], stop);
     }
     fn stop(&mut self, row: usize, status: RowStatus, inp: &mut [f64]) {
         self.status[row] = Some(status);
@@ -293,15 +319,14 @@ pub(super) fn run_rows<T: SolverFloat>(
         *o = T::narrow(v);
     }
     let outcomes = (0..batch)
-        .map(|r| RowOutcome {
-            status: rows.status[r].unwrap_or(RowStatus::MaxIter),
-            iterations: rows.apps[r],
-            residual: rows.res[r],
-            rel_residual: rows.rel[r],
-            trace: None,
-            spectral_radius: None,
-            restarts: rows.cycles[r].saturating_sub(1),
-            backtracks: 0,
+        .map(|r| {
+            row_outcome(
+                rows.status[r].unwrap_or(RowStatus::MaxIter),
+                rows.apps[r],
+                rows.res[r],
+                rows.rel[r],
+                rows.cycles[r].saturating_sub(1),
+            )
         })
         .collect();
     Ok(LinearSolution {
