@@ -14,8 +14,57 @@ use ndarray::{ArrayView1, ArrayViewMut1};
 
 use super::engine::{IterationRule, RuleSolver, StepEvent};
 use super::kernels::dot2_f64;
-use super::{cast, AndersonConfig, OutputOptions, SolverFloat};
-use crate::error::Result;
+use super::{cast, SolverFloat};
+use crate::error::{Result, SolverError};
+use crate::options::{check_beta, OutputOptions};
+
+/// Anderson acceleration (type II) with per-row history.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct AndersonConfig {
+    /// History length ≥ 1 (number of residual differences kept).
+    pub history: usize,
+    /// Ridge λ ≥ 0, relative to the mean diagonal of the Gram matrix.
+    pub lambda: f64,
+    /// Mixing β ∈ (0, 1].
+    pub beta: f64,
+    /// Restart a row's history when the estimated condition number of its (ridged) Gram matrix
+    /// exceeds this.
+    pub max_condition: f64,
+    pub output: OutputOptions,
+}
+
+impl Default for AndersonConfig {
+    fn default() -> Self {
+        AndersonConfig {
+            history: 5,
+            lambda: 1e-10,
+            beta: 1.0,
+            max_condition: 1e12,
+            output: OutputOptions::default(),
+        }
+    }
+}
+
+impl AndersonConfig {
+    pub fn validate(&self) -> Result<()> {
+        check_beta("beta", self.beta)?;
+        if self.history == 0 {
+            return Err(SolverError::config("history", "must be >= 1"));
+        }
+        if !(self.lambda.is_finite() && self.lambda >= 0.0) {
+            return Err(SolverError::config(
+                "lambda",
+                format!("must be finite and >= 0, got {}", self.lambda),
+            ));
+        }
+        if self.max_condition.is_nan() || self.max_condition <= 1.0 {
+            return Err(SolverError::config("max_condition", "must be > 1"));
+        }
+        Ok(())
+    }
+}
 
 /// Anderson-accelerated fixed-point solver.
 #[derive(Clone, Debug)]

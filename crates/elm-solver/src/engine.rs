@@ -10,10 +10,11 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
 use super::{
-    cast, FixedPointMap, FixedPointSolver, IterationInfo, NoObserver, Observer, OutputOptions,
-    RowOutcome, RowStatus, Solution, SolverFloat, StopCriteria,
+    cast, FixedPointMap, FixedPointSolver, IterationInfo, NoObserver, Observer, RowOutcome,
+    RowStatus, Solution, SolverFloat,
 };
 use crate::error::{Result, SolverError};
+use crate::options::{OutputOptions, StopCriteria};
 
 /// What a step did besides moving the row; counted into the row's [`RowOutcome`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,7 +256,7 @@ impl<T: SolverFloat> SolveWorkspace<T> {
         result
     }
 
-    /// Runs `rule` on `map` from `z0 [B, D]` until every row stops (see [`crate::solver`] for
+    /// Runs `rule` on `map` from `z0 [B, D]` until every row stops (see the [crate docs](crate) for
     /// the stop criteria); the result stays in the workspace.
     pub fn run(
         &mut self,

@@ -87,16 +87,14 @@ pub mod error;
 mod kernels;
 mod linalg;
 mod linear;
+mod options;
 mod picard;
 pub mod problems;
 pub mod rho_sweep;
 
-pub use anderson::Anderson;
-pub use broyden::Broyden;
-pub use config::{
-    AndersonConfig, BroydenConfig, CustomSolver, OutputOptions, PicardConfig, SolverConfig,
-    SolverKind, StopCriteria, BUILTIN_SOLVERS,
-};
+pub use anderson::{Anderson, AndersonConfig};
+pub use broyden::{Broyden, BroydenConfig};
+pub use config::{CustomSolver, SolverConfig, SolverKind, BUILTIN_SOLVERS};
 pub use engine::{run_fixed_point, IterationRule, RuleSolver, SolveWorkspace, StepEvent};
 pub use error::{MapError, Result, SolverError};
 pub use linear::{
@@ -104,7 +102,8 @@ pub use linear::{
     LinearSolverKind, MatrixOperator, BUILTIN_LINEAR_SOLVERS, DEFAULT_GMRES_RESTART,
     DEFAULT_NEUMANN_TERMS,
 };
-pub use picard::Picard;
+pub use options::{OutputOptions, StopCriteria};
+pub use picard::{Picard, PicardConfig};
 
 use std::fmt::Debug;
 

@@ -3,8 +3,34 @@
 use ndarray::{ArrayView1, ArrayViewMut1};
 
 use super::engine::{IterationRule, RuleSolver, StepEvent};
-use super::{cast, OutputOptions, PicardConfig, SolverFloat};
+use super::{cast, SolverFloat};
 use crate::error::Result;
+use crate::options::{check_beta, OutputOptions};
+
+/// Damped Picard iteration `z ← (1−β) z + β f(z)`.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct PicardConfig {
+    /// Damping β ∈ (0, 1]; 1 = plain iteration.
+    pub beta: f64,
+    pub output: OutputOptions,
+}
+
+impl Default for PicardConfig {
+    fn default() -> Self {
+        PicardConfig {
+            beta: 1.0,
+            output: OutputOptions::default(),
+        }
+    }
+}
+
+impl PicardConfig {
+    pub fn validate(&self) -> Result<()> {
+        check_beta("beta", self.beta)
+    }
+}
 
 /// Damped Picard solver. Converges whenever `f` is a contraction (for β = 1) or, for β < 1,
 /// whenever the eigenvalues of `1 − β + β J` lie inside the unit disc.

@@ -3,13 +3,13 @@
 
 use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 
-use crate::config::StopCriteria;
 use crate::error::{bytes_of, check_alloc, MapError, Result, SolverError};
 use crate::linear::driver::{
     axpy, dot, meets_tolerance, norm, relative_residual, row_outcome, run_rows, Advance,
     LinearSolution, RowMethod,
 };
 use crate::linear::operator::LinearOperator;
+use crate::options::StopCriteria;
 use crate::{RowStatus, SolverFloat};
 
 /// Unpreconditioned conjugate gradients for a symmetric positive definite operator (here

@@ -4,7 +4,7 @@
 
 use ndarray::{ArrayView2, ArrayViewMut2};
 
-use crate::config::{SolverConfig, SolverKind, StopCriteria, BUILTIN_SOLVERS};
+use crate::config::{SolverConfig, SolverKind, BUILTIN_SOLVERS};
 use crate::error::{MapError, Result, SolverError};
 use crate::linear::bicgstab::BiCgStab;
 use crate::linear::cgnr::solve_cgnr;
@@ -12,6 +12,7 @@ use crate::linear::driver::{run_rows, LinearSolution};
 use crate::linear::gmres::Gmres;
 use crate::linear::neumann::Neumann;
 use crate::linear::operator::LinearOperator;
+use crate::options::StopCriteria;
 use crate::{FnMap, SolverFloat};
 
 /// Default GMRES restart length.

@@ -4,9 +4,9 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use crate::config::StopCriteria;
 use crate::error::{bytes_of, check_alloc, Result};
 use crate::linear::operator::LinearOperator;
+use crate::options::StopCriteria;
 use crate::{RowOutcome, RowStatus, SolverFloat};
 
 /// Result of a batched linear solve.
