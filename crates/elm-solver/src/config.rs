@@ -15,35 +15,32 @@ use super::{FixedPointSolver, SolverFloat};
 use crate::anderson::{Anderson, AndersonConfig};
 use crate::broyden::{Broyden, BroydenConfig};
 use crate::error::{Result, SolverError};
+use crate::kinds::builtin_kinds;
 use crate::options::{OutputOptions, StopCriteria};
 use crate::picard::{Picard, PicardConfig};
 
-/// The built-in solvers: the one list that [`BUILTIN_SOLVERS`], [`SolverConfig::by_name`] and
-/// command lines read. A new built-in solver is a variant here and in [`SolverConfig`], and its
-/// arm in the exhaustive matches below (the compiler lists them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SolverKind {
-    Picard,
-    Anderson,
-    Broyden,
+builtin_kinds! {
+    /// The built-in solvers: the one list that [`BUILTIN_SOLVERS`], [`SolverConfig::by_name`]
+    /// and command lines read, in the order the CLI, the benches, the tests and paper_repro list
+    /// them. A new built-in solver is a line here, a variant of [`SolverConfig`], and their arms
+    /// in the exhaustive matches below (the compiler lists the missing ones).
+    pub enum SolverKind {
+        Picard => "picard",
+        Anderson => "anderson",
+        Broyden => "broyden",
+    }
+    unknown: |name: &str| {
+        SolverError::config(
+            "kind",
+            format!(
+                "unknown solver `{name}` (expected {})",
+                BUILTIN_SOLVERS.join("|")
+            ),
+        )
+    };
 }
 
 impl SolverKind {
-    /// Every built-in solver, in the order the CLI, the benches, the tests and paper_repro list
-    /// them.
-    pub const ALL: [SolverKind; 3] = [
-        SolverKind::Picard,
-        SolverKind::Anderson,
-        SolverKind::Broyden,
-    ];
-    /// The solver's name, as in the JSON form's `kind` and on command lines.
-    pub const fn name(self) -> &'static str {
-        match self {
-            SolverKind::Picard => "picard",
-            SolverKind::Anderson => "anderson",
-            SolverKind::Broyden => "broyden",
-        }
-    }
     /// The solver with its default config.
     pub fn default_config(self) -> SolverConfig {
         match self {
@@ -54,37 +51,9 @@ impl SolverKind {
     }
 }
 
-/// A built-in solver by its name (one of [`BUILTIN_SOLVERS`]).
-impl std::str::FromStr for SolverKind {
-    type Err = SolverError;
-    fn from_str(name: &str) -> Result<Self> {
-        SolverKind::ALL
-            .into_iter()
-            .find(|k| k.name() == name)
-            .ok_or_else(|| {
-                SolverError::config(
-                    "kind",
-                    format!(
-                        "unknown solver `{name}` (expected {})",
-                        BUILTIN_SOLVERS.join("|")
-                    ),
-                )
-            })
-    }
-}
-
-/// The built-in solvers by name ([`SolverKind::ALL`]'s names), in the order the CLI, the
-/// benches, the tests and paper_repro list them. [`SolverConfig::by_name`] builds each one's
-/// default config.
-pub const BUILTIN_SOLVERS: [&str; SolverKind::ALL.len()] = {
-    let mut names = [""; SolverKind::ALL.len()];
-    let mut i = 0;
-    while i < names.len() {
-        names[i] = SolverKind::ALL[i].name();
-        i += 1;
-    }
-    names
-};
+/// The built-in solvers by name ([`SolverKind::NAMES`]), in the order the CLI, the benches, the
+/// tests and paper_repro list them. [`SolverConfig::by_name`] builds each one's default config.
+pub const BUILTIN_SOLVERS: [&str; SolverKind::ALL.len()] = SolverKind::NAMES;
 
 /// Any solver's config: the algorithm and what a solve reports, never when it stops (that is a
 /// [`StopCriteria`] passed with each solve). JSON form `{"kind": "anderson", "history": 5}`.

@@ -85,6 +85,7 @@ mod config;
 mod engine;
 pub mod error;
 mod kernels;
+mod kinds;
 mod linalg;
 mod linear;
 mod options;

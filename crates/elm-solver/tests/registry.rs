@@ -11,8 +11,10 @@ use elm_solver::{
 fn builtin_solver_names_are_the_kinds_names_in_order() {
     let names: Vec<&str> = SolverKind::ALL.iter().map(|k| k.name()).collect();
     assert_eq!(names, BUILTIN_SOLVERS);
+    assert_eq!(SolverKind::NAMES, BUILTIN_SOLVERS);
     let linear: Vec<&str> = LinearSolverKind::ALL.iter().map(|k| k.name()).collect();
     assert_eq!(linear, BUILTIN_LINEAR_SOLVERS);
+    assert_eq!(LinearSolverKind::NAMES, BUILTIN_LINEAR_SOLVERS);
     // A name means one solver: no linear method shares a fixed-point solver's name.
     for name in BUILTIN_LINEAR_SOLVERS {
         assert!(!BUILTIN_SOLVERS.contains(&name), "{name} names two solvers");

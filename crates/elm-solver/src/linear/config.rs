@@ -6,6 +6,7 @@ use ndarray::{ArrayView2, ArrayViewMut2};
 
 use crate::config::{SolverConfig, SolverKind, BUILTIN_SOLVERS};
 use crate::error::{MapError, Result, SolverError};
+use crate::kinds::builtin_kinds;
 use crate::linear::bicgstab::BiCgStab;
 use crate::linear::cgnr::solve_cgnr;
 use crate::linear::driver::{run_rows, LinearSolution};
@@ -20,35 +21,22 @@ pub const DEFAULT_GMRES_RESTART: usize = 30;
 /// Default number of Neumann terms.
 pub const DEFAULT_NEUMANN_TERMS: usize = 100;
 
-/// The built-in linear (Krylov / series) methods. A new method is its own file in `linear/` (a
-/// `RowMethod` run by the driver), a variant here (added to [`LinearSolverKind::ALL`]) and in
-/// [`LinearSolverConfig`] with their arms in the exhaustive matches here and in the JSON mirror
-/// (the compiler lists the missing ones), and its `mod` line in `linear/mod.rs`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LinearSolverKind {
-    Gmres,
-    BiCgStab,
-    Neumann,
-    Cgnr,
+builtin_kinds! {
+    /// The built-in linear (Krylov / series) methods, in the order [`BUILTIN_LINEAR_SOLVERS`]
+    /// lists them. A new method is its own file in `linear/` (a `RowMethod` run by the driver)
+    /// and its `mod` line in `linear/mod.rs`, a line here, a variant of [`LinearSolverConfig`],
+    /// and their arms in the exhaustive matches here and in the JSON mirror (the compiler lists
+    /// the missing ones).
+    pub enum LinearSolverKind {
+        Gmres => "gmres",
+        BiCgStab => "bicgstab",
+        Neumann => "neumann",
+        Cgnr => "cgnr",
+    }
+    unknown: |name: &str| SolverError::config("kind", unknown_kind(name));
 }
 
 impl LinearSolverKind {
-    /// Every built-in linear method, in the order [`BUILTIN_LINEAR_SOLVERS`] lists them.
-    pub const ALL: [LinearSolverKind; 4] = [
-        LinearSolverKind::Gmres,
-        LinearSolverKind::BiCgStab,
-        LinearSolverKind::Neumann,
-        LinearSolverKind::Cgnr,
-    ];
-    /// The method's name, as in the JSON form's `kind` and on command lines.
-    pub const fn name(self) -> &'static str {
-        match self {
-            LinearSolverKind::Gmres => "gmres",
-            LinearSolverKind::BiCgStab => "bicgstab",
-            LinearSolverKind::Neumann => "neumann",
-            LinearSolverKind::Cgnr => "cgnr",
-        }
-    }
     /// The method with its default settings.
     pub fn default_config(self) -> LinearSolverConfig {
         match self {
@@ -60,28 +48,9 @@ impl LinearSolverKind {
     }
 }
 
-/// A built-in linear method by its name (one of [`BUILTIN_LINEAR_SOLVERS`]).
-impl std::str::FromStr for LinearSolverKind {
-    type Err = SolverError;
-    fn from_str(name: &str) -> Result<Self> {
-        LinearSolverKind::ALL
-            .into_iter()
-            .find(|k| k.name() == name)
-            .ok_or_else(|| SolverError::config("kind", unknown_kind(name)))
-    }
-}
-
-/// The built-in linear (Krylov / series) methods by name, [`LinearSolverKind::ALL`]'s names;
+/// The built-in linear (Krylov / series) methods by name ([`LinearSolverKind::NAMES`]);
 /// [`LinearSolverConfig::by_name`] also accepts the fixed-point solvers of [`BUILTIN_SOLVERS`].
-pub const BUILTIN_LINEAR_SOLVERS: [&str; LinearSolverKind::ALL.len()] = {
-    let mut names = [""; LinearSolverKind::ALL.len()];
-    let mut i = 0;
-    while i < names.len() {
-        names[i] = LinearSolverKind::ALL[i].name();
-        i += 1;
-    }
-    names
-};
+pub const BUILTIN_LINEAR_SOLVERS: [&str; LinearSolverKind::ALL.len()] = LinearSolverKind::NAMES;
 
 /// How a batched linear system `A x = b` is solved. JSON form: `{"kind": "gmres", "restart": 30}`,
 /// `{"kind": "bicgstab"}`, `{"kind": "neumann", "terms": 100}`, `{"kind": "cgnr"}`, or any [`SolverConfig`]'s own
