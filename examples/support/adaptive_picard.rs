@@ -1,17 +1,14 @@
 //! A fixed-point solver written outside the library, on its public extension points only:
 //! Picard iteration whose damping adapts per row, `z ← z + β_b (f(z) − z)`, with β_b grown by
 //! `grow` after every step that lowered the row's residual and cut by `shrink` after every step
-//! that raised it (within `[beta_min, 1]`). The engine (`SolveWorkspace::run_with_rule`) brings
+//! that raised it (within `[beta_min, 1]`). The engine (`RuleSolver`, `SolveWorkspace`) brings
 //! per-row stopping, freezing, best-iterate tracking, traces and observers.
 //!
 //! Used by `examples/custom_solver.rs`, `examples/deq_classifier.rs --solver adaptive-picard`
 //! and `tests/custom_solver.rs`.
 
-use elm::solver::{
-    run_fixed_point, FixedPointMap, FixedPointSolver, IterationRule, NoObserver, Observer,
-    OutputOptions, Solution, SolveWorkspace, SolverFloat, StepEvent, StopCriteria,
-};
-use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
+use elm::solver::{IterationRule, OutputOptions, RuleSolver, SolverFloat, StepEvent};
+use ndarray::{ArrayView1, ArrayViewMut1};
 
 /// Residual-driven damped Picard.
 #[derive(Clone, Debug)]
@@ -39,31 +36,8 @@ impl Default for AdaptivePicard {
     }
 }
 
-impl AdaptivePicard {
-    fn validate(&self) -> elm::solver::Result<()> {
-        let bad = |field: &str, msg: &str| Err(elm::solver::SolverError::config(field, msg));
-        if !(self.beta_min > 0.0 && self.beta_min <= self.beta0 && self.beta0 <= 1.0) {
-            return bad("beta0", "need 0 < beta_min <= beta0 <= 1");
-        }
-        if !(self.grow >= 1.0 && self.grow.is_finite()) {
-            return bad("grow", "must be finite and >= 1");
-        }
-        if !(self.shrink > 0.0 && self.shrink < 1.0) {
-            return bad("shrink", "must be in (0, 1)");
-        }
-        Ok(())
-    }
-    fn rule(&self) -> Rule {
-        Rule {
-            cfg: self.clone(),
-            beta: Vec::new(),
-            last: Vec::new(),
-        }
-    }
-}
-
 /// Per-row damping and last residual.
-struct Rule {
+pub struct Rule {
     cfg: AdaptivePicard,
     beta: Vec<f64>,
     last: Vec<f64>,
@@ -99,38 +73,37 @@ impl<T: SolverFloat> IterationRule<T> for Rule {
     }
 }
 
-impl<T: SolverFloat> FixedPointSolver<T> for AdaptivePicard {
+/// The engine's [`RuleSolver`] gives it `FixedPointSolver`: repeated solves (one per decoded
+/// token) reuse the workspace and the rule's buffers.
+impl RuleSolver for AdaptivePicard {
+    type Rule<T: SolverFloat> = Rule;
     fn name(&self) -> &'static str {
         "adaptive-picard"
     }
-    fn solve_observed(
-        &self,
-        map: &mut dyn FixedPointMap<T>,
-        z0: ArrayView2<T>,
-        stop: &StopCriteria,
-        observer: &mut dyn Observer<T>,
-    ) -> elm::solver::Result<Solution<T>> {
-        self.validate()?;
-        run_fixed_point(&mut self.rule(), stop, &self.output, map, z0, observer)
+    fn validate(&self) -> elm::solver::Result<()> {
+        let bad = |field: &str, msg: &str| Err(elm::solver::SolverError::config(field, msg));
+        if !(self.beta_min > 0.0 && self.beta_min <= self.beta0 && self.beta0 <= 1.0) {
+            return bad("beta0", "need 0 < beta_min <= beta0 <= 1");
+        }
+        if !(self.grow >= 1.0 && self.grow.is_finite()) {
+            return bad("grow", "must be finite and >= 1");
+        }
+        if !(self.shrink > 0.0 && self.shrink < 1.0) {
+            return bad("shrink", "must be in (0, 1)");
+        }
+        Ok(())
     }
-    /// Repeated solves (one per decoded token) reuse the workspace and the rule's buffers.
-    fn solve_in(
-        &self,
-        ws: &mut SolveWorkspace<T>,
-        map: &mut dyn FixedPointMap<T>,
-        z0: ArrayView2<T>,
-        stop: &StopCriteria,
-    ) -> elm::solver::Result<()> {
-        self.validate()?;
-        let cfg = self.clone();
-        ws.run_with_rule(
-            || self.rule(),
-            move |r| r.cfg = cfg,
-            stop,
-            &self.output,
-            map,
-            z0,
-            &mut NoObserver,
-        )
+    fn output(&self) -> &OutputOptions {
+        &self.output
+    }
+    fn rule<T: SolverFloat>(&self) -> Rule {
+        Rule {
+            cfg: self.clone(),
+            beta: Vec::new(),
+            last: Vec::new(),
+        }
+    }
+    fn configure<T: SolverFloat>(&self, rule: &mut Rule) {
+        rule.cfg = self.clone();
     }
 }

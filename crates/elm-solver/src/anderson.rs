@@ -10,15 +10,61 @@
 //! f64. When Cholesky fails or the estimated condition number exceeds `max_condition`, that row's
 //! history is dropped (restart) and a Picard step is taken.
 
-use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
+use ndarray::{ArrayView1, ArrayViewMut1};
 
-use super::engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
+use super::engine::{IterationRule, RuleSolver, StepEvent};
 use super::kernels::dot2_f64;
-use super::{
-    cast, AndersonConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
-    StopCriteria,
-};
-use crate::error::Result;
+use super::{cast, SolverFloat};
+use crate::error::{Result, SolverError};
+use crate::options::{check_beta, OutputOptions};
+
+/// Anderson acceleration (type II) with per-row history.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct AndersonConfig {
+    /// History length ≥ 1 (number of residual differences kept).
+    pub history: usize,
+    /// Ridge λ ≥ 0, relative to the mean diagonal of the Gram matrix.
+    pub lambda: f64,
+    /// Mixing β ∈ (0, 1].
+    pub beta: f64,
+    /// Restart a row's history when the estimated condition number of its (ridged) Gram matrix
+    /// exceeds this.
+    pub max_condition: f64,
+    pub output: OutputOptions,
+}
+
+impl Default for AndersonConfig {
+    fn default() -> Self {
+        AndersonConfig {
+            history: 5,
+            lambda: 1e-10,
+            beta: 1.0,
+            max_condition: 1e12,
+            output: OutputOptions::default(),
+        }
+    }
+}
+
+impl AndersonConfig {
+    pub fn validate(&self) -> Result<()> {
+        check_beta("beta", self.beta)?;
+        if self.history == 0 {
+            return Err(SolverError::config("history", "must be >= 1"));
+        }
+        if !(self.lambda.is_finite() && self.lambda >= 0.0) {
+            return Err(SolverError::config(
+                "lambda",
+                format!("must be finite and >= 0, got {}", self.lambda),
+            ));
+        }
+        if self.max_condition.is_nan() || self.max_condition <= 1.0 {
+            return Err(SolverError::config("max_condition", "must be > 1"));
+        }
+        Ok(())
+    }
+}
 
 /// Anderson-accelerated fixed-point solver.
 #[derive(Clone, Debug)]
@@ -33,7 +79,7 @@ impl Anderson {
 }
 
 /// Per-batch buffers, allocated once in `init`.
-struct AndersonRule<T> {
+pub struct AndersonRule<T> {
     m: usize,
     lambda: f64,
     beta: T,
@@ -286,42 +332,24 @@ impl<T: SolverFloat> AndersonRule<T> {
     }
 }
 
-impl<T: SolverFloat> FixedPointSolver<T> for Anderson {
+impl RuleSolver for Anderson {
+    type Rule<T: SolverFloat> = AndersonRule<T>;
     fn name(&self) -> &'static str {
         "anderson"
     }
-    fn solve_observed(
-        &self,
-        map: &mut dyn FixedPointMap<T>,
-        z0: ArrayView2<T>,
-        stop: &StopCriteria,
-        observer: &mut dyn Observer<T>,
-    ) -> Result<Solution<T>> {
-        self.config.validate()?;
-        let mut rule = AndersonRule::<T>::new(&self.config);
-        run_fixed_point(&mut rule, stop, &self.config.output, map, z0, observer)
+    fn validate(&self) -> Result<()> {
+        self.config.validate()
     }
-    fn solve_in(
-        &self,
-        ws: &mut SolveWorkspace<T>,
-        map: &mut dyn FixedPointMap<T>,
-        z0: ArrayView2<T>,
-        stop: &StopCriteria,
-    ) -> Result<()> {
-        self.config.validate()?;
-        ws.run_with_rule(
-            || AndersonRule::<T>::new(&self.config),
-            // The kept buffers are resized by `init`; only the settings are taken anew.
-            |r| {
-                let fresh = AndersonRule::<T>::new(&self.config);
-                (r.m, r.lambda, r.beta, r.max_condition) =
-                    (fresh.m, fresh.lambda, fresh.beta, fresh.max_condition);
-            },
-            stop,
-            &self.config.output,
-            map,
-            z0,
-            &mut super::NoObserver,
-        )
+    fn output(&self) -> &OutputOptions {
+        &self.config.output
+    }
+    fn rule<T: SolverFloat>(&self) -> AndersonRule<T> {
+        AndersonRule::new(&self.config)
+    }
+    // The kept buffers are resized by `init`; only the settings are taken anew.
+    fn configure<T: SolverFloat>(&self, rule: &mut AndersonRule<T>) {
+        let fresh = AndersonRule::<T>::new(&self.config);
+        (rule.m, rule.lambda, rule.beta, rule.max_condition) =
+            (fresh.m, fresh.lambda, fresh.beta, fresh.max_condition);
     }
 }

@@ -10,15 +10,61 @@
 //! one, the step is halved (no Jacobian update) up to `max_backtracks` times; each halving costs
 //! one map evaluation. If it still grows, the point is accepted and the memory cleared.
 
-use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
+use ndarray::{ArrayView1, ArrayViewMut1};
 
-use super::engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
+use super::engine::{IterationRule, RuleSolver, StepEvent};
 use super::kernels::{dot2_mixed, dot_mixed};
-use super::{
-    cast, BroydenConfig, FixedPointMap, FixedPointSolver, Observer, Solution, SolverFloat,
-    StopCriteria,
-};
-use crate::error::Result;
+use super::{cast, SolverFloat};
+use crate::error::{Result, SolverError};
+use crate::options::{check_beta, OutputOptions};
+
+/// "Good" Broyden with a limited-memory inverse Jacobian.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct BroydenConfig {
+    /// Memory L ≥ 1: rank-one updates kept (oldest overwritten first).
+    pub memory: usize,
+    /// Initial inverse Jacobian of `g(z) = f(z) − z` is `−β·I`, so the first step is a damped
+    /// Picard step.
+    pub beta: f64,
+    /// Halve the step (up to `max_backtracks` times) when the residual grows by more than
+    /// `backtrack_growth`×. Off by default: Broyden's residual is not monotone, and measured on
+    /// the canonical problems backtracking with growth 1 cost up to 100× more evaluations.
+    pub backtrack: bool,
+    pub backtrack_growth: f64,
+    pub max_backtracks: usize,
+    pub output: OutputOptions,
+}
+
+impl Default for BroydenConfig {
+    fn default() -> Self {
+        BroydenConfig {
+            memory: 10,
+            beta: 1.0,
+            backtrack: false,
+            backtrack_growth: 10.0,
+            max_backtracks: 4,
+            output: OutputOptions::default(),
+        }
+    }
+}
+
+impl BroydenConfig {
+    pub fn validate(&self) -> Result<()> {
+        check_beta("beta", self.beta)?;
+        if self.memory == 0 {
+            return Err(SolverError::config("memory", "must be >= 1"));
+        }
+        if !(self.backtrack_growth.is_finite() && self.backtrack_growth >= 1.0) {
+            return Err(SolverError::config(
+                "backtrack_growth",
+                "must be finite and >= 1",
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// Limited-memory good-Broyden solver.
 #[derive(Clone, Debug)]
@@ -32,7 +78,7 @@ impl Broyden {
     }
 }
 
-struct BroydenRule<T> {
+pub struct BroydenRule<T> {
     cfg: BroydenConfig,
     beta: f64,
     dim: usize,
@@ -286,41 +332,23 @@ impl<T: SolverFloat> BroydenRule<T> {
     }
 }
 
-impl<T: SolverFloat> FixedPointSolver<T> for Broyden {
+impl RuleSolver for Broyden {
+    type Rule<T: SolverFloat> = BroydenRule<T>;
     fn name(&self) -> &'static str {
         "broyden"
     }
-    fn solve_observed(
-        &self,
-        map: &mut dyn FixedPointMap<T>,
-        z0: ArrayView2<T>,
-        stop: &StopCriteria,
-        observer: &mut dyn Observer<T>,
-    ) -> Result<Solution<T>> {
-        self.config.validate()?;
-        let mut rule = BroydenRule::<T>::new(&self.config);
-        run_fixed_point(&mut rule, stop, &self.config.output, map, z0, observer)
+    fn validate(&self) -> Result<()> {
+        self.config.validate()
     }
-    fn solve_in(
-        &self,
-        ws: &mut SolveWorkspace<T>,
-        map: &mut dyn FixedPointMap<T>,
-        z0: ArrayView2<T>,
-        stop: &StopCriteria,
-    ) -> Result<()> {
-        self.config.validate()?;
-        ws.run_with_rule(
-            || BroydenRule::<T>::new(&self.config),
-            // The kept buffers are resized by `init`; only the settings are taken anew.
-            |r| {
-                r.cfg.clone_from(&self.config);
-                r.beta = self.config.beta;
-            },
-            stop,
-            &self.config.output,
-            map,
-            z0,
-            &mut super::NoObserver,
-        )
+    fn output(&self) -> &OutputOptions {
+        &self.config.output
+    }
+    fn rule<T: SolverFloat>(&self) -> BroydenRule<T> {
+        BroydenRule::new(&self.config)
+    }
+    // The kept buffers are resized by `init`; only the settings are taken anew.
+    fn configure<T: SolverFloat>(&self, rule: &mut BroydenRule<T>) {
+        rule.cfg.clone_from(&self.config);
+        rule.beta = self.config.beta;
     }
 }

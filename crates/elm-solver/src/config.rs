@@ -1,253 +1,59 @@
-//! Typed solver configs (serde-(de)serialisable with the `serde` feature; unknown keys are
-//! rejected at every level) and [`CustomSolver`], which lets any [`FixedPointSolver`] stand
-//! wherever a config is taken.
+//! [`SolverConfig`]: which fixed-point solver, with its config (serde-(de)serialisable with the
+//! `serde` feature; unknown keys are rejected at every level); [`SolverKind`], the one list of
+//! the built-in solvers; and [`CustomSolver`], which lets any [`FixedPointSolver`] stand wherever
+//! a config is taken.
 //!
-//! A new built-in solver is its own file (`<name>.rs`), its config struct, variant and entry in
-//! [`BUILTIN_SOLVERS`] here, and its `mod`/`pub use` line in `lib.rs`: everything else (the CLI's
-//! `--solver`, the benches, the tests, paper_repro) reads [`BUILTIN_SOLVERS`].
+//! A new built-in solver is its own file (`<name>.rs`: its config struct, its
+//! [`crate::IterationRule`] and [`crate::RuleSolver`]); here a [`SolverKind`] variant (added to
+//! [`SolverKind::ALL`]) and a [`SolverConfig`] variant with their arms in the exhaustive matches
+//! (the compiler lists the missing ones); and its `mod`/`pub use` lines in `lib.rs`: everything
+//! else (the CLI's `--solver`, the benches, the tests, paper_repro) reads [`BUILTIN_SOLVERS`].
 
 use std::sync::Arc;
 
-use super::{Anderson, Broyden, FixedPointSolver, Picard, SolverFloat};
+use super::{FixedPointSolver, SolverFloat};
+use crate::anderson::{Anderson, AndersonConfig};
+use crate::broyden::{Broyden, BroydenConfig};
 use crate::error::{Result, SolverError};
+use crate::kinds::builtin_kinds;
+use crate::options::{OutputOptions, StopCriteria};
+use crate::picard::{Picard, PicardConfig};
 
-/// When a row stops; shared by every solver and passed with each solve (semantics documented in
-/// [`crate::solver`]). Defaults: `rel_tol` 1e-6, at most 1000 evaluations.
-#[derive(Clone, Debug, PartialEq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
-pub struct StopCriteria {
-    /// Converged when `‖f(z)−z‖₂ ≤ abs_tol`; 0 disables the test.
-    pub abs_tol: f64,
-    /// Converged when `‖f(z)−z‖₂ / (‖f(z)‖₂ + rel_eps) ≤ rel_tol`; 0 disables the test.
-    pub rel_tol: f64,
-    /// Guards the relative residual's denominator.
-    pub rel_eps: f64,
-    /// Maximum map evaluations per row (≥ 1).
-    pub max_iter: usize,
-    /// Diverged when the residual exceeds this factor times the row's first residual.
-    pub divergence_factor: f64,
+builtin_kinds! {
+    /// The built-in solvers: the one list that [`BUILTIN_SOLVERS`], [`SolverConfig::by_name`]
+    /// and command lines read, in the order the CLI, the benches, the tests and paper_repro list
+    /// them. A new built-in solver is a line here, a variant of [`SolverConfig`], and their arms
+    /// in the exhaustive matches below (the compiler lists the missing ones).
+    pub enum SolverKind {
+        Picard => "picard",
+        Anderson => "anderson",
+        Broyden => "broyden",
+    }
+    unknown: |name: &str| {
+        SolverError::config(
+            "kind",
+            format!(
+                "unknown solver `{name}` (expected {})",
+                BUILTIN_SOLVERS.join("|")
+            ),
+        )
+    };
 }
 
-impl Default for StopCriteria {
-    fn default() -> Self {
-        StopCriteria {
-            abs_tol: 0.0,
-            rel_tol: 1e-6,
-            rel_eps: 1e-12,
-            max_iter: 1000,
-            divergence_factor: 1e8,
+impl SolverKind {
+    /// The solver with its default config.
+    pub fn default_config(self) -> SolverConfig {
+        match self {
+            SolverKind::Picard => SolverConfig::picard(),
+            SolverKind::Anderson => SolverConfig::anderson(),
+            SolverKind::Broyden => SolverConfig::broyden(),
         }
     }
 }
 
-impl StopCriteria {
-    /// Stop on the absolute residual `‖f(z)−z‖₂ ≤ abs_tol` or after `max_iter` evaluations.
-    pub fn absolute(abs_tol: f64, max_iter: usize) -> Self {
-        StopCriteria {
-            abs_tol,
-            rel_tol: 0.0,
-            max_iter,
-            ..StopCriteria::default()
-        }
-    }
-    /// Stop on the relative residual `≤ rel_tol` or after `max_iter` evaluations.
-    pub fn relative(rel_tol: f64, max_iter: usize) -> Self {
-        StopCriteria {
-            abs_tol: 0.0,
-            rel_tol,
-            max_iter,
-            ..StopCriteria::default()
-        }
-    }
-    /// Checks value ranges; errors name the offending field.
-    pub fn validate(&self) -> Result<()> {
-        let nonneg = |name: &str, v: f64| {
-            if v.is_finite() && v >= 0.0 {
-                Ok(())
-            } else {
-                Err(SolverError::config(
-                    format!("stop.{name}"),
-                    format!("must be finite and >= 0, got {v}"),
-                ))
-            }
-        };
-        nonneg("abs_tol", self.abs_tol)?;
-        nonneg("rel_tol", self.rel_tol)?;
-        nonneg("rel_eps", self.rel_eps)?;
-        crate::error::check_max_iter("stop.max_iter", self.max_iter)?;
-        if self.divergence_factor.is_nan() || self.divergence_factor <= 1.0 {
-            return Err(SolverError::config(
-                "stop.divergence_factor",
-                format!("must be > 1 (or inf), got {}", self.divergence_factor),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// What a solve returns besides the state.
-#[derive(Clone, Debug, PartialEq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
-pub struct OutputOptions {
-    /// Return each row's lowest-residual iterate (true) or its last evaluated iterate (false).
-    pub return_best: bool,
-    /// Record each row's absolute residual after every map evaluation.
-    pub trace: bool,
-    /// Power-iteration steps for the per-row spectral radius of `∂f/∂z` at the solution; 0 = off.
-    /// Costs `1 + spectral_radius_iters` extra batched map evaluations.
-    pub spectral_radius_iters: usize,
-    /// Seed of the random start vector of the power iteration.
-    pub seed: u64,
-}
-
-impl Default for OutputOptions {
-    fn default() -> Self {
-        OutputOptions {
-            return_best: true,
-            trace: false,
-            spectral_radius_iters: 0,
-            seed: 0,
-        }
-    }
-}
-
-/// Damped Picard iteration `z ← (1−β) z + β f(z)`.
-#[derive(Clone, Debug, PartialEq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
-pub struct PicardConfig {
-    /// Damping β ∈ (0, 1]; 1 = plain iteration.
-    pub beta: f64,
-    pub output: OutputOptions,
-}
-
-impl Default for PicardConfig {
-    fn default() -> Self {
-        PicardConfig {
-            beta: 1.0,
-            output: OutputOptions::default(),
-        }
-    }
-}
-
-/// Anderson acceleration (type II) with per-row history.
-#[derive(Clone, Debug, PartialEq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
-pub struct AndersonConfig {
-    /// History length ≥ 1 (number of residual differences kept).
-    pub history: usize,
-    /// Ridge λ ≥ 0, relative to the mean diagonal of the Gram matrix.
-    pub lambda: f64,
-    /// Mixing β ∈ (0, 1].
-    pub beta: f64,
-    /// Restart a row's history when the estimated condition number of its (ridged) Gram matrix
-    /// exceeds this.
-    pub max_condition: f64,
-    pub output: OutputOptions,
-}
-
-impl Default for AndersonConfig {
-    fn default() -> Self {
-        AndersonConfig {
-            history: 5,
-            lambda: 1e-10,
-            beta: 1.0,
-            max_condition: 1e12,
-            output: OutputOptions::default(),
-        }
-    }
-}
-
-/// "Good" Broyden with a limited-memory inverse Jacobian.
-#[derive(Clone, Debug, PartialEq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
-pub struct BroydenConfig {
-    /// Memory L ≥ 1: rank-one updates kept (oldest overwritten first).
-    pub memory: usize,
-    /// Initial inverse Jacobian of `g(z) = f(z) − z` is `−β·I`, so the first step is a damped
-    /// Picard step.
-    pub beta: f64,
-    /// Halve the step (up to `max_backtracks` times) when the residual grows by more than
-    /// `backtrack_growth`×. Off by default: Broyden's residual is not monotone, and measured on
-    /// the canonical problems backtracking with growth 1 cost up to 100× more evaluations.
-    pub backtrack: bool,
-    pub backtrack_growth: f64,
-    pub max_backtracks: usize,
-    pub output: OutputOptions,
-}
-
-impl Default for BroydenConfig {
-    fn default() -> Self {
-        BroydenConfig {
-            memory: 10,
-            beta: 1.0,
-            backtrack: false,
-            backtrack_growth: 10.0,
-            max_backtracks: 4,
-            output: OutputOptions::default(),
-        }
-    }
-}
-
-fn check_beta(field: &str, beta: f64) -> Result<()> {
-    if beta > 0.0 && beta <= 1.0 {
-        Ok(())
-    } else {
-        Err(SolverError::config(
-            field,
-            format!("must be in (0, 1], got {beta}"),
-        ))
-    }
-}
-
-impl PicardConfig {
-    pub fn validate(&self) -> Result<()> {
-        check_beta("beta", self.beta)
-    }
-}
-
-impl AndersonConfig {
-    pub fn validate(&self) -> Result<()> {
-        check_beta("beta", self.beta)?;
-        if self.history == 0 {
-            return Err(SolverError::config("history", "must be >= 1"));
-        }
-        if !(self.lambda.is_finite() && self.lambda >= 0.0) {
-            return Err(SolverError::config(
-                "lambda",
-                format!("must be finite and >= 0, got {}", self.lambda),
-            ));
-        }
-        if self.max_condition.is_nan() || self.max_condition <= 1.0 {
-            return Err(SolverError::config("max_condition", "must be > 1"));
-        }
-        Ok(())
-    }
-}
-
-impl BroydenConfig {
-    pub fn validate(&self) -> Result<()> {
-        check_beta("beta", self.beta)?;
-        if self.memory == 0 {
-            return Err(SolverError::config("memory", "must be >= 1"));
-        }
-        if !(self.backtrack_growth.is_finite() && self.backtrack_growth >= 1.0) {
-            return Err(SolverError::config(
-                "backtrack_growth",
-                "must be finite and >= 1",
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// The built-in solvers by name, in the order the CLI, the benches, the tests and paper_repro list
-/// them. [`SolverConfig::by_name`] builds each one's default config.
-pub const BUILTIN_SOLVERS: [&str; 3] = ["picard", "anderson", "broyden"];
+/// The built-in solvers by name ([`SolverKind::NAMES`]), in the order the CLI, the benches, the
+/// tests and paper_repro list them. [`SolverConfig::by_name`] builds each one's default config.
+pub const BUILTIN_SOLVERS: [&str; SolverKind::ALL.len()] = SolverKind::NAMES;
 
 /// Any solver's config: the algorithm and what a solve reports, never when it stops (that is a
 /// [`StopCriteria`] passed with each solve). JSON form `{"kind": "anderson", "history": 5}`.
@@ -295,25 +101,23 @@ impl SolverConfig {
     }
     /// Default config of the built-in solver `name` (one of [`BUILTIN_SOLVERS`]).
     pub fn by_name(name: &str) -> Result<Self> {
-        match name {
-            "picard" => Ok(Self::picard()),
-            "anderson" => Ok(Self::anderson()),
-            "broyden" => Ok(Self::broyden()),
-            other => Err(SolverError::config(
-                "kind",
-                format!(
-                    "unknown solver `{other}` (expected {})",
-                    BUILTIN_SOLVERS.join("|")
-                ),
-            )),
+        name.parse::<SolverKind>().map(SolverKind::default_config)
+    }
+    /// The built-in solver; `None` for a custom one.
+    pub fn kind(&self) -> Option<SolverKind> {
+        match self {
+            SolverConfig::Picard(_) => Some(SolverKind::Picard),
+            SolverConfig::Anderson(_) => Some(SolverKind::Anderson),
+            SolverConfig::Broyden(_) => Some(SolverKind::Broyden),
+            SolverConfig::Custom(_) => None,
         }
     }
     /// Solver name: the built-in's, or the custom solver's own.
     pub fn name(&self) -> &'static str {
         match self {
-            SolverConfig::Picard(_) => "picard",
-            SolverConfig::Anderson(_) => "anderson",
-            SolverConfig::Broyden(_) => "broyden",
+            SolverConfig::Picard(_) => SolverKind::Picard.name(),
+            SolverConfig::Anderson(_) => SolverKind::Anderson.name(),
+            SolverConfig::Broyden(_) => SolverKind::Broyden.name(),
             SolverConfig::Custom(c) => c.name(),
         }
     }
@@ -375,16 +179,11 @@ impl SolverConfig {
             msg: e.to_string(),
         })?;
         let has = |j: &serde_json::Value| key != "kind" && j.get(key).is_some();
-        if !has(&json) || matches!(self, SolverConfig::Custom(_)) {
-            let owners: Vec<&str> = BUILTIN_SOLVERS
-                .iter()
-                .copied()
-                .filter(|n| {
-                    Self::by_name(n)
-                        .ok()
-                        .and_then(|c| serde_json::to_value(c).ok())
-                        .is_some_and(|j| has(&j))
-                })
+        if !has(&json) || self.kind().is_none() {
+            let owners: Vec<&str> = SolverKind::ALL
+                .into_iter()
+                .filter(|k| serde_json::to_value(k.default_config()).is_ok_and(|j| has(&j)))
+                .map(SolverKind::name)
                 .collect();
             let msg = if owners.is_empty() {
                 format!("no solver has a parameter `{key}`")

@@ -10,10 +10,11 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
 use super::{
-    cast, FixedPointMap, IterationInfo, Observer, OutputOptions, RowOutcome, RowStatus, Solution,
-    SolverFloat, StopCriteria,
+    cast, FixedPointMap, FixedPointSolver, IterationInfo, NoObserver, Observer, RowOutcome,
+    RowStatus, Solution, SolverFloat,
 };
 use crate::error::{Result, SolverError};
+use crate::options::{OutputOptions, StopCriteria};
 
 /// What a step did besides moving the row; counted into the row's [`RowOutcome`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +47,73 @@ pub trait IterationRule<T: SolverFloat> {
         fz: ArrayView1<T>,
         residual: f64,
     ) -> StepEvent;
+}
+
+/// A fixed-point solver that is one [`IterationRule`] run by this engine: what it states (its
+/// name, config check, output options, how to make its rule and bring a kept one up to date)
+/// gives it [`FixedPointSolver`] for every state type, with `solve_observed` in fresh buffers
+/// and `solve_in` reusing the workspace and the rule kept there by the previous solve. The
+/// built-in solvers are written this way; so may a solver of the user's.
+///
+/// The trait is not generic over the state type (its rule is), so that no other crate can
+/// implement it for a type of this one and a solver that implements [`FixedPointSolver`] by
+/// hand keeps doing so.
+pub trait RuleSolver {
+    /// The per-row state and update for states of type `T`; kept in a [`SolveWorkspace`]
+    /// between solves.
+    type Rule<T: SolverFloat>: IterationRule<T> + Send + 'static;
+    /// Short name ([`FixedPointSolver::name`]).
+    fn name(&self) -> &'static str;
+    /// Checks the config's value ranges; called before every solve.
+    fn validate(&self) -> Result<()>;
+    /// What a solve returns besides the state.
+    fn output(&self) -> &OutputOptions;
+    /// A new rule with this solver's settings (no buffers yet: `init` allocates them).
+    fn rule<T: SolverFloat>(&self) -> Self::Rule<T>;
+    /// Takes this solver's settings into a rule kept from an earlier solve, keeping its buffers
+    /// (`init` resizes them), so that repeated solves of one shape allocate nothing.
+    fn configure<T: SolverFloat>(&self, rule: &mut Self::Rule<T>);
+}
+
+impl<T: SolverFloat, S: RuleSolver> FixedPointSolver<T> for S {
+    fn name(&self) -> &'static str {
+        RuleSolver::name(self)
+    }
+    fn solve_observed(
+        &self,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        stop: &StopCriteria,
+        observer: &mut dyn Observer<T>,
+    ) -> Result<Solution<T>> {
+        self.validate()?;
+        run_fixed_point(
+            &mut self.rule::<T>(),
+            stop,
+            self.output(),
+            map,
+            z0,
+            observer,
+        )
+    }
+    fn solve_in(
+        &self,
+        ws: &mut SolveWorkspace<T>,
+        map: &mut dyn FixedPointMap<T>,
+        z0: ArrayView2<T>,
+        stop: &StopCriteria,
+    ) -> Result<()> {
+        self.validate()?;
+        ws.run_with_rule(
+            || self.rule::<T>(),
+            |r| self.configure::<T>(r),
+            stop,
+            self.output(),
+            map,
+            z0,
+            &mut NoObserver,
+        )
+    }
 }
 
 /// Every buffer of a batched solve, kept between solves so that a caller that solves once per
@@ -188,7 +256,7 @@ impl<T: SolverFloat> SolveWorkspace<T> {
         result
     }
 
-    /// Runs `rule` on `map` from `z0 [B, D]` until every row stops (see [`crate::solver`] for
+    /// Runs `rule` on `map` from `z0 [B, D]` until every row stops (see the [crate docs](crate) for
     /// the stop criteria); the result stays in the workspace.
     pub fn run(
         &mut self,

@@ -85,25 +85,26 @@ mod config;
 mod engine;
 pub mod error;
 mod kernels;
+mod kinds;
 mod linalg;
 mod linear;
+mod options;
 mod picard;
 pub mod problems;
 pub mod rho_sweep;
 
-pub use anderson::Anderson;
-pub use broyden::Broyden;
-pub use config::{
-    AndersonConfig, BroydenConfig, CustomSolver, OutputOptions, PicardConfig, SolverConfig,
-    StopCriteria, BUILTIN_SOLVERS,
-};
-pub use engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
+pub use anderson::{Anderson, AndersonConfig};
+pub use broyden::{Broyden, BroydenConfig};
+pub use config::{CustomSolver, SolverConfig, SolverKind, BUILTIN_SOLVERS};
+pub use engine::{run_fixed_point, IterationRule, RuleSolver, SolveWorkspace, StepEvent};
 pub use error::{MapError, Result, SolverError};
 pub use linear::{
-    FnOperator, FnOperatorPair, LinearOperator, LinearSolution, LinearSolverConfig, MatrixOperator,
-    BUILTIN_LINEAR_SOLVERS, DEFAULT_GMRES_RESTART, DEFAULT_NEUMANN_TERMS,
+    FnOperator, FnOperatorPair, LinearOperator, LinearSolution, LinearSolverConfig,
+    LinearSolverKind, MatrixOperator, BUILTIN_LINEAR_SOLVERS, DEFAULT_GMRES_RESTART,
+    DEFAULT_NEUMANN_TERMS,
 };
-pub use picard::Picard;
+pub use options::{OutputOptions, StopCriteria};
+pub use picard::{Picard, PicardConfig};
 
 use std::fmt::Debug;
 

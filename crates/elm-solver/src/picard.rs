@@ -1,13 +1,36 @@
 //! Damped Picard iteration `z ← (1−β) z + β f(z)`.
 
-use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1};
+use ndarray::{ArrayView1, ArrayViewMut1};
 
-use super::engine::{run_fixed_point, IterationRule, SolveWorkspace, StepEvent};
-use super::{
-    cast, FixedPointMap, FixedPointSolver, Observer, PicardConfig, Solution, SolverFloat,
-    StopCriteria,
-};
+use super::engine::{IterationRule, RuleSolver, StepEvent};
+use super::{cast, SolverFloat};
 use crate::error::Result;
+use crate::options::{check_beta, OutputOptions};
+
+/// Damped Picard iteration `z ← (1−β) z + β f(z)`.
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct PicardConfig {
+    /// Damping β ∈ (0, 1]; 1 = plain iteration.
+    pub beta: f64,
+    pub output: OutputOptions,
+}
+
+impl Default for PicardConfig {
+    fn default() -> Self {
+        PicardConfig {
+            beta: 1.0,
+            output: OutputOptions::default(),
+        }
+    }
+}
+
+impl PicardConfig {
+    pub fn validate(&self) -> Result<()> {
+        check_beta("beta", self.beta)
+    }
+}
 
 /// Damped Picard solver. Converges whenever `f` is a contraction (for β = 1) or, for β < 1,
 /// whenever the eigenvalues of `1 − β + β J` lie inside the unit disc.
@@ -22,7 +45,7 @@ impl Picard {
     }
 }
 
-struct PicardRule<T> {
+pub struct PicardRule<T> {
     beta: T,
 }
 
@@ -41,40 +64,23 @@ impl<T: SolverFloat> IterationRule<T> for PicardRule<T> {
     }
 }
 
-impl<T: SolverFloat> FixedPointSolver<T> for Picard {
+impl RuleSolver for Picard {
+    type Rule<T: SolverFloat> = PicardRule<T>;
     fn name(&self) -> &'static str {
         "picard"
     }
-    fn solve_observed(
-        &self,
-        map: &mut dyn FixedPointMap<T>,
-        z0: ArrayView2<T>,
-        stop: &StopCriteria,
-        observer: &mut dyn Observer<T>,
-    ) -> Result<Solution<T>> {
-        self.config.validate()?;
-        let mut rule = PicardRule {
-            beta: cast::<T>(self.config.beta),
-        };
-        run_fixed_point(&mut rule, stop, &self.config.output, map, z0, observer)
+    fn validate(&self) -> Result<()> {
+        self.config.validate()
     }
-    fn solve_in(
-        &self,
-        ws: &mut SolveWorkspace<T>,
-        map: &mut dyn FixedPointMap<T>,
-        z0: ArrayView2<T>,
-        stop: &StopCriteria,
-    ) -> Result<()> {
-        self.config.validate()?;
-        let beta = cast::<T>(self.config.beta);
-        ws.run_with_rule(
-            || PicardRule { beta },
-            |r| r.beta = beta,
-            stop,
-            &self.config.output,
-            map,
-            z0,
-            &mut super::NoObserver,
-        )
+    fn output(&self) -> &OutputOptions {
+        &self.config.output
+    }
+    fn rule<T: SolverFloat>(&self) -> PicardRule<T> {
+        PicardRule {
+            beta: cast::<T>(self.config.beta),
+        }
+    }
+    fn configure<T: SolverFloat>(&self, rule: &mut PicardRule<T>) {
+        rule.beta = cast::<T>(self.config.beta);
     }
 }

@@ -6,8 +6,9 @@
 //! evaluations: few when ρ is small, and there is then little for Anderson or Broyden to save.
 //! On a linear map Anderson(m) behaves like restarted GMRES and its advantage grows as ρ → 1.
 
-use crate::config::{SolverConfig, StopCriteria};
+use crate::config::SolverConfig;
 use crate::error::{Result, SolverError};
+use crate::options::StopCriteria;
 use crate::problems::LinearProblem;
 use crate::RowStatus;
 

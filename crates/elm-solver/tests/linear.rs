@@ -13,20 +13,9 @@ use elm_solver::{
 };
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
-#[cfg(feature = "lapack")]
-extern "C" {
-    fn openblas_set_num_threads(n: std::os::raw::c_int);
-}
-
-/// With `lapack` the problems' constructors call the system OpenBLAS, which crashes when several
-/// test threads use its own thread pool at once (see tests/solver.rs).
-fn setup() {
-    #[cfg(feature = "lapack")]
-    {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| unsafe { openblas_set_num_threads(1) });
-    }
-}
+#[path = "support/blas_threads.rs"]
+mod blas_threads;
+use blas_threads::setup;
 
 /// Every method: three Krylov/series methods and two fixed-point solvers.
 fn methods() -> Vec<LinearSolverConfig> {

@@ -14,21 +14,9 @@ use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2};
 
 use elm_solver::BUILTIN_SOLVERS as SOLVERS;
 
-#[cfg(feature = "lapack")]
-extern "C" {
-    fn openblas_set_num_threads(n: std::os::raw::c_int);
-}
-
-/// With `lapack` (the workspace build, where ndarray calls the system OpenBLAS): that OpenBLAS
-/// (pthreads build) crashes (SIGSEGV) when several test threads call it concurrently with its own
-/// thread pool on; single-threaded BLAS is safe. Every test calls this first.
-fn setup() {
-    #[cfg(feature = "lapack")]
-    {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| unsafe { openblas_set_num_threads(1) });
-    }
-}
+#[path = "support/blas_threads.rs"]
+mod blas_threads;
+use blas_threads::setup;
 
 /// A solver and the stop criteria its solves use.
 struct Setup {
