@@ -13,10 +13,11 @@ use std::sync::Arc;
 
 use ndarray::{ArrayD, ArrayViewD, Dimension};
 
+use super::block_view::{AttnRef, BlockRef};
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
-use crate::model::quant::{AttnRef, BlockRef, LinearRef};
 use crate::model::{FfnWeights, LayerWeights, ModelConfig, ModelWeights};
+use crate::model_data::quant::LinearRef;
 use crate::nn::{self, RopeLayout};
 
 /// Per-block hyper-parameters (copied from [`ModelConfig`]).

@@ -5,12 +5,14 @@ use std::ops::Range;
 use ndarray::{s, Array2, Array3, ArrayView2, ArrayView3, ArrayViewMut3, Axis};
 
 use super::block::block_forward_inplace;
-use super::config::ModelConfig;
+use super::block_view::BlockWeights;
 use super::kv_cache::{take, KvCache, LayerKv, Scratch};
 use super::ops::{linear_any_into, rms_norm_into};
-use super::quant::{BlockWeights, LinearRef, QActs, QuantWeights};
-use super::weights::{LayerWeights, ModelWeights};
 use crate::error::{ElmError, Result};
+use crate::model_data::config::ModelConfig;
+use crate::model_data::qmatmul::QActs;
+use crate::model_data::quant::{LinearRef, QLayer, QuantWeights};
+use crate::model_data::weights::{LayerWeights, ModelWeights};
 
 /// A decoder ready for inference: owns its weights (checked against the config), f32
 /// [`ModelWeights`] by default or quantized [`QuantWeights`].
@@ -70,11 +72,11 @@ impl DecoderWeights for ModelWeights {
 }
 
 impl DecoderWeights for QuantWeights {
-    type Layer = super::quant::QLayer;
+    type Layer = QLayer;
     fn config(&self) -> &ModelConfig {
         &self.config
     }
-    fn layers(&self) -> &[super::quant::QLayer] {
+    fn layers(&self) -> &[QLayer] {
         &self.layers
     }
     fn embed_row_into(&self, token: usize, out: &mut [f32]) {
@@ -602,7 +604,10 @@ fn check_quant_shapes(w: &QuantWeights) -> Result<()> {
 
 impl Transformer<QuantWeights> {
     /// Quantizes a dense f32 model's matrices to `format` (norms and biases stay f32).
-    pub fn quantized(weights: &ModelWeights, format: super::quant::QFormat) -> Result<Self> {
+    pub fn quantized(
+        weights: &ModelWeights,
+        format: crate::model_data::quant::QFormat,
+    ) -> Result<Self> {
         Transformer::new(QuantWeights::quantize(weights, format))
     }
 }
