@@ -588,30 +588,30 @@ impl GgufFile {
 
     /// An array of strings (e.g. `tokenizer.ggml.tokens`).
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
-        let v = self.require(key)?;
-        let arr = v
-            .as_array()
-            .ok_or_else(|| self.wrong_type(key, "an array", v))?;
-        arr.iter()
-            .map(|x| {
-                x.as_str()
-                    .ok_or_else(|| self.wrong_type(key, "an array of strings", x))
-            })
-            .collect()
+        self.get_array_of(key, "an array of strings", GgufValue::as_str)
     }
 
     /// An array of integers (e.g. `tokenizer.ggml.token_type`).
     pub fn get_int_array(&self, key: &str) -> Result<Vec<i64>> {
+        self.get_array_of(key, "an array of integers", |x| {
+            x.as_int().map(|i| i as i64)
+        })
+    }
+
+    /// The array at `key` with every element read by `item`; an element it refuses is a
+    /// type error saying the array should be `what`.
+    fn get_array_of<'a, T>(
+        &'a self,
+        key: &str,
+        what: &str,
+        item: impl Fn(&'a GgufValue) -> Option<T>,
+    ) -> Result<Vec<T>> {
         let v = self.require(key)?;
         let arr = v
             .as_array()
             .ok_or_else(|| self.wrong_type(key, "an array", v))?;
         arr.iter()
-            .map(|x| {
-                x.as_int()
-                    .map(|i| i as i64)
-                    .ok_or_else(|| self.wrong_type(key, "an array of integers", x))
-            })
+            .map(|x| item(x).ok_or_else(|| self.wrong_type(key, what, x)))
             .collect()
     }
 
