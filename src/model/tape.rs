@@ -169,14 +169,7 @@ impl<H> FfnParams<H> {
 impl FfnParams<Vec<usize>> {
     /// The shape of every parameter of a feed-forward-only block of `cfg`.
     pub fn shapes(cfg: &ModelConfig) -> Self {
-        let b = BlockParams::shapes(cfg);
-        FfnParams {
-            spec: b.spec,
-            mlp_norm: b.mlp_norm,
-            w_gate: b.w_gate,
-            w_up: b.w_up,
-            w_down: b.w_down,
-        }
+        BlockParams::shapes(cfg).ffn()
     }
 }
 
