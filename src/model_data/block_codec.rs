@@ -64,6 +64,8 @@ pub fn f16_at(b: &[u8], i: usize) -> f32 {
 pub fn bf16_at(b: &[u8], i: usize) -> f32 {
     bf16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
+
+/// Writes `v` rounded to f16 as the little-endian f16 at byte `i` of `b` (a block scale).
 fn put_f16(b: &mut [u8], i: usize, v: f32) {
     b[i..i + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
 }
