@@ -28,6 +28,7 @@ pub mod formats;
 pub mod grad;
 pub mod io;
 pub mod model;
+pub mod model_data;
 pub mod nn;
 /// The fixed-point solvers: the `elm-solver` crate (no system libraries), re-exported so that
 /// `elm::solver::...` paths keep working.

@@ -6,7 +6,8 @@ mod common;
 
 use elm::model::generate::{generate, SamplingConfig};
 use elm::model::ops::linears_into;
-use elm::model::quant::{detected_kernel, qmatmul_rows, Kernel, LinearRef, QActs};
+use elm::model::qmatmul::{detected_kernel, qmatmul_rows, Kernel, QActs};
+use elm::model::quant::LinearRef;
 use elm::model::{
     load_inference, ModelConfig, ModelWeights, QFormat, QMatrix, QuantWeights, Transformer,
     WeightStorage,

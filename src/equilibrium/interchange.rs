@@ -30,9 +30,9 @@ use crate::formats::hf::{
     config_from_hf_json, config_to_hf_json, load_hf_model_with, save_hf_model_with,
 };
 use crate::formats::tokenizer::Tokenizer;
-use crate::model::config::Arch;
-use crate::model::quant::{QFormat, QLayer, QuantWeights};
 use crate::model::{LayerWeights, ModelConfig, ModelWeights};
+use crate::model_data::config::Arch;
+use crate::model_data::quant::{QFormat, QLayer, QuantWeights};
 
 use super::config::ElmConfig;
 use super::module::{ElmModule, ModuleBlock, ProjectionWeights};

@@ -19,9 +19,10 @@ use crate::error::{ElmError, Result};
 use crate::grad::ImplicitLayer;
 use crate::model::dense_pass::fresh_cache;
 use crate::model::ops::linear_any_into;
-use crate::model::quant::{LinearRef, QActs};
 use crate::model::tape::{block_forward, ffn_forward, view_rank};
 use crate::model::{block_forward_rows, BlockWeights, LayerKv, ModelConfig, Scratch};
+use crate::model_data::qmatmul::QActs;
+use crate::model_data::quant::LinearRef;
 
 use super::config::BlockKind;
 use super::module::{ElmModule, ElmParams, ModuleBlock};

@@ -8,11 +8,11 @@ use ndarray::{Array1, Array3};
 use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
 use crate::gemm::Precision;
-use crate::model::quant::{Linear, LinearRef, QFormat, QLayer, QuantWeights, WeightStorage};
 use crate::model::{
     embed_tokens, load_inference, load_pretrained, BlockWeights, DecoderWeights, ModelConfig,
     ModelWeights,
 };
+use crate::model_data::quant::{Linear, LinearRef, QFormat, QLayer, QuantWeights, WeightStorage};
 
 use super::config::ElmConfig;
 use super::interchange::{self, ExportParts, OfficialSettings};

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::autograd::Var;
 use crate::error::{ElmError, Result};
 use crate::grad::{check_param_count, ParamSet};
-use crate::model::quant::{BlockRef, BlockWeights};
+use crate::model::block_view::{BlockRef, BlockWeights};
 use crate::model::tape::{AsArray, BlockParams, FfnParams};
 use crate::model::{FfnWeights, LayerWeights, ModelConfig, ModelWeights};
 

@@ -34,8 +34,8 @@ use crate::formats::gguf_model::{
     arch_metadata, permute_rope_qrows, permute_rope_rows, Taker, ELM_CONFIG_KEY,
 };
 use crate::formats::tokenizer::{Tokenizer, TOKENIZER_CONFIG_KEY, TOKENIZER_JSON_KEY};
-use crate::model::quant::{Linear, QFormat, QLayer, QuantWeights, WeightStorage, QK};
 use crate::model::{Arch, ModelConfig};
+use crate::model_data::quant::{Linear, QFormat, QLayer, QuantWeights, WeightStorage, QK};
 
 /// Value of [`FORMAT_KEY`] in the files this module writes.
 pub const QUANT_FORMAT: &str = "elm-quant-v1";

@@ -1,8 +1,8 @@
 //! The quantized forms of an ELM: [`QuantElm`] (kept dense layers, embedding, head, module)
 //! and [`QuantModule`] / [`QuantProjection`].
 
-use crate::model::quant::{Linear, QFfn, QFormat, QLayer, QuantWeights};
 use crate::model::BlockWeights;
+use crate::model_data::quant::{Linear, QFfn, QFormat, QLayer, QuantWeights};
 
 use super::map::ModuleView;
 use super::module::{ElmModule, ModuleBlock, ProjectionWeights};

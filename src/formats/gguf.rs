@@ -18,12 +18,12 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use half::{bf16, f16};
 use memmap2::Mmap;
 use ndarray::{Array2, ArrayD, IxDyn};
 use rayon::prelude::*;
 
 use crate::error::{ElmError, Result};
+use crate::model_data::block_codec::{bf16_at, dequantize_block, f16_at, QFormat, QK};
 
 /// The GGUF magic, `"GGUF"` read as a little-endian u32.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
@@ -113,6 +113,16 @@ impl GgmlType {
             GgmlType::Q8_0 => Some((32, 2 + 32)),
             GgmlType::Other(_) => None,
         }
+    }
+}
+
+/// The block format of a quantized ggml type (`None` for F32/F16/BF16 and unsupported ones).
+pub fn qformat_of(t: GgmlType) -> Option<QFormat> {
+    match t {
+        GgmlType::Q8_0 => Some(QFormat::Q8_0),
+        GgmlType::Q4_0 => Some(QFormat::Q4_0),
+        GgmlType::Q4_1 => Some(QFormat::Q4_1),
+        _ => None,
     }
 }
 
@@ -578,30 +588,30 @@ impl GgufFile {
 
     /// An array of strings (e.g. `tokenizer.ggml.tokens`).
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
-        let v = self.require(key)?;
-        let arr = v
-            .as_array()
-            .ok_or_else(|| self.wrong_type(key, "an array", v))?;
-        arr.iter()
-            .map(|x| {
-                x.as_str()
-                    .ok_or_else(|| self.wrong_type(key, "an array of strings", x))
-            })
-            .collect()
+        self.get_array_of(key, "an array of strings", GgufValue::as_str)
     }
 
     /// An array of integers (e.g. `tokenizer.ggml.token_type`).
     pub fn get_int_array(&self, key: &str) -> Result<Vec<i64>> {
+        self.get_array_of(key, "an array of integers", |x| {
+            x.as_int().map(|i| i as i64)
+        })
+    }
+
+    /// The array at `key` with every element read by `item`; an element it refuses is a
+    /// type error saying the array should be `what`.
+    fn get_array_of<'a, T>(
+        &'a self,
+        key: &str,
+        what: &str,
+        item: impl Fn(&'a GgufValue) -> Option<T>,
+    ) -> Result<Vec<T>> {
         let v = self.require(key)?;
         let arr = v
             .as_array()
             .ok_or_else(|| self.wrong_type(key, "an array", v))?;
         arr.iter()
-            .map(|x| {
-                x.as_int()
-                    .map(|i| i as i64)
-                    .ok_or_else(|| self.wrong_type(key, "an array of integers", x))
-            })
+            .map(|x| item(x).ok_or_else(|| self.wrong_type(key, what, x)))
             .collect()
     }
 
@@ -705,67 +715,24 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
             }
             GgmlType::F16 => {
                 for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                    *d = f16::from_le_bytes([s[0], s[1]]).to_f32();
+                    *d = f16_at(s, 0);
                 }
             }
             GgmlType::BF16 => {
                 for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                    *d = bf16::from_le_bytes([s[0], s[1]]).to_f32();
+                    *d = bf16_at(s, 0);
                 }
             }
-            GgmlType::Q8_0 => {
-                for (d, s) in dst.chunks_exact_mut(32).zip(src.chunks_exact(block_bytes)) {
-                    dequant_q8_0(s, d)
-                }
-            }
-            GgmlType::Q4_0 => {
-                for (d, s) in dst.chunks_exact_mut(32).zip(src.chunks_exact(block_bytes)) {
-                    dequant_q4_0(s, d)
-                }
-            }
-            GgmlType::Q4_1 => {
-                for (d, s) in dst.chunks_exact_mut(32).zip(src.chunks_exact(block_bytes)) {
-                    dequant_q4_1(s, d)
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                let format = qformat_of(ty).expect("a block type");
+                for (d, s) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(block_bytes)) {
+                    let d: &mut [f32; QK] = d.try_into().expect("chunks of QK");
+                    dequantize_block(format, s, d);
                 }
             }
             GgmlType::Other(_) => unreachable!("rejected above"),
         });
     Ok(out)
-}
-
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
-
-/// Q8_0 block: `d: f16 | q: i8[32]`; `x = q * d`.
-fn dequant_q8_0(block: &[u8], out: &mut [f32]) {
-    let d = f16_at(block, 0);
-    for (o, &q) in out.iter_mut().zip(&block[2..34]) {
-        *o = (q as i8) as f32 * d;
-    }
-}
-
-/// Q4_0 block: `d: f16 | qs: u8[16]`; element `j < 16` is the low nibble of `qs[j]`,
-/// element `j + 16` its high nibble; `x = (q - 8) * d`.
-fn dequant_q4_0(block: &[u8], out: &mut [f32]) {
-    let d = f16_at(block, 0);
-    let (lo, hi) = out.split_at_mut(16);
-    for (j, &q) in block[2..18].iter().enumerate() {
-        lo[j] = d * ((q & 0x0F) as i32 - 8) as f32;
-        hi[j] = d * ((q >> 4) as i32 - 8) as f32;
-    }
-}
-
-/// Q4_1 block: `d: f16 | m: f16 | qs: u8[16]`; nibble order as Q4_0; `x = d * q + m`
-/// (two roundings, as numpy does; Rust never contracts this into an FMA).
-fn dequant_q4_1(block: &[u8], out: &mut [f32]) {
-    let d = f16_at(block, 0);
-    let m = f16_at(block, 2);
-    let (lo, hi) = out.split_at_mut(16);
-    for (j, &q) in block[4..20].iter().enumerate() {
-        lo[j] = d * (q & 0x0F) as f32 + m;
-        hi[j] = d * (q >> 4) as f32 + m;
-    }
 }
 
 // ---------------------------------------------------------------------------------

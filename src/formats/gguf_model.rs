@@ -10,10 +10,10 @@ use std::collections::HashSet;
 
 use ndarray::{Array1, Array2, Axis};
 
-use super::gguf::{GgmlType, GgufFile};
+use super::gguf::{qformat_of, GgufFile};
 use crate::error::{ElmError, Result};
-use crate::model::quant::{Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage};
-use crate::model::{Arch, LayerWeights, ModelConfig, ModelWeights};
+use crate::model_data::quant::{Linear, QFfn, QLayer, QMatrix, QuantWeights, WeightStorage};
+use crate::model_data::{Arch, LayerWeights, ModelConfig, ModelWeights};
 
 /// GGUF metadata key of a saved quantized ELM's [`crate::equilibrium::ElmConfig`] (JSON); a file
 /// with it is not a dense model (see `elm::quant_gguf`).
@@ -439,16 +439,6 @@ pub fn load_gguf_weights(gguf: &GgufFile) -> Result<ModelWeights> {
         final_norm,
         lm_head,
     })
-}
-
-/// The block format of a GGUF tensor type the quantized kernels run on.
-pub fn qformat_of(t: GgmlType) -> Option<QFormat> {
-    match t {
-        GgmlType::Q8_0 => Some(QFormat::Q8_0),
-        GgmlType::Q4_0 => Some(QFormat::Q4_0),
-        GgmlType::Q4_1 => Some(QFormat::Q4_1),
-        _ => None,
-    }
 }
 
 /// Loads a Llama/Qwen2 GGUF for the inference path with its matrices stored as `storage`

@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{ElmError, Result};
 use crate::io::write_atomic;
-use crate::model::{Arch, LayerWeights, ModelConfig, ModelWeights};
+use crate::model_data::{Arch, LayerWeights, ModelConfig, ModelWeights};
 
 /// `config.json` keys that do not affect the forward pass and are ignored.
 pub const HARMLESS_KEYS: &[&str] = &[

@@ -15,17 +15,17 @@
 use std::path::Path;
 
 use crate::error::Result;
-use crate::model::ModelWeights;
+use crate::model_data::ModelWeights;
 
 pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
 pub mod tokenizer;
 
-pub use gguf::GgufFile;
+pub use gguf::{qformat_of, GgufFile};
 pub use gguf_model::{
-    config_from_gguf, load_gguf_quant, load_gguf_weights, permute_rope_rows, qformat_of,
-    save_gguf_model, unpermute_rope_rows,
+    config_from_gguf, load_gguf_quant, load_gguf_weights, permute_rope_rows, save_gguf_model,
+    unpermute_rope_rows,
 };
 pub use hf::{config_from_hf_json, load_hf_model, read_hf_config, save_hf_model};
 pub use tokenizer::Tokenizer;

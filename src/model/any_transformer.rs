@@ -6,14 +6,14 @@ use std::path::Path;
 use ndarray::Array2;
 
 use super::bench::storage_label;
-use super::config::ModelConfig;
 use super::generate::Decoder;
 use super::kv_cache::KvCache;
 use super::load::{load_inference, load_pretrained};
-use super::quant::{QuantWeights, WeightStorage};
 use super::transformer::Transformer;
 use crate::error::Result;
 use crate::formats::tokenizer::Tokenizer;
+use crate::model_data::config::ModelConfig;
+use crate::model_data::quant::{QuantWeights, WeightStorage};
 
 /// A dense transformer with f32 or quantized matrices.
 pub enum AnyTransformer {

@@ -7,12 +7,12 @@ use std::time::Instant;
 use ndarray::{linalg::general_mat_mul, Array2};
 use serde::{Deserialize, Serialize};
 
-use super::config::ModelConfig;
+use super::block_view::BlockWeights;
 use super::generate::argmax;
-use super::quant::BlockWeights;
 use super::transformer::{DecoderWeights, Transformer};
-use super::weights::ModelWeights;
 use crate::error::Result;
+use crate::model_data::config::ModelConfig;
+use crate::model_data::weights::ModelWeights;
 use crate::team::SpinTeam;
 
 /// A buffer whose parallel read measures the machine's read bandwidth.
@@ -122,7 +122,7 @@ pub fn decode_weight_bytes(w: &ModelWeights) -> usize {
 /// attention (`QKᵀ` and `PV` over positions `≤ p`), and the LM head for the last token.
 pub fn prefill_flops<W: DecoderWeights + ?Sized>(w: &W, t: usize) -> f64 {
     let cfg = w.config();
-    let elems = |l: crate::model::quant::LinearRef<'_>| l.dim().0 * l.dim().1;
+    let elems = |l: crate::model_data::quant::LinearRef<'_>| l.dim().0 * l.dim().1;
     let linear: usize = w
         .layers()
         .iter()
@@ -369,10 +369,10 @@ pub struct BenchRun {
 /// `storage`, with the block formats the model actually holds (e.g. `auto` on a Q4_1 file whose
 /// embedding is Q8_0 gives `auto (q4_1+q8_0)`).
 pub fn storage_label<W: DecoderWeights>(
-    storage: &super::quant::WeightStorage,
+    storage: &crate::model_data::quant::WeightStorage,
     weights: &W,
 ) -> String {
-    use super::quant::LinearRef;
+    use crate::model_data::quant::LinearRef;
     let mut names: Vec<&str> = Vec::new();
     let mut add = |l: LinearRef<'_>| {
         let n = match l {

@@ -6,13 +6,13 @@
 
 use ndarray::{s, Array3, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Zip};
 
-use super::config::ModelConfig;
+use super::block_view::BlockWeights;
 use super::kv_cache::{take, LayerKv, Scratch};
 use super::ops::{
     linear_any_into, linears_into, masked_softmax_inplace, rms_norm_into, swiglu_inplace,
 };
-use super::quant::BlockWeights;
 use crate::error::{ElmError, Result};
+use crate::model_data::config::ModelConfig;
 
 /// Runs one block on the new tokens `x` `[B, T, C]` of every sequence and returns
 /// the block output `[B, T, C]`.

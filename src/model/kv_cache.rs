@@ -2,10 +2,10 @@
 
 use ndarray::Array4;
 
-use super::config::ModelConfig;
 use super::ops::RopeTable;
-use super::quant::QActs;
 use crate::error::{ElmError, Result};
+use crate::model_data::config::ModelConfig;
+use crate::model_data::qmatmul::QActs;
 
 /// K/V of one attention layer for a batch of sequences, with per-sequence lengths.
 ///

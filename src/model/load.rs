@@ -2,11 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
-use super::quant::{QuantWeights, WeightStorage};
-use super::weights::ModelWeights;
 use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
 use crate::formats::{load_gguf_quant, load_gguf_weights, load_hf_model, GgufFile};
+use crate::model_data::quant::{QuantWeights, WeightStorage};
+use crate::model_data::weights::ModelWeights;
 
 /// File name of the default real model.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";

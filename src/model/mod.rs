@@ -21,25 +21,28 @@
 pub mod any_transformer;
 pub mod bench;
 pub mod block;
-pub mod config;
+pub mod block_view;
 pub mod dense_pass;
 pub mod generate;
 pub mod kv_cache;
 pub mod load;
 pub mod lora_adapter;
 pub mod ops;
-pub mod quant;
 pub mod tape;
 pub mod transformer;
-pub mod weights;
 
+// The plain model data lives below the file formats (`crate::model_data`); these keep the
+// paths `model::config`, `model::weights`, `model::quant`, `model::qmatmul` working.
+pub use crate::model_data::{config, qmatmul, quant, weights};
+
+pub use crate::model_data::config::{Arch, ModelConfig};
+pub use crate::model_data::quant::{
+    Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage,
+};
+pub use crate::model_data::weights::{FfnWeights, LayerWeights, ModelWeights};
 pub use any_transformer::AnyTransformer;
 pub use block::{block_forward_cached, block_forward_inplace, block_forward_rows};
-pub use config::{Arch, ModelConfig};
+pub use block_view::{AttnRef, BlockRef, BlockWeights};
 pub use kv_cache::{KvCache, LayerKv, Scratch};
 pub use load::{default_model_path, load_inference, load_pretrained, load_weights, models_dir};
-pub use quant::{
-    BlockWeights, Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage,
-};
 pub use transformer::{check_context, embed_tokens, DecoderWeights, Transformer};
-pub use weights::{FfnWeights, LayerWeights, ModelWeights};

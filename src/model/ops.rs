@@ -5,7 +5,8 @@
 use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 
-use super::quant::{detected_kernel, qmatmul_rows, LinearRef, QActs, QMatrix};
+use crate::model_data::qmatmul::{detected_kernel, qmatmul_rows, QActs};
+use crate::model_data::quant::{LinearRef, QMatrix};
 use crate::team::SpinTeam;
 
 /// Rows from which a product is a prefill / training one rather than a decode batch.

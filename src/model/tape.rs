@@ -13,10 +13,11 @@ use std::sync::Arc;
 
 use ndarray::{ArrayD, ArrayViewD, Dimension};
 
+use super::block_view::{AttnRef, BlockRef};
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
-use crate::model::quant::{AttnRef, BlockRef, LinearRef};
 use crate::model::{FfnWeights, LayerWeights, ModelConfig, ModelWeights};
+use crate::model_data::quant::LinearRef;
 use crate::nn::{self, RopeLayout};
 
 /// Per-block hyper-parameters (copied from [`ModelConfig`]).
@@ -168,14 +169,7 @@ impl<H> FfnParams<H> {
 impl FfnParams<Vec<usize>> {
     /// The shape of every parameter of a feed-forward-only block of `cfg`.
     pub fn shapes(cfg: &ModelConfig) -> Self {
-        let b = BlockParams::shapes(cfg);
-        FfnParams {
-            spec: b.spec,
-            mlp_norm: b.mlp_norm,
-            w_gate: b.w_gate,
-            w_up: b.w_up,
-            w_down: b.w_down,
-        }
+        BlockParams::shapes(cfg).ffn()
     }
 }
 

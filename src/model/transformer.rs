@@ -2,15 +2,17 @@
 
 use std::ops::Range;
 
-use ndarray::{s, Array2, Array3, ArrayView2, ArrayView3, ArrayViewMut3, Axis};
+use ndarray::{s, Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut3, Axis};
 
 use super::block::block_forward_inplace;
-use super::config::ModelConfig;
+use super::block_view::BlockWeights;
 use super::kv_cache::{take, KvCache, LayerKv, Scratch};
 use super::ops::{linear_any_into, rms_norm_into};
-use super::quant::{BlockWeights, LinearRef, QActs, QuantWeights};
-use super::weights::{LayerWeights, ModelWeights};
 use crate::error::{ElmError, Result};
+use crate::model_data::config::ModelConfig;
+use crate::model_data::qmatmul::QActs;
+use crate::model_data::quant::{Linear, LinearRef, QLayer, QuantWeights};
+use crate::model_data::weights::{LayerWeights, ModelWeights};
 
 /// A decoder ready for inference: owns its weights (checked against the config), f32
 /// [`ModelWeights`] by default or quantized [`QuantWeights`].
@@ -62,7 +64,13 @@ impl DecoderWeights for ModelWeights {
         LinearRef::F32(self.lm_head().view())
     }
     fn check(&self) -> Result<()> {
-        check_shapes(self)
+        check_shapes(
+            &self.config,
+            LinearRef::F32(self.embed.view()),
+            self.final_norm.view(),
+            self.lm_head.as_ref().map(|h| LinearRef::F32(h.view())),
+            &self.layers,
+        )
     }
     fn weight_bytes(&self) -> usize {
         self.num_params() * 4
@@ -70,11 +78,11 @@ impl DecoderWeights for ModelWeights {
 }
 
 impl DecoderWeights for QuantWeights {
-    type Layer = super::quant::QLayer;
+    type Layer = QLayer;
     fn config(&self) -> &ModelConfig {
         &self.config
     }
-    fn layers(&self) -> &[super::quant::QLayer] {
+    fn layers(&self) -> &[QLayer] {
         &self.layers
     }
     fn embed_row_into(&self, token: usize, out: &mut [f32]) {
@@ -87,7 +95,13 @@ impl DecoderWeights for QuantWeights {
         self.lm_head().as_ref()
     }
     fn check(&self) -> Result<()> {
-        check_quant_shapes(self)
+        check_shapes(
+            &self.config,
+            self.embed.as_ref(),
+            self.final_norm.view(),
+            self.lm_head.as_ref().map(Linear::as_ref),
+            &self.layers,
+        )
     }
     fn weight_bytes(&self) -> usize {
         self.bytes()
@@ -440,96 +454,16 @@ impl<W: DecoderWeights> Transformer<W> {
     }
 }
 
-fn check_shapes(w: &ModelWeights) -> Result<()> {
-    let cfg = &w.config;
-    cfg.validate()?;
-    let (c, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
-    let (hd, kvd) = (
-        cfg.num_heads * cfg.head_dim,
-        cfg.num_kv_heads * cfg.head_dim,
-    );
-    let mat = |name: String, a: &Array2<f32>, want: (usize, usize)| -> Result<()> {
-        if a.dim() != want {
-            return Err(ElmError::tensor(
-                name,
-                format!("shape {:?}, config requires {:?}", a.dim(), want),
-            ));
-        }
-        Ok(())
-    };
-    let vecn =
-        |name: String, a: Option<&ndarray::Array1<f32>>, want: Option<usize>| -> Result<()> {
-            match (a.map(|a| a.len()), want) {
-                (got, want) if got == want => Ok(()),
-                (got, want) => Err(ElmError::tensor(
-                    name,
-                    format!("length {got:?}, config requires {want:?}"),
-                )),
-            }
-        };
-    mat("embed".into(), &w.embed, (v, c))?;
-    vecn("final_norm".into(), Some(&w.final_norm), Some(c))?;
-    match (&w.lm_head, cfg.tie_word_embeddings) {
-        (Some(h), false) => mat("lm_head".into(), h, (v, c))?,
-        (None, true) => {}
-        (Some(_), true) => {
-            return Err(ElmError::tensor(
-                "lm_head",
-                "present but tie_word_embeddings = true",
-            ))
-        }
-        (None, false) => {
-            return Err(ElmError::tensor(
-                "lm_head",
-                "missing and tie_word_embeddings = false",
-            ))
-        }
-    }
-    if w.layers.len() != cfg.num_layers {
-        return Err(ElmError::config(
-            "num_layers",
-            format!(
-                "{} in config, {} layers of weights",
-                cfg.num_layers,
-                w.layers.len()
-            ),
-        ));
-    }
-    let bias = |n: usize| cfg.attention_bias.then_some(n);
-    for (l, lw) in w.layers.iter().enumerate() {
-        let LayerWeights {
-            attn_norm,
-            wq,
-            wk,
-            wv,
-            wo,
-            bq,
-            bk,
-            bv,
-            mlp_norm,
-            w_gate,
-            w_up,
-            w_down,
-        } = lw;
-        let p = |s: &str| format!("layers.{l}.{s}");
-        vecn(p("attn_norm"), Some(attn_norm), Some(c))?;
-        vecn(p("mlp_norm"), Some(mlp_norm), Some(c))?;
-        mat(p("wq"), wq, (hd, c))?;
-        mat(p("wk"), wk, (kvd, c))?;
-        mat(p("wv"), wv, (kvd, c))?;
-        mat(p("wo"), wo, (c, hd))?;
-        vecn(p("bq"), bq.as_ref(), bias(hd))?;
-        vecn(p("bk"), bk.as_ref(), bias(kvd))?;
-        vecn(p("bv"), bv.as_ref(), bias(kvd))?;
-        mat(p("w_gate"), w_gate, (i, c))?;
-        mat(p("w_up"), w_up, (i, c))?;
-        mat(p("w_down"), w_down, (c, i))?;
-    }
-    Ok(())
-}
-
-fn check_quant_shapes(w: &QuantWeights) -> Result<()> {
-    let cfg = &w.config;
+/// Checks a decoder's weights against its config, whatever their storage: every matrix's
+/// shape, every vector's length, biases present exactly when the config has them, and the
+/// LM head present exactly when the embeddings are not tied. The error names the tensor.
+fn check_shapes<L: BlockWeights>(
+    cfg: &ModelConfig,
+    embed: LinearRef<'_>,
+    final_norm: ArrayView1<'_, f32>,
+    lm_head: Option<LinearRef<'_>>,
+    layers: &[L],
+) -> Result<()> {
     cfg.validate()?;
     let (c, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
     let (hd, kvd) = (
@@ -545,7 +479,7 @@ fn check_quant_shapes(w: &QuantWeights) -> Result<()> {
         }
         Ok(())
     };
-    let vecn = |name: String, a: Option<ndarray::ArrayView1<f32>>, want: Option<usize>| match (
+    let vecn = |name: String, a: Option<ArrayView1<f32>>, want: Option<usize>| match (
         a.map(|a| a.len()),
         want,
     ) {
@@ -555,30 +489,36 @@ fn check_quant_shapes(w: &QuantWeights) -> Result<()> {
             format!("length {got:?}, config requires {want:?}"),
         )),
     };
-    mat("embed".into(), w.embed.as_ref(), (v, c))?;
-    vecn("final_norm".into(), Some(w.final_norm.view()), Some(c))?;
-    match (&w.lm_head, cfg.tie_word_embeddings) {
-        (Some(h), false) => mat("lm_head".into(), h.as_ref(), (v, c))?,
+    mat("embed".into(), embed, (v, c))?;
+    vecn("final_norm".into(), Some(final_norm), Some(c))?;
+    match (lm_head, cfg.tie_word_embeddings) {
+        (Some(h), false) => mat("lm_head".into(), h, (v, c))?,
         (None, true) => {}
-        (h, tied) => {
+        (Some(_), true) => {
             return Err(ElmError::tensor(
                 "lm_head",
-                format!("present: {}, tie_word_embeddings: {tied}", h.is_some()),
+                "present but tie_word_embeddings = true",
+            ))
+        }
+        (None, false) => {
+            return Err(ElmError::tensor(
+                "lm_head",
+                "missing and tie_word_embeddings = false",
             ))
         }
     }
-    if w.layers.len() != cfg.num_layers {
+    if layers.len() != cfg.num_layers {
         return Err(ElmError::config(
             "num_layers",
             format!(
                 "{} in config, {} layers of weights",
                 cfg.num_layers,
-                w.layers.len()
+                layers.len()
             ),
         ));
     }
     let bias = |n: usize| cfg.attention_bias.then_some(n);
-    for (l, lw) in w.layers.iter().enumerate() {
+    for (l, lw) in layers.iter().enumerate() {
         let b = lw.block_ref();
         let p = |s: &str| format!("layers.{l}.{s}");
         let a = b
@@ -602,7 +542,10 @@ fn check_quant_shapes(w: &QuantWeights) -> Result<()> {
 
 impl Transformer<QuantWeights> {
     /// Quantizes a dense f32 model's matrices to `format` (norms and biases stay f32).
-    pub fn quantized(weights: &ModelWeights, format: super::quant::QFormat) -> Result<Self> {
+    pub fn quantized(
+        weights: &ModelWeights,
+        format: crate::model_data::quant::QFormat,
+    ) -> Result<Self> {
         Transformer::new(QuantWeights::quantize(weights, format))
     }
 }

@@ -1,0 +1,154 @@
+//! Borrowed views of a block's weights, whatever their storage: what the block kernels
+//! ([`super::block`]) run on. The plain data ([`LayerWeights`], [`FfnWeights`], [`QLayer`],
+//! [`QFfn`]) lives below the model (`crate::model_data`); the view over it is the model's own
+//! notion, so it lives here and the data folder knows nothing of it.
+
+use ndarray::{Array1, ArrayView1};
+
+use crate::model_data::quant::{LinearRef, QFfn, QLayer};
+use crate::model_data::weights::{FfnWeights, LayerWeights};
+
+/// Borrowed weights of one block, whatever their storage: what [`super::block`] runs on.
+/// A decoder block has both sublayers; a feed-forward-only block ([`FfnWeights`], [`QFfn`])
+/// has no attention.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockRef<'a> {
+    /// The attention sublayer (`None`: the block is `x + MLP(RMSNorm(x))`).
+    pub attn: Option<AttnRef<'a>>,
+    pub mlp_norm: ArrayView1<'a, f32>,
+    pub w_gate: LinearRef<'a>,
+    pub w_up: LinearRef<'a>,
+    pub w_down: LinearRef<'a>,
+}
+
+/// Borrowed weights of a block's attention sublayer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnRef<'a> {
+    pub attn_norm: ArrayView1<'a, f32>,
+    pub wq: LinearRef<'a>,
+    pub wk: LinearRef<'a>,
+    pub wv: LinearRef<'a>,
+    pub wo: LinearRef<'a>,
+    pub bq: Option<ArrayView1<'a, f32>>,
+    pub bk: Option<ArrayView1<'a, f32>>,
+    pub bv: Option<ArrayView1<'a, f32>>,
+}
+
+impl<'a> BlockRef<'a> {
+    /// The block's matrices: attention's (when it has it), then the MLP's.
+    pub fn linears(&self) -> Vec<LinearRef<'a>> {
+        let mut v = Vec::with_capacity(7);
+        if let Some(a) = &self.attn {
+            v.extend([a.wq, a.wk, a.wv, a.wo]);
+        }
+        v.extend([self.w_gate, self.w_up, self.w_down]);
+        v
+    }
+
+    /// Bytes of every tensor of the block.
+    pub fn bytes(&self) -> usize {
+        let vec = |v: Option<ArrayView1<f32>>| v.map_or(0, |v| v.len() * 4);
+        let attn_vectors = self.attn.as_ref().map_or(0, |a| {
+            vec(Some(a.attn_norm)) + vec(a.bq) + vec(a.bk) + vec(a.bv)
+        });
+        self.linears().iter().map(|l| l.bytes()).sum::<usize>()
+            + vec(Some(self.mlp_norm))
+            + attn_vectors
+    }
+}
+
+/// Weights of a block in any storage (f32 [`LayerWeights`] or [`QLayer`], and their
+/// feed-forward-only twins [`FfnWeights`] and [`QFfn`]).
+pub trait BlockWeights: Sync {
+    fn block_ref(&self) -> BlockRef<'_>;
+}
+
+/// Borrowed weights are block weights too (e.g. a block read in place from tape values).
+impl BlockWeights for BlockRef<'_> {
+    fn block_ref(&self) -> BlockRef<'_> {
+        // Views are invariant in their lifetime: each is re-borrowed for `&self`'s.
+        let attn = self.attn.as_ref().map(|a| AttnRef {
+            attn_norm: a.attn_norm.view(),
+            wq: a.wq.reborrow(),
+            wk: a.wk.reborrow(),
+            wv: a.wv.reborrow(),
+            wo: a.wo.reborrow(),
+            bq: a.bq.as_ref().map(ArrayView1::view),
+            bk: a.bk.as_ref().map(ArrayView1::view),
+            bv: a.bv.as_ref().map(ArrayView1::view),
+        });
+        BlockRef {
+            attn,
+            mlp_norm: self.mlp_norm.view(),
+            w_gate: self.w_gate.reborrow(),
+            w_up: self.w_up.reborrow(),
+            w_down: self.w_down.reborrow(),
+        }
+    }
+}
+
+impl BlockWeights for LayerWeights {
+    fn block_ref(&self) -> BlockRef<'_> {
+        BlockRef {
+            attn: Some(AttnRef {
+                attn_norm: self.attn_norm.view(),
+                wq: LinearRef::F32(self.wq.view()),
+                wk: LinearRef::F32(self.wk.view()),
+                wv: LinearRef::F32(self.wv.view()),
+                wo: LinearRef::F32(self.wo.view()),
+                bq: self.bq.as_ref().map(Array1::view),
+                bk: self.bk.as_ref().map(Array1::view),
+                bv: self.bv.as_ref().map(Array1::view),
+            }),
+            mlp_norm: self.mlp_norm.view(),
+            w_gate: LinearRef::F32(self.w_gate.view()),
+            w_up: LinearRef::F32(self.w_up.view()),
+            w_down: LinearRef::F32(self.w_down.view()),
+        }
+    }
+}
+
+impl BlockWeights for FfnWeights {
+    fn block_ref(&self) -> BlockRef<'_> {
+        BlockRef {
+            attn: None,
+            mlp_norm: self.mlp_norm.view(),
+            w_gate: LinearRef::F32(self.w_gate.view()),
+            w_up: LinearRef::F32(self.w_up.view()),
+            w_down: LinearRef::F32(self.w_down.view()),
+        }
+    }
+}
+
+impl BlockWeights for QFfn {
+    fn block_ref(&self) -> BlockRef<'_> {
+        BlockRef {
+            attn: None,
+            mlp_norm: self.mlp_norm.view(),
+            w_gate: self.w_gate.as_ref(),
+            w_up: self.w_up.as_ref(),
+            w_down: self.w_down.as_ref(),
+        }
+    }
+}
+
+impl BlockWeights for QLayer {
+    fn block_ref(&self) -> BlockRef<'_> {
+        BlockRef {
+            attn: Some(AttnRef {
+                attn_norm: self.attn_norm.view(),
+                wq: self.wq.as_ref(),
+                wk: self.wk.as_ref(),
+                wv: self.wv.as_ref(),
+                wo: self.wo.as_ref(),
+                bq: self.bq.as_ref().map(Array1::view),
+                bk: self.bk.as_ref().map(Array1::view),
+                bv: self.bv.as_ref().map(Array1::view),
+            }),
+            mlp_norm: self.mlp_norm.view(),
+            w_gate: self.w_gate.as_ref(),
+            w_up: self.w_up.as_ref(),
+            w_down: self.w_down.as_ref(),
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! Integer matrix products of quantized weights ([`QMatrix`]) with quantized activations.
+//!
+//! The activation rows are quantized to 8-bit blocks of 32 (`d = max|x| / 127`,
+//! `q = round(x / d)`, plus `s = d · Σq`), and each block product is an integer dot product
+//! (AVX2 `maddubs`: u8 × i8 pairs summed to i16, then to i32) scaled by the two block scales:
+//!
+//! - Q8_0 `x = d·q`:        `Σ w·x ≈ d_w·d_x·Σ q_w q_x`
+//! - Q4_0 `x = d·(q − 8)`:  `Σ w·x ≈ d_w·d_x·Σ q_w q_x − 8·d_w·s_x`
+//! - Q4_1 `x = d·q + m`:    `Σ w·x ≈ d_w·d_x·Σ q_w q_x + m_w·s_x`
+//!
+//! (the same scheme as ggml's `vec_dot_q4_1_q8_1`; code written here). Rows whose length is
+//! not a multiple of 32 are zero-padded to whole blocks, in the weights and the activations.
+
+use ndarray::{Array2, ArrayView2};
+
+use super::block_codec::{f16_at, QFormat, QK};
+use super::quant::QMatrix;
+
+/// Activation rows quantized to 8-bit blocks: the right-hand side of the integer products.
+/// Reused between calls (grown, never shrunk), so decode allocates nothing.
+#[derive(Clone, Debug, Default)]
+pub struct QActs {
+    rows: usize,
+    blocks: usize,
+    /// `[rows, blocks·32]`
+    qs: Vec<i8>,
+    /// `[rows, blocks]` block scales.
+    d: Vec<f32>,
+    /// `[rows, blocks]` `d · Σ q` of each block (the Q4_0 / Q4_1 offset terms).
+    s: Vec<f32>,
+}
+
+impl QActs {
+    /// Quantizes the rows of `x` `[N, K]` (each zero-padded to whole blocks).
+    pub fn quantize(&mut self, x: ArrayView2<f32>) {
+        let (n, k) = x.dim();
+        let nb = k.div_ceil(QK);
+        self.rows = n;
+        self.blocks = nb;
+        grow(&mut self.qs, n * nb * QK, 0);
+        grow(&mut self.d, n * nb, 0.0);
+        grow(&mut self.s, n * nb, 0.0);
+        let mut padded = [0f32; QK];
+        for (r, row) in x.rows().into_iter().enumerate() {
+            let contiguous = row.as_slice();
+            for b in 0..nb {
+                let (lo, hi) = (b * QK, ((b + 1) * QK).min(k));
+                let src: &[f32] = match contiguous {
+                    Some(s) if hi - lo == QK => &s[lo..hi],
+                    _ => {
+                        padded.iter_mut().for_each(|v| *v = 0.0);
+                        for (p, c) in padded.iter_mut().zip(lo..hi) {
+                            *p = row[c];
+                        }
+                        &padded
+                    }
+                };
+                let i = r * nb + b;
+                let qs = &mut self.qs[i * QK..(i + 1) * QK];
+                let (d, sum) = quantize_act_block(src, qs);
+                self.d[i] = d;
+                self.s[i] = d * sum as f32;
+            }
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The quantized rows as f32 `[N, blocks·32]`: what the integer kernels multiply by
+    /// (the exact reference for them).
+    pub fn dequantize(&self) -> Array2<f32> {
+        let (n, nb) = (self.rows, self.blocks);
+        Array2::from_shape_fn((n, nb * QK), |(r, c)| {
+            self.qs[r * nb * QK + c] as f32 * self.d[r * nb + c / QK]
+        })
+    }
+
+    /// Bytes held by the buffers.
+    pub fn bytes(&self) -> usize {
+        self.qs.capacity() + 4 * (self.d.capacity() + self.s.capacity())
+    }
+}
+
+fn grow<T: Copy>(v: &mut Vec<T>, n: usize, fill: T) {
+    if v.len() < n {
+        v.resize(n, fill);
+    }
+}
+
+/// One activation block: `q = round(x / d)`, `d = max|x| / 127`; returns `(d, Σ q)`.
+fn quantize_act_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (o, &v) in q.iter_mut().zip(x) {
+        let qi = (v * id).round() as i8;
+        *o = qi;
+        sum += qi as i32;
+    }
+    (d, sum)
+}
+
+/// Which kernel [`qmatmul_rows`] uses; detected once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Avx2,
+    Portable,
+}
+
+/// The fastest kernel this CPU supports.
+pub fn detected_kernel() -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let ok = *AVX2.get_or_init(|| {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        });
+        if ok {
+            return Kernel::Avx2;
+        }
+    }
+    Kernel::Portable
+}
+
+/// `y[r, o] = Σ_k W[o, k] · x[r, k]` for weight rows `o ∈ lo..hi` and every activation row `r`
+/// of `acts` (quantized from `x`), written to `y[r · y_stride + o]`.
+///
+/// # Safety
+/// `y` must be valid for writes at `r · y_stride + o` for every `r < acts.rows()`, `o ∈ lo..hi`,
+/// and no other thread may write those elements concurrently.
+pub unsafe fn qmatmul_rows(
+    w: &QMatrix,
+    lo: usize,
+    hi: usize,
+    acts: &QActs,
+    y: *mut f32,
+    y_stride: usize,
+    kernel: Kernel,
+) {
+    debug_assert_eq!(acts.blocks, w.row_blocks());
+    let n = acts.rows;
+    for o in lo..hi {
+        let row = w.row(o);
+        let mut r = 0;
+        while r < n {
+            let take = match n - r {
+                8.. => 8,
+                4.. => 4,
+                2.. => 2,
+                _ => 1,
+            };
+            let mut out = [0f32; 8];
+            match take {
+                8 => dot_group::<8>(w.format(), row, acts, r, &mut out, kernel),
+                4 => dot_group::<4>(w.format(), row, acts, r, &mut out, kernel),
+                2 => dot_group::<2>(w.format(), row, acts, r, &mut out, kernel),
+                _ => dot_group::<1>(w.format(), row, acts, r, &mut out, kernel),
+            }
+            for (i, &v) in out[..take].iter().enumerate() {
+                *y.add((r + i) * y_stride + o) = v;
+            }
+            r += take;
+        }
+    }
+}
+
+/// Dot products of one weight row with activation rows `r0..r0+R` into `out[..R]`.
+fn dot_group<const R: usize>(
+    format: QFormat,
+    row: &[u8],
+    acts: &QActs,
+    r0: usize,
+    out: &mut [f32; 8],
+    kernel: Kernel,
+) {
+    let nb = acts.blocks;
+    let xq: [&[i8]; R] = std::array::from_fn(|i| {
+        let r = r0 + i;
+        &acts.qs[r * nb * QK..(r + 1) * nb * QK]
+    });
+    let xd: [&[f32]; R] = std::array::from_fn(|i| &acts.d[(r0 + i) * nb..(r0 + i + 1) * nb]);
+    let xs: [&[f32]; R] = std::array::from_fn(|i| &acts.s[(r0 + i) * nb..(r0 + i + 1) * nb]);
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx2 {
+        // SAFETY: `Kernel::Avx2` is only returned when AVX2, FMA and F16C were detected;
+        // `row` holds `nb` blocks and every `xq[i]` `nb · 32` values.
+        let res = unsafe {
+            match format {
+                QFormat::Q4_1 => avx2::dot_q4::<R, true>(row, nb, &xq, &xd, &xs),
+                QFormat::Q4_0 => avx2::dot_q4::<R, false>(row, nb, &xq, &xd, &xs),
+                QFormat::Q8_0 => avx2::dot_q8_0::<R>(row, nb, &xq, &xd),
+            }
+        };
+        out[..R].copy_from_slice(&res);
+        return;
+    }
+    let _ = kernel;
+    let res = portable_dot::<R>(format, row, nb, &xq, &xd, &xs);
+    out[..R].copy_from_slice(&res);
+}
+
+/// Scalar integer kernel (any CPU); the same arithmetic as the AVX2 one up to the order of
+/// the f32 additions.
+fn portable_dot<const R: usize>(
+    format: QFormat,
+    row: &[u8],
+    nb: usize,
+    xq: &[&[i8]; R],
+    xd: &[&[f32]; R],
+    xs: &[&[f32]; R],
+) -> [f32; R] {
+    let mut acc = [0f32; R];
+    let bb = format.block_bytes();
+    let mut wq = [0i32; QK];
+    for (b, blk) in row.chunks_exact(bb).take(nb).enumerate() {
+        let (d, offset) = match format {
+            QFormat::Q8_0 => {
+                for (w, &q) in wq.iter_mut().zip(&blk[2..34]) {
+                    *w = (q as i8) as i32;
+                }
+                (f16_at(blk, 0), 0.0)
+            }
+            QFormat::Q4_0 | QFormat::Q4_1 => {
+                let start = if format == QFormat::Q4_1 { 4 } else { 2 };
+                for (j, &q) in blk[start..start + 16].iter().enumerate() {
+                    wq[j] = (q & 0x0F) as i32;
+                    wq[j + 16] = (q >> 4) as i32;
+                }
+                let d = f16_at(blk, 0);
+                let off = if format == QFormat::Q4_1 {
+                    f16_at(blk, 2)
+                } else {
+                    -8.0 * d
+                };
+                (d, off)
+            }
+        };
+        for r in 0..R {
+            let x = &xq[r][b * QK..(b + 1) * QK];
+            let dot: i32 = wq.iter().zip(x).map(|(&w, &x)| w * x as i32).sum();
+            acc[r] += d * xd[r][b] * dot as f32 + offset * xs[r][b];
+        }
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::QK;
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// Q4_1 (`Q41 = true`) or Q4_0 weights against 8-bit activations.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q4<const R: usize, const Q41: bool>(
+        row: &[u8],
+        nb: usize,
+        xq: &[&[i8]; R],
+        xd: &[&[f32]; R],
+        xs: &[&[f32]; R],
+    ) -> [f32; R] {
+        let bb = if Q41 { 20 } else { 18 };
+        let qoff = if Q41 { 4 } else { 2 };
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut off = [0f32; R];
+        let low = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let p = row.as_ptr();
+        for b in 0..nb {
+            let blk = p.add(b * bb);
+            // d (and m) from f16 with one F16C conversion.
+            let scales = if Q41 {
+                _mm_cvtph_ps(_mm_cvtsi32_si128((blk as *const i32).read_unaligned()))
+            } else {
+                _mm_cvtph_ps(_mm_cvtsi32_si128(
+                    (blk as *const u16).read_unaligned() as i32
+                ))
+            };
+            let d = _mm_cvtss_f32(scales);
+            let o = if Q41 {
+                _mm_cvtss_f32(_mm_movehdup_ps(scales))
+            } else {
+                -8.0 * d
+            };
+            // 16 bytes → 32 nibbles in element order: low nibbles are elements 0..16.
+            let raw = _mm_loadu_si128(blk.add(qoff) as *const __m128i);
+            let wq = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+            for r in 0..R {
+                let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
+                // u8 (≤ 15) × i8 pairs: |sum| ≤ 2·15·127, no i16 saturation.
+                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones);
+                let scale = _mm256_set1_ps(d * *xd[r].get_unchecked(b));
+                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
+                off[r] += o * *xs[r].get_unchecked(b);
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]) + off[r])
+    }
+
+    /// Q8_0 weights against 8-bit activations (signed × signed via the sign trick:
+    /// `|w| · (x · sign(w))`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q8_0<const R: usize>(
+        row: &[u8],
+        nb: usize,
+        xq: &[&[i8]; R],
+        xd: &[&[f32]; R],
+    ) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let ones = _mm256_set1_epi16(1);
+        let p = row.as_ptr();
+        for b in 0..nb {
+            let blk = p.add(b * 34);
+            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                (blk as *const u16).read_unaligned() as i32,
+            )));
+            let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+            // |w| ≤ 128 as u8; x ∈ [−127, 127] (activations never hold −128): pairs sum to
+            // at most 2·128·127 < 2^15.
+            let aw = _mm256_sign_epi8(w, w);
+            for r in 0..R {
+                let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
+                let sx = _mm256_sign_epi8(x, w);
+                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                let scale = _mm256_set1_ps(d * *xd[r].get_unchecked(b));
+                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]))
+    }
+}

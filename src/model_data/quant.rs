@@ -1,0 +1,448 @@
+//! Quantized weights for inference, as plain data: [`QMatrix`] (GGUF Q8_0 / Q4_0 / Q4_1 blocks
+//! kept as they are in memory), [`Linear`] (a matrix in f32 or blocks), and the blocks and
+//! whole decoders built from them ([`QFfn`], [`QLayer`], [`QuantWeights`]).
+//!
+//! Batch-1 decode is bound by the bytes of weights read per token, so the weights stay in
+//! their 4.5–8.5-bit block formats; the integer products on them are in [`super::qmatmul`].
+//! Rows whose length is not a multiple of 32 are zero-padded to whole blocks.
+//!
+//! The GGUF reader fills a [`QMatrix`] from a file's bytes, [`QMatrix::quantize`] makes one
+//! from f32 weights; the block views the model's kernels run on (`model::block_view`) borrow
+//! these types.
+
+use ndarray::{Array1, Array2, ArrayView2};
+
+use super::block_codec::{dequantize_block, quantize_block};
+pub use super::block_codec::{QFormat, QK};
+use super::config::ModelConfig;
+use super::weights::{FfnWeights, LayerWeights, ModelWeights};
+use crate::error::{ElmError, Result};
+
+/// How the inference path stores a model's matrices (`--weights`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightStorage {
+    /// Dequantized to f32 at load (the reference path).
+    F32,
+    /// Each matrix in its file's type: quantized blocks stay quantized, f32/f16/bf16 go to f32.
+    Auto,
+    /// Every matrix in this block format (requantized or quantized on the fly if needed).
+    Quant(QFormat),
+}
+
+impl std::str::FromStr for WeightStorage {
+    type Err = ElmError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(WeightStorage::F32),
+            "auto" => Ok(WeightStorage::Auto),
+            other => other.parse().map(WeightStorage::Quant).map_err(|_| {
+                ElmError::config(
+                    "weights",
+                    format!("`{s}`: expected f32, auto, q8_0, q4_0 or q4_1"),
+                )
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for WeightStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightStorage::F32 => write!(f, "f32"),
+            WeightStorage::Auto => write!(f, "auto"),
+            WeightStorage::Quant(q) => write!(f, "{}", q.name()),
+        }
+    }
+}
+
+/// A `[rows, cols]` matrix (PyTorch `[out, in]` layout) stored as row-major quantized blocks;
+/// each row holds `cols.div_ceil(32)` blocks (the last one zero-padded).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QMatrix {
+    format: QFormat,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+impl QMatrix {
+    /// Wraps raw blocks (e.g. a GGUF tensor's bytes, rows in file order).
+    pub fn from_blocks(format: QFormat, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self> {
+        let want = rows * cols.div_ceil(QK) * format.block_bytes();
+        if data.len() != want {
+            return Err(ElmError::shape(
+                "QMatrix::from_blocks",
+                format!(
+                    "{} bytes for a [{rows}, {cols}] {} matrix (want {want})",
+                    data.len(),
+                    format.name()
+                ),
+            ));
+        }
+        Ok(QMatrix {
+            format,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    /// Quantizes f32 weights `[rows, cols]` with ggml's reference rounding.
+    pub fn quantize(w: ArrayView2<f32>, format: QFormat) -> Self {
+        let (rows, cols) = w.dim();
+        let nb = cols.div_ceil(QK);
+        let bb = format.block_bytes();
+        let mut data = vec![0u8; rows * nb * bb];
+        let mut padded = vec![0f32; nb * QK];
+        for (r, row) in w.rows().into_iter().enumerate() {
+            padded.iter_mut().for_each(|v| *v = 0.0);
+            for (p, &v) in padded.iter_mut().zip(row.iter()) {
+                *p = v;
+            }
+            let out = &mut data[r * nb * bb..(r + 1) * nb * bb];
+            for (src, dst) in padded.chunks_exact(QK).zip(out.chunks_exact_mut(bb)) {
+                quantize_block(format, src, dst);
+            }
+        }
+        QMatrix {
+            format,
+            rows,
+            cols,
+            data,
+        }
+    }
+
+    pub fn format(&self) -> QFormat {
+        self.format
+    }
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    pub fn dim(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+    /// Blocks per row.
+    pub fn row_blocks(&self) -> usize {
+        self.cols.div_ceil(QK)
+    }
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_blocks() * self.format.block_bytes()
+    }
+    /// Bytes held (what a matrix product reads).
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+    /// The raw blocks, row-major.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+    /// The raw blocks of row `r` (what the integer kernels read).
+    pub fn row(&self, r: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// Row `r` as f32 into `out` (`cols` long).
+    pub fn dequantize_row_into(&self, r: usize, out: &mut [f32]) {
+        let mut block = [0f32; QK];
+        let bb = self.format.block_bytes();
+        for (bi, src) in self.row(r).chunks_exact(bb).enumerate() {
+            dequantize_block(self.format, src, &mut block);
+            let lo = bi * QK;
+            let hi = (lo + QK).min(self.cols);
+            out[lo..hi].copy_from_slice(&block[..hi - lo]);
+        }
+    }
+
+    /// The whole matrix as f32 `[rows, cols]` (the reference the kernels are tested against).
+    pub fn dequantize(&self) -> Array2<f32> {
+        let mut out = Array2::zeros((self.rows, self.cols));
+        for (r, mut row) in out.rows_mut().into_iter().enumerate() {
+            self.dequantize_row_into(r, row.as_slice_mut().expect("standard layout"));
+        }
+        out
+    }
+
+    /// The same rows in another order: row `i` of the result is row `order[i]` of `self`
+    /// (blocks are per row, so this is exact).
+    pub fn select_rows(&self, order: &[usize]) -> Result<Self> {
+        let rb = self.row_bytes();
+        let mut data = Vec::with_capacity(order.len() * rb);
+        for &r in order {
+            if r >= self.rows {
+                return Err(ElmError::shape(
+                    "QMatrix::select_rows",
+                    format!("row {r} of {}", self.rows),
+                ));
+            }
+            data.extend_from_slice(self.row(r));
+        }
+        QMatrix::from_blocks(self.format, order.len(), self.cols, data)
+    }
+}
+
+/// A weight matrix of the inference path in any storage.
+#[derive(Clone, Debug)]
+pub enum Linear {
+    F32(Array2<f32>),
+    Quant(QMatrix),
+}
+
+/// A borrowed [`Linear`]: what the block kernels take.
+#[derive(Clone, Copy, Debug)]
+pub enum LinearRef<'a> {
+    /// A view, so weights held elsewhere (the tape's shared values) are read in place.
+    F32(ArrayView2<'a, f32>),
+    Quant(&'a QMatrix),
+}
+
+impl Linear {
+    /// `w` kept as f32 (`None`) or quantized to `format`.
+    pub fn from_f32(w: &Array2<f32>, format: Option<QFormat>) -> Self {
+        match format {
+            None => Linear::F32(w.clone()),
+            Some(f) => Linear::Quant(QMatrix::quantize(w.view(), f)),
+        }
+    }
+    pub fn as_ref(&self) -> LinearRef<'_> {
+        match self {
+            Linear::F32(a) => LinearRef::F32(a.view()),
+            Linear::Quant(q) => LinearRef::Quant(q),
+        }
+    }
+    pub fn dim(&self) -> (usize, usize) {
+        self.as_ref().dim()
+    }
+    /// Bytes of weights held.
+    pub fn bytes(&self) -> usize {
+        self.as_ref().bytes()
+    }
+    /// Row `r` as f32 (the embedding lookup).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        match self {
+            Linear::F32(a) => out.copy_from_slice(a.row(r).as_slice().expect("standard layout")),
+            Linear::Quant(q) => q.dequantize_row_into(r, out),
+        }
+    }
+    /// The matrix as f32 (dequantized).
+    pub fn to_f32(&self) -> Array2<f32> {
+        match self {
+            Linear::F32(a) => a.clone(),
+            Linear::Quant(q) => q.dequantize(),
+        }
+    }
+
+    /// The storage name: `f32` or the block format.
+    pub fn format_name(&self) -> &'static str {
+        match self {
+            Linear::F32(_) => "f32",
+            Linear::Quant(q) => q.format().name(),
+        }
+    }
+}
+
+impl LinearRef<'_> {
+    /// The same weight borrowed for `&self`'s lifetime (a view's lifetime is invariant).
+    pub fn reborrow(&self) -> LinearRef<'_> {
+        match self {
+            LinearRef::F32(a) => LinearRef::F32(a.view()),
+            LinearRef::Quant(q) => LinearRef::Quant(q),
+        }
+    }
+    pub fn dim(&self) -> (usize, usize) {
+        match self {
+            LinearRef::F32(a) => a.dim(),
+            LinearRef::Quant(q) => q.dim(),
+        }
+    }
+    pub fn bytes(&self) -> usize {
+        match self {
+            LinearRef::F32(a) => a.len() * 4,
+            LinearRef::Quant(q) => q.bytes(),
+        }
+    }
+}
+
+/// A feed-forward-only block ([`FfnWeights`]) with its matrices in any storage.
+#[derive(Clone, Debug)]
+pub struct QFfn {
+    pub mlp_norm: Array1<f32>,
+    pub w_gate: Linear,
+    pub w_up: Linear,
+    pub w_down: Linear,
+}
+
+impl QFfn {
+    /// Every matrix of `f` quantized to `format` (`None`: kept f32).
+    pub fn from_f32(f: &FfnWeights, format: Option<QFormat>) -> Self {
+        let q = |w: &Array2<f32>| Linear::from_f32(w, format);
+        QFfn {
+            mlp_norm: f.mlp_norm.clone(),
+            w_gate: q(&f.w_gate),
+            w_up: q(&f.w_up),
+            w_down: q(&f.w_down),
+        }
+    }
+
+    /// The block's f32 weights (dequantized).
+    pub fn to_f32(&self) -> FfnWeights {
+        FfnWeights {
+            mlp_norm: self.mlp_norm.clone(),
+            w_gate: self.w_gate.to_f32(),
+            w_up: self.w_up.to_f32(),
+            w_down: self.w_down.to_f32(),
+        }
+    }
+
+    /// Bytes of weights held (the same count as the block's view, `BlockRef::bytes`).
+    pub fn bytes(&self) -> usize {
+        linear_bytes(&[&self.w_gate, &self.w_up, &self.w_down]) + 4 * self.mlp_norm.len()
+    }
+}
+
+/// One decoder block for inference with each projection in any storage (norms and biases
+/// stay f32: they are tiny).
+#[derive(Clone, Debug)]
+pub struct QLayer {
+    pub attn_norm: Array1<f32>,
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
+    pub bq: Option<Array1<f32>>,
+    pub bk: Option<Array1<f32>>,
+    pub bv: Option<Array1<f32>>,
+    pub mlp_norm: Array1<f32>,
+    pub w_gate: Linear,
+    pub w_up: Linear,
+    pub w_down: Linear,
+}
+
+impl QLayer {
+    /// Every projection of `l` quantized to `format` (`None`: kept f32).
+    pub fn from_f32(l: &LayerWeights, format: Option<QFormat>) -> Self {
+        let q = |w: &Array2<f32>| Linear::from_f32(w, format);
+        QLayer {
+            attn_norm: l.attn_norm.clone(),
+            wq: q(&l.wq),
+            wk: q(&l.wk),
+            wv: q(&l.wv),
+            wo: q(&l.wo),
+            bq: l.bq.clone(),
+            bk: l.bk.clone(),
+            bv: l.bv.clone(),
+            mlp_norm: l.mlp_norm.clone(),
+            w_gate: q(&l.w_gate),
+            w_up: q(&l.w_up),
+            w_down: q(&l.w_down),
+        }
+    }
+
+    /// The block's f32 weights (dequantized): the training / reference representation.
+    pub fn to_f32(&self) -> LayerWeights {
+        let f = Linear::to_f32;
+        LayerWeights {
+            attn_norm: self.attn_norm.clone(),
+            wq: f(&self.wq),
+            wk: f(&self.wk),
+            wv: f(&self.wv),
+            wo: f(&self.wo),
+            bq: self.bq.clone(),
+            bk: self.bk.clone(),
+            bv: self.bv.clone(),
+            mlp_norm: self.mlp_norm.clone(),
+            w_gate: f(&self.w_gate),
+            w_up: f(&self.w_up),
+            w_down: f(&self.w_down),
+        }
+    }
+
+    /// Bytes of weights held (the same count as the block's view, `BlockRef::bytes`).
+    pub fn bytes(&self) -> usize {
+        let matrices = [
+            &self.wq,
+            &self.wk,
+            &self.wv,
+            &self.wo,
+            &self.w_gate,
+            &self.w_up,
+            &self.w_down,
+        ];
+        let biases = [&self.bq, &self.bk, &self.bv];
+        let vectors = self.attn_norm.len()
+            + self.mlp_norm.len()
+            + biases
+                .iter()
+                .map(|b| b.as_ref().map_or(0, Array1::len))
+                .sum::<usize>();
+        linear_bytes(&matrices) + 4 * vectors
+    }
+}
+
+fn linear_bytes(matrices: &[&Linear]) -> usize {
+    matrices.iter().map(|l| l.bytes()).sum()
+}
+
+/// A whole decoder for inference with quantized (or f32) projections, embedding and LM head.
+#[derive(Clone, Debug)]
+pub struct QuantWeights {
+    pub config: ModelConfig,
+    /// `[V, C]` (also the LM head when tied).
+    pub embed: Linear,
+    pub layers: Vec<QLayer>,
+    /// `[C]`
+    pub final_norm: Array1<f32>,
+    /// `[V, C]`; `None` when tied to `embed`.
+    pub lm_head: Option<Linear>,
+}
+
+impl QuantWeights {
+    /// Quantizes every matrix of `w` (embedding and LM head included) to `format`.
+    pub fn quantize(w: &ModelWeights, format: QFormat) -> Self {
+        Self::from_f32(w, Some(format))
+    }
+
+    /// Every matrix of `w` quantized to `format`, or kept f32 (`None`).
+    pub fn from_f32(w: &ModelWeights, format: Option<QFormat>) -> Self {
+        QuantWeights {
+            config: w.config.clone(),
+            embed: Linear::from_f32(&w.embed, format),
+            layers: w
+                .layers
+                .iter()
+                .map(|l| QLayer::from_f32(l, format))
+                .collect(),
+            final_norm: w.final_norm.clone(),
+            lm_head: w.lm_head.as_ref().map(|h| Linear::from_f32(h, format)),
+        }
+    }
+
+    /// The same model with every matrix dequantized to f32 (the reference of the
+    /// quantized kernels).
+    pub fn to_f32(&self) -> ModelWeights {
+        ModelWeights {
+            config: self.config.clone(),
+            embed: self.embed.to_f32(),
+            layers: self.layers.iter().map(QLayer::to_f32).collect(),
+            final_norm: self.final_norm.clone(),
+            lm_head: self.lm_head.as_ref().map(Linear::to_f32),
+        }
+    }
+
+    /// The LM head (the embedding when tied).
+    pub fn lm_head(&self) -> &Linear {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Bytes of every weight held.
+    pub fn bytes(&self) -> usize {
+        self.embed.bytes()
+            + self.layers.iter().map(|l| l.bytes()).sum::<usize>()
+            + self.final_norm.len() * 4
+            + self.lm_head.as_ref().map_or(0, |h| h.bytes())
+    }
+}
