@@ -190,18 +190,10 @@ pub struct TrainArgs {
     /// Output directory (resumable checkpoint + module).
     #[arg(long)]
     pub out: PathBuf,
-    /// Continue the run saved in --out.
-    #[arg(long)]
-    pub resume: bool,
-    /// Start a new run in a non-empty --out, replacing what is there.
-    #[arg(long, conflicts_with = "resume")]
-    pub force: bool,
-    /// Training data: a .jsonl (question/answer or text) or text file; default GSM8K train.
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    /// Data directory holding gsm8k/ (default: $ELM_DATA_DIR or the repo's data/).
-    #[arg(long)]
-    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: super::output::RunFlags,
+    #[command(flatten)]
+    pub source: super::output::DataFlags,
     /// Held-out GSM8K test problems for the distillation loss before/after (0 = skip).
     #[arg(long, default_value_t = 16)]
     pub eval_examples: usize,
@@ -215,7 +207,7 @@ pub struct TrainArgs {
 
 /// `elm train`: trains the module, checkpointing atomically; `--resume` continues a run.
 pub fn run_train(a: TrainArgs) -> Result<()> {
-    if a.resume
+    if a.run.resume
         && (a.config.is_some()
             || a.steps.is_some()
             || a.elm.is_some()
@@ -232,13 +224,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         start,
         dense,
         tok,
-    } = open_run::<TrainRequest>(
-        &a.out,
-        a.resume,
-        a.force,
-        ("train", STATE_FILE, "run"),
-        &a.model,
-    )?;
+    } = open_run::<TrainRequest>(&a.out, &a.run, ("train", STATE_FILE, "run"), &a.model)?;
     // A fresh run's request, written once everything is checked, before its first save.
     let mut request = None;
     let mut trainer = match start {
@@ -306,10 +292,10 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
             Trainer::new(&dense, ec, &module, cfg, a.model.display().to_string())?
         }
     };
-    let examples: Vec<Example> = match &a.data {
+    let examples: Vec<Example> = match &a.source.data {
         Some(p) => load_examples(p)?,
         None => {
-            let dir = resolve_data_dir(a.data_dir.as_deref())?;
+            let dir = resolve_data_dir(a.source.data_dir.as_deref())?;
             load_gsm8k(&dir, Split::Train)?
                 .into_iter()
                 .map(Example::Qa)
@@ -330,7 +316,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
     let memory = training_memory("train", &a.model, &dense, &trainer, &data, pad)?;
     super::output::check_memory(&memory, a.json)?;
     let held = if a.eval_examples > 0 {
-        let dir = resolve_data_dir(a.data_dir.as_deref())?;
+        let dir = resolve_data_dir(a.source.data_dir.as_deref())?;
         let test: Vec<Example> = load_gsm8k(&dir, Split::Test)?
             .into_iter()
             .take(a.eval_examples)

@@ -46,16 +46,10 @@ pub struct LoraArgs {
     /// OUT/model (an HF directory `elm` and `elm eval` read).
     #[arg(long)]
     pub out: PathBuf,
-    #[arg(long)]
-    pub resume: bool,
-    /// Replace an existing non-empty --out (a fresh run).
-    #[arg(long)]
-    pub force: bool,
-    /// Training data (.jsonl); default GSM8K train.
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    #[arg(long)]
-    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: super::output::RunFlags,
+    #[command(flatten)]
+    pub source: super::output::DataFlags,
     /// Held-out GSM8K test problems for the answer NLL before/after (0 = skip).
     #[arg(long, default_value_t = 32)]
     pub eval_examples: usize,
@@ -65,7 +59,7 @@ pub struct LoraArgs {
 
 /// `elm lora`: LoRA SFT, merge with α/r, save the tuned dense model, answer NLL before/after.
 pub fn run_lora(a: LoraArgs) -> Result<()> {
-    if a.resume && (a.config.is_some() || a.steps.is_some() || a.seq_len.is_some()) {
+    if a.run.resume && (a.config.is_some() || a.steps.is_some() || a.seq_len.is_some()) {
         return Err(ElmError::config(
             "resume",
             "--resume continues the saved run as configured: drop --config/--steps/--seq-len",
@@ -78,8 +72,7 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
         tok,
     } = super::output::open_run::<LoraConfig>(
         &a.out,
-        a.resume,
-        a.force,
+        &a.run,
         ("lora", LORA_STATE_FILE, "run"),
         &a.model,
     )?;
@@ -110,8 +103,8 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
     };
     let data = train_data(
         &tok,
-        a.data.as_deref(),
-        a.data_dir.as_deref(),
+        a.source.data.as_deref(),
+        a.source.data_dir.as_deref(),
         trainer.cfg.seq_len,
     )?;
     let pad = tok.eos_id().unwrap_or(0);
@@ -127,7 +120,7 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
         ],
     );
     super::output::check_memory(&memory, a.json)?;
-    let test = test_problems(a.data_dir.as_deref(), a.eval_examples)?;
+    let test = test_problems(a.source.data_dir.as_deref(), a.eval_examples)?;
     let before = if test.is_empty() {
         None
     } else {

@@ -1,7 +1,7 @@
 //! What every subcommand shares for its output: the one JSON printer, progress bars, the plot
 //! writer, and the BLAS thread default.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use elm::error::{ElmError, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -100,6 +100,28 @@ fn command_line() -> String {
     std::env::args().collect::<Vec<_>>().join(" ")
 }
 
+/// How a resumable command (`train`, `lora`, `search`) opens its `--out`.
+#[derive(clap::Args, Debug)]
+pub struct RunFlags {
+    /// Continue the run saved in --out.
+    #[arg(long)]
+    pub resume: bool,
+    /// Start a new run in a non-empty --out, replacing what is there.
+    #[arg(long, conflicts_with = "resume")]
+    pub force: bool,
+}
+
+/// Where a training command's text comes from.
+#[derive(clap::Args, Debug)]
+pub struct DataFlags {
+    /// Training data: a .jsonl (question/answer or text) or text file; default GSM8K train.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Data directory holding gsm8k/ (default: $ELM_DATA_DIR or the repo's data/).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
 /// A resumable command's run directory, locked, with the model it runs on.
 pub struct OpenedRun<R> {
     pub run: elm::io::RunDir,
@@ -115,12 +137,11 @@ pub struct OpenedRun<R> {
 /// takes over a dead holder's lock or starts a run again from its request.
 pub fn open_run<R: serde::de::DeserializeOwned>(
     dir: &Path,
-    resume: bool,
-    force: bool,
+    flags: &RunFlags,
     (command, state_file, what): (&str, &str, &str),
     model: &Path,
 ) -> Result<OpenedRun<R>> {
-    let mode = elm::io::OpenMode::from_flags(resume, force);
+    let mode = elm::io::OpenMode::from_flags(flags.resume, flags.force);
     let run = elm::io::RunDir::lock(dir, mode, &command_line())?;
     if let Some(note) = run.takeover_note() {
         say_err!("{note}");

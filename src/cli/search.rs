@@ -64,19 +64,14 @@ pub struct SearchArgs {
     /// Output directory.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Continue the GPPO run (or enumeration) saved in --out.
-    #[arg(long)]
-    pub resume: bool,
-    /// Replace an existing non-empty --out (a fresh GPPO run).
-    #[arg(long)]
-    pub force: bool,
+    /// gppo, enumerate: continue the run saved in --out, or replace a non-empty one.
+    #[command(flatten)]
+    pub run: super::output::RunFlags,
     /// Held-out GSM8K test problems for the enumeration's answer NLL.
     #[arg(long, default_value_t = 16)]
     pub eval_examples: usize,
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    #[arg(long)]
-    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub source: super::output::DataFlags,
     /// Metric selectors: calibration tokens (GSM8K train in the chat template) and chunk length.
     #[arg(long, default_value_t = 2048)]
     pub calibration_tokens: usize,
@@ -129,13 +124,7 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
         start,
         dense,
         tok,
-    } = open_run::<GppoConfig>(
-        out,
-        a.resume,
-        a.force,
-        ("gppo", GPPO_STATE_FILE, "search"),
-        &a.model,
-    )?;
+    } = open_run::<GppoConfig>(out, &a.run, ("gppo", GPPO_STATE_FILE, "search"), &a.model)?;
     // A fresh search's request, written once everything is checked, before its first save.
     let mut request = None;
     let mut g = match start {
@@ -178,8 +167,8 @@ fn run_gppo(a: &SearchArgs) -> Result<()> {
     };
     let data = train_data(
         &tok,
-        a.data.as_deref(),
-        a.data_dir.as_deref(),
+        a.source.data.as_deref(),
+        a.source.data_dir.as_deref(),
         g.cfg.candidate.seq_len,
     )?;
     let pad = tok.eos_id().unwrap_or(0);
@@ -238,8 +227,7 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
         tok,
     } = open_run::<EnumConfig>(
         out,
-        a.resume,
-        a.force,
+        &a.run,
         (
             "enumerate",
             elm::search::enumerate::ENUM_FILE,
@@ -264,7 +252,7 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
             },
         },
     };
-    if !a.resume {
+    if !a.run.resume {
         if let Some(s) = a.steps {
             cfg.steps = s;
         }
@@ -275,8 +263,13 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
     }
     cfg.validate(&dense.config)?;
     let seq = cfg.candidate.seq_len;
-    let data = train_data(&tok, a.data.as_deref(), a.data_dir.as_deref(), seq)?;
-    let test = test_problems(a.data_dir.as_deref(), a.eval_examples)?;
+    let data = train_data(
+        &tok,
+        a.source.data.as_deref(),
+        a.source.data_dir.as_deref(),
+        seq,
+    )?;
+    let test = test_problems(a.source.data_dir.as_deref(), a.eval_examples)?;
     let held = tokenize_all(
         &tok,
         &test.into_iter().map(Example::Qa).collect::<Vec<_>>(),
@@ -322,9 +315,12 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
 }
 
 fn calibration(a: &SearchArgs, tok: &Tokenizer) -> Result<Calibration> {
-    let path = match &a.data {
+    let path = match &a.source.data {
         Some(p) => p.clone(),
-        None => gsm8k_path(&resolve_data_dir(a.data_dir.as_deref())?, Split::Train),
+        None => gsm8k_path(
+            &resolve_data_dir(a.source.data_dir.as_deref())?,
+            Split::Train,
+        ),
     };
     Calibration::from_file(tok, &path, a.calibration_seq_len, a.calibration_tokens)
 }
