@@ -61,20 +61,15 @@ pub struct Gsm8kResult {
 
 /// What [`greedy_batch`] produced.
 pub struct GreedyBatch {
+    /// Each prompt's completion, decoded with its stop tokens dropped (a stop text stays: each
+    /// task cuts its answer its own way).
+    pub texts: Vec<String>,
     /// New tokens per prompt (stop token included).
-    pub tokens: Vec<Vec<u32>>,
+    pub new_tokens: Vec<usize>,
     /// Fixed-point statistics of every decoded token.
     pub decode_stats: Vec<FpStat>,
     /// K/V bytes the session allocated.
     pub kv_bytes: usize,
-}
-
-/// Where a generation task stops a sequence: the end-of-turn tokens, and (through the
-/// tokenizer) the task's stop texts.
-pub struct GreedyStops<'a> {
-    pub token_ids: &'a [u32],
-    pub strings: &'a [&'a str],
-    pub tokenizer: &'a Tokenizer,
 }
 
 /// What lm-evaluation-harness's `gsm8k` task generates `until` besides the end of turn: a
@@ -82,14 +77,17 @@ pub struct GreedyStops<'a> {
 pub const GSM8K_STOP_STRINGS: [&str; 1] = ["Question:"];
 
 /// Greedy decoding of one batch of prompts in a fresh session sized for them (shared by the
-/// generation tasks); a sequence stops at its first stop token or stop text.
+/// generation tasks); a sequence stops at its first end-of-turn token ([`stop_ids`]) or at
+/// one of `stop_strings`.
 pub fn greedy_batch(
     model: &ElmModel,
+    tok: &Tokenizer,
     inference: &InferenceConfig,
     prompts: &[Vec<u32>],
     max_new_tokens: usize,
-    stops: &GreedyStops<'_>,
+    stop_strings: &[&str],
 ) -> Result<GreedyBatch> {
+    let stops = stop_ids(tok);
     let max_prompt = prompts.iter().map(Vec::len).max().unwrap_or(1);
     let mut session = ElmSession::new(
         model,
@@ -97,17 +95,26 @@ pub fn greedy_batch(
         prompts.len(),
         max_prompt + max_new_tokens + 1,
     )?;
-    let detok = |ids: &[u32]| stops.tokenizer.decode(ids);
+    let detok = |ids: &[u32]| tok.decode(ids);
     let tokens = generate_greedy_until(
         &mut session,
         prompts,
         max_new_tokens,
-        stops.token_ids,
-        stops.strings,
+        &stops,
+        stop_strings,
         Some(&detok),
     )?;
+    let new_tokens = tokens.iter().map(Vec::len).collect();
+    let texts = tokens
+        .into_iter()
+        .map(|out| {
+            let kept: Vec<u32> = out.into_iter().filter(|t| !stops.contains(t)).collect();
+            tok.decode(&kept)
+        })
+        .collect::<Result<_>>()?;
     Ok(GreedyBatch {
-        tokens,
+        texts,
+        new_tokens,
         decode_stats: std::mem::take(&mut session.decode_stats),
         kv_bytes: session.kv_bytes(),
     })
@@ -156,7 +163,6 @@ pub fn eval_gsm8k(
     mut on_progress: impl FnMut(usize),
 ) -> Result<Gsm8kResult> {
     check(ids, examples, opts.batch)?;
-    let stops = stop_ids(tok);
     let start = Instant::now();
     let mut samples = Vec::with_capacity(examples.len());
     let mut stats = Vec::new();
@@ -168,25 +174,18 @@ pub fn eval_gsm8k(
             .iter()
             .map(|(_, e)| tok.encode(&chat_prompt(tok, &e.question), false))
             .collect::<Result<Vec<_>>>()?;
-        let until = GreedyStops {
-            token_ids: &stops,
-            strings: &GSM8K_STOP_STRINGS,
-            tokenizer: tok,
-        };
         let batch = greedy_batch(
             model,
+            tok,
             &opts.inference,
             &prompts,
             opts.max_new_tokens,
-            &until,
+            &GSM8K_STOP_STRINGS,
         )?;
         kv_bytes_per_sequence = batch.kv_bytes / prompts.len();
         stats.extend(batch.decode_stats);
-        let outs = batch.tokens;
-        for ((id, e), out) in chunk.iter().zip(outs) {
-            generated += out.len();
-            let kept: Vec<u32> = out.into_iter().filter(|t| !stops.contains(t)).collect();
-            let mut prediction = tok.decode(&kept)?;
+        generated += batch.new_tokens.iter().sum::<usize>();
+        for ((id, e), mut prediction) in chunk.iter().zip(batch.texts) {
             // As the harness: the response ends before its stop text.
             if let Some(end) = GSM8K_STOP_STRINGS
                 .iter()

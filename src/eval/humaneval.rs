@@ -15,7 +15,7 @@ use crate::equilibrium::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
 
-use super::gsm8k::{greedy_batch, stop_ids, GreedyStops};
+use super::gsm8k::greedy_batch;
 use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};
 use super::sandbox::{
     isolation as sandbox_isolation, run_python, Isolation, SandboxConfig, Verdict,
@@ -164,7 +164,6 @@ pub fn eval_humaneval(
     };
     // Refused before any token is generated where no sandbox can hold the code.
     let isolation = Some(sandbox_isolation(&sandbox)?);
-    let stops = stop_ids(tok);
     let start = Instant::now();
     let (mut samples, mut items, mut stats) = (vec![], vec![], vec![]);
     let mut generated = 0;
@@ -174,24 +173,17 @@ pub fn eval_humaneval(
             .map(|p| tok.encode(&p.prompt, false))
             .collect::<Result<Vec<_>>>()?;
         // Generation stops at the first stop sequence: the completion is cut there anyway.
-        let until = GreedyStops {
-            token_ids: &stops,
-            strings: &STOP_SEQUENCES,
-            tokenizer: tok,
-        };
         let batch = greedy_batch(
             model,
+            tok,
             &opts.inference,
             &prompts,
             opts.max_new_tokens,
-            &until,
+            &STOP_SEQUENCES,
         )?;
         stats.extend(batch.decode_stats);
-        let outs = batch.tokens;
-        for (p, out) in chunk.iter().zip(outs) {
-            generated += out.len();
-            let kept: Vec<u32> = out.into_iter().filter(|t| !stops.contains(t)).collect();
-            let text = tok.decode(&kept)?;
+        generated += batch.new_tokens.iter().sum::<usize>();
+        for (p, text) in chunk.iter().zip(batch.texts) {
             let completion = truncate_completion(&text).to_string();
             let (run, _) = run_python(&check_program(p, &completion), &sandbox)?;
             items.push(ItemScore {
