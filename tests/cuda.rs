@@ -236,48 +236,86 @@ fn cuda_types_are_send() {
 
 #[test]
 fn kernel_sources_are_embedded_and_match_kernels_dir() {
+    use cuda::{Kernel, KernelFile};
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
-    let sources = cuda::kernel_sources();
-    assert!(!sources.is_empty());
-    for s in sources {
-        assert!(!s.source.trim().is_empty(), "{} is empty", s.file);
-        assert!(!s.source.contains("#include"), "{} has an #include", s.file);
-        for k in s.kernels {
+    assert!(!KernelFile::ALL.is_empty());
+    for file in KernelFile::ALL {
+        let source = file.source();
+        assert!(!source.trim().is_empty(), "{file} is empty");
+        assert!(!source.contains("#include"), "{file} has an #include");
+        assert!(file.kernels().count() > 0, "{file} defines no kernel");
+        for k in file.kernels() {
             let decl = format!("void {k}(");
             assert!(
-                s.source.contains(&decl) && s.source.contains("extern \"C\" __global__"),
-                "{}: kernel {k} not defined as extern \"C\" __global__",
-                s.file
+                source.contains(&decl) && source.contains("extern \"C\" __global__"),
+                "{file}: kernel {k} not defined as extern \"C\" __global__"
             );
-            assert_eq!(cuda::source_of(k).map(|x| x.file), Some(s.file));
+            assert_eq!(k.file(), file);
         }
         // Embedded = the shared header, a newline, then the file (see src/cuda/sources.rs).
         let common = std::fs::read_to_string(dir.join("common.cuh")).unwrap();
-        let on_disk = std::fs::read_to_string(dir.join(s.file)).unwrap();
+        let on_disk = std::fs::read_to_string(dir.join(file.name())).unwrap();
         assert_eq!(
             format!("{common}\n{on_disk}"),
-            s.source,
-            "{}: embedded text differs from kernels/common.cuh + the file on disk",
-            s.file
+            source,
+            "{file}: embedded text differs from kernels/common.cuh + the file on disk"
         );
+    }
+    // Every kernel is defined by its file, and every file is in the list.
+    for k in Kernel::ALL {
+        assert!(KernelFile::ALL.contains(&k.file()), "{k}");
+        assert!(k.file().kernels().any(|x| x == k), "{k}");
     }
     // Every .cu file in kernels/ is embedded.
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if name.ends_with(".cu") {
             assert!(
-                sources.iter().any(|s| s.file == name),
+                KernelFile::ALL.iter().any(|f| f.name() == name),
                 "kernels/{name} is not embedded"
+            );
+        }
+    }
+    // Every `extern "C" __global__` function of a file is a listed kernel.
+    for file in KernelFile::ALL {
+        let src = file.source();
+        for (i, _) in src.match_indices("__global__") {
+            let rest = &src[i..];
+            let name = rest
+                .split('(')
+                .next()
+                .and_then(|head| head.split_whitespace().last())
+                .unwrap();
+            assert!(
+                file.kernels().any(|k| k.name() == name),
+                "{file}: kernel {name} is not in cuda::Kernel"
             );
         }
     }
 }
 
 #[test]
+fn kernel_registry_round_trips_names() {
+    use cuda::{Kernel, KernelFile};
+    use elm::registry::Registry;
+    for k in Kernel::ALL {
+        assert_eq!(Kernel::from_name(k.name()), Some(k));
+        assert_eq!(k.to_string(), k.name());
+    }
+    for f in KernelFile::ALL {
+        assert_eq!(KernelFile::from_name(f.name()), Some(f));
+        assert_eq!(f.to_string(), f.name());
+    }
+    let names = Kernel::names();
+    let unique: std::collections::BTreeSet<_> = names.iter().collect();
+    assert_eq!(unique.len(), names.len(), "kernel names are unique");
+}
+
+#[test]
 fn nvrtc_compiles_every_kernel() {
     match cuda::compile_all_kernels() {
         Ok(n) => {
-            assert_eq!(n, cuda::kernel_sources().len());
+            assert_eq!(n, cuda::KernelFile::ALL.len());
             eprintln!("NVRTC compiled {n} kernel files");
         }
         Err(ElmError::Cuda(m)) if !cuda::ENABLED => {

@@ -433,8 +433,8 @@ pub struct EvalArgs {
     pub model: PathBuf,
     #[command(flatten)]
     pub infer: ElmInferArgs,
-    /// gsm8k-nll | gsm8k | humaneval | humaneval-nll.
-    #[arg(long, default_value = "gsm8k-nll")]
+    /// The evaluation task.
+    #[arg(long, default_value = "gsm8k-nll", value_parser = super::registry::named::<Task>())]
     pub task: Task,
     /// First N items of the split (default: all).
     #[arg(long)]
