@@ -152,11 +152,11 @@ fn is_available_never_panics_and_agrees_with_device_count() {
 
 #[test]
 fn cuda_model_new_without_gpu_is_a_typed_error() {
-    if cuda::is_available() {
-        common::print_skip(
-            "cuda_model_new_without_gpu_is_a_typed_error",
-            "a GPU is present",
-        );
+    if !common::optional(
+        "a machine without a GPU",
+        !cuda::is_available(),
+        "a GPU is present",
+    ) {
         return;
     }
     let w = fan_in_scaled_weights(&ModelConfig::tiny(Arch::Llama), 1);
@@ -322,7 +322,7 @@ fn nvrtc_compiles_every_kernel() {
             assert!(m.contains("built without the `cuda` feature"), "{m}");
         }
         Err(ElmError::Cuda(m)) if m.contains("libnvrtc.so) not found") => {
-            common::print_skip("nvrtc_compiles_every_kernel", &m);
+            common::optional("NVRTC", false, m);
         }
         Err(e) => panic!("NVRTC failed: {e}"),
     }
@@ -627,13 +627,13 @@ fn cpu_reference_matches_numpy_fixture() {
 // GPU tests (skip without a device)
 // ---------------------------------------------------------------------------------------------
 
-fn gpu(test: &str) -> Option<cuda::CudaDevice> {
+fn gpu() -> Option<cuda::CudaDevice> {
     if !cuda::is_available() {
         let why = match cuda::device_count() {
             Err(e) => e.to_string(),
             Ok(n) => format!("{n} devices"),
         };
-        common::print_skip(test, &format!("no CUDA device ({why})"));
+        common::optional("a CUDA device", false, why);
         return None;
     }
     Some(cuda::CudaDevice::new(0).expect("CudaDevice::new(0)"))
@@ -641,7 +641,7 @@ fn gpu(test: &str) -> Option<cuda::CudaDevice> {
 
 #[test]
 fn gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu() {
-    let Some(dev) = gpu("gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu") else {
+    let Some(dev) = gpu() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(10);
@@ -722,7 +722,7 @@ fn gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu() {
 
 #[test]
 fn gpu_attention_prefill_and_decode_match_cpu() {
-    let Some(dev) = gpu("gpu_attention_prefill_and_decode_match_cpu") else {
+    let Some(dev) = gpu() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(11);
@@ -821,7 +821,7 @@ fn gpu_attention_prefill_and_decode_match_cpu() {
 
 #[test]
 fn gpu_softmax_argmax_sample_match_cpu() {
-    let Some(dev) = gpu("gpu_softmax_argmax_sample_match_cpu") else {
+    let Some(dev) = gpu() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(12);
@@ -889,7 +889,7 @@ fn gpu_softmax_argmax_sample_match_cpu() {
 
 #[test]
 fn gpu_matmul_projection_anderson_match_cpu() {
-    let Some(mut dev) = gpu("gpu_matmul_projection_anderson_match_cpu") else {
+    let Some(mut dev) = gpu() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(13);
@@ -1016,7 +1016,7 @@ fn check_model_vs_cpu(name: &str, w: &ModelWeights, prompts: &[Vec<u32>], steps:
 
 #[test]
 fn gpu_tiny_llama_and_qwen2_logits_match_cpu() {
-    if gpu("gpu_tiny_llama_and_qwen2_logits_match_cpu").is_none() {
+    if gpu().is_none() {
         return;
     }
     let prompts = vec![
@@ -1034,7 +1034,7 @@ fn gpu_tiny_llama_and_qwen2_logits_match_cpu() {
 /// GPU prefill + greedy decode against the numpy fixture's logits and tokens directly.
 #[test]
 fn gpu_fixture_models_match_numpy() {
-    if gpu("gpu_fixture_models_match_numpy").is_none() {
+    if gpu().is_none() {
         return;
     }
     let (prompts, models) = load_fixture();
@@ -1077,7 +1077,7 @@ fn gpu_fixture_models_match_numpy() {
 
 #[test]
 fn gpu_smollm2_logits_and_greedy_match_cpu() {
-    if gpu("gpu_smollm2_logits_and_greedy_match_cpu").is_none() {
+    if gpu().is_none() {
         return;
     }
     let Some(path) = common::real_model() else {
@@ -1134,7 +1134,7 @@ fn check_vs_transformer(
 
 #[test]
 fn gpu_matches_model_transformer() {
-    if gpu("gpu_matches_model_transformer").is_none() {
+    if gpu().is_none() {
         return;
     }
     let prompts = vec![vec![3u32, 9, 27, 1, 50], vec![7u32, 7], vec![60u32]];
@@ -1146,7 +1146,7 @@ fn gpu_matches_model_transformer() {
 
 #[test]
 fn gpu_matches_model_transformer_on_smollm2() {
-    if gpu("gpu_matches_model_transformer_on_smollm2").is_none() {
+    if gpu().is_none() {
         return;
     }
     let Some(path) = common::real_model() else {

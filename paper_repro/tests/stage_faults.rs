@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use paper_repro::stage::Stages;
 use serde_json::{json, Value};
 
+#[path = "../../tests/common/skip.rs"]
+mod skip;
+
 /// `OUT` and `N` of the child run, through the environment.
 const CHILD_ENV: &str = "PAPER_REPRO_STAGE_CHAIN";
 
@@ -158,13 +161,15 @@ fn a_killed_chain_resumes_from_its_records_and_ends_as_uninterrupted() {
 
 #[test]
 fn failing_fsync_rename_and_open_never_tear_a_stage_record() {
-    if !Command::new("fiu-run")
+    let fiu = Command::new("fiu-run")
         .args(["-x", "true"])
         .status()
-        .is_ok_and(|s| s.success())
-    {
-        assert!(std::env::var_os("CI").is_none(), "CI must have fiu-run");
-        eprintln!("SKIP: fiu-run cannot run here (scripts/setup.sh installs fiu-utils)");
+        .is_ok_and(|s| s.success());
+    if !skip::require(
+        "fiu-run",
+        fiu,
+        "fiu-run cannot run here (scripts/setup.sh installs fiu-utils)",
+    ) {
         return;
     }
     let (want, _) = reference();
