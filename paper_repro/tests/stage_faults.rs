@@ -84,8 +84,13 @@ fn chain(out: &Path, wrapper: &[&str]) -> Command {
     c
 }
 
+/// A fresh directory per call: the tests run in parallel threads of one process and each
+/// computes its own reference (one path per tag let one test remove the other's run).
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stage-faults-{}-{tag}", std::process::id()));
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("stage-faults-{}-{n}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }

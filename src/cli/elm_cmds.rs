@@ -515,7 +515,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         run_without_sandbox: a.unsafe_run_code_without_sandbox,
     };
     opts.validate()?;
-    if matches!(task, Task::Gsm8k | Task::HumanEval) && a.max_new_tokens == 0 {
+    if task.generates() && a.max_new_tokens == 0 {
         return Err(ElmError::config("max-new-tokens", "must be >= 1"));
     }
     if a.compare_dense && a.infer.elm.is_none() {

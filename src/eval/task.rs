@@ -46,6 +46,13 @@ impl Task {
             Task::HumanEvalNll => "humaneval-nll",
         }
     }
+    /// Whether the task generates (so it needs new tokens), else it scores reference answers.
+    pub fn generates(self) -> bool {
+        match self {
+            Task::Gsm8k | Task::HumanEval => true,
+            Task::Gsm8kNll | Task::HumanEvalNll => false,
+        }
+    }
 }
 
 impl std::str::FromStr for Task {
