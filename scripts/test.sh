@@ -5,8 +5,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export ELM_MODELS_DIR="${ELM_MODELS_DIR:-$PWD/models}"
-# A missing real model fails the real-checkpoint tests instead of skipping them (tests/common).
+# A missing prerequisite (the real model, fiu-run, bwrap, AVX-512 where a test claims its
+# kernel) fails its test instead of skipping it (tests/common/skip.rs; `CI` set does the same).
 export ELM_REQUIRE_REAL_MODEL=1
+# Every skip appends a line to this log: cleared now, counted (with its lines) when the script
+# ends, also on a failure. Only optional skips (no GPU, no NVRTC, a busy thread team) can be
+# there, since the required ones fail.
+export ELM_SKIP_LOG="${ELM_SKIP_LOG:-$PWD/target/test-skips.log}"
+mkdir -p "$(dirname "$ELM_SKIP_LOG")"
+: > "$ELM_SKIP_LOG"
+skip_summary() {
+  local n optional
+  n=$(wc -l < "$ELM_SKIP_LOG")
+  optional=$(grep -c '(optional)' "$ELM_SKIP_LOG" || true)
+  echo "$n tests skipped ($optional of them optional: hardware or tools a machine may lack)"
+  sed 's/^/  /' "$ELM_SKIP_LOG"
+}
+trap skip_summary EXIT
 # Style gates over the whole tree (library, binaries, tests, examples, benches; both CUDA twins).
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings 2>&1
@@ -29,3 +44,7 @@ cargo run --quiet --example deq_classifier -- --solver adaptive-picard --steps 4
 # CI has no GPU and no CUDA toolkit: the feature must still build (GPU tests skip themselves).
 cargo build --lib --features cuda 2>&1
 cargo test --features cuda --test cuda 2>&1
+# No required prerequisite was skipped (each would have failed its test; this guards the log).
+if grep -v '(optional)' "$ELM_SKIP_LOG" | grep -q .; then
+  echo "a test skipped a required prerequisite" >&2; exit 1
+fi

@@ -1,7 +1,7 @@
 //! # elm — Equilibrium Language Models
 //!
 //! Layers, lowest first; a module imports only modules before it in this list:
-//! `error`, `heap` (allocator setting for the binaries), `limits` → `data` (GSM8K, jsonl and text loaders, chat formatting, batch order) → `io::{atomic, tensor_file}` (the files the library writes) → `solver`, `autograd` →
+//! `error`, `registry` (the one list of each enumerated extension point), `heap` (allocator setting for the binaries), `limits` → `data` (GSM8K, jsonl and text loaders, chat formatting, batch order) → `io::{atomic, tensor_file}` (the files the library writes) → `solver`, `autograd` →
 //! `nn`, `grad`, `train` → `model::{config, weights}` (plain
 //! data shared by every path) → `io` (fills those types from files) → the rest of `model`
 //! (training and inference paths, cache-free dense passes in `model::dense_pass`) → `cuda` → `equilibrium` (the ELM) → `eval` → `compress` (baselines) → `lora`
@@ -18,6 +18,7 @@ pub mod gemm;
 pub mod heap;
 pub mod limits;
 pub mod memory;
+pub mod registry;
 pub mod simd;
 pub mod team;
 pub use error::{ElmError, Result};

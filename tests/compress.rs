@@ -750,3 +750,45 @@ fn prune_cli_writes_a_loadable_model_on_smollm2() {
     let nll = removal_nll(&pruned, &st, &calib, 0, 0, 1).unwrap();
     assert!(nll.is_finite());
 }
+
+/// Every pruning method round-trips through its name (`FromStr`, `Display`) and its JSON form,
+/// iterating the library's one list, so a new method is covered without touching this test;
+/// `elm prune --help` lists the same names.
+#[test]
+fn every_prune_method_round_trips_through_its_name_and_json() {
+    use elm::registry::Registry;
+    assert_eq!(PruneMethod::ALL.len(), PruneMethod::all().len());
+    for m in PruneMethod::ALL {
+        let name = m.name();
+        assert_eq!(name.parse::<PruneMethod>().unwrap(), m, "{name}");
+        assert_eq!(m.to_string(), name);
+        let json = serde_json::to_string(&m).unwrap();
+        assert_eq!(json, format!("\"{name}\""), "serde name of {m:?}");
+        assert_eq!(serde_json::from_str::<PruneMethod>(&json).unwrap(), m);
+    }
+    let names = PruneMethod::names();
+    let unique: std::collections::BTreeSet<_> = names.iter().collect();
+    assert_eq!(unique.len(), names.len(), "method names are unique");
+    // The window methods are the ones `--start` may fix.
+    let windows: Vec<_> = PruneMethod::ALL
+        .into_iter()
+        .filter(|m| m.is_window())
+        .collect();
+    assert_eq!(
+        windows,
+        [
+            PruneMethod::WindowDelete,
+            PruneMethod::ReplaceMeLs,
+            PruneMethod::LaCo
+        ]
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_elm"))
+        .args(["prune", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains(&format!("[possible values: {}]", names.join(", "))),
+        "{help}"
+    );
+}

@@ -152,11 +152,11 @@ fn is_available_never_panics_and_agrees_with_device_count() {
 
 #[test]
 fn cuda_model_new_without_gpu_is_a_typed_error() {
-    if cuda::is_available() {
-        common::print_skip(
-            "cuda_model_new_without_gpu_is_a_typed_error",
-            "a GPU is present",
-        );
+    if !common::optional(
+        "a machine without a GPU",
+        !cuda::is_available(),
+        "a GPU is present",
+    ) {
         return;
     }
     let w = fan_in_scaled_weights(&ModelConfig::tiny(Arch::Llama), 1);
@@ -236,55 +236,93 @@ fn cuda_types_are_send() {
 
 #[test]
 fn kernel_sources_are_embedded_and_match_kernels_dir() {
+    use cuda::{Kernel, KernelFile};
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
-    let sources = cuda::kernel_sources();
-    assert!(!sources.is_empty());
-    for s in sources {
-        assert!(!s.source.trim().is_empty(), "{} is empty", s.file);
-        assert!(!s.source.contains("#include"), "{} has an #include", s.file);
-        for k in s.kernels {
+    assert!(!KernelFile::ALL.is_empty());
+    for file in KernelFile::ALL {
+        let source = file.source();
+        assert!(!source.trim().is_empty(), "{file} is empty");
+        assert!(!source.contains("#include"), "{file} has an #include");
+        assert!(file.kernels().count() > 0, "{file} defines no kernel");
+        for k in file.kernels() {
             let decl = format!("void {k}(");
             assert!(
-                s.source.contains(&decl) && s.source.contains("extern \"C\" __global__"),
-                "{}: kernel {k} not defined as extern \"C\" __global__",
-                s.file
+                source.contains(&decl) && source.contains("extern \"C\" __global__"),
+                "{file}: kernel {k} not defined as extern \"C\" __global__"
             );
-            assert_eq!(cuda::source_of(k).map(|x| x.file), Some(s.file));
+            assert_eq!(k.file(), file);
         }
         // Embedded = the shared header, a newline, then the file (see src/cuda/sources.rs).
         let common = std::fs::read_to_string(dir.join("common.cuh")).unwrap();
-        let on_disk = std::fs::read_to_string(dir.join(s.file)).unwrap();
+        let on_disk = std::fs::read_to_string(dir.join(file.name())).unwrap();
         assert_eq!(
             format!("{common}\n{on_disk}"),
-            s.source,
-            "{}: embedded text differs from kernels/common.cuh + the file on disk",
-            s.file
+            source,
+            "{file}: embedded text differs from kernels/common.cuh + the file on disk"
         );
+    }
+    // Every kernel is defined by its file, and every file is in the list.
+    for k in Kernel::ALL {
+        assert!(KernelFile::ALL.contains(&k.file()), "{k}");
+        assert!(k.file().kernels().any(|x| x == k), "{k}");
     }
     // Every .cu file in kernels/ is embedded.
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if name.ends_with(".cu") {
             assert!(
-                sources.iter().any(|s| s.file == name),
+                KernelFile::ALL.iter().any(|f| f.name() == name),
                 "kernels/{name} is not embedded"
+            );
+        }
+    }
+    // Every `extern "C" __global__` function of a file is a listed kernel.
+    for file in KernelFile::ALL {
+        let src = file.source();
+        for (i, _) in src.match_indices("__global__") {
+            let rest = &src[i..];
+            let name = rest
+                .split('(')
+                .next()
+                .and_then(|head| head.split_whitespace().last())
+                .unwrap();
+            assert!(
+                file.kernels().any(|k| k.name() == name),
+                "{file}: kernel {name} is not in cuda::Kernel"
             );
         }
     }
 }
 
 #[test]
+fn kernel_registry_round_trips_names() {
+    use cuda::{Kernel, KernelFile};
+    use elm::registry::Registry;
+    for k in Kernel::ALL {
+        assert_eq!(Kernel::from_name(k.name()), Some(k));
+        assert_eq!(k.to_string(), k.name());
+    }
+    for f in KernelFile::ALL {
+        assert_eq!(KernelFile::from_name(f.name()), Some(f));
+        assert_eq!(f.to_string(), f.name());
+    }
+    let names = Kernel::names();
+    let unique: std::collections::BTreeSet<_> = names.iter().collect();
+    assert_eq!(unique.len(), names.len(), "kernel names are unique");
+}
+
+#[test]
 fn nvrtc_compiles_every_kernel() {
     match cuda::compile_all_kernels() {
         Ok(n) => {
-            assert_eq!(n, cuda::kernel_sources().len());
+            assert_eq!(n, cuda::KernelFile::ALL.len());
             eprintln!("NVRTC compiled {n} kernel files");
         }
         Err(ElmError::Cuda(m)) if !cuda::ENABLED => {
             assert!(m.contains("built without the `cuda` feature"), "{m}");
         }
         Err(ElmError::Cuda(m)) if m.contains("libnvrtc.so) not found") => {
-            common::print_skip("nvrtc_compiles_every_kernel", &m);
+            common::optional("NVRTC", false, m);
         }
         Err(e) => panic!("NVRTC failed: {e}"),
     }
@@ -589,13 +627,13 @@ fn cpu_reference_matches_numpy_fixture() {
 // GPU tests (skip without a device)
 // ---------------------------------------------------------------------------------------------
 
-fn gpu(test: &str) -> Option<cuda::CudaDevice> {
+fn gpu() -> Option<cuda::CudaDevice> {
     if !cuda::is_available() {
         let why = match cuda::device_count() {
             Err(e) => e.to_string(),
             Ok(n) => format!("{n} devices"),
         };
-        common::print_skip(test, &format!("no CUDA device ({why})"));
+        common::optional("a CUDA device", false, why);
         return None;
     }
     Some(cuda::CudaDevice::new(0).expect("CudaDevice::new(0)"))
@@ -603,7 +641,7 @@ fn gpu(test: &str) -> Option<cuda::CudaDevice> {
 
 #[test]
 fn gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu() {
-    let Some(dev) = gpu("gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu") else {
+    let Some(dev) = gpu() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(10);
@@ -684,7 +722,7 @@ fn gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu() {
 
 #[test]
 fn gpu_attention_prefill_and_decode_match_cpu() {
-    let Some(dev) = gpu("gpu_attention_prefill_and_decode_match_cpu") else {
+    let Some(dev) = gpu() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(11);
@@ -783,7 +821,7 @@ fn gpu_attention_prefill_and_decode_match_cpu() {
 
 #[test]
 fn gpu_softmax_argmax_sample_match_cpu() {
-    let Some(dev) = gpu("gpu_softmax_argmax_sample_match_cpu") else {
+    let Some(dev) = gpu() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(12);
@@ -851,7 +889,7 @@ fn gpu_softmax_argmax_sample_match_cpu() {
 
 #[test]
 fn gpu_matmul_projection_anderson_match_cpu() {
-    let Some(mut dev) = gpu("gpu_matmul_projection_anderson_match_cpu") else {
+    let Some(mut dev) = gpu() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(13);
@@ -978,7 +1016,7 @@ fn check_model_vs_cpu(name: &str, w: &ModelWeights, prompts: &[Vec<u32>], steps:
 
 #[test]
 fn gpu_tiny_llama_and_qwen2_logits_match_cpu() {
-    if gpu("gpu_tiny_llama_and_qwen2_logits_match_cpu").is_none() {
+    if gpu().is_none() {
         return;
     }
     let prompts = vec![
@@ -996,7 +1034,7 @@ fn gpu_tiny_llama_and_qwen2_logits_match_cpu() {
 /// GPU prefill + greedy decode against the numpy fixture's logits and tokens directly.
 #[test]
 fn gpu_fixture_models_match_numpy() {
-    if gpu("gpu_fixture_models_match_numpy").is_none() {
+    if gpu().is_none() {
         return;
     }
     let (prompts, models) = load_fixture();
@@ -1039,7 +1077,7 @@ fn gpu_fixture_models_match_numpy() {
 
 #[test]
 fn gpu_smollm2_logits_and_greedy_match_cpu() {
-    if gpu("gpu_smollm2_logits_and_greedy_match_cpu").is_none() {
+    if gpu().is_none() {
         return;
     }
     let Some(path) = common::real_model() else {
@@ -1096,7 +1134,7 @@ fn check_vs_transformer(
 
 #[test]
 fn gpu_matches_model_transformer() {
-    if gpu("gpu_matches_model_transformer").is_none() {
+    if gpu().is_none() {
         return;
     }
     let prompts = vec![vec![3u32, 9, 27, 1, 50], vec![7u32, 7], vec![60u32]];
@@ -1108,7 +1146,7 @@ fn gpu_matches_model_transformer() {
 
 #[test]
 fn gpu_matches_model_transformer_on_smollm2() {
-    if gpu("gpu_matches_model_transformer_on_smollm2").is_none() {
+    if gpu().is_none() {
         return;
     }
     let Some(path) = common::real_model() else {

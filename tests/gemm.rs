@@ -2,9 +2,44 @@
 //! and sizes that are not multiples of the micro-tile, every transpose of A and B, α/β, strided
 //! C, and extreme values (NaN/inf propagate as in the reference, β = 0 never reads C).
 
+mod common;
+
 use elm::gemm::{detected_kernel, sgemm_with, GemmKernel};
 use ndarray::{s, Array2, ArrayView2};
 use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// Whether this CPU runs the AVX-512 f32 kernel (without it `sgemm_with` runs BLAS in its
+/// place); if not, the skip policy of tests/common/skip.rs: a test that claims the kernel fails
+/// under CI or `ELM_REQUIRE_REAL_MODEL=1`, elsewhere it skips (its AVX-512 part).
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    let has = std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    let has = false;
+    common::require(
+        "AVX-512",
+        has,
+        "this CPU has no AVX-512F (the AVX-512 kernel would run as BLAS)",
+    )
+}
+
+/// [`avx512`] for the bf16 kernel (AVX-512 BF16).
+fn avx512_bf16() -> bool {
+    common::require(
+        "AVX-512 BF16",
+        elm::gemm::has_avx512_bf16(),
+        "this CPU has no AVX-512 BF16",
+    )
+}
+
+/// BLAS, and the AVX-512 kernel where [`avx512`] has it.
+fn kernels_to_check() -> Vec<GemmKernel> {
+    let mut k = vec![GemmKernel::Blas];
+    if avx512() {
+        k.push(GemmKernel::Avx512);
+    }
+    k
+}
 
 fn reference(
     alpha: f32,
@@ -29,7 +64,17 @@ fn reference(
 /// Both kernels on one problem, each within f32 rounding of the f64 reference:
 /// |err| ≤ 4·K·ε·(|α|·Σ|a||b| + |β c|).
 #[allow(clippy::too_many_arguments)]
-fn check(m: usize, k: usize, n: usize, ta: bool, tb: bool, alpha: f32, beta: f32, seed: u64) {
+fn check(
+    kernels: &[GemmKernel],
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+    alpha: f32,
+    beta: f32,
+    seed: u64,
+) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut rand =
         |r: usize, c: usize| Array2::from_shape_fn((r, c), |_| rng.gen_range(-2.0f32..2.0));
@@ -46,7 +91,7 @@ fn check(m: usize, k: usize, n: usize, ta: bool, tb: bool, alpha: f32, beta: f32
         beta.abs(),
         &c0.mapv(f32::abs),
     );
-    for kernel in [GemmKernel::Blas, GemmKernel::Avx512] {
+    for &kernel in kernels {
         let mut c = c0.clone();
         sgemm_with(kernel, alpha, &a, &b, beta, &mut c.view_mut());
         for ((i, j), &got) in c.indexed_iter() {
@@ -64,6 +109,7 @@ fn check(m: usize, k: usize, n: usize, ta: bool, tb: bool, alpha: f32, beta: f32
 fn random_shapes_transposes_alpha_beta_match_the_f64_reference() {
     let mut rng = StdRng::seed_from_u64(7);
     println!("kernel on this machine: {:?}", detected_kernel());
+    let kernels = kernels_to_check();
     // Tile edges (12 x 32), K-block edges (256) and sizes that only just pass the size cut.
     let fixed = [
         (12, 256, 32),
@@ -75,7 +121,7 @@ fn random_shapes_transposes_alpha_beta_match_the_f64_reference() {
     ];
     for (t, &(m, k, n)) in fixed.iter().enumerate() {
         for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-            check(m, k, n, ta, tb, 1.0, 0.0, t as u64);
+            check(&kernels, m, k, n, ta, tb, 1.0, 0.0, t as u64);
         }
     }
     for t in 0..24 {
@@ -85,12 +131,25 @@ fn random_shapes_transposes_alpha_beta_match_the_f64_reference() {
             rng.gen_range(1..300),
         );
         let (alpha, beta) = [(1.0, 0.0), (0.5, 1.0), (-1.5, 0.25), (2.0, -1.0)][t % 4];
-        check(m, k, n, rng.gen(), rng.gen(), alpha, beta, 100 + t as u64);
+        check(
+            &kernels,
+            m,
+            k,
+            n,
+            rng.gen(),
+            rng.gen(),
+            alpha,
+            beta,
+            100 + t as u64,
+        );
     }
 }
 
 #[test]
 fn strided_output_and_extreme_values() {
+    if !avx512() {
+        return;
+    }
     let mut rng = StdRng::seed_from_u64(3);
     let (m, k, n) = (40, 300, 70);
     let a = Array2::from_shape_fn((m, k), |_| rng.gen_range(-1.0f32..1.0));
@@ -181,8 +240,7 @@ fn strided_output_and_extreme_values() {
 /// exactly once and sums in f32. And it stays within bf16's own error of the f32 product.
 #[test]
 fn bf16_kernel_is_the_exact_product_of_bf16_rounded_inputs() {
-    if !elm::gemm::has_avx512_bf16() {
-        println!("skipped: this CPU has no AVX-512 BF16");
+    if !avx512_bf16() {
         return;
     }
     let round = |x: f32| half::bf16::from_f32(x).to_f32();
@@ -303,8 +361,11 @@ fn frozen_weights_are_packed_once_and_give_the_same_product() {
     if elm::gemm::has_avx512_bf16() {
         kernels.push(GemmKernel::Avx512Bf16);
     }
-    if kernels.is_empty() {
-        println!("skipped: this CPU has no AVX-512 (frozen weights only serve its kernels)");
+    if !common::require(
+        "AVX-512",
+        !kernels.is_empty(),
+        "this CPU has no AVX-512 (frozen weights only serve its kernels)",
+    ) {
         return;
     }
     let mut rng = StdRng::seed_from_u64(21);

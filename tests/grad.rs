@@ -788,3 +788,49 @@ fn implicit_gradient_with_non_replayable_layer() {
         "a run-once custom op cannot be replayed"
     );
 }
+
+/// A rule of each kind; the match is exhaustive, so a new kind does not compile until it has one.
+fn example_rule(kind: elm::grad::GradientRuleKind) -> GradientRule {
+    use elm::grad::GradientRuleKind as K;
+    match kind {
+        K::Unroll => GradientRule::Unroll { k: 3 },
+        K::Jfb => GradientRule::Jfb,
+        K::StochasticJfb => GradientRule::sjfb_default(8, 1),
+        K::Implicit => GradientRule::implicit(SolverConfig::anderson(), 1e-6, 40),
+        K::Phantom => GradientRule::phantom(4, 0.5),
+    }
+}
+
+/// Every gradient rule kind round-trips through its name (`FromStr`, `Display`) and its JSON
+/// form, and a rule of that kind through JSON with that name as its `kind` tag, iterating the
+/// library's one list (`GradientRuleKind::ALL`).
+#[test]
+fn every_gradient_rule_round_trips_through_its_name_and_json() {
+    use elm::grad::GradientRuleKind;
+    use elm::registry::Registry;
+    for kind in GradientRuleKind::ALL {
+        let name = kind.name();
+        assert_eq!(name.parse::<GradientRuleKind>().unwrap(), kind, "{name}");
+        assert_eq!(kind.to_string(), name);
+        let json = serde_json::to_string(&kind).unwrap();
+        assert_eq!(json, format!("\"{name}\""));
+        assert_eq!(
+            serde_json::from_str::<GradientRuleKind>(&json).unwrap(),
+            kind
+        );
+        let rule = example_rule(kind);
+        assert_eq!(rule.kind(), kind);
+        assert_eq!(rule.name(), name);
+        let v = serde_json::to_value(&rule).unwrap();
+        assert_eq!(v["kind"], name, "{v}");
+        assert_eq!(GradientRule::from_json(&v.to_string()).unwrap(), rule);
+    }
+    let names = GradientRuleKind::names();
+    let unique: std::collections::BTreeSet<_> = names.iter().collect();
+    assert_eq!(unique.len(), names.len());
+    let e = "nope".parse::<GradientRuleKind>().unwrap_err().to_string();
+    assert!(
+        e.contains("unroll, jfb, stochastic_jfb, implicit or phantom"),
+        "{e}"
+    );
+}

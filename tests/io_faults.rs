@@ -85,6 +85,19 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
+/// Whether `fiu-run` runs here; if not, the skip policy (a failure under CI or
+/// `ELM_REQUIRE_REAL_MODEL=1`, else a counted skip).
+fn have_fiu() -> bool {
+    let probe = fiu_available();
+    common::require("fiu-run", probe.is_ok(), probe.err().unwrap_or_default())
+}
+
+/// Whether bubblewrap mounts a sized tmpfs here; if not, the skip policy.
+fn have_small_disk() -> bool {
+    let probe = small_disk_available();
+    common::require("bwrap", probe.is_ok(), probe.err().unwrap_or_default())
+}
+
 fn fiu_available() -> Result<(), String> {
     match Command::new("fiu-run").args(["-x", "true"]).output() {
         Ok(o) if o.status.success() => Ok(()),
@@ -341,8 +354,7 @@ fn json_error(o: &Output) -> serde_json::Value {
 
 #[test]
 fn failing_fsync_rename_and_open_never_lose_or_tear_a_checkpoint() {
-    if let Err(why) = fiu_available() {
-        common::print_skip(&common::current_test(), &why);
+    if !have_fiu() {
         return;
     }
     let st = setup();
@@ -602,9 +614,7 @@ fn dir_bytes(dir: &Path) -> u64 {
 /// started again when not even the first save completed), ends where an uninterrupted run ends.
 #[test]
 fn a_full_disk_stops_the_run_with_a_typed_error_and_resume_finishes_it() {
-    if let Err(why) = small_disk_available() {
-        assert!(std::env::var_os("CI").is_none(), "{why}");
-        common::print_skip(&common::current_test(), &why);
+    if !have_small_disk() {
         return;
     }
     let st = setup();
@@ -689,8 +699,7 @@ fn a_full_disk_stops_the_run_with_a_typed_error_and_resume_finishes_it() {
 /// no temporary, and a rerun writes the same bytes as a run that never failed.
 #[test]
 fn a_failing_or_full_disk_never_leaves_a_torn_quantized_file() {
-    if let Err(why) = fiu_available() {
-        common::print_skip(&common::current_test(), &why);
+    if !have_fiu() {
         return;
     }
     let dir = common::TempDir::new("quantize-faults");
@@ -779,9 +788,7 @@ fn a_failing_or_full_disk_never_leaves_a_torn_quantized_file() {
         assert_eq!(std::fs::read(&out).unwrap(), want, "{enable}: rerun");
     }
     // Full disk: a tmpfs of half the file's size.
-    if let Err(why) = small_disk_available() {
-        assert!(std::env::var_os("CI").is_none(), "{why}");
-        common::print_skip(&common::current_test(), &why);
+    if !have_small_disk() {
         return;
     }
     let mnt = root.join("small-disk");

@@ -475,3 +475,32 @@ fn policy_state_json_round_trip_keeps_every_bit() {
         );
     }
 }
+
+/// Every selector round-trips through its name (`FromStr`, `Display`) and JSON, and every
+/// `elm search --method` through its name, iterating the library's lists.
+#[test]
+fn every_selector_and_search_method_round_trips_through_its_name() {
+    use elm::registry::Registry;
+    use elm::search::{SearchMethod, Selector};
+    for s in Selector::ALL {
+        assert_eq!(s.name().parse::<Selector>().unwrap(), s);
+        assert_eq!(s.to_string(), s.name());
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(json, format!("\"{}\"", s.name()));
+        assert_eq!(serde_json::from_str::<Selector>(&json).unwrap(), s);
+    }
+    for m in SearchMethod::all() {
+        assert_eq!(m.name().parse::<SearchMethod>().unwrap(), *m);
+    }
+    for s in Selector::ALL {
+        assert!(SearchMethod::all().contains(&SearchMethod::Metric(s)));
+    }
+    let names = SearchMethod::names();
+    let unique: std::collections::BTreeSet<_> = names.iter().collect();
+    assert_eq!(unique.len(), names.len());
+    let e = "nope".parse::<SearchMethod>().unwrap_err().to_string();
+    assert!(
+        e.contains("(gppo | enumerate | report | cosine | bi | angular | ppl)"),
+        "{e}"
+    );
+}

@@ -12,7 +12,7 @@ use elm::equilibrium::accounting::{KvReport, ParamReport};
 use elm::equilibrium::train::TrainOutcome;
 use elm::equilibrium::TrainConfig;
 use elm::eval::task::MetricReport;
-use elm::eval::TaskRun;
+use elm::eval::{Task, TaskRun};
 use elm::lora::LoraReport;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -484,9 +484,15 @@ fn subject_config(s: &Subject) -> Value {
 /// `elm eval` of `subject` on `task` (`gsm8k-nll` or `gsm8k`) over the scale's problems.
 pub fn eval(ctx: &mut Ctx<'_>, subject: &Subject, task: &str) -> Result<Done<TaskRun>, ReproError> {
     let l = ctx.limits;
-    let (limit, units) = match task {
-        "gsm8k-nll" => (l.nll_eval, l.nll_eval as f64 * 2.0),
-        _ => (l.gsm8k_eval, (l.gsm8k_eval * l.max_new_tokens) as f64 / 5.0),
+    let parsed: Task = task.parse().map_err(|source| ReproError::Elm {
+        what: format!("eval task `{task}`"),
+        source,
+    })?;
+    let (limit, units) = match parsed {
+        Task::Gsm8kNll => (l.nll_eval, l.nll_eval as f64 * 2.0),
+        Task::Gsm8k | Task::HumanEval | Task::HumanEvalNll => {
+            (l.gsm8k_eval, (l.gsm8k_eval * l.max_new_tokens) as f64 / 5.0)
+        }
     };
     let config = json!({
         "model": ctx.model_id,

@@ -4,6 +4,7 @@
 //! `paper` (Qwen2.5-1.5B from local HF weights, for a machine with time or a GPU).
 
 use clap::ValueEnum;
+use elm::compress::PruneMethod;
 use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Serialize)]
@@ -108,29 +109,29 @@ pub struct SearchBudget {
     pub seq_len: usize,
 }
 
-const BASELINES: [&str; 7] = [
-    "short-gpt",
-    "shortened-ppl",
-    "shortened-taylor",
-    "window-delete",
-    "replace-me-ls",
-    "la-co",
-    "la-co-search",
-];
+/// `elm prune --method` names of `methods`.
+fn names(methods: &[PruneMethod]) -> Vec<&'static str> {
+    methods.iter().map(|m| m.name()).collect()
+}
+
+/// Every training-free baseline: the library's one list of methods.
+fn baselines() -> Vec<&'static str> {
+    names(&PruneMethod::ALL)
+}
 
 /// Every deletion criterion of the issue gets the shared heal: Shortened-LLaMA's two criteria
 /// (its recipe), and ShortGPT and ReplaceMe "with the same fine-tune" for fairness.
-const HEALED: [&str; 4] = [
-    "shortened-ppl",
-    "shortened-taylor",
-    "short-gpt",
-    "replace-me-ls",
+const HEALED: [PruneMethod; 4] = [
+    PruneMethod::ShortenedPpl,
+    PruneMethod::ShortenedTaylor,
+    PruneMethod::ShortGpt,
+    PruneMethod::ReplaceMeLs,
 ];
 
 /// `small` heals the two strongest healed baselines of earlier runs (ReplaceMe and
 /// Shortened-LLaMA's PPL criterion); ShortGPT and the Taylor criterion are healed at `paper`,
 /// so that the main job fits 90 minutes on 2 cores.
-const SMALL_HEALED: [&str; 2] = ["shortened-ppl", "replace-me-ls"];
+const SMALL_HEALED: [PruneMethod; 2] = [PruneMethod::ShortenedPpl, PruneMethod::ReplaceMeLs];
 
 impl Scale {
     pub fn limits(self) -> Limits {
@@ -165,8 +166,12 @@ impl Scale {
                 kv_ms: vec![8, 14],
                 tolerances: vec![1.0, 0.5],
                 // Three of the five keep smoke within its CI budget; `small` and `paper` run all.
-                baselines: vec!["short-gpt", "window-delete", "la-co"],
-                healed: vec!["window-delete"],
+                baselines: names(&[
+                    PruneMethod::ShortGpt,
+                    PruneMethod::WindowDelete,
+                    PruneMethod::LaCo,
+                ]),
+                healed: names(&[PruneMethod::WindowDelete]),
                 calibration_tokens: 64,
                 looped_k: 2,
                 spectral_sequences: 1,
@@ -213,8 +218,8 @@ impl Scale {
                 sweep: vec![4, 6, 8, 10, 12, 14],
                 kv_ms: vec![8, 14],
                 tolerances: vec![1.0, 0.5, 0.1],
-                baselines: BASELINES.to_vec(),
-                healed: SMALL_HEALED.to_vec(),
+                baselines: baselines(),
+                healed: names(&SMALL_HEALED),
                 calibration_tokens: 2048,
                 looped_k: 4,
                 spectral_sequences: 8,
@@ -267,8 +272,8 @@ impl Scale {
                 sweep: vec![4, 6, 8, 10, 12, 14],
                 kv_ms: vec![8, 14],
                 tolerances: vec![2.0, 1.0, 0.5, 0.1],
-                baselines: BASELINES.to_vec(),
-                healed: HEALED.to_vec(),
+                baselines: baselines(),
+                healed: names(&HEALED),
                 calibration_tokens: 16384,
                 looped_k: 4,
                 spectral_sequences: 32,

@@ -9,11 +9,12 @@ use std::process::Command;
 use paper_repro::report::Tables;
 use paper_repro::scale::Scale;
 
+#[path = "../../tests/common/skip.rs"]
+mod skip;
+
+/// The real checkpoint: the library's one lookup (`$ELM_MODELS_DIR`, default `models/`).
 fn model_path() -> PathBuf {
-    let dir = std::env::var_os("ELM_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models")));
-    dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
+    elm::model::default_model_path()
 }
 
 fn run(out: &std::path::Path, model: &std::path::Path, extra: &[&str]) -> Tables {
@@ -56,16 +57,11 @@ fn check_interval(what: &str, i: &paper_repro::tables::Interval) {
 #[test]
 fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
     let model = model_path();
-    if !model.exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must have {}",
-            model.display()
-        );
-        eprintln!(
-            "SKIP: {} absent (run scripts/fetch-smollm2.sh)",
-            model.display()
-        );
+    if !skip::require(
+        "the real model",
+        model.exists(),
+        format!("{} absent (run scripts/setup.sh)", model.display()),
+    ) {
         return;
     }
     // Several GB of stage outputs: beside the build (which had room), not in a possibly small /tmp.

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use paper_repro::stage::Stages;
 use serde_json::{json, Value};
 
+#[path = "../../tests/common/skip.rs"]
+mod skip;
+
 /// `OUT` and `N` of the child run, through the environment.
 const CHILD_ENV: &str = "PAPER_REPRO_STAGE_CHAIN";
 
@@ -81,8 +84,13 @@ fn chain(out: &Path, wrapper: &[&str]) -> Command {
     c
 }
 
+/// A fresh directory per call: the tests run in parallel threads of one process and each
+/// computes its own reference (one path per tag let one test remove the other's run).
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stage-faults-{}-{tag}", std::process::id()));
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("stage-faults-{}-{n}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }
@@ -158,13 +166,15 @@ fn a_killed_chain_resumes_from_its_records_and_ends_as_uninterrupted() {
 
 #[test]
 fn failing_fsync_rename_and_open_never_tear_a_stage_record() {
-    if !Command::new("fiu-run")
+    let fiu = Command::new("fiu-run")
         .args(["-x", "true"])
         .status()
-        .is_ok_and(|s| s.success())
-    {
-        assert!(std::env::var_os("CI").is_none(), "CI must have fiu-run");
-        eprintln!("SKIP: fiu-run cannot run here (scripts/setup.sh installs fiu-utils)");
+        .is_ok_and(|s| s.success());
+    if !skip::require(
+        "fiu-run",
+        fiu,
+        "fiu-run cannot run here (scripts/setup.sh installs fiu-utils)",
+    ) {
         return;
     }
     let (want, _) = reference();

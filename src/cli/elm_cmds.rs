@@ -425,8 +425,8 @@ pub struct EvalArgs {
     pub model: PathBuf,
     #[command(flatten)]
     pub infer: ElmInferArgs,
-    /// gsm8k-nll | gsm8k | humaneval | humaneval-nll.
-    #[arg(long, default_value = "gsm8k-nll")]
+    /// The evaluation task.
+    #[arg(long, default_value = "gsm8k-nll", value_parser = super::registry::named::<Task>())]
     pub task: Task,
     /// First N items of the split (default: all).
     #[arg(long)]
@@ -507,7 +507,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         run_without_sandbox: a.unsafe_run_code_without_sandbox,
     };
     opts.validate()?;
-    if matches!(task, Task::Gsm8k | Task::HumanEval) && a.max_new_tokens == 0 {
+    if task.generates() && a.max_new_tokens == 0 {
         return Err(ElmError::config("max-new-tokens", "must be >= 1"));
     }
     if a.compare_dense && a.infer.elm.is_none() {

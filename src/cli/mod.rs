@@ -30,6 +30,7 @@ pub mod model_cmds;
 pub mod output;
 pub mod prune;
 pub mod quantize;
+pub mod registry;
 pub mod search;
 pub mod solve;
 pub mod sweep;

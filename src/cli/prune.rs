@@ -16,9 +16,8 @@ pub struct PruneArgs {
     /// Dense model: a .gguf file or an HF directory.
     #[arg(long)]
     pub model: PathBuf,
-    /// short-gpt | shortened-ppl | shortened-taylor | window-delete | replace-me-ls | la-co |
-    /// la-co-search.
-    #[arg(long)]
+    /// The compression method.
+    #[arg(long, value_parser = super::registry::named::<PruneMethod>())]
     pub method: PruneMethod,
     /// Layers removed, M.
     #[arg(long = "num-replaced", alias = "m", default_value_t = 8)]

@@ -27,8 +27,8 @@ pub struct SearchArgs {
     /// Dense model (the tuned dense from `elm lora`, OUT/model, or the untuned one).
     #[arg(long)]
     pub model: PathBuf,
-    /// gppo | enumerate | cosine | bi | angular | ppl | report.
-    #[arg(long)]
+    /// A stage of the pipeline or one training-free selector.
+    #[arg(long, value_parser = super::registry::named::<elm::search::SearchMethod>())]
     pub method: elm::search::SearchMethod,
     /// Window length M.
     #[arg(long = "num-replaced", alias = "m", default_value_t = 8)]

@@ -11,7 +11,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::backend::{DeviceBuffer, GpuDevice};
-use super::sources::{source_of, KernelSource, KERNEL_SOURCES};
+use super::sources::{Kernel, KernelFile};
 use crate::error::{ElmError, Result};
 
 /// Message of the error returned on machines without a usable CUDA driver.
@@ -73,10 +73,10 @@ pub(super) fn device_count() -> Result<usize> {
 
 /// Compiles one kernel file to PTX with NVRTC, once per process (PTX for the default virtual
 /// architecture is JIT-compiled by the driver for whatever device loads it, so one PTX serves all).
-fn ptx_for(src: &'static KernelSource) -> Result<Ptx> {
-    static CACHE: OnceLock<Mutex<HashMap<&'static str, Ptx>>> = OnceLock::new();
+fn ptx_for(file: KernelFile) -> Result<Ptx> {
+    static CACHE: OnceLock<Mutex<HashMap<KernelFile, Ptx>>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(p) = cache.lock().map_err(cuda_err("ptx cache"))?.get(src.file) {
+    if let Some(p) = cache.lock().map_err(cuda_err("ptx cache"))?.get(&file) {
         return Ok(p.clone());
     }
     // SAFETY: only dlopen; no symbol is called.
@@ -85,35 +85,35 @@ fn ptx_for(src: &'static KernelSource) -> Result<Ptx> {
             "NVRTC library (libnvrtc.so) not found: install the CUDA runtime compiler".into(),
         ));
     }
-    let ptx = guarded(&format!("nvrtc compile kernels/{}", src.file), || {
+    let ptx = guarded(&format!("nvrtc compile kernels/{}", file.name()), || {
         let opts = cudarc::nvrtc::CompileOptions {
-            name: Some(src.file.to_string()),
+            name: Some(file.name().to_string()),
             ..Default::default()
         };
-        cudarc::nvrtc::compile_ptx_with_opts(src.source, opts).map_err(|e| {
+        cudarc::nvrtc::compile_ptx_with_opts(file.source(), opts).map_err(|e| {
             let log = match &e {
                 cudarc::nvrtc::CompileError::CompileError { log, .. } => {
                     log.to_string_lossy().into_owned()
                 }
                 other => format!("{other:?}"),
             };
-            ElmError::Cuda(format!("nvrtc failed on kernels/{}: {log}", src.file))
+            ElmError::Cuda(format!("nvrtc failed on kernels/{}: {log}", file.name()))
         })
     })?;
     cache
         .lock()
         .map_err(cuda_err("ptx cache"))?
-        .insert(src.file, ptx.clone());
+        .insert(file, ptx.clone());
     Ok(ptx)
 }
 
 /// Compiles every embedded kernel file with NVRTC (needs libnvrtc, not a GPU or driver).
 /// Returns the number of files compiled. Used by tests and `--device cuda` start-up checks.
 pub(super) fn compile_all_kernels() -> Result<usize> {
-    for src in KERNEL_SOURCES {
-        ptx_for(src)?;
+    for file in KernelFile::ALL {
+        ptx_for(file)?;
     }
-    Ok(KERNEL_SOURCES.len())
+    Ok(KernelFile::ALL.len())
 }
 
 /// Element types a device buffer may hold.
@@ -146,7 +146,7 @@ pub struct CudaDevice {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) blas: CudaBlas,
-    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    functions: Mutex<HashMap<Kernel, CudaFunction>>,
     tf32: bool,
 }
 
@@ -282,28 +282,30 @@ impl GpuDevice for CudaDevice {
 }
 
 impl CudaDevice {
-    /// The loaded kernel `name`, compiling and loading its file on first use.
-    pub(crate) fn function(&self, name: &'static str) -> Result<CudaFunction> {
+    /// The loaded `kernel`, compiling and loading its file on first use.
+    pub(crate) fn function(&self, kernel: Kernel) -> Result<CudaFunction> {
         let mut map = self.functions.lock().map_err(cuda_err("kernel cache"))?;
-        if let Some(f) = map.get(name) {
+        if let Some(f) = map.get(&kernel) {
             return Ok(f.clone());
         }
-        let src =
-            source_of(name).ok_or_else(|| ElmError::Cuda(format!("unknown kernel `{name}`")))?;
-        let ptx = ptx_for(src)?;
+        let file = kernel.file();
+        let ptx = ptx_for(file)?;
         let module = self
             .ctx
             .load_module(ptx)
-            .map_err(cuda_err(&format!("loading module kernels/{}", src.file)))?;
-        for &k in src.kernels {
+            .map_err(cuda_err(&format!("loading module kernels/{}", file.name())))?;
+        for k in file.kernels() {
             let f = module
-                .load_function(k)
-                .map_err(cuda_err(&format!("loading kernel {k}")))?;
+                .load_function(k.name())
+                .map_err(cuda_err(&format!("loading kernel {}", k.name())))?;
             map.insert(k, f);
         }
-        map.get(name)
-            .cloned()
-            .ok_or_else(|| ElmError::Cuda(format!("kernel `{name}` missing from its module")))
+        map.get(&kernel).cloned().ok_or_else(|| {
+            ElmError::Cuda(format!(
+                "kernel `{}` missing from its module",
+                kernel.name()
+            ))
+        })
     }
 }
 

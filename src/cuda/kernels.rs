@@ -7,6 +7,7 @@ use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
 use super::backend::{DeviceBuffer, GpuDevice, GpuKernels, RopeStyle};
 use super::device::{cuda_err, elems_cfg, row_threads, rows_cfg, CudaDevice, GpuBuffer};
+use super::sources::Kernel;
 use crate::error::{ElmError, Result};
 
 fn check_len(op: &str, what: &str, got: usize, want: usize) -> Result<()> {
@@ -295,13 +296,13 @@ impl GpuKernels for CudaDevice {
         }
         let cols = x.len() / rows;
         check_len("softmax", "out", out.len(), x.len())?;
-        let f = self.function("softmax_f32")?;
+        let f = self.function(Kernel::Softmax)?;
         let cols_i = i32_arg("softmax", "cols", cols)?;
         let inv_t = 1.0f32 / temperature;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&x.slice).arg(&mut out.slice).arg(&cols_i).arg(&inv_t);
         // SAFETY: lengths checked above; one block per row.
-        unsafe { b.launch(rows_cfg(rows, 256, 0)) }.map_err(cuda_err("softmax_f32"))?;
+        unsafe { b.launch(rows_cfg(rows, 256, 0)) }.map_err(cuda_err(Kernel::Softmax.name()))?;
         Ok(())
     }
 
@@ -311,11 +312,11 @@ impl GpuKernels for CudaDevice {
         }
         check_len("argmax", "out", out.len(), rows)?;
         let cols_i = i32_arg("argmax", "cols", x.len() / rows)?;
-        let f = self.function("argmax_f32")?;
+        let f = self.function(Kernel::Argmax)?;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&x.slice).arg(&mut out.slice).arg(&cols_i);
         // SAFETY: lengths checked above; 256 threads ≤ the kernel's 1024-entry shared arrays.
-        unsafe { b.launch(rows_cfg(rows, 256, 0)) }.map_err(cuda_err("argmax_f32"))?;
+        unsafe { b.launch(rows_cfg(rows, 256, 0)) }.map_err(cuda_err(Kernel::Argmax.name()))?;
         Ok(())
     }
 
@@ -332,14 +333,14 @@ impl GpuKernels for CudaDevice {
         check_len("sample", "uniforms", uniforms.len(), rows)?;
         check_len("sample", "out", out.len(), rows)?;
         let cols_i = i32_arg("sample", "cols", probs.len() / rows)?;
-        let f = self.function("sample_f32")?;
+        let f = self.function(Kernel::Sample)?;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&probs.slice)
             .arg(&uniforms.slice)
             .arg(&mut out.slice)
             .arg(&cols_i);
         // SAFETY: lengths checked; blockDim 256 is a power of two ≤ 1024.
-        unsafe { b.launch(rows_cfg(rows, 256, 0)) }.map_err(cuda_err("sample_f32"))?;
+        unsafe { b.launch(rows_cfg(rows, 256, 0)) }.map_err(cuda_err(Kernel::Sample.name()))?;
         Ok(())
     }
 
@@ -404,7 +405,7 @@ impl GpuKernels for CudaDevice {
         check_len("anderson_mix", "f_hist", f_hist.len(), m * n)?;
         let m_i = i32_arg("anderson_mix", "m", m)?;
         let n_i = i32_arg("anderson_mix", "n", n)?;
-        let f = self.function("anderson_mix_f32")?;
+        let f = self.function(Kernel::AndersonMix)?;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&x_hist.slice)
             .arg(&f_hist.slice)
@@ -414,7 +415,7 @@ impl GpuKernels for CudaDevice {
             .arg(&n_i)
             .arg(&beta);
         // SAFETY: lengths checked above.
-        unsafe { b.launch(elems_cfg(n)) }.map_err(cuda_err("anderson_mix_f32"))?;
+        unsafe { b.launch(elems_cfg(n)) }.map_err(cuda_err(Kernel::AndersonMix.name()))?;
         Ok(())
     }
 }
@@ -443,13 +444,13 @@ pub(crate) mod raw {
         cols: usize,
         eps: f32,
     ) -> Result<()> {
-        let f = dev.function("rmsnorm_f32")?;
+        let f = dev.function(Kernel::RmsNorm)?;
         let cols_i = i32_arg("rmsnorm", "cols", cols)?;
         let mut b = dev.stream.launch_builder(&f);
         b.arg(x).arg(w).arg(y).arg(&cols_i).arg(&eps);
         // SAFETY: x, y hold rows*cols, w holds cols (checked by callers).
         unsafe { b.launch(rows_cfg(rows, row_threads(cols), 0)) }
-            .map_err(cuda_err("rmsnorm_f32"))?;
+            .map_err(cuda_err(Kernel::RmsNorm.name()))?;
         Ok(())
     }
 
@@ -466,11 +467,11 @@ pub(crate) mod raw {
         theta: f32,
         style: RopeStyle,
     ) -> Result<()> {
-        let name = match style {
-            RopeStyle::HalfSplit => "rope_half_f32",
-            RopeStyle::Interleaved => "rope_interleaved_f32",
+        let kernel = match style {
+            RopeStyle::HalfSplit => Kernel::RopeHalf,
+            RopeStyle::Interleaved => Kernel::RopeInterleaved,
         };
-        let f = dev.function(name)?;
+        let f = dev.function(kernel)?;
         let stride_i = i32_arg("rope", "row_stride", row_stride)?;
         let heads_i = i32_arg("rope", "n_heads", n_heads)?;
         let dim_i = i32_arg("rope", "head_dim", head_dim)?;
@@ -483,7 +484,7 @@ pub(crate) mod raw {
             .arg(&theta);
         // SAFETY: callers guarantee rows*row_stride elements and rows positions.
         unsafe { b.launch(rows_cfg(rows, row_threads(n_heads * head_dim / 2), 0)) }
-            .map_err(cuda_err(name))?;
+            .map_err(cuda_err(kernel.name()))?;
         Ok(())
     }
 
@@ -496,7 +497,7 @@ pub(crate) mod raw {
         cols: usize,
         in_stride: usize,
     ) -> Result<()> {
-        let f = dev.function("swiglu_f32")?;
+        let f = dev.function(Kernel::Swiglu)?;
         let rows_i = i32_arg("swiglu", "rows", rows)?;
         let cols_i = i32_arg("swiglu", "cols", cols)?;
         let stride_i = i32_arg("swiglu", "in_stride", in_stride)?;
@@ -508,7 +509,7 @@ pub(crate) mod raw {
             .arg(&cols_i)
             .arg(&stride_i);
         // SAFETY: callers guarantee the strided extents.
-        unsafe { b.launch(elems_cfg(rows * cols)) }.map_err(cuda_err("swiglu_f32"))?;
+        unsafe { b.launch(elems_cfg(rows * cols)) }.map_err(cuda_err(Kernel::Swiglu.name()))?;
         Ok(())
     }
 
@@ -518,12 +519,12 @@ pub(crate) mod raw {
         y: &CudaView<f32>,
         n: usize,
     ) -> Result<()> {
-        let f = dev.function("add_inplace_f32")?;
+        let f = dev.function(Kernel::AddInplace)?;
         let n_i = i32_arg("add", "n", n)?;
         let mut b = dev.stream.launch_builder(&f);
         b.arg(x).arg(y).arg(&n_i);
         // SAFETY: both hold n elements.
-        unsafe { b.launch(elems_cfg(n)) }.map_err(cuda_err("add_inplace_f32"))?;
+        unsafe { b.launch(elems_cfg(n)) }.map_err(cuda_err(Kernel::AddInplace.name()))?;
         Ok(())
     }
 
@@ -534,13 +535,13 @@ pub(crate) mod raw {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        let f = dev.function("add_bias_f32")?;
+        let f = dev.function(Kernel::AddBias)?;
         let rows_i = i32_arg("add_bias", "rows", rows)?;
         let cols_i = i32_arg("add_bias", "cols", cols)?;
         let mut b = dev.stream.launch_builder(&f);
         b.arg(x).arg(bias).arg(&rows_i).arg(&cols_i);
         // SAFETY: x holds rows*cols, bias cols.
-        unsafe { b.launch(elems_cfg(rows * cols)) }.map_err(cuda_err("add_bias_f32"))?;
+        unsafe { b.launch(elems_cfg(rows * cols)) }.map_err(cuda_err(Kernel::AddBias.name()))?;
         Ok(())
     }
 
@@ -552,13 +553,13 @@ pub(crate) mod raw {
         rows: usize,
         cols: usize,
     ) -> Result<()> {
-        let f = dev.function("gather_rows_f32")?;
+        let f = dev.function(Kernel::GatherRows)?;
         let cols_i = i32_arg("gather_rows", "cols", cols)?;
         let mut b = dev.stream.launch_builder(&f);
         b.arg(table).arg(index).arg(out).arg(&cols_i);
         // SAFETY: indices validated on the host; out holds rows*cols.
         unsafe { b.launch(rows_cfg(rows, row_threads(cols), 0)) }
-            .map_err(cuda_err("gather_rows_f32"))?;
+            .map_err(cuda_err(Kernel::GatherRows.name()))?;
         Ok(())
     }
 
@@ -579,7 +580,7 @@ pub(crate) mod raw {
         head_dim: usize,
         max_seq: usize,
     ) -> Result<()> {
-        let f = dev.function("kv_cache_write_f32")?;
+        let f = dev.function(Kernel::KvCacheWrite)?;
         let op = "kv_cache_write";
         let args = [
             i32_arg(op, "src_stride", src_stride)?,
@@ -603,7 +604,7 @@ pub(crate) mod raw {
             .arg(&args[5]);
         // SAFETY: slots/positions validated on the host against the cache extents.
         unsafe { b.launch(rows_cfg(rows, row_threads(n_kv_heads * head_dim), 0)) }
-            .map_err(cuda_err("kv_cache_write_f32"))?;
+            .map_err(cuda_err(Kernel::KvCacheWrite.name()))?;
         Ok(())
     }
 
@@ -643,7 +644,7 @@ pub(crate) mod raw {
                 g.max_len, g.head_dim
             )));
         }
-        let f = dev.function("attention_f32")?;
+        let f = dev.function(Kernel::Attention)?;
         let op = "attention";
         let q_stride = i32_arg(op, "q_stride", g.q_stride)?;
         let out_stride = i32_arg(op, "out_stride", g.out_stride)?;
@@ -676,7 +677,7 @@ pub(crate) mod raw {
             shared_mem_bytes: smem as u32,
         };
         // SAFETY: callers validate slots/positions against the key extents; smem sized above.
-        unsafe { b.launch(cfg) }.map_err(cuda_err("attention_f32"))?;
+        unsafe { b.launch(cfg) }.map_err(cuda_err(Kernel::Attention.name()))?;
         Ok(())
     }
 

@@ -34,7 +34,7 @@ pub use backend::*;
 pub use decoder::GpuDecoder;
 pub use device::GpuScalar;
 pub use device_spec::DeviceSpec;
-pub use sources::{kernel_sources, source_of, KernelSource, KERNEL_SOURCES};
+pub use sources::{Kernel, KernelFile};
 
 /// The real CUDA backend.
 #[derive(Debug)]

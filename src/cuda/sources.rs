@@ -1,4 +1,11 @@
-//! The CUDA C sources of every kernel, embedded at build time (shared by the real backend and the stub).
+//! The CUDA kernels and the C sources that define them, embedded at build time (shared by the
+//! real backend and the stub).
+//!
+//! One list: [`Kernel`] names every `extern "C" __global__` function the backend launches
+//! (`Kernel::ALL`, checked by the compiler against the enum); its name and the [`KernelFile`]
+//! defining it are exhaustive matches, so a new kernel is its `.cu` code, a variant here (with
+//! its name and file), and its launcher in `kernels.rs`. A new file is also a [`KernelFile`]
+//! variant (file name and embedded source).
 //!
 //! Each file is an f32 `.cu` program without include directives, compiled by NVRTC on first use
 //! with `kernels/common.cuh` (shared device helpers) prepended: NVRTC line numbers in
@@ -15,63 +22,122 @@ macro_rules! with_common {
     };
 }
 
-/// One embedded kernel file and the `extern "C"` kernels it defines.
-#[derive(Clone, Copy, Debug)]
-pub struct KernelSource {
+/// One embedded kernel file (`kernels/<name>`), compiled by NVRTC as one module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelFile {
+    Norm,
+    Rope,
+    Elementwise,
+    Attention,
+    Softmax,
+    FixedPoint,
+}
+
+crate::registry::variant_list!(
+    KernelFile,
+    "kernel file",
+    [Norm, Rope, Elementwise, Attention, Softmax, FixedPoint]
+);
+
+impl KernelFile {
     /// File name under `kernels/`.
-    pub file: &'static str,
-    /// The CUDA C source text.
-    pub source: &'static str,
-    /// Names of the `extern "C" __global__` functions it defines.
-    pub kernels: &'static [&'static str],
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelFile::Norm => "norm.cu",
+            KernelFile::Rope => "rope.cu",
+            KernelFile::Elementwise => "elementwise.cu",
+            KernelFile::Attention => "attention.cu",
+            KernelFile::Softmax => "softmax.cu",
+            KernelFile::FixedPoint => "fixed_point.cu",
+        }
+    }
+    /// The CUDA C source text: `kernels/common.cuh`, a newline, then the file.
+    pub fn source(self) -> &'static str {
+        match self {
+            KernelFile::Norm => with_common!("norm.cu"),
+            KernelFile::Rope => with_common!("rope.cu"),
+            KernelFile::Elementwise => with_common!("elementwise.cu"),
+            KernelFile::Attention => with_common!("attention.cu"),
+            KernelFile::Softmax => with_common!("softmax.cu"),
+            KernelFile::FixedPoint => with_common!("fixed_point.cu"),
+        }
+    }
+    /// The kernels the file defines, in [`Kernel::ALL`]'s order.
+    pub fn kernels(self) -> impl Iterator<Item = Kernel> {
+        Kernel::ALL.into_iter().filter(move |k| k.file() == self)
+    }
 }
 
-/// Every kernel file the backend compiles.
-pub const KERNEL_SOURCES: &[KernelSource] = &[
-    KernelSource {
-        file: "norm.cu",
-        source: with_common!("norm.cu"),
-        kernels: &["rmsnorm_f32"],
-    },
-    KernelSource {
-        file: "rope.cu",
-        source: with_common!("rope.cu"),
-        kernels: &["rope_half_f32", "rope_interleaved_f32"],
-    },
-    KernelSource {
-        file: "elementwise.cu",
-        source: with_common!("elementwise.cu"),
-        kernels: &[
-            "swiglu_f32",
-            "add_inplace_f32",
-            "add_bias_f32",
-            "gather_rows_f32",
-            "kv_cache_write_f32",
-        ],
-    },
-    KernelSource {
-        file: "attention.cu",
-        source: with_common!("attention.cu"),
-        kernels: &["attention_f32"],
-    },
-    KernelSource {
-        file: "softmax.cu",
-        source: with_common!("softmax.cu"),
-        kernels: &["softmax_f32", "argmax_f32", "sample_f32"],
-    },
-    KernelSource {
-        file: "fixed_point.cu",
-        source: with_common!("fixed_point.cu"),
-        kernels: &["anderson_mix_f32"],
-    },
-];
-
-/// The embedded kernel sources (see [`KERNEL_SOURCES`]).
-pub fn kernel_sources() -> &'static [KernelSource] {
-    KERNEL_SOURCES
+/// One `extern "C" __global__` kernel the backend launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    RmsNorm,
+    RopeHalf,
+    RopeInterleaved,
+    Swiglu,
+    AddInplace,
+    AddBias,
+    GatherRows,
+    KvCacheWrite,
+    Attention,
+    Softmax,
+    Argmax,
+    Sample,
+    AndersonMix,
 }
 
-/// The source file defining kernel `name`, if any.
-pub fn source_of(name: &str) -> Option<&'static KernelSource> {
-    KERNEL_SOURCES.iter().find(|s| s.kernels.contains(&name))
+crate::registry::variant_list!(
+    Kernel,
+    "kernel",
+    [
+        RmsNorm,
+        RopeHalf,
+        RopeInterleaved,
+        Swiglu,
+        AddInplace,
+        AddBias,
+        GatherRows,
+        KvCacheWrite,
+        Attention,
+        Softmax,
+        Argmax,
+        Sample,
+        AndersonMix,
+    ]
+);
+
+impl Kernel {
+    /// The C function's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::RmsNorm => "rmsnorm_f32",
+            Kernel::RopeHalf => "rope_half_f32",
+            Kernel::RopeInterleaved => "rope_interleaved_f32",
+            Kernel::Swiglu => "swiglu_f32",
+            Kernel::AddInplace => "add_inplace_f32",
+            Kernel::AddBias => "add_bias_f32",
+            Kernel::GatherRows => "gather_rows_f32",
+            Kernel::KvCacheWrite => "kv_cache_write_f32",
+            Kernel::Attention => "attention_f32",
+            Kernel::Softmax => "softmax_f32",
+            Kernel::Argmax => "argmax_f32",
+            Kernel::Sample => "sample_f32",
+            Kernel::AndersonMix => "anderson_mix_f32",
+        }
+    }
+    /// The file that defines it.
+    pub fn file(self) -> KernelFile {
+        match self {
+            Kernel::RmsNorm => KernelFile::Norm,
+            Kernel::RopeHalf | Kernel::RopeInterleaved => KernelFile::Rope,
+            Kernel::Swiglu
+            | Kernel::AddInplace
+            | Kernel::AddBias
+            | Kernel::GatherRows
+            | Kernel::KvCacheWrite => KernelFile::Elementwise,
+            Kernel::Attention => KernelFile::Attention,
+            Kernel::Softmax | Kernel::Argmax | Kernel::Sample => KernelFile::Softmax,
+            Kernel::AndersonMix => KernelFile::FixedPoint,
+        }
+    }
 }

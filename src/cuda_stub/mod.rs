@@ -28,7 +28,7 @@ mod sources;
 pub use backend::*;
 pub use decoder::GpuDecoder;
 pub use device_spec::DeviceSpec;
-pub use sources::{kernel_sources, source_of, KernelSource, KERNEL_SOURCES};
+pub use sources::{Kernel, KernelFile};
 
 /// Message of every error this stub returns.
 pub const DISABLED_MSG: &str =

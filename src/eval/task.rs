@@ -12,6 +12,7 @@ use crate::data::{load_gsm8k, Split};
 use crate::equilibrium::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
+use crate::registry::Registry;
 
 use super::gsm8k::{answer_nll, eval_gsm8k, Gsm8kOptions, Sample};
 use super::humaneval::{self, HumanEvalOptions, HumanEvalSample, Problem};
@@ -33,19 +34,36 @@ pub enum Task {
     HumanEvalNll,
 }
 
+crate::registry::variant_list!(Task, "task", [Gsm8kNll, Gsm8k, HumanEval, HumanEvalNll]);
+
+impl Task {
+    /// The CLI / JSON name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::Gsm8kNll => "gsm8k-nll",
+            Task::Gsm8k => "gsm8k",
+            Task::HumanEval => "humaneval",
+            Task::HumanEvalNll => "humaneval-nll",
+        }
+    }
+    /// Whether the task generates (so it needs new tokens), else it scores reference answers.
+    pub fn generates(self) -> bool {
+        match self {
+            Task::Gsm8k | Task::HumanEval => true,
+            Task::Gsm8kNll | Task::HumanEvalNll => false,
+        }
+    }
+}
+
 impl std::str::FromStr for Task {
     type Err = ElmError;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "gsm8k-nll" => Ok(Task::Gsm8kNll),
-            "gsm8k" => Ok(Task::Gsm8k),
-            "humaneval" => Ok(Task::HumanEval),
-            "humaneval-nll" => Ok(Task::HumanEvalNll),
-            _ => Err(ElmError::config(
+        <Task as Registry>::from_name(s).ok_or_else(|| {
+            ElmError::config(
                 "task",
-                format!("`{s}`: expected gsm8k-nll, gsm8k, humaneval or humaneval-nll"),
-            )),
-        }
+                format!("`{s}`: expected {}", crate::registry::names_or::<Task>()),
+            )
+        })
     }
 }
 
@@ -298,9 +316,10 @@ pub fn run_task(
                 humaneval_samples: r.samples,
             })
         }
-        _ => Err(ElmError::InvalidArgument(format!(
-            "{task:?}: data loaded for another task"
-        ))),
+        (Task::Gsm8kNll | Task::Gsm8k, TaskData::HumanEval(_))
+        | (Task::HumanEval | Task::HumanEvalNll, TaskData::Gsm8k { .. }) => Err(
+            ElmError::InvalidArgument(format!("{task:?}: data loaded for another task")),
+        ),
     }
 }
 
@@ -325,7 +344,9 @@ pub fn longest_sequence(
                 let prompt = count(&crate::data::chat_prompt(tok, &e.question))?;
                 match task {
                     Task::Gsm8kNll => take(prompt, count(&e.answer)? + 1),
-                    _ => take(prompt, max_new_tokens),
+                    Task::Gsm8k | Task::HumanEval | Task::HumanEvalNll => {
+                        take(prompt, max_new_tokens)
+                    }
                 }
             }
         }
@@ -334,7 +355,7 @@ pub fn longest_sequence(
                 let prompt = count(&p.prompt)? + 1;
                 match task {
                     Task::HumanEvalNll => take(prompt, count(&p.canonical_solution)? + 1),
-                    _ => take(prompt, max_new_tokens),
+                    Task::Gsm8kNll | Task::Gsm8k | Task::HumanEval => take(prompt, max_new_tokens),
                 }
             }
         }

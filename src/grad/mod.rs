@@ -80,5 +80,5 @@ pub use implicit::{
 pub use regularizer::{
     fixed_point_correction, jacobian_penalty, FixedPointCorrection, JacobianPenalty,
 };
-pub use rule::{BackwardFailure, DeqConfig, GradientRule};
+pub use rule::{BackwardFailure, DeqConfig, GradientRule, GradientRuleKind};
 pub use spectral_norm::{SpectralNorm, SpectralNormConfig};

@@ -71,6 +71,54 @@ pub enum GradientRule {
     },
 }
 
+/// The kinds of [`GradientRule`]: its JSON `kind` tag, its [`GradientRule::name`], and the one
+/// list of the rules (`GradientRuleKind::ALL`, checked by the compiler against this enum). A new
+/// rule is a variant of [`GradientRule`], its mirror in `RawRule`, and a variant here; the
+/// compiler then asks for each match that must handle it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradientRuleKind {
+    Unroll,
+    Jfb,
+    StochasticJfb,
+    Implicit,
+    Phantom,
+}
+
+crate::registry::variant_list!(
+    GradientRuleKind,
+    "gradient_rule.kind",
+    [Unroll, Jfb, StochasticJfb, Implicit, Phantom]
+);
+
+impl GradientRuleKind {
+    /// `unroll`, `jfb`, `stochastic_jfb`, `implicit`, `phantom` (the JSON `kind` tag).
+    pub fn name(self) -> &'static str {
+        match self {
+            GradientRuleKind::Unroll => "unroll",
+            GradientRuleKind::Jfb => "jfb",
+            GradientRuleKind::StochasticJfb => "stochastic_jfb",
+            GradientRuleKind::Implicit => "implicit",
+            GradientRuleKind::Phantom => "phantom",
+        }
+    }
+}
+
+impl std::str::FromStr for GradientRuleKind {
+    type Err = ElmError;
+    fn from_str(s: &str) -> Result<Self> {
+        <GradientRuleKind as crate::registry::Registry>::from_name(s).ok_or_else(|| {
+            ElmError::config(
+                "gradient_rule.kind",
+                format!(
+                    "unknown rule `{s}` (expected {})",
+                    crate::registry::names_or::<GradientRuleKind>()
+                ),
+            )
+        })
+    }
+}
+
 /// What the implicit rule does with adjoint rows that did not converge (max iterations,
 /// divergence, NaN) or a backward solve that failed as a whole. JSON: `"jfb"`, `"error"`, `"keep"`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -142,27 +190,35 @@ impl GradientRule {
     pub fn seed(&self) -> u64 {
         match self {
             GradientRule::StochasticJfb { seed, .. } => *seed,
-            _ => 0,
+            GradientRule::Unroll { .. }
+            | GradientRule::Jfb
+            | GradientRule::Implicit { .. }
+            | GradientRule::Phantom { .. } => 0,
         }
     }
 
-    /// Short name: `unroll`, `jfb`, `stochastic_jfb`, `implicit`, `phantom`.
-    pub fn name(&self) -> &'static str {
+    /// The rule's kind (its JSON `kind` tag).
+    pub fn kind(&self) -> GradientRuleKind {
         match self {
-            GradientRule::Unroll { .. } => "unroll",
-            GradientRule::Jfb => "jfb",
-            GradientRule::StochasticJfb { .. } => "stochastic_jfb",
-            GradientRule::Implicit { .. } => "implicit",
-            GradientRule::Phantom { .. } => "phantom",
+            GradientRule::Unroll { .. } => GradientRuleKind::Unroll,
+            GradientRule::Jfb => GradientRuleKind::Jfb,
+            GradientRule::StochasticJfb { .. } => GradientRuleKind::StochasticJfb,
+            GradientRule::Implicit { .. } => GradientRuleKind::Implicit,
+            GradientRule::Phantom { .. } => GradientRuleKind::Phantom,
         }
+    }
+
+    /// Short name: `unroll`, `jfb`, `stochastic_jfb`, `implicit`, `phantom` (its kind's name).
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
     }
 
     /// Whether the rule runs the forward fixed-point solver.
     pub fn uses_forward_solver(&self) -> bool {
-        matches!(
-            self,
-            GradientRule::Jfb | GradientRule::Implicit { .. } | GradientRule::Phantom { .. }
-        )
+        match self.kind() {
+            GradientRuleKind::Jfb | GradientRuleKind::Implicit | GradientRuleKind::Phantom => true,
+            GradientRuleKind::Unroll | GradientRuleKind::StochasticJfb => false,
+        }
     }
 
     /// Parses and validates a JSON rule (unknown keys rejected).
@@ -284,6 +340,35 @@ impl TryFrom<RawRule> for GradientRule {
         };
         rule.validate()?;
         Ok(rule)
+    }
+}
+
+/// The compiler's check that `RawRule` mirrors every rule: a [`GradientRule`] variant without
+/// its `RawRule` twin does not compile here (never called).
+#[allow(dead_code)]
+fn raw_rule_mirrors_every_rule(rule: GradientRule) -> RawRule {
+    match rule {
+        GradientRule::Unroll { k } => RawRule::Unroll { k },
+        GradientRule::Jfb => RawRule::Jfb {},
+        GradientRule::StochasticJfb {
+            no_grad,
+            grad,
+            seed,
+        } => RawRule::StochasticJfb {
+            no_grad,
+            grad,
+            seed,
+        },
+        GradientRule::Implicit {
+            solver,
+            stop,
+            on_failure,
+        } => RawRule::Implicit {
+            solver,
+            stop,
+            on_failure,
+        },
+        GradientRule::Phantom { k, tau } => RawRule::Phantom { k, tau },
     }
 }
 

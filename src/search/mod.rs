@@ -36,6 +36,16 @@ pub enum SearchMethod {
 }
 
 impl SearchMethod {
+    /// The pipeline's stages (the unit variants; the list [`Registry::all`] puts before one
+    /// method per selector of [`Selector::ALL`]).
+    ///
+    /// [`Registry::all`]: crate::registry::Registry::all
+    const STAGES: [SearchMethod; 3] = [
+        SearchMethod::Gppo,
+        SearchMethod::Enumerate,
+        SearchMethod::Report,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             SearchMethod::Gppo => "gppo",
@@ -46,21 +56,35 @@ impl SearchMethod {
     }
 }
 
+impl crate::registry::Registry for SearchMethod {
+    const WHAT: &'static str = "method";
+    /// [`SearchMethod::STAGES`], then every selector.
+    fn all() -> &'static [Self] {
+        static ALL: std::sync::OnceLock<Vec<SearchMethod>> = std::sync::OnceLock::new();
+        ALL.get_or_init(|| {
+            SearchMethod::STAGES
+                .into_iter()
+                .chain(Selector::ALL.map(SearchMethod::Metric))
+                .collect()
+        })
+    }
+    fn name(self) -> &'static str {
+        SearchMethod::name(self)
+    }
+}
+
 impl std::str::FromStr for SearchMethod {
     type Err = crate::error::ElmError;
     fn from_str(s: &str) -> crate::error::Result<Self> {
-        match s {
-            "gppo" => Ok(SearchMethod::Gppo),
-            "enumerate" => Ok(SearchMethod::Enumerate),
-            "report" => Ok(SearchMethod::Report),
-            _ => s.parse().map(SearchMethod::Metric).map_err(|_| {
-                crate::error::ElmError::config(
-                    "method",
-                    format!(
-                        "unknown method `{s}` (gppo | enumerate | report | cosine | bi | angular | ppl)"
-                    ),
-                )
-            }),
-        }
+        use crate::registry::Registry;
+        SearchMethod::from_name(s).ok_or_else(|| {
+            crate::error::ElmError::config(
+                "method",
+                format!(
+                    "unknown method `{s}` ({})",
+                    SearchMethod::names().join(" | ")
+                ),
+            )
+        })
     }
 }

@@ -28,13 +28,9 @@ pub enum Selector {
     Ppl,
 }
 
+crate::registry::variant_list!(Selector, "selector", [Cosine, Bi, Angular, Ppl]);
+
 impl Selector {
-    pub const ALL: [Selector; 4] = [
-        Selector::Cosine,
-        Selector::Bi,
-        Selector::Angular,
-        Selector::Ppl,
-    ];
     pub fn name(self) -> &'static str {
         match self {
             Selector::Cosine => "cosine",
@@ -45,22 +41,25 @@ impl Selector {
     }
     /// Whether a lower score is a better window to replace.
     pub fn lower_is_better(self) -> bool {
-        !matches!(self, Selector::Cosine)
+        match self {
+            Selector::Cosine => false,
+            Selector::Bi | Selector::Angular | Selector::Ppl => true,
+        }
     }
 }
 
 impl std::str::FromStr for Selector {
     type Err = ElmError;
     fn from_str(s: &str) -> Result<Self> {
-        Selector::ALL
-            .into_iter()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| {
-                ElmError::config(
-                    "method",
-                    format!("unknown selector `{s}` (cosine | bi | angular | ppl)"),
-                )
-            })
+        <Selector as crate::registry::Registry>::from_name(s).ok_or_else(|| {
+            ElmError::config(
+                "method",
+                format!(
+                    "unknown selector `{s}` ({})",
+                    <Selector as crate::registry::Registry>::names().join(" | ")
+                ),
+            )
+        })
     }
 }
 

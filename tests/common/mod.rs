@@ -1,7 +1,10 @@
 //! Fixtures shared by the integration tests (each test file says `mod common;`):
 //!
+//! - the skip policy ([`require`], [`optional`]; `tests/common/skip.rs`, shared with
+//!   `paper_repro/tests`): a missing prerequisite fails under CI or `ELM_REQUIRE_REAL_MODEL=1`,
+//!   elsewhere the test prints `skipped <test>: <why>` and is counted in the skip log;
 //! - the real SmolLM2 checkpoint: [`real_model`], the one lookup every real-checkpoint test
-//!   uses (skip with a printed line, or fail under `ELM_REQUIRE_REAL_MODEL=1`);
+//!   uses;
 //! - tiny random models: [`tiny_config`], [`tiny_weights`], [`tiny_transformer`], and
 //!   [`uniform_weights`] (used by the io round trips);
 //! - [`TempDir`]: a fresh directory removed on drop;
@@ -17,84 +20,47 @@ use ndarray::{Array1, Array2};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+// ---------------------------------------------------------------------------- skips
+
+mod skip;
+#[allow(unused_imports)]
+pub use skip::{current_test, optional, require, skip, skip_log, strict, REQUIRE_REAL_MODEL};
+
 // ---------------------------------------------------------------------------- real model
-
-/// Set to `1` (scripts/test.sh, hence CI, does) and a missing real model fails the test
-/// instead of skipping it, so a broken download cannot pass as a green run.
-pub const REQUIRE_REAL_MODEL: &str = "ELM_REQUIRE_REAL_MODEL";
-
-/// Whether a missing real model is a failure (`ELM_REQUIRE_REAL_MODEL` set, and not to `0`).
-pub fn real_model_required() -> bool {
-    std::env::var_os(REQUIRE_REAL_MODEL).is_some_and(|v| !v.is_empty() && v != "0")
-}
 
 /// The real SmolLM2-135M-Instruct GGUF (`elm::model::default_model_path()`: the file
 /// `elm::formats::SMOLLM2_GGUF` in `$ELM_MODELS_DIR`, default `models/`, fetched by
-/// scripts/setup.sh); its tokenizer is inside it. When absent: panics under
-/// `ELM_REQUIRE_REAL_MODEL=1`, else prints `skipped <test>: ...` ([`print_skip`]) and returns
-/// `None`:
+/// scripts/setup.sh); its tokenizer is inside it. When absent: [`require`]'s policy (a failure
+/// under CI or `ELM_REQUIRE_REAL_MODEL=1`, else a counted skip) and `None`:
 ///
 /// ```ignore
 /// let Some(path) = common::real_model() else { return };
 /// ```
 pub fn real_model() -> Option<PathBuf> {
     let path = elm::model::default_model_path();
-    if path.is_file() {
-        return Some(path);
-    }
-    if real_model_required() {
-        panic!(
-            "real model not found at {} and {REQUIRE_REAL_MODEL} is set: run scripts/setup.sh \
-             (or point ELM_MODELS_DIR at the directory holding {})",
+    require(
+        "the real model",
+        path.is_file(),
+        format!(
+            "not found at {} (run scripts/setup.sh, or point ELM_MODELS_DIR at the directory \
+             holding {})",
             path.display(),
             elm::formats::SMOLLM2_GGUF
-        );
-    }
-    print_skip(
-        &current_test(),
-        &format!(
-            "real model not found at {} (run scripts/setup.sh)",
-            path.display()
         ),
-    );
-    None
+    )
+    .then_some(path)
 }
 
 /// A file `scripts/setup.sh` fetches (e.g. HumanEval's problems), with [`real_model`]'s one
-/// behaviour when it is absent: a panic under `ELM_REQUIRE_REAL_MODEL=1`, else a `skipped` line.
+/// behaviour when it is absent.
 pub fn fetched_file(path: PathBuf, what: &str) -> Option<PathBuf> {
-    if path.is_file() {
-        return Some(path);
-    }
-    if real_model_required() {
-        panic!(
-            "{what} not found at {} and {REQUIRE_REAL_MODEL} is set: run scripts/setup.sh",
-            path.display()
-        );
-    }
-    print_skip(
-        &current_test(),
-        &format!(
-            "{what} not found at {} (run scripts/setup.sh)",
-            path.display()
-        ),
-    );
-    None
-}
-
-/// The running test's name (libtest runs each test on a thread named after it).
-pub fn current_test() -> String {
-    std::thread::current()
-        .name()
-        .unwrap_or("<unnamed test>")
-        .to_string()
-}
-
-/// Prints `skipped <test>: <why>` to stderr past libtest's capture (which hides `eprintln!`
-/// of passing tests), so a plain `cargo test` shows what did not run.
-pub fn print_skip(test: &str, why: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "skipped {test}: {why}");
+    let found = path.is_file();
+    require(
+        what,
+        found,
+        format!("not found at {} (run scripts/setup.sh)", path.display()),
+    )
+    .then_some(path)
 }
 
 // ---------------------------------------------------------------------------- tiny models

@@ -9,7 +9,9 @@
 //!
 //! A method only *selects* (a [`Selection`]: layers to drop, layers to replace, and the scores it
 //! chose from); [`prune`] checks the options, applies the selection and writes the report, so a
-//! new method is one file and one arm of [`PruneMethod`].
+//! new method is one file here and its variant of [`PruneMethod`] (with its entry in the
+//! variant list, its name and its arms in `is_window` and [`prune`], each of which the compiler
+//! asks for).
 
 use std::time::Instant;
 
@@ -19,6 +21,7 @@ use super::calibration::{BoundaryStates, Calibration};
 use crate::equilibrium::accounting::{embedding_params, layer_kv_bytes};
 use crate::error::{ElmError, Result};
 use crate::model::{LayerWeights, ModelWeights};
+use crate::registry::Registry;
 
 pub mod laco;
 pub mod replace_me;
@@ -57,16 +60,21 @@ pub enum PruneMethod {
     LaCoSearch,
 }
 
+crate::registry::variant_list!(
+    PruneMethod,
+    "method",
+    [
+        ShortGpt,
+        ShortenedPpl,
+        ShortenedTaylor,
+        WindowDelete,
+        ReplaceMeLs,
+        LaCo,
+        LaCoSearch,
+    ]
+);
+
 impl PruneMethod {
-    pub const ALL: [PruneMethod; 7] = [
-        PruneMethod::ShortGpt,
-        PruneMethod::ShortenedPpl,
-        PruneMethod::ShortenedTaylor,
-        PruneMethod::WindowDelete,
-        PruneMethod::ReplaceMeLs,
-        PruneMethod::LaCo,
-        PruneMethod::LaCoSearch,
-    ];
     /// The CLI / JSON name.
     pub fn name(self) -> &'static str {
         match self {
@@ -81,32 +89,28 @@ impl PruneMethod {
     }
     /// Whether the method removes one contiguous window (so `--start` may fix it).
     pub fn is_window(self) -> bool {
-        !matches!(
-            self,
+        match self {
+            PruneMethod::WindowDelete | PruneMethod::ReplaceMeLs | PruneMethod::LaCo => true,
             PruneMethod::ShortGpt
-                | PruneMethod::ShortenedPpl
-                | PruneMethod::ShortenedTaylor
-                | PruneMethod::LaCoSearch
-        )
+            | PruneMethod::ShortenedPpl
+            | PruneMethod::ShortenedTaylor
+            | PruneMethod::LaCoSearch => false,
+        }
     }
 }
 
 impl std::str::FromStr for PruneMethod {
     type Err = ElmError;
     fn from_str(s: &str) -> Result<Self> {
-        PruneMethod::ALL
-            .into_iter()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = PruneMethod::ALL.iter().map(|m| m.name()).collect();
-                ElmError::config(
-                    "method",
-                    format!(
-                        "unknown method `{s}` (expected one of {})",
-                        names.join(", ")
-                    ),
-                )
-            })
+        <PruneMethod as Registry>::from_name(s).ok_or_else(|| {
+            ElmError::config(
+                "method",
+                format!(
+                    "unknown method `{s}` (expected one of {})",
+                    PruneMethod::names().join(", ")
+                ),
+            )
+        })
     }
 }
 
