@@ -1,11 +1,15 @@
 //! # elm — Equilibrium Language Models
 //!
-//! Layers, lowest first; a module imports only modules before it in this list:
-//! `error`, `registry` (the one list of each enumerated extension point), `heap` (allocator setting for the binaries), `limits` → `data` (GSM8K, jsonl and text loaders, chat formatting, batch order) → `io::{atomic, tensor_file}` (the files the library writes) → `solver`, `autograd` →
-//! `nn`, `grad`, `train` → `model::{config, weights}` (plain
-//! data shared by every path) → `io` (fills those types from files) → the rest of `model`
-//! (training and inference paths, cache-free dense passes in `model::dense_pass`) → `cuda` → `equilibrium` (the ELM) → `eval` → `compress` (baselines) → `lora`
-//! (stage-1 LoRA SFT + merge) → `search` (GPPO, enumeration, metric selectors). The command line is the `elm`
+//! Layers, lowest first; a module imports only modules before it in this list (ARCHITECTURE.md's
+//! "Layer order", which `tests/architecture.rs` checks on the source):
+//! `error`, `registry` (the one list of each enumerated extension point) → `limits` → `heap`,
+//! `simd`, `team` → `gemm` → `io` (the files the library writes: atomic writer, tensor files,
+//! JSON reader, the run-directory protocol) → `autograd` → `nn` → `train`, `grad` →
+//! `model_data` (plain data shared by every path) → `formats` (GGUF, HF, tokenizers: fill those
+//! types from files) → `model`, `data` (training and inference paths, cache-free dense passes in
+//! `model::dense_pass`; GSM8K and text loaders) → `cuda`, `memory` → `equilibrium` (the ELM) →
+//! `eval` → `compress` (baselines) → `lora` (stage-1 LoRA SFT + merge) → `search` (GPPO,
+//! enumeration, metric selectors). The command line is the `elm`
 //! binary (`src/main.rs`, feature `cli`), a thin shell over these modules; see ARCHITECTURE.md
 //! for the picture and for where a new solver, gradient rule, implicit layer or compression
 //! method goes.
