@@ -200,6 +200,20 @@ pub struct Trained {
     pub train: TrainReport,
 }
 
+impl Done<Trained> {
+    /// A copy of the training's record for a second owner (the throughput table lists the
+    /// trainings other tables also read).
+    pub fn clone_done(&self) -> Self {
+        Done {
+            key: self.key.clone(),
+            value: self.value.clone(),
+            raw: self.raw.clone(),
+            cached: self.cached,
+            dir: self.dir.clone(),
+        }
+    }
+}
+
 /// A run's own compute: the steps of every run it took (a killed and resumed stage counts its
 /// earlier runs' steps too), or this process's seconds when no step's time was kept (states
 /// written before the steps' times were).
@@ -1165,6 +1179,6 @@ mod tests {
         };
         let back: elm::model::bench::BenchReport =
             decode_and_reread("elm bench --json", &serde_json::to_vec(&report).unwrap());
-        assert_eq!(crate::bench::figures(&back).prefill_tok_s, 300.0);
+        assert_eq!(crate::rows::BenchFigures::from(&back).prefill_tok_s, 300.0);
     }
 }

@@ -5,20 +5,18 @@
 //! stages. The compressed models start, as in table 1, from the LoRA-tuned dense model; the
 //! dense curve is that LoRA run itself at each budget.
 
-use elm::eval::stats::{least_squares_line, spread, Spread};
+use elm::eval::stats::{least_squares_line, spread};
 use elm::eval::task::MetricReport;
-use serde::{Deserialize, Serialize};
+use elm::lora::LoraReport;
 
 use crate::error::ReproError;
+use crate::fill_tables::{pair, Dense, Main};
+use crate::rows::{
+    CurvePoint, CurveTrend, Curves, Interval, SeedRow, SeedSummary, Seeds, PAPER_PROBLEMS,
+};
 use crate::runs::{self, Ctx, Metrics, OwnCompute, Subject, Variant};
 use crate::scale::Budget;
 use crate::stage::Done;
-use crate::tables::{pair, Dense, Interval, Main};
-use elm::lora::LoraReport;
-
-/// Two epochs of MetaMathQA's 395k problems: the paper's training, in problems seen (the
-/// curves' trend is extrapolated in problems, since the paper's token count is not given).
-pub const PAPER_PROBLEMS: f64 = 2.0 * 395_000.0;
 
 /// One method trained at every budget (or every seed).
 #[derive(Clone, Debug, PartialEq)]
@@ -103,58 +101,6 @@ fn train_point(
             tuned(ctx, &t, 0.0)
         }
     }
-}
-
-/// Table 8: one point of a learning curve.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CurvePoint {
-    pub series: String,
-    pub steps: usize,
-    /// The point's own training tokens (steps × batch × sequence length).
-    pub tokens: usize,
-    /// Wall seconds of its training (and a baseline's selection and surgery) on this machine.
-    pub compute_seconds: f64,
-    pub answer_nll: Interval,
-    /// This answer NLL minus the reference ELM's at the same number of steps, paired over
-    /// problems (`None` on the reference's own points).
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub minus_elm: Option<Interval>,
-}
-
-/// Table 8's reading of one curve against the reference ELM's.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CurveTrend {
-    pub series: String,
-    /// Least-squares slope of answer NLL against log2(tokens): change per doubling.
-    pub slope_per_doubling: f64,
-    /// `minus_elm` at the smallest and at the largest budget (`None` for the reference).
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub gap_smallest: Option<Interval>,
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub gap_largest: Option<Interval>,
-    /// Slope of the gap against log2(tokens) (`None` for the reference).
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub gap_slope_per_doubling: Option<f64>,
-    /// The gap's line extrapolated to [`PAPER_PROBLEMS`] (problems seen = steps × batch).
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub gap_at_paper_budget: Option<f64>,
-    /// `grows`, `shrinks` or `crosses` (point estimates, smallest to largest budget; see the
-    /// intervals for whether the change is sure), `n/a` for the reference.
-    pub verdict: String,
-}
-
-/// Table 8.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Curves {
-    /// The series every gap is paired with.
-    pub reference: String,
-    pub points: Vec<CurvePoint>,
-    pub trends: Vec<CurveTrend>,
-    /// log2 of [`PAPER_PROBLEMS`] over the largest budget's problems.
-    pub doublings_to_paper: f64,
 }
 
 /// The ELM every gap is measured against (the one at the best healed baseline's window, where
@@ -306,43 +252,6 @@ fn trend(name: &str, pts: &[CurvePoint], batch: usize) -> Result<CurveTrend, Rep
         gap_at_paper_budget: at_paper,
         verdict: verdict.into(),
     })
-}
-
-/// Table 9: one headline row trained with one seed at the main budget.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SeedRow {
-    pub series: String,
-    pub seed: u64,
-    pub answer_nll: Interval,
-    /// This answer NLL minus the reference ELM's trained with the same seed, paired over
-    /// problems (`None` on the ELM's own rows).
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub minus_elm: Option<Interval>,
-}
-
-/// Table 9's summary of one series over the seeds.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SeedSummary {
-    pub series: String,
-    /// Answer NLL over the seeds (beside the bootstrap interval over problems of each seed).
-    pub answer_nll: Spread,
-    /// `minus_elm` over the seeds (`None` for the ELM).
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub minus_elm: Option<Spread>,
-    /// `worse than the ELM at every seed` / `better than the ELM at every seed` when every
-    /// seed's paired interval excludes 0 on the same side, else `not sure`; `n/a` for the ELM.
-    pub verdict: String,
-}
-
-/// Table 9.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Seeds {
-    pub reference: String,
-    pub rows: Vec<SeedRow>,
-    pub summaries: Vec<SeedSummary>,
 }
 
 /// Table 9: the headline rows (the reference ELM, the best healed baseline, the tuned dense
