@@ -10,7 +10,7 @@ use elm::eval::task::MetricReport;
 use elm::lora::LoraReport;
 
 use crate::error::ReproError;
-use crate::fill_tables::{pair, Dense, Main};
+use crate::fill_tables::{paired_delta, Dense, Main};
 use crate::rows::{
     CurvePoint, CurveTrend, Curves, Interval, SeedRow, SeedSummary, Seeds, PAPER_PROBLEMS,
 };
@@ -103,11 +103,12 @@ fn train_point(
     }
 }
 
-/// The ELM every gap is measured against (the one at the best healed baseline's window, where
-/// the methods meet on the same layers; else the study's window), then the baselines, best first.
-fn series(main: &Main, start: usize) -> Vec<Series> {
-    let elm = main.same_window_start.unwrap_or(start);
-    let mut s = vec![Series::Elm(elm)];
+/// The headline rows, reference first: the ELM every gap is measured against (the one at the
+/// best healed baseline's window, where the methods meet on the same layers; else the study's
+/// window at `start`), the best healed baseline, the tuned dense model. Table 9 trains these;
+/// table 8 adds the other series after them.
+fn headline_series(main: &Main, start: usize) -> Vec<Series> {
+    let mut s = vec![Series::Elm(main.same_window_start.unwrap_or(start))];
     s.extend(
         main.healed_ranked
             .iter()
@@ -116,6 +117,14 @@ fn series(main: &Main, start: usize) -> Vec<Series> {
             .map(Series::Healed),
     );
     s.push(Series::Dense);
+    s
+}
+
+/// Table 8's series: the headline rows, then the ELM at the study's window (when the reference
+/// sits elsewhere), the other healed baselines (best first) and Streamline.
+fn series(main: &Main, start: usize) -> Vec<Series> {
+    let elm = main.same_window_start.unwrap_or(start);
+    let mut s = headline_series(main, start);
     if elm != start {
         s.push(Series::Elm(start));
     }
@@ -128,10 +137,6 @@ fn series(main: &Main, start: usize) -> Vec<Series> {
     );
     s.push(Series::Streamline);
     s
-}
-
-fn gap(model: &MetricReport, elm: &MetricReport, what: &str) -> Result<Interval, ReproError> {
-    Ok((&pair(model, elm, what)?.delta).into())
 }
 
 /// A trained point and its answer NLL minus the reference ELM's at the same run.
@@ -156,7 +161,7 @@ fn paired_runs(
         for (i, &(steps, seed)) in runs.iter().enumerate() {
             let p = train_point(ctx, dense, s, steps, seed)?;
             let minus_elm = match elm_items.get(i) {
-                Some(e) if s != &all[0] => Some(gap(
+                Some(e) if s != &all[0] => Some(paired_delta(
                     &p.nll,
                     e,
                     &format!("{name} vs {reference}, {steps} steps, seed {seed}"),
@@ -262,15 +267,7 @@ pub fn seeds(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Seeds, Rep
         .curves
         .clone()
         .ok_or_else(|| ReproError::Setup("this scale has no seeds table".into()))?;
-    let mut all = vec![Series::Elm(main.same_window_start.unwrap_or(l.start))];
-    all.extend(
-        main.healed_ranked
-            .iter()
-            .take(1)
-            .cloned()
-            .map(Series::Healed),
-    );
-    all.push(Series::Dense);
+    let all = headline_series(main, l.start);
     let reference = all[0].name(l.m);
     let runs: Vec<(usize, u64)> = study
         .seeds

@@ -24,7 +24,9 @@ pub type Trainings = Vec<(String, Done<Trained>)>;
 /// Trained ELMs by replaced layers M.
 pub type ElmsByM = Vec<(usize, Done<Trained>)>;
 
-pub(crate) fn pair(
+/// `model`'s per-problem scores against `reference`'s over the same problems: the library's
+/// paired bootstrap (Δ and ratio intervals); `what` names the pair in an error.
+fn pair(
     model: &MetricReport,
     reference: &MetricReport,
     what: &str,
@@ -35,6 +37,16 @@ pub(crate) fn pair(
             source,
         }
     })
+}
+
+/// `model`'s score minus `reference`'s, paired over the same problems (the interval of every Δ
+/// and gap the tables print).
+pub(crate) fn paired_delta(
+    model: &MetricReport,
+    reference: &MetricReport,
+    what: &str,
+) -> Result<Interval, ReproError> {
+    Ok((&pair(model, reference, what)?.delta).into())
 }
 
 /// The dense model's runs. `nll` / `em` are the LoRA-tuned model's, the reference of every
@@ -73,7 +85,7 @@ pub fn dense(ctx: &mut Ctx<'_>) -> Result<Dense, ReproError> {
 fn nll_cells(run: &TaskRun, dense: &Dense, what: &str) -> Result<(Interval, Interval), ReproError> {
     let m = run.metric("answer_nll", what)?;
     let d = dense.nll.value.metric("answer_nll", "dense")?;
-    Ok(((&m.estimate).into(), (&pair(m, d, what)?.delta).into()))
+    Ok(((&m.estimate).into(), paired_delta(m, d, what)?))
 }
 
 /// Table 1 rows (and the trained ELM, reused by tables 3 and 7).
@@ -125,7 +137,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             delta_nll: if is_reference {
                 None
             } else {
-                Some((&pair(n, dn, &model)?.delta).into())
+                Some(paired_delta(n, dn, &model)?)
             },
             flexible_em: (&f.estimate).into(),
             strict_em: (&em.metric("strict_match", &model)?.estimate).into(),
@@ -224,10 +236,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     let mut to_heal = vec![];
     for method in &l.baselines {
         let p = runs::prune(ctx, method, l.m)?;
-        let subject = Subject::Model {
-            dir: p.value.out.clone(),
-            key: p.key.clone(),
-        };
+        let subject = Subject::pruned(&p);
         let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
         let em = runs::eval(ctx, &subject, "gsm8k")?;
         let v = nll.value.metric("answer_nll", method)?.estimate.value;
@@ -317,7 +326,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             baseline,
             elm: name,
             layers: (start, start + l.m - 1),
-            delta_baseline_minus_elm: (&pair(&baseline_items, &items, &what)?.delta).into(),
+            delta_baseline_minus_elm: paired_delta(&baseline_items, &items, &what)?,
         });
         same_window_items = Some(items.clone());
         same_window_baseline_items = Some(baseline_items);
@@ -349,18 +358,18 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         healed: name.clone(),
         plain: plain_name.clone(),
         layers,
-        healed_minus_plain: (&pair(
+        healed_minus_plain: paired_delta(
             &healed_items,
             &plain_items,
             &format!("{name} vs {plain_name}"),
-        )?
-        .delta)
-            .into(),
+        )?,
         baseline: baseline.as_ref().map(|b| b.0.clone()),
         baseline_minus_healed: match &baseline {
-            Some((b, Some(items))) => {
-                Some((&pair(items, &healed_items, &format!("{b} vs {name}"))?.delta).into())
-            }
+            Some((b, Some(items))) => Some(paired_delta(
+                items,
+                &healed_items,
+                &format!("{b} vs {name}"),
+            )?),
             _ => None,
         },
     });
@@ -414,7 +423,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     let (elm_row, elm_items) = elm_row;
     for (i, items) in compressed {
         let what = format!("{} vs the ELM", rows[i].model);
-        rows[i].delta_nll_vs_elm = Some((&pair(&items, &elm_items, &what)?.delta).into());
+        rows[i].delta_nll_vs_elm = Some(paired_delta(&items, &elm_items, &what)?);
     }
     rows.push(elm_row);
     Ok(Main {
@@ -567,10 +576,7 @@ pub fn sweep(
             delta_nll: delta,
         });
         let p = runs::prune(ctx, baseline, m)?;
-        let subject = Subject::Model {
-            dir: p.value.out.clone(),
-            key: p.key.clone(),
-        };
+        let subject = Subject::pruned(&p);
         let run = runs::eval(ctx, &subject, "gsm8k-nll")?;
         let (nll, delta) = nll_cells(&run.value, dense, &format!("{baseline} M={m}"))?;
         rows.push(SweepRow {
@@ -676,10 +682,7 @@ pub fn best_baseline(ctx: &mut Ctx<'_>, _dense: &Dense) -> Result<String, ReproE
     let mut best: Option<(f64, String)> = None;
     for method in &l.baselines {
         let p = runs::prune(ctx, method, l.m)?;
-        let subject = Subject::Model {
-            dir: p.value.out.clone(),
-            key: p.key.clone(),
-        };
+        let subject = Subject::pruned(&p);
         let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
         let v = nll.value.metric("answer_nll", method)?.estimate.value;
         if best.as_ref().is_none_or(|(b, _)| v < *b) {

@@ -2,6 +2,7 @@
 //! learning curves, each point with its 95% interval. Table 6's and 7c's plots are `elm`'s own
 //! and only copied by the study.
 
+use std::ops::Range;
 use std::path::Path;
 
 use plotters::coord::types::RangedCoordf64;
@@ -51,45 +52,56 @@ fn plot_err(path: &Path, e: impl std::fmt::Display) -> ReproError {
     ReproError::io(path, std::io::Error::other(e.to_string()))
 }
 
-/// Compute (fixed-point block evaluations per token) vs answer NLL, one line per solver.
-pub fn plot_solvers(rows: &[SolverRow], dense_nll: f64, path: &Path) -> Result<(), ReproError> {
-    let xs: Vec<f64> = rows.iter().map(|r| r.block_evals_per_token).collect();
-    let ys: Vec<f64> = rows
-        .iter()
-        .flat_map(|r| [r.answer_nll.lo, r.answer_nll.hi])
-        .chain([dense_nll])
-        .collect();
-    let (x0, x1) = bounds(&xs);
-    let (y0, y1) = with_legend_room(bounds(&ys));
-    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
+/// The drawing surface of every plot here: answer NLL (y) against a continuous x.
+type NllChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// One SVG of answer NLL, in the frame every plot shares (white, captioned, the same margins):
+/// `draw` configures the axes' mesh and draws the series, then the legend is placed at
+/// `legend` and the file written.
+fn nll_plot(
+    path: &Path,
+    size: (u32, u32),
+    caption: &str,
+    (x, y): (Range<f64>, Range<f64>),
+    legend: SeriesLabelPosition,
+    draw: impl FnOnce(&mut NllChart<'_, '_>) -> Result<(), ReproError>,
+) -> Result<(), ReproError> {
+    let root = SVGBackend::new(path, size).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Solver ablation: compute vs quality (main ELM)",
-            ("sans-serif", 18),
-        )
+        .caption(caption, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(x0..x1, y0..y1)
+        .build_cartesian_2d(x, y)
         .map_err(|e| plot_err(path, e))?;
+    draw(&mut chart)?;
     chart
-        .configure_mesh()
-        .x_desc("fixed-point block evaluations per token")
-        .y_desc("answer NLL (nats/token)")
+        .configure_series_labels()
+        .position(legend)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
         .draw()
         .map_err(|e| plot_err(path, e))?;
-    let colors = [RED, BLUE, GREEN];
-    for (i, solver) in SOLVERS.iter().enumerate() {
-        let mut pts: Vec<(f64, &Interval)> = rows
-            .iter()
-            .filter(|r| r.solver == *solver)
-            .map(|r| (r.block_evals_per_token, &r.answer_nll))
-            .collect();
-        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let c = colors[i % colors.len()];
-        draw_estimates(&mut chart, &pts, c, solver, path)?;
-    }
+    root.present().map_err(|e| plot_err(path, e))
+}
+
+/// The y axis of answer NLL: every interval (and the dense line, when there is one) inside it,
+/// with room above for the legend.
+fn nll_axis<'a>(nll: impl Iterator<Item = &'a Interval>, dense_nll: Option<f64>) -> Range<f64> {
+    let ys: Vec<f64> = nll.flat_map(|i| [i.lo, i.hi]).chain(dense_nll).collect();
+    let (y0, y1) = with_legend_room(bounds(&ys));
+    y0..y1
+}
+
+/// The tuned dense model's answer NLL as a black line across the whole x axis.
+fn draw_dense_line(
+    chart: &mut NllChart<'_, '_>,
+    (x0, x1): (f64, f64),
+    dense_nll: f64,
+    path: &Path,
+) -> Result<(), ReproError> {
     chart
         .draw_series(LineSeries::new(
             vec![(x0, dense_nll), (x1, dense_nll)],
@@ -98,14 +110,41 @@ pub fn plot_solvers(rows: &[SolverRow], dense_nll: f64, path: &Path) -> Result<(
         .map_err(|e| plot_err(path, e))?
         .label("dense")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.8))
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-    root.present().map_err(|e| plot_err(path, e))
+    Ok(())
+}
+
+/// Compute (fixed-point block evaluations per token) vs answer NLL, one line per solver.
+pub fn plot_solvers(rows: &[SolverRow], dense_nll: f64, path: &Path) -> Result<(), ReproError> {
+    let xs: Vec<f64> = rows.iter().map(|r| r.block_evals_per_token).collect();
+    let (x0, x1) = bounds(&xs);
+    let y = nll_axis(rows.iter().map(|r| &r.answer_nll), Some(dense_nll));
+    nll_plot(
+        path,
+        (720, 440),
+        "Solver ablation: compute vs quality (main ELM)",
+        (x0..x1, y),
+        SeriesLabelPosition::UpperRight,
+        |chart| {
+            chart
+                .configure_mesh()
+                .x_desc("fixed-point block evaluations per token")
+                .y_desc("answer NLL (nats/token)")
+                .draw()
+                .map_err(|e| plot_err(path, e))?;
+            let colors = [RED, BLUE, GREEN];
+            for (i, solver) in SOLVERS.iter().enumerate() {
+                let mut pts: Vec<(f64, &Interval)> = rows
+                    .iter()
+                    .filter(|r| r.solver == *solver)
+                    .map(|r| (r.block_evals_per_token, &r.answer_nll))
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let c = colors[i % colors.len()];
+                draw_estimates(chart, &pts, c, solver, path)?;
+            }
+            draw_dense_line(chart, (x0, x1), dense_nll, path)
+        },
+    )
 }
 
 /// Answer NLL vs M for the ELM and the baseline of the sweep.
@@ -117,73 +156,50 @@ pub fn plot_sweep(rows: &[SweepRow], dense_nll: f64, path: &Path) -> Result<(), 
     );
     // Whole layers: the axis runs half a layer past the ends and labels integers only.
     let (x0, x1) = (m0 as f64 - 0.5, m1 as f64 + 0.5);
-    let ys: Vec<f64> = rows
-        .iter()
-        .flat_map(|r| [r.answer_nll.lo, r.answer_nll.hi])
-        .chain([dense_nll])
-        .collect();
-    let (y0, y1) = with_legend_room(bounds(&ys));
-    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Compression sweep: quality vs replaced layers M",
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(x0..x1, y0..y1)
-        .map_err(|e| plot_err(path, e))?;
-    chart
-        .configure_mesh()
-        .x_labels(m1 - m0 + 2)
-        .x_label_formatter(&|x| {
-            if (x - x.round()).abs() < 1e-6 {
-                format!("{:.0}", x)
-            } else {
-                String::new()
+    let y = nll_axis(rows.iter().map(|r| &r.answer_nll), Some(dense_nll));
+    nll_plot(
+        path,
+        (720, 440),
+        "Compression sweep: quality vs replaced layers M",
+        (x0..x1, y),
+        SeriesLabelPosition::UpperLeft,
+        |chart| {
+            chart
+                .configure_mesh()
+                .x_labels(m1 - m0 + 2)
+                .x_label_formatter(&|x| {
+                    if (x - x.round()).abs() < 1e-6 {
+                        format!("{:.0}", x)
+                    } else {
+                        String::new()
+                    }
+                })
+                .x_desc("replaced layers M")
+                .y_desc("answer NLL (nats/token)")
+                .draw()
+                .map_err(|e| plot_err(path, e))?;
+            let mut methods: Vec<String> = rows.iter().map(|r| r.method.clone()).collect();
+            methods.dedup();
+            methods.sort();
+            methods.dedup();
+            let colors = [RED, BLUE, GREEN, MAGENTA];
+            for (i, method) in methods.iter().enumerate() {
+                let pts: Vec<(f64, &Interval)> = rows
+                    .iter()
+                    .filter(|r| &r.method == method)
+                    .map(|r| (r.m as f64, &r.answer_nll))
+                    .collect();
+                let c = colors[i % colors.len()];
+                draw_estimates(chart, &pts, c, method, path)?;
             }
-        })
-        .x_desc("replaced layers M")
-        .y_desc("answer NLL (nats/token)")
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-    let mut methods: Vec<String> = rows.iter().map(|r| r.method.clone()).collect();
-    methods.dedup();
-    methods.sort();
-    methods.dedup();
-    let colors = [RED, BLUE, GREEN, MAGENTA];
-    for (i, method) in methods.iter().enumerate() {
-        let pts: Vec<(f64, &Interval)> = rows
-            .iter()
-            .filter(|r| &r.method == method)
-            .map(|r| (r.m as f64, &r.answer_nll))
-            .collect();
-        let c = colors[i % colors.len()];
-        draw_estimates(&mut chart, &pts, c, method, path)?;
-    }
-    chart
-        .draw_series(LineSeries::new(
-            vec![(x0, dense_nll), (x1, dense_nll)],
-            BLACK.stroke_width(1),
-        ))
-        .map_err(|e| plot_err(path, e))?
-        .label("dense")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.8))
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-    root.present().map_err(|e| plot_err(path, e))
+            draw_dense_line(chart, (x0, x1), dense_nll, path)
+        },
+    )
 }
 
 /// One labelled line through the estimates, each point with its 95% interval as an error bar.
-fn draw_estimates<DB: DrawingBackend>(
-    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+fn draw_estimates(
+    chart: &mut NllChart<'_, '_>,
     pts: &[(f64, &Interval)],
     c: RGBColor,
     label: &str,
@@ -227,6 +243,7 @@ fn bounds(v: &[f64]) -> (f64, f64) {
     let pad = ((hi - lo) * 0.05).max(1e-3 * hi.abs().max(1.0));
     (lo - pad, hi + pad)
 }
+
 /// Answer NLL against the log2 of `x` (training tokens or compute seconds), one line per model.
 pub fn plot_curves(
     c: &Curves,
@@ -235,65 +252,50 @@ pub fn plot_curves(
     path: &Path,
 ) -> Result<(), ReproError> {
     let xs: Vec<f64> = c.points.iter().map(|p| x_of(p).max(1.0).log2()).collect();
-    let ys: Vec<f64> = c
-        .points
-        .iter()
-        .flat_map(|p| [p.answer_nll.lo, p.answer_nll.hi])
-        .collect();
     let (x0, x1) = bounds(&xs);
-    let (y0, y1) = with_legend_room(bounds(&ys));
-    let root = SVGBackend::new(path, (760, 480)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("Learning curves: answer NLL vs {x_desc}"),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(x0..x1, y0..y1)
-        .map_err(|e| plot_err(path, e))?;
-    chart
-        .configure_mesh()
-        .x_label_formatter(&|x| count(x.exp2()))
-        .x_desc(format!("{x_desc} (log scale)"))
-        .y_desc("answer NLL (nats/token)")
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-    let mut names: Vec<&str> = vec![];
-    for p in &c.points {
-        if !names.contains(&p.series.as_str()) {
-            names.push(&p.series);
-        }
-    }
-    let colors = [
-        RED,
-        BLUE,
-        BLACK,
-        MAGENTA,
-        GREEN,
-        CYAN,
-        RGBColor(230, 140, 0),
-    ];
-    for (i, name) in names.iter().enumerate() {
-        let mut pts: Vec<(f64, &Interval)> = c
-            .points
-            .iter()
-            .filter(|p| p.series == *name)
-            .map(|p| (x_of(p).max(1.0).log2(), &p.answer_nll))
-            .collect();
-        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        draw_estimates(&mut chart, &pts, colors[i % colors.len()], name, path)?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.8))
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-    root.present().map_err(|e| plot_err(path, e))
+    let y = nll_axis(c.points.iter().map(|p| &p.answer_nll), None);
+    nll_plot(
+        path,
+        (760, 480),
+        &format!("Learning curves: answer NLL vs {x_desc}"),
+        (x0..x1, y),
+        SeriesLabelPosition::UpperRight,
+        |chart| {
+            chart
+                .configure_mesh()
+                .x_label_formatter(&|x| count(x.exp2()))
+                .x_desc(format!("{x_desc} (log scale)"))
+                .y_desc("answer NLL (nats/token)")
+                .draw()
+                .map_err(|e| plot_err(path, e))?;
+            let mut names: Vec<&str> = vec![];
+            for p in &c.points {
+                if !names.contains(&p.series.as_str()) {
+                    names.push(&p.series);
+                }
+            }
+            let colors = [
+                RED,
+                BLUE,
+                BLACK,
+                MAGENTA,
+                GREEN,
+                CYAN,
+                RGBColor(230, 140, 0),
+            ];
+            for (i, name) in names.iter().enumerate() {
+                let mut pts: Vec<(f64, &Interval)> = c
+                    .points
+                    .iter()
+                    .filter(|p| p.series == *name)
+                    .map(|p| (x_of(p).max(1.0).log2(), &p.answer_nll))
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                draw_estimates(chart, &pts, colors[i % colors.len()], name, path)?;
+            }
+            Ok(())
+        },
+    )
 }
 
 #[cfg(test)]

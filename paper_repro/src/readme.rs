@@ -196,7 +196,7 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
     s += &section(
         "Table 6 — Where to prune (paper: GPPO start-layer study)",
         &t.where_to_prune.as_ref().map_or_else(
-            || "Not computed in this run (`--only` selected other tables).\n".to_string(),
+            || NOT_COMPUTED.to_string(),
             |w| where_table(w, &t.limits["search"]) + &trained_windows_table(&t.trained_windows, w),
         ),
         paper::WHERE,
@@ -258,9 +258,14 @@ fn budget(v: &serde_json::Value) -> String {
     )
 }
 
+/// A section's text when `--only` left its table out (the smoke test looks for `Not computed`
+/// to know that every table was filled).
+const NOT_COMPUTED: &str = "Not computed in this run (`--only` selected other tables).\n";
+
+/// `f` of a table's rows, or [`NOT_COMPUTED`] when the table has none.
 fn nonempty<T>(rows: &[T], f: impl Fn(&[T]) -> String) -> String {
     if rows.is_empty() {
-        "Not computed in this run (`--only` selected other tables).\n".into()
+        NOT_COMPUTED.into()
     } else {
         f(rows)
     }

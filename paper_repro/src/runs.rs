@@ -460,6 +460,13 @@ impl Subject {
             key: run.key.clone(),
         }
     }
+    /// The model a training-free baseline cut (`elm prune`).
+    pub fn pruned(p: &Done<Pruned>) -> Self {
+        Subject::Model {
+            dir: p.value.out.clone(),
+            key: p.key.clone(),
+        }
+    }
     /// The trained module of `t` solved by `solver` to absolute per-token tolerance `tol`.
     pub fn elm(t: &Done<Trained>, solver: &str, tol: f64) -> Self {
         Subject::Elm {

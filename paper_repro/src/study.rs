@@ -86,6 +86,20 @@ fn elm_binary(explicit: Option<PathBuf>) -> Result<PathBuf, ReproError> {
     Ok(bin)
 }
 
+/// The tables that read the dense model's runs: every one but the canonical problems (each cuts
+/// compressed models from the LoRA-tuned dense model or compares with it).
+const NEEDS_DENSE: [TableId; 9] = [
+    TableId::Main,
+    TableId::Curves,
+    TableId::Seeds,
+    TableId::Kv,
+    TableId::Solver,
+    TableId::Grad,
+    TableId::Sweep,
+    TableId::Where,
+    TableId::Spectral,
+];
+
 /// Planned work units of the selected tables (the ETA's denominator; see `runs`).
 pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
     let train = |b: &crate::scale::Budget| b.max_tokens() as f64 / 100.0;
@@ -93,20 +107,7 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
     let em = (l.gsm8k_eval * l.max_new_tokens) as f64 / 5.0;
     let prune = l.calibration_tokens as f64 / 50.0;
     let mut u = if l.bench { 60.0 } else { 0.0 };
-    let needs_dense = [
-        TableId::Main,
-        TableId::Curves,
-        TableId::Seeds,
-        TableId::Kv,
-        TableId::Solver,
-        TableId::Grad,
-        TableId::Sweep,
-        TableId::Where,
-        TableId::Spectral,
-    ]
-    .iter()
-    .any(|&t| sel(t));
-    if needs_dense {
+    if NEEDS_DENSE.iter().any(|&t| sel(t)) {
         // Untuned and LoRA-tuned dense evaluations and the LoRA run.
         u += 2.0 * (nll + em) + train(&l.lora);
     }
@@ -248,17 +249,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     // Every table but the canonical problems cuts compressed models, and (as in the paper)
     // they are cut from the LoRA-tuned dense model: tune it first, then point every later
     // stage at it (the untuned model's runs are already done by then).
-    let dense = if needs(&[
-        TableId::Main,
-        TableId::Curves,
-        TableId::Seeds,
-        TableId::Kv,
-        TableId::Solver,
-        TableId::Grad,
-        TableId::Sweep,
-        TableId::Where,
-        TableId::Spectral,
-    ]) {
+    let dense = if needs(&NEEDS_DENSE) {
         let d = fill_tables::dense(&mut ctx)?;
         ctx.model = d.tuned.value.out.clone().into();
         ctx.model_id = format!("lora-tuned {}", d.tuned.key);
