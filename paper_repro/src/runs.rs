@@ -711,26 +711,39 @@ pub fn where_to_prune(
             &path_arg(out),
         ])
     };
+    // GPPO and the enumeration keep their state in the stage's `run` directory: a stage a kill
+    // interrupted resumes from it, a new one starts with `fresh` (its budget).
+    let resumable = |dir: &Path, method: &str, state_file: &str, what: &str, fresh: Vec<String>| {
+        let run = dir.join("run");
+        let mut a = common(method, &run);
+        if run.join(state_file).exists() {
+            eprintln!("  resuming {what} in {}", run.display());
+            a.push("--resume".into());
+        } else {
+            a.extend(fresh);
+        }
+        a
+    };
     let gppo_config = json!({"base": base, "steps": b.gppo_steps});
     let gppo = ctx.stages.run::<_, Value>(
         "gppo",
         &gppo_config,
         (b.gppo_steps * b.seq_len) as f64 / 100.0,
         |dir| {
-            let run = dir.join("run");
-            let mut a = common("gppo", &run);
-            if run.join(elm::search::gppo::GPPO_STATE_FILE).exists() {
-                eprintln!("  resuming GPPO in {}", run.display());
-                a.push("--resume".into());
-            } else {
-                a.extend(args(&[
-                    "--steps",
-                    &b.gppo_steps.to_string(),
-                    "--seq-len",
-                    &b.seq_len.to_string(),
-                    "--force",
-                ]));
-            }
+            let fresh = args(&[
+                "--steps",
+                &b.gppo_steps.to_string(),
+                "--seq-len",
+                &b.seq_len.to_string(),
+                "--force",
+            ]);
+            let mut a = resumable(
+                dir,
+                "gppo",
+                elm::search::gppo::GPPO_STATE_FILE,
+                "GPPO",
+                fresh,
+            );
             data(&mut a, dir)?;
             Ok(elm.run::<Unread>(&a)?.raw)
         },
@@ -748,21 +761,21 @@ pub fn where_to_prune(
         &enum_config,
         (starts * b.enum_steps * b.seq_len) as f64 / 100.0 / b.enum_every as f64,
         |dir| {
-            let run = dir.join("run");
-            let mut a = common("enumerate", &run);
-            if run.join(elm::search::enumerate::ENUM_FILE).exists() {
-                eprintln!("  resuming the enumeration in {}", run.display());
-                a.push("--resume".into());
-            } else {
-                a.extend(args(&[
-                    "--steps",
-                    &b.enum_steps.to_string(),
-                    "--every",
-                    &b.enum_every.to_string(),
-                    "--seq-len",
-                    &b.seq_len.to_string(),
-                ]));
-            }
+            let fresh = args(&[
+                "--steps",
+                &b.enum_steps.to_string(),
+                "--every",
+                &b.enum_every.to_string(),
+                "--seq-len",
+                &b.seq_len.to_string(),
+            ]);
+            let mut a = resumable(
+                dir,
+                "enumerate",
+                elm::search::enumerate::ENUM_FILE,
+                "the enumeration",
+                fresh,
+            );
             a.extend(args(&["--eval-examples", &b.enum_eval.to_string()]));
             data(&mut a, dir)?;
             Ok(elm.run::<Unread>(&a)?.raw)
