@@ -350,10 +350,8 @@ pub fn train(
             args(&["train", "--model", &path_arg(&model), "--resume"])
         } else {
             let cfg_path = dir.join("train_config.json");
-            elm::io::write_json_atomic(&cfg_path, &cfg).map_err(|source| ReproError::Elm {
-                what: format!("writing {}", cfg_path.display()),
-                source,
-            })?;
+            elm::io::write_json_atomic(&cfg_path, &cfg)
+                .map_err(|e| ReproError::writing(&cfg_path, e))?;
             args(&[
                 "train",
                 "--model",
@@ -401,12 +399,8 @@ fn train_subset(data_dir: &Path, n: usize, dir: &Path) -> Result<PathBuf, ReproE
         .take(n)
         .collect();
     let path = dir.join("train_subset.jsonl");
-    elm::io::write_atomic(&path, (lines.join("\n") + "\n").as_bytes()).map_err(|source| {
-        ReproError::Elm {
-            what: format!("writing {}", path.display()),
-            source,
-        }
-    })?;
+    elm::io::write_atomic(&path, (lines.join("\n") + "\n").as_bytes())
+        .map_err(|e| ReproError::writing(&path, e))?;
     Ok(path)
 }
 
@@ -638,10 +632,8 @@ fn lora_stage(
             args(&["lora", "--model", &path_arg(&model), "--resume"])
         } else {
             let cfg_path = dir.join("lora_config.json");
-            elm::io::write_json_atomic(&cfg_path, &cfg).map_err(|source| ReproError::Elm {
-                what: format!("writing {}", cfg_path.display()),
-                source,
-            })?;
+            elm::io::write_json_atomic(&cfg_path, &cfg)
+                .map_err(|e| ReproError::writing(&cfg_path, e))?;
             args(&[
                 "lora",
                 "--model",

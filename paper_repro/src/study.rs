@@ -396,17 +396,13 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     }
     t.stages = ctx.stages.log.clone();
     t.seconds = ctx.stages.elapsed();
-    elm::io::write_json_atomic(&tables_path, &t).map_err(|source| ReproError::Elm {
-        what: format!("writing {}", tables_path.display()),
-        source,
-    })?;
+    elm::io::write_json_atomic(&tables_path, &t)
+        .map_err(|e| ReproError::writing(&tables_path, e))?;
     let plots_ok = plots::write(&t, &out.join("plots"))?;
     let page = readme::readme(&t, plots_ok);
     let readme_path = out.join("README.md");
-    elm::io::write_atomic(&readme_path, page.as_bytes()).map_err(|source| ReproError::Elm {
-        what: format!("writing {}", readme_path.display()),
-        source,
-    })?;
+    elm::io::write_atomic(&readme_path, page.as_bytes())
+        .map_err(|e| ReproError::writing(&readme_path, e))?;
     if let Some(path) = &args.readme {
         let text = std::fs::read_to_string(path).map_err(|e| ReproError::io(path, e))?;
         let link = out.join("README.md");
@@ -436,10 +432,8 @@ pub fn run(args: Args) -> Result<(), ReproError> {
                 path.display()
             ))
         })?;
-        elm::io::write_atomic(path, updated.as_bytes()).map_err(|source| ReproError::Elm {
-            what: format!("writing {}", path.display()),
-            source,
-        })?;
+        elm::io::write_atomic(path, updated.as_bytes())
+            .map_err(|e| ReproError::writing(path, e))?;
     }
     eprintln!(
         "wrote {} and {} in {}",
