@@ -345,25 +345,15 @@ pub fn train(
         }
         let compress = elm.run::<Compressed>(&c)?.typed;
         let trained = dir.join("trained");
-        let mut t = if trained.join(elm::equilibrium::train::STATE_FILE).exists() {
-            eprintln!("  resuming the training in {}", trained.display());
-            args(&["train", "--model", &path_arg(&model), "--resume"])
-        } else {
-            let cfg_path = dir.join("train_config.json");
-            elm::io::write_json_atomic(&cfg_path, &cfg)
-                .map_err(|e| ReproError::writing(&cfg_path, e))?;
-            args(&[
-                "train",
-                "--model",
-                &path_arg(&model),
-                "--elm",
-                &path_arg(&init),
-                "--config",
-                &path_arg(&cfg_path),
-                // No saved state: whatever a killed run left in the directory is replaced.
-                "--force",
-            ])
-        };
+        let mut t = resume_or_start(
+            "train",
+            &model,
+            &trained,
+            elm::equilibrium::train::STATE_FILE,
+            "the training",
+            args(&["--elm", &path_arg(&init)]),
+            (&dir.join("train_config.json"), &cfg),
+        )?;
         t.extend(args(&[
             "--out",
             &path_arg(&trained),
@@ -599,6 +589,31 @@ pub fn heal(
     )
 }
 
+/// The head of a resumable `elm train` / `elm lora` command on `model`: `--resume` when the
+/// run directory `out` kept its state (`state_file`), else the stage's `inputs` and its
+/// config, written to the given path, with `--force` (no saved state: whatever a killed run
+/// left in the directory is replaced). `what` names the run in the resume message.
+fn resume_or_start(
+    command: &str,
+    model: &Path,
+    out: &Path,
+    state_file: &str,
+    what: &str,
+    inputs: Vec<String>,
+    (cfg_path, cfg): (&Path, &impl Serialize),
+) -> Result<Vec<String>, ReproError> {
+    let mut a = args(&[command, "--model", &path_arg(model)]);
+    if out.join(state_file).exists() {
+        eprintln!("  resuming {what} in {}", out.display());
+        a.push("--resume".into());
+    } else {
+        elm::io::write_json_atomic(cfg_path, cfg).map_err(|e| ReproError::writing(cfg_path, e))?;
+        a.extend(inputs);
+        a.extend(args(&["--config", &path_arg(cfg_path), "--force"]));
+    }
+    Ok(a)
+}
+
 /// `elm lora` of `model` (whose identity in the stage key is `identity`), resumable.
 fn lora_stage(
     ctx: &mut Ctx<'_>,
@@ -627,23 +642,15 @@ fn lora_stage(
     let (elm, model, data_dir) = (ctx.elm, model.to_path_buf(), ctx.data_dir.clone());
     ctx.stages.run("lora", &config, units, |dir| {
         let run = dir.join("run");
-        let mut a = if run.join(elm::lora::sft::LORA_STATE_FILE).exists() {
-            eprintln!("  resuming the LoRA run in {}", run.display());
-            args(&["lora", "--model", &path_arg(&model), "--resume"])
-        } else {
-            let cfg_path = dir.join("lora_config.json");
-            elm::io::write_json_atomic(&cfg_path, &cfg)
-                .map_err(|e| ReproError::writing(&cfg_path, e))?;
-            args(&[
-                "lora",
-                "--model",
-                &path_arg(&model),
-                "--config",
-                &path_arg(&cfg_path),
-                // No saved state: whatever a killed run left in the directory is replaced.
-                "--force",
-            ])
-        };
+        let mut a = resume_or_start(
+            "lora",
+            &model,
+            &run,
+            elm::lora::sft::LORA_STATE_FILE,
+            "the LoRA run",
+            vec![],
+            (&dir.join("lora_config.json"), &cfg),
+        )?;
         a.extend(args(&[
             "--out",
             &path_arg(&run),
