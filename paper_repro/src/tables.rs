@@ -1,6 +1,8 @@
-//! [`Tables`]: every table of one run, as `OUT/tables.json` stores it. Between the rows and
-//! everything that reads them: the study fills one, the Markdown, plot and README writers
-//! print one, and this file imports only the row types beneath it.
+//! [`Tables`]: every table of one run, as `OUT/tables.json` stores it (the smoke test reads
+//! that file back into it). Between the rows and everything that reads them: the study fills
+//! one, the plot and README writers print one; this file imports only the records it holds
+//! (the rows, the canonical problems' and the ρ sweep's records, the stage log), never the
+//! code that fills or prints them.
 
 use elm::search::report::WhereToPrune;
 use serde::{Deserialize, Serialize};
