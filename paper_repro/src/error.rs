@@ -1,6 +1,6 @@
 //! Why a reproduction run stopped; every variant names the `elm` command or file concerned.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReproError {
@@ -40,6 +40,14 @@ impl ReproError {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         ReproError::Io {
             path: path.into(),
+            source,
+        }
+    }
+
+    /// The library's atomic writer failed to write `path`.
+    pub fn writing(path: &Path, source: elm::ElmError) -> Self {
+        ReproError::Elm {
+            what: format!("writing {}", path.display()),
             source,
         }
     }

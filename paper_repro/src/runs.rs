@@ -200,6 +200,20 @@ pub struct Trained {
     pub train: TrainReport,
 }
 
+impl Done<Trained> {
+    /// A copy of the training's record for a second owner (the throughput table lists the
+    /// trainings other tables also read).
+    pub fn clone_done(&self) -> Self {
+        Done {
+            key: self.key.clone(),
+            value: self.value.clone(),
+            raw: self.raw.clone(),
+            cached: self.cached,
+            dir: self.dir.clone(),
+        }
+    }
+}
+
 /// A run's own compute: the steps of every run it took (a killed and resumed stage counts its
 /// earlier runs' steps too), or this process's seconds when no step's time was kept (states
 /// written before the steps' times were).
@@ -331,27 +345,15 @@ pub fn train(
         }
         let compress = elm.run::<Compressed>(&c)?.typed;
         let trained = dir.join("trained");
-        let mut t = if trained.join(elm::equilibrium::train::STATE_FILE).exists() {
-            eprintln!("  resuming the training in {}", trained.display());
-            args(&["train", "--model", &path_arg(&model), "--resume"])
-        } else {
-            let cfg_path = dir.join("train_config.json");
-            elm::io::write_json_atomic(&cfg_path, &cfg).map_err(|source| ReproError::Elm {
-                what: format!("writing {}", cfg_path.display()),
-                source,
-            })?;
-            args(&[
-                "train",
-                "--model",
-                &path_arg(&model),
-                "--elm",
-                &path_arg(&init),
-                "--config",
-                &path_arg(&cfg_path),
-                // No saved state: whatever a killed run left in the directory is replaced.
-                "--force",
-            ])
-        };
+        let mut t = resume_or_start(
+            "train",
+            &model,
+            &trained,
+            elm::equilibrium::train::STATE_FILE,
+            "the training",
+            args(&["--elm", &path_arg(&init)]),
+            (&dir.join("train_config.json"), &cfg),
+        )?;
         t.extend(args(&[
             "--out",
             &path_arg(&trained),
@@ -387,12 +389,8 @@ fn train_subset(data_dir: &Path, n: usize, dir: &Path) -> Result<PathBuf, ReproE
         .take(n)
         .collect();
     let path = dir.join("train_subset.jsonl");
-    elm::io::write_atomic(&path, (lines.join("\n") + "\n").as_bytes()).map_err(|source| {
-        ReproError::Elm {
-            what: format!("writing {}", path.display()),
-            source,
-        }
-    })?;
+    elm::io::write_atomic(&path, (lines.join("\n") + "\n").as_bytes())
+        .map_err(|e| ReproError::writing(&path, e))?;
     Ok(path)
 }
 
@@ -444,6 +442,13 @@ impl Subject {
         Subject::Model {
             dir: run.value.out.clone().into(),
             key: run.key.clone(),
+        }
+    }
+    /// The model a training-free baseline cut (`elm prune`).
+    pub fn pruned(p: &Done<Pruned>) -> Self {
+        Subject::Model {
+            dir: p.value.out.clone(),
+            key: p.key.clone(),
         }
     }
     /// The trained module of `t` solved by `solver` to absolute per-token tolerance `tol`.
@@ -590,6 +595,31 @@ pub fn heal(
     )
 }
 
+/// The head of a resumable `elm train` / `elm lora` command on `model`: `--resume` when the
+/// run directory `out` kept its state (`state_file`), else the stage's `inputs` and its
+/// config, written to the given path, with `--force` (no saved state: whatever a killed run
+/// left in the directory is replaced). `what` names the run in the resume message.
+fn resume_or_start(
+    command: &str,
+    model: &Path,
+    out: &Path,
+    state_file: &str,
+    what: &str,
+    inputs: Vec<String>,
+    (cfg_path, cfg): (&Path, &impl Serialize),
+) -> Result<Vec<String>, ReproError> {
+    let mut a = args(&[command, "--model", &path_arg(model)]);
+    if out.join(state_file).exists() {
+        eprintln!("  resuming {what} in {}", out.display());
+        a.push("--resume".into());
+    } else {
+        elm::io::write_json_atomic(cfg_path, cfg).map_err(|e| ReproError::writing(cfg_path, e))?;
+        a.extend(inputs);
+        a.extend(args(&["--config", &path_arg(cfg_path), "--force"]));
+    }
+    Ok(a)
+}
+
 /// `elm lora` of `model` (whose identity in the stage key is `identity`), resumable.
 fn lora_stage(
     ctx: &mut Ctx<'_>,
@@ -618,25 +648,15 @@ fn lora_stage(
     let (elm, model, data_dir) = (ctx.elm, model.to_path_buf(), ctx.data_dir.clone());
     ctx.stages.run("lora", &config, units, |dir| {
         let run = dir.join("run");
-        let mut a = if run.join(elm::lora::sft::LORA_STATE_FILE).exists() {
-            eprintln!("  resuming the LoRA run in {}", run.display());
-            args(&["lora", "--model", &path_arg(&model), "--resume"])
-        } else {
-            let cfg_path = dir.join("lora_config.json");
-            elm::io::write_json_atomic(&cfg_path, &cfg).map_err(|source| ReproError::Elm {
-                what: format!("writing {}", cfg_path.display()),
-                source,
-            })?;
-            args(&[
-                "lora",
-                "--model",
-                &path_arg(&model),
-                "--config",
-                &path_arg(&cfg_path),
-                // No saved state: whatever a killed run left in the directory is replaced.
-                "--force",
-            ])
-        };
+        let mut a = resume_or_start(
+            "lora",
+            &model,
+            &run,
+            elm::lora::sft::LORA_STATE_FILE,
+            "the LoRA run",
+            vec![],
+            (&dir.join("lora_config.json"), &cfg),
+        )?;
         a.extend(args(&[
             "--out",
             &path_arg(&run),
@@ -696,26 +716,39 @@ pub fn where_to_prune(
             &path_arg(out),
         ])
     };
+    // GPPO and the enumeration keep their state in the stage's `run` directory: a stage a kill
+    // interrupted resumes from it, a new one starts with `fresh` (its budget).
+    let resumable = |dir: &Path, method: &str, state_file: &str, what: &str, fresh: Vec<String>| {
+        let run = dir.join("run");
+        let mut a = common(method, &run);
+        if run.join(state_file).exists() {
+            eprintln!("  resuming {what} in {}", run.display());
+            a.push("--resume".into());
+        } else {
+            a.extend(fresh);
+        }
+        a
+    };
     let gppo_config = json!({"base": base, "steps": b.gppo_steps});
     let gppo = ctx.stages.run::<_, Value>(
         "gppo",
         &gppo_config,
         (b.gppo_steps * b.seq_len) as f64 / 100.0,
         |dir| {
-            let run = dir.join("run");
-            let mut a = common("gppo", &run);
-            if run.join(elm::search::gppo::GPPO_STATE_FILE).exists() {
-                eprintln!("  resuming GPPO in {}", run.display());
-                a.push("--resume".into());
-            } else {
-                a.extend(args(&[
-                    "--steps",
-                    &b.gppo_steps.to_string(),
-                    "--seq-len",
-                    &b.seq_len.to_string(),
-                    "--force",
-                ]));
-            }
+            let fresh = args(&[
+                "--steps",
+                &b.gppo_steps.to_string(),
+                "--seq-len",
+                &b.seq_len.to_string(),
+                "--force",
+            ]);
+            let mut a = resumable(
+                dir,
+                "gppo",
+                elm::search::gppo::GPPO_STATE_FILE,
+                "GPPO",
+                fresh,
+            );
             data(&mut a, dir)?;
             Ok(elm.run::<Unread>(&a)?.raw)
         },
@@ -733,23 +766,23 @@ pub fn where_to_prune(
         &enum_config,
         (starts * b.enum_steps * b.seq_len) as f64 / 100.0 / b.enum_every as f64,
         |dir| {
-            let run = dir.join("run");
-            let mut a = common("enumerate", &run);
-            if run.join(elm::search::enumerate::ENUM_FILE).exists() {
-                eprintln!("  resuming the enumeration in {}", run.display());
-                a.push("--resume".into());
-            } else {
-                a.extend(args(&[
-                    "--steps",
-                    &b.enum_steps.to_string(),
-                    "--every",
-                    &b.enum_every.to_string(),
-                    "--seq-len",
-                    &b.seq_len.to_string(),
-                    // No saved entry: whatever a killed run left in the directory is replaced.
-                    "--force",
-                ]));
-            }
+            let fresh = args(&[
+                "--steps",
+                &b.enum_steps.to_string(),
+                "--every",
+                &b.enum_every.to_string(),
+                "--seq-len",
+                &b.seq_len.to_string(),
+                // No saved entry: whatever a killed run left in the directory is replaced.
+                "--force",
+            ]);
+            let mut a = resumable(
+                dir,
+                "enumerate",
+                elm::search::enumerate::ENUM_FILE,
+                "the enumeration",
+                fresh,
+            );
             a.extend(args(&["--eval-examples", &b.enum_eval.to_string()]));
             data(&mut a, dir)?;
             Ok(elm.run::<Unread>(&a)?.raw)
@@ -1173,6 +1206,6 @@ mod tests {
         };
         let back: elm::model::bench::BenchReport =
             decode_and_reread("elm bench --json", &serde_json::to_vec(&report).unwrap());
-        assert_eq!(crate::bench::figures(&back).prefill_tok_s, 300.0);
+        assert_eq!(crate::rows::BenchFigures::from(&back).prefill_tok_s, 300.0);
     }
 }

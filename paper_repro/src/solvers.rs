@@ -52,6 +52,20 @@ pub struct CanonicalRow {
 }
 
 impl CanonicalRow {
+    /// The row of one `elm solve` of `problem` (its label) by `solver`.
+    fn solved(problem: &str, solver: &str, o: SolveOutput) -> Self {
+        CanonicalRow {
+            problem: problem.into(),
+            solver: solver.into(),
+            converged: o.converged,
+            iterations: o.iterations,
+            map_evals: o.map_evals,
+            residual: o.residual,
+            error_vs_exact: o.error_vs_exact,
+            seconds: o.seconds,
+        }
+    }
+
     pub fn cells(&self) -> Vec<String> {
         vec![
             self.problem.clone(),
@@ -89,16 +103,7 @@ pub fn run(elm: &ElmCli, out_dir: &Path) -> Result<Canonical, ReproError> {
             let mut solve = args(&["solve", "--problem", problem, "--solver", solver]);
             solve.extend(rho_args.iter().cloned());
             let o = elm.run::<SolveOutput>(&solve)?.typed;
-            rows.push(CanonicalRow {
-                problem: label.clone(),
-                solver: solver.into(),
-                converged: o.converged,
-                iterations: o.iterations,
-                map_evals: o.map_evals,
-                residual: o.residual,
-                error_vs_exact: o.error_vs_exact,
-                seconds: o.seconds,
-            });
+            rows.push(CanonicalRow::solved(&label, solver, o));
         }
         let plot = out_dir.join(format!(
             "study_{}.svg",
@@ -126,16 +131,7 @@ mod tests {
         let o = decode::<SolveOutput>("elm solve", SOLVED.as_bytes())
             .unwrap()
             .typed;
-        let row = CanonicalRow {
-            problem: "tanh".into(),
-            solver: "anderson".into(),
-            converged: o.converged,
-            iterations: o.iterations,
-            map_evals: o.map_evals,
-            residual: o.residual,
-            error_vs_exact: o.error_vs_exact,
-            seconds: o.seconds,
-        };
+        let row = CanonicalRow::solved("tanh", "anderson", o);
         let cells = row.cells();
         assert_eq!(cells[5], "3.000e-9");
         assert_eq!(cells[6], NOT_APPLICABLE);

@@ -250,10 +250,7 @@ impl Stages {
             seconds: secs,
             result: result.clone(),
         };
-        elm::io::write_json_atomic(&file, &rec).map_err(|source| ReproError::Elm {
-            what: format!("writing {}", file.display()),
-            source,
-        })?;
+        elm::io::write_json_atomic(&file, &rec).map_err(|e| ReproError::writing(&file, e))?;
         // Counted in the record; a forced recomputation starts from zero.
         let _ = std::fs::remove_file(dir.join(SPENT_FILE));
         self.done_units += units;

@@ -7,11 +7,12 @@ use clap::{Parser, ValueEnum};
 
 use crate::elm_cli::ElmCli;
 use crate::error::ReproError;
-use crate::report::{self, Tables};
+use crate::rows::BenchFigures;
 use crate::runs::{self, Ctx, Variant};
 use crate::scale::{Limits, Scale};
 use crate::stage::Stages;
-use crate::tables;
+use crate::tables::Tables;
+use crate::{fill_curves, fill_tables, plots, readme};
 
 /// The study's tables (`--only`).
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -85,6 +86,20 @@ fn elm_binary(explicit: Option<PathBuf>) -> Result<PathBuf, ReproError> {
     Ok(bin)
 }
 
+/// The tables that read the dense model's runs: every one but the canonical problems (each cuts
+/// compressed models from the LoRA-tuned dense model or compares with it).
+const NEEDS_DENSE: [TableId; 9] = [
+    TableId::Main,
+    TableId::Curves,
+    TableId::Seeds,
+    TableId::Kv,
+    TableId::Solver,
+    TableId::Grad,
+    TableId::Sweep,
+    TableId::Where,
+    TableId::Spectral,
+];
+
 /// Planned work units of the selected tables (the ETA's denominator; see `runs`).
 pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
     let train = |b: &crate::scale::Budget| b.max_tokens() as f64 / 100.0;
@@ -92,20 +107,7 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
     let em = (l.gsm8k_eval * l.max_new_tokens) as f64 / 5.0;
     let prune = l.calibration_tokens as f64 / 50.0;
     let mut u = if l.bench { 60.0 } else { 0.0 };
-    let needs_dense = [
-        TableId::Main,
-        TableId::Curves,
-        TableId::Seeds,
-        TableId::Kv,
-        TableId::Solver,
-        TableId::Grad,
-        TableId::Sweep,
-        TableId::Where,
-        TableId::Spectral,
-    ]
-    .iter()
-    .any(|&t| sel(t));
-    if needs_dense {
+    if NEEDS_DENSE.iter().any(|&t| sel(t)) {
         // Untuned and LoRA-tuned dense evaluations and the LoRA run.
         u += 2.0 * (nll + em) + train(&l.lora);
     }
@@ -236,53 +238,22 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .filter(|t: &Tables| t.scale == scale);
-    let mut t = previous.unwrap_or_else(|| Tables {
-        scale: scale.clone(),
-        model: model.display().to_string(),
-        main: vec![],
-        kv: vec![],
-        solver: vec![],
-        grad: vec![],
-        sweep: vec![],
-        where_to_prune: None,
-        canonical: vec![],
-        spectral: vec![],
-        speed: vec![],
-        bench: None,
-        stages: vec![],
-        seconds: 0.0,
-        limits: serde_json::Value::Null,
-        same_window: None,
-        healed_elm: None,
-        rho_sweep: None,
-        trained_windows: vec![],
-        curves: None,
-        seeds: None,
-    });
+    let mut t =
+        previous.unwrap_or_else(|| Tables::empty(scale.clone(), model.display().to_string()));
     t.model = model.display().to_string();
     t.limits = serde_json::to_value(&limits).map_err(|e| ReproError::Setup(e.to_string()))?;
     let mut trainings = vec![];
 
     if limits.bench {
         let b = crate::bench::run(&mut ctx)?;
-        t.bench = Some(crate::bench::figures(&b));
+        t.bench = Some(BenchFigures::from(&b));
     }
     let needs = |ids: &[TableId]| ids.iter().any(|&i| sel(i));
     // Every table but the canonical problems cuts compressed models, and (as in the paper)
     // they are cut from the LoRA-tuned dense model: tune it first, then point every later
     // stage at it (the untuned model's runs are already done by then).
-    let dense = if needs(&[
-        TableId::Main,
-        TableId::Curves,
-        TableId::Seeds,
-        TableId::Kv,
-        TableId::Solver,
-        TableId::Grad,
-        TableId::Sweep,
-        TableId::Where,
-        TableId::Spectral,
-    ]) {
-        let d = tables::dense(&mut ctx)?;
+    let dense = if needs(&NEEDS_DENSE) {
+        let d = fill_tables::dense(&mut ctx)?;
         ctx.model = d.tuned.value.out.clone().into();
         ctx.model_id = format!("lora-tuned {}", d.tuned.key);
         Some(d)
@@ -293,12 +264,12 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     let main_elm = if needs(&[TableId::Main, TableId::Curves, TableId::Seeds]) {
         // Tables 8 and 9 read table 1's windows and ranking (its stages are cached).
         let d = dense.as_ref().expect("dense runs for the main table");
-        let m = tables::main_results(&mut ctx, d)?;
+        let m = fill_tables::main_results(&mut ctx, d)?;
         if sel(TableId::Seeds) {
-            t.seeds = Some(crate::curves::seeds(&mut ctx, d, &m)?);
+            t.seeds = Some(fill_curves::seeds(&mut ctx, d, &m)?);
         }
         if sel(TableId::Curves) {
-            t.curves = Some(crate::curves::curves(&mut ctx, d, &m)?);
+            t.curves = Some(fill_curves::curves(&mut ctx, d, &m)?);
         }
         t.main = m.rows;
         t.same_window = m.same_window;
@@ -323,26 +294,26 @@ pub fn run(args: Args) -> Result<(), ReproError> {
             dense.as_ref().expect("dense"),
             main_elm.as_ref().expect("main ELM"),
         );
-        t.solver = tables::solver_ablation(&mut ctx, d, e)?;
+        t.solver = fill_tables::solver_ablation(&mut ctx, d, e)?;
     }
     if sel(TableId::Grad) {
         let (d, e) = (
             dense.as_ref().expect("dense"),
             main_elm.as_ref().expect("main ELM"),
         );
-        let (rows, tr) = tables::grad_ablation(&mut ctx, d, e)?;
+        let (rows, tr) = fill_tables::grad_ablation(&mut ctx, d, e)?;
         t.grad = rows;
         trainings.extend(tr);
     }
     let sweep_elms = if needs(&[TableId::Sweep, TableId::Kv, TableId::Spectral]) {
         let baseline = match (&best_baseline, &dense) {
             (Some(b), _) => b.clone(),
-            (None, Some(d)) => tables::best_baseline(&mut ctx, d)?,
+            (None, Some(d)) => fill_tables::best_baseline(&mut ctx, d)?,
             (None, None) => limits.baselines[0].to_string(),
         };
         if sel(TableId::Sweep) {
             let d = dense.as_ref().expect("dense");
-            let (rows, elms) = tables::sweep(&mut ctx, d, &baseline)?;
+            let (rows, elms) = fill_tables::sweep(&mut ctx, d, &baseline)?;
             t.sweep = rows;
             elms
         } else {
@@ -373,7 +344,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
             .into_iter()
             .next()
             .ok_or_else(|| ReproError::Setup(format!("{}: no problem", dir.display())))?;
-        t.kv = tables::kv_ablation(&mut ctx, &sweep_elms, &q.question)?;
+        t.kv = fill_tables::kv_ablation(&mut ctx, &sweep_elms, &q.question)?;
     }
     if sel(TableId::Where) {
         let d = dense.as_ref().expect("dense");
@@ -385,7 +356,8 @@ pub fn run(args: Args) -> Result<(), ReproError> {
             plots.join("where_to_prune.svg"),
         );
         std::fs::copy(&from, &to).map_err(|e| ReproError::io(&from, e))?;
-        t.trained_windows = tables::trained_windows(&mut ctx, &t, &w.value)?;
+        t.trained_windows =
+            fill_tables::trained_windows(&mut ctx, &t.main, t.same_window.as_ref(), &w.value)?;
         t.where_to_prune = Some(w.value);
     }
     if sel(TableId::Canonical) {
@@ -410,7 +382,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
                 models.push((format!("ELM M={m} (ablation budget)"), *m, e));
             }
         }
-        t.spectral = tables::spectral(&mut ctx, &models)?;
+        t.spectral = fill_tables::spectral(&mut ctx, &models)?;
         // Where the trained maps sit on the canonical problem's ρ axis (when acceleration pays).
         let marks: Vec<(String, f64)> = t
             .spectral
@@ -423,21 +395,17 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         // One row per distinct training (the sweep's M = main M may be the gradient study's SJFB run).
         let mut seen = std::collections::BTreeSet::new();
         trainings.retain(|(_, d)| seen.insert(d.key.clone()));
-        t.speed = tables::speed_rows(&trainings);
+        t.speed = fill_tables::speed_rows(&trainings);
     }
     t.stages = ctx.stages.log.clone();
     t.seconds = ctx.stages.elapsed();
-    elm::io::write_json_atomic(&tables_path, &t).map_err(|source| ReproError::Elm {
-        what: format!("writing {}", tables_path.display()),
-        source,
-    })?;
-    let plots_ok = report::plots(&t, &out.join("plots"))?;
-    let readme = report::readme(&t, plots_ok);
+    elm::io::write_json_atomic(&tables_path, &t)
+        .map_err(|e| ReproError::writing(&tables_path, e))?;
+    let plots_ok = plots::write(&t, &out.join("plots"))?;
+    let page = readme::readme(&t, plots_ok);
     let readme_path = out.join("README.md");
-    elm::io::write_atomic(&readme_path, readme.as_bytes()).map_err(|source| ReproError::Elm {
-        what: format!("writing {}", readme_path.display()),
-        source,
-    })?;
+    elm::io::write_atomic(&readme_path, page.as_bytes())
+        .map_err(|e| ReproError::writing(&readme_path, e))?;
     if let Some(path) = &args.readme {
         let text = std::fs::read_to_string(path).map_err(|e| ReproError::io(path, e))?;
         let link = out.join("README.md");
@@ -450,27 +418,25 @@ pub fn run(args: Args) -> Result<(), ReproError> {
                 .and_then(|d| link.strip_prefix(d).ok().map(|r| r.display().to_string()))
                 .unwrap_or_else(|| link.display().to_string());
             (
-                report::LONG_BEGIN,
-                report::LONG_END,
-                report::long_block(&t, &rel),
+                readme::LONG_BEGIN,
+                readme::LONG_END,
+                readme::long_block(&t, &rel),
             )
         } else {
             (
-                report::HEADLINE_BEGIN,
-                report::HEADLINE_END,
-                report::headline_block(&t, &link),
+                readme::HEADLINE_BEGIN,
+                readme::HEADLINE_END,
+                readme::headline_block(&t, &link),
             )
         };
-        let updated = report::replace_block(&text, begin, end, &block).ok_or_else(|| {
+        let updated = readme::replace_block(&text, begin, end, &block).ok_or_else(|| {
             ReproError::Setup(format!(
                 "{}: no `{begin}` … `{end}` block to replace",
                 path.display()
             ))
         })?;
-        elm::io::write_atomic(path, updated.as_bytes()).map_err(|source| ReproError::Elm {
-            what: format!("writing {}", path.display()),
-            source,
-        })?;
+        elm::io::write_atomic(path, updated.as_bytes())
+            .map_err(|e| ReproError::writing(path, e))?;
     }
     eprintln!(
         "wrote {} and {} in {}",

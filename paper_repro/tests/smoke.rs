@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use paper_repro::report::Tables;
 use paper_repro::scale::Scale;
+use paper_repro::tables::Tables;
 
 #[path = "../../tests/common/skip.rs"]
 mod skip;
@@ -47,7 +47,7 @@ fn run(out: &std::path::Path, model: &std::path::Path, extra: &[&str]) -> Tables
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("tables.json is incomplete: {e}"))
 }
 
-fn check_interval(what: &str, i: &paper_repro::tables::Interval) {
+fn check_interval(what: &str, i: &paper_repro::rows::Interval) {
     assert!(
         i.lo <= i.value && i.value <= i.hi && i.value.is_finite(),
         "{what}: {i:?}"

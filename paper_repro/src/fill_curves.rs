@@ -5,20 +5,18 @@
 //! stages. The compressed models start, as in table 1, from the LoRA-tuned dense model; the
 //! dense curve is that LoRA run itself at each budget.
 
-use elm::eval::stats::{least_squares_line, spread, Spread};
+use elm::eval::stats::{least_squares_line, spread};
 use elm::eval::task::MetricReport;
-use serde::{Deserialize, Serialize};
+use elm::lora::LoraReport;
 
 use crate::error::ReproError;
+use crate::fill_tables::{paired_delta, Dense, Main};
+use crate::rows::{
+    CurvePoint, CurveTrend, Curves, Interval, SeedRow, SeedSummary, Seeds, PAPER_PROBLEMS,
+};
 use crate::runs::{self, Ctx, Metrics, OwnCompute, Subject, Variant};
 use crate::scale::Budget;
 use crate::stage::Done;
-use crate::tables::{pair, Dense, Interval, Main};
-use elm::lora::LoraReport;
-
-/// Two epochs of MetaMathQA's 395k problems: the paper's training, in problems seen (the
-/// curves' trend is extrapolated in problems, since the paper's token count is not given).
-pub const PAPER_PROBLEMS: f64 = 2.0 * 395_000.0;
 
 /// One method trained at every budget (or every seed).
 #[derive(Clone, Debug, PartialEq)]
@@ -105,63 +103,12 @@ fn train_point(
     }
 }
 
-/// Table 8: one point of a learning curve.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CurvePoint {
-    pub series: String,
-    pub steps: usize,
-    /// The point's own training tokens (steps × batch × sequence length).
-    pub tokens: usize,
-    /// Wall seconds of its training (and a baseline's selection and surgery) on this machine.
-    pub compute_seconds: f64,
-    pub answer_nll: Interval,
-    /// This answer NLL minus the reference ELM's at the same number of steps, paired over
-    /// problems (`None` on the reference's own points).
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub minus_elm: Option<Interval>,
-}
-
-/// Table 8's reading of one curve against the reference ELM's.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CurveTrend {
-    pub series: String,
-    /// Least-squares slope of answer NLL against log2(tokens): change per doubling.
-    pub slope_per_doubling: f64,
-    /// `minus_elm` at the smallest and at the largest budget (`None` for the reference).
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub gap_smallest: Option<Interval>,
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub gap_largest: Option<Interval>,
-    /// Slope of the gap against log2(tokens) (`None` for the reference).
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub gap_slope_per_doubling: Option<f64>,
-    /// The gap's line extrapolated to [`PAPER_PROBLEMS`] (problems seen = steps × batch).
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub gap_at_paper_budget: Option<f64>,
-    /// `grows`, `shrinks` or `crosses` (point estimates, smallest to largest budget; see the
-    /// intervals for whether the change is sure), `n/a` for the reference.
-    pub verdict: String,
-}
-
-/// Table 8.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Curves {
-    /// The series every gap is paired with.
-    pub reference: String,
-    pub points: Vec<CurvePoint>,
-    pub trends: Vec<CurveTrend>,
-    /// log2 of [`PAPER_PROBLEMS`] over the largest budget's problems.
-    pub doublings_to_paper: f64,
-}
-
-/// The ELM every gap is measured against (the one at the best healed baseline's window, where
-/// the methods meet on the same layers; else the study's window), then the baselines, best first.
-fn series(main: &Main, start: usize) -> Vec<Series> {
-    let elm = main.same_window_start.unwrap_or(start);
-    let mut s = vec![Series::Elm(elm)];
+/// The headline rows, reference first: the ELM every gap is measured against (the one at the
+/// best healed baseline's window, where the methods meet on the same layers; else the study's
+/// window at `start`), the best healed baseline, the tuned dense model. Table 9 trains these;
+/// table 8 adds the other series after them.
+fn headline_series(main: &Main, start: usize) -> Vec<Series> {
+    let mut s = vec![Series::Elm(main.same_window_start.unwrap_or(start))];
     s.extend(
         main.healed_ranked
             .iter()
@@ -170,6 +117,14 @@ fn series(main: &Main, start: usize) -> Vec<Series> {
             .map(Series::Healed),
     );
     s.push(Series::Dense);
+    s
+}
+
+/// Table 8's series: the headline rows, then the ELM at the study's window (when the reference
+/// sits elsewhere), the other healed baselines (best first) and Streamline.
+fn series(main: &Main, start: usize) -> Vec<Series> {
+    let elm = main.same_window_start.unwrap_or(start);
+    let mut s = headline_series(main, start);
     if elm != start {
         s.push(Series::Elm(start));
     }
@@ -182,10 +137,6 @@ fn series(main: &Main, start: usize) -> Vec<Series> {
     );
     s.push(Series::Streamline);
     s
-}
-
-fn gap(model: &MetricReport, elm: &MetricReport, what: &str) -> Result<Interval, ReproError> {
-    Ok((&pair(model, elm, what)?.delta).into())
 }
 
 /// A trained point and its answer NLL minus the reference ELM's at the same run.
@@ -210,7 +161,7 @@ fn paired_runs(
         for (i, &(steps, seed)) in runs.iter().enumerate() {
             let p = train_point(ctx, dense, s, steps, seed)?;
             let minus_elm = match elm_items.get(i) {
-                Some(e) if s != &all[0] => Some(gap(
+                Some(e) if s != &all[0] => Some(paired_delta(
                     &p.nll,
                     e,
                     &format!("{name} vs {reference}, {steps} steps, seed {seed}"),
@@ -308,43 +259,6 @@ fn trend(name: &str, pts: &[CurvePoint], batch: usize) -> Result<CurveTrend, Rep
     })
 }
 
-/// Table 9: one headline row trained with one seed at the main budget.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SeedRow {
-    pub series: String,
-    pub seed: u64,
-    pub answer_nll: Interval,
-    /// This answer NLL minus the reference ELM's trained with the same seed, paired over
-    /// problems (`None` on the ELM's own rows).
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub minus_elm: Option<Interval>,
-}
-
-/// Table 9's summary of one series over the seeds.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SeedSummary {
-    pub series: String,
-    /// Answer NLL over the seeds (beside the bootstrap interval over problems of each seed).
-    pub answer_nll: Spread,
-    /// `minus_elm` over the seeds (`None` for the ELM).
-    #[serde(deserialize_with = "Option::deserialize")]
-    pub minus_elm: Option<Spread>,
-    /// `worse than the ELM at every seed` / `better than the ELM at every seed` when every
-    /// seed's paired interval excludes 0 on the same side, else `not sure`; `n/a` for the ELM.
-    pub verdict: String,
-}
-
-/// Table 9.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Seeds {
-    pub reference: String,
-    pub rows: Vec<SeedRow>,
-    pub summaries: Vec<SeedSummary>,
-}
-
 /// Table 9: the headline rows (the reference ELM, the best healed baseline, the tuned dense
 /// model) at every seed of the scale's curve study, main budget.
 pub fn seeds(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Seeds, ReproError> {
@@ -353,15 +267,7 @@ pub fn seeds(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Seeds, Rep
         .curves
         .clone()
         .ok_or_else(|| ReproError::Setup("this scale has no seeds table".into()))?;
-    let mut all = vec![Series::Elm(main.same_window_start.unwrap_or(l.start))];
-    all.extend(
-        main.healed_ranked
-            .iter()
-            .take(1)
-            .cloned()
-            .map(Series::Healed),
-    );
-    all.push(Series::Dense);
+    let all = headline_series(main, l.start);
     let reference = all[0].name(l.m);
     let runs: Vec<(usize, u64)> = study
         .seeds

@@ -1,0 +1,747 @@
+//! Tables 1–7 filled from the cached stages of [`crate::runs`]: each function runs (or reads)
+//! the stages one table needs and turns their reports into the rows of [`crate::rows`]. Every
+//! number is a measurement or the library's own computation on measurements (paired
+//! intervals); this file owns no statistics of its own.
+
+use elm::eval::stats::{paired, BootstrapConfig, PairedComparison};
+use elm::eval::task::MetricReport;
+use elm::eval::TaskRun;
+use elm::grad::{DeqConfig, GradientRule};
+use elm::lora::LoraReport;
+use elm::search::report::WhereToPrune;
+use elm::solver::{SolverConfig, StopCriteria};
+
+use crate::error::ReproError;
+use crate::rows::{
+    GradRow, HealedElm, Interval, KvRow, MainRow, SameWindow, SolverRow, SpectralRow, SpeedRow,
+    SweepRow, TrainedWindow, MAIN_ELM_ROW, REFERENCE_KIND,
+};
+use crate::runs::{self, Ctx, Metrics, OwnCompute, Subject, Trained, Variant};
+use crate::stage::Done;
+
+/// Named trainings of a run (for the throughput table).
+pub type Trainings = Vec<(String, Done<Trained>)>;
+/// Trained ELMs by replaced layers M.
+pub type ElmsByM = Vec<(usize, Done<Trained>)>;
+
+/// `model`'s per-problem scores against `reference`'s over the same problems: the library's
+/// paired bootstrap (Δ and ratio intervals); `what` names the pair in an error.
+fn pair(
+    model: &MetricReport,
+    reference: &MetricReport,
+    what: &str,
+) -> Result<PairedComparison, ReproError> {
+    paired(&model.items, &reference.items, &BootstrapConfig::default()).map_err(|source| {
+        ReproError::Elm {
+            what: what.to_string(),
+            source,
+        }
+    })
+}
+
+/// `model`'s score minus `reference`'s, paired over the same problems (the interval of every Δ
+/// and gap the tables print).
+pub(crate) fn paired_delta(
+    model: &MetricReport,
+    reference: &MetricReport,
+    what: &str,
+) -> Result<Interval, ReproError> {
+    Ok((&pair(model, reference, what)?.delta).into())
+}
+
+/// The dense model's runs. `nll` / `em` are the LoRA-tuned model's, the reference of every
+/// Δ and RP: the compressed models are trained on GSM8K, so only a dense model tuned with the
+/// same token budget says how much of it they keep (the untuned model is a row of its own).
+pub struct Dense {
+    pub nll: Done<TaskRun>,
+    pub em: Done<TaskRun>,
+    pub tuned: Done<LoraReport>,
+    pub untuned_nll: Done<TaskRun>,
+    pub untuned_em: Done<TaskRun>,
+    /// The untuned model and its identity (the LoRA runs of the learning curves start there).
+    pub untuned_model: std::path::PathBuf,
+    pub untuned_id: String,
+}
+
+pub fn dense(ctx: &mut Ctx<'_>) -> Result<Dense, ReproError> {
+    let untuned_nll = runs::eval(ctx, &Subject::Dense, "gsm8k-nll")?;
+    let untuned_em = runs::eval(ctx, &Subject::Dense, "gsm8k")?;
+    let budget = ctx.limits.lora;
+    let (untuned_model, untuned_id) = (ctx.model.clone(), ctx.model_id.clone());
+    let tuned = runs::lora(ctx, &untuned_model, &untuned_id, &budget)?;
+    let subject = Subject::tuned(&tuned);
+    Ok(Dense {
+        nll: runs::eval(ctx, &subject, "gsm8k-nll")?,
+        em: runs::eval(ctx, &subject, "gsm8k")?,
+        tuned,
+        untuned_nll,
+        untuned_em,
+        untuned_model,
+        untuned_id,
+    })
+}
+
+/// Answer NLL and its paired Δ vs dense of one NLL run.
+fn nll_cells(run: &TaskRun, dense: &Dense, what: &str) -> Result<(Interval, Interval), ReproError> {
+    let m = run.metric("answer_nll", what)?;
+    let d = dense.nll.value.metric("answer_nll", "dense")?;
+    Ok(((&m.estimate).into(), paired_delta(m, d, what)?))
+}
+
+/// Table 1 rows (and the trained ELM, reused by tables 3 and 7).
+pub struct Main {
+    pub rows: Vec<MainRow>,
+    pub elm: Done<Trained>,
+    /// The training-free method with the lowest answer NLL at M (the sweep's baseline).
+    pub best_baseline: String,
+    pub trainings: Vec<(String, Done<Trained>)>,
+    pub same_window: Option<SameWindow>,
+    /// First replaced layer of the ELM trained at the best healed baseline's window.
+    pub same_window_start: Option<usize>,
+    /// The healed baselines (`elm prune --method` names), best answer NLL first.
+    pub healed_ranked: Vec<String>,
+    pub healed_elm: Option<HealedElm>,
+}
+
+pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError> {
+    let l = ctx.limits.clone();
+    let dn = dense.nll.value.metric("answer_nll", "dense")?;
+    let df = dense.em.value.metric("flexible_extract", "dense")?;
+    let dense_params = |t: &Trained| {
+        (
+            t.compress.params.dense_total,
+            t.compress.params.dense_non_embedding,
+            t.compress.kv.dense * 1024 / t.compress.kv.context.max(1),
+        )
+    };
+    let mut rows = vec![];
+    let row = |model: String,
+               kind: &str,
+               p: (usize, usize, usize),
+               cost: (usize, f64),
+               nll: &TaskRun,
+               em: &TaskRun|
+     -> Result<MainRow, ReproError> {
+        let n = nll.metric("answer_nll", &model)?;
+        let f = em.metric("flexible_extract", &model)?;
+        let is_reference = kind == REFERENCE_KIND;
+        Ok(MainRow {
+            model: model.clone(),
+            kind: kind.into(),
+            params: p.0,
+            non_embedding_params: p.1,
+            kv_bytes_1k: p.2,
+            train_tokens: cost.0,
+            train_seconds: cost.1,
+            answer_nll: (&n.estimate).into(),
+            delta_nll: if is_reference {
+                None
+            } else {
+                Some(paired_delta(n, dn, &model)?)
+            },
+            flexible_em: (&f.estimate).into(),
+            strict_em: (&em.metric("strict_match", &model)?.estimate).into(),
+            rp_flexible: if is_reference {
+                None
+            } else {
+                pair(f, df, &model)?.ratio.as_ref().map(Into::into)
+            },
+            delta_nll_vs_elm: None,
+        })
+    };
+    // The ELM first (its training fills the teacher cache the trained baselines then read),
+    // each trained model evaluated right after its training so that a partial run already
+    // has the headline; rows keep the table's order.
+    let trained_row = |ctx: &mut Ctx<'_>,
+                       name: String,
+                       kind: &str,
+                       t: &Done<Trained>|
+     -> Result<(MainRow, MetricReport), ReproError> {
+        let s = Subject::elm(t, "anderson", 0.5);
+        let nll = runs::eval(ctx, &s, "gsm8k-nll")?;
+        let em = runs::eval(ctx, &s, "gsm8k")?;
+        let kv1k = t.value.kv_bytes_1k();
+        let items = nll.value.metric("answer_nll", &name)?.clone();
+        let r = row(
+            name,
+            kind,
+            (
+                t.value.compress.params.elm_total,
+                t.value.compress.params.elm_non_embedding,
+                kv1k,
+            ),
+            (l.main.max_tokens(), t.value.compute_seconds()),
+            &nll.value,
+            &em.value,
+        )?;
+        Ok((r, items))
+    };
+    let budget = format!(
+        "trained, {} steps × {} × {} tokens",
+        l.main.steps, l.main.batch_size, l.main.seq_len
+    );
+    let elm = runs::train(ctx, &Variant::elm(l.start, l.m), &l.main, None)?;
+    let elm_row = trained_row(ctx, MAIN_ELM_ROW.into(), &format!("ELM, {budget}"), &elm)?;
+    let streamline = runs::train(ctx, &Variant::streamline(l.start, l.m), &l.main, None)?;
+    let streamline_row = trained_row(
+        ctx,
+        "LLM-Streamline (1 layer, 1 application)".into(),
+        &budget,
+        &streamline,
+    )?;
+    let streamline_ffn = runs::train(ctx, &Variant::streamline_ffn(l.start, l.m), &l.main, None)?;
+    let streamline_ffn_row = trained_row(
+        ctx,
+        "LLM-Streamline FFN (layer l's MLP alone, 1 application)".into(),
+        &budget,
+        &streamline_ffn,
+    )?;
+    let looped = runs::train(
+        ctx,
+        &Variant::looped(l.start, l.m, l.looped_k),
+        &l.main,
+        None,
+    )?;
+    let looped_row = trained_row(
+        ctx,
+        format!("looped block (K = {}, no injection)", l.looped_k),
+        &budget,
+        &looped,
+    )?;
+    rows.push(row(
+        format!(
+            "SmolLM2-135M-Instruct, LoRA-tuned (r = {}, {} steps × {} × {} tokens; the reference)",
+            elm::lora::LoraSpec::default().rank,
+            l.lora.steps,
+            l.lora.batch_size,
+            l.lora.seq_len
+        ),
+        REFERENCE_KIND,
+        dense_params(&elm.value),
+        (l.lora.max_tokens(), dense.tuned.value.compute_seconds()),
+        &dense.nll.value,
+        &dense.em.value,
+    )?);
+    rows.push(row(
+        "SmolLM2-135M-Instruct (untuned)".into(),
+        "dense, untuned",
+        dense_params(&elm.value),
+        (0, 0.0),
+        &dense.untuned_nll.value,
+        &dense.untuned_em.value,
+    )?);
+    // Per-problem answer NLL of each compressed row, paired with the ELM's below.
+    let mut compressed: Vec<(usize, MetricReport)> = vec![];
+    let mut best: Option<(f64, String)> = None;
+    let mut to_heal = vec![];
+    for method in &l.baselines {
+        let p = runs::prune(ctx, method, l.m)?;
+        let subject = Subject::pruned(&p);
+        let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
+        let em = runs::eval(ctx, &subject, "gsm8k")?;
+        let v = nll.value.metric("answer_nll", method)?.estimate.value;
+        if best.as_ref().is_none_or(|(b, _)| v < *b) {
+            best = Some((v, method.to_string()));
+        }
+        compressed.push((rows.len(), nll.value.metric("answer_nll", method)?.clone()));
+        let shape = (
+            p.value.report.params,
+            p.value.report.non_embedding_params,
+            p.value.report.kv_bytes_1k,
+        );
+        rows.push(row(
+            format!("{method} (layers {:?})", p.value.report.removed_layers),
+            "training-free",
+            shape,
+            (0, p.value.report.seconds),
+            &nll.value,
+            &em.value,
+        )?);
+        if l.healed.contains(method) {
+            to_heal.push((method, p, shape));
+        }
+    }
+    // The healing fine-tunes after every training-free row, so that a partial run already
+    // has those rows.
+    // The LoRA budget: the ELM's (`main`) at every scale but smoke, whose 32-token sequences
+    // hold no answer token to tune on.
+    // The best healed baseline's window, when it is one window (method against method, not
+    // window against window: its row is compared with an ELM trained at the same layers).
+    let mut best_healed: Option<(f64, String, usize, String, MetricReport)> = None;
+    let mut healed_ranked: Vec<(f64, String)> = vec![];
+    for (method, p, shape) in to_heal {
+        let healed = runs::heal(ctx, &p, &l.lora)?;
+        let subject = Subject::tuned(&healed);
+        let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
+        let em = runs::eval(ctx, &subject, "gsm8k")?;
+        let name = format!(
+            "{method} + LoRA healing (r = {}, α = 16, merged)",
+            runs::HEAL_RANK
+        );
+        let v = nll.value.metric("answer_nll", &name)?.estimate.value;
+        healed_ranked.push((v, method.to_string()));
+        if let Some(start) = one_window(&p.value.report.removed_layers, l.m) {
+            if best_healed.as_ref().is_none_or(|b| v < b.0) {
+                let items = nll.value.metric("answer_nll", &name)?.clone();
+                best_healed = Some((v, method.to_string(), start, name.clone(), items));
+            }
+        }
+        compressed.push((rows.len(), nll.value.metric("answer_nll", &name)?.clone()));
+        rows.push(row(
+            name,
+            &format!(
+                "training-free + healing, {} steps × {} × {} tokens",
+                l.lora.steps, l.lora.batch_size, l.lora.seq_len
+            ),
+            shape,
+            (
+                l.lora.max_tokens(),
+                p.value.report.seconds + healed.value.compute_seconds(),
+            ),
+            &nll.value,
+            &em.value,
+        )?);
+    }
+    for (r, items) in [streamline_row, streamline_ffn_row, looped_row] {
+        compressed.push((rows.len(), items));
+        rows.push(r);
+    }
+    healed_ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut same_window = vec![];
+    let mut same_window_pair = None;
+    let mut same_window_start = None;
+    let (mut same_window_items, mut same_window_baseline_items) = (None, None);
+    if let Some((_, method, start, baseline, baseline_items)) =
+        best_healed.filter(|b| b.2 != l.start)
+    {
+        let t = runs::train(ctx, &Variant::elm(start, l.m), &l.main, None)?;
+        same_window_start = Some(start);
+        let name = format!(
+            "ELM at {method}'s window (layers {start}–{}; Anderson, δ = 0.5)",
+            start + l.m - 1
+        );
+        let (r, items) = trained_row(ctx, name.clone(), &format!("ELM, {budget}"), &t)?;
+        let what = format!("{baseline} vs {name}");
+        same_window_pair = Some(SameWindow {
+            baseline,
+            elm: name,
+            layers: (start, start + l.m - 1),
+            delta_baseline_minus_elm: paired_delta(&baseline_items, &items, &what)?,
+        });
+        same_window_items = Some(items.clone());
+        same_window_baseline_items = Some(baseline_items);
+        compressed.push((rows.len(), items));
+        rows.push(r);
+        same_window.push((format!("ELM M={} at layer {start} (main)", l.m), t));
+    }
+    // ELM + heal at the window where the methods meet (else the study's): the same budget,
+    // the module and the adapters trained together.
+    let heal_start = same_window_start.unwrap_or(l.start);
+    let healed = runs::train(ctx, &Variant::elm_healed(heal_start, l.m), &l.main, None)?;
+    let layers = (heal_start, heal_start + l.m - 1);
+    let name = format!(
+        "ELM + LoRA heal of the layers after the window (layers {}–{}; r = {}, α = 16; Anderson, δ = 0.5)",
+        layers.0,
+        layers.1,
+        runs::HEAL_RANK
+    );
+    let (r, healed_items) =
+        trained_row(ctx, name.clone(), &format!("ELM + heal, {budget}"), &healed)?;
+    let (plain_name, plain_items) = match (&same_window_pair, &same_window_items) {
+        (Some(w), Some(items)) => (w.elm.clone(), items.clone()),
+        _ => (MAIN_ELM_ROW.to_string(), elm_row.1.clone()),
+    };
+    let baseline = same_window_pair
+        .as_ref()
+        .map(|w| (w.baseline.clone(), same_window_baseline_items.clone()));
+    let healed_elm = Some(HealedElm {
+        healed: name.clone(),
+        plain: plain_name.clone(),
+        layers,
+        healed_minus_plain: paired_delta(
+            &healed_items,
+            &plain_items,
+            &format!("{name} vs {plain_name}"),
+        )?,
+        baseline: baseline.as_ref().map(|b| b.0.clone()),
+        baseline_minus_healed: match &baseline {
+            Some((b, Some(items))) => Some(paired_delta(
+                items,
+                &healed_items,
+                &format!("{b} vs {name}"),
+            )?),
+            _ => None,
+        },
+    });
+    compressed.push((rows.len(), healed_items));
+    rows.push(r);
+    same_window.push((
+        format!("ELM + heal M={} at layer {heal_start} (main)", l.m),
+        healed,
+    ));
+    // The ELM's own ablations, at its budget (what its solve and its injection contribute),
+    // and the ELM and Streamline started from LaCo's merge instead of the window's first layer.
+    let mut ablations = vec![];
+    for (name, variant) in [
+        (
+            "ELM ablation: one iteration (with injection)".to_string(),
+            Variant::elm_fixed(l.start, l.m, 1),
+        ),
+        (
+            format!(
+                "ELM ablation: fixed K = {} at train and test (with injection)",
+                l.looped_k
+            ),
+            Variant::elm_fixed(l.start, l.m, l.looped_k),
+        ),
+        (
+            "ELM ablation: no input injection (solved)".to_string(),
+            Variant::elm_no_injection(l.start, l.m),
+        ),
+        (
+            "ELM initialised by LaCo's merge of the window (RDSC)".to_string(),
+            Variant::elm(l.start, l.m).la_co_init(),
+        ),
+        (
+            "LLM-Streamline initialised by LaCo's merge of the window (RDSC)".to_string(),
+            Variant::streamline(l.start, l.m).la_co_init(),
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, v)| l.la_co_init_rows || v.block_init.is_none())
+    {
+        let t = runs::train(ctx, &variant, &l.main, None)?;
+        let kind = match variant.block_init {
+            Some(_) => format!("LaCo-merged init, {budget}"),
+            None => format!("ablation of the ELM, {budget}"),
+        };
+        let (r, items) = trained_row(ctx, name.clone(), &kind, &t)?;
+        compressed.push((rows.len(), items));
+        rows.push(r);
+        ablations.push((format!("{name} (main)"), t));
+    }
+    let (elm_row, elm_items) = elm_row;
+    for (i, items) in compressed {
+        let what = format!("{} vs the ELM", rows[i].model);
+        rows[i].delta_nll_vs_elm = Some(paired_delta(&items, &elm_items, &what)?);
+    }
+    rows.push(elm_row);
+    Ok(Main {
+        rows,
+        best_baseline: best.map(|b| b.1).unwrap_or_else(|| "short-gpt".into()),
+        trainings: [
+            (format!("ELM M={} (main)", l.m), elm.clone_done()),
+            ("LLM-Streamline (main)".into(), streamline),
+            ("LLM-Streamline FFN (main)".into(), streamline_ffn),
+            (format!("looped K={} (main)", l.looped_k), looped),
+        ]
+        .into_iter()
+        .chain(same_window)
+        .chain(ablations)
+        .collect(),
+        same_window: same_window_pair,
+        same_window_start,
+        healed_ranked: healed_ranked.into_iter().map(|(_, m)| m).collect(),
+        healed_elm,
+        elm,
+    })
+}
+
+/// First layer of `removed` when it is `m` consecutive layers.
+fn one_window(removed: &[usize], m: usize) -> Option<usize> {
+    let first = *removed.first()?;
+    (removed.len() == m && removed.iter().enumerate().all(|(i, &l)| l == first + i))
+        .then_some(first)
+}
+
+/// Table 3 rows: every solver × δ on the main ELM.
+pub fn solver_ablation(
+    ctx: &mut Ctx<'_>,
+    dense: &Dense,
+    elm: &Done<Trained>,
+) -> Result<Vec<SolverRow>, ReproError> {
+    let tols = ctx.limits.tolerances.clone();
+    let mut rows: Vec<SolverRow> = vec![];
+    for &tol in &tols {
+        let mut picard_evals = None;
+        for solver in crate::elm_cli::SOLVERS {
+            let run = runs::eval(ctx, &Subject::elm(elm, solver, tol), "gsm8k-nll")?;
+            let what = format!("{solver} δ={tol}");
+            let (nll, delta) = nll_cells(&run.value, dense, &what)?;
+            let s = &run.value.solver;
+            // Kept dense layers + fixed-point evaluations = layer evaluations per token.
+            let kept = (elm.value.compress.params.num_layers - elm.value.m()) as f64;
+            let block = s.layer_evals_per_token - kept;
+            let picard = *picard_evals.get_or_insert(block);
+            rows.push(SolverRow {
+                solver: solver.into(),
+                tol,
+                mean_iterations: s.mean_iterations,
+                max_iterations: s.max_iterations,
+                block_evals_per_token: block,
+                layer_evals_per_token: s.layer_evals_per_token,
+                compute_saved_vs_picard: if picard > 0.0 {
+                    1.0 - block / picard
+                } else {
+                    0.0
+                },
+                answer_nll: nll,
+                delta_nll: delta,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// The gradient rules compared in table 4, for a module replacing `m` layers.
+pub fn gradient_rules(m: usize) -> Vec<(&'static str, Option<DeqConfig>)> {
+    let forward = (SolverConfig::anderson(), StopCriteria::relative(1e-4, 30));
+    vec![
+        ("SJFB (paper default)", None),
+        (
+            "JFB",
+            Some(
+                DeqConfig::new(GradientRule::Jfb)
+                    .with_forward(forward.0.clone(), forward.1.clone()),
+            ),
+        ),
+        (
+            "unroll (K = M/2 taped iterations)",
+            Some(DeqConfig::new(GradientRule::Unroll { k: (m / 2).max(1) })),
+        ),
+        (
+            "implicit (IFT, adjoint by Anderson)",
+            Some(
+                DeqConfig::new(GradientRule::implicit(SolverConfig::anderson(), 1e-3, 20))
+                    .with_forward(forward.0, forward.1),
+            ),
+        ),
+    ]
+}
+
+/// Table 4 rows. The main ELM is trained first so that every rule reads the same cached
+/// teacher states (its batches include the study budget's), making the times comparable.
+pub fn grad_ablation(
+    ctx: &mut Ctx<'_>,
+    dense: &Dense,
+    main_elm: &Done<Trained>,
+) -> Result<(Vec<GradRow>, Trainings), ReproError> {
+    let l = ctx.limits.clone();
+    let _ = main_elm;
+    let mut rows = vec![];
+    let mut trainings = vec![];
+    for (name, deq) in gradient_rules(l.m) {
+        let t = runs::train(ctx, &Variant::elm(l.start, l.m), &l.study, deq)?;
+        let run = runs::eval(ctx, &Subject::elm(&t, "anderson", 0.5), "gsm8k-nll")?;
+        let (nll, delta) = nll_cells(&run.value, dense, name)?;
+        let v = &t.value;
+        rows.push(GradRow {
+            rule: name.into(),
+            steps: v.train.outcome.steps,
+            seconds_per_step: v.seconds_per_step(),
+            tokens_per_s: v.tokens_per_s(),
+            peak_rss_bytes: v.train.peak_rss_bytes,
+            teacher_cache_hits: v.train.teacher_cache.hits,
+            teacher_cache_misses: v.train.teacher_cache.misses,
+            distill_after: v.distill_after()?,
+            answer_nll: nll,
+            delta_nll: delta,
+        });
+        trainings.push((format!("ELM M={} {name} (study)", l.m), t));
+    }
+    Ok((rows, trainings))
+}
+
+/// Table 5 rows: an ELM (study budget) and the best training-free baseline per M; returns
+/// the ELMs by M for tables 2 and 7.
+pub fn sweep(
+    ctx: &mut Ctx<'_>,
+    dense: &Dense,
+    baseline: &str,
+) -> Result<(Vec<SweepRow>, ElmsByM), ReproError> {
+    let l = ctx.limits.clone();
+    let mut rows = vec![];
+    let mut elms = vec![];
+    for &m in &l.sweep {
+        let t = runs::train(ctx, &Variant::elm(l.start, m), &l.study, None)?;
+        let run = runs::eval(ctx, &Subject::elm(&t, "anderson", 0.5), "gsm8k-nll")?;
+        let (nll, delta) = nll_cells(&run.value, dense, &format!("ELM M={m}"))?;
+        rows.push(SweepRow {
+            m,
+            method: "ELM".into(),
+            params: t.value.compress.params.elm_total,
+            non_embedding_params: t.value.compress.params.elm_non_embedding,
+            kv_bytes_1k: t.value.kv_bytes_1k(),
+            answer_nll: nll,
+            delta_nll: delta,
+        });
+        let p = runs::prune(ctx, baseline, m)?;
+        let subject = Subject::pruned(&p);
+        let run = runs::eval(ctx, &subject, "gsm8k-nll")?;
+        let (nll, delta) = nll_cells(&run.value, dense, &format!("{baseline} M={m}"))?;
+        rows.push(SweepRow {
+            m,
+            method: baseline.into(),
+            params: p.value.report.params,
+            non_embedding_params: p.value.report.non_embedding_params,
+            kv_bytes_1k: p.value.report.kv_bytes_1k,
+            answer_nll: nll,
+            delta_nll: delta,
+        });
+        elms.push((m, t));
+    }
+    Ok((rows, elms))
+}
+
+/// Table 2 rows: measured KV bytes and decoding quality, one-step vs multi-step.
+pub fn kv_ablation(
+    ctx: &mut Ctx<'_>,
+    elms: &[(usize, Done<Trained>)],
+    prompt: &str,
+) -> Result<Vec<KvRow>, ReproError> {
+    let kv_ms = ctx.limits.kv_ms.clone();
+    let mut rows = vec![];
+    for m in kv_ms {
+        let Some((_, t)) = elms.iter().find(|(mm, _)| *mm == m) else {
+            return Err(ReproError::Setup(format!(
+                "no trained ELM with M = {m} for the KV table"
+            )));
+        };
+        let n = t.value.compress.params.num_layers;
+        let one = runs::kv_measure(ctx, t, "one-step", prompt)?;
+        let per_layer = one.value.kv_bytes / (n - m + 1);
+        for mode in ["one-step", "multi-step"] {
+            let measured = if mode == "one-step" {
+                one.value.kv_bytes
+            } else {
+                runs::kv_measure(ctx, t, mode, prompt)?.value.kv_bytes
+            };
+            let em = runs::eval(
+                ctx,
+                &Subject::elm(t, "anderson", 0.5).with_kv(mode),
+                "gsm8k",
+            )?;
+            let what = format!("M={m} {mode}");
+            rows.push(KvRow {
+                m,
+                mode: mode.into(),
+                kv_bytes: measured,
+                dense_kv_bytes: per_layer * n,
+                ratio_vs_dense: measured as f64 / (per_layer * n) as f64,
+                flexible_em: (&em.value.metric("flexible_extract", &what)?.estimate).into(),
+                strict_em: (&em.value.metric("strict_match", &what)?.estimate).into(),
+                mean_iterations: em.value.solver.mean_iterations,
+                layer_evals_per_token: em.value.solver.layer_evals_per_token,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Table 7b rows.
+pub fn spectral(
+    ctx: &mut Ctx<'_>,
+    models: &[(String, usize, &Done<Trained>)],
+) -> Result<Vec<SpectralRow>, ReproError> {
+    let mut rows = vec![];
+    for (name, m, t) in models {
+        let s = runs::spectral(ctx, t)?;
+        rows.push(SpectralRow {
+            model: name.clone(),
+            m: *m,
+            sequences: s.value.n,
+            mean_radius: s.value.mean_radius,
+            min_radius: s.value.min_radius,
+            max_radius: s.value.max_radius,
+            max_rel_residual: s.value.max_rel_residual,
+        });
+    }
+    Ok(rows)
+}
+
+pub fn speed_rows(trainings: &[(String, Done<Trained>)]) -> Vec<SpeedRow> {
+    trainings
+        .iter()
+        .map(|(name, t)| SpeedRow {
+            training: name.clone(),
+            steps: t.value.train.outcome.steps,
+            tokens: t.value.train.outcome.tokens,
+            seconds: t.value.train.outcome.seconds,
+            tokens_per_s: t.value.tokens_per_s(),
+            teacher_cache_hits: t.value.train.teacher_cache.hits,
+            teacher_cache_misses: t.value.train.teacher_cache.misses,
+            peak_rss_bytes: t.value.train.peak_rss_bytes,
+        })
+        .collect()
+}
+
+/// The training-free method with the lowest answer NLL at the main M (the same stages as
+/// table 1's baseline rows, so cached when table 1 ran).
+pub fn best_baseline(ctx: &mut Ctx<'_>, _dense: &Dense) -> Result<String, ReproError> {
+    let l = ctx.limits.clone();
+    let mut best: Option<(f64, String)> = None;
+    for method in &l.baselines {
+        let p = runs::prune(ctx, method, l.m)?;
+        let subject = Subject::pruned(&p);
+        let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
+        let v = nll.value.metric("answer_nll", method)?.estimate.value;
+        if best.as_ref().is_none_or(|(b, _)| v < *b) {
+            best = Some((v, method.to_string()));
+        }
+    }
+    best.map(|b| b.1)
+        .ok_or_else(|| ReproError::Setup("no training-free baseline configured".into()))
+}
+
+/// Table 6's check of the enumeration: the ELM fully trained at the study's window, at the best
+/// healed baseline's window (both from table 1) and at GPPO's argmax (trained here, the same
+/// budget), each with the rank the enumeration gave its start. Empty without table 1.
+pub fn trained_windows(
+    ctx: &mut Ctx<'_>,
+    main: &[MainRow],
+    same_window: Option<&SameWindow>,
+    w: &WhereToPrune,
+) -> Result<Vec<TrainedWindow>, ReproError> {
+    let l = ctx.limits.clone();
+    let rank = |start: usize| {
+        w.enum_ranking
+            .iter()
+            .position(|&s| s == start)
+            .map(|i| i + 1)
+    };
+    let row_nll = |name: &str| main.iter().find(|r| r.model == name).map(|r| r.answer_nll);
+    let mut rows = vec![];
+    let Some(main_elm) = row_nll(MAIN_ELM_ROW) else {
+        return Ok(rows);
+    };
+    rows.push(TrainedWindow {
+        start: l.start,
+        why: "the study's window (table 1's ELM)".into(),
+        answer_nll: main_elm,
+        enum_rank: rank(l.start),
+    });
+    if let Some(sw) = same_window {
+        if let Some(nll) = row_nll(&sw.elm) {
+            rows.push(TrainedWindow {
+                start: sw.layers.0,
+                why: format!("{}'s window", sw.baseline),
+                answer_nll: nll,
+                enum_rank: rank(sw.layers.0),
+            });
+        }
+    }
+    if let Some(g) = &w.gppo {
+        if rows.iter().all(|r| r.start != g.choice) {
+            let trained = runs::train(ctx, &Variant::elm(g.choice, l.m), &l.main, None)?;
+            let nll = runs::eval(ctx, &Subject::elm(&trained, "anderson", 0.5), "gsm8k-nll")?;
+            let what = format!("ELM at GPPO's window {}", g.choice);
+            rows.push(TrainedWindow {
+                start: g.choice,
+                why: "GPPO's argmax (the paper's pipeline)".into(),
+                answer_nll: (&nll.value.metric("answer_nll", &what)?.estimate).into(),
+                enum_rank: rank(g.choice),
+            });
+        }
+    }
+    Ok(rows)
+}

@@ -1,0 +1,357 @@
+//! `OUT/README.md` (every table next to what the paper reports for it, the plots embedded)
+//! and the blocks `--readme` writes into the repository's README (the headline, or the `long`
+//! run's curves and seeds). The top of the writers: it reads a [`Tables`], lays out the
+//! sections and takes each table's Markdown from [`crate::table_markdown`].
+
+use std::path::Path;
+
+use crate::markdown::{float, iv, opt, pct, signed, signed_float};
+use crate::paper;
+use crate::rows::MAIN_ELM_ROW;
+use crate::stage::seconds;
+use crate::table_markdown::{
+    canonical_table, curves_table, curves_verdict, grad_table, kv_table, main_table,
+    rho_sweep_table, seeds_table, solver_table, spectral_table, speed_table, sweep_table,
+    trained_windows_table, where_table,
+};
+use crate::tables::Tables;
+
+/// The model as a reader can find it: its file (or directory) name, not this machine's path.
+fn model_label(model: &str) -> String {
+    Path::new(model)
+        .file_name()
+        .map_or_else(|| model.to_string(), |f| f.to_string_lossy().into_owned())
+}
+/// A section: our table, then the paper's figure it mirrors.
+fn section(title: &str, ours: &str, paper: &str) -> String {
+    format!("## {title}\n\n{ours}\n**Paper:** {paper}\n\n")
+}
+/// The headline: the ELM against the dense model and the best baseline.
+fn headline(t: &Tables) -> String {
+    let dense = t.reference_row();
+    let elm = t.main.iter().find(|r| r.model == MAIN_ELM_ROW);
+    let best = t
+        .main
+        .iter()
+        .filter(|r| !r.kind.starts_with("dense") && !r.kind.starts_with("ELM"))
+        .min_by(|a, b| a.answer_nll.value.total_cmp(&b.answer_nll.value));
+    match (dense, elm) {
+        (Some(d), Some(e)) => {
+            let mut s = format!(
+                "**Headline ({} scale, {}):** the ELM removes {} of the dense model's parameters ({} non-embedding) and {} of its KV cache; \
+                 its answer NLL is {} vs the LoRA-tuned dense model's {} (Δ {}, perplexity {:.2} vs {:.2}), flexible exact match {} vs {} (RP {}).",
+                t.scale,
+                model_label(&t.model),
+                pct(1.0 - e.params as f64 / d.params as f64),
+                pct(1.0 - e.non_embedding_params as f64 / d.non_embedding_params as f64),
+                pct(1.0 - e.kv_bytes_1k as f64 / d.kv_bytes_1k as f64),
+                iv(&e.answer_nll),
+                iv(&d.answer_nll),
+                opt(&e.delta_nll, signed),
+                e.answer_nll.value.exp(),
+                d.answer_nll.value.exp(),
+                iv(&e.flexible_em),
+                iv(&d.flexible_em),
+                opt(&e.rp_flexible, iv),
+            );
+            if let Some(b) = best {
+                s += &format!(
+                    " Best other compressed model: {} ({}), answer NLL {}; its NLL minus the ELM's, paired over the same problems: {}.",
+                    b.model,
+                    b.kind,
+                    iv(&b.answer_nll),
+                    opt(&b.delta_nll_vs_elm, signed)
+                );
+            }
+            if let Some(w) = &t.same_window {
+                if let Some(r) = t.main.iter().find(|r| r.model == w.elm) {
+                    let b = t.main.iter().find(|r| r.model == w.baseline);
+                    s += &format!(
+                        " Method against method at one window: trained with the same budget on layers {}–{} (the layers {} removes), \
+                         the ELM reaches answer NLL {} (Δ vs the tuned dense model {}) against that baseline's {}; the baseline's NLL minus this ELM's, paired: {}.",
+                        w.layers.0,
+                        w.layers.1,
+                        w.baseline,
+                        iv(&r.answer_nll),
+                        opt(&r.delta_nll, signed),
+                        b.map_or_else(|| "n/a".to_string(), |b| iv(&b.answer_nll)),
+                        signed(&w.delta_baseline_minus_elm),
+                    );
+                }
+            }
+            if let Some(h) = &t.healed_elm {
+                if let Some(r) = t.main.iter().find(|r| r.model == h.healed) {
+                    s += &format!(
+                        " ELM + heal (a row no paper has; the module and a LoRA heal of the layers after the window trained together, same budget) on layers {}–{}: answer NLL {}; minus the plain ELM's at that window, paired: {}{}.",
+                        h.layers.0,
+                        h.layers.1,
+                        iv(&r.answer_nll),
+                        signed(&h.healed_minus_plain),
+                        match (&h.baseline, &h.baseline_minus_healed) {
+                            (Some(b), Some(d)) => format!("; {b} minus it: {}", signed(d)),
+                            _ => String::new(),
+                        }
+                    );
+                }
+            }
+            if let Some(v) = t.curves.as_ref().and_then(curves_verdict) {
+                s += &format!(
+                    " Learning curves (table 8): {}",
+                    v.trim_start_matches("**Verdict:** ")
+                );
+            }
+            if let Some(seeds) = &t.seeds {
+                for r in &seeds.summaries {
+                    if let Some(g) = &r.minus_elm {
+                        s += &format!(
+                            " Over {} seeds, {} minus {}: {} ± {} (sd): {}.",
+                            g.n,
+                            r.series,
+                            seeds.reference,
+                            signed_float(g.mean),
+                            float(g.sd),
+                            r.verdict
+                        );
+                    }
+                }
+            }
+            s + "\n\n"
+        }
+        _ => "The main-results table was not computed in this run (`--only`).\n\n".into(),
+    }
+}
+
+/// `OUT/README.md`.
+pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
+    let mut s = format!(
+        "# ELM study — `{}` scale\n\nRegenerated by `paper_repro --scale {}` (the main job: `bash scripts/main.sh`); \
+         every figure below comes from `tables.json` of the same run. Model: {}. Compute time of the run's {} distinct \
+         stages on this machine: {}. Last invocation: {} ({} stages, {} computed, {} read from the stage cache).\n\n",
+        t.scale,
+        t.scale,
+        model_label(&t.model),
+        t.stages.iter().map(|s| &s.key).collect::<std::collections::BTreeSet<_>>().len(),
+        seconds(unique_stage_seconds(t)),
+        seconds(t.seconds),
+        t.stages.len(),
+        t.stages.iter().filter(|s| !s.cached).count(),
+        t.stages.iter().filter(|s| s.cached).count(),
+    );
+    s += &headline(t);
+    s += &format!(
+        "Budgets: main results {}; ablations {} (see `tables.json` → `limits`). Quality: GSM8K test answer NLL \
+         (teacher-forced, nats/token, the primary signal at 135M) and exact match (greedy; strict `#### N` / flexible last number). \
+         Brackets are 95% bootstrap intervals over problems; Δ and RP are paired over the same problems (↑/↓: the interval excludes 0).\n\n",
+        budget(&t.limits["main"]),
+        budget(&t.limits["study"]),
+    );
+    s += &section(
+        "Table 1 — Main results (paper: main table / `assets/performance.png`)",
+        &nonempty(&t.main, main_table),
+        paper::MAIN,
+    );
+    s += &section(
+        "Table 2 — One-step vs multi-step KV (paper: one-step KV ablation)",
+        &format!(
+            "KV bytes are those the decoding session allocated for one GSM8K question (prompt + new tokens + 1 positions); the dense \
+             figure is N × the measured per-layer bytes. Quality: exact match of greedy decoding (teacher-forced NLL does not use the cache).\n\n{}",
+            nonempty(&t.kv, kv_table)
+        ),
+        paper::KV,
+    );
+    let solver_plot = if plots_ok.0 {
+        "\n![solver ablation](plots/solver_ablation.svg)\n"
+    } else {
+        ""
+    };
+    s += &section(
+        "Table 3 — Solver ablation (paper: solver comparison and early-exit threshold)",
+        &format!(
+            "Main ELM, teacher-forced GSM8K answer NLL; δ is the per-token absolute residual tolerance, at most 16 iterations. Iterations \
+             are those of the whole-sequence solve (every position iterated together, as in training), block evaluations per token are \
+             the fixed-point block's applications per token.\n\n{}{solver_plot}",
+            nonempty(&t.solver, solver_table)
+        ),
+        paper::SOLVERS,
+    );
+    s += &section(
+        "Table 4 — Gradient rules (paper: SJFB ablation)",
+        &format!(
+            "Same ELM, data, steps, optimiser and seed; only the gradient rule differs. Peak RSS: the training process's VmHWM (measured, \
+             evaluation of the held-out loss included). Every rule reads the same cached teacher states.\n\n{}",
+            nonempty(&t.grad, grad_table)
+        ),
+        paper::GRAD,
+    );
+    let sweep_plot = if plots_ok.1 {
+        "\n![compression sweep](plots/compression_sweep.svg)\n"
+    } else {
+        ""
+    };
+    s += &section(
+        "Table 5 — Compression sweep (paper: ratio column of the main table)",
+        &format!("ELM (ablation budget, Anderson δ = 0.5) and the strongest training-free baseline of table 1 at each M.\n\n{}{sweep_plot}", nonempty(&t.sweep, sweep_table)),
+        paper::SWEEP,
+    );
+    s += &section(
+        "Table 6 — Where to prune (paper: GPPO start-layer study)",
+        &t.where_to_prune.as_ref().map_or_else(
+            || NOT_COMPUTED.to_string(),
+            |w| where_table(w, &t.limits["search"]) + &trained_windows_table(&t.trained_windows, w),
+        ),
+        paper::WHERE,
+    );
+    let rho = t.rho_sweep.as_ref().map_or_else(String::new, |r| {
+        format!(
+            "\n**Table 7c — when acceleration pays.** {}\n![rho sweep](plots/rho_sweep.svg)\n",
+            rho_sweep_table(r, &t.solver)
+        )
+    });
+    s += &section(
+        "Table 7 — Fixed-point solvers on canonical problems, and the spectral radius of the trained maps",
+        &format!(
+            "{}\nρ(∂φ/∂z) at z* (power iteration on central-difference Jacobian-vector products, 30 iterations, GSM8K test sequences):\n\n{}{rho}",
+            nonempty(&t.canonical, canonical_table),
+            nonempty(&t.spectral, spectral_table)
+        ),
+        paper::SPECTRAL,
+    );
+    if let Some(c) = &t.curves {
+        let plots = if plots_ok.2 {
+            "\n![learning curves, tokens](plots/curves_tokens.svg)\n![learning curves, compute](plots/curves_seconds.svg)\n"
+        } else {
+            ""
+        };
+        s += &section(
+            "Table 8 — Learning curves (no counterpart in the paper)",
+            &format!("{}{plots}", curves_table(c)),
+            paper::CURVES,
+        );
+    }
+    if let Some(seeds) = &t.seeds {
+        s += &section(
+            "Table 9 — Seeds of the headline rows (no counterpart in the paper)",
+            &seeds_table(seeds),
+            paper::SEEDS,
+        );
+    }
+    s += &format!(
+        "## Training throughput\n\nMeasured tokens/s of every training of this run (steps of this invocation; a cached training shows the run that \
+         computed it). {}\n\n{}\n",
+        t.bench.as_ref().map_or_else(
+            || "No benchmark at this scale.".to_string(),
+            |b| format!(
+                "`elm bench` on this machine: sgemm {} GFLOP/s, dense prefill {} tok/s ({} GFLOP/s), decode batch 1 {} tok/s. A training token costs the teacher's forward over layers [0, l + M) (skipped on a teacher-cache hit), the solve and the taped backward of the module, and after half of training the back layers and LM head with their backward: expressed in dense-forward FLOPs it is a lower bound on the work done.",
+                float(b.sgemm_gflop_s), float(b.prefill_tok_s), float(b.prefill_gflop_s), float(b.decode_b1_tok_s)
+            )
+        ),
+        nonempty(&t.speed, |r| speed_table(r, &t.bench))
+    );
+    s += paper::SCALES;
+    s
+}
+
+fn budget(v: &serde_json::Value) -> String {
+    format!(
+        "{} steps × batch {} × {} tokens",
+        v["steps"], v["batch_size"], v["seq_len"]
+    )
+}
+
+/// A section's text when `--only` left its table out (the smoke test looks for `Not computed`
+/// to know that every table was filled).
+const NOT_COMPUTED: &str = "Not computed in this run (`--only` selected other tables).\n";
+
+/// `f` of a table's rows, or [`NOT_COMPUTED`] when the table has none.
+fn nonempty<T>(rows: &[T], f: impl Fn(&[T]) -> String) -> String {
+    if rows.is_empty() {
+        NOT_COMPUTED.into()
+    } else {
+        f(rows)
+    }
+}
+pub const HEADLINE_BEGIN: &str = "<!-- headline:begin -->";
+pub const HEADLINE_END: &str = "<!-- headline:end -->";
+
+/// The headline and table 1 of a run, for the repository README (`--readme`).
+pub fn headline_block(t: &Tables, full: &Path) -> String {
+    format!(
+        "{HEADLINE_BEGIN}\n*Written by `paper_repro --scale {}`: {} stages that took {} to compute on this machine \
+         (this invocation computed {} of them); all tables: [{}]({}).*\n\n{}{}{HEADLINE_END}",
+        t.scale,
+        t.stages.len(),
+        seconds(unique_stage_seconds(t)),
+        t.stages.iter().filter(|s| !s.cached).count(),
+        full.file_name().map_or("README.md".into(), |f| f.to_string_lossy().to_string()),
+        full.parent()
+            .and_then(|p| p.file_name())
+            .map_or_else(|| "README.md".to_string(), |d| format!("{}/README.md", d.to_string_lossy())),
+        headline(t),
+        nonempty(&t.main, main_table),
+    )
+}
+
+/// Compute seconds of the distinct stages of a run (a stage read twice counts once).
+fn unique_stage_seconds(t: &Tables) -> f64 {
+    let mut seen = std::collections::BTreeSet::new();
+    t.stages
+        .iter()
+        .filter(|s| seen.insert(&s.key))
+        .map(|s| s.seconds)
+        .sum()
+}
+
+/// `text` with its headline block replaced by `block` (`None` when it has none).
+pub fn replace_headline_block(text: &str, block: &str) -> Option<String> {
+    replace_block(text, HEADLINE_BEGIN, HEADLINE_END, block)
+}
+
+/// `text` with the span from `begin` to `end` (markers included) replaced by `block`.
+pub fn replace_block(text: &str, begin: &str, end: &str, block: &str) -> Option<String> {
+    let start = text.find(begin)?;
+    let stop = text[start..].find(end)? + start + end.len();
+    Some(format!("{}{block}{}", &text[..start], &text[stop..]))
+}
+
+/// Markers of the block a `long` run writes into the repository's README (the headline block
+/// stays the main job's).
+pub const LONG_BEGIN: &str = "<!-- long:begin -->";
+pub const LONG_END: &str = "<!-- long:end -->";
+
+/// The `long` run's block: its compute time, the curves' verdict and trends, the seeds'
+/// summary; `link` is the run's README relative to the repository's.
+pub fn long_block(t: &Tables, link: &str) -> String {
+    let mut s = format!(
+        "{LONG_BEGIN}\n*Written by `paper_repro --scale long`: {} stages that took {} to compute on this machine \
+         (this invocation computed {} of them); all tables: [{link}]({link}).*\n\n",
+        t.stages.len(),
+        seconds(unique_stage_seconds(t)),
+        t.stages.iter().filter(|s| !s.cached).count(),
+    );
+    if let Some(c) = &t.curves {
+        s += &curves_table(c);
+        s += "\n";
+    }
+    if let Some(seeds) = &t.seeds {
+        s += &seeds_table(seeds);
+        s += "\n";
+    }
+    s + LONG_END
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headline_block_is_replaced_in_place_and_only_there() {
+        let text = format!("intro\n{HEADLINE_BEGIN}\nold\n{HEADLINE_END}\nrest\n");
+        let new =
+            replace_headline_block(&text, &format!("{HEADLINE_BEGIN}new{HEADLINE_END}")).unwrap();
+        assert_eq!(
+            new,
+            format!("intro\n{HEADLINE_BEGIN}new{HEADLINE_END}\nrest\n")
+        );
+        assert!(replace_headline_block("no block", "x").is_none());
+    }
+}

@@ -1,0 +1,550 @@
+//! Each table of a run as Markdown (the cells' formats are [`crate::markdown`]'s). Every
+//! function takes the rows it prints, never the whole [`crate::tables::Tables`], so the README
+//! writer above this file decides which tables a page holds and in what order.
+
+use elm::eval::stats::Spread;
+use elm::search::report::{Placement, WhereToPrune};
+
+use crate::markdown::{
+    count, float, iv, mib, opt, pct, signed, signed_float, Table, NOT_APPLICABLE,
+};
+use crate::rows::{
+    BenchFigures, Curves, GradRow, Interval, KvRow, MainRow, Seeds, SolverRow, SpectralRow,
+    SpeedRow, SweepRow, TrainedWindow, PAPER_PROBLEMS,
+};
+use crate::runs::RhoSweep;
+use crate::solvers::CanonicalRow;
+use crate::stage::seconds;
+
+pub fn main_table(rows: &[MainRow]) -> String {
+    let mut t = Table::new(&[
+        "model",
+        "kind",
+        "params",
+        "non-emb. params",
+        "KV bytes @1k",
+        "own training tokens",
+        "own compute",
+        "answer NLL",
+        "ΔNLL vs dense",
+        "ΔNLL vs ELM",
+        "flexible EM",
+        "strict EM",
+        "RP (flexible)",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.model.clone(),
+            r.kind.clone(),
+            r.params.to_string(),
+            r.non_embedding_params.to_string(),
+            r.kv_bytes_1k.to_string(),
+            r.train_tokens.to_string(),
+            seconds(r.train_seconds),
+            iv(&r.answer_nll),
+            opt(&r.delta_nll, signed),
+            opt(&r.delta_nll_vs_elm, signed),
+            iv(&r.flexible_em),
+            iv(&r.strict_em),
+            opt(&r.rp_flexible, iv),
+        ]);
+    }
+    t.into_markdown()
+}
+
+pub fn kv_table(rows: &[KvRow]) -> String {
+    let mut t = Table::new(&[
+        "M",
+        "KV mode",
+        "KV bytes (allocated)",
+        "dense bytes",
+        "ratio vs dense",
+        "flexible EM",
+        "strict EM",
+        "mean it/token",
+        "layer evals/token",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.m.to_string(),
+            r.mode.clone(),
+            r.kv_bytes.to_string(),
+            r.dense_kv_bytes.to_string(),
+            format!("{:.3}", r.ratio_vs_dense),
+            iv(&r.flexible_em),
+            iv(&r.strict_em),
+            float(r.mean_iterations),
+            float(r.layer_evals_per_token),
+        ]);
+    }
+    t.into_markdown()
+}
+
+pub fn solver_table(rows: &[SolverRow]) -> String {
+    let mut t = Table::new(&[
+        "solver",
+        "δ",
+        "mean it",
+        "max it",
+        "block evals/token",
+        "layer evals/token",
+        "compute saved vs Picard",
+        "answer NLL",
+        "ΔNLL vs dense",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.solver.clone(),
+            float(r.tol),
+            float(r.mean_iterations),
+            r.max_iterations.to_string(),
+            float(r.block_evals_per_token),
+            float(r.layer_evals_per_token),
+            pct(r.compute_saved_vs_picard),
+            iv(&r.answer_nll),
+            signed(&r.delta_nll),
+        ]);
+    }
+    t.into_markdown()
+}
+
+pub fn grad_table(rows: &[GradRow]) -> String {
+    let mut t = Table::new(&[
+        "gradient rule",
+        "steps",
+        "s/step",
+        "tokens/s",
+        "peak RSS (MiB)",
+        "teacher cache hits/misses",
+        "held-out distill MSE",
+        "answer NLL",
+        "ΔNLL vs dense",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.rule.clone(),
+            r.steps.to_string(),
+            float(r.seconds_per_step),
+            float(r.tokens_per_s),
+            mib(r.peak_rss_bytes),
+            format!("{}/{}", r.teacher_cache_hits, r.teacher_cache_misses),
+            float(r.distill_after),
+            iv(&r.answer_nll),
+            signed(&r.delta_nll),
+        ]);
+    }
+    t.into_markdown()
+}
+
+pub fn sweep_table(rows: &[SweepRow]) -> String {
+    let mut t = Table::new(&[
+        "M",
+        "method",
+        "params",
+        "non-emb. params",
+        "KV bytes @1k",
+        "answer NLL",
+        "ΔNLL vs dense",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.m.to_string(),
+            r.method.clone(),
+            r.params.to_string(),
+            r.non_embedding_params.to_string(),
+            r.kv_bytes_1k.to_string(),
+            iv(&r.answer_nll),
+            signed(&r.delta_nll),
+        ]);
+    }
+    t.into_markdown()
+}
+
+pub fn canonical_table(rows: &[CanonicalRow]) -> String {
+    let mut t = Table::new(&[
+        "problem",
+        "solver",
+        "converged",
+        "iterations",
+        "map evals",
+        "residual",
+        "error vs exact",
+        "seconds",
+    ]);
+    for r in rows {
+        t.row(&r.cells());
+    }
+    t.into_markdown()
+}
+
+pub fn spectral_table(rows: &[SpectralRow]) -> String {
+    let mut t = Table::new(&[
+        "model",
+        "M",
+        "sequences",
+        "mean ρ",
+        "min ρ",
+        "max ρ",
+        "max ‖φ(z*)−z*‖/‖z*‖",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.model.clone(),
+            r.m.to_string(),
+            r.sequences.to_string(),
+            float(r.mean_radius),
+            float(r.min_radius),
+            float(r.max_radius),
+            float(r.max_rel_residual),
+        ]);
+    }
+    t.into_markdown()
+}
+
+pub fn speed_table(rows: &[SpeedRow], bench: &Option<BenchFigures>) -> String {
+    let mut t = Table::new(&[
+        "training",
+        "steps",
+        "tokens",
+        "seconds",
+        "tokens/s",
+        "× dense prefill tok/s",
+        "teacher cache hits/misses",
+        "peak RSS (MiB)",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.training.clone(),
+            r.steps.to_string(),
+            r.tokens.to_string(),
+            float(r.seconds),
+            float(r.tokens_per_s),
+            bench.as_ref().map_or_else(
+                || NOT_APPLICABLE.into(),
+                |b| format!("{:.3}", r.tokens_per_s / b.prefill_tok_s),
+            ),
+            format!("{}/{}", r.teacher_cache_hits, r.teacher_cache_misses),
+            mib(r.peak_rss_bytes),
+        ]);
+    }
+    t.into_markdown()
+}
+/// Table 6: each selector's window placed in the enumeration of trained windows.
+pub fn where_table(w: &WhereToPrune, budget: &serde_json::Value) -> String {
+    let mut s = format!(
+        "On the LoRA-tuned dense model, M = {}. Enumeration: every start ≡ 0 mod {} (and the last) trained {} steps as a GPPO candidate \
+         (projection + LoRA on the kept layer, fixed iterations), scored by held-out answer NLL on {} GSM8K test problems \
+         (dense: {}); GPPO: {} steps. Rank 1 is the enumeration's best window; the gap is that window's NLL minus the best's.\n\n\
+         | selector | chosen start (layers) | best enumerated start by the selector's own score | its rank of {} | its NLL gap (nats/token) |\n|---|---|---|---|---|\n",
+        w.num_replaced,
+        budget["enum_every"],
+        budget["enum_steps"],
+        budget["enum_eval"],
+        float(w.dense_nll),
+        budget["gppo_steps"],
+        w.enum_ranking.len(),
+    );
+    let mut row = |p: &Placement| {
+        s += &format!(
+            "| {} | {} ([{}, {})) | {} | {} | {} |\n",
+            p.method,
+            p.choice,
+            p.choice,
+            p.choice + w.num_replaced,
+            p.choice_on_grid,
+            p.enum_rank,
+            float(p.nll_gap)
+        );
+    };
+    if let Some(g) = &w.gppo {
+        row(g);
+    }
+    for p in &w.metrics {
+        row(p);
+    }
+    match w.gppo_spearman {
+        Some(r) => {
+            s += &format!(
+                "\nSpearman ρ between GPPO's policy logits and −NLL over the enumerated starts: {}.\n",
+                float(r)
+            )
+        }
+        None if w.gppo.is_some() => {
+            s += "\nGPPO's policy is still uniform (fewer steps than one policy update): its choice is the first of tied starts, \
+                  and no rank correlation exists.\n"
+        }
+        None => {}
+    }
+    let mut by_start = w.enum_nll.clone();
+    by_start.sort_by_key(|e| e.0);
+    s += &format!(
+        "\nEnumerated answer NLL by start: {}.\n\n![where to prune](plots/where_to_prune.svg)\n",
+        by_start
+            .iter()
+            .map(|(st, n)| format!("{st}: {}", float(*n)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    s
+}
+
+/// Table 6's check: do the enumeration's short candidates rank fully trained ELMs?
+pub fn trained_windows_table(rows: &[TrainedWindow], w: &WhereToPrune) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut s = format!(
+        "\nFully trained ELMs (the main results' budget, Anderson δ = 0.5) at the windows the pipeline considers, against the rank \
+         the enumeration's short candidates gave their start (of {}):\n\n| start (layers) | why this window | answer NLL | enumeration rank |\n|---|---|---|---|\n",
+        w.enum_ranking.len()
+    );
+    let mut sorted = rows.to_vec();
+    sorted.sort_by(|a, b| a.answer_nll.value.total_cmp(&b.answer_nll.value));
+    for r in &sorted {
+        s += &format!(
+            "| {} ([{}, {})) | {} | {} | {} |\n",
+            r.start,
+            r.start,
+            r.start + w.num_replaced,
+            r.why,
+            iv(&r.answer_nll),
+            r.enum_rank
+                .map_or_else(|| "not enumerated".to_string(), |k| k.to_string())
+        );
+    }
+    s
+}
+/// Table 8: the points, then each curve's trend against the reference ELM.
+pub fn curves_table(c: &Curves) -> String {
+    let mut t = Table::new(&[
+        "model",
+        "steps",
+        "training tokens",
+        "compute",
+        "answer NLL",
+        "minus the reference ELM (paired)",
+    ]);
+    for p in &c.points {
+        t.row(&[
+            p.series.clone(),
+            p.steps.to_string(),
+            count(p.tokens as f64),
+            seconds(p.compute_seconds),
+            iv(&p.answer_nll),
+            opt(&p.minus_elm, signed),
+        ]);
+    }
+    let mut tr = Table::new(&[
+        "model",
+        "answer NLL per doubling of tokens",
+        "gap at the smallest budget",
+        "gap at the largest budget",
+        "gap per doubling",
+        "gap",
+        "gap extrapolated to the paper's budget",
+    ]);
+    for r in &c.trends {
+        tr.row(&[
+            r.series.clone(),
+            signed_float(r.slope_per_doubling),
+            opt(&r.gap_smallest, signed),
+            opt(&r.gap_largest, signed),
+            r.gap_slope_per_doubling
+                .map_or_else(|| NOT_APPLICABLE.into(), signed_float),
+            r.verdict.clone(),
+            r.gap_at_paper_budget
+                .map_or_else(|| NOT_APPLICABLE.into(), signed_float),
+        ]);
+    }
+    let mut s = format!(
+        "Gaps are each model's answer NLL minus that of **{}** trained with the same number of steps (positive: the ELM is better). \
+         Trends are least-squares lines against log2(tokens) through every budget. The paper's budget (two epochs of MetaMathQA, {} \
+         problems seen) lies {:.1} doublings beyond the largest budget here; a line through {} points spanning {:.0} doublings says \
+         little that far out, so read the extrapolated gap as the sign of the trend, not a forecast.\n\n{}\n{}",
+        c.reference,
+        count(PAPER_PROBLEMS),
+        c.doublings_to_paper,
+        c.points.iter().filter(|p| p.series == c.reference).count(),
+        curve_span(c),
+        t.into_markdown(),
+        tr.into_markdown()
+    );
+    if let Some(v) = curves_verdict(c) {
+        s += &format!("\n{v}\n");
+    }
+    s
+}
+
+/// Doublings between the smallest and the largest budget of the reference curve.
+fn curve_span(c: &Curves) -> f64 {
+    let toks: Vec<f64> = c
+        .points
+        .iter()
+        .filter(|p| p.series == c.reference)
+        .map(|p| p.tokens as f64)
+        .collect();
+    elm::eval::stats::spread(&toks).map_or(0.0, |s| (s.max / s.min.max(1.0)).log2())
+}
+
+/// The sentence a reader looks for: does the best baseline's gap to the ELM shrink, cross or
+/// grow with the budget (the first trend after the reference's own).
+pub fn curves_verdict(c: &Curves) -> Option<String> {
+    let r = c.trends.iter().find(|r| r.series != c.reference)?;
+    let (first, last) = (r.gap_smallest?, r.gap_largest?);
+    let sure = |i: &Interval| {
+        if i.lo > 0.0 {
+            "the ELM is surely better"
+        } else if i.hi < 0.0 {
+            "the ELM is surely worse"
+        } else {
+            "not distinguishable"
+        }
+    };
+    Some(format!(
+        "**Verdict:** against {}, the gap {} with the budget: {} at the smallest budget ({}), {} at the largest ({}); \
+         it changes by {} nats/token per doubling of tokens.",
+        r.series,
+        r.verdict,
+        signed(&first),
+        sure(&first),
+        signed(&last),
+        sure(&last),
+        r.gap_slope_per_doubling
+            .map_or_else(|| NOT_APPLICABLE.into(), signed_float),
+    ))
+}
+
+/// Table 9: every seed, then the spread over seeds beside the intervals over problems.
+pub fn seeds_table(s: &Seeds) -> String {
+    let mut t = Table::new(&[
+        "model",
+        "seed",
+        "answer NLL",
+        "minus the ELM (paired, same seed)",
+    ]);
+    for r in &s.rows {
+        t.row(&[
+            r.series.clone(),
+            r.seed.to_string(),
+            iv(&r.answer_nll),
+            opt(&r.minus_elm, signed),
+        ]);
+    }
+    let spread = |x: &Spread| {
+        format!(
+            "{} ± {} ({} … {})",
+            float(x.mean),
+            float(x.sd),
+            float(x.min),
+            float(x.max)
+        )
+    };
+    let mut u = Table::new(&[
+        "model",
+        "seeds",
+        "answer NLL: mean ± sd (min … max) over seeds",
+        "minus the ELM: mean ± sd (min … max)",
+        "verdict",
+    ]);
+    for r in &s.summaries {
+        u.row(&[
+            r.series.clone(),
+            r.answer_nll.n.to_string(),
+            spread(&r.answer_nll),
+            r.minus_elm
+                .as_ref()
+                .map_or_else(|| NOT_APPLICABLE.into(), spread),
+            r.verdict.clone(),
+        ]);
+    }
+    format!(
+        "Each model trained again with another seed (data order, LoRA init, dropout masks) at the main budget; the compressed \
+         models are cut from the same LoRA-tuned dense model (seed 0). \"Surely\" better or worse needs every seed's paired \
+         interval over problems to exclude 0 on the same side.\n\n{}\n{}",
+        t.into_markdown(),
+        u.into_markdown()
+    )
+}
+/// Table 7c: map evaluations against ρ at the middle tolerance of the sweep, where each trained
+/// ELM sits on that axis, and what the solver ablation measured on the real module.
+pub fn rho_sweep_table(r: &RhoSweep, solver: &[SolverRow]) -> String {
+    let tols = &r.config.rel_tols;
+    let Some(&tol) = tols.get(tols.len() / 2) else {
+        return String::new();
+    };
+    let at = |rho: f64, name: &str| {
+        r.rows
+            .iter()
+            .find(|x| x.rho == rho && x.rel_tol == tol && x.solver == name)
+    };
+    let mut t = Table::new(&[
+        "ρ",
+        "Picard evaluations",
+        "Anderson evaluations (saved)",
+        "Broyden evaluations (saved)",
+    ]);
+    for &rho in &r.config.rhos {
+        let cell = |name: &str| {
+            at(rho, name).map_or_else(
+                || NOT_APPLICABLE.to_string(),
+                |x| {
+                    format!(
+                        "{} ({})",
+                        float(x.mean_evaluations),
+                        pct(x.saving_vs_picard)
+                    )
+                },
+            )
+        };
+        t.row(&[
+            float(rho),
+            at(rho, "picard").map_or_else(|| NOT_APPLICABLE.into(), |x| float(x.mean_evaluations)),
+            cell("anderson"),
+            cell("broyden"),
+        ]);
+    }
+    // Each trained ELM at the nearest swept ρ.
+    let mut marks = String::new();
+    for (name, rho) in &r.marks {
+        let nearest = r
+            .config
+            .rhos
+            .iter()
+            .copied()
+            .min_by(|a, b| (a - rho).abs().total_cmp(&(b - rho).abs()));
+        if let Some(x) = nearest.and_then(|n| at(n, "anderson")) {
+            marks += &format!(
+                "- {name}: ρ = {} → nearest swept ρ {}: Anderson saves {} of Picard's evaluations.\n",
+                float(*rho),
+                float(x.rho),
+                pct(x.saving_vs_picard)
+            );
+        }
+    }
+    let measured: Vec<String> = solver
+        .iter()
+        .filter(|s| s.solver == "anderson")
+        .map(|s| format!("{} at δ = {}", pct(s.compute_saved_vs_picard), s.tol))
+        .collect();
+    format!(
+        "Map evaluations of each solver to relative residual {tol:e} on `z = A z + b` (A symmetric, eigenvalues evenly \
+         over [−ρ, ρ], dimension {}, {} right-hand sides; `elm sweep`), against ρ:\n\n{}\nThe trained maps of table 7b on that axis:\n\n{marks}\n\
+         On the real module (table 3) Anderson saved {} of the block evaluations. On this problem Anderson first saves \
+         at least the paper's 38.6% of compute at ρ = {}: a trained map well below that ρ leaves acceleration little \
+         to save, whatever the solver.\n",
+        r.config.dim,
+        r.config.batch,
+        t.into_markdown(),
+        if measured.is_empty() {
+            NOT_APPLICABLE.to_string()
+        } else {
+            measured.join(", ")
+        },
+        r.config
+            .rhos
+            .iter()
+            .copied()
+            .find(|&rho| at(rho, "anderson").is_some_and(|x| x.saving_vs_picard >= 0.386))
+            .map_or_else(|| "none of the swept values".to_string(), float)
+    )
+}
