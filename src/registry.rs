@@ -1,7 +1,6 @@
-//! Enumerated extension points (evaluation tasks, pruning methods, gradient rules, CUDA kernels):
-//! each keeps ONE list of its variants, written once in a [`variant_list!`] call, and the
-//! compiler checks that list against the enum, so a variant added to the enum and forgotten in
-//! the list does not compile. Every match over such an enum is exhaustive (no `_ =>` arm), so
+//! Enumerated extension points (evaluation tasks, pruning methods, gradient rules, CUDA kernels,
+//! window selectors): each keeps ONE list of its variants, the enum's declaration inside a
+//! [`variant_list!`] call, from which its `ALL`, names and `Display` follow. Every match over such an enum is exhaustive (no `_ =>` arm), so
 //! a new variant also fails to compile until each match says what it does.
 //!
 //! [`Registry`] is the generic view of such a list (its variants and their names) that the
@@ -35,29 +34,39 @@ pub fn names_or<T: Registry>() -> String {
     }
 }
 
-/// The one list of an enum's variants: `variant_list!(PruneMethod, "method", [ShortGpt, ...])`
-/// defines `PruneMethod::ALL` (an array, declaration order) from the list and implements
-/// [`Registry`] with the enum's own `name(self) -> &'static str`. From the same list it
-/// generates an exhaustive match over the enum (no wildcard arm): a variant missing from the
-/// list is a compile error (`non-exhaustive patterns`), a variant listed twice one too
-/// (`unreachable pattern`, denied).
+/// The one list of an enum's variants is the enum's declaration itself, written inside
+/// `variant_list!`:
+///
+/// ```ignore
+/// crate::registry::variant_list! {
+///     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///     pub enum PruneMethod("method") {
+///         /// ShortGPT: ...
+///         ShortGpt,
+///         ...
+///     }
+/// }
+/// ```
+///
+/// declares the enum as written and, from the same variant list, `PruneMethod::ALL` (an array
+/// in declaration order), [`Registry`] (with the enum's own `name(self) -> &'static str`, an
+/// exhaustive match) and `Display`. A new variant is in `ALL` by construction; every match over
+/// the enum is exhaustive, so the compiler then asks for each arm.
 macro_rules! variant_list {
-    ($ty:ident, $what:literal, [$($variant:ident),+ $(,)?]) => {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $ty:ident($what:literal) {
+            $($(#[$variant_meta:meta])* $variant:ident),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis enum $ty {
+            $($(#[$variant_meta])* $variant),+
+        }
         impl $ty {
-            /// Every variant, in declaration order: the one list (`crate::registry::variant_list!`),
-            /// checked by the compiler against the enum.
+            /// Every variant, in declaration order: the one list (`crate::registry::variant_list!`).
             pub const ALL: [$ty; [$(stringify!($variant)),+].len()] = [$($ty::$variant),+];
         }
-        const _: () = {
-            // The list is checked here: this match is exhaustive only if it names every variant.
-            #[deny(unreachable_patterns)]
-            #[allow(dead_code)]
-            const fn every_variant_is_listed(v: $ty) {
-                match v {
-                    $($ty::$variant => {})+
-                }
-            }
-        };
         impl $crate::registry::Registry for $ty {
             const WHAT: &'static str = $what;
             fn all() -> &'static [Self] {

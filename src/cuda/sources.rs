@@ -22,22 +22,18 @@ macro_rules! with_common {
     };
 }
 
-/// One embedded kernel file (`kernels/<name>`), compiled by NVRTC as one module.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KernelFile {
-    Norm,
-    Rope,
-    Elementwise,
-    Attention,
-    Softmax,
-    FixedPoint,
+crate::registry::variant_list! {
+    /// One embedded kernel file (`kernels/<name>`), compiled by NVRTC as one module.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum KernelFile("kernel file") {
+        Norm,
+        Rope,
+        Elementwise,
+        Attention,
+        Softmax,
+        FixedPoint,
+    }
 }
-
-crate::registry::variant_list!(
-    KernelFile,
-    "kernel file",
-    [Norm, Rope, Elementwise, Attention, Softmax, FixedPoint]
-);
 
 impl KernelFile {
     /// File name under `kernels/`.
@@ -68,28 +64,10 @@ impl KernelFile {
     }
 }
 
-/// One `extern "C" __global__` kernel the backend launches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kernel {
-    RmsNorm,
-    RopeHalf,
-    RopeInterleaved,
-    Swiglu,
-    AddInplace,
-    AddBias,
-    GatherRows,
-    KvCacheWrite,
-    Attention,
-    Softmax,
-    Argmax,
-    Sample,
-    AndersonMix,
-}
-
-crate::registry::variant_list!(
-    Kernel,
-    "kernel",
-    [
+crate::registry::variant_list! {
+    /// One `extern "C" __global__` kernel the backend launches.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Kernel("kernel") {
         RmsNorm,
         RopeHalf,
         RopeInterleaved,
@@ -103,8 +81,8 @@ crate::registry::variant_list!(
         Argmax,
         Sample,
         AndersonMix,
-    ]
-);
+    }
+}
 
 impl Kernel {
     /// The C function's name.

@@ -20,21 +20,21 @@ use super::nll::NllRun;
 use super::solver_summary::SolverSummary;
 use super::stats::{estimate, paired, BootstrapConfig, Estimate, ItemScore, PairedComparison};
 
-/// What `elm eval --task` runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Task {
-    /// Teacher-forced NLL per token of the GSM8K reference solutions.
-    Gsm8kNll,
-    /// GSM8K exact match (greedy), strict and flexible extraction.
-    Gsm8k,
-    /// HumanEval pass@1 (greedy), run in a sandboxed `python3`.
-    HumanEval,
-    /// Teacher-forced NLL per token of the HumanEval canonical solutions.
-    HumanEvalNll,
+crate::registry::variant_list! {
+    /// What `elm eval --task` runs.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum Task("task") {
+        /// Teacher-forced NLL per token of the GSM8K reference solutions.
+        Gsm8kNll,
+        /// GSM8K exact match (greedy), strict and flexible extraction.
+        Gsm8k,
+        /// HumanEval pass@1 (greedy), run in a sandboxed `python3`.
+        HumanEval,
+        /// Teacher-forced NLL per token of the HumanEval canonical solutions.
+        HumanEvalNll,
+    }
 }
-
-crate::registry::variant_list!(Task, "task", [Gsm8kNll, Gsm8k, HumanEval, HumanEvalNll]);
 
 impl Task {
     /// The CLI / JSON name.

@@ -71,25 +71,21 @@ pub enum GradientRule {
     },
 }
 
-/// The kinds of [`GradientRule`]: its JSON `kind` tag, its [`GradientRule::name`], and the one
-/// list of the rules (`GradientRuleKind::ALL`, checked by the compiler against this enum). A new
-/// rule is a variant of [`GradientRule`], its mirror in `RawRule`, and a variant here; the
-/// compiler then asks for each match that must handle it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GradientRuleKind {
-    Unroll,
-    Jfb,
-    StochasticJfb,
-    Implicit,
-    Phantom,
+crate::registry::variant_list! {
+    /// The kinds of [`GradientRule`]: its JSON `kind` tag, its [`GradientRule::name`], and the one
+    /// list of the rules (`GradientRuleKind::ALL`, checked by the compiler against this enum). A new
+    /// rule is a variant of [`GradientRule`], its mirror in `RawRule`, and a variant here; the
+    /// compiler then asks for each match that must handle it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum GradientRuleKind("gradient_rule.kind") {
+        Unroll,
+        Jfb,
+        StochasticJfb,
+        Implicit,
+        Phantom,
+    }
 }
-
-crate::registry::variant_list!(
-    GradientRuleKind,
-    "gradient_rule.kind",
-    [Unroll, Jfb, StochasticJfb, Implicit, Phantom]
-);
 
 impl GradientRuleKind {
     /// `unroll`, `jfb`, `stochastic_jfb`, `implicit`, `phantom` (the JSON `kind` tag).

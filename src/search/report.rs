@@ -14,21 +14,21 @@ use crate::model::ModelWeights;
 use super::enumerate::Enumeration;
 use super::gppo::GppoOutcome;
 
-/// A metric-based window selector.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Selector {
-    /// LLM-Streamline: highest `mean_t cos(h_s, h_{s+M})`.
-    Cosine,
-    /// ShortGPT's Block Influence: lowest sum of per-layer BI over the window.
-    Bi,
-    /// ReplaceMe: lowest last-token angular distance between `h_s` and `h_{s+M}`.
-    Angular,
-    /// Shortened-LLaMA one-shot PPL: lowest calibration NLL with the window removed.
-    Ppl,
+crate::registry::variant_list! {
+    /// A metric-based window selector.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum Selector("selector") {
+        /// LLM-Streamline: highest `mean_t cos(h_s, h_{s+M})`.
+        Cosine,
+        /// ShortGPT's Block Influence: lowest sum of per-layer BI over the window.
+        Bi,
+        /// ReplaceMe: lowest last-token angular distance between `h_s` and `h_{s+M}`.
+        Angular,
+        /// Shortened-LLaMA one-shot PPL: lowest calibration NLL with the window removed.
+        Ppl,
+    }
 }
-
-crate::registry::variant_list!(Selector, "selector", [Cosine, Bi, Angular, Ppl]);
 
 impl Selector {
     pub fn name(self) -> &'static str {

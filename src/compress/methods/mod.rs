@@ -35,44 +35,32 @@ pub use laco::{
 pub use replace_me::{mlp_split, replace_me_map};
 pub use shortened_llama::shortened_plus_select;
 
-/// A training-free compression method.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PruneMethod {
-    /// ShortGPT: delete the M layers of lowest Block Influence (not necessarily contiguous).
-    ShortGpt,
-    /// Shortened-LLaMA (PPL criterion, one shot): delete the M blocks whose single removal
-    /// raises the calibration NLL least, never the first 4 or the last 2 (its "+" rule).
-    ShortenedPpl,
-    /// Shortened-LLaMA (Taylor+ criterion, one shot): block importance `Σ_W |Σ W ⊙ ∂CE/∂W|` over
-    /// the block's weights on the calibration LM loss; delete the M least important blocks,
-    /// never the first 4 or the last 2 (the same "+" rule as [`PruneMethod::ShortenedPpl`]).
-    ShortenedTaylor,
-    /// UIDL-style window deletion: delete the window of lowest last-token angular distance.
-    WindowDelete,
-    /// ReplaceMe (least squares): delete the window of lowest angular distance and fold the
-    /// least-squares linear map into the down projection of the layer before it.
-    ReplaceMeLs,
-    /// LaCo's RDSC merge of the window of highest window cosine into its first layer.
-    LaCo,
-    /// LaCo's own top-down search: merges of [`LACO_MERGE_SIZE`] layers accepted while the final
-    /// hidden states stay similar above a threshold, the highest threshold reaching M.
-    LaCoSearch,
-}
-
-crate::registry::variant_list!(
-    PruneMethod,
-    "method",
-    [
+crate::registry::variant_list! {
+    /// A training-free compression method.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum PruneMethod("method") {
+        /// ShortGPT: delete the M layers of lowest Block Influence (not necessarily contiguous).
         ShortGpt,
+        /// Shortened-LLaMA (PPL criterion, one shot): delete the M blocks whose single removal
+        /// raises the calibration NLL least, never the first 4 or the last 2 (its "+" rule).
         ShortenedPpl,
+        /// Shortened-LLaMA (Taylor+ criterion, one shot): block importance `Σ_W |Σ W ⊙ ∂CE/∂W|` over
+        /// the block's weights on the calibration LM loss; delete the M least important blocks,
+        /// never the first 4 or the last 2 (the same "+" rule as [`PruneMethod::ShortenedPpl`]).
         ShortenedTaylor,
+        /// UIDL-style window deletion: delete the window of lowest last-token angular distance.
         WindowDelete,
+        /// ReplaceMe (least squares): delete the window of lowest angular distance and fold the
+        /// least-squares linear map into the down projection of the layer before it.
         ReplaceMeLs,
+        /// LaCo's RDSC merge of the window of highest window cosine into its first layer.
         LaCo,
+        /// LaCo's own top-down search: merges of [`LACO_MERGE_SIZE`] layers accepted while the final
+        /// hidden states stay similar above a threshold, the highest threshold reaching M.
         LaCoSearch,
-    ]
-);
+    }
+}
 
 impl PruneMethod {
     /// The CLI / JSON name.
