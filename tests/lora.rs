@@ -186,7 +186,6 @@ fn sft_lowers_answer_ce_and_resume_equals_uninterrupted() {
         },
         seed: 5,
         checkpoint_every: 10,
-        ..LoraConfig::default()
     };
     let seqs = data(16, 2);
     let mut full = LoraTrainer::new(&w, cfg.clone(), "tiny".into()).unwrap();
