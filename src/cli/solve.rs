@@ -7,18 +7,16 @@ use plotters::prelude::*;
 use serde_json::{json, Value};
 
 use elm::error::{ElmError, Result};
-use elm::solver::problems::{max_row_error, Problem};
+use elm::solver::problems::{max_row_error, Problem, PROBLEM_NAMES};
 use elm::solver::{IterationInfo, Solution, SolverConfig, StopCriteria, BUILTIN_SOLVERS};
 
 use super::output::print_json;
-
-const PROBLEMS: [&str; 4] = ["linear", "tanh", "cos", "poisson"];
 
 /// Arguments of `elm solve`.
 #[derive(clap::Args, Debug)]
 pub struct SolveArgs {
     /// Canonical problem.
-    #[arg(long, value_parser = PROBLEMS)]
+    #[arg(long, value_parser = PROBLEM_NAMES)]
     pub problem: String,
     /// Spectral radius of A for `--problem linear`.
     #[arg(long, default_value_t = 0.9)]
@@ -70,7 +68,7 @@ pub struct SolveArgs {
 #[derive(clap::Args, Debug)]
 pub struct StudyArgs {
     /// Canonical problem.
-    #[arg(long, value_parser = PROBLEMS)]
+    #[arg(long, value_parser = PROBLEM_NAMES)]
     pub problem: String,
     /// Spectral radius of A for `--problem linear`.
     #[arg(long, default_value_t = 0.9)]

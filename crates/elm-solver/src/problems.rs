@@ -15,6 +15,7 @@ use rand_distr::{Distribution, StandardNormal};
 
 use super::{FixedPointMap, SolverFloat};
 use crate::error::{MapError, Result, SolverError};
+use crate::kinds::builtin_kinds;
 use crate::linalg::{apply_eigen, householder_q, largest_singular_value};
 
 /// The fixed point of `cos`, `z = cos z` (Dottie number), to f64 precision.
@@ -324,6 +325,29 @@ impl FixedPointMap<f64> for PoissonJacobi {
     }
 }
 
+builtin_kinds! {
+    /// The canonical problems: the one list that [`Problem::by_name`], [`PROBLEM_NAMES`] and
+    /// the command line (`elm solve --problem`) read.
+    pub enum ProblemKind {
+        Linear => "linear",
+        Tanh => "tanh",
+        Cos => "cos",
+        Poisson => "poisson",
+    }
+    unknown: |name: &str| {
+        SolverError::config(
+            "problem",
+            format!(
+                "unknown problem `{name}` (expected {})",
+                ProblemKind::NAMES.join("|")
+            ),
+        )
+    };
+}
+
+/// The canonical problems' names, in [`ProblemKind::ALL`]'s order.
+pub const PROBLEM_NAMES: [&str; ProblemKind::ALL.len()] = ProblemKind::NAMES;
+
 /// A canonical problem chosen by name (CLI, benches).
 pub enum Problem {
     Linear(LinearProblem),
@@ -335,26 +359,28 @@ pub enum Problem {
 impl Problem {
     /// `linear` (uses `rho`), `tanh`, `cos` or `poisson`; `seed` for the random ones.
     pub fn by_name(name: &str, rho: f64, seed: u64) -> Result<Self> {
-        Ok(match name {
-            "linear" => Problem::Linear(LinearProblem::canonical(rho, seed)?),
-            "tanh" => Problem::Tanh(TanhProblem::canonical(seed)?),
-            "cos" => Problem::Cos(CosProblem),
-            "poisson" => Problem::Poisson(PoissonJacobi::canonical()?),
-            other => {
-                return Err(SolverError::config(
-                    "problem",
-                    format!("unknown problem `{other}` (expected linear|tanh|cos|poisson)"),
-                ))
-            }
+        Problem::of_kind(name.parse()?, rho, seed)
+    }
+    /// The canonical problem of `kind` (`rho` for the linear one, `seed` for the random ones).
+    pub fn of_kind(kind: ProblemKind, rho: f64, seed: u64) -> Result<Self> {
+        Ok(match kind {
+            ProblemKind::Linear => Problem::Linear(LinearProblem::canonical(rho, seed)?),
+            ProblemKind::Tanh => Problem::Tanh(TanhProblem::canonical(seed)?),
+            ProblemKind::Cos => Problem::Cos(CosProblem),
+            ProblemKind::Poisson => Problem::Poisson(PoissonJacobi::canonical()?),
         })
     }
-    pub fn name(&self) -> &'static str {
+    /// Its kind.
+    pub fn kind(&self) -> ProblemKind {
         match self {
-            Problem::Linear(_) => "linear",
-            Problem::Tanh(_) => "tanh",
-            Problem::Cos(_) => "cos",
-            Problem::Poisson(_) => "poisson",
+            Problem::Linear(_) => ProblemKind::Linear,
+            Problem::Tanh(_) => ProblemKind::Tanh,
+            Problem::Cos(_) => ProblemKind::Cos,
+            Problem::Poisson(_) => ProblemKind::Poisson,
         }
+    }
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
     }
     /// Rows in the batch.
     pub fn batch(&self) -> usize {

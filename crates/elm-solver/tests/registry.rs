@@ -109,3 +109,21 @@ mod json {
         }
     }
 }
+
+/// Every canonical problem round-trips through its name, and an unknown name lists the list.
+#[test]
+fn every_problem_kind_round_trips_through_its_name() {
+    use elm_solver::problems::{Problem, ProblemKind, PROBLEM_NAMES};
+    let names: Vec<&str> = ProblemKind::ALL.iter().map(|k| k.name()).collect();
+    assert_eq!(names, PROBLEM_NAMES);
+    for kind in ProblemKind::ALL {
+        assert_eq!(kind.name().parse::<ProblemKind>().unwrap(), kind);
+        let p = Problem::by_name(kind.name(), 0.5, 0).unwrap();
+        assert_eq!((p.kind(), p.name()), (kind, kind.name()));
+    }
+    let e = Problem::by_name("nope", 0.5, 0).err().unwrap().to_string();
+    assert!(
+        e.contains("nope") && e.contains(&PROBLEM_NAMES.join("|")),
+        "{e}"
+    );
+}
