@@ -322,43 +322,37 @@ pub struct QLayer {
     pub w_down: Linear,
 }
 
-impl QLayer {
-    /// Every projection of `l` quantized to `format` (`None`: kept f32).
-    pub fn from_f32(l: &LayerWeights, format: Option<QFormat>) -> Self {
-        let q = |w: &Array2<f32>| Linear::from_f32(w, format);
-        QLayer {
+/// `$ty` built from the block `$src` (a [`LayerWeights`] or a [`QLayer`]: the same field names)
+/// with every projection mapped by `$proj` and the norms and biases cloned.
+macro_rules! map_projections {
+    ($ty:ident, $src:expr, $proj:expr) => {{
+        let (l, proj) = ($src, $proj);
+        $ty {
             attn_norm: l.attn_norm.clone(),
-            wq: q(&l.wq),
-            wk: q(&l.wk),
-            wv: q(&l.wv),
-            wo: q(&l.wo),
+            wq: proj(&l.wq),
+            wk: proj(&l.wk),
+            wv: proj(&l.wv),
+            wo: proj(&l.wo),
             bq: l.bq.clone(),
             bk: l.bk.clone(),
             bv: l.bv.clone(),
             mlp_norm: l.mlp_norm.clone(),
-            w_gate: q(&l.w_gate),
-            w_up: q(&l.w_up),
-            w_down: q(&l.w_down),
+            w_gate: proj(&l.w_gate),
+            w_up: proj(&l.w_up),
+            w_down: proj(&l.w_down),
         }
+    }};
+}
+
+impl QLayer {
+    /// Every projection of `l` quantized to `format` (`None`: kept f32).
+    pub fn from_f32(l: &LayerWeights, format: Option<QFormat>) -> Self {
+        map_projections!(QLayer, l, |w: &Array2<f32>| Linear::from_f32(w, format))
     }
 
     /// The block's f32 weights (dequantized): the training / reference representation.
     pub fn to_f32(&self) -> LayerWeights {
-        let f = Linear::to_f32;
-        LayerWeights {
-            attn_norm: self.attn_norm.clone(),
-            wq: f(&self.wq),
-            wk: f(&self.wk),
-            wv: f(&self.wv),
-            wo: f(&self.wo),
-            bq: self.bq.clone(),
-            bk: self.bk.clone(),
-            bv: self.bv.clone(),
-            mlp_norm: self.mlp_norm.clone(),
-            w_gate: f(&self.w_gate),
-            w_up: f(&self.w_up),
-            w_down: f(&self.w_down),
-        }
+        map_projections!(LayerWeights, self, Linear::to_f32)
     }
 
     /// Bytes of weights held (the same count as the block's view, `BlockRef::bytes`).
