@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::model::bench::{
     check_bench_len, generation_peak_rss, kv_bytes_per_token, peak_rss_bytes, reset_peak_rss,
-    run_bench, BenchRun,
+    run_bench, BenchHeader, BenchRun,
 };
 use crate::model::generate::argmax;
 use crate::model::{DecoderWeights, Transformer, WeightStorage};
@@ -21,17 +21,10 @@ use super::session::ElmSession;
 /// One ELM configuration of a comparative bench (the dense ones are [`BenchRun`]s).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ElmBenchRun {
-    /// Always `elm` (the dense runs say `dense`), so one list holds both.
-    pub model: String,
-    /// `f32` or the storage the matrices were loaded as.
-    pub weights: String,
-    pub resident_weight_bytes: usize,
-    /// Parameters of the ELM (kept layers, module, embedding).
-    pub params: usize,
-    /// Peak RSS of a 64-token prefill and 32 decode steps.
-    pub peak_rss_bytes: Option<usize>,
-    /// Kept dense layers plus the one fixed-point cache (one-step KV).
-    pub kv_bytes_per_token: usize,
+    /// `model` is always `elm` (the dense runs say `dense`), so one list holds both; the
+    /// peak RSS is that of a 64-token prefill and 32 decode steps.
+    #[serde(flatten)]
+    pub header: BenchHeader,
     pub prefill_tokens: usize,
     /// Best of three prefills of one `prefill_tokens` prompt.
     pub prefill_tok_s: f64,
@@ -81,12 +74,14 @@ pub fn bench_dense<W: DecoderWeights>(
     let peak_rss_bytes = generation_peak_rss(model, 64, 32)?;
     let report = run_bench(model, prompt_len, decode_steps, progress)?;
     Ok(BenchRun {
-        model: "dense".to_string(),
-        weights: weights_label.to_string(),
-        resident_weight_bytes: model.weights.weight_bytes(),
-        params: dense_params(model.config()),
-        peak_rss_bytes,
-        kv_bytes_per_token: kv_bytes_per_token(model.config(), model.weights.layers().len()),
+        header: BenchHeader {
+            model: "dense".to_string(),
+            weights: weights_label.to_string(),
+            resident_weight_bytes: model.weights.weight_bytes(),
+            params: dense_params(model.config()),
+            peak_rss_bytes,
+            kv_bytes_per_token: kv_bytes_per_token(model.config(), model.weights.layers().len()),
+        },
         report,
     })
 }
@@ -162,15 +157,17 @@ pub fn bench_elm(
     let (b8, b8_mean, evals8) = decode(8)?;
     let kept = model.kept_layers().len() + 1; // one-step: one fixed-point cache
     Ok(ElmBenchRun {
-        model: "elm".to_string(),
-        weights: storage.to_string(),
-        resident_weight_bytes: model.weight_bytes(),
-        params: model.elm_config().map_or_else(
-            || dense_params(model.config()),
-            |ec| param_report(model.config(), ec).elm_total,
-        ),
-        peak_rss_bytes,
-        kv_bytes_per_token: kv_bytes_per_token(model.config(), kept),
+        header: BenchHeader {
+            model: "elm".to_string(),
+            weights: storage.to_string(),
+            resident_weight_bytes: model.weight_bytes(),
+            params: model.elm_config().map_or_else(
+                || dense_params(model.config()),
+                |ec| param_report(model.config(), ec).elm_total,
+            ),
+            peak_rss_bytes,
+            kv_bytes_per_token: kv_bytes_per_token(model.config(), kept),
+        },
         prefill_tokens: prompt_len,
         prefill_tok_s: prompt_len as f64 / prefill_best,
         decode_steps,

@@ -348,20 +348,30 @@ pub fn kv_bytes_per_token(cfg: &crate::model::ModelConfig, layers: usize) -> usi
     layers * 2 * cfg.num_kv_heads * cfg.head_dim * std::mem::size_of::<f32>()
 }
 
-/// One configuration (model × weight storage) of a comparative `elm bench`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct BenchRun {
+/// What every configuration of a comparative `elm bench` reports first, dense or ELM: the
+/// leading fields of [`BenchRun`] and of the ELM run.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct BenchHeader {
     /// `dense` or `elm`.
     pub model: String,
-    /// `f32` or the block format(s) kept in memory.
+    /// `f32` or the block format(s) kept in memory (the storage the matrices were loaded as).
     pub weights: String,
     /// Bytes of weights held by this configuration.
     pub resident_weight_bytes: usize,
-    /// Parameters of the model (embedding included).
+    /// Parameters of the model (embedding included; an ELM: kept layers, module, embedding).
     pub params: usize,
     /// Peak RSS of the process while generating (see [`generation_peak_rss`]).
     pub peak_rss_bytes: Option<usize>,
+    /// K/V bytes one token adds per sequence (an ELM: kept dense layers plus the one
+    /// fixed-point cache, one-step KV).
     pub kv_bytes_per_token: usize,
+}
+
+/// One configuration (model × weight storage) of a comparative `elm bench`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BenchRun {
+    #[serde(flatten)]
+    pub header: BenchHeader,
     #[serde(flatten)]
     pub report: BenchReport,
 }
