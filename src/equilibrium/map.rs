@@ -3,7 +3,7 @@
 //! - [`apply_taped`]: on the autograd tape (training; [`ElmLayer`] is its [`ImplicitLayer`]);
 //! - [`ModuleView::apply`] (and [`ElmModule::apply`]): no tape, whole sequences from position 0
 //!   (gradient-free iterations, reading the tape's values in place; distillation evaluation);
-//! - [`ModuleView::apply_cached`] (and [`ElmModule::apply_cached`]): no tape, new tokens of some
+//! - [`ModuleView::apply_cached`] (through `ElmModule::view` for an f32 module): no tape, new tokens of some
 //!   sequences against the fixed-point block's KV cache (prefill and decode, see
 //!   [`super::infer`]).
 //!
@@ -182,19 +182,6 @@ impl ElmModule {
                 )
             }),
         }
-    }
-
-    /// [`ModuleView::apply_cached`] on this module.
-    pub fn apply_cached(
-        &self,
-        cfg: &ModelConfig,
-        z: ArrayView3<f32>,
-        h: ArrayView3<f32>,
-        seqs: &[usize],
-        cache: &mut LayerKv,
-        scratch: &mut Scratch,
-    ) -> Result<Array3<f32>> {
-        self.view().apply_cached(cfg, z, h, seqs, cache, scratch)
     }
 
     /// [`ModuleView::apply`] on this module: `φ(z, h)` on whole sequences `[B, T, C]`.

@@ -50,13 +50,33 @@ pub struct Gsm8kResult {
     pub strict_items: Vec<ItemScore>,
     /// Per problem: `value` 1 when the flexible extraction matches, weight 1.
     pub flexible_items: Vec<ItemScore>,
+    #[serde(flatten)]
+    pub run: GenerationRun,
+    pub kv_bytes_per_sequence: usize,
+    pub samples: Vec<Sample>,
+}
+
+/// What a generation task's greedy decoding cost (its JSON keys sit beside the task's own).
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerationRun {
     pub generated_tokens: usize,
     pub seconds: f64,
     /// Generated tokens per second.
     pub tok_s: f64,
     pub solver: SolverSummary,
-    pub kv_bytes_per_sequence: usize,
-    pub samples: Vec<Sample>,
+}
+
+impl GenerationRun {
+    /// `generated` tokens since `start`, with the fixed-point statistics of every decoded token.
+    pub fn measured(generated: usize, start: Instant, stats: &[FpStat], model: &ElmModel) -> Self {
+        let seconds = start.elapsed().as_secs_f64();
+        GenerationRun {
+            generated_tokens: generated,
+            seconds,
+            tok_s: generated as f64 / seconds.max(1e-9),
+            solver: SolverSummary::from_stats(stats, model.kept_layers().len()),
+        }
+    }
 }
 
 /// What [`greedy_batch`] produced.
@@ -204,7 +224,6 @@ pub fn eval_gsm8k(
         }
         on_progress(samples.len());
     }
-    let seconds = start.elapsed().as_secs_f64();
     let item = |s: &Sample, correct: bool| ItemScore {
         id: s.id.clone(),
         value: f64::from(u8::from(correct)),
@@ -220,10 +239,7 @@ pub fn eval_gsm8k(
             .iter()
             .map(|s| item(s, s.score.flexible_correct))
             .collect(),
-        generated_tokens: generated,
-        seconds,
-        tok_s: generated as f64 / seconds.max(1e-9),
-        solver: SolverSummary::from_stats(&stats, model.kept_layers().len()),
+        run: GenerationRun::measured(generated, start, &stats, model),
         kv_bytes_per_sequence,
         samples,
     })

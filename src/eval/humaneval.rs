@@ -15,12 +15,11 @@ use crate::equilibrium::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
 
-use super::gsm8k::greedy_batch;
+use super::gsm8k::{greedy_batch, GenerationRun};
 use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};
 use super::sandbox::{
     isolation as sandbox_isolation, run_python, Isolation, SandboxConfig, Verdict,
 };
-use super::solver_summary::SolverSummary;
 use super::stats::ItemScore;
 
 /// Where a completion ends (the HumanEval paper's stop sequences).
@@ -136,10 +135,8 @@ pub struct HumanEvalResult {
     /// `value` 1 when the problem's tests pass, weight 1.
     pub items: Vec<ItemScore>,
     pub samples: Vec<HumanEvalSample>,
-    pub generated_tokens: usize,
-    pub seconds: f64,
-    pub tok_s: f64,
-    pub solver: SolverSummary,
+    #[serde(flatten)]
+    pub run: GenerationRun,
     pub isolation: Option<Isolation>,
 }
 
@@ -201,14 +198,10 @@ pub fn eval_humaneval(
         }
         on_progress(samples.len());
     }
-    let seconds = start.elapsed().as_secs_f64();
     Ok(HumanEvalResult {
         items,
         samples,
-        generated_tokens: generated,
-        seconds,
-        tok_s: generated as f64 / seconds.max(1e-9),
-        solver: SolverSummary::from_stats(&stats, model.kept_layers().len()),
+        run: GenerationRun::measured(generated, start, &stats, model),
         isolation,
     })
 }
