@@ -120,9 +120,8 @@ impl RunDir {
         Ok(match self.mode {
             OpenMode::Fresh { .. } | OpenMode::Reuse => RunStart::Fresh,
             OpenMode::Resume => {
-                // Temporaries of a killed run were never renamed into place: nothing refers
-                // to them.
-                remove_stale_temps(path)?;
+                // A resumed trainer removes the temporaries of a killed run itself
+                // (`read_state`); a restart removes them below.
                 if path.join(kind.state_file).exists() {
                     RunStart::Resume
                 } else {
@@ -140,6 +139,9 @@ impl RunDir {
                                 ),
                             )
                         })?;
+                    // Temporaries of a killed run were never renamed into place: nothing
+                    // refers to them.
+                    remove_stale_temps(path)?;
                     let note = format!(
                         "{}: no checkpoint was completed; starting the {} again as it was requested",
                         path.display(),
@@ -155,26 +157,19 @@ impl RunDir {
     /// resumes (`compress`, `prune`, `import`: [`OpenMode::Fresh`]) or reuses on its own terms
     /// ([`OpenMode::Reuse`]: paper_repro's study, whose stages are content-addressed).
     pub fn lock(path: &Path, mode: OpenMode, holder: &str) -> Result<RunDir> {
-        match std::fs::metadata(path) {
-            Ok(m) if !m.is_dir() => {
-                return Err(ElmError::InFile {
-                    path: path.to_path_buf(),
-                    source: Box::new(ElmError::config(
-                        "out",
-                        "exists and is not a directory; give a directory path",
-                    )),
-                })
-            }
-            // Nothing to lock, and nothing to resume: `open` then says what is missing.
-            Err(e) if mode == OpenMode::Resume && e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(RunDir {
-                    path: path.to_path_buf(),
-                    mode,
-                    lock: None,
-                });
-            }
-            _ => {}
+        // Nothing to lock, and nothing to resume: `start` then says what is missing.
+        let missing =
+            std::fs::metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+        if mode == OpenMode::Resume && missing {
+            return Ok(RunDir {
+                path: path.to_path_buf(),
+                mode,
+                lock: None,
+            });
         }
+        // A file where the directory belongs is refused naming it before anything is locked
+        // (`force: true` waives only the non-empty check, which comes under the lock).
+        check_output_dir("out", path, true)?;
         let lock = DirLock::acquire(path, holder)?;
         match mode {
             OpenMode::Fresh { force } => {
@@ -185,7 +180,7 @@ impl RunDir {
             OpenMode::Reuse => {
                 remove_stale_temps(path)?;
             }
-            // `open` removes them once it knows there is a run to resume.
+            // `start` (or the resumed trainer) removes them once it knows there is a run.
             OpenMode::Resume => {}
         }
         Ok(RunDir {

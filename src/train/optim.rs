@@ -174,5 +174,7 @@ pub fn read_config_file<T: DeserializeOwned>(path: &Path, sections: &[&str]) -> 
             .in_file(path));
         }
     }
+    // Read again as `T` (not converted from `value`): the reader names a wrong-typed value's key
+    // from its line and column, which a `Value` no longer has.
     read_json(path)
 }
