@@ -7,7 +7,9 @@
 # travel in the bundle: place it in models/ there (or set ELM_MODELS_DIR) for the SmolLM2 tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.gpu/' >> .git/info/exclude; }
+# A worktree's .git is a file: ask git where its exclude file is.
+exclude=$(git rev-parse --git-path info/exclude)
+grep -qx '/.gpu/' "$exclude" 2>/dev/null || { mkdir -p "$(dirname "$exclude")"; echo '/.gpu/' >> "$exclude"; }
 test_bin=$(cargo test --release --features cuda --test cuda --no-run --message-format=json 2>/dev/null \
   | python3 -c "import json,sys
 for l in sys.stdin:

@@ -11,7 +11,7 @@
 
 mod common;
 
-use elm::cuda::{self, CudaModel, GpuDevice, GpuKernels, GpuModel};
+use elm::cuda::{self, AttnHeads, CudaModel, GpuDevice, GpuKernels, GpuModel};
 use elm::model::{Arch, ModelConfig, ModelWeights};
 use elm::ElmError;
 use ndarray::{Array1, Array2};
@@ -720,6 +720,27 @@ fn gpu_rmsnorm_rope_swiglu_add_bias_embedding_match_cpu() {
     ));
 }
 
+/// Runs without a GPU: the head layout's widths, and a typed error (naming the kernel) for K/V
+/// heads that do not divide the query heads, before anything reaches a device.
+#[test]
+fn attention_heads_widths_and_grouping_check() {
+    let gqa = AttnHeads {
+        n_heads: 4,
+        n_kv_heads: 1,
+        head_dim: 256,
+    };
+    assert_eq!((gqa.q_width(), gqa.kv_width()), (1024, 256));
+    assert!(gqa.check("attention_prefill").is_ok());
+    for n_kv_heads in [0, 3] {
+        let bad = AttnHeads { n_kv_heads, ..gqa };
+        let msg = bad.check("attention_decode").unwrap_err().to_string();
+        assert!(
+            msg.contains("attention_decode") && msg.contains("query heads"),
+            "{msg}"
+        );
+    }
+}
+
 #[test]
 fn gpu_attention_prefill_and_decode_match_cpu() {
     let Some(dev) = gpu() else {
@@ -727,6 +748,11 @@ fn gpu_attention_prefill_and_decode_match_cpu() {
     };
     let mut rng = StdRng::seed_from_u64(11);
     let (t, h, kv, d) = (37, 6, 2, 32);
+    let heads = AttnHeads {
+        n_heads: h,
+        n_kv_heads: kv,
+        head_dim: d,
+    };
     let q = random_vec(&mut rng, t * h * d);
     let kk = random_vec(&mut rng, t * kv * d);
     let vv = random_vec(&mut rng, t * kv * d);
@@ -737,9 +763,7 @@ fn gpu_attention_prefill_and_decode_match_cpu() {
         &dev.upload(&vv).unwrap(),
         &mut out,
         t,
-        h,
-        kv,
-        d,
+        heads,
     )
     .unwrap();
     let mut want = Vec::new();
@@ -776,9 +800,7 @@ fn gpu_attention_prefill_and_decode_match_cpu() {
         &mut out,
         &slots,
         &positions,
-        h,
-        kv,
-        d,
+        heads,
         t_max,
     )
     .unwrap();
@@ -811,9 +833,7 @@ fn gpu_attention_prefill_and_decode_match_cpu() {
             &mut dev.zeros::<f32>(h * d).unwrap(),
             &[0],
             &[50],
-            h,
-            kv,
-            d,
+            heads,
             t_max
         )
         .is_err());

@@ -278,19 +278,19 @@ fn gradcheck_lora_linear() {
     let bias = rand_arr(&mut rng, &[4]);
     check(
         "lora+bias",
-        |t, v| nn::lora_linear(t, v[0], v[1], Some(v[4]), v[2], v[3], 0.5),
+        |t, v| nn::lora_linear(t, v[0], v[1], Some(v[4]), v[2], v[3], 0.5, None),
         &[x.clone(), w.clone(), a.clone(), b.clone(), bias],
     );
     check(
         "lora",
-        |t, v| nn::lora_linear(t, v[0], v[1], None, v[2], v[3], 2.0),
+        |t, v| nn::lora_linear(t, v[0], v[1], None, v[2], v[3], 2.0, None),
         &[x.clone(), w.clone(), a.clone(), b.clone()],
     );
     // Frozen base: only A, B (and x) receive gradients; B = 0 makes it the base layer.
     let mut tape = Tape::<f64>::new();
     let (xv, wv) = (tape.param(x.clone()), tape.constant(w.clone()));
     let (av, bv) = (tape.param(a), tape.param(ArrayD::zeros(IxDyn(&[4, 2]))));
-    let y = nn::lora_linear(&mut tape, xv, wv, None, av, bv, 1.0).unwrap();
+    let y = nn::lora_linear(&mut tape, xv, wv, None, av, bv, 1.0, None).unwrap();
     let base = elm::autograd::ops::linear_forward(&x, &w, None).unwrap();
     assert!(max_abs_diff(tape.value(y), &base) < 1e-15);
     let l = tape.sum(y);
@@ -324,7 +324,7 @@ fn dropout_mask_is_one_standard_uniform_per_element() {
 
 #[test]
 fn gradcheck_lora_linear_with_dropout_and_equals_the_unfused_ops() {
-    use elm::nn::lora::{lora_linear_with_dropout, Dropout};
+    use elm::nn::lora::{lora_linear, Dropout};
     let mut rng = StdRng::seed_from_u64(19);
     let x = rand_arr(&mut rng, &[2, 3, 5]);
     let w = rand_arr(&mut rng, &[4, 5]);
@@ -334,12 +334,12 @@ fn gradcheck_lora_linear_with_dropout_and_equals_the_unfused_ops() {
     let mask = || Dropout::<f64>::draw(&mut StdRng::seed_from_u64(7), 30, 0.4);
     check(
         "lora+dropout+bias",
-        |t, v| lora_linear_with_dropout(t, v[0], v[1], Some(v[4]), v[2], v[3], 0.5, Some(mask())),
+        |t, v| lora_linear(t, v[0], v[1], Some(v[4]), v[2], v[3], 0.5, Some(mask())),
         &[x.clone(), w.clone(), a.clone(), b.clone(), bias.clone()],
     );
     check(
         "lora+dropout",
-        |t, v| lora_linear_with_dropout(t, v[0], v[1], None, v[2], v[3], 2.0, Some(mask())),
+        |t, v| lora_linear(t, v[0], v[1], None, v[2], v[3], 2.0, Some(mask())),
         &[x.clone(), w.clone(), a.clone(), b.clone()],
     );
     // The same map written with the tape's primitives: base + s·((x ⊙ m) Aᵀ) Bᵀ.
@@ -350,7 +350,7 @@ fn gradcheck_lora_linear_with_dropout_and_equals_the_unfused_ops() {
             .map(|t| tape.param((*t).clone()))
             .collect();
         let y = if fused {
-            lora_linear_with_dropout(
+            lora_linear(
                 &mut tape,
                 v[0],
                 v[1],

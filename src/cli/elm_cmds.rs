@@ -56,17 +56,14 @@ pub struct CompressArgs {
     /// Context length for the KV-bytes report.
     #[arg(long, default_value_t = 1024)]
     pub context: usize,
-    /// Replace an existing non-empty --out.
-    #[arg(long)]
-    pub force: bool,
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub write: super::output::WriteFlags,
 }
 
 /// Initialises the fixed-point module from layer `l` and reports parameter/KV accounting.
 pub fn run_compress(a: CompressArgs) -> Result<()> {
     let (block_init, block) = (a.block_init, a.block);
-    let _run = super::output::lock_out_dir(&a.out, elm::io::OpenMode::Fresh { force: a.force })?;
+    let _run = a.write.lock_dir(&a.out)?;
     let dense = load_weights(&a.model)?;
     // The KV report multiplies the context out: refuse one that overflows.
     let mc = &dense.config;
@@ -98,7 +95,7 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
     save_module(&a.out, &module, &meta)?;
     let params = param_report(&dense.config, &ec);
     let kv = kv_report(&dense.config, &ec, 1, a.context, a.num_replaced);
-    if a.json {
+    if a.write.json {
         print_json(&serde_json::json!({
             "out": a.out.display().to_string(),
             "block_init": block_init,

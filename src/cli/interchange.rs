@@ -8,7 +8,7 @@ use elm::equilibrium::infer::ElmModel;
 use elm::error::Result;
 use elm::model::default_model_path;
 
-use super::output::{lock_out_dir, print_json};
+use super::output::print_json;
 
 #[derive(clap::Args, Debug)]
 pub struct ExportOfficialArgs {
@@ -25,22 +25,19 @@ pub struct ExportOfficialArgs {
     /// is below it (its converter writes 1.0; 0 never stops early).
     #[arg(long, default_value_t = 1.0)]
     pub exit_threshold: f64,
-    /// Replace a non-empty --out.
-    #[arg(long)]
-    pub force: bool,
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub write: super::output::WriteFlags,
 }
 
 pub fn run_export_official(a: ExportOfficialArgs) -> Result<()> {
-    let _run = lock_out_dir(&a.out, elm::io::OpenMode::Fresh { force: a.force })?;
+    let _run = a.write.lock_dir(&a.out)?;
     let model_path = a.model.clone().unwrap_or_else(default_model_path);
     let (model, tok) = ElmModel::load(&model_path, Some(&a.elm))?;
     model.export_official(Some(&tok), a.exit_threshold, &a.out)?;
     let elm = model
         .elm_config()
         .expect("export_official refuses a dense model");
-    if a.json {
+    if a.write.json {
         print_json(&serde_json::json!({
             "out": a.out,
             "fixed_point_layer_idx": elm.start_layer,

@@ -75,8 +75,9 @@ pub fn run_fetch(args: FetchArgs) -> Result<()> {
 
 // ------------------------------------------------------------------------------- generate
 
+/// The model and prompt of `generate` and `logits`.
 #[derive(clap::Args, Debug)]
-pub struct GenerateArgs {
+pub struct PromptArgs {
     /// A .gguf file or an HF directory (default: the fetched SmolLM2).
     #[arg(long)]
     pub model: Option<PathBuf>,
@@ -85,6 +86,24 @@ pub struct GenerateArgs {
     /// Wrap the prompt as a user turn of the model's chat template.
     #[arg(long)]
     pub chat: bool,
+}
+
+impl PromptArgs {
+    /// `--model`, or the fetched SmolLM2 when it is not given.
+    fn model_path(&self) -> PathBuf {
+        self.model.clone().unwrap_or_else(default_model_path)
+    }
+
+    /// The prompt's token ids (in the chat template with `--chat`).
+    fn encode(&self, tok: &Tokenizer) -> Result<Vec<u32>> {
+        encode_prompt(tok, &self.prompt, self.chat)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub input: PromptArgs,
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
     /// 0 = greedy.
@@ -152,7 +171,7 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
             "--weights other than f32 runs on the CPU only".into(),
         ));
     }
-    let path = args.model.clone().unwrap_or_else(default_model_path);
+    let path = args.input.model_path();
     let pb = spinner(&format!("loading {}", path.display()));
     let (model, tok) = match (&args.elm.elm, device) {
         (Some(ckpt), _) => {
@@ -169,7 +188,7 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         }
     };
     pb.finish_and_clear();
-    let prompt = encode_prompt(&tok, &args.prompt, args.chat)?;
+    let prompt = args.input.encode(&tok)?;
     let mc = match &model {
         Loaded::Elm(m) => m.config(),
         Loaded::Dense(m) => m.config(),
@@ -367,12 +386,8 @@ fn truncate_at_stop(mut text: String, stops: &[String]) -> String {
 
 #[derive(clap::Args, Debug)]
 pub struct LogitsArgs {
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    #[arg(long)]
-    pub prompt: String,
-    #[arg(long)]
-    pub chat: bool,
+    #[command(flatten)]
+    pub input: PromptArgs,
     /// Weight storage: f32 | q8_0 | q4_0 | q4_1 | auto.
     #[arg(long, default_value = "f32")]
     pub weights: WeightStorage,
@@ -385,9 +400,9 @@ pub struct LogitsArgs {
 
 pub fn run_logits(args: LogitsArgs) -> Result<()> {
     default_blas_threads();
-    let path = args.model.clone().unwrap_or_else(default_model_path);
+    let path = args.input.model_path();
     let (model, tok) = AnyTransformer::load(&path, args.weights)?;
-    let ids = encode_prompt(&tok, &args.prompt, args.chat)?;
+    let ids = args.input.encode(&tok)?;
     let logits = model.prompt_logits(std::slice::from_ref(&ids))?;
     let row = logits.row(0);
     let mut order: Vec<usize> = (0..row.len()).collect();

@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use elm::error::{ElmError, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use plotters::coord::Shift;
-use plotters::prelude::{BitMapBackend, DrawingArea, IntoDrawingArea, SVGBackend};
+use plotters::prelude::{
+    BitMapBackend, ChartContext, Color, DrawingArea, DrawingBackend, IntoDrawingArea, PathElement,
+    SVGBackend, SeriesLabelPosition, ShapeStyle, BLACK, WHITE,
+};
 
 /// Prints `value` as one JSON line (what `--json` promises scripts).
 pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<()> {
@@ -95,9 +98,54 @@ pub fn write_plot(
     std::fs::rename(&tmp, path).map_err(|e| ElmError::io(path, e))
 }
 
+/// The legend every CLI plot draws (half-transparent white box, black border; plotters' default
+/// corner unless `position` names one), then the finished drawing is written out.
+pub fn finish_plot<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: Option<SeriesLabelPosition>,
+) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let mut labels = chart.configure_series_labels();
+    if let Some(position) = position {
+        labels.position(position);
+    }
+    labels
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    chart.plotting_area().present()?;
+    Ok(())
+}
+
+/// A legend entry's sample: a 20-pixel line in the series' style.
+pub fn legend_line(style: ShapeStyle) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style)
+}
+
 /// This command line, as the lock holder a second writer is shown.
 fn command_line() -> String {
     std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+/// How a command that writes one output (`compress`, `prune`, `quantize`, `export-official`)
+/// treats what is already at its `--out`, and how it reports.
+#[derive(clap::Args, Debug)]
+pub struct WriteFlags {
+    /// Replace what is already at --out (a non-empty directory, an existing file).
+    #[arg(long)]
+    pub force: bool,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl WriteFlags {
+    /// Takes the output directory `out` for a fresh write (see [`lock_out_dir`]).
+    pub fn lock_dir(&self, out: &Path) -> Result<elm::io::RunDir> {
+        lock_out_dir(out, elm::io::OpenMode::Fresh { force: self.force })
+    }
 }
 
 /// How a resumable command (`train`, `lora`, `search`) opens its `--out`.

@@ -43,11 +43,8 @@ pub struct PruneArgs {
     /// Output HF model directory (config.json, model.safetensors, tokenizer files, prune.json).
     #[arg(long)]
     pub out: PathBuf,
-    /// Replace an existing non-empty --out.
-    #[arg(long)]
-    pub force: bool,
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub write: super::output::WriteFlags,
 }
 
 /// `elm prune`.
@@ -56,7 +53,7 @@ pub fn run_prune(a: PruneArgs) -> Result<()> {
     if a.batch == 0 {
         return Err(ElmError::config("batch", "must be >= 1"));
     }
-    let _run = super::output::lock_out_dir(&a.out, elm::io::OpenMode::Fresh { force: a.force })?;
+    let _run = a.write.lock_dir(&a.out)?;
     let (weights, tok) = load_pretrained(&a.model)?;
     let calib_path = match &a.calibration {
         Some(p) => p.clone(),
@@ -75,7 +72,7 @@ pub fn run_prune(a: PruneArgs) -> Result<()> {
     tok.save_dir(&a.out)?;
     write_json_atomic(&a.out.join("prune.json"), &pruned.report)?;
     let r = &pruned.report;
-    if a.json {
+    if a.write.json {
         let mut v = to_json(r)?;
         v["out"] = a.out.display().to_string().into();
         v["calibration"] = calib_path.display().to_string().into();

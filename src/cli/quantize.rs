@@ -24,11 +24,8 @@ pub struct QuantizeArgs {
     /// Output .gguf file.
     #[arg(long)]
     pub out: PathBuf,
-    /// Replace an existing --out.
-    #[arg(long)]
-    pub force: bool,
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub write: super::output::WriteFlags,
 }
 
 pub fn run_quantize(a: QuantizeArgs) -> Result<()> {
@@ -39,12 +36,12 @@ pub fn run_quantize(a: QuantizeArgs) -> Result<()> {
             "f32 is not a quantized format: expected q8_0, q4_0, q4_1 or auto",
         ));
     }
-    elm::limits::check_output_file("out", &a.out, a.force)?;
+    elm::limits::check_output_file("out", &a.out, a.write.force)?;
     let model_path = a.model.clone().unwrap_or_else(default_model_path);
     let (model, tok) = ElmModel::load_with(&model_path, a.elm.as_deref(), storage)?;
     let bytes = model.save_quant_gguf(&a.out, &tok)?;
     let formats = model.storage_summary();
-    if a.json {
+    if a.write.json {
         let value = serde_json::json!({
             "out": a.out,
             "bytes": bytes,

@@ -20,7 +20,7 @@ use elm::search::{
 };
 
 use super::lora::train_data;
-use super::output::{bar, print_json, to_json, write_plot, DrawResult};
+use super::output::{bar, finish_plot, legend_line, print_json, to_json, write_plot, DrawResult};
 
 #[derive(clap::Args, Debug)]
 pub struct SearchArgs {
@@ -443,19 +443,12 @@ fn plot_theta(path: &Path, g: &GppoOutcome) -> Result<()> {
                 .chain(g.trace.iter().map(|u| (u.step as f64, u.probs[s])));
             let series = chart.draw_series(LineSeries::new(pts, color.stroke_width(width)))?;
             if s == g.chosen_start {
-                series.label(format!("start {s}")).legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
-                });
+                series
+                    .label(format!("start {s}"))
+                    .legend(legend_line(color.stroke_width(3)));
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
-        root.present()?;
-        Ok(())
+        finish_plot(&mut chart, Some(SeriesLabelPosition::UpperLeft))
     })
 }
 
@@ -514,7 +507,7 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
                 BLUE.stroke_width(2),
             ))?
             .label("enumeration (trained candidate)")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+            .legend(legend_line(BLUE.stroke_width(2)));
         chart.draw_series(
             r.enum_nll
                 .iter()
@@ -526,7 +519,7 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
                 BLACK.stroke_width(1),
             ))?
             .label("dense")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+            .legend(legend_line(BLACK.into()));
         if let Some(g) = g {
             let col = RGBColor(200, 60, 0);
             chart
@@ -553,17 +546,8 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
                     "{} choice: {} (rank {})",
                     p.method, p.choice, p.enum_rank
                 ))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
+                .legend(legend_line(color.stroke_width(2)));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
-        root.present()?;
-        Ok(())
+        finish_plot(&mut chart, Some(SeriesLabelPosition::UpperLeft))
     })
 }

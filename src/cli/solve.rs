@@ -10,7 +10,7 @@ use elm::error::{ElmError, Result};
 use elm::solver::problems::{max_row_error, Problem, PROBLEM_NAMES};
 use elm::solver::{IterationInfo, Solution, SolverConfig, StopCriteria, BUILTIN_SOLVERS};
 
-use super::output::print_json;
+use super::output::{finish_plot, legend_line, print_json};
 
 /// Arguments of `elm solve`.
 #[derive(clap::Args, Debug)]
@@ -362,15 +362,7 @@ where
                 color.stroke_width(2),
             ))?
             .label(format!("{} ({} evals)", c.solver, c.residuals.len()))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+            .legend(legend_line(color.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish_plot(&mut chart, None)
 }

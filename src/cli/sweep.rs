@@ -13,7 +13,7 @@ use elm::io::{write_atomic, write_json_atomic};
 use elm::solver::rho_sweep::{rho_sweep, RhoSweepConfig, RhoSweepRow};
 use elm::solver::{SolverConfig, BUILTIN_SOLVERS};
 
-use super::output::{print_json, write_plot, DrawResult};
+use super::output::{finish_plot, legend_line, print_json, write_plot, DrawResult};
 
 #[derive(clap::Args, Debug)]
 pub struct SweepArgs {
@@ -228,9 +228,7 @@ fn draw(
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
             .label(*n)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+            .legend(legend_line(color.stroke_width(2)));
         chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
     }
     // Marks often sit close together (same window, different regularisation): labels are
@@ -248,11 +246,5 @@ fn draw(
             ("sans-serif", 14),
         )))?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish_plot(&mut chart, None)
 }

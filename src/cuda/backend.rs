@@ -13,7 +13,7 @@ use std::fmt::Debug;
 use ndarray::Array2;
 
 use super::{ActiveBackend, GpuScalar};
-use crate::error::Result;
+use crate::error::{ElmError, Result};
 use crate::model::{ModelConfig, ModelWeights};
 
 /// A compute backend: probing, and the types of its devices and models.
@@ -76,6 +76,41 @@ pub enum RopeStyle {
     HalfSplit,
     /// GGUF / Meta layout: `(2i, 2i + 1)`.
     Interleaved,
+}
+
+/// A layer's attention heads: `n_heads` query heads sharing `n_kv_heads` key/value heads (GQA),
+/// each `head_dim` wide (not always the model width over the heads: Gemma 3's are 256 wide).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnHeads {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl AttnHeads {
+    /// Width of a row of query (or output) heads, `H·D`.
+    pub fn q_width(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Width of a row of key (or value) heads, `KV·D`.
+    pub fn kv_width(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Refuses K/V heads that do not divide the query heads evenly (`op` names the kernel).
+    pub fn check(&self, op: &str) -> Result<()> {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return Err(ElmError::shape(
+                op,
+                format!(
+                    "{} KV heads do not divide {} query heads",
+                    self.n_kv_heads, self.n_heads
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Shape-checked kernels on a device's buffers.
@@ -145,9 +180,7 @@ pub trait GpuKernels: GpuDevice {
         v: &Self::Buffer<f32>,
         out: &mut Self::Buffer<f32>,
         seq_len: usize,
-        n_heads: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
+        heads: AttnHeads,
     ) -> Result<()>;
 
     /// Attention of `N` new query rows against a KV cache `[B, KV, T_max, D]`: row `n` belongs
@@ -161,9 +194,7 @@ pub trait GpuKernels: GpuDevice {
         out: &mut Self::Buffer<f32>,
         slots: &[u32],
         positions: &[u32],
-        n_heads: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
+        heads: AttnHeads,
         max_seq: usize,
     ) -> Result<()>;
 

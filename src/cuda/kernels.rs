@@ -5,7 +5,7 @@
 use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use cudarc::driver::{CudaView, CudaViewMut, PushKernelArg};
 
-use super::backend::{DeviceBuffer, GpuDevice, GpuKernels, RopeStyle};
+use super::backend::{AttnHeads, DeviceBuffer, GpuDevice, GpuKernels, RopeStyle};
 use super::device::{cuda_err, elems_cfg, row_threads, rows_cfg, CudaDevice, GpuBuffer};
 use super::sources::Kernel;
 use crate::error::{ElmError, Result};
@@ -150,35 +150,23 @@ impl GpuKernels for CudaDevice {
         v: &GpuBuffer<f32>,
         out: &mut GpuBuffer<f32>,
         seq_len: usize,
-        n_heads: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
+        heads: AttnHeads,
     ) -> Result<()> {
-        check_heads("attention_prefill", n_heads, n_kv_heads)?;
-        check_len(
-            "attention_prefill",
-            "q",
-            q.len(),
-            seq_len * n_heads * head_dim,
-        )?;
-        check_len(
-            "attention_prefill",
-            "k",
-            k.len(),
-            seq_len * n_kv_heads * head_dim,
-        )?;
-        check_len(
-            "attention_prefill",
-            "v",
-            v.len(),
-            seq_len * n_kv_heads * head_dim,
-        )?;
-        check_len(
-            "attention_prefill",
-            "out",
-            out.len(),
-            seq_len * n_heads * head_dim,
-        )?;
+        heads.check("attention_prefill")?;
+        let (q_rows, kv_rows) = (seq_len * heads.q_width(), seq_len * heads.kv_width());
+        for (name, len, want) in [
+            ("q", q.len(), q_rows),
+            ("k", k.len(), kv_rows),
+            ("v", v.len(), kv_rows),
+            ("out", out.len(), q_rows),
+        ] {
+            check_len("attention_prefill", name, len, want)?;
+        }
+        let AttnHeads {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        } = heads;
         let pos: Vec<u32> = (0..seq_len as u32).collect();
         let slots = vec![0u32; seq_len];
         let pos_d = self.upload(&pos)?;
@@ -215,21 +203,19 @@ impl GpuKernels for CudaDevice {
         out: &mut GpuBuffer<f32>,
         slots: &[u32],
         positions: &[u32],
-        n_heads: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
+        heads: AttnHeads,
         max_seq: usize,
     ) -> Result<()> {
-        check_heads("attention_decode", n_heads, n_kv_heads)?;
+        heads.check("attention_decode")?;
         let rows = slots.len();
         check_len("attention_decode", "positions", positions.len(), rows)?;
-        check_len("attention_decode", "q", q.len(), rows * n_heads * head_dim)?;
-        check_len(
-            "attention_decode",
-            "out",
-            out.len(),
-            rows * n_heads * head_dim,
-        )?;
+        check_len("attention_decode", "q", q.len(), rows * heads.q_width())?;
+        check_len("attention_decode", "out", out.len(), rows * heads.q_width())?;
+        let AttnHeads {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        } = heads;
         let per_slot = n_kv_heads * max_seq * head_dim;
         if per_slot == 0
             || !k_cache.len().is_multiple_of(per_slot)
@@ -418,16 +404,6 @@ impl GpuKernels for CudaDevice {
         unsafe { b.launch(elems_cfg(n)) }.map_err(cuda_err(Kernel::AndersonMix.name()))?;
         Ok(())
     }
-}
-
-fn check_heads(op: &str, n_heads: usize, n_kv_heads: usize) -> Result<()> {
-    if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
-        return Err(ElmError::shape(
-            op,
-            format!("{n_kv_heads} KV heads do not divide {n_heads} query heads"),
-        ));
-    }
-    Ok(())
 }
 
 /// Launchers on raw views, used by the wrappers above and by the model (which works on

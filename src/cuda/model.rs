@@ -396,25 +396,8 @@ impl CudaModel {
         )?;
         for layer in &mut self.layers {
             // --- attention ---
-            raw::rmsnorm(
-                dev,
-                &s.x.slice.slice(0..n * c),
-                &layer.attn_norm.slice.as_view(),
-                &mut s.xn.slice.slice_mut(0..n * c),
-                n,
-                c,
-                eps,
-            )?;
-            raw::gemm_wt(
-                dev,
-                &s.xn.slice.slice(0..n * c),
-                &layer.w_qkv.slice.as_view(),
-                &mut s.qkv.slice.slice_mut(0..n * qkv_w),
-                n,
-                c,
-                qkv_w,
-                0.0,
-            )?;
+            rmsnorm_rows(dev, &s.x, &layer.attn_norm, &mut s.xn, n, c, eps)?;
+            linear_rows(dev, &s.xn, &layer.w_qkv, &mut s.qkv, n, c, qkv_w)?;
             if let Some(b) = &layer.b_qkv {
                 raw::add_bias(
                     dev,
@@ -484,41 +467,17 @@ impl CudaModel {
                 &pos_v,
                 &geom,
             )?;
-            raw::gemm_wt(
-                dev,
-                &s.attn.slice.slice(0..n * hd),
-                &layer.w_o.slice.as_view(),
-                &mut s.proj.slice.slice_mut(0..n * c),
-                n,
-                hd,
-                c,
-                0.0,
-            )?;
-            raw::add(
-                dev,
-                &mut s.x.slice.slice_mut(0..n * c),
-                &s.proj.slice.slice(0..n * c),
-                n * c,
-            )?;
+            add_projection(dev, &s.attn, &layer.w_o, &mut s.proj, &mut s.x, n, hd, c)?;
             // --- MLP ---
-            raw::rmsnorm(
+            rmsnorm_rows(dev, &s.x, &layer.mlp_norm, &mut s.xn, n, c, eps)?;
+            linear_rows(
                 dev,
-                &s.x.slice.slice(0..n * c),
-                &layer.mlp_norm.slice.as_view(),
-                &mut s.xn.slice.slice_mut(0..n * c),
-                n,
-                c,
-                eps,
-            )?;
-            raw::gemm_wt(
-                dev,
-                &s.xn.slice.slice(0..n * c),
-                &layer.w_gate_up.slice.as_view(),
-                &mut s.gate_up.slice.slice_mut(0..n * 2 * inter),
+                &s.xn,
+                &layer.w_gate_up,
+                &mut s.gate_up,
                 n,
                 c,
                 2 * inter,
-                0.0,
             )?;
             raw::swiglu(
                 dev,
@@ -529,21 +488,15 @@ impl CudaModel {
                 inter,
                 2 * inter,
             )?;
-            raw::gemm_wt(
+            add_projection(
                 dev,
-                &s.act.slice.slice(0..n * inter),
-                &layer.w_down.slice.as_view(),
-                &mut s.proj.slice.slice_mut(0..n * c),
+                &s.act,
+                &layer.w_down,
+                &mut s.proj,
+                &mut s.x,
                 n,
                 inter,
                 c,
-                0.0,
-            )?;
-            raw::add(
-                dev,
-                &mut s.x.slice.slice_mut(0..n * c),
-                &s.proj.slice.slice(0..n * c),
-                n * c,
             )?;
         }
         // Only each sequence's last row needs logits.
@@ -555,26 +508,17 @@ impl CudaModel {
             batch,
             c,
         )?;
-        raw::rmsnorm(
+        rmsnorm_rows(
             dev,
-            &s.last_x.slice.slice(0..batch * c),
-            &self.final_norm.slice.as_view(),
-            &mut s.last_xn.slice.slice_mut(0..batch * c),
+            &s.last_x,
+            &self.final_norm,
+            &mut s.last_xn,
             batch,
             c,
             eps,
         )?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        raw::gemm_wt(
-            dev,
-            &s.last_xn.slice.slice(0..batch * c),
-            &head.slice.as_view(),
-            &mut s.logits.slice.slice_mut(0..batch * vocab),
-            batch,
-            c,
-            vocab,
-            0.0,
-        )?;
+        linear_rows(dev, &s.last_xn, head, &mut s.logits, batch, c, vocab)?;
         let host = dev
             .stream
             .clone_dtoh(&s.logits.slice.slice(0..batch * vocab))
@@ -583,4 +527,68 @@ impl CudaModel {
         Array2::from_shape_vec((batch, vocab), host)
             .map_err(|e| ElmError::shape("cuda logits", e.to_string()))
     }
+}
+
+/// `out[..rows] = x[..rows] · wᵀ` on the first `rows` packed rows (`x: [rows, k]`, `w: [m, k]`).
+fn linear_rows(
+    dev: &CudaDevice,
+    x: &GpuBuffer<f32>,
+    w: &GpuBuffer<f32>,
+    out: &mut GpuBuffer<f32>,
+    rows: usize,
+    k: usize,
+    m: usize,
+) -> Result<()> {
+    raw::gemm_wt(
+        dev,
+        &x.slice.slice(0..rows * k),
+        &w.slice.as_view(),
+        &mut out.slice.slice_mut(0..rows * m),
+        rows,
+        k,
+        m,
+        0.0,
+    )
+}
+
+/// RMSNorm of the first `rows` packed rows of width `c` into `out`.
+fn rmsnorm_rows(
+    dev: &CudaDevice,
+    x: &GpuBuffer<f32>,
+    weight: &GpuBuffer<f32>,
+    out: &mut GpuBuffer<f32>,
+    rows: usize,
+    c: usize,
+    eps: f32,
+) -> Result<()> {
+    raw::rmsnorm(
+        dev,
+        &x.slice.slice(0..rows * c),
+        &weight.slice.as_view(),
+        &mut out.slice.slice_mut(0..rows * c),
+        rows,
+        c,
+        eps,
+    )
+}
+
+/// The block's two residual branches end alike: `x += input · wᵀ`, through the `proj` buffer.
+#[allow(clippy::too_many_arguments)]
+fn add_projection(
+    dev: &CudaDevice,
+    input: &GpuBuffer<f32>,
+    w: &GpuBuffer<f32>,
+    proj: &mut GpuBuffer<f32>,
+    x: &mut GpuBuffer<f32>,
+    rows: usize,
+    k: usize,
+    c: usize,
+) -> Result<()> {
+    linear_rows(dev, input, w, proj, rows, k, c)?;
+    raw::add(
+        dev,
+        &mut x.slice.slice_mut(0..rows * c),
+        &proj.slice.slice(0..rows * c),
+        rows * c,
+    )
 }

@@ -161,9 +161,7 @@ impl GpuKernels for DisabledDevice {
         _: &Buf,
         _: &mut Buf,
         _: usize,
-        _: usize,
-        _: usize,
-        _: usize,
+        _: AttnHeads,
     ) -> Result<()> {
         match self.never {}
     }
@@ -175,9 +173,7 @@ impl GpuKernels for DisabledDevice {
         _: &mut Buf,
         _: &[u32],
         _: &[u32],
-        _: usize,
-        _: usize,
-        _: usize,
+        _: AttnHeads,
         _: usize,
     ) -> Result<()> {
         match self.never {}

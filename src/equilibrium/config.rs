@@ -201,12 +201,12 @@ pub const MAX_TRAIN_STEPS: usize = 100_000_000;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
-    #[serde(default = "d_steps")]
+    #[serde(default = "crate::train::defaults::steps")]
     pub steps: usize,
     #[serde(default = "d_batch")]
     pub batch_size: usize,
     /// Sequences are truncated to this many tokens.
-    #[serde(default = "d_seq_len")]
+    #[serde(default = "crate::train::defaults::seq_len")]
     pub seq_len: usize,
     /// AdamW, clip and schedule (see [`OptimConfig`]).
     #[serde(default)]
@@ -223,7 +223,7 @@ pub struct TrainConfig {
     #[serde(default)]
     pub seed: u64,
     /// Write a resumable checkpoint every this many steps (0 = only at the end).
-    #[serde(default = "d_ckpt_every")]
+    #[serde(default = "crate::train::defaults::checkpoint_every")]
     pub checkpoint_every: usize,
     /// Hutchinson Jacobian regulariser `weight · ‖∂φ/∂z‖²_F / D` at the step's state (off by
     /// default; absent from the serialised config while off, so existing runs keep their keys).
@@ -259,24 +259,11 @@ fn is_zero(v: &usize) -> bool {
     *v == 0
 }
 
-fn d_steps() -> usize {
-    100
-}
 fn d_batch() -> usize {
     4
 }
-fn d_seq_len() -> usize {
-    256
-}
-fn d_ckpt_every() -> usize {
-    50
-}
 
-impl Default for TrainConfig {
-    fn default() -> Self {
-        serde_json::from_str("{}").expect("defaults deserialize")
-    }
-}
+crate::default_from_empty_json!(TrainConfig);
 
 impl TrainConfig {
     /// The run's [`DeqConfig`](crate::grad::DeqConfig): `deq` when given, else the paper's

@@ -57,11 +57,7 @@ pub(crate) fn d_true() -> bool {
     true
 }
 
-impl Default for InferenceConfig {
-    fn default() -> Self {
-        serde_json::from_str("{}").expect("defaults")
-    }
-}
+crate::default_from_empty_json!(InferenceConfig);
 
 impl InferenceConfig {
     /// `solver` stopping per token as `stop` (see the module doc), other fields default.

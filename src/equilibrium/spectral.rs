@@ -101,23 +101,20 @@ pub fn power_iteration_radius(
     Ok((tail.iter().sum::<f64>() / tail.len() as f64).exp())
 }
 
-/// ρ(∂φ/∂z) of `module` at its fixed point `z*(h)` for whole sequences `h` `[B, T, C]`
-/// (solved by `solver` until `stop`), and the final residual `‖φ(z*) − z*‖ / ‖z*‖` of that
-/// solve, so a caller can tell a radius at a poorly converged point.
-pub fn module_spectral_radius(
-    ec: &ElmConfig,
+/// ρ(∂φ/∂z) of `module` at a fixed point `z_star` of whole sequences `h` `[B, T, C]` (from
+/// [`solve_sequences`], or any solve the caller already ran), and that point's residual
+/// `‖φ(z*) − z*‖ / ‖z*‖`, so a caller can tell a radius at a poorly converged point.
+pub fn spectral_radius_at(
     module: &ElmModule,
     cfg: &ModelConfig,
     h: ArrayView3<f32>,
-    solver: &SolverConfig,
-    stop: &StopCriteria,
+    z_star: &Array3<f32>,
     power: &PowerIteration,
 ) -> Result<(f64, f64)> {
-    let z = solve_sequences(ec, module, cfg, h, solver, stop)?;
     let map = |x: &Array3<f32>| module.apply(cfg, x.view(), h);
-    let fz = map(&z)?;
-    let rel_residual = norm(&(&fz - &z)) / norm(&z).max(1e-30);
-    Ok((power_iteration_radius(map, &z, power)?, rel_residual))
+    let fz = map(z_star)?;
+    let rel_residual = norm(&(&fz - z_star)) / norm(z_star).max(1e-30);
+    Ok((power_iteration_radius(map, z_star, power)?, rel_residual))
 }
 
 /// ρ(∂φ/∂z) at z* over a set of sequences (what `elm spectral` reports).
@@ -138,7 +135,7 @@ pub struct SpectralReport {
     pub power: PowerIteration,
 }
 
-/// [`module_spectral_radius`] on each of `sequences` (token ids, one sequence at a time):
+/// [`spectral_radius_at`] the solved fixed point of each of `sequences` (token ids, one sequence at a time):
 /// the dense layers before the module give `h`, the module's fixed point is solved by `solver`
 /// to relative tolerance `tol` within `max_iter` evaluations.
 #[allow(clippy::too_many_arguments)]
@@ -162,8 +159,8 @@ pub fn sequences_spectral_radius(
         // [1, T, C]
         let x = embed(dense, std::slice::from_ref(tokens))?;
         let h = run_dense_layers(dense, x, 0..ec.start_layer)?;
-        let (rho, res) =
-            module_spectral_radius(ec, module, &dense.config, h.view(), solver, &stop, power)?;
+        let z_star = solve_sequences(ec, module, &dense.config, h.view(), solver, &stop)?;
+        let (rho, res) = spectral_radius_at(module, &dense.config, h.view(), &z_star, power)?;
         radii.push(rho);
         residuals.push(res);
     }

@@ -509,15 +509,18 @@ impl<'a> Trainer<'a> {
             .map_or(0, |v| v.iter().filter(|&&x| x).count());
         let h = h.slice(ndarray::s![0..1, 0..len.max(1), ..]).to_owned();
         let module = self.module()?;
-        let (rho, _) = super::spectral::module_spectral_radius(
+        let cfg = &self.dense.config;
+        let z_star = solve_sequences(
             &self.elm,
             &module,
-            &self.dense.config,
+            cfg,
             h.view(),
             &crate::solver::SolverConfig::anderson(),
             &crate::solver::StopCriteria::relative(1e-4, 50),
-            &super::spectral::PowerIteration::default(),
         )?;
+        let power = super::spectral::PowerIteration::default();
+        let (rho, _) =
+            super::spectral::spectral_radius_at(&module, cfg, h.view(), &z_star, &power)?;
         Ok(rho)
     }
 

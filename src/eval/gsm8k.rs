@@ -151,6 +151,64 @@ pub fn stop_ids(tok: &Tokenizer) -> Vec<u32> {
     v
 }
 
+/// How [`generate_in_batches`] runs: prompts per batch, new tokens per prompt, and the texts
+/// that end a completion.
+#[derive(Clone, Copy, Debug)]
+pub struct GenerationLimits<'a> {
+    pub batch: usize,
+    pub max_new_tokens: usize,
+    pub stop_strings: &'a [&'a str],
+}
+
+/// What [`generate_in_batches`] measured over all its batches.
+pub struct GenerationTotals {
+    pub run: GenerationRun,
+    /// K/V bytes per sequence of the last batch's session.
+    pub kv_bytes_per_sequence: usize,
+}
+
+/// The generation tasks' one loop: greedy completions of `items`, `limits.batch` at a time.
+/// `prompt(item)` tokenises each prompt; `take(item, text)` receives every completion in order
+/// (stop tokens dropped, a stop text kept: each task cuts its answer its own way);
+/// `on_progress(done)` runs after each batch.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_in_batches<I>(
+    model: &ElmModel,
+    tok: &Tokenizer,
+    inference: &InferenceConfig,
+    items: &[I],
+    limits: GenerationLimits<'_>,
+    prompt: impl Fn(&I) -> Result<Vec<u32>>,
+    mut take: impl FnMut(&I, String) -> Result<()>,
+    on_progress: &mut impl FnMut(usize),
+) -> Result<GenerationTotals> {
+    let start = Instant::now();
+    let (mut stats, mut generated, mut done, mut kv_bytes_per_sequence) = (vec![], 0, 0, 0);
+    for chunk in items.chunks(limits.batch.max(1)) {
+        let prompts = chunk.iter().map(&prompt).collect::<Result<Vec<_>>>()?;
+        let batch = greedy_batch(
+            model,
+            tok,
+            inference,
+            &prompts,
+            limits.max_new_tokens,
+            limits.stop_strings,
+        )?;
+        kv_bytes_per_sequence = batch.kv_bytes / prompts.len();
+        stats.extend(batch.decode_stats);
+        generated += batch.new_tokens.iter().sum::<usize>();
+        for (item, text) in chunk.iter().zip(batch.texts) {
+            take(item, text)?;
+        }
+        done += chunk.len();
+        on_progress(done);
+    }
+    Ok(GenerationTotals {
+        run: GenerationRun::measured(generated, start, &stats, model),
+        kv_bytes_per_sequence,
+    })
+}
+
 /// Checks the options and that every example has an id (`ids.len() == examples.len()`).
 fn check(ids: &[String], examples: &[QaExample], batch: usize) -> Result<()> {
     if batch == 0 {
@@ -183,29 +241,20 @@ pub fn eval_gsm8k(
     mut on_progress: impl FnMut(usize),
 ) -> Result<Gsm8kResult> {
     check(ids, examples, opts.batch)?;
-    let start = Instant::now();
     let mut samples = Vec::with_capacity(examples.len());
-    let mut stats = Vec::new();
-    let mut generated = 0;
-    let mut kv_bytes_per_sequence = 0;
     let indexed: Vec<(&String, &QaExample)> = ids.iter().zip(examples).collect();
-    for chunk in indexed.chunks(opts.batch) {
-        let prompts = chunk
-            .iter()
-            .map(|(_, e)| tok.encode(&chat_prompt(tok, &e.question), false))
-            .collect::<Result<Vec<_>>>()?;
-        let batch = greedy_batch(
-            model,
-            tok,
-            &opts.inference,
-            &prompts,
-            opts.max_new_tokens,
-            &GSM8K_STOP_STRINGS,
-        )?;
-        kv_bytes_per_sequence = batch.kv_bytes / prompts.len();
-        stats.extend(batch.decode_stats);
-        generated += batch.new_tokens.iter().sum::<usize>();
-        for ((id, e), mut prediction) in chunk.iter().zip(batch.texts) {
+    let totals = generate_in_batches(
+        model,
+        tok,
+        &opts.inference,
+        &indexed,
+        GenerationLimits {
+            batch: opts.batch,
+            max_new_tokens: opts.max_new_tokens,
+            stop_strings: &GSM8K_STOP_STRINGS,
+        },
+        |(_, e)| tok.encode(&chat_prompt(tok, &e.question), false),
+        |(id, e), mut prediction| {
             // As the harness: the response ends before its stop text.
             if let Some(end) = GSM8K_STOP_STRINGS
                 .iter()
@@ -221,9 +270,10 @@ pub fn eval_gsm8k(
                 score: score_response(&prediction, &e.answer),
                 prediction,
             });
-        }
-        on_progress(samples.len());
-    }
+            Ok(())
+        },
+        &mut on_progress,
+    )?;
     let item = |s: &Sample, correct: bool| ItemScore {
         id: s.id.clone(),
         value: f64::from(u8::from(correct)),
@@ -239,8 +289,8 @@ pub fn eval_gsm8k(
             .iter()
             .map(|s| item(s, s.score.flexible_correct))
             .collect(),
-        run: GenerationRun::measured(generated, start, &stats, model),
-        kv_bytes_per_sequence,
+        run: totals.run,
+        kv_bytes_per_sequence: totals.kv_bytes_per_sequence,
         samples,
     })
 }

@@ -7,7 +7,7 @@
 //! "\n" + test + "\ncheck(entry_point)\n"` runs in [`super::sandbox`], never in this process.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,7 +15,7 @@ use crate::equilibrium::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
 
-use super::gsm8k::{greedy_batch, GenerationRun};
+use super::gsm8k::{generate_in_batches, GenerationLimits, GenerationRun};
 use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};
 use super::sandbox::{
     isolation as sandbox_isolation, run_python, Isolation, SandboxConfig, Verdict,
@@ -161,26 +161,20 @@ pub fn eval_humaneval(
     };
     // Refused before any token is generated where no sandbox can hold the code.
     let isolation = Some(sandbox_isolation(&sandbox)?);
-    let start = Instant::now();
-    let (mut samples, mut items, mut stats) = (vec![], vec![], vec![]);
-    let mut generated = 0;
-    for chunk in problems.chunks(opts.batch) {
-        let prompts = chunk
-            .iter()
-            .map(|p| tok.encode(&p.prompt, false))
-            .collect::<Result<Vec<_>>>()?;
+    let (mut samples, mut items) = (vec![], vec![]);
+    let totals = generate_in_batches(
+        model,
+        tok,
+        &opts.inference,
+        problems,
         // Generation stops at the first stop sequence: the completion is cut there anyway.
-        let batch = greedy_batch(
-            model,
-            tok,
-            &opts.inference,
-            &prompts,
-            opts.max_new_tokens,
-            &STOP_SEQUENCES,
-        )?;
-        stats.extend(batch.decode_stats);
-        generated += batch.new_tokens.iter().sum::<usize>();
-        for (p, text) in chunk.iter().zip(batch.texts) {
+        GenerationLimits {
+            batch: opts.batch,
+            max_new_tokens: opts.max_new_tokens,
+            stop_strings: &STOP_SEQUENCES,
+        },
+        |p| tok.encode(&p.prompt, false),
+        |p, text| {
             let completion = truncate_completion(&text).to_string();
             let (run, _) = run_python(&check_program(p, &completion), &sandbox)?;
             items.push(ItemScore {
@@ -195,13 +189,14 @@ pub fn eval_humaneval(
                 seconds: run.seconds,
                 stderr_tail: run.stderr_tail,
             });
-        }
-        on_progress(samples.len());
-    }
+            Ok(())
+        },
+        &mut on_progress,
+    )?;
     Ok(HumanEvalResult {
         items,
         samples,
-        run: GenerationRun::measured(generated, start, &stats, model),
+        run: totals.run,
         isolation,
     })
 }

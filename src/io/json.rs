@@ -5,6 +5,24 @@ use std::path::Path;
 
 use crate::error::{ElmError, Result};
 
+/// `impl Default` for a config whose every field has a serde default: the default *is* what an
+/// empty JSON object deserialises to, so `Default` and a config file that omits a key can never
+/// disagree.
+#[macro_export]
+macro_rules! default_from_empty_json {
+    ($($config:ty),+ $(,)?) => {$(
+        impl Default for $config {
+            fn default() -> Self {
+                serde_json::from_str("{}").expect(concat!(
+                    "every field of ",
+                    stringify!($config),
+                    " has a serde default"
+                ))
+            }
+        }
+    )+};
+}
+
 /// Reads a JSON file into a typed value, naming the file on error.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let raw = std::fs::read_to_string(path).map_err(|e| ElmError::io(path, e))?;

@@ -36,12 +36,12 @@ use crate::model::lora_adapter::{
 pub struct LoraConfig {
     #[serde(default)]
     pub lora: LoraSpec,
-    #[serde(default = "d_steps")]
+    #[serde(default = "crate::train::defaults::steps")]
     pub steps: usize,
     #[serde(default = "d_batch")]
     pub batch_size: usize,
     /// Sequences are truncated to this many tokens.
-    #[serde(default = "d_seq_len")]
+    #[serde(default = "crate::train::defaults::seq_len")]
     pub seq_len: usize,
     /// AdamW, clip and schedule (see [`OptimConfig`]).
     #[serde(default)]
@@ -50,28 +50,15 @@ pub struct LoraConfig {
     #[serde(default)]
     pub seed: u64,
     /// Resumable checkpoint every this many steps (0 = only at the end).
-    #[serde(default = "d_ckpt")]
+    #[serde(default = "crate::train::defaults::checkpoint_every")]
     pub checkpoint_every: usize,
 }
 
-fn d_steps() -> usize {
-    100
-}
 fn d_batch() -> usize {
     1
 }
-fn d_seq_len() -> usize {
-    256
-}
-fn d_ckpt() -> usize {
-    50
-}
 
-impl Default for LoraConfig {
-    fn default() -> Self {
-        serde_json::from_str("{}").expect("defaults deserialize")
-    }
-}
+crate::default_from_empty_json!(LoraConfig);
 
 impl LoraConfig {
     pub fn from_file(path: &Path) -> Result<Self> {

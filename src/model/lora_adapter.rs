@@ -194,7 +194,7 @@ impl LoraRun<'_> {
             }
             _ => None,
         };
-        nn::lora::lora_linear_with_dropout(tape, x, w, bias, lv.a, lv.b, self.scale, dropout)
+        nn::lora::lora_linear(tape, x, w, bias, lv.a, lv.b, self.scale, dropout)
     }
 }
 

@@ -145,23 +145,11 @@ pub fn backward<T: AdFloat>(
     [dx, dw, dbias, da, db]
 }
 
-/// Tape op for [`forward`]. Typically `w` (and `bias`) are constants and `a`, `b` params.
-pub fn lora_linear<T: AdFloat>(
-    tape: &mut Tape<T>,
-    x: Var,
-    w: Var,
-    bias: Option<Var>,
-    a: Var,
-    b: Var,
-    scale: T,
-) -> Result<Var> {
-    lora_linear_with_dropout(tape, x, w, bias, a, b, scale, None)
-}
-
-/// [`lora_linear`] whose low-rank branch reads `x` through `dropout` (one op: the mask is
-/// kept as one flag per element instead of an f32 constant and a product node on the tape).
+/// Tape op for [`forward`]. Typically `w` (and `bias`) are constants and `a`, `b` params. With
+/// `dropout` the low-rank branch reads `x` through it (one op: the mask is kept as one flag per
+/// element instead of an f32 constant and a product node on the tape).
 #[allow(clippy::too_many_arguments)]
-pub fn lora_linear_with_dropout<T: AdFloat>(
+pub fn lora_linear<T: AdFloat>(
     tape: &mut Tape<T>,
     x: Var,
     w: Var,

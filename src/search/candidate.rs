@@ -37,7 +37,7 @@ pub struct CandidateConfig {
     pub lora: LoraSpec,
     #[serde(default = "d_batch")]
     pub batch_size: usize,
-    #[serde(default = "d_seq_len")]
+    #[serde(default = "crate::train::defaults::seq_len")]
     pub seq_len: usize,
     /// AdamW, clip and schedule (see [`OptimConfig`]); keys a file leaves out take the
     /// candidates' own defaults ([`candidate_optim`]).
@@ -60,9 +60,6 @@ pub struct CandidateConfig {
 
 fn d_batch() -> usize {
     1
-}
-fn d_seq_len() -> usize {
-    256
 }
 /// The shared defaults but for the weight decay: the official GPPO code builds its AdamW
 /// without a `weight_decay` argument, so PyTorch's default 0.01 applies there.

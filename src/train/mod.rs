@@ -16,6 +16,7 @@
 
 mod adamw;
 pub mod checkpoint;
+pub mod defaults;
 mod optim;
 mod params;
 mod schedule;

@@ -63,11 +63,7 @@ fn d_min_lr() -> f32 {
     0.01
 }
 
-impl Default for OptimConfig {
-    fn default() -> Self {
-        serde_json::from_str("{}").expect("defaults deserialize")
-    }
-}
+crate::default_from_empty_json!(OptimConfig);
 
 /// The keys of [`OptimConfig`]: before it existed they stood at the top of each trainer's
 /// config (and of the candidates' `candidate` object).
