@@ -9,7 +9,8 @@ use elm::formats::gguf::{
     dequantize, gguf_to_bytes, kv, GgmlType, GgufFile, GgufTensorData, GgufValue,
 };
 use elm::formats::{load_gguf_model, permute_rope_rows, save_gguf_model, unpermute_rope_rows};
-use elm::model::Arch;
+use elm::io::Fnv64;
+use elm::model::{Arch, QFormat};
 use elm::ElmError;
 use ndarray::{Array1, Array2, Axis};
 use rand::rngs::StdRng;
@@ -20,10 +21,12 @@ fn type_from_name(name: &str) -> GgmlType {
         "F32" => GgmlType::F32,
         "F16" => GgmlType::F16,
         "BF16" => GgmlType::BF16,
-        "Q8_0" => GgmlType::Q8_0,
-        "Q4_0" => GgmlType::Q4_0,
-        "Q4_1" => GgmlType::Q4_1,
-        other => panic!("fixture type {other}"),
+        other => GgmlType::Block(
+            QFormat::ALL
+                .into_iter()
+                .find(|f| f.name().eq_ignore_ascii_case(other))
+                .unwrap_or_else(|| panic!("fixture type {other}")),
+        ),
     }
 }
 
@@ -77,14 +80,84 @@ fn dequantize_matches_gguf_python_package_bit_exact() {
     }
 }
 
+/// Q5_0, Q5_1 and the K-quants, block by block: random bytes in every packed field (every
+/// scale, min, nibble and high bit), an all-zero block and one with every field at its largest,
+/// against the `gguf` package's numpy decoders (scripts/ref_gguf_kquants.py), bit for bit.
+#[test]
+fn new_block_formats_dequantize_as_the_gguf_python_package_bit_exact() {
+    let fx = fixture_json("io/kquants.json");
+    let blocks = fx["blocks"].as_array().unwrap();
+    let names: Vec<&str> = blocks.iter().map(|b| b["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+    );
+    for b in blocks {
+        let name = b["type"].as_str().unwrap();
+        let ty = type_from_name(name);
+        let want = bits(&b["dequant_bits"]);
+        let bytes = hex(b["bytes_hex"].as_str().unwrap());
+        let (elems, block_bytes) = ty.block_layout().unwrap();
+        assert_eq!(bytes.len() / block_bytes * elems, want.len(), "{name}");
+        let got = dequantize(ty, &bytes, want.len()).unwrap();
+        assert_bits_eq(name, &got, &want);
+        // The row decoder of the in-memory matrices reads the same blocks the same way.
+        let GgmlType::Block(format) = ty else {
+            unreachable!()
+        };
+        let m = elm::model::QMatrix::from_blocks(format, 1, want.len(), bytes).unwrap();
+        let row = m.dequantize();
+        assert_bits_eq(&format!("{name} QMatrix"), row.as_slice().unwrap(), &want);
+    }
+}
+
+/// The smallest tensor of each block type in the real Gemma 3 Q4_K_M file (Q4_K, Q5_0, Q6_K,
+/// Q8_0), dequantized whole: the FNV-1a hash of its f32 values and its first 64 values equal
+/// the `gguf` package's (scripts/ref_gguf_kquants.py on the same file).
+#[test]
+fn real_gemma3_tensors_of_each_block_type_dequantize_as_the_gguf_python_package() {
+    let Some(path) = real_gemma3() else {
+        return;
+    };
+    let g = GgufFile::open(&path).unwrap();
+    let fx = fixture_json("io/kquants.json");
+    let tensors = fx["real_file"].as_array().unwrap();
+    let types: Vec<&str> = tensors
+        .iter()
+        .map(|t| t["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["Q4_K", "Q5_0", "Q6_K", "Q8_0"]);
+    for t in tensors {
+        let name = t["name"].as_str().unwrap();
+        let info = g.tensor_info(name).unwrap();
+        assert_eq!(
+            info.ggml_type,
+            type_from_name(t["type"].as_str().unwrap()),
+            "{name}"
+        );
+        let n = t["elements"].as_u64().unwrap() as usize;
+        let got = dequantize(info.ggml_type, g.tensor_bytes(name).unwrap(), n).unwrap();
+        let mut h = Fnv64::new();
+        for v in &got {
+            h.write(&v.to_le_bytes());
+        }
+        assert_bits_eq(name, &got[..64], &bits(&t["first_bits"]));
+        assert_eq!(
+            format!("{:016x}", h.finish()),
+            t["fnv64"].as_str().unwrap(),
+            "{name}"
+        );
+    }
+}
+
 #[test]
 fn dequantize_rejects_wrong_byte_count_and_unsupported_types() {
     assert!(matches!(
-        dequantize(GgmlType::Q4_1, &[0u8; 19], 32),
+        dequantize(GgmlType::Block(QFormat::Q4_1), &[0u8; 19], 32),
         Err(ElmError::InvalidArgument(_))
     ));
     assert!(matches!(
-        dequantize(GgmlType::Other(12), &[0u8; 144], 256),
+        dequantize(GgmlType::Other(15), &[0u8; 292], 256), // Q8_K: a kernel format only
         Err(ElmError::Unsupported(_))
     ));
 }
@@ -387,10 +460,10 @@ fn unsupported_quant_type_names_tensor_and_type() {
         .iter_mut()
         .find(|t| t.name == "blk.1.ffn_up.weight")
         .unwrap();
-    t.ggml_type = GgmlType::Other(12); // Q4_K
+    t.ggml_type = GgmlType::Other(16); // IQ2_XXS
     let e = write_and_load("unsup", &meta, &tensors);
     assert!(matches!(e, ElmError::Unsupported(_)), "{e}");
-    expect_msg(&e, &["blk.1.ffn_up.weight", "Q4_K"]);
+    expect_msg(&e, &["blk.1.ffn_up.weight", "ggml type 16"]);
 }
 
 #[test]

@@ -10,12 +10,32 @@ use elm::model::qmatmul::{detected_kernel, qmatmul_rows, Kernel, QActs};
 use elm::model::quant::LinearRef;
 use elm::model::{
     load_inference, ModelConfig, ModelWeights, QFormat, QMatrix, QuantWeights, Transformer,
-    WeightStorage,
+    WeightStorage, WriteFormat,
 };
 use ndarray::{Array2, ArrayView2};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-const FORMATS: [QFormat; 3] = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1];
+/// The byte offsets of a block's f16 scales (set to finite values by [`random_blocks`]; the
+/// rest of a block is random bytes: every packed scale, min, value and high bit).
+fn f16_fields(format: QFormat) -> &'static [usize] {
+    match format {
+        QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q5_0 => &[0],
+        QFormat::Q4_1 | QFormat::Q5_1 | QFormat::Q4K | QFormat::Q5K => &[0, 2],
+        QFormat::Q2K => &[80, 82],
+        QFormat::Q3K => &[108],
+        QFormat::Q6K => &[208],
+    }
+}
+
+/// `(rows, cols)` shapes to test `format` on: odd lengths for the formats elm writes
+/// (zero-padded tails), whole blocks for the ones it only reads (as a GGUF stores them).
+fn shapes(format: QFormat) -> Vec<(usize, usize)> {
+    match (format.block_elems(), QFormat::from(format.write_format()) == format) {
+        (32, true) => vec![(1, 32), (37, 96), (5, 100), (64, 576), (3, 1)],
+        (32, false) => vec![(1, 32), (37, 96), (64, 576)],
+        _ => vec![(1, 256), (37, 512), (6, 768)],
+    }
+}
 
 fn kernels() -> Vec<Kernel> {
     let mut k = vec![Kernel::Portable];
@@ -25,29 +45,28 @@ fn kernels() -> Vec<Kernel> {
     k
 }
 
-/// Random raw blocks: every nibble / int8 value, f16 scales over many binades (finite).
+/// Random raw blocks: every packed field random, f16 scales over many binades (finite).
 fn random_blocks(format: QFormat, rows: usize, cols: usize, rng: &mut StdRng) -> QMatrix {
-    let nb = cols.div_ceil(32);
+    let be = format.block_elems();
+    let nb = cols.div_ceil(be);
     let bb = format.block_bytes();
     let mut data = vec![0u8; rows * nb * bb];
     for blk in data.chunks_exact_mut(bb) {
         rng.fill(blk);
-        let scale = |rng: &mut StdRng| {
+        for &at in f16_fields(format) {
             let e: i32 = rng.gen_range(-14..=15);
             let v = rng.gen_range(0.5f32..1.0) * 2f32.powi(e) * if rng.gen() { 1.0 } else { -1.0 };
-            half::f16::from_f32(v).to_le_bytes()
-        };
-        blk[0..2].copy_from_slice(&scale(rng));
-        if format == QFormat::Q4_1 {
-            blk[2..4].copy_from_slice(&scale(rng));
+            blk[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
         }
     }
-    // Zero-padded tail of each row, as `QMatrix::quantize` writes it.
-    let m = QMatrix::from_blocks(format, rows, nb * 32, data).unwrap();
-    if cols.is_multiple_of(32) {
-        m
-    } else {
-        QMatrix::quantize(m.dequantize().slice(ndarray::s![.., ..cols]), format)
+    let m = QMatrix::from_blocks(format, rows, nb * be, data).unwrap();
+    match (cols.is_multiple_of(be), format.write_format()) {
+        (true, _) => m,
+        // Zero-padded tail of each row, as `QMatrix::quantize` writes it (elm's own formats).
+        (false, w) if QFormat::from(w) == format => {
+            QMatrix::quantize(m.dequantize().slice(ndarray::s![.., ..cols]), w)
+        }
+        (false, _) => panic!("{format:?} has no zero-padded form"),
     }
 }
 
@@ -88,8 +107,8 @@ fn assert_close(got: &Array2<f32>, want: &Array2<f64>, mag: &Array2<f64>, what: 
 #[test]
 fn kernels_match_dequantized_reference_on_random_blocks() {
     let mut rng = StdRng::seed_from_u64(7);
-    for format in FORMATS {
-        for (rows, cols) in [(1, 32), (37, 96), (5, 100), (64, 576), (3, 1)] {
+    for format in QFormat::ALL {
+        for (rows, cols) in shapes(format) {
             let w = random_blocks(format, rows, cols, &mut rng);
             for n in [1, 2, 3, 5, 8, 13] {
                 let x = random_x(n, cols, &mut rng);
@@ -146,19 +165,19 @@ fn activation_quantization_error_is_within_half_a_step() {
 #[test]
 fn quantize_round_trip_error_is_bounded_per_block() {
     let mut rng = StdRng::seed_from_u64(11);
-    for format in FORMATS {
+    for format in WriteFormat::ALL {
         // Extreme but f16-representable scales, and an all-zero row.
         for scale in [1e-3f32, 1.0, 1e3] {
             let mut w = Array2::from_shape_fn((9, 70), |_| rng.gen_range(-1.0f32..1.0) * scale);
             w.row_mut(4).fill(0.0);
             let q = QMatrix::quantize(w.view(), format);
             assert_eq!(q.dim(), (9, 70));
-            assert_eq!(q.bytes(), 9 * 3 * format.block_bytes());
+            assert_eq!(q.bytes(), 9 * 3 * QFormat::from(format).block_bytes());
             let back = q.dequantize();
             let steps = match format {
-                QFormat::Q8_0 => 127.0,
-                QFormat::Q4_0 => 8.0,
-                QFormat::Q4_1 => 15.0,
+                WriteFormat::Q8_0 => 127.0,
+                WriteFormat::Q4_0 => 8.0,
+                WriteFormat::Q4_1 => 15.0,
             };
             for (r, (a, b)) in w.rows().into_iter().zip(back.rows()).enumerate() {
                 for blk in 0..3 {
@@ -187,7 +206,7 @@ fn quantized_tiny_model_tracks_f32_and_refuses_long_prompts() {
         let w = ModelWeights::random(&cfg, 5);
         let dense = Transformer::new(w.clone()).unwrap();
         let prompt: Vec<u32> = (0..9).map(|i| (i * 7 % cfg.vocab_size) as u32).collect();
-        for format in [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1] {
+        for format in WriteFormat::ALL {
             let qw = QuantWeights::quantize(&w, format);
             // Reference: the same (dequantized) weights on the f32 path, so only the 8-bit
             // activations differ.
@@ -390,7 +409,7 @@ fn quantized_elm_session_tracks_f32_elm_and_holds_fewer_bytes() {
     // Q8_0 everywhere (module included): close to the f32 ELM, and fewer bytes than the dense
     // quantized model in the ratio of the parameter counts (up to the f32 norms).
     let q = ElmModel::quantized(
-        QuantWeights::quantize(&w, QFormat::Q8_0),
+        QuantWeights::quantize(&w, WriteFormat::Q8_0),
         Some((ec.clone(), &module)),
         None,
     )
@@ -403,7 +422,7 @@ fn quantized_elm_session_tracks_f32_elm_and_holds_fewer_bytes() {
             "q8_0 ELM vs f32 ELM: {d} (scale {scale})"
         );
     }
-    let dense_q = QuantWeights::quantize(&w, QFormat::Q8_0).bytes() as f64;
+    let dense_q = QuantWeights::quantize(&w, WriteFormat::Q8_0).bytes() as f64;
     let elm_params = (w.num_params() - 3 * w.layers[0].num_params() + module.num_params()) as f64;
     let bound = elm_params / w.num_params() as f64 * dense_q;
     assert!(

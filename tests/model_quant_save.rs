@@ -20,7 +20,7 @@ use elm::formats::tokenizer::Tokenizer;
 use elm::model::generate::{generate, SamplingConfig};
 use elm::model::quant::{Linear, QLayer};
 use elm::model::{
-    load_inference, Arch, ModelConfig, ModelWeights, QFormat, QuantWeights, WeightStorage,
+    load_inference, Arch, ModelConfig, ModelWeights, QuantWeights, WeightStorage, WriteFormat,
 };
 use elm::solver::{SolverConfig, StopCriteria};
 use ndarray::Array2;
@@ -171,7 +171,7 @@ fn save_load_round_trip_is_exact_for_dense_and_elm() {
     for arch in [Arch::Llama, Arch::Qwen2] {
         let cfg = whole_block_config(arch);
         let w = ModelWeights::random(&cfg, 3);
-        for format in [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1] {
+        for format in WriteFormat::ALL {
             let what = format!("{arch:?} {format:?}");
             // Dense: an ordinary GGUF the dense loader reads too.
             let dense =
@@ -251,7 +251,7 @@ fn save_load_round_trip_is_exact_for_dense_and_elm() {
         // Mixed storage: f32 matrices next to blocks (the module kept f32) round-trip too.
         let ec = ElmConfig::new(0, 2);
         let module = ElmModule::init(&w, &ec).unwrap();
-        let mut qw = QuantWeights::quantize(&w, QFormat::Q4_1);
+        let mut qw = QuantWeights::quantize(&w, WriteFormat::Q4_1);
         qw.embed = Linear::F32(w.embed.clone());
         let m = ElmModel::quantized(qw, Some((ec, &module)), None).unwrap();
         round_trip(&m, &format!("{arch:?} mixed"), &tmp);
@@ -278,7 +278,7 @@ fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
             heal: None,
         };
         elm::equilibrium::save_module(&ckpt, &module, &meta).unwrap();
-        for format in [QFormat::Q8_0, QFormat::Q4_1] {
+        for format in [WriteFormat::Q8_0, WriteFormat::Q4_1] {
             let storage = WeightStorage::Quant(format);
             let (loaded, tok) = ElmModel::load_with(&dir, Some(&ckpt), storage).unwrap();
             let path = fresh(&tmp, "fly.gguf");
@@ -299,7 +299,8 @@ fn f32_model_quantized_on_the_fly_saves_like_in_memory() {
             assert_same_logits(&want, &via, "load_with(--elm FILE)");
             // Loading as another block format re-quantizes every matrix.
             let (q8, _) =
-                ElmModel::load_quant_gguf_with(&path, WeightStorage::Quant(QFormat::Q8_0)).unwrap();
+                ElmModel::load_quant_gguf_with(&path, WeightStorage::Quant(WriteFormat::Q8_0))
+                    .unwrap();
             let q = q8.quant_weights().unwrap();
             assert_eq!(q.dense.embed.format_name(), "q8_0");
         }
@@ -327,7 +328,7 @@ fn corrupt_truncated_and_incomplete_files_are_typed_errors() {
     let ec = ElmConfig::new(1, 2);
     let module = ElmModule::init(&w, &ec).unwrap();
     let m = ElmModel::quantized(
-        QuantWeights::quantize(&w, QFormat::Q4_0),
+        QuantWeights::quantize(&w, WriteFormat::Q4_0),
         Some((ec, &module)),
         None,
     )

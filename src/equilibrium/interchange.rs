@@ -32,7 +32,7 @@ use crate::formats::hf::{
 use crate::formats::tokenizer::Tokenizer;
 use crate::model::{LayerWeights, ModelConfig, ModelWeights};
 use crate::model_data::config::Arch;
-use crate::model_data::quant::{QFormat, QLayer, QuantWeights};
+use crate::model_data::quant::{QLayer, QuantWeights, WriteFormat};
 
 use super::config::ElmConfig;
 use super::module::{ElmModule, ModuleBlock, ProjectionWeights};
@@ -79,7 +79,7 @@ pub struct OfficialParts {
 /// Reads an official integrated ELM directory (`ElmModel::import_official` builds the model),
 /// with the transformer layers' and the module's matrices in `layer_format` (`None`: f32; the
 /// embedding and head stay f32).
-pub fn read_official(dir: &Path, layer_format: Option<QFormat>) -> Result<OfficialParts> {
+pub fn read_official(dir: &Path, layer_format: Option<WriteFormat>) -> Result<OfficialParts> {
     let config_path = dir.join("config.json");
     let in_config = |e: ElmError| e.in_file(&config_path);
     let mut value = read_config(dir)?;

@@ -12,7 +12,9 @@ use crate::model::{
     embed_tokens, load_inference, load_pretrained, BlockWeights, DecoderWeights, ModelConfig,
     ModelWeights,
 };
-use crate::model_data::quant::{Linear, LinearRef, QFormat, QLayer, QuantWeights, WeightStorage};
+use crate::model_data::quant::{
+    Linear, LinearRef, QLayer, QuantWeights, WeightStorage, WriteFormat,
+};
 
 use super::config::ElmConfig;
 use super::interchange::{self, ExportParts, OfficialSettings};
@@ -71,7 +73,7 @@ impl ElmModel {
     pub fn quantized(
         dense: QuantWeights,
         elm: Option<(ElmConfig, &ElmModule)>,
-        module_format: Option<QFormat>,
+        module_format: Option<WriteFormat>,
     ) -> Result<Self> {
         let config = dense.config.clone();
         let (kept, module): (Vec<usize>, _) = match &elm {
@@ -82,7 +84,7 @@ impl ElmModel {
                     Some(QLayer {
                         wq: Linear::Quant(q),
                         ..
-                    }) => Some(q.format()),
+                    }) => Some(q.format().write_format()),
                     _ => None,
                 });
                 let kept = (0..cfg.start_layer)
@@ -176,7 +178,7 @@ impl ElmModel {
     /// [`Self::import_official`] with the layers and module in `layer_format`.
     fn import_official_as(
         dir: &Path,
-        layer_format: Option<QFormat>,
+        layer_format: Option<WriteFormat>,
     ) -> Result<(Self, Option<Tokenizer>, OfficialSettings)> {
         let parts = interchange::read_official(dir, layer_format)?;
         let model = ElmModel::from_quant(Some(parts.elm), parts.weights)?;

@@ -35,7 +35,7 @@ use crate::formats::gguf_model::{
 };
 use crate::formats::tokenizer::{Tokenizer, TOKENIZER_CONFIG_KEY, TOKENIZER_JSON_KEY};
 use crate::model::{Arch, ModelConfig};
-use crate::model_data::quant::{Linear, QFormat, QLayer, QuantWeights, WeightStorage, QK};
+use crate::model_data::quant::{Linear, QLayer, QuantWeights, WeightStorage, QK};
 
 /// Value of [`FORMAT_KEY`] in the files this module writes.
 pub const QUANT_FORMAT: &str = "elm-quant-v1";
@@ -55,14 +55,6 @@ pub const PROJ_BIAS: &str = "elm.proj.bias";
 /// Whether `path` is a GGUF file carrying [`FORMAT_KEY`] (written by [`save_quant_gguf`]).
 pub fn is_quant_gguf(path: &Path) -> bool {
     path.is_file() && GgufFile::open(path).is_ok_and(|g| g.get(FORMAT_KEY).is_some())
-}
-
-fn ggml_type_of(f: QFormat) -> GgmlType {
-    match f {
-        QFormat::Q8_0 => GgmlType::Q8_0,
-        QFormat::Q4_0 => GgmlType::Q4_0,
-        QFormat::Q4_1 => GgmlType::Q4_1,
-    }
 }
 
 /// `Some(heads)` when Q/K rows are stored permuted (Llama).
@@ -101,7 +93,7 @@ fn linear_tensor(name: &str, l: &Linear, rope_heads: Option<usize>) -> Result<Gg
             Ok(GgufTensorData {
                 name: name.to_string(),
                 shape: vec![q.rows(), q.cols()],
-                ggml_type: ggml_type_of(q.format()),
+                ggml_type: GgmlType::Block(q.format()),
                 data,
             })
         }

@@ -2,7 +2,7 @@
 //! and [`QuantModule`] / [`QuantProjection`].
 
 use crate::model::BlockWeights;
-use crate::model_data::quant::{Linear, QFfn, QFormat, QLayer, QuantWeights};
+use crate::model_data::quant::{Linear, QFfn, QLayer, QuantWeights, WriteFormat};
 
 use super::map::ModuleView;
 use super::module::{ElmModule, ModuleBlock, ProjectionWeights};
@@ -41,7 +41,7 @@ impl QuantProjection {
 
 impl QuantModule {
     /// The module's matrices quantized to `format` (`None`: kept f32).
-    pub fn from_f32(m: &ElmModule, format: Option<QFormat>) -> Self {
+    pub fn from_f32(m: &ElmModule, format: Option<WriteFormat>) -> Self {
         QuantModule {
             block: match &m.block {
                 ModuleBlock::Decoder(b) => ModuleBlock::Decoder(QLayer::from_f32(b, format)),

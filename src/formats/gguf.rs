@@ -23,24 +23,23 @@ use ndarray::{Array2, ArrayD, IxDyn};
 use rayon::prelude::*;
 
 use crate::error::{ElmError, Result};
-use crate::model_data::block_codec::{bf16_at, dequantize_block, f16_at, QFormat, QK};
+use crate::model_data::block_codec::{bf16_at, dequantize_block, f16_at, QFormat};
 
 /// The GGUF magic, `"GGUF"` read as a little-endian u32.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 /// Default data alignment when `general.alignment` is absent.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 
-/// Tensor element encodings (`ggml_type`). Only those we can dequantize are named;
-/// everything else is kept as [`GgmlType::Other`] so that the error can name it.
+/// Tensor element encodings (`ggml_type`): the float types, the block formats elm reads
+/// ([`QFormat`]: ids, names and layouts live there), and [`GgmlType::Other`] for the rest, kept
+/// so that an error can name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GgmlType {
     F32,
     F16,
-    Q4_0,
-    Q4_1,
-    Q8_0,
     BF16,
-    /// Any other ggml type id (K-quants, IQ*, integer types, ...): readable metadata,
+    Block(QFormat),
+    /// Any other ggml type id (Q8_1, Q8_K, IQ*, integer types, ...): readable metadata,
     /// unsupported data.
     Other(u32),
 }
@@ -50,11 +49,8 @@ impl GgmlType {
         match id {
             0 => GgmlType::F32,
             1 => GgmlType::F16,
-            2 => GgmlType::Q4_0,
-            3 => GgmlType::Q4_1,
-            8 => GgmlType::Q8_0,
             30 => GgmlType::BF16,
-            other => GgmlType::Other(other),
+            other => QFormat::from_ggml_id(other).map_or(GgmlType::Other(other), GgmlType::Block),
         }
     }
 
@@ -62,45 +58,31 @@ impl GgmlType {
         match self {
             GgmlType::F32 => 0,
             GgmlType::F16 => 1,
-            GgmlType::Q4_0 => 2,
-            GgmlType::Q4_1 => 3,
-            GgmlType::Q8_0 => 8,
             GgmlType::BF16 => 30,
+            GgmlType::Block(f) => f.ggml_id(),
             GgmlType::Other(id) => id,
         }
     }
 
     /// ggml's name for the type (as in `gguf.GGMLQuantizationType`).
     pub fn name(self) -> String {
-        let known = match self {
-            GgmlType::F32 => "F32",
-            GgmlType::F16 => "F16",
-            GgmlType::Q4_0 => "Q4_0",
-            GgmlType::Q4_1 => "Q4_1",
-            GgmlType::Q8_0 => "Q8_0",
-            GgmlType::BF16 => "BF16",
-            GgmlType::Other(id) => {
-                let name = match id {
-                    6 => "Q5_0",
-                    7 => "Q5_1",
-                    9 => "Q8_1",
-                    10 => "Q2_K",
-                    11 => "Q3_K",
-                    12 => "Q4_K",
-                    13 => "Q5_K",
-                    14 => "Q6_K",
-                    15 => "Q8_K",
-                    24 => "I8",
-                    25 => "I16",
-                    26 => "I32",
-                    27 => "I64",
-                    28 => "F64",
-                    _ => return format!("ggml type {id}"),
-                };
-                return name.to_string();
-            }
-        };
-        known.to_string()
+        match self {
+            GgmlType::F32 => "F32".into(),
+            GgmlType::F16 => "F16".into(),
+            GgmlType::BF16 => "BF16".into(),
+            GgmlType::Block(f) => f.name().to_ascii_uppercase(),
+            GgmlType::Other(id) => match id {
+                9 => "Q8_1".into(),
+                15 => "Q8_K".into(),
+                24 => "I8".into(),
+                25 => "I16".into(),
+                26 => "I32".into(),
+                27 => "I64".into(),
+                28 => "F64".into(),
+                16..=23 | 29 | 31..=39 => format!("ggml type {id} (an IQ or ternary format)"),
+                _ => format!("ggml type {id}"),
+            },
+        }
     }
 
     /// `(elements per block, bytes per block)`, or `None` for unsupported types.
@@ -108,9 +90,7 @@ impl GgmlType {
         match self {
             GgmlType::F32 => Some((1, 4)),
             GgmlType::F16 | GgmlType::BF16 => Some((1, 2)),
-            GgmlType::Q4_0 => Some((32, 2 + 16)),
-            GgmlType::Q4_1 => Some((32, 2 + 2 + 16)),
-            GgmlType::Q8_0 => Some((32, 2 + 32)),
+            GgmlType::Block(f) => Some((f.block_elems(), f.block_bytes())),
             GgmlType::Other(_) => None,
         }
     }
@@ -119,10 +99,8 @@ impl GgmlType {
 /// The block format of a quantized ggml type (`None` for F32/F16/BF16 and unsupported ones).
 pub fn qformat_of(t: GgmlType) -> Option<QFormat> {
     match t {
-        GgmlType::Q8_0 => Some(QFormat::Q8_0),
-        GgmlType::Q4_0 => Some(QFormat::Q4_0),
-        GgmlType::Q4_1 => Some(QFormat::Q4_1),
-        _ => None,
+        GgmlType::Block(f) => Some(f),
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Other(_) => None,
     }
 }
 
@@ -723,10 +701,11 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
                     *d = bf16_at(s, 0);
                 }
             }
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
-                let format = qformat_of(ty).expect("a block type");
-                for (d, s) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(block_bytes)) {
-                    let d: &mut [f32; QK] = d.try_into().expect("chunks of QK");
+            GgmlType::Block(format) => {
+                for (d, s) in dst
+                    .chunks_exact_mut(block)
+                    .zip(src.chunks_exact(block_bytes))
+                {
                     dequantize_block(format, s, d);
                 }
             }

@@ -12,7 +12,9 @@ use ndarray::{Array1, Array2, Axis};
 
 use super::gguf::{qformat_of, GgufFile};
 use crate::error::{ElmError, Result};
-use crate::model_data::quant::{Linear, QFfn, QLayer, QMatrix, QuantWeights, WeightStorage};
+use crate::model_data::quant::{
+    Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage,
+};
 use crate::model_data::{Arch, LayerWeights, ModelConfig, ModelWeights};
 
 /// GGUF metadata key of a saved quantized ELM's [`crate::equilibrium::ElmConfig`] (JSON); a file
@@ -250,17 +252,25 @@ impl<'a> Taker<'a> {
             .gguf
             .tensor_info(name)
             .and_then(|i| qformat_of(i.ggml_type));
-        let want = match storage {
+        // Blocks are kept as stored when asked for (`auto`, or `--weights` naming the file's
+        // own format) and whole: a matrix the file cuts otherwise is quantized anew.
+        let keep = match storage {
             WeightStorage::F32 => None,
             WeightStorage::Auto => file_format,
+            WeightStorage::Quant(f) => file_format.filter(|&ff| ff == QFormat::from(f)),
+        }
+        .filter(|f| cols.is_multiple_of(f.block_elems()));
+        let requantize = match storage {
+            WeightStorage::F32 => None,
+            WeightStorage::Auto => file_format.map(QFormat::write_format),
             WeightStorage::Quant(f) => Some(f),
         };
         let permute = |w: Array2<f32>| match rope_heads {
             Some(h) => unpermute_rope_rows(&w, h),
             None => w,
         };
-        match want {
-            Some(f) if Some(f) == file_format && cols.is_multiple_of(32) => {
+        match (keep, requantize) {
+            (Some(f), _) => {
                 let info = self.gguf.tensor_info(name).expect("format read above");
                 if info.shape() != [rows, cols] {
                     // Same message as the f32 path.
@@ -274,11 +284,11 @@ impl<'a> Taker<'a> {
                     None => q,
                 }))
             }
-            Some(f) => Ok(Linear::Quant(QMatrix::quantize(
+            (None, Some(f)) => Ok(Linear::Quant(QMatrix::quantize(
                 permute(self.matrix(name, rows, cols)?).view(),
                 f,
             ))),
-            None => Ok(Linear::F32(permute(self.matrix(name, rows, cols)?))),
+            (None, None) => Ok(Linear::F32(permute(self.matrix(name, rows, cols)?))),
         }
     }
 

@@ -33,6 +33,10 @@ pub use tokenizer::Tokenizer;
 /// File name of the default real model (fetched by `scripts/fetch-smollm2.sh`).
 pub const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// File name of the second family's real model, Gemma 3 270M base in Q4_K_M (fetched by
+/// `scripts/fetch-gemma3.sh`).
+pub const GEMMA3_GGUF: &str = "gemma-3-270m-q4_k_m.gguf";
+
 /// Directory holding model files: env `ELM_MODELS_DIR`, else `<crate root>/models`.
 pub fn models_dir() -> std::path::PathBuf {
     std::env::var_os("ELM_MODELS_DIR")

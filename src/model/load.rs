@@ -9,7 +9,7 @@ use crate::model_data::quant::{QuantWeights, WeightStorage};
 use crate::model_data::weights::ModelWeights;
 
 /// File name of the default real model.
-pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+pub const DEFAULT_MODEL_FILE: &str = crate::formats::SMOLLM2_GGUF;
 
 /// Directory holding model files (one definition, in `io`).
 pub use crate::formats::models_dir;

@@ -37,7 +37,7 @@ pub use crate::model_data::{config, qmatmul, quant, weights};
 
 pub use crate::model_data::config::{Arch, ModelConfig};
 pub use crate::model_data::quant::{
-    Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage,
+    Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage, WriteFormat,
 };
 pub use crate::model_data::weights::{FfnWeights, LayerWeights, ModelWeights};
 pub use any_transformer::AnyTransformer;

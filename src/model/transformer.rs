@@ -544,7 +544,7 @@ impl Transformer<QuantWeights> {
     /// Quantizes a dense f32 model's matrices to `format` (norms and biases stay f32).
     pub fn quantized(
         weights: &ModelWeights,
-        format: crate::model_data::quant::QFormat,
+        format: crate::model_data::quant::WriteFormat,
     ) -> Result<Self> {
         Transformer::new(QuantWeights::quantize(weights, format))
     }

@@ -14,5 +14,7 @@ pub mod quant;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
-pub use quant::{Linear, LinearRef, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage};
+pub use quant::{
+    Linear, LinearRef, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage, WriteFormat,
+};
 pub use weights::{FfnWeights, LayerWeights, ModelWeights};

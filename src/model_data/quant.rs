@@ -1,10 +1,11 @@
-//! Quantized weights for inference, as plain data: [`QMatrix`] (GGUF Q8_0 / Q4_0 / Q4_1 blocks
-//! kept as they are in memory), [`Linear`] (a matrix in f32 or blocks), and the blocks and
+//! Quantized weights for inference, as plain data: [`QMatrix`] (GGUF blocks of any
+//! [`QFormat`], K-quants included, kept as they are in memory), [`Linear`] (a matrix in f32 or blocks), and the blocks and
 //! whole decoders built from them ([`QFfn`], [`QLayer`], [`QuantWeights`]).
 //!
 //! Batch-1 decode is bound by the bytes of weights read per token, so the weights stay in
-//! their 4.5–8.5-bit block formats; the integer products on them are in [`super::qmatmul`].
-//! Rows whose length is not a multiple of 32 are zero-padded to whole blocks.
+//! their 2.6–8.5-bit block formats; the integer products on them are in [`super::qmatmul`].
+//! Rows whose length is not a multiple of the block are zero-padded to whole blocks (only elm's
+//! own 32-element writers do that: a GGUF stores whole blocks).
 //!
 //! The GGUF reader fills a [`QMatrix`] from a file's bytes, [`QMatrix::quantize`] makes one
 //! from f32 weights; the block views the model's kernels run on (`model::block_view`) borrow
@@ -13,7 +14,7 @@
 use ndarray::{Array1, Array2, ArrayView2};
 
 use super::block_codec::{dequantize_block, quantize_block};
-pub use super::block_codec::{QFormat, QK};
+pub use super::block_codec::{QFormat, WriteFormat, QK, QK_K};
 use super::config::ModelConfig;
 use super::weights::{FfnWeights, LayerWeights, ModelWeights};
 use crate::error::{ElmError, Result};
@@ -26,7 +27,7 @@ pub enum WeightStorage {
     /// Each matrix in its file's type: quantized blocks stay quantized, f32/f16/bf16 go to f32.
     Auto,
     /// Every matrix in this block format (requantized or quantized on the fly if needed).
-    Quant(QFormat),
+    Quant(WriteFormat),
 }
 
 impl std::str::FromStr for WeightStorage {
@@ -38,7 +39,10 @@ impl std::str::FromStr for WeightStorage {
             other => other.parse().map(WeightStorage::Quant).map_err(|_| {
                 ElmError::config(
                     "weights",
-                    format!("`{s}`: expected f32, auto, q8_0, q4_0 or q4_1"),
+                    format!(
+                        "`{s}`: expected f32, auto or {}",
+                        crate::registry::names_or::<WriteFormat>()
+                    ),
                 )
             }),
         }
@@ -56,7 +60,7 @@ impl std::fmt::Display for WeightStorage {
 }
 
 /// A `[rows, cols]` matrix (PyTorch `[out, in]` layout) stored as row-major quantized blocks;
-/// each row holds `cols.div_ceil(32)` blocks (the last one zero-padded).
+/// each row holds `cols.div_ceil(format.block_elems())` blocks (the last one zero-padded).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QMatrix {
     format: QFormat,
@@ -68,7 +72,19 @@ pub struct QMatrix {
 impl QMatrix {
     /// Wraps raw blocks (e.g. a GGUF tensor's bytes, rows in file order).
     pub fn from_blocks(format: QFormat, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self> {
-        let want = rows * cols.div_ceil(QK) * format.block_bytes();
+        // Padding is only ever written for 32-element blocks (elm's writers); a super-block
+        // format must cover its rows exactly, as GGUF stores them.
+        if format.block_elems() > QK && !cols.is_multiple_of(format.block_elems()) {
+            return Err(ElmError::shape(
+                "QMatrix::from_blocks",
+                format!(
+                    "a {} matrix needs rows of whole {}-element blocks, not {cols} columns",
+                    format.name(),
+                    format.block_elems()
+                ),
+            ));
+        }
+        let want = rows * cols.div_ceil(format.block_elems()) * format.block_bytes();
         if data.len() != want {
             return Err(ElmError::shape(
                 "QMatrix::from_blocks",
@@ -88,10 +104,10 @@ impl QMatrix {
     }
 
     /// Quantizes f32 weights `[rows, cols]` with ggml's reference rounding.
-    pub fn quantize(w: ArrayView2<f32>, format: QFormat) -> Self {
+    pub fn quantize(w: ArrayView2<f32>, format: WriteFormat) -> Self {
         let (rows, cols) = w.dim();
         let nb = cols.div_ceil(QK);
-        let bb = format.block_bytes();
+        let bb = QFormat::from(format).block_bytes();
         let mut data = vec![0u8; rows * nb * bb];
         let mut padded = vec![0f32; nb * QK];
         for (r, row) in w.rows().into_iter().enumerate() {
@@ -105,7 +121,7 @@ impl QMatrix {
             }
         }
         QMatrix {
-            format,
+            format: format.into(),
             rows,
             cols,
             data,
@@ -126,7 +142,12 @@ impl QMatrix {
     }
     /// Blocks per row.
     pub fn row_blocks(&self) -> usize {
-        self.cols.div_ceil(QK)
+        self.cols.div_ceil(self.format.block_elems())
+    }
+    /// Columns including the zero padding of the last block: what the kernels' activation rows
+    /// (32-element blocks) must cover.
+    pub fn padded_cols(&self) -> usize {
+        self.row_blocks() * self.format.block_elems()
     }
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
@@ -148,12 +169,13 @@ impl QMatrix {
 
     /// Row `r` as f32 into `out` (`cols` long).
     pub fn dequantize_row_into(&self, r: usize, out: &mut [f32]) {
-        let mut block = [0f32; QK];
-        let bb = self.format.block_bytes();
+        let (be, bb) = (self.format.block_elems(), self.format.block_bytes());
+        let mut block = [0f32; QK_K];
+        let block = &mut block[..be];
         for (bi, src) in self.row(r).chunks_exact(bb).enumerate() {
-            dequantize_block(self.format, src, &mut block);
-            let lo = bi * QK;
-            let hi = (lo + QK).min(self.cols);
+            dequantize_block(self.format, src, block);
+            let lo = bi * be;
+            let hi = (lo + be).min(self.cols);
             out[lo..hi].copy_from_slice(&block[..hi - lo]);
         }
     }
@@ -202,7 +224,7 @@ pub enum LinearRef<'a> {
 
 impl Linear {
     /// `w` kept as f32 (`None`) or quantized to `format`.
-    pub fn from_f32(w: &Array2<f32>, format: Option<QFormat>) -> Self {
+    pub fn from_f32(w: &Array2<f32>, format: Option<WriteFormat>) -> Self {
         match format {
             None => Linear::F32(w.clone()),
             Some(f) => Linear::Quant(QMatrix::quantize(w.view(), f)),
@@ -278,7 +300,7 @@ pub struct QFfn {
 
 impl QFfn {
     /// Every matrix of `f` quantized to `format` (`None`: kept f32).
-    pub fn from_f32(f: &FfnWeights, format: Option<QFormat>) -> Self {
+    pub fn from_f32(f: &FfnWeights, format: Option<WriteFormat>) -> Self {
         let q = |w: &Array2<f32>| Linear::from_f32(w, format);
         QFfn {
             mlp_norm: f.mlp_norm.clone(),
@@ -346,7 +368,7 @@ macro_rules! map_projections {
 
 impl QLayer {
     /// Every projection of `l` quantized to `format` (`None`: kept f32).
-    pub fn from_f32(l: &LayerWeights, format: Option<QFormat>) -> Self {
+    pub fn from_f32(l: &LayerWeights, format: Option<WriteFormat>) -> Self {
         map_projections!(QLayer, l, |w: &Array2<f32>| Linear::from_f32(w, format))
     }
 
@@ -396,12 +418,12 @@ pub struct QuantWeights {
 
 impl QuantWeights {
     /// Quantizes every matrix of `w` (embedding and LM head included) to `format`.
-    pub fn quantize(w: &ModelWeights, format: QFormat) -> Self {
+    pub fn quantize(w: &ModelWeights, format: WriteFormat) -> Self {
         Self::from_f32(w, Some(format))
     }
 
     /// Every matrix of `w` quantized to `format`, or kept f32 (`None`).
-    pub fn from_f32(w: &ModelWeights, format: Option<QFormat>) -> Self {
+    pub fn from_f32(w: &ModelWeights, format: Option<WriteFormat>) -> Self {
         QuantWeights {
             config: w.config.clone(),
             embed: Linear::from_f32(&w.embed, format),

@@ -51,6 +51,15 @@ pub fn real_model() -> Option<PathBuf> {
     .then_some(path)
 }
 
+/// The real Gemma 3 270M Q4_K_M GGUF (`elm::formats::GEMMA3_GGUF` in `$ELM_MODELS_DIR`,
+/// fetched by scripts/setup.sh), with [`real_model`]'s one behaviour when it is absent.
+pub fn real_gemma3() -> Option<PathBuf> {
+    fetched_file(
+        elm::formats::models_dir().join(elm::formats::GEMMA3_GGUF),
+        "the real Gemma 3 model",
+    )
+}
+
 /// A file `scripts/setup.sh` fetches (e.g. HumanEval's problems), with [`real_model`]'s one
 /// behaviour when it is absent.
 pub fn fetched_file(path: PathBuf, what: &str) -> Option<PathBuf> {
