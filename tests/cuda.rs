@@ -65,6 +65,7 @@ fn fan_in_scaled_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
             w_gate: mat(i, c),
             w_up: mat(i, c),
             w_down: mat(c, i),
+            gemma: None,
         });
     }
     let final_norm = Array1::from_elem(c, 1.0f32);
@@ -574,6 +575,7 @@ fn load_fixture() -> (Vec<Vec<u32>>, Vec<FixtureModel>) {
                     w_gate: v2(&l["w_gate"]),
                     w_up: v2(&l["w_up"]),
                     w_down: v2(&l["w_down"]),
+                    gemma: None,
                 })
                 .collect();
             let weights = ModelWeights {

@@ -378,6 +378,7 @@ fn tiny_model_round_trips_through_gguf() {
                 numpy_style_permute(&w.layers[0].wq, w.config.num_heads)
             ),
             Arch::Qwen2 => assert_eq!(q_disk, w.layers[0].wq),
+            Arch::Gemma3 => unreachable!("not in the list above: the f32 GGUF writer refuses it"),
         }
     }
 }

@@ -30,7 +30,10 @@ fn f16_fields(format: QFormat) -> &'static [usize] {
 /// `(rows, cols)` shapes to test `format` on: odd lengths for the formats elm writes
 /// (zero-padded tails), whole blocks for the ones it only reads (as a GGUF stores them).
 fn shapes(format: QFormat) -> Vec<(usize, usize)> {
-    match (format.block_elems(), QFormat::from(format.write_format()) == format) {
+    match (
+        format.block_elems(),
+        QFormat::from(format.write_format()) == format,
+    ) {
         (32, true) => vec![(1, 32), (37, 96), (5, 100), (64, 576), (3, 1)],
         (32, false) => vec![(1, 32), (37, 96), (64, 576)],
         _ => vec![(1, 256), (37, 512), (6, 768)],

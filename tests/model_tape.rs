@@ -82,6 +82,7 @@ fn weights_of(fx: &Fixture) -> ModelWeights {
                 w_gate: g("w_gate").a2(),
                 w_up: g("w_up").a2(),
                 w_down: g("w_down").a2(),
+                gemma: None,
             }
         })
         .collect();
@@ -236,6 +237,7 @@ fn random_layer(cfg: &ModelConfig, rng: &mut StdRng) -> LayerWeights {
         w_gate,
         w_up,
         w_down,
+        gemma: None,
     }
 }
 

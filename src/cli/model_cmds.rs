@@ -30,7 +30,7 @@ fn encode_prompt(tok: &Tokenizer, prompt: &str, chat: bool) -> Result<Vec<u32>> 
     } else {
         prompt.to_string()
     };
-    let ids = tok.encode(&text, false)?;
+    let ids = tok.encode_prompt(&text)?;
     if ids.is_empty() {
         return Err(ElmError::InvalidArgument(
             "--prompt encodes to zero tokens".into(),

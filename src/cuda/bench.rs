@@ -34,6 +34,9 @@ pub fn smollm2_135m_config() -> ModelConfig {
         attention_bias: false,
         bos_token_id: Some(1),
         eos_token_id: Some(2),
+        sliding_window: None,
+        sliding_window_pattern: None,
+        rope_local_theta: None,
     }
 }
 
@@ -55,6 +58,9 @@ pub fn qwen25_1_5b_config() -> ModelConfig {
         attention_bias: true,
         bos_token_id: None,
         eos_token_id: Some(151645),
+        sliding_window: None,
+        sliding_window_pattern: None,
+        rope_local_theta: None,
     }
 }
 
@@ -101,6 +107,7 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
             w_gate,
             w_up,
             w_down,
+            gemma: None,
         });
     }
     let lm_head = (!cfg.tie_word_embeddings).then(|| mat(v, c));

@@ -138,6 +138,9 @@ fn upload1(dev: &CudaDevice, a: &Array1<f32>) -> Result<GpuBuffer<f32>> {
 fn validate_weights(w: &ModelWeights) -> Result<()> {
     let cfg = &w.config;
     cfg.validate()?;
+    // The kernels run the Llama/Qwen2 block: a Gemma 3 model is refused, not run without its
+    // norms, window and GeGLU.
+    cfg.require_llama_style("the CUDA model")?;
     let (c, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
     let (hd, kvd) = (
         cfg.num_heads * cfg.head_dim,

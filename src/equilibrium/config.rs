@@ -112,6 +112,7 @@ impl ElmConfig {
     }
     /// Checks `1 <= M` and `l + M <= N` (without overflow).
     pub fn validate(&self, model: &ModelConfig) -> Result<()> {
+        model.require_llama_style("an ELM module")?;
         if self.num_replaced == 0 {
             return Err(ElmError::config("num_replaced", "must be >= 1"));
         }

@@ -229,14 +229,17 @@ fn json_key<T: DeserializeOwned>(gguf: &GgufFile, key: &str) -> Result<T> {
         .map_err(|e| ElmError::format(gguf.path(), format!("metadata `{key}`: {e}")))
 }
 
-/// One block read from `prefix` (inverse of [`layer_tensors`]).
+/// One block read from `prefix` (inverse of [`layer_tensors`]), attending as layer `layer` of
+/// the dense model does (the module: as the first layer it replaced).
 fn read_layer(
     t: &mut Taker<'_>,
     prefix: &str,
     cfg: &ModelConfig,
     storage: WeightStorage,
+    layer: usize,
 ) -> Result<QLayer> {
-    t.qlayer(cfg, |s: &str| format!("{prefix}{s}"), storage)
+    let name = |s: &str| format!("{prefix}{s}");
+    t.qlayer(cfg, name, storage, cfg.layer_attention(layer))
 }
 
 /// Reads a file written by [`write_quant_gguf`]: the ELM layout (`None` for a dense model), the
@@ -280,14 +283,15 @@ pub fn read_quant_gguf_with(
     let kept = ElmConfig::kept_layers(elm.as_ref(), cfg.num_layers);
     let layers = kept
         .iter()
-        .map(|i| read_layer(&mut t, &format!("blk.{i}."), &cfg, storage))
+        .map(|&i| read_layer(&mut t, &format!("blk.{i}."), &cfg, storage, i))
         .collect::<Result<Vec<_>>>()?;
     let module = match &elm {
         None => None,
         Some(e) => Some(QuantModule {
             block: match e.block {
                 BlockKind::Decoder => {
-                    ModuleBlock::Decoder(read_layer(&mut t, MODULE_PREFIX, &cfg, storage)?)
+                    let first = e.start_layer;
+                    ModuleBlock::Decoder(read_layer(&mut t, MODULE_PREFIX, &cfg, storage, first)?)
                 }
                 BlockKind::Ffn => ModuleBlock::Ffn(t.qffn(
                     &cfg,

@@ -576,6 +576,11 @@ impl GgufFile {
         })
     }
 
+    /// An array of numbers as f32 (e.g. `tokenizer.ggml.scores`).
+    pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>> {
+        self.get_array_of(key, "an array of numbers", |x| x.as_f64().map(|v| v as f32))
+    }
+
     /// The array at `key` with every element read by `item`; an element it refuses is a
     /// type error saying the array should be `what`.
     fn get_array_of<'a, T>(

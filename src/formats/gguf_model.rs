@@ -12,9 +12,11 @@ use ndarray::{Array1, Array2, Axis};
 
 use super::gguf::{qformat_of, GgufFile};
 use crate::error::{ElmError, Result};
+use crate::model_data::config::LayerAttention;
 use crate::model_data::quant::{
     Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage,
 };
+use crate::model_data::weights::Gemma3Block;
 use crate::model_data::{Arch, LayerWeights, ModelConfig, ModelWeights};
 
 /// GGUF metadata key of a saved quantized ELM's [`crate::equilibrium::ElmConfig`] (JSON); a file
@@ -39,9 +41,10 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
     let arch = match arch_name {
         "llama" => Arch::Llama,
         "qwen2" => Arch::Qwen2,
+        "gemma3" => Arch::Gemma3,
         other => {
             return Err(ElmError::Unsupported(format!(
-                "{}: general.architecture `{other}` (supported: llama, qwen2)",
+                "{}: general.architecture `{other}` (supported: llama, qwen2, gemma3)",
                 gguf.path().display()
             )))
         }
@@ -88,6 +91,12 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
         Some(_) => gguf.get_usize(&key("vocab_size"))?,
         None => gguf.get_str_array("tokenizer.ggml.tokens")?.len(),
     };
+    let opt_usize = |k: &str| -> Result<Option<usize>> {
+        match gguf.get(k) {
+            None => Ok(None),
+            Some(_) => Ok(Some(gguf.get_usize(k)?)),
+        }
+    };
     let opt_id = |k: &str| -> Result<Option<u32>> {
         match gguf.get(k) {
             None => Ok(None),
@@ -113,6 +122,18 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
         attention_bias: gguf.tensor_info("blk.0.attn_q.bias").is_some(),
         bos_token_id: opt_id("tokenizer.ggml.bos_token_id")?,
         eos_token_id: opt_id("tokenizer.ggml.eos_token_id")?,
+        sliding_window: opt_usize(&key("attention.sliding_window"))?.filter(|&w| w > 0),
+        // What the metadata does not carry, llama.cpp hard-codes for gemma3: every 6th layer
+        // global, the local layers' RoPE base 10,000 (unless `rope.freq_base_swa` says).
+        sliding_window_pattern: match arch {
+            Arch::Gemma3 => Some(opt_usize(&key("attention.sliding_window_pattern"))?.unwrap_or(6)),
+            Arch::Llama | Arch::Qwen2 => None,
+        },
+        rope_local_theta: match (arch, gguf.get(&key("rope.freq_base_swa"))) {
+            (_, Some(_)) => Some(gguf.get_f64(&key("rope.freq_base_swa"))? as f32),
+            (Arch::Gemma3, None) => Some(10_000.0),
+            (Arch::Llama | Arch::Qwen2, None) => None,
+        },
     };
     // Name the file and the GGUF key the field came from, not only our field name.
     config.validate().map_err(|e| match e {
@@ -325,6 +346,7 @@ impl<'a> Taker<'a> {
         cfg: &ModelConfig,
         name: impl Fn(&str) -> String,
         storage: WeightStorage,
+        attention: LayerAttention,
     ) -> Result<QLayer> {
         let c = cfg.hidden_size;
         let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
@@ -344,7 +366,30 @@ impl<'a> Taker<'a> {
             w_gate: ffn.w_gate,
             w_up: ffn.w_up,
             w_down: ffn.w_down,
+            gemma: self.gemma_block(cfg, &name, attention)?,
         })
+    }
+
+    /// A Gemma 3 block's extra norms (`attn_q_norm`, `attn_k_norm`, `post_attention_norm`,
+    /// `post_ffw_norm`, stored with the `1 +` of Gemma's RMSNorm already added by llama.cpp's
+    /// converter), and how its layer attends; `None` for other families.
+    pub(crate) fn gemma_block(
+        &mut self,
+        cfg: &ModelConfig,
+        name: impl Fn(&str) -> String,
+        attention: LayerAttention,
+    ) -> Result<Option<Gemma3Block>> {
+        if !cfg.has_gemma_norms() {
+            return Ok(None);
+        }
+        let (c, d) = (cfg.hidden_size, cfg.head_dim);
+        Ok(Some(Gemma3Block {
+            q_norm: self.vector(&name("attn_q_norm.weight"), d)?,
+            k_norm: self.vector(&name("attn_k_norm.weight"), d)?,
+            post_attn_norm: self.vector(&name("post_attention_norm.weight"), c)?,
+            post_mlp_norm: self.vector(&name("post_ffw_norm.weight"), c)?,
+            attention,
+        }))
     }
 
     /// A feed-forward-only block for the inference path: the `ffn_*` tensors of a block.
@@ -428,6 +473,7 @@ pub fn load_gguf_weights(gguf: &GgufFile) -> Result<ModelWeights> {
             w_gate: t.matrix(&n("ffn_gate.weight"), i_dim, c)?,
             w_up: t.matrix(&n("ffn_up.weight"), i_dim, c)?,
             w_down: t.matrix(&n("ffn_down.weight"), c, i_dim)?,
+            gemma: t.gemma_block(&config, n, config.layer_attention(l))?,
         });
     }
 
@@ -470,7 +516,8 @@ pub fn load_gguf_quant(gguf: &GgufFile, storage: WeightStorage) -> Result<QuantW
     };
     let mut layers = Vec::with_capacity(config.num_layers);
     for l in 0..config.num_layers {
-        layers.push(t.qlayer(&config, |s: &str| format!("blk.{l}.{s}"), storage)?);
+        let name = |s: &str| format!("blk.{l}.{s}");
+        layers.push(t.qlayer(&config, name, storage, config.layer_attention(l))?);
     }
     if let Some(extra) = gguf.tensors().iter().find(|x| !t.used.contains(&x.name)) {
         return Err(ElmError::tensor(
@@ -494,6 +541,7 @@ pub fn save_gguf_model(weights: &ModelWeights, path: impl AsRef<std::path::Path>
     use super::gguf::{write_gguf, GgufTensorData};
     let cfg = &weights.config;
     cfg.validate()?;
+    cfg.require_llama_style("writing a dense f32 GGUF")?;
     let meta = arch_metadata(cfg);
     let permuted = cfg.arch == Arch::Llama;
     let mat = |name: String, w: &Array2<f32>| {
@@ -552,6 +600,7 @@ pub fn arch_metadata(cfg: &ModelConfig) -> Vec<(String, super::gguf::GgufValue)>
     let arch = match cfg.arch {
         Arch::Llama => "llama",
         Arch::Qwen2 => "qwen2",
+        Arch::Gemma3 => "gemma3",
     };
     let k = |s: &str| format!("{arch}.{s}");
     let mut meta = vec![
@@ -586,6 +635,12 @@ pub fn arch_metadata(cfg: &ModelConfig) -> Vec<(String, super::gguf::GgufValue)>
     }
     if let Some(id) = cfg.eos_token_id {
         meta.push(kv("tokenizer.ggml.eos_token_id", V::U32(id)));
+    }
+    if let Some(w) = cfg.sliding_window {
+        meta.push(kv(&k("attention.sliding_window"), V::U32(w as u32)));
+    }
+    if let Some(t) = cfg.rope_local_theta {
+        meta.push(kv(&k("rope.freq_base_swa"), V::F32(t)));
     }
 
     meta

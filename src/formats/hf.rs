@@ -198,10 +198,13 @@ pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
         // Qwen2 always has q/k/v biases; Llama has them only with attention_bias.
         attention_bias: match arch {
             Arch::Qwen2 => true,
-            Arch::Llama => bool_key("attention_bias")?.unwrap_or(false),
+            Arch::Llama | Arch::Gemma3 => bool_key("attention_bias")?.unwrap_or(false),
         },
         bos_token_id: token_id("bos_token_id")?,
         eos_token_id: token_id("eos_token_id")?,
+        sliding_window: None,
+        sliding_window_pattern: None,
+        rope_local_theta: None,
     };
     if arch == Arch::Qwen2 && bool_key("attention_bias")? == Some(false) {
         return Err(ElmError::config(
@@ -229,6 +232,8 @@ pub fn config_to_hf_json(c: &ModelConfig) -> Value {
     let (model_type, class) = match c.arch {
         Arch::Llama => ("llama", "LlamaForCausalLM"),
         Arch::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
+        // Never written: `save_hf_model` refuses Gemma 3 (see there).
+        Arch::Gemma3 => ("gemma3_text", "Gemma3ForCausalLM"),
     };
     let mut v = json!({
         "architectures": [class],
@@ -525,6 +530,7 @@ pub fn load_hf_model_with(
             w_gate: take2(p("mlp.gate_proj.weight")),
             w_up: take2(p("mlp.up_proj.weight")),
             w_down: take2(p("mlp.down_proj.weight")),
+            gemma: None,
         });
     }
     let mut take1 = |name: String| Array1::from_vec(tensors.remove(&name).expect("checked"));
@@ -577,6 +583,9 @@ pub fn save_hf_model_with(
     config: &Value,
 ) -> Result<()> {
     weights.config.validate()?;
+    weights
+        .config
+        .require_llama_style("writing an HF model directory")?;
     fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
     check_shapes(weights)?;
 

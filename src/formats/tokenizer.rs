@@ -8,16 +8,30 @@
 //! matches kept as its own piece; `llama-bpe` (Llama 3) and `qwen2` use their one regex.
 //! Tokens whose `token_type` is 3 (control, e.g. `<|im_start|>`) are matched whole in the
 //! input before any splitting.
+//!
+//! GGUF route (`tokenizer.ggml.model = "llama"`, SentencePiece-style, e.g. Gemma 3): llama.cpp
+//! merges the adjacent pair whose concatenation is the highest-scoring vocabulary token, again
+//! and again, and spells what stays unknown as `<0xXX>` byte tokens. That is BPE whose merges
+//! are every split of a token into two vocabulary tokens, ranked by the token's score, with
+//! byte fallback: built so here. Spaces become `▁` first (and a leading one is added only with
+//! `add_space_prefix`); user-defined tokens (type 4: runs of newlines or spaces, …) are matched
+//! on the raw text before that, as llama.cpp's special-token partition does.
 
 use std::collections::HashMap;
 use std::path::Path;
 
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::replace::Replace;
+use tokenizers::normalizers::{Prepend, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+use tokenizers::{DecoderWrapper, NormalizerWrapper};
 
 use super::gguf::GgufFile;
 use crate::error::{ElmError, Result};
@@ -174,23 +188,6 @@ impl Tokenizer {
             }
         }
         let model = gguf.get_str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(ElmError::Unsupported(format!(
-                "{}: tokenizer.ggml.model `{model}` (supported: gpt2 byte-level BPE)",
-                path.display()
-            )));
-        }
-        let pre = match gguf.get("tokenizer.ggml.pre") {
-            Some(_) => gguf.get_str("tokenizer.ggml.pre")?,
-            None => "gpt2",
-        };
-        let regexes = split_regexes(pre).ok_or_else(|| {
-            ElmError::Unsupported(format!(
-                "{}: tokenizer.ggml.pre `{pre}` (supported: {SUPPORTED_PRE})",
-                path.display()
-            ))
-        })?;
-
         let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?;
         let types = match gguf.get("tokenizer.ggml.token_type") {
             Some(_) => gguf.get_int_array("tokenizer.ggml.token_type")?,
@@ -206,6 +203,80 @@ impl Tokenizer {
                 ),
             ));
         }
+        let mut inner = match model {
+            "gpt2" => Self::byte_level_bpe(gguf, &tokens)?,
+            "llama" => Self::sentencepiece_bpe(gguf, &tokens, &types)?,
+            other => {
+                return Err(ElmError::Unsupported(format!(
+                    "{}: tokenizer.ggml.model `{other}` (supported: gpt2 byte-level BPE, llama \
+                     SentencePiece-style)",
+                    path.display()
+                )))
+            }
+        };
+
+        // Control tokens stay whole; user-defined ones (type 4) too, but are not special.
+        let special: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, &ty)| ty == 3)
+            .map(|(t, _)| AddedToken::from(t.to_string(), true).normalized(false))
+            .collect();
+        let user: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, &ty)| ty == 4)
+            .map(|(t, _)| AddedToken::from(t.to_string(), false).normalized(false))
+            .collect();
+        inner.add_special_tokens(&special);
+        inner.add_tokens(&user);
+
+        let id = |k: &str| -> Result<Option<u32>> {
+            match gguf.get(k) {
+                None => Ok(None),
+                Some(_) => {
+                    let id = gguf.get_usize(k)?;
+                    if id >= tokens.len() {
+                        return Err(ElmError::format(
+                            path,
+                            format!("{k} = {id} is outside the vocabulary of {}", tokens.len()),
+                        ));
+                    }
+                    Ok(Some(id as u32))
+                }
+            }
+        };
+        let template = match gguf.get("tokenizer.chat_template") {
+            Some(_) => Some(gguf.get_str("tokenizer.chat_template")?),
+            None => None,
+        };
+        Ok(Tokenizer {
+            inner,
+            bos: id("tokenizer.ggml.bos_token_id")?,
+            eos: id("tokenizer.ggml.eos_token_id")?,
+            prepend_bos: match gguf.get("tokenizer.ggml.add_bos_token") {
+                Some(_) => gguf.get_bool("tokenizer.ggml.add_bos_token")?,
+                None => false,
+            },
+            default_system_prompt: template.and_then(default_system_prompt),
+        })
+    }
+
+    /// `tokenizer.ggml.model = "gpt2"`: byte-level BPE with the file's merges, split first by
+    /// llama.cpp's regexes for its `tokenizer.ggml.pre`.
+    fn byte_level_bpe(gguf: &GgufFile, tokens: &[&str]) -> Result<tokenizers::Tokenizer> {
+        let path = gguf.path();
+        let pre = match gguf.get("tokenizer.ggml.pre") {
+            Some(_) => gguf.get_str("tokenizer.ggml.pre")?,
+            None => "gpt2",
+        };
+        let regexes = split_regexes(pre).ok_or_else(|| {
+            ElmError::Unsupported(format!(
+                "{}: tokenizer.ggml.pre `{pre}` (supported: {SUPPORTED_PRE})",
+                path.display()
+            ))
+        })?;
+
         let mut vocab: HashMap<String, u32> = HashMap::with_capacity(tokens.len());
         for (id, t) in tokens.iter().enumerate() {
             // Keep the first id of a duplicated string (later ones are unreachable anyway).
@@ -258,52 +329,85 @@ impl Tokenizer {
         pre_tokenizers.push(ByteLevel::new(false, false, false).into());
         inner.with_pre_tokenizer(Some(Sequence::new(pre_tokenizers)));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
+        Ok(inner)
+    }
 
-        // Control tokens stay whole; user-defined ones (type 4) too, but are not special.
-        let special: Vec<AddedToken> = tokens
-            .iter()
-            .zip(&types)
-            .filter(|(_, &ty)| ty == 3)
-            .map(|(t, _)| AddedToken::from(t.to_string(), true).normalized(false))
-            .collect();
-        let user: Vec<AddedToken> = tokens
-            .iter()
-            .zip(&types)
-            .filter(|(_, &ty)| ty == 4)
-            .map(|(t, _)| AddedToken::from(t.to_string(), false).normalized(false))
-            .collect();
-        inner.add_special_tokens(&special);
-        inner.add_tokens(&user);
-
-        let id = |k: &str| -> Result<Option<u32>> {
-            match gguf.get(k) {
-                None => Ok(None),
-                Some(_) => {
-                    let id = gguf.get_usize(k)?;
-                    if id >= tokens.len() {
-                        return Err(ElmError::format(
-                            path,
-                            format!("{k} = {id} is outside the vocabulary of {}", tokens.len()),
-                        ));
-                    }
-                    Ok(Some(id as u32))
+    /// `tokenizer.ggml.model = "llama"` (SentencePiece-style, see the module's note): BPE whose
+    /// merges are every split of a normal token into two vocabulary tokens, ranked by the
+    /// token's `tokenizer.ggml.scores` (highest first, then lower id), with byte fallback.
+    fn sentencepiece_bpe(
+        gguf: &GgufFile,
+        tokens: &[&str],
+        types: &[i64],
+    ) -> Result<tokenizers::Tokenizer> {
+        let path = gguf.path();
+        let scores = gguf.get_f32_array("tokenizer.ggml.scores")?;
+        if scores.len() != tokens.len() {
+            return Err(ElmError::format(
+                path,
+                format!(
+                    "tokenizer.ggml.scores has {} entries but tokenizer.ggml.tokens has {}",
+                    scores.len(),
+                    tokens.len()
+                ),
+            ));
+        }
+        let mut vocab: HashMap<String, u32> = HashMap::with_capacity(tokens.len());
+        for (id, t) in tokens.iter().enumerate() {
+            vocab.entry(t.to_string()).or_insert(id as u32);
+        }
+        // Only normal tokens (type 1) are formed by merging: control, user-defined and byte
+        // tokens are matched whole or emitted by the fallback.
+        let mut ranked: Vec<(f32, u32, &str, &str)> = Vec::new();
+        for (id, (&t, &ty)) in tokens.iter().zip(types).enumerate() {
+            if ty != 1 || vocab.get(t) != Some(&(id as u32)) {
+                continue;
+            }
+            for (i, _) in t.char_indices().skip(1) {
+                let (l, r) = t.split_at(i);
+                if vocab.contains_key(l) && vocab.contains_key(r) {
+                    ranked.push((scores[id], id as u32, l, r));
                 }
             }
-        };
-        let template = match gguf.get("tokenizer.chat_template") {
-            Some(_) => Some(gguf.get_str("tokenizer.chat_template")?),
+        }
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let merges = ranked
+            .into_iter()
+            .map(|(_, _, l, r)| (l.to_string(), r.to_string()))
+            .collect();
+        let unk = match gguf.get("tokenizer.ggml.unknown_token_id") {
+            Some(_) => {
+                let id = gguf.get_usize("tokenizer.ggml.unknown_token_id")?;
+                tokens.get(id).map(|t| t.to_string())
+            }
             None => None,
         };
-        Ok(Tokenizer {
-            inner,
-            bos: id("tokenizer.ggml.bos_token_id")?,
-            eos: id("tokenizer.ggml.eos_token_id")?,
-            prepend_bos: match gguf.get("tokenizer.ggml.add_bos_token") {
-                Some(_) => gguf.get_bool("tokenizer.ggml.add_bos_token")?,
-                None => false,
-            },
-            default_system_prompt: template.and_then(default_system_prompt),
-        })
+        let vocab: Vocab = vocab.into_iter().collect();
+        let mut builder = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .byte_fallback(true)
+            .fuse_unk(true);
+        if let Some(unk) = unk {
+            builder = builder.unk_token(unk);
+        }
+        let mut inner = tokenizers::Tokenizer::new(builder.build().map_err(tok_err)?);
+        let add_space_prefix = match gguf.get("tokenizer.ggml.add_space_prefix") {
+            Some(_) => gguf.get_bool("tokenizer.ggml.add_space_prefix")?,
+            None => true,
+        };
+        let mut normalizers: Vec<NormalizerWrapper> = Vec::new();
+        if add_space_prefix {
+            normalizers.push(Prepend::new("▁".into()).into());
+        }
+        normalizers.push(Replace::new(" ", "▁").map_err(tok_err)?.into());
+        inner.with_normalizer(Some(NormalizerSequence::new(normalizers)));
+        let decoders: Vec<DecoderWrapper> = vec![
+            Replace::new("▁", " ").map_err(tok_err)?.into(),
+            ByteFallback::new().into(),
+            Fuse::new().into(),
+        ];
+        inner.with_decoder(Some(DecoderSequence::new(decoders)));
+        Ok(inner)
     }
 
     /// Token ids of `text`. Control tokens written in the text (e.g. `<|im_start|>`) are
@@ -316,6 +420,18 @@ impl Tokenizer {
             ids.extend(self.bos);
         }
         ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// Token ids of a prompt as llama.cpp feeds it: BOS first when the GGUF asks for it
+    /// (`tokenizer.ggml.add_bos_token`, e.g. Gemma 3), then `text`; nothing else is added.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode(text, false)?;
+        if self.prepend_bos {
+            if let Some(bos) = self.bos {
+                ids.insert(0, bos);
+            }
+        }
         Ok(ids)
     }
 

@@ -3,16 +3,22 @@
 //! `x ← x + Attn(RMSNorm(x))`, then `x ← x + MLP(RMSNorm(x))` with grouped-query
 //! attention over the cached K/V plus the new tokens' own K/V (causal), half-split
 //! RoPE at positions `cache.lens()[b] + t`, and a SwiGLU MLP.
+//!
+//! A Gemma 3 block ([`super::block_view::Gemma3Ref`]) adds: RMSNorm of every q and k head
+//! before RoPE, its layer's RoPE base and sliding window (a local layer's query at position
+//! `p` sees keys `p − w + 1 ..= p`), an RMSNorm of each sublayer's output before its residual
+//! add, and a GeGLU MLP (tanh GELU).
 
 use ndarray::{s, Array3, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Zip};
 
 use super::block_view::BlockWeights;
 use super::kv_cache::{take, LayerKv, Scratch};
 use super::ops::{
-    linear_any_into, linears_into, masked_softmax_inplace, rms_norm_into, swiglu_inplace,
+    geglu_tanh_inplace, linear_any_into, linears_into, masked_softmax_inplace,
+    rms_norm_chunks_inplace, rms_norm_into, swiglu_inplace, windowed_softmax_inplace, RopeTable,
 };
 use crate::error::{ElmError, Result};
-use crate::model_data::config::ModelConfig;
+use crate::model_data::config::{Activation, ModelConfig};
 
 /// Runs one block on the new tokens `x` `[B, T, C]` of every sequence and returns
 /// the block output `[B, T, C]`.
@@ -110,6 +116,7 @@ fn forward_rows<W: BlockWeights + ?Sized>(
     let n = b * t;
     let Scratch {
         rope,
+        rope_local,
         xn,
         q,
         k,
@@ -122,6 +129,23 @@ fn forward_rows<W: BlockWeights + ?Sized>(
         qx,
     } = scratch;
     let w = w.block_ref();
+    let gemma = w.gemma;
+    // The block's RoPE table and window: its layer's (Gemma 3), else the model's.
+    let window = gemma.and_then(|g| g.attention.window);
+    let rope: &RopeTable = match gemma.map(|g| g.attention.rope_theta) {
+        Some(theta) if theta != rope.theta() => rope_local
+            .as_ref()
+            .filter(|r| r.theta() == theta)
+            .ok_or_else(|| {
+                ElmError::config(
+                    "rope_local_theta",
+                    format!(
+                        "a block asks for RoPE base {theta}, which this scratch has no table for"
+                    ),
+                )
+            })?,
+        _ => rope,
+    };
     let xs = x
         .as_slice_mut()
         .ok_or_else(|| ElmError::shape("block_forward", "x must be in standard layout"))?;
@@ -146,6 +170,22 @@ fn forward_rows<W: BlockWeights + ?Sized>(
             ],
             qx,
         );
+        if let Some(g) = gemma {
+            let (qn, kn) = (
+                g.q_norm.as_slice().ok_or_else(not_contiguous)?,
+                g.k_norm.as_slice().ok_or_else(not_contiguous)?,
+            );
+            rms_norm_chunks_inplace(
+                q.as_slice_mut().ok_or_else(not_contiguous)?,
+                qn,
+                cfg.rms_norm_eps,
+            );
+            rms_norm_chunks_inplace(
+                k.as_slice_mut().ok_or_else(not_contiguous)?,
+                kn,
+                cfg.rms_norm_eps,
+            );
+        }
         for bi in 0..b {
             let cb = seq(bi);
             let p0 = cache.lens()[cb];
@@ -199,16 +239,18 @@ fn forward_rows<W: BlockWeights + ?Sized>(
                 let v_h = cache.v.slice(s![cb, kh, ..total, ..]);
                 let mut out_h = attn.slice_mut(s![bi, ..nl, cols]);
                 if nl <= FEW_QUERIES {
-                    attend_few(q_h, k_h, v_h, p0, scale, scores, out_h)?;
+                    attend_few(q_h, k_h, v_h, p0, scale, window, scores, out_h)?;
                     continue;
                 }
                 let mut sc = ArrayViewMut2::from_shape((nl, total), take(scores, nl * total))
                     .map_err(layout)?;
                 crate::gemm::sgemm_with(kernel, scale, &q_h, &k_h.t(), 0.0, &mut sc);
                 for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
-                    masked_softmax_inplace(
+                    let visible = p0 + ti + 1;
+                    windowed_softmax_inplace(
                         row.as_slice_mut().ok_or_else(not_contiguous)?,
-                        p0 + ti + 1,
+                        first_visible(visible, window),
+                        visible,
                     );
                 }
                 crate::gemm::sgemm_with(kernel, 1.0, &sc.view(), &v_h, 0.0, &mut out_h);
@@ -217,6 +259,9 @@ fn forward_rows<W: BlockWeights + ?Sized>(
         let attn2 = ArrayView2::from_shape((n, h * d), attn.as_slice().ok_or_else(not_contiguous)?)
             .map_err(layout)?;
         linear_any_into(attn2, a.wo, None, tmp.view_mut(), qx);
+        if let Some(g) = gemma {
+            post_norm(&mut tmp, g.post_attn_norm, cfg.rms_norm_eps, &mut xn)?;
+        }
         x2 += &tmp;
     }
 
@@ -233,11 +278,18 @@ fn forward_rows<W: BlockWeights + ?Sized>(
         ],
         qx,
     );
-    swiglu_inplace(
+    let (gs, us) = (
         gate.as_slice_mut().ok_or_else(not_contiguous)?,
         up.as_slice().ok_or_else(not_contiguous)?,
     );
+    match cfg.activation() {
+        Activation::SwiGlu => swiglu_inplace(gs, us),
+        Activation::GeGluTanh => geglu_tanh_inplace(gs, us),
+    }
     linear_any_into(gate.view(), w.w_down, None, tmp.view_mut(), qx);
+    if let Some(g) = gemma {
+        post_norm(&mut tmp, g.post_mlp_norm, cfg.rms_norm_eps, &mut xn)?;
+    }
     Zip::from(&mut x2).and(&tmp).for_each(|a, &b| *a += b);
 
     match seqs {
@@ -259,14 +311,35 @@ fn forward_rows<W: BlockWeights + ?Sized>(
 /// threading overhead dominates the few FLOPs they do.
 const FEW_QUERIES: usize = 4;
 
+/// The first key position a query that sees `visible` keys attends to: 0, or the start of its
+/// sliding window.
+fn first_visible(visible: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| visible.saturating_sub(w))
+}
+
+/// `out ← RMSNorm(out)·gain` (Gemma 3's norm of a sublayer's output), through `scratch`.
+fn post_norm(
+    out: &mut ArrayViewMut2<f32>,
+    gain: ndarray::ArrayView1<f32>,
+    eps: f32,
+    scratch: &mut ArrayViewMut2<f32>,
+) -> Result<()> {
+    rms_norm_into(out.view(), gain, eps, scratch.view_mut());
+    out.assign(scratch);
+    Ok(())
+}
+
 /// Causal attention of `nl ≤ FEW_QUERIES` query rows `q` `[nl, D]` at positions
-/// `p0..p0+nl` over keys/values `[p0+nl, D]`; writes `out` `[nl, D]`.
+/// `p0..p0+nl` over keys/values `[p0+nl, D]` (only the last `window` of them when given);
+/// writes `out` `[nl, D]`.
+#[allow(clippy::too_many_arguments)]
 fn attend_few(
     q: ArrayView2<f32>,
     k: ArrayView2<f32>,
     v: ArrayView2<f32>,
     p0: usize,
     scale: f32,
+    window: Option<usize>,
     scores: &mut Vec<f32>,
     mut out: ArrayViewMut2<f32>,
 ) -> Result<()> {
@@ -275,15 +348,16 @@ fn attend_few(
     let values = v.as_slice().ok_or_else(not_contiguous)?;
     for (ti, (q_row, mut o_row)) in q.rows().into_iter().zip(out.rows_mut()).enumerate() {
         let visible = p0 + ti + 1;
+        let first = first_visible(visible, window);
         let q_row = q_row.to_slice().ok_or_else(not_contiguous)?;
-        let sc = take(scores, visible);
-        for (s, k_row) in sc.iter_mut().zip(keys.chunks_exact(d)) {
+        let sc = take(scores, visible - first);
+        for (s, k_row) in sc.iter_mut().zip(keys.chunks_exact(d).skip(first)) {
             *s = dot(q_row, k_row) * scale;
         }
-        masked_softmax_inplace(sc, visible);
+        masked_softmax_inplace(sc, visible - first);
         let o = o_row.as_slice_mut().ok_or_else(not_contiguous)?;
         o.iter_mut().for_each(|x| *x = 0.0);
-        for (&p, v_row) in sc.iter().zip(values.chunks_exact(d)) {
+        for (&p, v_row) in sc.iter().zip(values.chunks_exact(d).skip(first)) {
             for (x, &vv) in o.iter_mut().zip(v_row) {
                 *x += p * vv;
             }

@@ -5,8 +5,9 @@
 
 use ndarray::{Array1, ArrayView1};
 
+use crate::model_data::config::LayerAttention;
 use crate::model_data::quant::{LinearRef, QFfn, QLayer};
-use crate::model_data::weights::{FfnWeights, LayerWeights};
+use crate::model_data::weights::{FfnWeights, Gemma3Block, LayerWeights};
 
 /// Borrowed weights of one block, whatever their storage: what [`super::block`] runs on.
 /// A decoder block has both sublayers; a feed-forward-only block ([`FfnWeights`], [`QFfn`])
@@ -19,6 +20,30 @@ pub struct BlockRef<'a> {
     pub w_gate: LinearRef<'a>,
     pub w_up: LinearRef<'a>,
     pub w_down: LinearRef<'a>,
+    /// Gemma 3's additions ([`Gemma3Block`]).
+    pub gemma: Option<Gemma3Ref<'a>>,
+}
+
+/// A borrowed [`Gemma3Block`].
+#[derive(Clone, Copy, Debug)]
+pub struct Gemma3Ref<'a> {
+    pub q_norm: ArrayView1<'a, f32>,
+    pub k_norm: ArrayView1<'a, f32>,
+    pub post_attn_norm: ArrayView1<'a, f32>,
+    pub post_mlp_norm: ArrayView1<'a, f32>,
+    pub attention: LayerAttention,
+}
+
+impl<'a> Gemma3Ref<'a> {
+    pub fn of(g: &'a Gemma3Block) -> Self {
+        Gemma3Ref {
+            q_norm: g.q_norm.view(),
+            k_norm: g.k_norm.view(),
+            post_attn_norm: g.post_attn_norm.view(),
+            post_mlp_norm: g.post_mlp_norm.view(),
+            attention: g.attention,
+        }
+    }
 }
 
 /// Borrowed weights of a block's attention sublayer.
@@ -51,9 +76,16 @@ impl<'a> BlockRef<'a> {
         let attn_vectors = self.attn.as_ref().map_or(0, |a| {
             vec(Some(a.attn_norm)) + vec(a.bq) + vec(a.bk) + vec(a.bv)
         });
+        let gemma_vectors = self.gemma.as_ref().map_or(0, |g| {
+            vec(Some(g.q_norm))
+                + vec(Some(g.k_norm))
+                + vec(Some(g.post_attn_norm))
+                + vec(Some(g.post_mlp_norm))
+        });
         self.linears().iter().map(|l| l.bytes()).sum::<usize>()
             + vec(Some(self.mlp_norm))
             + attn_vectors
+            + gemma_vectors
     }
 }
 
@@ -83,6 +115,13 @@ impl BlockWeights for BlockRef<'_> {
             w_gate: self.w_gate.reborrow(),
             w_up: self.w_up.reborrow(),
             w_down: self.w_down.reborrow(),
+            gemma: self.gemma.as_ref().map(|g| Gemma3Ref {
+                q_norm: g.q_norm.view(),
+                k_norm: g.k_norm.view(),
+                post_attn_norm: g.post_attn_norm.view(),
+                post_mlp_norm: g.post_mlp_norm.view(),
+                attention: g.attention,
+            }),
         }
     }
 }
@@ -104,6 +143,7 @@ impl BlockWeights for LayerWeights {
             w_gate: LinearRef::F32(self.w_gate.view()),
             w_up: LinearRef::F32(self.w_up.view()),
             w_down: LinearRef::F32(self.w_down.view()),
+            gemma: self.gemma.as_ref().map(Gemma3Ref::of),
         }
     }
 }
@@ -116,6 +156,7 @@ impl BlockWeights for FfnWeights {
             w_gate: LinearRef::F32(self.w_gate.view()),
             w_up: LinearRef::F32(self.w_up.view()),
             w_down: LinearRef::F32(self.w_down.view()),
+            gemma: None,
         }
     }
 }
@@ -128,6 +169,7 @@ impl BlockWeights for QFfn {
             w_gate: self.w_gate.as_ref(),
             w_up: self.w_up.as_ref(),
             w_down: self.w_down.as_ref(),
+            gemma: None,
         }
     }
 }
@@ -149,6 +191,7 @@ impl BlockWeights for QLayer {
             w_gate: self.w_gate.as_ref(),
             w_up: self.w_up.as_ref(),
             w_down: self.w_down.as_ref(),
+            gemma: self.gemma.as_ref().map(Gemma3Ref::of),
         }
     }
 }

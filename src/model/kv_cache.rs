@@ -143,6 +143,9 @@ impl LayerKv {
 #[derive(Clone, Debug, Default)]
 pub struct Scratch {
     pub(crate) rope: RopeTable,
+    /// The local layers' table when their RoPE base differs (Gemma 3); `theta` of each
+    /// table is checked against the block's before use.
+    pub(crate) rope_local: Option<RopeTable>,
     pub(crate) xn: Vec<f32>,
     pub(crate) q: Vec<f32>,
     pub(crate) k: Vec<f32>,
@@ -161,6 +164,10 @@ impl Scratch {
     pub fn new(config: &ModelConfig, max_seq: usize) -> Self {
         Scratch {
             rope: RopeTable::new(config.head_dim, config.rope_theta, max_seq),
+            rope_local: config
+                .rope_local_theta
+                .filter(|&t| t != config.rope_theta)
+                .map(|t| RopeTable::new(config.head_dim, t, max_seq)),
             ..Default::default()
         }
     }
@@ -179,7 +186,10 @@ impl Scratch {
             &self.tmp,
         ];
         let buffers: usize = vecs.iter().map(|v| v.capacity()).sum();
-        buffers * std::mem::size_of::<f32>() + self.rope.bytes() + self.qx.bytes()
+        buffers * std::mem::size_of::<f32>()
+            + self.rope.bytes()
+            + self.rope_local.as_ref().map_or(0, RopeTable::bytes)
+            + self.qx.bytes()
     }
 }
 

@@ -345,6 +345,32 @@ pub fn rms_norm_into(
     }
 }
 
+/// RMSNorm of every `width`-wide chunk of `rows` in place, each times `gain` (`[width]`):
+/// Gemma 3's per-head norm of q and k.
+pub fn rms_norm_chunks_inplace(rows: &mut [f32], gain: &[f32], eps: f32) {
+    for chunk in rows.chunks_exact_mut(gain.len()) {
+        let mean_sq = crate::simd::sum_of_squares::<f32, f32>(chunk) / chunk.len() as f32;
+        let inv = 1.0 / (mean_sq + eps).sqrt();
+        for (v, &g) in chunk.iter_mut().zip(gain) {
+            *v = *v * inv * g;
+        }
+    }
+}
+
+/// GELU's tanh approximation, `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))` (PyTorch's
+/// `gelu(approximate="tanh")`, ggml's `gelu`).
+pub fn gelu_tanh(g: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * g * (1.0 + (SQRT_2_OVER_PI * g * (1.0 + 0.044_715 * g * g)).tanh())
+}
+
+/// `gate[i] = gelu_tanh(gate[i]) * up[i]` (GeGLU, Gemma 3), in place on `gate`.
+pub fn geglu_tanh_inplace(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = gelu_tanh(*g) * u;
+    }
+}
+
 /// `gate[i] = silu(gate[i]) * up[i]` (SwiGLU), in place on `gate`.
 pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
     // σ(g) a block at a time (vectorised), then g·σ(g)·u.
@@ -357,6 +383,13 @@ pub fn swiglu_inplace(gate: &mut [f32], up: &[f32]) {
             *g = *g * s * u;
         }
     }
+}
+
+/// [`masked_softmax_inplace`] over the keys `first..visible` only (a sliding window):
+/// `row[..first]` is set to 0 too.
+pub fn windowed_softmax_inplace(row: &mut [f32], first: usize, visible: usize) {
+    masked_softmax_inplace(&mut row[first..], visible - first);
+    row[..first].iter_mut().for_each(|v| *v = 0.0);
 }
 
 /// In-place softmax of `row[..visible]`; `row[visible..]` is set to 0 (causal mask).
@@ -378,6 +411,8 @@ pub fn masked_softmax_inplace(row: &mut [f32], visible: usize) {
 pub struct RopeTable {
     half: usize,
     positions: usize,
+    /// The base the table was built for.
+    theta: f32,
     /// `[P, D/2]`
     cos: Vec<f32>,
     /// `[P, D/2]`
@@ -403,9 +438,15 @@ impl RopeTable {
         RopeTable {
             half,
             positions,
+            theta,
             cos,
             sin,
         }
+    }
+
+    /// The RoPE base the table was built for.
+    pub fn theta(&self) -> f32 {
+        self.theta
     }
 
     /// Number of positions covered.

@@ -242,6 +242,7 @@ impl<H: AsArray> BlockParams<H> {
             w_gate: LinearRef::F32(view_rank("w_gate", &self.w_gate)?),
             w_up: LinearRef::F32(view_rank("w_up", &self.w_up)?),
             w_down: LinearRef::F32(view_rank("w_down", &self.w_down)?),
+            gemma: None,
         })
     }
 }
@@ -255,6 +256,7 @@ impl<H: AsArray> FfnParams<H> {
             w_gate: LinearRef::F32(view_rank("w_gate", &self.w_gate)?),
             w_up: LinearRef::F32(view_rank("w_up", &self.w_up)?),
             w_down: LinearRef::F32(view_rank("w_down", &self.w_down)?),
+            gemma: None,
         })
     }
 }
@@ -301,6 +303,9 @@ impl LayerWeights {
             w_gate: to_rank("w_gate", &p.w_gate)?,
             w_up: to_rank("w_up", &p.w_up)?,
             w_down: to_rank("w_down", &p.w_down)?,
+            // The tape's blocks are Llama-style (a Gemma 3 model is refused before it
+            // reaches the tape: `ModelConfig::require_tape`).
+            gemma: None,
         })
     }
 }
@@ -500,6 +505,8 @@ impl<T: AdFloat> ModelTensors<T> {
     /// Converts a model's `f32` weights once (reuse across steps).
     pub fn from_weights(w: &ModelWeights) -> Result<Self> {
         w.config.validate()?;
+        w.config
+            .require_llama_style("the tape (training, LoRA, healing, gradient metrics)")?;
         if w.layers.len() != w.config.num_layers {
             return Err(ElmError::config(
                 "num_layers",

@@ -142,6 +142,9 @@ fn embedding_row_into<W: DecoderWeights + ?Sized>(
         )));
     }
     weights.embed_row_into(token as usize, out);
+    if let Some(scale) = weights.config().embedding_scale() {
+        out.iter_mut().for_each(|x| *x *= scale);
+    }
     Ok(())
 }
 

@@ -4,12 +4,33 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ElmError, Result};
 
-/// Decoder-only families we implement. They differ only in q/k/v bias and defaults.
+/// Decoder-only families we implement. Llama and Qwen2 differ only in q/k/v bias and
+/// defaults; Gemma 3 adds per-head RMSNorm of q and k, an RMSNorm after each sublayer (before
+/// the residual add), a GeGLU MLP with the tanh GELU, embeddings scaled by `√C`, and local
+/// sliding-window layers ([`ModelConfig::layer_attention`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
     Llama,
     Qwen2,
+    Gemma3,
+}
+
+/// The MLP's gated activation: `act(gate) · up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(g) · u` (Llama, Qwen2).
+    SwiGlu,
+    /// `gelu_tanh(g) · u` (Gemma 3; GELU's tanh approximation).
+    GeGluTanh,
+}
+
+/// How one layer attends: its RoPE base and, for a local layer, its window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerAttention {
+    /// `Some(w)`: query `i` sees keys `i − w + 1 ..= i` only.
+    pub window: Option<usize>,
+    pub rope_theta: f32,
 }
 
 /// Most layers a model config may declare.
@@ -41,9 +62,79 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
+    /// Sliding-window attention: local layers see only the last `sliding_window` positions
+    /// (Gemma 3: 512). Absent: every layer is global.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<usize>,
+    /// With `sliding_window`: layer `l` is global when `(l + 1) % pattern == 0`, local
+    /// otherwise (Gemma 3: 6, so layers 5, 11, 17 of 18 are global). Absent: all local.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window_pattern: Option<usize>,
+    /// RoPE base of the local layers (Gemma 3: 10,000, which llama.cpp hard-codes; the global
+    /// layers use `rope_theta`). Absent: `rope_theta` everywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_local_theta: Option<f32>,
 }
 
 impl ModelConfig {
+    /// How layer `l` attends (see the fields above).
+    pub fn layer_attention(&self, l: usize) -> LayerAttention {
+        let local = self.sliding_window.is_some()
+            && self
+                .sliding_window_pattern
+                .is_none_or(|p| !(l + 1).is_multiple_of(p));
+        if local {
+            LayerAttention {
+                window: self.sliding_window,
+                rope_theta: self.rope_local_theta.unwrap_or(self.rope_theta),
+            }
+        } else {
+            LayerAttention {
+                window: None,
+                rope_theta: self.rope_theta,
+            }
+        }
+    }
+
+    /// Refuses what needs a Gemma 3 block where only Llama-style ones exist yet: the tape
+    /// (training, LoRA, healing, the ELM module, gradient-based metrics) and the HF/GGUF writers.
+    /// `what` names the path that asked.
+    pub fn require_llama_style(&self, what: &str) -> Result<()> {
+        match self.arch {
+            Arch::Llama | Arch::Qwen2 => Ok(()),
+            Arch::Gemma3 => Err(ElmError::Unsupported(format!(
+                "{what} on a Gemma 3 model: its block (q/k norms, post-norms, GeGLU, sliding \
+                 window) runs on the inference path (logits, generate, bench, eval) but not yet \
+                 here"
+            ))),
+        }
+    }
+
+    /// Per-head RMSNorm of q and k, and an RMSNorm after each sublayer (Gemma 3).
+    pub fn has_gemma_norms(&self) -> bool {
+        match self.arch {
+            Arch::Gemma3 => true,
+            Arch::Llama | Arch::Qwen2 => false,
+        }
+    }
+
+    /// The MLP's activation.
+    pub fn activation(&self) -> Activation {
+        match self.arch {
+            Arch::Gemma3 => Activation::GeGluTanh,
+            Arch::Llama | Arch::Qwen2 => Activation::SwiGlu,
+        }
+    }
+
+    /// What the token embeddings are multiplied by before the first layer (`√C` for Gemma 3,
+    /// in f32 as llama.cpp computes it).
+    pub fn embedding_scale(&self) -> Option<f32> {
+        match self.arch {
+            Arch::Gemma3 => Some((self.hidden_size as f32).sqrt()),
+            Arch::Llama | Arch::Qwen2 => None,
+        }
+    }
+
     /// Checks internal consistency; every loader and constructor calls this.
     pub fn validate(&self) -> Result<()> {
         let positive = [
@@ -103,6 +194,20 @@ impl ModelConfig {
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
             return Err(ElmError::config("rms_norm_eps", "must be finite and > 0"));
         }
+        if self.sliding_window == Some(0) {
+            return Err(ElmError::config("sliding_window", "must be > 0"));
+        }
+        if self.sliding_window_pattern == Some(0) {
+            return Err(ElmError::config("sliding_window_pattern", "must be > 0"));
+        }
+        if let Some(t) = self.rope_local_theta {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(ElmError::config(
+                    "rope_local_theta",
+                    "must be finite and > 0",
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -129,6 +234,9 @@ impl ModelConfig {
             attention_bias: arch == Arch::Qwen2,
             bos_token_id: Some(1),
             eos_token_id: Some(2),
+            sliding_window: None,
+            sliding_window_pattern: None,
+            rope_local_theta: None,
         }
     }
 }

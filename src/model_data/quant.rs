@@ -16,7 +16,7 @@ use ndarray::{Array1, Array2, ArrayView2};
 use super::block_codec::{dequantize_block, quantize_block};
 pub use super::block_codec::{QFormat, WriteFormat, QK, QK_K};
 use super::config::ModelConfig;
-use super::weights::{FfnWeights, LayerWeights, ModelWeights};
+use super::weights::{FfnWeights, Gemma3Block, LayerWeights, ModelWeights};
 use crate::error::{ElmError, Result};
 
 /// How the inference path stores a model's matrices (`--weights`).
@@ -342,6 +342,8 @@ pub struct QLayer {
     pub w_gate: Linear,
     pub w_up: Linear,
     pub w_down: Linear,
+    /// Gemma 3 only (f32, tiny).
+    pub gemma: Option<Gemma3Block>,
 }
 
 /// `$ty` built from the block `$src` (a [`LayerWeights`] or a [`QLayer`]: the same field names)
@@ -362,6 +364,7 @@ macro_rules! map_projections {
             w_gate: proj(&l.w_gate),
             w_up: proj(&l.w_up),
             w_down: proj(&l.w_down),
+            gemma: l.gemma.clone(),
         }
     }};
 }
@@ -395,7 +398,8 @@ impl QLayer {
                 .iter()
                 .map(|b| b.as_ref().map_or(0, Array1::len))
                 .sum::<usize>();
-        linear_bytes(&matrices) + 4 * vectors
+        linear_bytes(&matrices)
+            + 4 * (vectors + self.gemma.as_ref().map_or(0, Gemma3Block::num_params))
     }
 }
 

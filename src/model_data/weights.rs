@@ -6,7 +6,30 @@
 
 use ndarray::{Array1, Array2};
 
-use super::config::ModelConfig;
+use super::config::{LayerAttention, ModelConfig};
+
+/// What a Gemma 3 block adds to a Llama-style one (its tensors and how it attends).
+#[derive(Clone, Debug)]
+pub struct Gemma3Block {
+    /// `[D]` RMSNorm gain applied to every query head before RoPE.
+    pub q_norm: Array1<f32>,
+    /// `[D]` RMSNorm gain applied to every key head before RoPE.
+    pub k_norm: Array1<f32>,
+    /// `[C]` RMSNorm gain of the attention output, before the residual add.
+    pub post_attn_norm: Array1<f32>,
+    /// `[C]` RMSNorm gain of the MLP output, before the residual add.
+    pub post_mlp_norm: Array1<f32>,
+    /// The layer's window (local layers) and RoPE base: an ELM module cut from this layer
+    /// attends the same way.
+    pub attention: LayerAttention,
+}
+
+impl Gemma3Block {
+    /// Number of scalar parameters (the four norm gains).
+    pub fn num_params(&self) -> usize {
+        self.q_norm.len() + self.k_norm.len() + self.post_attn_norm.len() + self.post_mlp_norm.len()
+    }
+}
 
 /// Weights of one decoder block.
 #[derive(Clone, Debug)]
@@ -35,6 +58,8 @@ pub struct LayerWeights {
     pub w_up: Array2<f32>,
     /// `[C, I]`
     pub w_down: Array2<f32>,
+    /// Gemma 3 only: its extra norms and its layer's attention.
+    pub gemma: Option<Gemma3Block>,
 }
 
 /// All weights of a decoder-only model.
@@ -89,6 +114,7 @@ impl LayerWeights {
             + self.w_gate.len()
             + self.w_up.len()
             + self.w_down.len()
+            + self.gemma.as_ref().map_or(0, Gemma3Block::num_params)
     }
 }
 
@@ -171,6 +197,7 @@ impl ModelWeights {
                 w_gate: normal((i, c), inv_sqrt(c)),
                 w_up: normal((i, c), inv_sqrt(c)),
                 w_down: normal((c, i), inv_sqrt(i)),
+                gemma: None,
             });
         }
         let final_norm = gain(normal((1, c), 0.1));

@@ -127,6 +127,7 @@ pub fn uniform_weights(config: &ModelConfig, seed: u64) -> ModelWeights {
             w_gate: rand_mat(&mut rng, i, c),
             w_up: rand_mat(&mut rng, i, c),
             w_down: rand_mat(&mut rng, c, i),
+            gemma: None,
         })
         .collect();
     ModelWeights {
