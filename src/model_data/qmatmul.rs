@@ -14,7 +14,7 @@
 //! Every other format (Q5_0, Q5_1 and the K-quants, whose 256-element super-blocks span eight
 //! activation blocks) goes through one integer decode ([`IntBlock`]: `w = scale·q + offset` per
 //! group of 16 or 32) and the same block products in the portable kernel; the AVX2 kernels
-//! cover Q8_0, Q4_0 and Q4_1.
+//! cover Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K (the formats of the files we ship with).
 
 use ndarray::{Array2, ArrayView2};
 
@@ -199,14 +199,12 @@ fn dot_group<const R: usize>(
                 QFormat::Q4_1 => Some(avx2::dot_q4::<R, true>(row, nb, &xq, &xd, &xs)),
                 QFormat::Q4_0 => Some(avx2::dot_q4::<R, false>(row, nb, &xq, &xd, &xs)),
                 QFormat::Q8_0 => Some(avx2::dot_q8_0::<R>(row, nb, &xq, &xd)),
-                // No vector kernel yet: the portable one below.
-                QFormat::Q5_0
-                | QFormat::Q5_1
-                | QFormat::Q2K
-                | QFormat::Q3K
-                | QFormat::Q4K
-                | QFormat::Q5K
-                | QFormat::Q6K => None,
+                QFormat::Q5_0 => Some(avx2::dot_q5::<R, false>(row, nb, &xq, &xd, &xs)),
+                QFormat::Q5_1 => Some(avx2::dot_q5::<R, true>(row, nb, &xq, &xd, &xs)),
+                QFormat::Q4K => Some(avx2::dot_q4k::<R>(row, nb, &xq, &xd, &xs)),
+                QFormat::Q6K => Some(avx2::dot_q6k::<R>(row, nb, &xq, &xd)),
+                // No vector kernel yet (not in the files we ship with): the portable one below.
+                QFormat::Q2K | QFormat::Q3K | QFormat::Q5K => None,
             }
         };
         if let Some(res) = res {
@@ -388,8 +386,171 @@ fn portable_dot<const R: usize>(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::QK;
+    use super::{k4_scale_min, QK};
     use std::arch::x86_64::*;
+
+    /// The f16 at `p`, widened (F16C).
+    #[inline(always)]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            (p as *const u16).read_unaligned() as i32,
+        )))
+    }
+
+    /// Byte `j` of the result is `0xFF` where bit `j` of `bits` is set, else 0.
+    #[inline(always)]
+    unsafe fn bytes_from_bits(bits: u32) -> __m256i {
+        // Broadcast, then give byte j the source byte j / 8 ...
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(bits as i32),
+            _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            ),
+        );
+        // ... and set every bit but bit j % 8: all ones exactly where that bit was set.
+        let others = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+        _mm256_cmpeq_epi8(others, _mm256_set1_epi64x(-1))
+    }
+
+    /// Q5_1 (`Q51 = true`) or Q5_0 weights: Q4's nibbles plus a fifth bit from `qh`
+    /// (`x = d·q + m`, or `d·(q − 16)`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q5<const R: usize, const Q51: bool>(
+        row: &[u8],
+        nb: usize,
+        xq: &[&[i8]; R],
+        xd: &[&[f32]; R],
+        xs: &[&[f32]; R],
+    ) -> [f32; R] {
+        let (bb, qh_at) = if Q51 { (24, 4) } else { (22, 2) };
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut off = [0f32; R];
+        let (low, bit4, ones) = (
+            _mm256_set1_epi8(0x0F),
+            _mm256_set1_epi8(0x10),
+            _mm256_set1_epi16(1),
+        );
+        let p = row.as_ptr();
+        for b in 0..nb {
+            let blk = p.add(b * bb);
+            let d = f16_at(blk);
+            let o = if Q51 { f16_at(blk.add(2)) } else { -16.0 * d };
+            let raw = _mm_loadu_si128(blk.add(qh_at + 4) as *const __m128i);
+            let nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+            let qh = (blk.add(qh_at) as *const u32).read_unaligned();
+            let wq = _mm256_or_si256(nibbles, _mm256_and_si256(bytes_from_bits(qh), bit4));
+            for r in 0..R {
+                let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
+                // u8 (≤ 31) × i8 pairs: |sum| ≤ 2·31·127, no i16 saturation.
+                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones);
+                let scale = _mm256_set1_ps(d * *xd[r].get_unchecked(b));
+                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
+                off[r] += o * *xs[r].get_unchecked(b);
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]) + off[r])
+    }
+
+    /// Q4_K weights: super-blocks of 8 sub-blocks of 32, each one activation block, with
+    /// scale `d·sc` and offset `−dmin·m` (sub-block `j`: the low (even `j`) or high nibbles of
+    /// bytes `32·(j/2)..`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q4k<const R: usize>(
+        row: &[u8],
+        nb: usize,
+        xq: &[&[i8]; R],
+        xd: &[&[f32]; R],
+        xs: &[&[f32]; R],
+    ) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut off = [0f32; R];
+        let (low, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+        let p = row.as_ptr();
+        for sb in 0..nb / 8 {
+            let blk = p.add(sb * 144);
+            let (d, dmin) = (f16_at(blk), f16_at(blk.add(2)));
+            let scales = std::slice::from_raw_parts(blk.add(4), 12);
+            for j in 0..8 {
+                let b = sb * 8 + j;
+                let (sc, m) = k4_scale_min(scales, j);
+                let (dl, ml) = (d * sc as f32, dmin * m as f32);
+                let bytes = _mm256_loadu_si256(blk.add(16 + 32 * (j / 2)) as *const __m256i);
+                let wq = if j % 2 == 0 {
+                    _mm256_and_si256(bytes, low)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low)
+                };
+                for r in 0..R {
+                    let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
+                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones);
+                    let scale = _mm256_set1_ps(dl * *xd[r].get_unchecked(b));
+                    acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
+                    off[r] -= ml * *xs[r].get_unchecked(b);
+                }
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]) + off[r])
+    }
+
+    /// Q6_K weights: 6-bit values `q` stored biased (`q + 32` ∈ 0..64, four bits in `ql`, two
+    /// in `qh`), an i8 scale per 16. Each activation block holds two scale groups: the i32 lanes
+    /// of `madd` are 0–3 for its first 16 values and 4–7 for the next, so the lanes take
+    /// their group's scale, and `Σ(q + 32)·x − 32·Σx` removes the bias per group.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q6k<const R: usize>(
+        row: &[u8],
+        nb: usize,
+        xq: &[&[i8]; R],
+        xd: &[&[f32]; R],
+    ) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let (low, two, ones16, ones8) = (
+            _mm256_set1_epi8(0x0F),
+            _mm256_set1_epi8(0x03),
+            _mm256_set1_epi16(1),
+            _mm256_set1_epi8(1),
+        );
+        let p = row.as_ptr();
+        for sb in 0..nb / 8 {
+            let blk = p.add(sb * 210);
+            let d = f16_at(blk.add(208));
+            let scales = blk.add(192) as *const i8;
+            for a in 0..8 {
+                let b = sb * 8 + a;
+                let (half, g) = (a / 4, a % 4);
+                let lbytes =
+                    _mm256_loadu_si256(blk.add(64 * half + 32 * (g % 2)) as *const __m256i);
+                let lo = if g < 2 {
+                    _mm256_and_si256(lbytes, low)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16(lbytes, 4), low)
+                };
+                let hbytes = _mm256_loadu_si256(blk.add(128 + 32 * half) as *const __m256i);
+                let hi = _mm256_and_si256(
+                    _mm256_srl_epi16(hbytes, _mm_cvtsi32_si128(2 * g as i32)),
+                    two,
+                );
+                // hi ≤ 3: shifting 16-bit lanes by 4 keeps it inside its byte.
+                let wq = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+                let s_lo = d * *scales.add(2 * a) as f32;
+                let s_hi = d * *scales.add(2 * a + 1) as f32;
+                let group_scale = _mm256_set_m128(_mm_set1_ps(s_hi), _mm_set1_ps(s_lo));
+                for r in 0..R {
+                    let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
+                    // u8 (≤ 63) × i8 pairs: |sum| ≤ 2·63·127 < 2^15.
+                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones16);
+                    let sum = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
+                    let unbiased = _mm256_sub_epi32(dot, _mm256_slli_epi32(sum, 5));
+                    let scale = _mm256_mul_ps(group_scale, _mm256_set1_ps(*xd[r].get_unchecked(b)));
+                    acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(unbiased), acc[r]);
+                }
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]))
+    }
 
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
