@@ -314,14 +314,21 @@ fn unsupported_tokenizer_metadata_is_a_typed_error() {
         matches!(e, ElmError::Unsupported(_)) && e.to_string().contains("chatglm-bpe"),
         "{e}"
     );
-    let (_dir, path) = tiny_vocab_gguf("smollm", "llama", &[], false);
+    let (_dir, path) = tiny_vocab_gguf("smollm", "bert", &[], false);
     let e = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap())
         .err()
         .unwrap();
     assert!(
-        matches!(e, ElmError::Unsupported(_)) && e.to_string().contains("llama"),
+        matches!(e, ElmError::Unsupported(_)) && e.to_string().contains("bert"),
         "{e}"
     );
+    // The SentencePiece-style model reads the tokens' scores: without them, an error naming
+    // the missing key.
+    let (_dir, path) = tiny_vocab_gguf("default", "llama", &[], false);
+    let e = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("tokenizer.ggml.scores"), "{e}");
     let (_dir, path) = tiny_vocab_gguf("smollm", "gpt2", &["a zz"], false);
     let e = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap())
         .err()
