@@ -147,7 +147,7 @@ if readme:
         lines.append(f"| {kind} | {weights} | {v['decode_b1_tok_s']:.1f}{ratio('decode_b1_tok_s')} | {v['decode_b1_mean_tok_s']:.1f}{ratio('decode_b1_mean_tok_s')} | "
                      f"{v['decode_b8_tok_s']:.1f} | {v['prefill_tok_s']:.1f}{ratio('prefill_tok_s')} | {mb(v.get('resident_weight_bytes'))} | "
                      f"{v.get('params', 0) / 1e6:.1f} M | {mb(v.get('peak_rss_bytes'))} | {v['kv_bytes_per_token'] / 1e3:.1f} kB | "
-                     f"{v.get('block_evals_per_token_b1', 30 if kind == 'dense' else 0):.2f} | "
+                     + (f"{v['block_evals_per_token_b1']:.2f}" if v.get("block_evals_per_token_b1") else "–") + " | "
                      + (f"{v['decode_b1_vs_roofline']:.2f}" if v.get("decode_b1_vs_roofline") else "–") + " |")
     lines += ["", "Targets:", ""]
     lines += [f"- {t}: **{'met' if r >= 1.0 else 'missed'}** ({f})" for t, r, f in targets]
