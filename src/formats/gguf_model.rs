@@ -97,12 +97,7 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
             Some(_) => Ok(Some(gguf.get_usize(k)?)),
         }
     };
-    let opt_id = |k: &str| -> Result<Option<u32>> {
-        match gguf.get(k) {
-            None => Ok(None),
-            Some(_) => Ok(Some(gguf.get_usize(k)? as u32)),
-        }
-    };
+    let opt_id = |k: &str| -> Result<Option<u32>> { Ok(opt_usize(k)?.map(|id| id as u32)) };
     let config = ModelConfig {
         arch,
         vocab_size,
@@ -275,17 +270,12 @@ impl<'a> Taker<'a> {
             .and_then(|i| qformat_of(i.ggml_type));
         // Blocks are kept as stored when asked for (`auto`, or `--weights` naming the file's
         // own format) and whole: a matrix the file cuts otherwise is quantized anew.
-        let keep = match storage {
-            WeightStorage::F32 => None,
-            WeightStorage::Auto => file_format,
-            WeightStorage::Quant(f) => file_format.filter(|&ff| ff == QFormat::from(f)),
-        }
-        .filter(|f| cols.is_multiple_of(f.block_elems()));
-        let requantize = match storage {
-            WeightStorage::F32 => None,
-            WeightStorage::Auto => file_format.map(QFormat::write_format),
-            WeightStorage::Quant(f) => Some(f),
+        let (keep, requantize) = match storage {
+            WeightStorage::F32 => (None, None),
+            WeightStorage::Auto => (file_format, file_format.map(QFormat::write_format)),
+            WeightStorage::Quant(f) => (file_format.filter(|&ff| ff == QFormat::from(f)), Some(f)),
         };
+        let keep = keep.filter(|f| cols.is_multiple_of(f.block_elems()));
         let permute = |w: Array2<f32>| match rope_heads {
             Some(h) => unpermute_rope_rows(&w, h),
             None => w,
