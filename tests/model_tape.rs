@@ -9,9 +9,10 @@ use std::collections::HashMap;
 
 use elm::autograd::{gradcheck, Tape, Var};
 use elm::model::tape::{
-    block_forward, block_forward_with_prefix, block_kv, BlockTensors, BlockVars, ModelTensors,
-    ModelVars, Trainable,
+    block_forward, block_forward_with_prefix, block_kv, BlockTensors, ModelTensors, ModelVars,
+    Trainable,
 };
+use elm::model::weights::Gemma3Block;
 use elm::model::{Arch, LayerWeights, ModelConfig, ModelWeights};
 use elm::nn::{self, IGNORE_INDEX};
 use ndarray::{s, Array1, Array2, ArrayD, IxDyn};
@@ -209,7 +210,9 @@ fn f32_path_matches_numpy_reference() {
     check_against_fixture::<f32>("qwen2", 1e-5, 1e-4);
 }
 
-fn random_layer(cfg: &ModelConfig, rng: &mut StdRng) -> LayerWeights {
+/// Random weights of layer `layer` of `cfg` (with Gemma 3's norms and attention when `cfg` is
+/// a Gemma 3).
+fn random_layer(cfg: &ModelConfig, layer: usize, rng: &mut StdRng) -> LayerWeights {
     let (c, i) = (cfg.hidden_size, cfg.intermediate_size);
     let (hd, kvd) = (
         cfg.num_heads * cfg.head_dim,
@@ -237,21 +240,29 @@ fn random_layer(cfg: &ModelConfig, rng: &mut StdRng) -> LayerWeights {
         w_gate,
         w_up,
         w_down,
-        gemma: None,
+        gemma: cfg.has_gemma_norms().then(|| Gemma3Block {
+            q_norm: v(cfg.head_dim, 1.0),
+            k_norm: v(cfg.head_dim, 1.0),
+            post_attn_norm: v(c, 1.0),
+            post_mlp_norm: v(c, 1.0),
+            attention: cfg.layer_attention(layer),
+        }),
     }
 }
 
-/// f64 central differences through two blocks, w.r.t. the input and every block weight.
+/// f64 central differences through two blocks, w.r.t. the input and every block weight. The
+/// Gemma 3 stack is a local layer (window 2 of 3 tokens, its own RoPE base) then a global one,
+/// with q/k norms, post-norms and GeGLU.
 #[test]
 fn two_block_stack_gradcheck_f64() {
-    for arch in [Arch::Llama, Arch::Qwen2] {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Gemma3] {
         let cfg = ModelConfig {
             num_layers: 2,
             ..ModelConfig::tiny(arch)
         };
         let mut rng = StdRng::seed_from_u64(7);
         let layers: Vec<BlockTensors<f64>> = (0..2)
-            .map(|_| BlockTensors::from_weights(&random_layer(&cfg, &mut rng), &cfg))
+            .map(|l| BlockTensors::from_weights(&random_layer(&cfg, l, &mut rng), &cfg))
             .collect();
         let x = ArrayD::from_shape_fn(IxDyn(&[1, 3, cfg.hidden_size]), |_| {
             rng.gen_range(-1.0..1.0)
@@ -261,32 +272,13 @@ fn two_block_stack_gradcheck_f64() {
             inputs.extend(l.named().into_iter().map(|(_, a)| (**a).clone()));
         }
         let per_block = layers[0].named().len();
-        let spec = layers[0].spec;
         let r = gradcheck(
             |tape, v| {
                 let mut h = v[0];
                 for l in 0..2 {
                     let w = &v[1 + l * per_block..1 + (l + 1) * per_block];
-                    let (bq, bk, bv, rest) = if per_block == 12 {
-                        (Some(w[5]), Some(w[6]), Some(w[7]), &w[8..])
-                    } else {
-                        (None, None, None, &w[5..])
-                    };
-                    let b = BlockVars {
-                        spec,
-                        attn_norm: w[0],
-                        wq: w[1],
-                        wk: w[2],
-                        wv: w[3],
-                        wo: w[4],
-                        bq,
-                        bk,
-                        bv,
-                        mlp_norm: rest[0],
-                        w_gate: rest[1],
-                        w_up: rest[2],
-                        w_down: rest[3],
-                    };
+                    let mut it = w.iter().copied();
+                    let b = layers[l].map(|_, _| it.next().expect("one var per tensor"));
                     h = block_forward(tape, &b, h, 2)?;
                 }
                 Ok(h)
@@ -309,7 +301,7 @@ fn uniform_tiny_model(arch: Arch, seed: u64) -> ModelWeights {
     };
     let mut rng = StdRng::seed_from_u64(seed);
     let layers = (0..cfg.num_layers)
-        .map(|_| random_layer(&cfg, &mut rng))
+        .map(|l| random_layer(&cfg, l, &mut rng))
         .collect();
     let embed = Array2::from_shape_fn((cfg.vocab_size, cfg.hidden_size), |_| {
         rng.gen_range(-1.0f32..1.0)
@@ -330,7 +322,7 @@ fn uniform_tiny_model(arch: Arch, seed: u64) -> ModelWeights {
 
 #[test]
 fn layer_ranges_hidden_states_and_kv_prefix_agree() {
-    for arch in [Arch::Llama, Arch::Qwen2] {
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Gemma3] {
         let w = uniform_tiny_model(arch, 3);
         let tensors = ModelTensors::<f64>::from_weights(&w).unwrap();
         let mut tape = Tape::<f64>::new();
@@ -416,4 +408,53 @@ fn backward_frees_activations() {
     );
     assert!(after_keep > after_free + (fwd - weights) / 2);
     assert!(peak_free <= peak_keep);
+}
+
+/// The tape's Gemma 3 (q/k norms, post-norms, GeGLU, `√C` embedding scale, a local layer with
+/// window 2 and its own RoPE base between global ones) computes the logits of the inference
+/// path, which is held to llama.cpp on the real checkpoint (`tests/model_gemma3.rs`). Ten
+/// tokens, so the window hides most keys of the local layers.
+#[test]
+fn gemma3_tape_matches_the_inference_path() {
+    use elm::model::Transformer;
+    let w = uniform_tiny_model(Arch::Gemma3, 11);
+    assert_eq!(w.config.layer_attention(0).window, Some(2));
+    assert_eq!(w.config.layer_attention(1).window, None);
+    let ids: Vec<usize> = (0..10).map(|i| (i * 11 + 5) % 64).collect();
+    let tensors = ModelTensors::<f64>::from_weights(&w).unwrap();
+    let mut tape = Tape::<f64>::new();
+    let m = ModelVars::register(&mut tape, &tensors, &Trainable::none());
+    let taped = m.forward_logits(&mut tape, &ids, 1, ids.len()).unwrap();
+    let inference = Transformer::new(w.clone())
+        .unwrap()
+        .forward_logits(&[ids.iter().map(|&i| i as u32).collect()])
+        .unwrap();
+    let d = (tape.value(taped).mapv(|v| v as f32) - &inference.into_dyn())
+        .mapv(f32::abs)
+        .fold(0.0f32, |a, &b| a.max(b));
+    let scale = tape
+        .value(taped)
+        .mapv(f64::abs)
+        .fold(0.0f64, |a, &b| a.max(b));
+    println!("gemma3 tape vs inference: max |Δlogit| {d:.3e} (max |logit| {scale:.2})");
+    assert!(d < 1e-3 * scale.max(1.0) as f32, "{d}");
+    // Without its window the local layer computes something else: the window is exercised.
+    let mut no_window = w.clone();
+    no_window.config.sliding_window = Some(64);
+    for l in &mut no_window.layers {
+        if let Some(g) = &mut l.gemma {
+            g.attention.window = g.attention.window.map(|_| 64);
+        }
+    }
+    let wide = Transformer::new(no_window)
+        .unwrap()
+        .forward_logits(&[ids.iter().map(|&i| i as u32).collect()])
+        .unwrap();
+    let moved = (tape.value(taped).mapv(|v| v as f32) - &wide.into_dyn())
+        .mapv(f32::abs)
+        .fold(0.0f32, |a, &b| a.max(b));
+    assert!(
+        moved > 100.0 * d.max(1e-6),
+        "window changed logits by only {moved}"
+    );
 }

@@ -143,14 +143,14 @@ fn gradcheck_attention_gqa() {
     let v = rand_arr(&mut rng, &[b, t, kv, d]);
     check(
         "attention",
-        |tp, x| nn::attention(tp, x[0], x[1], x[2], None),
+        |tp, x| nn::attention(tp, x[0], x[1], x[2], None, None),
         &[q.clone(), k.clone(), v.clone()],
     );
     let kp = rand_arr(&mut rng, &[b, 3, kv, d]);
     let vp = rand_arr(&mut rng, &[b, 3, kv, d]);
     check(
         "attention+prefix",
-        |tp, x| nn::attention(tp, x[0], x[1], x[2], Some((x[3], x[4]))),
+        |tp, x| nn::attention(tp, x[0], x[1], x[2], Some((x[3], x[4])), None),
         &[q, k, v, kp, vp],
     );
 }
@@ -162,7 +162,7 @@ fn attention_is_causal_and_shares_kv_heads() {
     let q = rand_arr(&mut rng, &[1, t, h, d]);
     let k = rand_arr(&mut rng, &[1, t, kv, d]);
     let v = rand_arr(&mut rng, &[1, t, kv, d]);
-    let (out, _) = nn::attention::forward(&q, &k, &v).unwrap();
+    let (out, _) = nn::attention::forward(&q, &k, &v, None).unwrap();
     // Position 0 sees only key 0: out = v[0] of its KV head.
     for hi in 0..h {
         let want = v.slice(s![0, 0, hi / 2, ..]).to_owned();
@@ -174,7 +174,7 @@ fn attention_is_causal_and_shares_kv_heads() {
     let mut v2 = v.clone();
     k2.slice_mut(s![0, t - 1, .., ..]).fill(5.0);
     v2.slice_mut(s![0, t - 1, .., ..]).fill(-5.0);
-    let (out2, _) = nn::attention::forward(&q, &k2, &v2).unwrap();
+    let (out2, _) = nn::attention::forward(&q, &k2, &v2, None).unwrap();
     let early = |o: &ArrayD<f64>| o.slice(s![.., ..t - 1, .., ..]).to_owned().into_dyn();
     assert!(max_abs_diff(&early(&out), &early(&out2)) < 1e-15);
     assert!(max_abs_diff(&out, &out2) > 1e-3);
@@ -192,16 +192,19 @@ fn attention_is_causal_and_shares_kv_heads() {
     let got = out.slice(s![0, t - 1, 3, ..]).to_owned();
     assert!((&want - &got).iter().all(|e| e.abs() < 1e-14));
     // A KV prefix equals running on the concatenated sequence and keeping the last rows.
-    let (full, _) = nn::attention::forward(&q, &k, &v).unwrap();
+    let (full, _) = nn::attention::forward(&q, &k, &v, None).unwrap();
     let q_tail = q.slice(s![.., 2.., .., ..]).to_owned().into_dyn();
-    let (tail, _) = nn::attention::forward(&q_tail, &k, &v).unwrap();
+    let (tail, _) = nn::attention::forward(&q_tail, &k, &v, None).unwrap();
     let full_tail = full.slice(s![.., 2.., .., ..]).to_owned().into_dyn();
     assert!(max_abs_diff(&tail, &full_tail) < 1e-14);
     // Bad shapes are typed errors.
-    assert!(
-        nn::attention::forward(&q, &k.slice(s![.., ..2, .., ..]).to_owned().into_dyn(), &v)
-            .is_err()
-    );
+    assert!(nn::attention::forward(
+        &q,
+        &k.slice(s![.., ..2, .., ..]).to_owned().into_dyn(),
+        &v,
+        None
+    )
+    .is_err());
 }
 
 #[test]
@@ -384,4 +387,96 @@ fn gradcheck_lora_linear_with_dropout_and_equals_the_unfused_ops() {
     for (i, (p, q)) in g0.iter().zip(&g1).enumerate() {
         assert!(max_abs_diff(p, q) < 1e-13, "input {i}");
     }
+}
+
+/// GeGLU (tanh GELU) against f64 finite differences, over a range that reaches the tanh's
+/// saturation, and its values at fixed points against the defining formula evaluated by Python's
+/// `math` in float64 (`0.5*x*(1+math.tanh(math.sqrt(2/math.pi)*(x+0.044715*x**3)))`), which
+/// catches a wrong constant that a gradient check alone would not.
+#[test]
+fn gradcheck_geglu_and_gelu_tanh_values() {
+    let mut rng = StdRng::seed_from_u64(31);
+    let gate = rand_arr(&mut rng, &[2, 3, 6]).mapv(|x| 4.0 * x);
+    let up = rand_arr(&mut rng, &[2, 3, 6]);
+    check("geglu", |t, v| nn::geglu(t, v[0], v[1]), &[gate, up]);
+    // (x, gelu_tanh(x)) printed by the Python expression above.
+    let torch: [(f64, f64); 4] = [
+        (-3.0, -0.0036373920817729943),
+        (-1.0, -0.15880800939172324),
+        (0.5, 0.34571400982514394),
+        (2.0, 1.954597694087775),
+    ];
+    let xs = ArrayD::from_shape_vec(IxDyn(&[4]), torch.iter().map(|p| p.0).collect()).unwrap();
+    let ones = ArrayD::from_elem(IxDyn(&[4]), 1.0);
+    let y = nn::geglu::forward(&xs, &ones).unwrap();
+    for (got, (x, want)) in y.iter().zip(torch) {
+        assert!(
+            (got - want).abs() < 1e-12,
+            "gelu_tanh({x}) = {got}, torch {want}"
+        );
+    }
+}
+
+/// Sliding-window attention: finite differences (with and without a KV prefix), every query
+/// sees exactly its last `w` keys (explicit reference), and a window at least as long as the
+/// sequence is plain causal attention.
+#[test]
+fn windowed_attention_masks_old_keys_and_gradchecks() {
+    let mut rng = StdRng::seed_from_u64(32);
+    let (b, t, h, kv, d, w) = (1, 6, 2, 1, 4, 3);
+    let q = rand_arr(&mut rng, &[b, t, h, d]);
+    let k = rand_arr(&mut rng, &[b, t, kv, d]);
+    let v = rand_arr(&mut rng, &[b, t, kv, d]);
+    check(
+        "attention window",
+        |tp, x| nn::attention(tp, x[0], x[1], x[2], None, Some(w)),
+        &[q.clone(), k.clone(), v.clone()],
+    );
+    let kp = rand_arr(&mut rng, &[b, 2, kv, d]);
+    let vp = rand_arr(&mut rng, &[b, 2, kv, d]);
+    check(
+        "attention window+prefix",
+        |tp, x| nn::attention(tp, x[0], x[1], x[2], Some((x[3], x[4])), Some(w)),
+        &[q.clone(), k.clone(), v.clone(), kp, vp],
+    );
+    let (out, cache) = nn::attention::forward(&q, &k, &v, Some(w)).unwrap();
+    for ti in 0..t {
+        let first = (ti + 1).saturating_sub(w);
+        for hi in 0..h {
+            let qh = q.slice(s![0, ti, hi, ..]);
+            let sc: Vec<f64> = (first..=ti)
+                .map(|si| (&qh * &k.slice(s![0, si, 0, ..])).sum() / (d as f64).sqrt())
+                .collect();
+            let m = sc.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+            let mut want = ndarray::Array1::<f64>::zeros(d);
+            for (j, x) in sc.iter().enumerate() {
+                want = want + v.slice(s![0, first + j, 0, ..]).to_owned() * ((x - m).exp() / z);
+            }
+            let got = out.slice(s![0, ti, hi, ..]).to_owned();
+            assert!((&want - &got).iter().all(|e| e.abs() < 1e-14));
+            // Keys outside the window carry exactly zero probability.
+            for si in (0..first).chain(ti + 1..t) {
+                assert_eq!(cache.probs[[0, hi, ti, si]], 0.0);
+            }
+        }
+    }
+    let (wide, _) = nn::attention::forward(&q, &k, &v, Some(t)).unwrap();
+    let (causal, _) = nn::attention::forward(&q, &k, &v, None).unwrap();
+    assert!(max_abs_diff(&wide, &causal) == 0.0);
+    assert!(nn::attention::forward(&q, &k, &v, Some(0)).is_err());
+}
+
+/// Gemma 3's per-head q/k norm is RMSNorm over the last axis of `[B, T, H, D]` with a `[D]`
+/// gain: finite differences through the 4-D form.
+#[test]
+fn gradcheck_rms_norm_per_head() {
+    let mut rng = StdRng::seed_from_u64(33);
+    let x = rand_arr(&mut rng, &[2, 3, 2, 4]);
+    let g = rand_arr(&mut rng, &[4]).mapv(|v| 1.0 + v);
+    check(
+        "rms_norm per head",
+        |t, v| nn::rms_norm(t, v[0], v[1], 1e-6),
+        &[x, g],
+    );
 }

@@ -110,9 +110,16 @@ impl ElmConfig {
                 .collect(),
         }
     }
-    /// Checks `1 <= M` and `l + M <= N` (without overflow).
+    /// Checks `1 <= M` and `l + M <= N` (without overflow), and that the block kind exists for
+    /// the model's family.
     pub fn validate(&self, model: &ModelConfig) -> Result<()> {
-        model.require_llama_style("an ELM module")?;
+        if model.has_gemma_norms() && self.block == BlockKind::Ffn {
+            return Err(ElmError::Unsupported(
+                "an FFN-only module block on a Gemma 3 model: its MLP half needs the post-MLP \
+                 norm, which the feed-forward-only block does not carry; use `block: decoder`"
+                    .into(),
+            ));
+        }
         if self.num_replaced == 0 {
             return Err(ElmError::config("num_replaced", "must be >= 1"));
         }

@@ -221,24 +221,27 @@ pub struct ElmLayer {
     cfg: ModelConfig,
     injection: bool,
     block: BlockKind,
+    /// The layer the block was cut from (how it attends: [`ElmParams::shapes`]).
+    source_layer: usize,
 }
 
 impl ElmLayer {
     /// The layer of a module for model `cfg`, with or without input injection, whose block is
-    /// of kind `block`.
-    pub fn new(cfg: &ModelConfig, injection: bool, block: BlockKind) -> Self {
+    /// of kind `block` cut from layer `source_layer` (`ElmConfig::start_layer`).
+    pub fn new(cfg: &ModelConfig, injection: bool, block: BlockKind, source_layer: usize) -> Self {
         ElmLayer {
             cfg: cfg.clone(),
             injection,
             block,
+            source_layer,
         }
     }
 
     /// `values` (in [`ElmParams`] order) named, their shapes checked against the module's.
     fn named<'v>(&self, values: &'v [Arc<ArrayD<f32>>]) -> Result<ElmParams<&'v ArrayD<f32>>> {
         let mut it = values.iter();
-        let named =
-            ElmParams::shapes(&self.cfg, self.injection, self.block).try_map(|name, shape| {
+        let named = ElmParams::shapes(&self.cfg, self.injection, self.block, self.source_layer)
+            .try_map(|name, shape| {
                 let v = it
                     .next()
                     .ok_or_else(|| ElmError::tensor(name, "ElmLayer: no value given"))?;

@@ -130,8 +130,9 @@ impl<H> ElmParams<H> {
 
 impl ElmParams<Vec<usize>> {
     /// The shape of every parameter of a module for model `cfg` (with `P` and `b` when
-    /// `injection`, and a block of kind `block`).
-    pub fn shapes(cfg: &ModelConfig, injection: bool, block: BlockKind) -> Self {
+    /// `injection`, and a block of kind `block` that attends as layer `layer` of `cfg` does: the
+    /// layer the module was cut from, `ElmConfig::start_layer`).
+    pub fn shapes(cfg: &ModelConfig, injection: bool, block: BlockKind, layer: usize) -> Self {
         let c = cfg.hidden_size;
         ElmParams {
             projection: injection.then(|| Projection {
@@ -140,7 +141,7 @@ impl ElmParams<Vec<usize>> {
                 bias: vec![c],
             }),
             block: match block {
-                BlockKind::Decoder => ModuleBlock::Decoder(BlockParams::shapes(cfg)),
+                BlockKind::Decoder => ModuleBlock::Decoder(BlockParams::shapes(cfg, layer)),
                 BlockKind::Ffn => ModuleBlock::Ffn(FfnParams::shapes(cfg)),
             },
         }
@@ -296,7 +297,7 @@ impl ElmModule {
         elm: &ElmConfig,
         file: &Path,
     ) -> Result<Self> {
-        let p = ElmParams::shapes(cfg, elm.injection, elm.block)
+        let p = ElmParams::shapes(cfg, elm.injection, elm.block, elm.start_layer)
             .try_map(|name, shape| take_tensor(&mut m, name, shape, file))?;
         expect_empty(&m, file)?;
         Self::from_params(&p)

@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::autograd::{Tape, Var};
 use crate::error::{ElmError, Result};
-use crate::model::tape::{BlockParams, BlockVars};
+use crate::model::tape::{block_forward_using, BlockLinear, BlockParams, BlockVars, Linears};
 use crate::model::{LayerWeights, ModelConfig, ModelWeights};
+use crate::nn;
 use crate::nn::lora::Dropout;
-use crate::nn::{self, RopeLayout};
 use crate::train::ParamStore;
 
 /// The LoRA targets, in the order of [`BlockParams`]: q, k, v, o, gate, up, down.
@@ -90,7 +90,7 @@ impl LoraSpec {
 
 /// `[out, in]` of target `t` in a block of `cfg`.
 pub fn target_shape(cfg: &ModelConfig, t: &str) -> Result<(usize, usize)> {
-    let shapes = BlockParams::shapes(cfg);
+    let shapes = BlockParams::shapes(cfg, 0);
     let s = shapes
         .named()
         .into_iter()
@@ -176,30 +176,36 @@ pub struct LoraRun<'r> {
     pub rng: Option<&'r mut StdRng>,
 }
 
-impl LoraRun<'_> {
+/// A block's adapters applied by one [`LoraRun`]: the [`Linears`] of an adapted block.
+struct LoraLinears<'a, 'r> {
+    lora: &'a BlockLora,
+    run: &'a mut LoraRun<'r>,
+}
+
+impl Linears<f32> for LoraLinears<'_, '_> {
     fn linear(
         &mut self,
         tape: &mut Tape<f32>,
+        which: BlockLinear,
         x: Var,
         w: Var,
         bias: Option<Var>,
-        lora: Option<LoraVars>,
     ) -> Result<Var> {
-        let Some(lv) = lora else {
+        let Some(lv) = self.lora[which.index()] else {
             return tape.matmul_t(x, w, bias);
         };
-        let dropout = match self.rng.as_deref_mut() {
-            Some(rng) if self.dropout > 0.0 => {
-                Some(Dropout::draw(rng, tape.value(x).len(), self.dropout))
+        let dropout = match self.run.rng.as_deref_mut() {
+            Some(rng) if self.run.dropout > 0.0 => {
+                Some(Dropout::draw(rng, tape.value(x).len(), self.run.dropout))
             }
             _ => None,
         };
-        nn::lora::lora_linear(tape, x, w, bias, lv.a, lv.b, self.scale, dropout)
+        nn::lora::lora_linear(tape, x, w, bias, lv.a, lv.b, self.run.scale, dropout)
     }
 }
 
-/// One decoder block with adapters (same math as [`crate::model::tape::block_forward`] when
-/// every adapter is `None` or `B = 0`): `x: [B, T, C]` at positions `0..T`.
+/// One decoder block with adapters (the math of [`crate::model::tape::block_forward`], which
+/// it is when every adapter is `None` or `B = 0`): `x: [B, T, C]` at positions `0..T`.
 pub fn lora_block_forward(
     tape: &mut Tape<f32>,
     b: &BlockVars,
@@ -207,35 +213,7 @@ pub fn lora_block_forward(
     x: Var,
     run: &mut LoraRun<'_>,
 ) -> Result<Var> {
-    let s = tape.value(x).shape().to_vec();
-    if s.len() != 3 {
-        return Err(ElmError::shape(
-            "lora_block_forward",
-            format!("x must be [B, T, C], got {s:?}"),
-        ));
-    }
-    let (bsz, t) = (s[0], s[1]);
-    let sp = b.spec;
-    let eps = sp.rms_norm_eps as f32;
-    let h = nn::rms_norm(tape, x, b.attn_norm, eps)?;
-    let q = run.linear(tape, h, b.wq, b.bq, lora[0])?;
-    let q = tape.reshape(q, &[bsz, t, sp.num_heads, sp.head_dim])?;
-    let q = nn::rope(tape, q, sp.rope_theta, 0, RopeLayout::HalfSplit)?;
-    let k = run.linear(tape, h, b.wk, b.bk, lora[1])?;
-    let k = tape.reshape(k, &[bsz, t, sp.num_kv_heads, sp.head_dim])?;
-    let k = nn::rope(tape, k, sp.rope_theta, 0, RopeLayout::HalfSplit)?;
-    let v = run.linear(tape, h, b.wv, b.bv, lora[2])?;
-    let v = tape.reshape(v, &[bsz, t, sp.num_kv_heads, sp.head_dim])?;
-    let a = nn::attention(tape, q, k, v, None)?;
-    let a = tape.reshape(a, &[bsz, t, sp.num_heads * sp.head_dim])?;
-    let o = run.linear(tape, a, b.wo, None, lora[3])?;
-    let x = tape.add(x, o)?;
-    let h = nn::rms_norm(tape, x, b.mlp_norm, eps)?;
-    let g = run.linear(tape, h, b.w_gate, None, lora[4])?;
-    let u = run.linear(tape, h, b.w_up, None, lora[5])?;
-    let sw = nn::swiglu(tape, g, u)?;
-    let d = run.linear(tape, sw, b.w_down, None, lora[6])?;
-    tape.add(x, d)
+    block_forward_using(tape, b, x, 0, None, &mut LoraLinears { lora, run })
 }
 
 fn as2(store: &ParamStore, name: &str) -> Result<Array2<f32>> {

@@ -1,4 +1,4 @@
-//! Llama / Qwen2 decoder forward on the autograd tape (the training path).
+//! Llama / Qwen2 / Gemma 3 decoder forward on the autograd tape (the training path).
 //!
 //! Weights are converted once into shared tensors ([`ModelTensors`] / [`BlockTensors`],
 //! `Arc<ArrayD<T>>`), then registered on each step's fresh tape without copying, as params
@@ -7,17 +7,24 @@
 //!
 //! Shapes: `x: [B, T, C]`, `q: [B, T, H, D]`, `k, v: [B, T, KV, D]`, logits `[B, T, V]`.
 //! RoPE uses the HF half-split layout (the layout of [`LayerWeights`]).
+//!
+//! A Gemma 3 block ([`GemmaNorms`] present) adds, as the inference path does
+//! ([`crate::model::block`]): RMSNorm of every q and k head before RoPE, its layer's RoPE base
+//! and sliding window ([`BlockSpec::of_layer`]), an RMSNorm of each sublayer's output before the
+//! residual add, and a GeGLU MLP; the model scales its embeddings by `√C`.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use ndarray::{ArrayD, ArrayViewD, Dimension};
 
-use super::block_view::{AttnRef, BlockRef};
+use super::block_view::{AttnRef, BlockRef, Gemma3Ref};
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
 use crate::model::{FfnWeights, LayerWeights, ModelConfig, ModelWeights};
+use crate::model_data::config::{Activation, LayerAttention};
 use crate::model_data::quant::LinearRef;
+use crate::model_data::weights::Gemma3Block;
 use crate::nn::{self, RopeLayout};
 
 /// Per-block hyper-parameters (copied from [`ModelConfig`]).
@@ -28,19 +35,53 @@ pub struct BlockSpec {
     pub head_dim: usize,
     pub rope_theta: f64,
     pub rms_norm_eps: f64,
+    /// `Some(w)`: each query sees only its last `w` keys (Gemma 3's local layers).
+    pub window: Option<usize>,
+    /// The MLP's gate nonlinearity.
+    pub activation: Activation,
 }
 
 impl BlockSpec {
-    /// The block hyper-parameters of a model config.
-    pub fn from_config(cfg: &ModelConfig) -> Self {
+    /// The hyper-parameters of layer `layer` of `cfg` (its RoPE base and window may differ from
+    /// the model's: Gemma 3's local layers).
+    pub fn of_layer(cfg: &ModelConfig, layer: usize) -> Self {
+        Self::with_attention(cfg, cfg.layer_attention(layer))
+    }
+
+    /// The hyper-parameters of a block of `cfg` that attends as `attention` says.
+    pub fn with_attention(cfg: &ModelConfig, attention: LayerAttention) -> Self {
         BlockSpec {
             num_heads: cfg.num_heads,
             num_kv_heads: cfg.num_kv_heads,
             head_dim: cfg.head_dim,
-            rope_theta: cfg.rope_theta as f64,
+            rope_theta: attention.rope_theta as f64,
             rms_norm_eps: cfg.rms_norm_eps as f64,
+            window: attention.window,
+            activation: cfg.activation(),
         }
     }
+
+    /// How this block attends (the inverse of [`Self::with_attention`]).
+    pub fn attention(&self) -> LayerAttention {
+        LayerAttention {
+            window: self.window,
+            // Exact: the value came from an f32.
+            rope_theta: self.rope_theta as f32,
+        }
+    }
+}
+
+/// Gemma 3's four extra norm gains of a block, over any handle type (see [`Gemma3Block`]).
+#[derive(Clone, Debug)]
+pub struct GemmaNorms<H> {
+    /// `[D]`, every query head before RoPE.
+    pub q_norm: H,
+    /// `[D]`, every key head before RoPE.
+    pub k_norm: H,
+    /// `[C]`, the attention output before the residual add.
+    pub post_attn_norm: H,
+    /// `[C]`, the MLP output before the residual add.
+    pub post_mlp_norm: H,
 }
 
 /// One block's parameters over any handle type: tape vars ([`BlockVars`]), shared tensors
@@ -62,6 +103,8 @@ pub struct BlockParams<H> {
     pub w_gate: H,
     pub w_up: H,
     pub w_down: H,
+    /// Gemma 3's extra norms (`None` for Llama / Qwen2).
+    pub gemma: Option<GemmaNorms<H>>,
 }
 
 /// One block's weights as shared tape-ready tensors (same names/shapes as [`LayerWeights`]).
@@ -92,6 +135,15 @@ impl<H> BlockParams<H> {
             w_gate: f("w_gate", &self.w_gate)?,
             w_up: f("w_up", &self.w_up)?,
             w_down: f("w_down", &self.w_down)?,
+            gemma: match &self.gemma {
+                Some(g) => Some(GemmaNorms {
+                    q_norm: f("q_norm", &g.q_norm)?,
+                    k_norm: f("k_norm", &g.k_norm)?,
+                    post_attn_norm: f("post_attn_norm", &g.post_attn_norm)?,
+                    post_mlp_norm: f("post_mlp_norm", &g.post_mlp_norm)?,
+                }),
+                None => None,
+            },
         })
     }
 
@@ -105,16 +157,17 @@ impl<H> BlockParams<H> {
 
     /// `(name, handle)` pairs in the fixed order.
     pub fn named(&self) -> Vec<(&'static str, &H)> {
-        let mut v = Vec::with_capacity(12);
+        let mut v = Vec::with_capacity(16);
         self.map(|n, h| v.push((n, h)));
         v
     }
 }
 
 impl BlockParams<Vec<usize>> {
-    /// The shape of every parameter of a block of `cfg` (biases only with `attention_bias`):
-    /// map it to build a block from named tensors.
-    pub fn shapes(cfg: &ModelConfig) -> Self {
+    /// The shape of every parameter of layer `layer` of `cfg` (biases only with
+    /// `attention_bias`, Gemma 3's norms only on Gemma 3), with that layer's [`BlockSpec`]: map
+    /// it to build a block from named tensors.
+    pub fn shapes(cfg: &ModelConfig, layer: usize) -> Self {
         let (c, i) = (cfg.hidden_size, cfg.intermediate_size);
         let (q, kv) = (
             cfg.num_heads * cfg.head_dim,
@@ -122,7 +175,7 @@ impl BlockParams<Vec<usize>> {
         );
         let bias = |n: usize| cfg.attention_bias.then(|| vec![n]);
         BlockParams {
-            spec: BlockSpec::from_config(cfg),
+            spec: BlockSpec::of_layer(cfg, layer),
             attn_norm: vec![c],
             wq: vec![q, c],
             wk: vec![kv, c],
@@ -135,6 +188,12 @@ impl BlockParams<Vec<usize>> {
             w_gate: vec![i, c],
             w_up: vec![i, c],
             w_down: vec![c, i],
+            gemma: cfg.has_gemma_norms().then(|| GemmaNorms {
+                q_norm: vec![cfg.head_dim],
+                k_norm: vec![cfg.head_dim],
+                post_attn_norm: vec![c],
+                post_mlp_norm: vec![c],
+            }),
         }
     }
 }
@@ -167,9 +226,10 @@ impl<H> FfnParams<H> {
 }
 
 impl FfnParams<Vec<usize>> {
-    /// The shape of every parameter of a feed-forward-only block of `cfg`.
+    /// The shape of every parameter of a feed-forward-only block of `cfg` (a Llama-style MLP:
+    /// Gemma 3's post-MLP norm has no place here, see `ElmConfig::validate`).
     pub fn shapes(cfg: &ModelConfig) -> Self {
-        BlockParams::shapes(cfg).ffn()
+        BlockParams::shapes(cfg, 0).ffn()
     }
 }
 
@@ -190,7 +250,8 @@ impl FfnWeights {
     /// Views of every weight, with the names and order of [`FfnParams`].
     pub fn views(&self, cfg: &ModelConfig) -> FfnParams<ArrayViewD<'_, f32>> {
         FfnParams {
-            spec: BlockSpec::from_config(cfg),
+            // Attention settings do not reach a block without attention.
+            spec: BlockSpec::of_layer(cfg, 0),
             mlp_norm: self.mlp_norm.view().into_dyn(),
             w_gate: self.w_gate.view().into_dyn(),
             w_up: self.w_up.view().into_dyn(),
@@ -242,7 +303,16 @@ impl<H: AsArray> BlockParams<H> {
             w_gate: LinearRef::F32(view_rank("w_gate", &self.w_gate)?),
             w_up: LinearRef::F32(view_rank("w_up", &self.w_up)?),
             w_down: LinearRef::F32(view_rank("w_down", &self.w_down)?),
-            gemma: None,
+            gemma: match &self.gemma {
+                Some(g) => Some(Gemma3Ref {
+                    q_norm: view_rank("q_norm", &g.q_norm)?,
+                    k_norm: view_rank("k_norm", &g.k_norm)?,
+                    post_attn_norm: view_rank("post_attn_norm", &g.post_attn_norm)?,
+                    post_mlp_norm: view_rank("post_mlp_norm", &g.post_mlp_norm)?,
+                    attention: self.spec.attention(),
+                }),
+                None => None,
+            },
         })
     }
 }
@@ -267,10 +337,15 @@ fn to_rank<H: AsArray, D: Dimension>(name: &str, h: &H) -> Result<ndarray::Array
 }
 
 impl LayerWeights {
-    /// Views of every weight, with the names and order of [`BlockParams`].
+    /// Views of every weight, with the names and order of [`BlockParams`]; the spec attends as
+    /// the block's own layer does (a Gemma 3 block carries its window and RoPE base).
     pub fn block_views(&self, cfg: &ModelConfig) -> BlockParams<ArrayViewD<'_, f32>> {
+        let attention = match &self.gemma {
+            Some(g) => g.attention,
+            None => cfg.layer_attention(0),
+        };
         BlockParams {
-            spec: BlockSpec::from_config(cfg),
+            spec: BlockSpec::with_attention(cfg, attention),
             attn_norm: self.attn_norm.view().into_dyn(),
             wq: self.wq.view().into_dyn(),
             wk: self.wk.view().into_dyn(),
@@ -283,6 +358,12 @@ impl LayerWeights {
             w_gate: self.w_gate.view().into_dyn(),
             w_up: self.w_up.view().into_dyn(),
             w_down: self.w_down.view().into_dyn(),
+            gemma: self.gemma.as_ref().map(|g| GemmaNorms {
+                q_norm: g.q_norm.view().into_dyn(),
+                k_norm: g.k_norm.view().into_dyn(),
+                post_attn_norm: g.post_attn_norm.view().into_dyn(),
+                post_mlp_norm: g.post_mlp_norm.view().into_dyn(),
+            }),
         }
     }
 
@@ -303,9 +384,16 @@ impl LayerWeights {
             w_gate: to_rank("w_gate", &p.w_gate)?,
             w_up: to_rank("w_up", &p.w_up)?,
             w_down: to_rank("w_down", &p.w_down)?,
-            // The tape's blocks are Llama-style (a Gemma 3 model is refused before it
-            // reaches the tape: `ModelConfig::require_tape`).
-            gemma: None,
+            gemma: match &p.gemma {
+                Some(g) => Some(Gemma3Block {
+                    q_norm: to_rank("q_norm", &g.q_norm)?,
+                    k_norm: to_rank("k_norm", &g.k_norm)?,
+                    post_attn_norm: to_rank("post_attn_norm", &g.post_attn_norm)?,
+                    post_mlp_norm: to_rank("post_mlp_norm", &g.post_mlp_norm)?,
+                    attention: p.spec.attention(),
+                }),
+                None => None,
+            },
         })
     }
 }
@@ -360,6 +448,84 @@ impl BlockVars {
     }
 }
 
+/// Which of a block's seven projections a linear layer is (the order of the LoRA targets,
+/// [`crate::model::lora_adapter::TARGETS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockLinear {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl BlockLinear {
+    /// Position in the fixed order `wq, wk, wv, wo, w_gate, w_up, w_down`.
+    pub fn index(self) -> usize {
+        match self {
+            BlockLinear::Q => 0,
+            BlockLinear::K => 1,
+            BlockLinear::V => 2,
+            BlockLinear::O => 3,
+            BlockLinear::Gate => 4,
+            BlockLinear::Up => 5,
+            BlockLinear::Down => 6,
+        }
+    }
+}
+
+/// How a block's projections are computed: plainly ([`PlainLinears`]) or with adapters
+/// (`crate::model::lora_adapter`). One block forward serves both, so a new block feature
+/// reaches LoRA training without a second copy.
+pub trait Linears<T: AdFloat> {
+    /// `x · wᵀ (+ bias)` for projection `which`.
+    fn linear(
+        &mut self,
+        tape: &mut Tape<T>,
+        which: BlockLinear,
+        x: Var,
+        w: Var,
+        bias: Option<Var>,
+    ) -> Result<Var>;
+}
+
+/// `x · wᵀ (+ bias)`, nothing added.
+pub struct PlainLinears;
+
+impl<T: AdFloat> Linears<T> for PlainLinears {
+    fn linear(
+        &mut self,
+        tape: &mut Tape<T>,
+        _: BlockLinear,
+        x: Var,
+        w: Var,
+        bias: Option<Var>,
+    ) -> Result<Var> {
+        tape.matmul_t(x, w, bias)
+    }
+}
+
+/// `[B, T, heads·D]` → `[B, T, heads, D]`, each head RMS-normalised by `norm` when given
+/// (Gemma 3's q/k norm), then rotated at positions `pos_offset..`.
+fn heads_with_rope<T: AdFloat>(
+    tape: &mut Tape<T>,
+    sp: &BlockSpec,
+    proj: Var,
+    heads: usize,
+    norm: Option<Var>,
+    pos_offset: usize,
+) -> Result<Var> {
+    let (bsz, t) = dims_btc(tape, proj)?;
+    let x = tape.reshape(proj, &[bsz, t, heads, sp.head_dim])?;
+    let x = match norm {
+        Some(g) => nn::rms_norm(tape, x, g, T::of(sp.rms_norm_eps))?,
+        None => x,
+    };
+    nn::rope(tape, x, sp.rope_theta, pos_offset, RopeLayout::HalfSplit)
+}
+
 /// Keys and values of one block at `x`'s tokens, after RoPE: each `[B, T, KV, D]`.
 /// Use them as the KV prefix of a later call (e.g. a prompt cached for the next chunk).
 pub fn block_kv<T: AdFloat>(
@@ -372,8 +538,8 @@ pub fn block_kv<T: AdFloat>(
     let sp = b.spec;
     let h = nn::rms_norm(tape, x, b.attn_norm, T::of(sp.rms_norm_eps))?;
     let k = tape.matmul_t(h, b.wk, b.bk)?;
-    let k = tape.reshape(k, &[bsz, t, sp.num_kv_heads, sp.head_dim])?;
-    let k = nn::rope(tape, k, sp.rope_theta, pos_offset, RopeLayout::HalfSplit)?;
+    let k_norm = b.gemma.as_ref().map(|g| g.k_norm);
+    let k = heads_with_rope(tape, &sp, k, sp.num_kv_heads, k_norm, pos_offset)?;
     let v = tape.matmul_t(h, b.wv, b.bv)?;
     let v = tape.reshape(v, &[bsz, t, sp.num_kv_heads, sp.head_dim])?;
     Ok((k, v))
@@ -398,7 +564,7 @@ pub fn block_forward<T: AdFloat>(
     x: Var,
     pos_offset: usize,
 ) -> Result<Var> {
-    block_forward_with_prefix(tape, b, x, pos_offset, None)
+    block_forward_using(tape, b, x, pos_offset, None, &mut PlainLinears)
 }
 
 /// [`block_forward`] with an optional KV prefix `(k, v): [B, P, KV, D]` (already rotated,
@@ -410,9 +576,21 @@ pub fn block_forward_with_prefix<T: AdFloat>(
     pos_offset: usize,
     kv_prefix: Option<(Var, Var)>,
 ) -> Result<Var> {
-    let o = attention_branch(tape, b, x, pos_offset, kv_prefix)?;
+    block_forward_using(tape, b, x, pos_offset, kv_prefix, &mut PlainLinears)
+}
+
+/// [`block_forward_with_prefix`] with the projections computed by `linears`.
+pub fn block_forward_using<T: AdFloat>(
+    tape: &mut Tape<T>,
+    b: &BlockVars,
+    x: Var,
+    pos_offset: usize,
+    kv_prefix: Option<(Var, Var)>,
+    linears: &mut impl Linears<T>,
+) -> Result<Var> {
+    let o = attention_branch_using(tape, b, x, pos_offset, kv_prefix, linears)?;
     let x = tape.add(x, o)?;
-    let d = mlp_branch(tape, b, x)?;
+    let d = mlp_branch_using(tape, b, x, linears)?;
     tape.add(x, d)
 }
 
@@ -425,36 +603,83 @@ pub fn attention_branch<T: AdFloat>(
     pos_offset: usize,
     kv_prefix: Option<(Var, Var)>,
 ) -> Result<Var> {
+    attention_branch_using(tape, b, x, pos_offset, kv_prefix, &mut PlainLinears)
+}
+
+fn attention_branch_using<T: AdFloat>(
+    tape: &mut Tape<T>,
+    b: &BlockVars,
+    x: Var,
+    pos_offset: usize,
+    kv_prefix: Option<(Var, Var)>,
+    lin: &mut impl Linears<T>,
+) -> Result<Var> {
     let (bsz, t) = dims_btc(tape, x)?;
     let sp = b.spec;
     let eps = T::of(sp.rms_norm_eps);
+    let gemma = b.gemma.as_ref();
     let h = nn::rms_norm(tape, x, b.attn_norm, eps)?;
-    let q = tape.matmul_t(h, b.wq, b.bq)?;
-    let q = tape.reshape(q, &[bsz, t, sp.num_heads, sp.head_dim])?;
-    let q = nn::rope(tape, q, sp.rope_theta, pos_offset, RopeLayout::HalfSplit)?;
-    let k = tape.matmul_t(h, b.wk, b.bk)?;
-    let k = tape.reshape(k, &[bsz, t, sp.num_kv_heads, sp.head_dim])?;
-    let k = nn::rope(tape, k, sp.rope_theta, pos_offset, RopeLayout::HalfSplit)?;
-    let v = tape.matmul_t(h, b.wv, b.bv)?;
+    let q = lin.linear(tape, BlockLinear::Q, h, b.wq, b.bq)?;
+    let q = heads_with_rope(
+        tape,
+        &sp,
+        q,
+        sp.num_heads,
+        gemma.map(|g| g.q_norm),
+        pos_offset,
+    )?;
+    let k = lin.linear(tape, BlockLinear::K, h, b.wk, b.bk)?;
+    let k_norm = gemma.map(|g| g.k_norm);
+    let k = heads_with_rope(tape, &sp, k, sp.num_kv_heads, k_norm, pos_offset)?;
+    let v = lin.linear(tape, BlockLinear::V, h, b.wv, b.bv)?;
     let v = tape.reshape(v, &[bsz, t, sp.num_kv_heads, sp.head_dim])?;
-    let a = nn::attention(tape, q, k, v, kv_prefix)?;
+    let a = nn::attention(tape, q, k, v, kv_prefix, sp.window)?;
     let a = tape.reshape(a, &[bsz, t, sp.num_heads * sp.head_dim])?;
-    tape.matmul_t(a, b.wo, None)
+    let o = lin.linear(tape, BlockLinear::O, a, b.wo, None)?;
+    match gemma {
+        Some(g) => nn::rms_norm(tape, o, g.post_attn_norm, eps),
+        None => Ok(o),
+    }
 }
 
-/// The SwiGLU MLP branch `W_down·(silu(W_gate·n) ⊙ W_up·n)`, `n = RMSNorm(x)`, that a block adds
-/// to `x` `[B, T, C]` after attention → `[B, T, C]`.
+/// The MLP branch `W_down·(act(W_gate·n) ⊙ W_up·n)`, `n = RMSNorm(x)` (then Gemma 3's post-MLP
+/// norm), that a block adds to `x` `[B, T, C]` after attention → `[B, T, C]`.
 pub fn mlp_branch<T: AdFloat>(tape: &mut Tape<T>, b: &BlockVars, x: Var) -> Result<Var> {
-    ffn_branch(tape, &b.ffn(), x)
+    mlp_branch_using(tape, b, x, &mut PlainLinears)
 }
 
-/// [`mlp_branch`] of a feed-forward-only block's parameters.
+fn mlp_branch_using<T: AdFloat>(
+    tape: &mut Tape<T>,
+    b: &BlockVars,
+    x: Var,
+    lin: &mut impl Linears<T>,
+) -> Result<Var> {
+    let d = ffn_branch_using(tape, &b.ffn(), x, lin)?;
+    match &b.gemma {
+        Some(g) => nn::rms_norm(tape, d, g.post_mlp_norm, T::of(b.spec.rms_norm_eps)),
+        None => Ok(d),
+    }
+}
+
+/// The gated MLP of a feed-forward-only block's parameters (see [`mlp_branch`]).
 pub fn ffn_branch<T: AdFloat>(tape: &mut Tape<T>, f: &FfnParams<Var>, x: Var) -> Result<Var> {
+    ffn_branch_using(tape, f, x, &mut PlainLinears)
+}
+
+fn ffn_branch_using<T: AdFloat>(
+    tape: &mut Tape<T>,
+    f: &FfnParams<Var>,
+    x: Var,
+    lin: &mut impl Linears<T>,
+) -> Result<Var> {
     let h = nn::rms_norm(tape, x, f.mlp_norm, T::of(f.spec.rms_norm_eps))?;
-    let g = tape.matmul_t(h, f.w_gate, None)?;
-    let u = tape.matmul_t(h, f.w_up, None)?;
-    let s = nn::swiglu(tape, g, u)?;
-    tape.matmul_t(s, f.w_down, None)
+    let g = lin.linear(tape, BlockLinear::Gate, h, f.w_gate, None)?;
+    let u = lin.linear(tape, BlockLinear::Up, h, f.w_up, None)?;
+    let s = match f.spec.activation {
+        Activation::SwiGlu => nn::swiglu(tape, g, u)?,
+        Activation::GeGluTanh => nn::geglu(tape, g, u)?,
+    };
+    lin.linear(tape, BlockLinear::Down, s, f.w_down, None)
 }
 
 /// A feed-forward-only block `x + MLP(RMSNorm(x))`, `x` `[B, T, C]` → `[B, T, C]` (position
@@ -505,8 +730,6 @@ impl<T: AdFloat> ModelTensors<T> {
     /// Converts a model's `f32` weights once (reuse across steps).
     pub fn from_weights(w: &ModelWeights) -> Result<Self> {
         w.config.validate()?;
-        w.config
-            .require_llama_style("the tape (training, LoRA, healing, gradient metrics)")?;
         if w.layers.len() != w.config.num_layers {
             return Err(ElmError::config(
                 "num_layers",
@@ -628,7 +851,12 @@ impl ModelVars {
         batch: usize,
         seq: usize,
     ) -> Result<Var> {
-        nn::embedding(tape, self.embed, ids, &[batch, seq])
+        let x = nn::embedding(tape, self.embed, ids, &[batch, seq])?;
+        Ok(match self.config.embedding_scale() {
+            // Gemma 3: `√C`, rounded to f32 as the inference path and llama.cpp use it.
+            Some(s) => tape.scale(x, T::of_f32(s)),
+            None => x,
+        })
     }
 
     /// Runs blocks `range` on `x: [B, T, C]` at positions from `pos_offset`.
@@ -693,45 +921,21 @@ impl ModelVars {
     }
 }
 
-/// Tape-free forward of one block (same math as [`block_forward`]) for no-grad work such as
-/// fixed-point iterations or frozen layers: no node values or caches are kept.
-/// `x: [B, T, C]` at positions `pos_offset..` → `[B, T, C]`.
+/// Forward of one block without gradients (the math of [`block_forward`], run on a throwaway
+/// no-grad tape) for work such as fixed-point iterations or frozen layers: nothing outlives the
+/// call but the output. `x: [B, T, C]` at positions `pos_offset..` → `[B, T, C]`.
 pub fn block_forward_plain<T: AdFloat>(
     w: &BlockTensors<T>,
     x: &ArrayD<T>,
     pos_offset: usize,
 ) -> Result<ArrayD<T>> {
-    use crate::autograd::ops::linear_forward;
-    let s = x.shape();
-    if s.len() != 3 {
-        return Err(ElmError::shape(
-            "block_forward_plain",
-            format!("x must be [B, T, C], got {s:?}"),
-        ));
-    }
-    let (bsz, t) = (s[0], s[1]);
-    let sp = w.spec;
-    let eps = T::of(sp.rms_norm_eps);
-    let heads = |a: ArrayD<T>, n: usize| -> Result<ArrayD<T>> {
-        a.into_shape_with_order(ndarray::IxDyn(&[bsz, t, n, sp.head_dim]))
-            .map_err(|e| ElmError::shape("block_forward_plain", e.to_string()))
-    };
-    let (h, _) = nn::rmsnorm::forward(x, &w.attn_norm, eps)?;
-    let q = heads(linear_forward(&h, &w.wq, w.bq.as_deref())?, sp.num_heads)?;
-    let q = nn::rope::rotate(&q, sp.rope_theta, pos_offset, RopeLayout::HalfSplit, false)?;
-    let k = heads(linear_forward(&h, &w.wk, w.bk.as_deref())?, sp.num_kv_heads)?;
-    let k = nn::rope::rotate(&k, sp.rope_theta, pos_offset, RopeLayout::HalfSplit, false)?;
-    let v = heads(linear_forward(&h, &w.wv, w.bv.as_deref())?, sp.num_kv_heads)?;
-    let (a, _) = nn::attention::forward(&q, &k, &v)?;
-    let a = a
-        .into_shape_with_order(ndarray::IxDyn(&[bsz, t, sp.num_heads * sp.head_dim]))
-        .map_err(|e| ElmError::shape("block_forward_plain", e.to_string()))?;
-    let x = x + &linear_forward(&a, &w.wo, None)?;
-    let (h, _) = nn::rmsnorm::forward(&x, &w.mlp_norm, eps)?;
-    let g = linear_forward(&h, &w.w_gate, None)?;
-    let u = linear_forward(&h, &w.w_up, None)?;
-    let m = nn::swiglu::forward(&g, &u)?;
-    Ok(x + &linear_forward(&m, &w.w_down, None)?)
+    let mut tape = Tape::new();
+    tape.no_grad(|t| {
+        let b = BlockVars::register(t, w, false);
+        let xv = t.constant(x.clone());
+        let y = block_forward(t, &b, xv, pos_offset)?;
+        Ok(t.value(y).clone())
+    })
 }
 
 impl<T: AdFloat> ModelTensors<T> {

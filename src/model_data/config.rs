@@ -216,8 +216,10 @@ impl ModelConfig {
         self.num_heads / self.num_kv_heads
     }
 
-    /// A tiny config for tests and examples.
+    /// A tiny config for tests and examples. A tiny Gemma 3 alternates a local layer (window 2,
+    /// RoPE base 1000) with a global one, so three tokens already exercise both.
     pub fn tiny(arch: Arch) -> Self {
+        let gemma = arch == Arch::Gemma3;
         ModelConfig {
             arch,
             vocab_size: 64,
@@ -230,13 +232,13 @@ impl ModelConfig {
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 128,
-            tie_word_embeddings: arch == Arch::Llama,
+            tie_word_embeddings: arch != Arch::Qwen2,
             attention_bias: arch == Arch::Qwen2,
             bos_token_id: Some(1),
             eos_token_id: Some(2),
-            sliding_window: None,
-            sliding_window_pattern: None,
-            rope_local_theta: None,
+            sliding_window: gemma.then_some(2),
+            sliding_window_pattern: gemma.then_some(2),
+            rope_local_theta: gemma.then_some(1000.0),
         }
     }
 }

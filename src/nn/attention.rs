@@ -2,7 +2,8 @@
 //!
 //! Query head `h` reads KV head `h / (H / KV)`. With `S = P + T` keys (a prefix of `P`
 //! cached positions followed by the `T` current ones), query `t` attends to keys
-//! `s ≤ P + t`. Scores are scaled by `1/sqrt(D)`.
+//! `s ≤ P + t`; with a sliding window `w` (Gemma 3's local layers) only the last `w` of them,
+//! `P + t − w < s ≤ P + t`. Scores are scaled by `1/sqrt(D)`.
 
 use ndarray::{s, Array2, Array4, ArrayD, Ix4};
 use rayon::prelude::*;
@@ -45,13 +46,21 @@ fn dims<T4: AdFloat>(
     Ok((b, t, h, d, s, kv))
 }
 
-/// `q: [B, T, H, D]`, `k, v: [B, S, KV, D]` → `(out: [B, T, H, D], cache)`.
+/// `q: [B, T, H, D]`, `k, v: [B, S, KV, D]` → `(out: [B, T, H, D], cache)`; `window`:
+/// each query sees at most its last `window` keys (itself included).
 pub fn forward<T4: AdFloat>(
     q: &ArrayD<T4>,
     k: &ArrayD<T4>,
     v: &ArrayD<T4>,
+    window: Option<usize>,
 ) -> Result<(ArrayD<T4>, AttentionCache<T4>)> {
     let (b, t, h, d, s_len, kv) = dims(q, k, v)?;
+    if window == Some(0) {
+        return Err(ElmError::shape(
+            "attention",
+            "a sliding window must hold at least one key",
+        ));
+    }
     let group = h / kv;
     let prefix = s_len - t;
     let scale = T4::one() / T4::of(d as f64).sqrt();
@@ -70,15 +79,18 @@ pub fn forward<T4: AdFloat>(
             let mut sc: Array2<T4> = T4::matmul_full_precision(&qh.view(), &kh.t()) * scale; // [T, S]
             for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
                 let last = prefix + ti; // last visible key
+                let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
                 let m = row
-                    .slice(s![..=last])
+                    .slice(s![first..=last])
                     .fold(T4::neg_infinity(), |a, &x| a.max(x));
                 let row = row
                     .as_slice_mut()
                     .expect("a row of a fresh array is contiguous");
-                let (live, dead) = row.split_at_mut(last + 1);
+                let (seen, dead) = row.split_at_mut(last + 1);
+                let (before, live) = seen.split_at_mut(first);
                 live.iter_mut().for_each(|x| *x -= m);
                 T4::exp_in_place(live);
+                before.fill(T4::zero());
                 dead.fill(T4::zero());
                 let sum: T4 = live.iter().copied().sum();
                 live.iter_mut().for_each(|x| *x /= sum);
@@ -158,19 +170,21 @@ pub fn backward<T4: AdFloat>(
 /// Tape op: causal GQA. `q: [B, T, H, D]`, `k, v: [B, T, KV, D]` for the current tokens,
 /// plus an optional `(k_prefix, v_prefix): [B, P, KV, D]` (earlier positions, e.g. a KV
 /// cache or learned prefix) placed before them; gradients flow into the prefix too.
+/// `window`: a sliding window (see [`forward`]); masked keys get zero gradient.
 pub fn attention<T: AdFloat>(
     tape: &mut Tape<T>,
     q: Var,
     k: Var,
     v: Var,
     kv_prefix: Option<(Var, Var)>,
+    window: Option<usize>,
 ) -> Result<Var> {
     let (k_all, v_all) = match kv_prefix {
         None => (k, v),
         Some((kp, vp)) => (concat_time(tape, kp, k)?, concat_time(tape, vp, v)?),
     };
     let (qs, ks, vs) = (tape.shared(q), tape.shared(k_all), tape.shared(v_all));
-    let (out, cache) = forward(&qs, &ks, &vs)?;
+    let (out, cache) = forward(&qs, &ks, &vs, window)?;
     let bytes = cache.probs.len() * std::mem::size_of::<T>();
     Ok(
         tape.push_op(&[q, k_all, v_all], out, bytes, move |dy, needs| {

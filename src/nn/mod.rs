@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod embedding;
+pub mod geglu;
 pub mod lora;
 pub mod loss;
 pub mod rmsnorm;
@@ -15,6 +16,7 @@ pub mod swiglu;
 
 pub use attention::attention;
 pub use embedding::embedding;
+pub use geglu::geglu;
 pub use lora::lora_linear;
 pub use loss::{cross_entropy, masked_mse, supervised_cross_entropy, IGNORE_INDEX};
 pub use rmsnorm::rms_norm;
