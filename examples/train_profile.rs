@@ -17,7 +17,7 @@ use elm::data::{load_gsm8k, resolve_data_dir, tokenize_example, Example, Split};
 use elm::equilibrium::module::ElmModule;
 use elm::equilibrium::train::Trainer;
 use elm::equilibrium::{ElmConfig, TrainConfig};
-use elm::eval::gsm8k::chat_prompt;
+use elm::eval::gsm8k::QaLayout;
 use elm::grad::{DeqConfig, GradientRule};
 
 use args::flag;
@@ -55,12 +55,14 @@ fn main() -> elm::Result<()> {
 
     let (dense, tok) = elm::model::load_pretrained(&model)?;
     let dir = resolve_data_dir(None)?;
-    let prompt = |q: &str| chat_prompt(&tok, q);
+    let layout = QaLayout::of(&tok);
+    let prompt = |q: &str| layout.prompt(&tok, q);
+    let answer = |a: &str| layout.answer(a);
     let enc = |s: &str| tok.encode(s, false);
     // Full-length sequences only, so both sides compute on exactly B x T real positions.
     let data: Vec<_> = load_gsm8k(&dir, Split::Train)?
         .into_iter()
-        .map(|e| tokenize_example(&Example::Qa(e), seq, &prompt, "<|im_end|>\n", &enc))
+        .map(|e| tokenize_example(&Example::Qa(e), seq, &prompt, &answer, &enc))
         .filter(|s| !matches!(s, Ok(s) if s.tokens.len() != seq))
         .collect::<elm::Result<_>>()?;
     let supervised = data

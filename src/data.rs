@@ -228,25 +228,21 @@ fn truncate_chars(s: &str, n: usize) -> String {
     }
 }
 
-/// Tokenizes Q/A examples as `prompt ++ answer ++ answer_suffix`, where `prompt` is the
-/// chat-template text for a user turn with the generation prompt and `answer_suffix` closes
-/// the assistant turn (e.g. `<|im_end|>\n`). The loss mask covers the continuation as
-/// [`encode_continuation`] splits it, so training and evaluation score the same tokens that
-/// lm-evaluation-harness would. Sequences are truncated to `max_len` tokens.
+/// Tokenizes Q/A examples as `prompt(question) ++ answer(answer)` ([`QaLayout`]: the prompt
+/// ready for the answer, the answer with what opens and closes it). The loss mask covers the
+/// continuation as [`encode_continuation`] splits it, so training and evaluation score the same
+/// tokens that lm-evaluation-harness would. Sequences are truncated to `max_len` tokens.
 pub fn tokenize_example(
     ex: &Example,
     max_len: usize,
-    chat_prompt: &dyn Fn(&str) -> String,
-    answer_suffix: &str,
+    prompt: &dyn Fn(&str) -> String,
+    answer: &dyn Fn(&str) -> String,
     encode: &dyn Fn(&str) -> Result<Vec<u32>>,
 ) -> Result<TokenSequence> {
     let (mut tokens, mut loss_mask) = match ex {
         Example::Qa(q) => {
-            let (toks, first) = encode_continuation(
-                &chat_prompt(&q.question),
-                &format!("{}{}", q.answer, answer_suffix),
-                encode,
-            )?;
+            let (toks, first) =
+                encode_continuation(&prompt(&q.question), &answer(&q.answer), encode)?;
             let mut mask = vec![false; first];
             mask.resize(toks.len(), true);
             (toks, mask)
@@ -376,23 +372,75 @@ pub fn read_text_file(path: &Path) -> Result<String> {
     }
 }
 
-/// A user question in the model's chat template, ready for the assistant's answer.
-pub fn chat_prompt(tok: &Tokenizer, question: &str) -> String {
-    tok.apply_chat_template(&[("user", question)], true)
+/// How a question and its answer are laid out as text for a model.
+///
+/// - `Chat` (the tokenizer has a chat template: a chat-tuned model such as SmolLM2-Instruct): the
+///   question as a ChatML user turn with the generation prompt; the answer closed by
+///   `<|im_end|>\n`, the end of the assistant turn.
+/// - `Base` (no chat template: a base model such as Gemma 3 270M): lm-evaluation-harness's
+///   `gsm8k` task layout for base models, `Question: {question}\nAnswer:` then the target
+///   delimiter `" "` and the answer, BOS first when the tokenizer adds one. The answer is closed
+///   by the harness's few-shot delimiter `\n\n`, so a scored answer ends the way an answer in a
+///   few-shot prompt does. Used zero-shot here (the harness's `--num_fewshot 0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QaLayout {
+    Chat,
+    Base,
 }
 
-/// Tokenizes examples into training sequences (chat template for Q/A, the answer closed by
-/// the end-of-turn marker); sequences under two tokens carry no next-token target and are left out.
+impl QaLayout {
+    /// The layout for `tok`'s model.
+    pub fn of(tok: &Tokenizer) -> Self {
+        if tok.has_chat_template() {
+            QaLayout::Chat
+        } else {
+            QaLayout::Base
+        }
+    }
+
+    /// The prompt text for `question`, ready for the answer.
+    pub fn prompt(self, tok: &Tokenizer, question: &str) -> String {
+        match self {
+            QaLayout::Chat => tok.apply_chat_template(&[("user", question)], true),
+            QaLayout::Base => {
+                // The BOS token's text: `encode(.., false)` reads it back as the special token.
+                let bos = match (tok.prepends_bos(), tok.bos_id()) {
+                    (true, Some(id)) => tok.id_to_token(id).unwrap_or_default(),
+                    _ => String::new(),
+                };
+                format!("{bos}Question: {question}\nAnswer:")
+            }
+        }
+    }
+
+    /// The reference `answer` as the continuation scored after [`Self::prompt`].
+    pub fn answer(self, answer: &str) -> String {
+        match self {
+            QaLayout::Chat => format!("{answer}<|im_end|>\n"),
+            QaLayout::Base => format!(" {answer}\n\n"),
+        }
+    }
+}
+
+/// A question laid out for `tok`'s model ([`QaLayout::prompt`]), ready for the answer.
+pub fn qa_prompt(tok: &Tokenizer, question: &str) -> String {
+    QaLayout::of(tok).prompt(tok, question)
+}
+
+/// Tokenizes examples into training sequences (Q/A in the model's [`QaLayout`]); sequences
+/// under two tokens carry no next-token target and are left out.
 pub fn tokenize_all(
     tok: &Tokenizer,
     examples: &[Example],
     max_len: usize,
 ) -> Result<Vec<TokenSequence>> {
-    let prompt = |q: &str| chat_prompt(tok, q);
+    let layout = QaLayout::of(tok);
+    let prompt = |q: &str| layout.prompt(tok, q);
+    let answer = |a: &str| layout.answer(a);
     let enc = |s: &str| tok.encode(s, false);
     examples
         .iter()
-        .map(|e| tokenize_example(e, max_len, &prompt, "<|im_end|>\n", &enc))
+        .map(|e| tokenize_example(e, max_len, &prompt, &answer, &enc))
         .filter(|r| r.as_ref().map_or(true, |s| s.tokens.len() >= 2))
         .collect()
 }

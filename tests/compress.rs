@@ -727,8 +727,8 @@ fn prune_cli_writes_a_loadable_model_on_smollm2() {
     assert_eq!(pruned.config.num_layers, 22);
     assert_eq!(v["params"].as_u64().unwrap() as usize, pruned.num_params());
     let (_, gguf_tok) = elm::model::load_pretrained(&model).unwrap();
-    let chat = elm::eval::gsm8k::chat_prompt(&gguf_tok, "What is 7*8?");
-    assert_eq!(elm::eval::gsm8k::chat_prompt(&tok, "What is 7*8?"), chat);
+    let chat = elm::eval::gsm8k::qa_prompt(&gguf_tok, "What is 7*8?");
+    assert_eq!(elm::eval::gsm8k::qa_prompt(&tok, "What is 7*8?"), chat);
     assert_eq!(
         tok.encode(&chat, false).unwrap(),
         gguf_tok.encode(&chat, false).unwrap()

@@ -67,7 +67,7 @@ fn qa_tokenization_masks_only_answer_tokens_and_batch_targets_shift() {
         question: "ab".into(),
         answer: "7".into(),
     });
-    let s = tokenize_example(&ex, 100, &prompt, "!", &enc).unwrap();
+    let s = tokenize_example(&ex, 100, &prompt, &|a: &str| format!("{a}!"), &enc).unwrap();
     assert_eq!(s.tokens.len(), "<u>ab</u>".len() + 2);
     let n_prompt = "<u>ab</u>".len();
     assert!(s.loss_mask[..n_prompt].iter().all(|m| !m));
@@ -88,7 +88,7 @@ fn qa_tokenization_masks_only_answer_tokens_and_batch_targets_shift() {
     // Target at the last prompt position is the first answer token.
     assert_eq!(b.targets[0][n_prompt - 1], Some(b'7' as u32));
     assert_eq!(b.targets[0][n_prompt - 2], None);
-    let t = tokenize_example(&ex, 4, &prompt, "!", &enc).unwrap();
+    let t = tokenize_example(&ex, 4, &prompt, &|a: &str| format!("{a}!"), &enc).unwrap();
     assert_eq!(t.tokens.len(), 4);
 }
 

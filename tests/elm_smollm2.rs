@@ -9,7 +9,7 @@ use elm::equilibrium::accounting::{kv_report, param_report};
 use elm::equilibrium::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig, KvMode};
 use elm::equilibrium::train::Trainer;
 use elm::equilibrium::{ElmConfig, ElmModule, TrainConfig};
-use elm::eval::gsm8k::{chat_prompt, stop_ids};
+use elm::eval::gsm8k::{qa_prompt, stop_ids};
 use elm::model::load_pretrained;
 use elm::solver::{RowStatus, SolverConfig, StopCriteria};
 
@@ -41,7 +41,7 @@ fn smollm2_compress_train_generate() {
             "5 - 2 = 3\n#### 3",
         ),
     ];
-    let prompt = |q: &str| chat_prompt(&tok, q);
+    let prompt = |q: &str| qa_prompt(&tok, q);
     let enc = |s: &str| tok.encode(s, false);
     let data: Vec<_> = ex
         .iter()
@@ -50,7 +50,7 @@ fn smollm2_compress_train_generate() {
                 question: q.to_string(),
                 answer: a.to_string(),
             });
-            tokenize_example(&e, 64, &prompt, "<|im_end|>\n", &enc).unwrap()
+            tokenize_example(&e, 64, &prompt, &|a: &str| format!("{a}<|im_end|>\n"), &enc).unwrap()
         })
         .collect();
     let cfg = TrainConfig {
@@ -83,7 +83,7 @@ fn smollm2_compress_train_generate() {
         adaptive_prefill: true,
     };
     let ids = tok
-        .encode(&chat_prompt(&tok, "What is 2 + 2?"), false)
+        .encode(&qa_prompt(&tok, "What is 2 + 2?"), false)
         .unwrap();
     let mut s = ElmSession::new(&model, cfg, 1, ids.len() + 8).unwrap();
     let out = generate_greedy(&mut s, std::slice::from_ref(&ids), 4, &stop_ids(&tok)).unwrap();

@@ -10,7 +10,7 @@ use std::process::Command;
 
 use elm::data::{default_data_dir, load_gsm8k, Split};
 use elm::equilibrium::infer::{ElmModel, ElmSession, InferenceConfig};
-use elm::eval::gsm8k::{chat_prompt, ANSWER_SUFFIX};
+use elm::eval::gsm8k::{qa_prompt, QaLayout};
 use elm::eval::nll::token_nll;
 
 /// Runs `elm` with no ELM_DATA_DIR (as in a fresh clone without ../shared).
@@ -35,10 +35,13 @@ fn one_at_a_time_nll(model: &ElmModel, tok: &elm::formats::tokenizer::Tokenizer,
         // lm-evaluation-harness's split, written out here: the chat prompt's closing newline
         // goes with the answer, the joint text is encoded once, the answer is what follows the
         // prompt's own tokens.
-        let context = chat_prompt(tok, &e.question);
+        let context = qa_prompt(tok, &e.question);
         let kept = context.trim_end();
         let all = tok
-            .encode(&format!("{context}{}{ANSWER_SUFFIX}", e.answer), false)
+            .encode(
+                &format!("{context}{}", QaLayout::of(tok).answer(&e.answer)),
+                false,
+            )
             .unwrap();
         let first = tok.encode(kept, false).unwrap().len();
         let mut s = ElmSession::new(model, InferenceConfig::default(), 1, all.len()).unwrap();

@@ -279,3 +279,30 @@ fn gemma3_elm_module_inherits_its_layers_attention() {
     let err = ElmModule::init(&weights, &ffn).unwrap_err().to_string();
     assert!(err.contains("Gemma 3") && err.contains("FFN"), "{err}");
 }
+
+/// A base model without a chat template is put lm-evaluation-harness's `gsm8k` layout for base
+/// models (`Question: …\nAnswer:` + ` answer`), BOS first since its tokenizer adds one; the
+/// tokenizer written beside a tuned copy (`save_dir`) reads back as a base model's.
+#[test]
+fn gemma3_base_model_gets_the_harness_layout() {
+    use elm::data::QaLayout;
+    let Some(path) = common::real_gemma3() else {
+        return;
+    };
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    assert!(!tok.has_chat_template() && tok.prepends_bos());
+    let layout = QaLayout::of(&tok);
+    assert_eq!(layout, QaLayout::Base);
+    let prompt = layout.prompt(&tok, "What is 7*8?");
+    assert_eq!(prompt, "<bos>Question: What is 7*8?\nAnswer:");
+    let ids = tok.encode(&prompt, false).unwrap();
+    let plain = tok.encode_prompt("Question: What is 7*8?\nAnswer:").unwrap();
+    assert_eq!(ids, plain, "the BOS text must read back as the BOS token");
+    assert_eq!(ids[0], tok.bos_id().unwrap());
+    assert_eq!(layout.answer("56\n#### 56"), " 56\n#### 56\n\n");
+    let dir = common::TempDir::new("gemma3-tok");
+    tok.save_dir(&dir).unwrap();
+    let back = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    assert_eq!(QaLayout::of(&back), QaLayout::Base);
+    assert_eq!(back.encode(&prompt, false).unwrap(), ids);
+}

@@ -68,11 +68,12 @@ impl Calibration {
         max_tokens: usize,
     ) -> Result<Self> {
         let examples = load_examples(path)?;
+        let layout = crate::data::QaLayout::of(tok);
         let texts = examples.iter().map(|e| match e {
             Example::Qa(q) => format!(
-                "{}{}<|im_end|>\n",
-                crate::eval::gsm8k::chat_prompt(tok, &q.question),
-                q.answer
+                "{}{}",
+                layout.prompt(tok, &q.question),
+                layout.answer(&q.answer)
             ),
             Example::Text(t) => t.clone(),
         });

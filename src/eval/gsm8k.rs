@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::data::chat_prompt;
+pub use crate::data::{qa_prompt, QaLayout};
 use crate::data::{tokenize_example, Example, QaExample};
 use crate::equilibrium::infer::{
     generate_greedy_until, ElmModel, ElmSession, FpStat, InferenceConfig,
@@ -19,9 +19,6 @@ use super::answer::{score_response, AnswerScore};
 use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};
 use super::solver_summary::SolverSummary;
 use super::stats::ItemScore;
-
-/// Text that closes the assistant turn after a reference answer (what training appends).
-pub const ANSWER_SUFFIX: &str = "<|im_end|>\n";
 
 /// One evaluated problem.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -253,7 +250,7 @@ pub fn eval_gsm8k(
             max_new_tokens: opts.max_new_tokens,
             stop_strings: &GSM8K_STOP_STRINGS,
         },
-        |(_, e)| tok.encode(&chat_prompt(tok, &e.question), false),
+        |(_, e)| tok.encode(&qa_prompt(tok, &e.question), false),
         |(id, e), mut prediction| {
             // As the harness: the response ends before its stop text.
             if let Some(end) = GSM8K_STOP_STRINGS
@@ -295,8 +292,8 @@ pub fn eval_gsm8k(
     })
 }
 
-/// Teacher-forced NLL of each reference solution given its question, in the chat template
-/// the model is tuned with (`prompt ++ answer ++ "<|im_end|>\n"`, split as
+/// Teacher-forced NLL of each reference solution given its question, in the layout the model
+/// is tuned with ([`QaLayout`]: `prompt ++ answer`, split as
 /// lm-evaluation-harness splits a continuation: exactly the tokens `elm train` puts its loss
 /// on; see [`crate::data::tokenize_example`]).
 pub fn answer_nll(
@@ -309,6 +306,7 @@ pub fn answer_nll(
     on_progress: impl FnMut(usize) + Send,
 ) -> Result<NllRun> {
     check(ids, examples, batch)?;
+    let layout = QaLayout::of(tok);
     let seqs = ids
         .iter()
         .zip(examples)
@@ -316,8 +314,8 @@ pub fn answer_nll(
             let seq = tokenize_example(
                 &Example::Qa(e.clone()),
                 usize::MAX,
-                &|q: &str| chat_prompt(tok, q),
-                ANSWER_SUFFIX,
+                &|q: &str| layout.prompt(tok, q),
+                &|a: &str| layout.answer(a),
                 &|text: &str| tok.encode(text, false),
             )?;
             let first = seq.loss_mask.iter().position(|&m| m).ok_or_else(|| {

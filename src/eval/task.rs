@@ -341,9 +341,12 @@ pub fn longest_sequence(
     match data {
         TaskData::Gsm8k { examples, .. } => {
             for e in examples {
-                let prompt = count(&crate::data::chat_prompt(tok, &e.question))?;
+                let prompt = count(&crate::data::qa_prompt(tok, &e.question))?;
                 match task {
-                    Task::Gsm8kNll => take(prompt, count(&e.answer)? + 1),
+                    Task::Gsm8kNll => take(
+                        prompt,
+                        count(&crate::data::QaLayout::of(tok).answer(&e.answer))?,
+                    ),
                     Task::Gsm8k | Task::HumanEval | Task::HumanEvalNll => {
                         take(prompt, max_new_tokens)
                     }

@@ -89,6 +89,9 @@ pub struct Tokenizer {
     prepend_bos: bool,
     /// System prompt the chat template inserts when the messages have none.
     default_system_prompt: Option<String>,
+    /// Whether the model came with a chat template (a chat-tuned model); a base model has none
+    /// and is prompted in a plain layout (`crate::data::QaLayout`).
+    chat_template: bool,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> ElmError {
@@ -144,6 +147,7 @@ impl Tokenizer {
             eos: None,
             prepend_bos: false,
             default_system_prompt: None,
+            chat_template: false,
         };
         if let Some(text) = config {
             let cfg: serde_json::Value =
@@ -162,10 +166,9 @@ impl Tokenizer {
                 .get("add_bos_token")
                 .and_then(|v| v.as_bool())
                 .unwrap_or(false);
-            tok.default_system_prompt = cfg
-                .get("chat_template")
-                .and_then(|t| t.as_str())
-                .and_then(default_system_prompt);
+            let template = cfg.get("chat_template").and_then(|t| t.as_str());
+            tok.chat_template = template.is_some();
+            tok.default_system_prompt = template.and_then(default_system_prompt);
         }
         Ok(tok)
     }
@@ -258,6 +261,7 @@ impl Tokenizer {
                 Some(_) => gguf.get_bool("tokenizer.ggml.add_bos_token")?,
                 None => false,
             },
+            chat_template: template.is_some(),
             default_system_prompt: template.and_then(default_system_prompt),
         })
     }
@@ -446,6 +450,16 @@ impl Tokenizer {
         self.inner.decode(ids, false).map_err(tok_err)
     }
 
+    /// Whether the model came with a chat template (see [`crate::data::QaLayout`]).
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template
+    }
+
+    /// Whether [`Self::encode_prompt`] starts a prompt with BOS.
+    pub fn prepends_bos(&self) -> bool {
+        self.prepend_bos
+    }
+
     pub fn bos_id(&self) -> Option<u32> {
         self.bos
     }
@@ -505,12 +519,15 @@ impl Tokenizer {
             ),
             None => "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}".to_string(),
         };
-        let cfg = serde_json::json!({
+        let mut cfg = serde_json::json!({
             "bos_token": token(self.bos),
             "eos_token": token(self.eos),
             "add_bos_token": self.prepend_bos,
-            "chat_template": template,
         });
+        // A base model's tokenizer stays without one, so it reads back as a base model's.
+        if self.chat_template {
+            cfg["chat_template"] = template.into();
+        }
         let text = serde_json::to_string_pretty(&cfg).map_err(|e| ElmError::Json {
             what: "tokenizer_config.json".into(),
             msg: e.to_string(),
