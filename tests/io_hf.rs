@@ -9,7 +9,7 @@ use std::path::Path;
 
 use common::*;
 use elm::formats::{config_from_hf_json, load_hf_model, save_hf_model};
-use elm::model::{Arch, ModelWeights};
+use elm::model::{Arch, ModelConfig, ModelWeights};
 use elm::ElmError;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde_json::json;
@@ -394,4 +394,96 @@ fn corrupt_files_and_bad_index_are_typed_errors() {
     map.insert(name.clone(), json!(other));
     std::fs::write(&index_path, index.to_string()).unwrap();
     expect(load_hf_model(&dir).unwrap_err(), &[&name]);
+}
+
+/// A Gemma 3 model round-trips through an HF directory: `config.json` in transformers'
+/// `gemma3_text` keys (window, `layer_types`, local RoPE base, GELU-tanh), norm gains stored as
+/// `gain − 1` (HF's Gemma RMSNorm multiplies by `1 + weight`) and read back to within one f32
+/// rounding, the same logits; a changed `layer_types` that is not one global layer every
+/// `pattern` layers, or a soft-capping value, is refused naming the key.
+#[test]
+fn gemma3_round_trips_through_an_hf_directory() {
+    use elm::model::Transformer;
+    let cfg = ModelConfig {
+        num_layers: 4,
+        ..ModelConfig::tiny(Arch::Gemma3)
+    };
+    let mut w = common::uniform_weights(&cfg, 21);
+    for (l, layer) in w.layers.iter_mut().enumerate() {
+        let c = cfg.hidden_size;
+        let d = cfg.head_dim;
+        let ramp =
+            |n: usize, base: f32| ndarray::Array1::from_shape_fn(n, |i| base + 0.05 * i as f32);
+        layer.gemma = Some(elm::model::weights::Gemma3Block {
+            q_norm: ramp(d, 0.7),
+            k_norm: ramp(d, 1.1),
+            post_attn_norm: ramp(c, 0.9),
+            post_mlp_norm: ramp(c, 1.3),
+            attention: cfg.layer_attention(l),
+        });
+    }
+    let dir = common::TempDir::new("gemma3-hf");
+    elm::formats::save_hf_model(&w, &dir).unwrap();
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["model_type"], "gemma3_text");
+    assert_eq!(json["hidden_activation"], "gelu_pytorch_tanh");
+    assert_eq!(
+        json["layer_types"],
+        serde_json::json!([
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "full_attention"
+        ])
+    );
+    let back = elm::formats::load_hf_model(&dir).unwrap();
+    assert_eq!(back.config, w.config);
+    let close = |a: &ndarray::Array1<f32>, b: &ndarray::Array1<f32>| {
+        a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 2.0 * f32::EPSILON * x.abs().max(1.0))
+    };
+    for (a, b) in w.layers.iter().zip(&back.layers) {
+        let (ga, gb) = (a.gemma.as_ref().unwrap(), b.gemma.as_ref().unwrap());
+        assert!(close(&ga.q_norm, &gb.q_norm) && close(&ga.post_mlp_norm, &gb.post_mlp_norm));
+        assert!(close(&a.mlp_norm, &b.mlp_norm) && close(&a.attn_norm, &b.attn_norm));
+        assert_eq!(ga.attention, gb.attention);
+        assert_eq!(a.wq, b.wq);
+    }
+    // Stored as `gain − 1`: a gain of 1.1 (k_norm[0]) is stored as 0.1.
+    let st = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&st).unwrap();
+    let k0 = st.tensor("model.layers.0.self_attn.k_norm.weight").unwrap();
+    let first = f32::from_le_bytes(k0.data()[..4].try_into().unwrap());
+    assert!((first - 0.1).abs() < 1e-6, "{first}");
+    let ids = [vec![3u32, 9, 4, 17, 5, 6]];
+    let a = Transformer::new(w).unwrap().forward_logits(&ids).unwrap();
+    let b = Transformer::new(back)
+        .unwrap()
+        .forward_logits(&ids)
+        .unwrap();
+    let d = (&a - &b).mapv(f32::abs).fold(0.0f32, |m, &x| m.max(x));
+    assert!(d < 1e-4, "{d}");
+
+    for (key, value) in [
+        (
+            "layer_types",
+            serde_json::json!([
+                "sliding_attention",
+                "full_attention",
+                "full_attention",
+                "full_attention"
+            ]),
+        ),
+        ("final_logit_softcapping", serde_json::json!(30.0)),
+        ("query_pre_attn_scalar", serde_json::json!(7)),
+    ] {
+        let mut edited = json.clone();
+        edited[key] = value;
+        let err = elm::formats::config_from_hf_json(&edited)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{key}: {err}");
+    }
 }

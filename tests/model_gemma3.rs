@@ -296,7 +296,9 @@ fn gemma3_base_model_gets_the_harness_layout() {
     let prompt = layout.prompt(&tok, "What is 7*8?");
     assert_eq!(prompt, "<bos>Question: What is 7*8?\nAnswer:");
     let ids = tok.encode(&prompt, false).unwrap();
-    let plain = tok.encode_prompt("Question: What is 7*8?\nAnswer:").unwrap();
+    let plain = tok
+        .encode_prompt("Question: What is 7*8?\nAnswer:")
+        .unwrap();
     assert_eq!(ids, plain, "the BOS text must read back as the BOS token");
     assert_eq!(ids[0], tok.bos_id().unwrap());
     assert_eq!(layout.answer("56\n#### 56"), " 56\n#### 56\n\n");

@@ -133,6 +133,39 @@ const HEALED: [PruneMethod; 4] = [
 /// so that the main job fits 90 minutes on 2 cores.
 const SMALL_HEALED: [PruneMethod; 2] = [PruneMethod::ShortenedPpl, PruneMethod::ReplaceMeLs];
 
+impl Limits {
+    /// The limits for a model of `num_layers` layers. The windows (`start`, `m`, the sweep's and
+    /// the KV table's M) are the paper's, written for 28–30-layer models (Qwen2.5-1.5B,
+    /// SmolLM2-135M); a shallower model (Gemma 3 270M: 18) gets them scaled by
+    /// `num_layers / 30`, so the window keeps its place and share of the stack
+    /// (Gemma 3: layers 7–11 of 18 for SmolLM2's 12–19 of 30).
+    pub fn for_layers(mut self, num_layers: usize) -> Self {
+        const WRITTEN_FOR: usize = 30;
+        if num_layers >= 28 {
+            return self;
+        }
+        let scale = |x: usize| {
+            ((x * num_layers) as f64 / WRITTEN_FOR as f64)
+                .round()
+                .max(1.0) as usize
+        };
+        self.start = scale(self.start).min(num_layers.saturating_sub(2));
+        self.m = scale(self.m).clamp(1, num_layers - self.start - 1);
+        let fits = |ms: &[usize]| {
+            let mut v: Vec<usize> = ms
+                .iter()
+                .map(|&m| scale(m))
+                .filter(|&m| m + 2 <= num_layers)
+                .collect();
+            v.dedup();
+            v
+        };
+        self.sweep = fits(&self.sweep);
+        self.kv_ms = fits(&self.kv_ms);
+        self
+    }
+}
+
 impl Scale {
     pub fn limits(self) -> Limits {
         match self {
@@ -344,5 +377,19 @@ mod tests {
         assert_eq!(small.sweep, vec![4, 6, 8, 10, 12, 14]);
         assert!(small.tolerances.len() >= 3);
         assert_eq!(small.kv_ms, vec![8, 14]);
+    }
+
+    /// The paper's windows stay on 28–30 layers and scale onto Gemma 3 270M's 18: the same
+    /// place and share of the stack, every window inside the model with a layer after it.
+    #[test]
+    fn windows_scale_to_a_shallower_model() {
+        let small = Scale::Small.limits();
+        assert_eq!(small.clone().for_layers(30).start, 12);
+        assert_eq!(small.clone().for_layers(28).m, 8);
+        let g = small.for_layers(18);
+        assert_eq!((g.start, g.m), (7, 5));
+        assert_eq!(g.sweep, vec![2, 4, 5, 6, 7, 8]);
+        assert_eq!(g.kv_ms, vec![5, 8]);
+        assert!(g.sweep.iter().all(|&m| m + 2 <= 18) && g.start + g.m < 18);
     }
 }

@@ -204,7 +204,13 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     if let Some(note) = run.takeover_note() {
         eprintln!("{note}");
     }
-    let limits = args.scale.limits();
+    let layers = elm::model::load_config(&model)
+        .map_err(|e| ReproError::Elm {
+            what: format!("model config of {}", model.display()),
+            source: e,
+        })?
+        .num_layers;
+    let limits = args.scale.limits().for_layers(layers);
     let only = args.only.clone();
     let has_curves = limits.curves.is_some();
     if !has_curves

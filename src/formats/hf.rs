@@ -22,6 +22,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{ElmError, Result};
 use crate::io::write_atomic;
+use crate::model_data::weights::Gemma3Block;
 use crate::model_data::{Arch, LayerWeights, ModelConfig, ModelWeights};
 
 /// `config.json` keys that do not affect the forward pass and are ignored.
@@ -105,10 +106,11 @@ pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
     let arch = match get("model_type").and_then(Value::as_str) {
         Some("llama") => Arch::Llama,
         Some("qwen2") => Arch::Qwen2,
+        Some("gemma3_text") => Arch::Gemma3,
         Some(other) => {
             return Err(ElmError::config(
                 "model_type",
-                format!("`{other}` is unsupported (llama, qwen2)"),
+                format!("`{other}` is unsupported (llama, qwen2, gemma3_text)"),
             ))
         }
         None => return Err(ElmError::config("model_type", "missing from config.json")),
@@ -136,10 +138,17 @@ pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
             "an ELM in the official code's integrated format, not a dense model: give it as --elm",
         ));
     }
+    let gemma = match arch {
+        Arch::Gemma3 => Some(gemma3_attention(obj)?),
+        Arch::Llama | Arch::Qwen2 => None,
+    };
     // Keys that change the math, accepted only at their neutral value.
     for (key, v) in obj {
         let k = key.as_str();
         if mapped.contains(&k) || HARMLESS_KEYS.contains(&k) {
+            continue;
+        }
+        if gemma.is_some() && GEMMA3_KEYS.contains(&k) {
             continue;
         }
         let neutral = match k {
@@ -202,10 +211,19 @@ pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
         },
         bos_token_id: token_id("bos_token_id")?,
         eos_token_id: token_id("eos_token_id")?,
-        sliding_window: None,
-        sliding_window_pattern: None,
-        rope_local_theta: None,
+        sliding_window: gemma.map(|g| g.window),
+        sliding_window_pattern: gemma.map(|g| g.pattern),
+        rope_local_theta: gemma.map(|g| g.local_theta),
     };
+    if let Some(q) = usize_key("query_pre_attn_scalar")? {
+        // Gemma 3 scales scores by `query_pre_attn_scalar^-½`; we (and llama.cpp) by `D^-½`.
+        if q != config.head_dim {
+            return Err(ElmError::config(
+                "query_pre_attn_scalar",
+                format!("{q} differs from head_dim {}: unsupported", config.head_dim),
+            ));
+        }
+    }
     if arch == Arch::Qwen2 && bool_key("attention_bias")? == Some(false) {
         return Err(ElmError::config(
             "attention_bias",
@@ -214,6 +232,139 @@ pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
     }
     config.validate()?;
     Ok(config)
+}
+
+/// The `config.json` keys of a Gemma 3 text model that [`gemma3_attention`] reads or checks.
+const GEMMA3_KEYS: &[&str] = &[
+    "sliding_window",
+    "sliding_window_pattern",
+    "_sliding_window_pattern",
+    "layer_types",
+    "rope_local_base_freq",
+    "query_pre_attn_scalar",
+    "hidden_activation",
+    "hidden_act",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+    "rope_scaling",
+    "attention_dropout",
+    "use_bidirectional_attention",
+];
+
+/// A Gemma 3 config's sliding window, local/global pattern and local RoPE base.
+#[derive(Clone, Copy)]
+struct Gemma3Attention {
+    window: usize,
+    pattern: usize,
+    local_theta: f32,
+}
+
+/// Reads (and checks) the keys of [`GEMMA3_KEYS`]: the window; the pattern (`layer i` global
+/// iff `(i + 1) % pattern == 0`) from `sliding_window_pattern` or `layer_types`, which must
+/// agree when both are given; the local layers' RoPE base; and the keys that must hold
+/// Gemma 3's defaults (GELU-tanh, no soft-capping, no RoPE scaling, no attention dropout).
+fn gemma3_attention(obj: &Map<String, Value>) -> Result<Gemma3Attention> {
+    let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
+    let window = get("sliding_window")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| ElmError::config("sliding_window", "a Gemma 3 config needs a window"))?
+        as usize;
+    let layers = get("num_hidden_layers")
+        .and_then(Value::as_u64)
+        .unwrap_or(0) as usize;
+    let stated = get("sliding_window_pattern")
+        .or_else(|| get("_sliding_window_pattern"))
+        .map(|v| {
+            v.as_u64()
+                .filter(|&p| p > 0)
+                .map(|p| p as usize)
+                .ok_or_else(|| {
+                    ElmError::config(
+                        "sliding_window_pattern",
+                        format!("expected a positive integer, found {v}"),
+                    )
+                })
+        })
+        .transpose()?;
+    let from_types = match get("layer_types") {
+        None => None,
+        Some(v) => {
+            let types = v.as_array().filter(|a| a.len() == layers).ok_or_else(|| {
+                ElmError::config("layer_types", format!("expected {layers} layer types"))
+            })?;
+            let global: Vec<bool> = types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("full_attention") => Ok(true),
+                    Some("sliding_attention") => Ok(false),
+                    _ => Err(ElmError::config(
+                        "layer_types",
+                        format!("unknown layer type {t}"),
+                    )),
+                })
+                .collect::<Result<_>>()?;
+            let p = global.iter().position(|&g| g).map_or(layers + 1, |i| i + 1);
+            if global
+                .iter()
+                .enumerate()
+                .any(|(i, &g)| g != (i + 1).is_multiple_of(p))
+            {
+                return Err(ElmError::config(
+                    "layer_types",
+                    "not one global layer every `pattern` layers (unsupported layout)",
+                ));
+            }
+            Some(p)
+        }
+    };
+    let pattern = match (stated, from_types) {
+        (Some(a), Some(b)) if a != b && b <= layers => {
+            return Err(ElmError::config(
+                "layer_types",
+                format!("says a global layer every {b}, sliding_window_pattern says {a}"),
+            ))
+        }
+        (Some(a), _) => a,
+        (None, Some(b)) => b,
+        (None, None) => 6,
+    };
+    let local_theta = match get("rope_local_base_freq") {
+        None => 10_000.0,
+        Some(v) => v.as_f64().ok_or_else(|| {
+            ElmError::config(
+                "rope_local_base_freq",
+                format!("expected a number, found {v}"),
+            )
+        })? as f32,
+    };
+    let gelu_tanh = |v: &Value| v.as_str() == Some("gelu_pytorch_tanh");
+    let absent = |_: &Value| false;
+    let zero = |v: &Value| v.as_f64() == Some(0.0);
+    let off = |v: &Value| v.as_bool() == Some(false);
+    let checks: [(&str, &dyn Fn(&Value) -> bool); 7] = [
+        ("use_bidirectional_attention", &off),
+        ("hidden_activation", &gelu_tanh),
+        ("hidden_act", &gelu_tanh),
+        ("final_logit_softcapping", &absent),
+        ("attn_logit_softcapping", &absent),
+        ("rope_scaling", &absent),
+        ("attention_dropout", &zero),
+    ];
+    for (k, ok) in checks {
+        if let Some(v) = get(k) {
+            if !ok(v) {
+                return Err(ElmError::config(
+                    k,
+                    format!("value {v} changes the model math and is unsupported"),
+                ));
+            }
+        }
+    }
+    Ok(Gemma3Attention {
+        window,
+        pattern,
+        local_theta,
+    })
 }
 
 /// `rope_parameters` (newer transformers) is neutral when it only says "default" RoPE.
@@ -232,7 +383,6 @@ pub fn config_to_hf_json(c: &ModelConfig) -> Value {
     let (model_type, class) = match c.arch {
         Arch::Llama => ("llama", "LlamaForCausalLM"),
         Arch::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
-        // Never written: `save_hf_model` refuses Gemma 3 (see there).
         Arch::Gemma3 => ("gemma3_text", "Gemma3ForCausalLM"),
     };
     let mut v = json!({
@@ -257,6 +407,25 @@ pub fn config_to_hf_json(c: &ModelConfig) -> Value {
     });
     if c.arch == Arch::Llama {
         v["attention_bias"] = json!(c.attention_bias);
+    }
+    if c.arch == Arch::Gemma3 {
+        let obj = v.as_object_mut().expect("an object");
+        obj.remove("hidden_act");
+        obj.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
+        obj.insert("sliding_window".into(), json!(c.sliding_window));
+        obj.insert(
+            "layer_types".into(),
+            json!((0..c.num_layers)
+                .map(|l| match c.layer_attention(l).window {
+                    Some(_) => "sliding_attention",
+                    None => "full_attention",
+                })
+                .collect::<Vec<_>>()),
+        );
+        obj.insert("rope_local_base_freq".into(), json!(c.rope_local_theta));
+        obj.insert("query_pre_attn_scalar".into(), json!(c.head_dim));
+        obj.insert("final_logit_softcapping".into(), Value::Null);
+        obj.insert("attn_logit_softcapping".into(), Value::Null);
     }
     v
 }
@@ -285,6 +454,12 @@ fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             out.push((p("self_attn.v_proj.bias"), vec![kvd]));
         }
         out.push((p("post_attention_layernorm.weight"), vec![cd]));
+        if c.has_gemma_norms() {
+            out.push((p("pre_feedforward_layernorm.weight"), vec![cd]));
+            out.push((p("post_feedforward_layernorm.weight"), vec![cd]));
+            out.push((p("self_attn.q_norm.weight"), vec![c.head_dim]));
+            out.push((p("self_attn.k_norm.weight"), vec![c.head_dim]));
+        }
         out.push((p("mlp.gate_proj.weight"), vec![i, cd]));
         out.push((p("mlp.up_proj.weight"), vec![i, cd]));
         out.push((p("mlp.down_proj.weight"), vec![cd, i]));
@@ -533,18 +708,33 @@ pub fn load_hf_model_with(
             gemma: None,
         });
     }
-    let mut take1 = |name: String| Array1::from_vec(tensors.remove(&name).expect("checked"));
+    let off = norm_offset(config.arch);
+    // A vector, plus `plus` (a norm gain's offset, 0 for a bias).
+    let mut take1 = |name: String, plus: f32| {
+        Array1::from_vec(tensors.remove(&name).expect("checked")).mapv(|w| w + plus)
+    };
     for (l, layer) in layers.iter_mut().enumerate() {
         let p = |s: &str| format!("model.layers.{l}.{s}");
-        layer.attn_norm = take1(p("input_layernorm.weight"));
-        layer.mlp_norm = take1(p("post_attention_layernorm.weight"));
+        layer.attn_norm = take1(p("input_layernorm.weight"), off);
+        if config.has_gemma_norms() {
+            layer.mlp_norm = take1(p("pre_feedforward_layernorm.weight"), off);
+            layer.gemma = Some(Gemma3Block {
+                q_norm: take1(p("self_attn.q_norm.weight"), off),
+                k_norm: take1(p("self_attn.k_norm.weight"), off),
+                post_attn_norm: take1(p("post_attention_layernorm.weight"), off),
+                post_mlp_norm: take1(p("post_feedforward_layernorm.weight"), off),
+                attention: config.layer_attention(l),
+            });
+        } else {
+            layer.mlp_norm = take1(p("post_attention_layernorm.weight"), off);
+        }
         if config.attention_bias {
-            layer.bq = Some(take1(p("self_attn.q_proj.bias")));
-            layer.bk = Some(take1(p("self_attn.k_proj.bias")));
-            layer.bv = Some(take1(p("self_attn.v_proj.bias")));
+            layer.bq = Some(take1(p("self_attn.q_proj.bias"), 0.0));
+            layer.bk = Some(take1(p("self_attn.k_proj.bias"), 0.0));
+            layer.bv = Some(take1(p("self_attn.v_proj.bias"), 0.0));
         }
     }
-    let final_norm = take1("model.norm.weight".into());
+    let final_norm = take1("model.norm.weight".into(), off);
     let extras = extra
         .iter()
         .map(|(name, _)| (name.clone(), tensors.remove(name).expect("checked")))
@@ -583,59 +773,18 @@ pub fn save_hf_model_with(
     config: &Value,
 ) -> Result<()> {
     weights.config.validate()?;
-    weights
-        .config
-        .require_llama_style("writing an HF model directory")?;
     fs::create_dir_all(dir).map_err(|e| ElmError::io(dir, e))?;
-    check_shapes(weights)?;
+    check_layer_count(weights)?;
+    let stored = hf_tensors(weights);
+    check_shapes(&weights.config, &stored)?;
 
     let mut named: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     let mut push = |name: String, shape: &[usize], values: Vec<f32>| {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         named.push((name, shape.to_vec(), bytes));
     };
-    let m2 = |a: &Array2<f32>| a.as_standard_layout().iter().copied().collect::<Vec<f32>>();
-    push(
-        "model.embed_tokens.weight".into(),
-        weights.embed.shape(),
-        m2(&weights.embed),
-    );
-    push(
-        "model.norm.weight".into(),
-        weights.final_norm.shape(),
-        weights.final_norm.to_vec(),
-    );
-    if let Some(h) = &weights.lm_head {
-        push("lm_head.weight".into(), h.shape(), m2(h));
-    }
-    for (l, lw) in weights.layers.iter().enumerate() {
-        let p = |s: &str| format!("model.layers.{l}.{s}");
-        push(
-            p("input_layernorm.weight"),
-            lw.attn_norm.shape(),
-            lw.attn_norm.to_vec(),
-        );
-        push(p("self_attn.q_proj.weight"), lw.wq.shape(), m2(&lw.wq));
-        push(p("self_attn.k_proj.weight"), lw.wk.shape(), m2(&lw.wk));
-        push(p("self_attn.v_proj.weight"), lw.wv.shape(), m2(&lw.wv));
-        push(p("self_attn.o_proj.weight"), lw.wo.shape(), m2(&lw.wo));
-        for (b, n) in [(&lw.bq, "q"), (&lw.bk, "k"), (&lw.bv, "v")] {
-            if let Some(b) = b {
-                push(
-                    p(&format!("self_attn.{n}_proj.bias")),
-                    b.shape(),
-                    b.to_vec(),
-                );
-            }
-        }
-        push(
-            p("post_attention_layernorm.weight"),
-            lw.mlp_norm.shape(),
-            lw.mlp_norm.to_vec(),
-        );
-        push(p("mlp.gate_proj.weight"), lw.w_gate.shape(), m2(&lw.w_gate));
-        push(p("mlp.up_proj.weight"), lw.w_up.shape(), m2(&lw.w_up));
-        push(p("mlp.down_proj.weight"), lw.w_down.shape(), m2(&lw.w_down));
+    for (name, shape, values) in stored {
+        push(name, &shape, values);
     }
     for (name, a) in extra {
         push(
@@ -663,8 +812,8 @@ pub fn save_hf_model_with(
     write_atomic(&dir.join("config.json"), config.as_bytes())
 }
 
-/// Checks that in-memory weights agree with their config before writing them.
-fn check_shapes(w: &ModelWeights) -> Result<()> {
+/// Checks that the weights have the config's layer count and head tying before writing them.
+fn check_layer_count(w: &ModelWeights) -> Result<()> {
     let c = &w.config;
     if w.layers.len() != c.num_layers {
         return Err(ElmError::config(
@@ -682,41 +831,104 @@ fn check_shapes(w: &ModelWeights) -> Result<()> {
             "lm_head must be None exactly when embeddings are tied",
         ));
     }
-    let mut actual: Vec<(String, Vec<usize>)> = vec![
-        ("model.embed_tokens.weight".into(), w.embed.shape().to_vec()),
-        ("model.norm.weight".into(), w.final_norm.shape().to_vec()),
+    Ok(())
+}
+
+/// What a Gemma 3 norm gain is stored as in an HF checkpoint: HF's Gemma RMSNorm multiplies by
+/// `1 + weight`, while [`LayerWeights`] (like llama.cpp's GGUF) holds the gain itself.
+fn norm_offset(arch: Arch) -> f32 {
+    match arch {
+        Arch::Gemma3 => 1.0,
+        Arch::Llama | Arch::Qwen2 => 0.0,
+    }
+}
+
+/// `w`'s tensors under their HF names with their shapes and stored values, in the order written.
+fn hf_tensors(w: &ModelWeights) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let off = norm_offset(w.config.arch);
+    let mat = |a: &Array2<f32>| a.as_standard_layout().iter().copied().collect::<Vec<f32>>();
+    let norm = |v: &Array1<f32>| v.iter().map(|g| g - off).collect::<Vec<f32>>();
+    let mut out: Vec<(String, Vec<usize>, Vec<f32>)> = vec![
+        (
+            "model.embed_tokens.weight".into(),
+            w.embed.shape().to_vec(),
+            mat(&w.embed),
+        ),
+        (
+            "model.norm.weight".into(),
+            w.final_norm.shape().to_vec(),
+            norm(&w.final_norm),
+        ),
     ];
     if let Some(h) = &w.lm_head {
-        actual.push(("lm_head.weight".into(), h.shape().to_vec()));
+        out.push(("lm_head.weight".into(), h.shape().to_vec(), mat(h)));
     }
     for (l, lw) in w.layers.iter().enumerate() {
         let p = |s: &str| format!("model.layers.{l}.{s}");
-        actual.push((p("input_layernorm.weight"), lw.attn_norm.shape().to_vec()));
-        actual.push((p("self_attn.q_proj.weight"), lw.wq.shape().to_vec()));
-        actual.push((p("self_attn.k_proj.weight"), lw.wk.shape().to_vec()));
-        actual.push((p("self_attn.v_proj.weight"), lw.wv.shape().to_vec()));
-        actual.push((p("self_attn.o_proj.weight"), lw.wo.shape().to_vec()));
+        let mut m = |name: &str, a: &Array2<f32>| out.push((p(name), a.shape().to_vec(), mat(a)));
+        m("self_attn.q_proj.weight", &lw.wq);
+        m("self_attn.k_proj.weight", &lw.wk);
+        m("self_attn.v_proj.weight", &lw.wv);
+        m("self_attn.o_proj.weight", &lw.wo);
+        m("mlp.gate_proj.weight", &lw.w_gate);
+        m("mlp.up_proj.weight", &lw.w_up);
+        m("mlp.down_proj.weight", &lw.w_down);
+        let mut v = |name: String, a: &Array1<f32>, values: Vec<f32>| {
+            out.push((p(&name), a.shape().to_vec(), values))
+        };
         for (b, n) in [(&lw.bq, "q"), (&lw.bk, "k"), (&lw.bv, "v")] {
             if let Some(b) = b {
-                actual.push((p(&format!("self_attn.{n}_proj.bias")), b.shape().to_vec()));
+                v(format!("self_attn.{n}_proj.bias"), b, b.to_vec());
             }
         }
-        actual.push((
-            p("post_attention_layernorm.weight"),
-            lw.mlp_norm.shape().to_vec(),
-        ));
-        actual.push((p("mlp.gate_proj.weight"), lw.w_gate.shape().to_vec()));
-        actual.push((p("mlp.up_proj.weight"), lw.w_up.shape().to_vec()));
-        actual.push((p("mlp.down_proj.weight"), lw.w_down.shape().to_vec()));
+        v(
+            "input_layernorm.weight".into(),
+            &lw.attn_norm,
+            norm(&lw.attn_norm),
+        );
+        match &lw.gemma {
+            // Gemma 3 names its MLP's input norm `pre_feedforward_layernorm` and uses
+            // `post_attention_layernorm` for the norm of the attention output.
+            Some(g) => {
+                v(
+                    "pre_feedforward_layernorm.weight".into(),
+                    &lw.mlp_norm,
+                    norm(&lw.mlp_norm),
+                );
+                v("self_attn.q_norm.weight".into(), &g.q_norm, norm(&g.q_norm));
+                v("self_attn.k_norm.weight".into(), &g.k_norm, norm(&g.k_norm));
+                v(
+                    "post_attention_layernorm.weight".into(),
+                    &g.post_attn_norm,
+                    norm(&g.post_attn_norm),
+                );
+                v(
+                    "post_feedforward_layernorm.weight".into(),
+                    &g.post_mlp_norm,
+                    norm(&g.post_mlp_norm),
+                );
+            }
+            None => v(
+                "post_attention_layernorm.weight".into(),
+                &lw.mlp_norm,
+                norm(&lw.mlp_norm),
+            ),
+        }
     }
+    out
+}
+
+/// Checks the tensors about to be written against the names and shapes `c` implies.
+fn check_shapes(c: &ModelConfig, stored: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
+    let actual = stored.iter().map(|(n, s, _)| (n.clone(), s.clone()));
     let expected: Map<String, Value> = expected_tensors(c)
         .into_iter()
         .map(|(n, s)| (n, json!(s)))
         .collect();
-    if actual.len() != expected.len() {
+    if stored.len() != expected.len() {
         return Err(ElmError::config(
             "attention_bias",
-            "q/k/v biases present/absent inconsistently with the config",
+            "q/k/v biases or Gemma 3 norms present/absent inconsistently with the config",
         ));
     }
     for (name, shape) in actual {

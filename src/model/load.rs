@@ -19,6 +19,16 @@ pub fn default_model_path() -> PathBuf {
     models_dir().join(DEFAULT_MODEL_FILE)
 }
 
+/// Reads only the config of a `.gguf` file or an HF directory (no tensor is read).
+pub fn load_config(path: impl AsRef<Path>) -> Result<crate::model_data::ModelConfig> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        crate::formats::read_hf_config(path)
+    } else {
+        crate::formats::config_from_gguf(&GgufFile::open(path)?)
+    }
+}
+
 /// Loads only the weights from a `.gguf` file or an HF directory (no tokenizer needed).
 pub fn load_weights(path: impl AsRef<Path>) -> Result<ModelWeights> {
     let path = path.as_ref();

@@ -44,5 +44,7 @@ pub use any_transformer::AnyTransformer;
 pub use block::{block_forward_cached, block_forward_inplace, block_forward_rows};
 pub use block_view::{AttnRef, BlockRef, BlockWeights};
 pub use kv_cache::{KvCache, LayerKv, Scratch};
-pub use load::{default_model_path, load_inference, load_pretrained, load_weights, models_dir};
+pub use load::{
+    default_model_path, load_config, load_inference, load_pretrained, load_weights, models_dir,
+};
 pub use transformer::{check_context, embed_tokens, DecoderWeights, Transformer};
