@@ -189,13 +189,26 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         &budget,
         &streamline,
     )?;
-    let streamline_ffn = runs::train(ctx, &Variant::streamline_ffn(l.start, l.m), &l.main, None)?;
-    let streamline_ffn_row = trained_row(
-        ctx,
-        "LLM-Streamline FFN (layer l's MLP alone, 1 application)".into(),
-        &budget,
-        &streamline_ffn,
-    )?;
+    // A family without feed-forward-only module blocks (Gemma 3) has no FFN row.
+    let streamline_ffn = if ctx.ffn_blocks {
+        Some(runs::train(
+            ctx,
+            &Variant::streamline_ffn(l.start, l.m),
+            &l.main,
+            None,
+        )?)
+    } else {
+        None
+    };
+    let streamline_ffn_row = match &streamline_ffn {
+        Some(t) => Some(trained_row(
+            ctx,
+            "LLM-Streamline FFN (layer l's MLP alone, 1 application)".into(),
+            &budget,
+            t,
+        )?),
+        None => None,
+    };
     let looped = runs::train(
         ctx,
         &Variant::looped(l.start, l.m, l.looped_k),
@@ -210,7 +223,8 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     )?;
     rows.push(row(
         format!(
-            "SmolLM2-135M-Instruct, LoRA-tuned (r = {}, {} steps × {} × {} tokens; the reference)",
+            "{}, LoRA-tuned (r = {}, {} steps × {} × {} tokens; the reference)",
+            ctx.model_name,
             elm::lora::LoraSpec::default().rank,
             l.lora.steps,
             l.lora.batch_size,
@@ -223,7 +237,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         &dense.em.value,
     )?);
     rows.push(row(
-        "SmolLM2-135M-Instruct (untuned)".into(),
+        format!("{} (untuned)", ctx.model_name),
         "dense, untuned",
         dense_params(&elm.value),
         (0, 0.0),
@@ -302,7 +316,10 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             &em.value,
         )?);
     }
-    for (r, items) in [streamline_row, streamline_ffn_row, looped_row] {
+    for (r, items) in [Some(streamline_row), streamline_ffn_row, Some(looped_row)]
+        .into_iter()
+        .flatten()
+    {
         compressed.push((rows.len(), items));
         rows.push(r);
     }
@@ -335,8 +352,11 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         same_window.push((format!("ELM M={} at layer {start} (main)", l.m), t));
     }
     // ELM + heal at the window where the methods meet (else the study's): the same budget,
-    // the module and the adapters trained together.
-    let heal_start = same_window_start.unwrap_or(l.start);
+    // the module and the adapters trained together. A window that ends at the last layer leaves
+    // no layer after it to heal: then the study's window.
+    let heal_start = same_window_start
+        .filter(|&s| s + l.m < ctx.num_layers)
+        .unwrap_or(l.start);
     let healed = runs::train(ctx, &Variant::elm_healed(heal_start, l.m), &l.main, None)?;
     let layers = (heal_start, heal_start + l.m - 1);
     let name = format!(
@@ -430,12 +450,13 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         rows,
         best_baseline: best.map(|b| b.1).unwrap_or_else(|| "short-gpt".into()),
         trainings: [
-            (format!("ELM M={} (main)", l.m), elm.clone_done()),
-            ("LLM-Streamline (main)".into(), streamline),
-            ("LLM-Streamline FFN (main)".into(), streamline_ffn),
-            (format!("looped K={} (main)", l.looped_k), looped),
+            Some((format!("ELM M={} (main)", l.m), elm.clone_done())),
+            Some(("LLM-Streamline (main)".into(), streamline)),
+            streamline_ffn.map(|t| ("LLM-Streamline FFN (main)".into(), t)),
+            Some((format!("looped K={} (main)", l.looped_k), looped)),
         ]
         .into_iter()
+        .flatten()
         .chain(same_window)
         .chain(ablations)
         .collect(),

@@ -35,6 +35,27 @@ pub struct Ctx<'a> {
     pub limits: &'a Limits,
     /// Shared teacher-state cache of the trainings (`elm train --teacher-cache`).
     pub teacher_cache: PathBuf,
+    /// The dense model's name in table rows ([`model_name`]).
+    pub model_name: String,
+    /// Whether the model's family has feed-forward-only module blocks (Gemma 3 does not:
+    /// `ElmConfig::validate`); without them the FFN-only rows are left out (the README says so).
+    pub ffn_blocks: bool,
+    /// The dense model's layer count.
+    pub num_layers: usize,
+}
+
+/// The name a model file goes by in the tables: the two fetched checkpoints by name, any other
+/// by its file (or directory) name.
+pub fn model_name(path: &Path) -> String {
+    let file = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |f| f.to_string_lossy().into_owned(),
+    );
+    match file.as_str() {
+        elm::formats::SMOLLM2_GGUF => "SmolLM2-135M-Instruct".into(),
+        elm::formats::GEMMA3_GGUF => "Gemma 3 270M (base)".into(),
+        _ => file,
+    }
 }
 
 /// `path|size|mtime` of a file, or of every file of a directory.

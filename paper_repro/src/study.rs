@@ -204,13 +204,11 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     if let Some(note) = run.takeover_note() {
         eprintln!("{note}");
     }
-    let layers = elm::model::load_config(&model)
-        .map_err(|e| ReproError::Elm {
-            what: format!("model config of {}", model.display()),
-            source: e,
-        })?
-        .num_layers;
-    let limits = args.scale.limits().for_layers(layers);
+    let model_config = elm::model::load_config(&model).map_err(|e| ReproError::Elm {
+        what: format!("model config of {}", model.display()),
+        source: e,
+    })?;
+    let limits = args.scale.limits().for_layers(model_config.num_layers);
     let only = args.only.clone();
     let has_curves = limits.curves.is_some();
     if !has_curves
@@ -236,6 +234,9 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         data_dir: data_dir.clone(),
         limits: &limits,
         teacher_cache: out.join("teacher_cache"),
+        model_name: runs::model_name(&model),
+        ffn_blocks: !model_config.has_gemma_norms(),
+        num_layers: model_config.num_layers,
     };
     let scale = format!("{:?}", args.scale).to_lowercase();
     // Tables not selected keep their rows from the previous run.
