@@ -341,7 +341,8 @@ fn gemma3_attention(obj: &Map<String, Value>) -> Result<Gemma3Attention> {
     let absent = |_: &Value| false;
     let zero = |v: &Value| v.as_f64() == Some(0.0);
     let off = |v: &Value| v.as_bool() == Some(false);
-    let checks: [(&str, &dyn Fn(&Value) -> bool); 7] = [
+    type Check<'a> = (&'a str, &'a dyn Fn(&Value) -> bool);
+    let checks: [Check; 7] = [
         ("use_bidirectional_attention", &off),
         ("hidden_activation", &gelu_tanh),
         ("hidden_act", &gelu_tanh),

@@ -104,7 +104,7 @@ impl ModelConfig {
             Arch::Llama | Arch::Qwen2 => Ok(()),
             Arch::Gemma3 => Err(ElmError::Unsupported(format!(
                 "{what} on a Gemma 3 model: its block (q/k norms, post-norms, GeGLU, sliding \
-                 window) runs on the inference path (logits, generate, bench, eval) but not yet \
+                 window) runs on the CPU paths (inference, training, HF directories) but not yet \
                  here"
             ))),
         }
