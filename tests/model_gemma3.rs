@@ -247,30 +247,19 @@ fn gemma3_elm_module_inherits_its_layers_attention() {
         return;
     };
     let weights = elm::formats::load_gguf_model(&path).unwrap();
+    let attention_of = |m: &ElmModule| {
+        let block = m.block.decoder().expect("a decoder block");
+        block.gemma.as_ref().expect("Gemma 3 norms").attention
+    };
     for (start, window, theta) in [(1, Some(512), 1e4f32), (5, None, 1e6)] {
         let elm_cfg = ElmConfig::new(start, 2);
         let module = ElmModule::init(&weights, &elm_cfg).unwrap();
-        let attention = module
-            .block
-            .decoder()
-            .unwrap()
-            .gemma
-            .as_ref()
-            .unwrap()
-            .attention;
+        let attention = attention_of(&module);
         assert_eq!((attention.window, attention.rope_theta), (window, theta));
         let tensors = module.to_tensors(&weights.config);
         let file = std::path::Path::new("module.safetensors");
         let back = ElmModule::from_tensors(tensors, &weights.config, &elm_cfg, file).unwrap();
-        let back_att = back
-            .block
-            .decoder()
-            .unwrap()
-            .gemma
-            .as_ref()
-            .unwrap()
-            .attention;
-        assert_eq!(back_att, attention);
+        assert_eq!(attention_of(&back), attention);
     }
     let ffn = ElmConfig {
         block: BlockKind::Ffn,
