@@ -140,22 +140,21 @@ fn tape_module_equals_inference_module() {
         let z = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
         let h = Array3::from_shape_simple_fn((2, 7, c), || rng.gen_range(-1.0f32..1.0));
         let want = m2.apply(&w.config, z.view(), h.view()).unwrap().into_dyn();
-        let layer = ElmLayer::new(&w.config, true, kind, 0);
+        let layer = ElmLayer::new(&w.config, &ec);
         let trainer = Trainer::new(&w, ec.clone(), &m2, cfg(1, 0), "tiny".into()).unwrap();
         let _ = trainer;
         let mut tape = Tape::<f32>::new();
         let tensors = m2.to_tensors(&w.config);
         let names = elm_param_names(&w.config, kind);
         // The typed parameters carry exactly the checkpoint keys, in this order.
-        let typed: Vec<String> = ElmParams::shapes(&w.config, true, kind, 0)
+        let typed: Vec<String> = ElmParams::shapes(&w.config, &ec)
             .named()
             .into_iter()
             .map(|(n, _)| n)
             .collect();
         assert_eq!(typed, names);
         assert_eq!(tensors.keys().count(), names.len());
-        let params =
-            ElmParams::shapes(&w.config, true, kind, 0).map(|n, _| tape.param(tensors[n].clone()));
+        let params = ElmParams::shapes(&w.config, &ec).map(|n, _| tape.param(tensors[n].clone()));
         let zv = tape.constant(z.into_dyn());
         let hv = tape.constant(h.clone().into_dyn());
         let out = layer.forward(&mut tape, zv, hv, &params).unwrap();

@@ -24,7 +24,7 @@ use crate::model::{block_forward_rows, BlockWeights, LayerKv, ModelConfig, Scrat
 use crate::model_data::qmatmul::QActs;
 use crate::model_data::quant::LinearRef;
 
-use super::config::BlockKind;
+use super::config::ElmConfig;
 use super::module::{ElmModule, ElmParams, ModuleBlock};
 
 /// The fixed-point module as the no-tape kernels see it, with f32 or quantized matrices (the
@@ -219,40 +219,34 @@ pub fn apply_taped(tape: &mut Tape<f32>, p: &ElmParams<Var>, z: Var, h: Var) -> 
 #[derive(Clone)]
 pub struct ElmLayer {
     cfg: ModelConfig,
-    injection: bool,
-    block: BlockKind,
-    /// The layer the block was cut from (how it attends: [`ElmParams::shapes`]).
-    source_layer: usize,
+    /// The module's layout (injection, block kind, the layer the block was cut from).
+    elm: ElmConfig,
 }
 
 impl ElmLayer {
-    /// The layer of a module for model `cfg`, with or without input injection, whose block is
-    /// of kind `block` cut from layer `source_layer` (`ElmConfig::start_layer`).
-    pub fn new(cfg: &ModelConfig, injection: bool, block: BlockKind, source_layer: usize) -> Self {
+    /// The layer of the module `elm` lays out for model `cfg` ([`ElmParams::shapes`]).
+    pub fn new(cfg: &ModelConfig, elm: &ElmConfig) -> Self {
         ElmLayer {
             cfg: cfg.clone(),
-            injection,
-            block,
-            source_layer,
+            elm: elm.clone(),
         }
     }
 
     /// `values` (in [`ElmParams`] order) named, their shapes checked against the module's.
     fn named<'v>(&self, values: &'v [Arc<ArrayD<f32>>]) -> Result<ElmParams<&'v ArrayD<f32>>> {
         let mut it = values.iter();
-        let named = ElmParams::shapes(&self.cfg, self.injection, self.block, self.source_layer)
-            .try_map(|name, shape| {
-                let v = it
-                    .next()
-                    .ok_or_else(|| ElmError::tensor(name, "ElmLayer: no value given"))?;
-                if v.shape() != shape.as_slice() {
-                    return Err(ElmError::tensor(
-                        name,
-                        format!("ElmLayer: shape {:?}, expected {:?}", v.shape(), shape),
-                    ));
-                }
-                Ok(&**v)
-            })?;
+        let named = ElmParams::shapes(&self.cfg, &self.elm).try_map(|name, shape| {
+            let v = it
+                .next()
+                .ok_or_else(|| ElmError::tensor(name, "ElmLayer: no value given"))?;
+            if v.shape() != shape.as_slice() {
+                return Err(ElmError::tensor(
+                    name,
+                    format!("ElmLayer: shape {:?}, expected {:?}", v.shape(), shape),
+                ));
+            }
+            Ok(&**v)
+        })?;
         if it.next().is_some() {
             return Err(ElmError::shape(
                 "ElmLayer",

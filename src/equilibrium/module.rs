@@ -129,19 +129,21 @@ impl<H> ElmParams<H> {
 }
 
 impl ElmParams<Vec<usize>> {
-    /// The shape of every parameter of a module for model `cfg` (with `P` and `b` when
-    /// `injection`, and a block of kind `block` that attends as layer `layer` of `cfg` does: the
-    /// layer the module was cut from, `ElmConfig::start_layer`).
-    pub fn shapes(cfg: &ModelConfig, injection: bool, block: BlockKind, layer: usize) -> Self {
+    /// The shape of every parameter of the module `elm` lays out for model `cfg`: `P` and `b`
+    /// with injection, and a block of `elm.block`'s kind that attends as the layer it was cut
+    /// from (`elm.start_layer`) does.
+    pub fn shapes(cfg: &ModelConfig, elm: &ElmConfig) -> Self {
         let c = cfg.hidden_size;
         ElmParams {
-            projection: injection.then(|| Projection {
+            projection: elm.injection.then(|| Projection {
                 w_z: vec![c, c],
                 w_h: vec![c, c],
                 bias: vec![c],
             }),
-            block: match block {
-                BlockKind::Decoder => ModuleBlock::Decoder(BlockParams::shapes(cfg, layer)),
+            block: match elm.block {
+                BlockKind::Decoder => {
+                    ModuleBlock::Decoder(BlockParams::shapes(cfg, elm.start_layer))
+                }
                 BlockKind::Ffn => ModuleBlock::Ffn(FfnParams::shapes(cfg)),
             },
         }
@@ -297,7 +299,7 @@ impl ElmModule {
         elm: &ElmConfig,
         file: &Path,
     ) -> Result<Self> {
-        let p = ElmParams::shapes(cfg, elm.injection, elm.block, elm.start_layer)
+        let p = ElmParams::shapes(cfg, elm)
             .try_map(|name, shape| take_tensor(&mut m, name, shape, file))?;
         expect_empty(&m, file)?;
         Self::from_params(&p)

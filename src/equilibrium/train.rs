@@ -46,7 +46,7 @@ use crate::train::{load_params_and_optimizer, save_params_and_optimizer, step_se
 /// The module's parameters registered on `tape`, typed (store order = [`ElmParams`] order).
 fn params_on_tape(cfg: &ModelConfig, elm: &ElmConfig, vars: &[Var]) -> Result<ElmParams<Var>> {
     let mut i = 0;
-    ElmParams::shapes(cfg, elm.injection, elm.block, elm.start_layer).try_map(|name, _| {
+    ElmParams::shapes(cfg, elm).try_map(|name, _| {
         let v = vars
             .get(i)
             .copied()
@@ -395,7 +395,7 @@ impl<'a> Trainer<'a> {
         Ok(Trainer {
             dense,
             frozen,
-            layer: ElmLayer::new(mc, elm.injection, elm.block, elm.start_layer),
+            layer: ElmLayer::new(mc, &elm),
             back,
             final_norm: Arc::new(dense.final_norm.clone().into_dyn()),
             lm_head,
@@ -866,16 +866,11 @@ impl<'a> Trainer<'a> {
             .validate()
             .and_then(|()| state.elm.validate(&dense.config))
             .map_err(|e| e.in_file(&sp))?;
-        let mut expected: Vec<String> = ElmParams::shapes(
-            &dense.config,
-            state.elm.injection,
-            state.elm.block,
-            state.elm.start_layer,
-        )
-        .named()
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
+        let mut expected: Vec<String> = ElmParams::shapes(&dense.config, &state.elm)
+            .named()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
         if state.train.heal.is_some() {
             expected.extend(heal_names(&state.elm, &dense.config)?);
         }
