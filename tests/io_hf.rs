@@ -478,6 +478,10 @@ fn gemma3_round_trips_through_an_hf_directory() {
         ),
         ("final_logit_softcapping", serde_json::json!(30.0)),
         ("query_pre_attn_scalar", serde_json::json!(7)),
+        (
+            "rope_scaling",
+            serde_json::json!({"rope_type": "linear", "factor": 8.0}),
+        ),
     ] {
         let mut edited = json.clone();
         edited[key] = value;

@@ -234,7 +234,10 @@ pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
     Ok(config)
 }
 
-/// The `config.json` keys of a Gemma 3 text model that [`gemma3_attention`] reads or checks.
+/// The `config.json` keys a Gemma 3 text model holds at values other than a Llama's: read or
+/// checked by [`gemma3_attention`], except `query_pre_attn_scalar`, which is checked against
+/// the head dimension once the config is built. Keys whose neutral value is the same for every
+/// family (`rope_scaling`, `attention_dropout`) stay with the common check.
 const GEMMA3_KEYS: &[&str] = &[
     "sliding_window",
     "sliding_window_pattern",
@@ -246,8 +249,6 @@ const GEMMA3_KEYS: &[&str] = &[
     "hidden_act",
     "final_logit_softcapping",
     "attn_logit_softcapping",
-    "rope_scaling",
-    "attention_dropout",
     "use_bidirectional_attention",
 ];
 
@@ -262,7 +263,7 @@ struct Gemma3Attention {
 /// Reads (and checks) the keys of [`GEMMA3_KEYS`]: the window; the pattern (`layer i` global
 /// iff `(i + 1) % pattern == 0`) from `sliding_window_pattern` or `layer_types`, which must
 /// agree when both are given; the local layers' RoPE base; and the keys that must hold
-/// Gemma 3's defaults (GELU-tanh, no soft-capping, no RoPE scaling, no attention dropout).
+/// Gemma 3's defaults (GELU-tanh, no soft-capping, causal attention).
 fn gemma3_attention(obj: &Map<String, Value>) -> Result<Gemma3Attention> {
     let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
     let window = get("sliding_window")
@@ -339,17 +340,14 @@ fn gemma3_attention(obj: &Map<String, Value>) -> Result<Gemma3Attention> {
     };
     let gelu_tanh = |v: &Value| v.as_str() == Some("gelu_pytorch_tanh");
     let absent = |_: &Value| false;
-    let zero = |v: &Value| v.as_f64() == Some(0.0);
     let off = |v: &Value| v.as_bool() == Some(false);
     type Check<'a> = (&'a str, &'a dyn Fn(&Value) -> bool);
-    let checks: [Check; 7] = [
+    let checks: [Check; 5] = [
         ("use_bidirectional_attention", &off),
         ("hidden_activation", &gelu_tanh),
         ("hidden_act", &gelu_tanh),
         ("final_logit_softcapping", &absent),
         ("attn_logit_softcapping", &absent),
-        ("rope_scaling", &absent),
-        ("attention_dropout", &zero),
     ];
     for (k, ok) in checks {
         if let Some(v) = get(k) {
