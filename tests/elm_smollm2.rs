@@ -9,7 +9,7 @@ use elm::equilibrium::accounting::{kv_report, param_report};
 use elm::equilibrium::infer::{generate_greedy, ElmModel, ElmSession, InferenceConfig, KvMode};
 use elm::equilibrium::train::Trainer;
 use elm::equilibrium::{ElmConfig, ElmModule, TrainConfig};
-use elm::eval::gsm8k::{qa_prompt, stop_ids};
+use elm::eval::gsm8k::{qa_prompt, stop_ids, QaLayout};
 use elm::model::load_pretrained;
 use elm::solver::{RowStatus, SolverConfig, StopCriteria};
 
@@ -41,7 +41,14 @@ fn smollm2_compress_train_generate() {
             "5 - 2 = 3\n#### 3",
         ),
     ];
-    let prompt = |q: &str| qa_prompt(&tok, q);
+    let layout = QaLayout::of(&tok);
+    assert_eq!(
+        layout,
+        QaLayout::Chat,
+        "SmolLM2-Instruct has a chat template"
+    );
+    let prompt = |q: &str| layout.prompt(&tok, q);
+    let answer = |a: &str| layout.answer(a);
     let enc = |s: &str| tok.encode(s, false);
     let data: Vec<_> = ex
         .iter()
@@ -50,7 +57,7 @@ fn smollm2_compress_train_generate() {
                 question: q.to_string(),
                 answer: a.to_string(),
             });
-            tokenize_example(&e, 64, &prompt, &|a: &str| format!("{a}<|im_end|>\n"), &enc).unwrap()
+            tokenize_example(&e, 64, &prompt, &answer, &enc).unwrap()
         })
         .collect();
     let cfg = TrainConfig {
