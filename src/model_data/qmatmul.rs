@@ -428,11 +428,7 @@ mod avx2 {
         let (bb, qh_at) = if Q51 { (24, 4) } else { (22, 2) };
         let mut acc = [_mm256_setzero_ps(); R];
         let mut off = [0f32; R];
-        let (low, bit4, ones) = (
-            _mm256_set1_epi8(0x0F),
-            _mm256_set1_epi8(0x10),
-            _mm256_set1_epi16(1),
-        );
+        let (low, bit4) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
         let p = row.as_ptr();
         for b in 0..nb {
             let blk = p.add(b * bb);
@@ -442,14 +438,8 @@ mod avx2 {
             let nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
             let qh = (blk.add(qh_at) as *const u32).read_unaligned();
             let wq = _mm256_or_si256(nibbles, _mm256_and_si256(bytes_from_bits(qh), bit4));
-            for r in 0..R {
-                let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
-                // u8 (≤ 31) × i8 pairs: |sum| ≤ 2·31·127, no i16 saturation.
-                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones);
-                let scale = _mm256_set1_ps(d * *xd[r].get_unchecked(b));
-                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
-                off[r] += o * *xs[r].get_unchecked(b);
-            }
+            // Codes ≤ 31.
+            add_unsigned_block(wq, d, o, b, xq, xd, xs, &mut acc, &mut off);
         }
         std::array::from_fn(|r| hsum(acc[r]) + off[r])
     }
@@ -467,7 +457,7 @@ mod avx2 {
     ) -> [f32; R] {
         let mut acc = [_mm256_setzero_ps(); R];
         let mut off = [0f32; R];
-        let (low, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+        let low = _mm256_set1_epi8(0x0F);
         let p = row.as_ptr();
         for sb in 0..nb / 8 {
             let blk = p.add(sb * 144);
@@ -483,13 +473,8 @@ mod avx2 {
                 } else {
                     _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low)
                 };
-                for r in 0..R {
-                    let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
-                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones);
-                    let scale = _mm256_set1_ps(dl * *xd[r].get_unchecked(b));
-                    acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
-                    off[r] -= ml * *xs[r].get_unchecked(b);
-                }
+                // Codes ≤ 15; the sub-block's offset is `−dmin·m`.
+                add_unsigned_block(wq, dl, -ml, b, xq, xd, xs, &mut acc, &mut off);
             }
         }
         std::array::from_fn(|r| hsum(acc[r]) + off[r])
@@ -552,6 +537,34 @@ mod avx2 {
         std::array::from_fn(|r| hsum(acc[r]))
     }
 
+    /// Block `b` of 32 unsigned weight codes `wq` (each < 64: a `maddubs` pair sums to at most
+    /// 2·63·127 < 2^15, no i16 saturation) against block `b` of every activation row:
+    /// `acc[r] += (w_scale · xd[r][b]) · Σ wq·x[r]`, and the weights' offset through the rows'
+    /// block sums, `off[r] += w_offset · xs[r][b]`. The inner loop of the Q4_0/Q4_1, Q5_0/Q5_1
+    /// and Q4_K kernels, which differ only in how they unpack `wq` and its scale and offset.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn add_unsigned_block<const R: usize>(
+        wq: __m256i,
+        w_scale: f32,
+        w_offset: f32,
+        b: usize,
+        xq: &[&[i8]; R],
+        xd: &[&[f32]; R],
+        xs: &[&[f32]; R],
+        acc: &mut [__m256; R],
+        off: &mut [f32; R],
+    ) {
+        let ones = _mm256_set1_epi16(1);
+        for r in 0..R {
+            let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
+            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones);
+            let scale = _mm256_set1_ps(w_scale * *xd[r].get_unchecked(b));
+            acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
+            off[r] += w_offset * *xs[r].get_unchecked(b);
+        }
+    }
+
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -574,7 +587,6 @@ mod avx2 {
         let mut acc = [_mm256_setzero_ps(); R];
         let mut off = [0f32; R];
         let low = _mm256_set1_epi8(0x0F);
-        let ones = _mm256_set1_epi16(1);
         let p = row.as_ptr();
         for b in 0..nb {
             let blk = p.add(b * bb);
@@ -595,14 +607,8 @@ mod avx2 {
             // 16 bytes → 32 nibbles in element order: low nibbles are elements 0..16.
             let raw = _mm_loadu_si128(blk.add(qoff) as *const __m128i);
             let wq = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
-            for r in 0..R {
-                let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
-                // u8 (≤ 15) × i8 pairs: |sum| ≤ 2·15·127, no i16 saturation.
-                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones);
-                let scale = _mm256_set1_ps(d * *xd[r].get_unchecked(b));
-                acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
-                off[r] += o * *xs[r].get_unchecked(b);
-            }
+            // Codes ≤ 15.
+            add_unsigned_block(wq, d, o, b, xq, xd, xs, &mut acc, &mut off);
         }
         std::array::from_fn(|r| hsum(acc[r]) + off[r])
     }
