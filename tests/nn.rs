@@ -412,7 +412,7 @@ fn gradcheck_geglu_and_gelu_tanh_values() {
     for (got, (x, want)) in y.iter().zip(torch) {
         assert!(
             (got - want).abs() < 1e-12,
-            "gelu_tanh({x}) = {got}, torch {want}"
+            "gelu_tanh({x}) = {got}, Python {want}"
         );
     }
 }

@@ -357,17 +357,11 @@ pub fn rms_norm_chunks_inplace(rows: &mut [f32], gain: &[f32], eps: f32) {
     }
 }
 
-/// GELU's tanh approximation, `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))` (PyTorch's
-/// `gelu(approximate="tanh")`, ggml's `gelu`).
-pub fn gelu_tanh(g: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * g * (1.0 + (SQRT_2_OVER_PI * g * (1.0 + 0.044_715 * g * g)).tanh())
-}
-
-/// `gate[i] = gelu_tanh(gate[i]) * up[i]` (GeGLU, Gemma 3), in place on `gate`.
+/// `gate[i] = gelu_tanh(gate[i]) * up[i]` (GeGLU, Gemma 3; [`crate::nn::geglu::gelu_tanh`]),
+/// in place on `gate`.
 pub fn geglu_tanh_inplace(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = gelu_tanh(*g) * u;
+        *g = crate::nn::geglu::gelu_tanh(*g) * u;
     }
 }
 

@@ -1,7 +1,7 @@
 //! GeGLU gating `gelu_tanh(gate) ⊙ up` (the Gemma 3 MLP nonlinearity), with GELU's tanh
 //! approximation `gelu(g) = ½·g·(1 + tanh(u))`, `u = √(2/π)·(g + 0.044715·g³)` (PyTorch's
-//! `gelu(approximate="tanh")`, ggml's `gelu`; the inference path's
-//! [`crate::model::ops::gelu_tanh`]).
+//! `gelu(approximate="tanh")`, ggml's `gelu`). [`gelu_tanh`] is the one definition: the
+//! inference path's `crate::model::ops::geglu_tanh_inplace` calls it too.
 
 use ndarray::{ArrayD, Zip};
 
@@ -12,10 +12,22 @@ use crate::error::{ElmError, Result};
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const CUBIC: f64 = 0.044_715;
 
+/// `tanh(√(2/π)·(g + 0.044715·g³))`.
+#[inline(always)]
+fn tanh_of_arg<T: AdFloat>(g: T) -> T {
+    (T::of(SQRT_2_OVER_PI) * g * (T::one() + T::of(CUBIC) * g * g)).tanh()
+}
+
+/// GELU's tanh approximation at one point.
+#[inline]
+pub fn gelu_tanh<T: AdFloat>(g: T) -> T {
+    T::of(0.5) * g * (T::one() + tanh_of_arg(g))
+}
+
 /// `(gelu(g), d gelu / d g)` at one point.
 fn gelu_and_slope<T: AdFloat>(g: T) -> (T, T) {
     let (c, a, half) = (T::of(SQRT_2_OVER_PI), T::of(CUBIC), T::of(0.5));
-    let th = (c * g * (T::one() + a * g * g)).tanh();
+    let th = tanh_of_arg(g);
     let value = half * g * (T::one() + th);
     // d/dg: ½(1 + t) + ½·g·(1 − t²)·√(2/π)·(1 + 3a·g²).
     let slope = half * (T::one() + th)
@@ -33,7 +45,7 @@ pub fn forward<T: AdFloat>(gate: &ArrayD<T>, up: &ArrayD<T>) -> Result<ArrayD<T>
     }
     Ok(Zip::from(gate)
         .and(up)
-        .map_collect(|&g, &u| gelu_and_slope(g).0 * u))
+        .map_collect(|&g, &u| gelu_tanh(g) * u))
 }
 
 /// Returns `(d_gate, d_up)` for upstream `dy` (same shape as the inputs).
@@ -48,7 +60,7 @@ pub fn backward<T: AdFloat>(
         .map_collect(|&g, &u, &d| d * u * gelu_and_slope(g).1);
     let dup = Zip::from(gate)
         .and(dy)
-        .map_collect(|&g, &d| d * gelu_and_slope(g).0);
+        .map_collect(|&g, &d| d * gelu_tanh(g));
     (dgate, dup)
 }
 
