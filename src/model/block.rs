@@ -260,7 +260,7 @@ fn forward_rows<W: BlockWeights + ?Sized>(
             .map_err(layout)?;
         linear_any_into(attn2, a.wo, None, tmp.view_mut(), qx);
         if let Some(g) = gemma {
-            post_norm(&mut tmp, g.post_attn_norm, cfg.rms_norm_eps, &mut xn)?;
+            post_norm(&mut tmp, g.post_attn_norm, cfg.rms_norm_eps)?;
         }
         x2 += &tmp;
     }
@@ -288,7 +288,7 @@ fn forward_rows<W: BlockWeights + ?Sized>(
     }
     linear_any_into(gate.view(), w.w_down, None, tmp.view_mut(), qx);
     if let Some(g) = gemma {
-        post_norm(&mut tmp, g.post_mlp_norm, cfg.rms_norm_eps, &mut xn)?;
+        post_norm(&mut tmp, g.post_mlp_norm, cfg.rms_norm_eps)?;
     }
     Zip::from(&mut x2).and(&tmp).for_each(|a, &b| *a += b);
 
@@ -317,15 +317,13 @@ fn first_visible(visible: usize, window: Option<usize>) -> usize {
     window.map_or(0, |w| visible.saturating_sub(w))
 }
 
-/// `out ← RMSNorm(out)·gain` (Gemma 3's norm of a sublayer's output), through `scratch`.
-fn post_norm(
-    out: &mut ArrayViewMut2<f32>,
-    gain: ndarray::ArrayView1<f32>,
-    eps: f32,
-    scratch: &mut ArrayViewMut2<f32>,
-) -> Result<()> {
-    rms_norm_into(out.view(), gain, eps, scratch.view_mut());
-    out.assign(scratch);
+/// `out ← RMSNorm(out)·gain` in place (Gemma 3's norm of a sublayer's output).
+fn post_norm(out: &mut ArrayViewMut2<f32>, gain: ndarray::ArrayView1<f32>, eps: f32) -> Result<()> {
+    rms_norm_chunks_inplace(
+        out.as_slice_mut().ok_or_else(not_contiguous)?,
+        gain.as_slice().ok_or_else(not_contiguous)?,
+        eps,
+    );
     Ok(())
 }
 

@@ -337,20 +337,25 @@ pub fn rms_norm_into(
     for (xr, mut or) in x.rows().into_iter().zip(out.rows_mut()) {
         let xs = xr.as_slice().expect("contiguous rows");
         let os = or.as_slice_mut().expect("contiguous rows");
-        let mean_sq = crate::simd::sum_of_squares::<f32, f32>(xs) / xs.len() as f32;
-        let inv = 1.0 / (mean_sq + eps).sqrt();
+        let inv = inv_rms(xs, eps);
         for ((o, &v), &g) in os.iter_mut().zip(xs).zip(gain) {
             *o = v * inv * g;
         }
     }
 }
 
+/// `1 / sqrt(mean(x²) + eps)` of one row.
+fn inv_rms(xs: &[f32], eps: f32) -> f32 {
+    let mean_sq = crate::simd::sum_of_squares::<f32, f32>(xs) / xs.len() as f32;
+    1.0 / (mean_sq + eps).sqrt()
+}
+
 /// RMSNorm of every `width`-wide chunk of `rows` in place, each times `gain` (`[width]`):
-/// Gemma 3's per-head norm of q and k.
+/// Gemma 3's per-head norm of q and k (width `D`), and its norm of a sublayer's output
+/// (width `C`).
 pub fn rms_norm_chunks_inplace(rows: &mut [f32], gain: &[f32], eps: f32) {
     for chunk in rows.chunks_exact_mut(gain.len()) {
-        let mean_sq = crate::simd::sum_of_squares::<f32, f32>(chunk) / chunk.len() as f32;
-        let inv = 1.0 / (mean_sq + eps).sqrt();
+        let inv = inv_rms(chunk, eps);
         for (v, &g) in chunk.iter_mut().zip(gain) {
             *v = *v * inv * g;
         }
