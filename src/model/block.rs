@@ -19,6 +19,7 @@ use super::ops::{
 };
 use crate::error::{ElmError, Result};
 use crate::model_data::config::{Activation, ModelConfig};
+use crate::nn::attention::first_visible;
 
 /// Runs one block on the new tokens `x` `[B, T, C]` of every sequence and returns
 /// the block output `[B, T, C]`.
@@ -310,12 +311,6 @@ fn forward_rows<W: BlockWeights + ?Sized>(
 /// step would otherwise make `2·B·H` tiny BLAS calls per layer, whose call and
 /// threading overhead dominates the few FLOPs they do.
 const FEW_QUERIES: usize = 4;
-
-/// The first key position a query that sees `visible` keys attends to: 0, or the start of its
-/// sliding window.
-fn first_visible(visible: usize, window: Option<usize>) -> usize {
-    window.map_or(0, |w| visible.saturating_sub(w))
-}
 
 /// `out ← RMSNorm(out)·gain` in place (Gemma 3's norm of a sublayer's output).
 fn post_norm(out: &mut ArrayViewMut2<f32>, gain: ndarray::ArrayView1<f32>, eps: f32) -> Result<()> {

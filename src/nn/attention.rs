@@ -12,6 +12,13 @@ use crate::autograd::ops::standard;
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
 
+/// The first key a query that sees `visible` keys (itself the last) attends to: 0, or the start
+/// of its sliding window of `window` keys. The one definition of the window, which the cached
+/// inference path (`crate::model::block`) reads too.
+pub fn first_visible(visible: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| visible.saturating_sub(w))
+}
+
 /// Softmax probabilities kept for backward: `[B, H, T, S]`.
 #[derive(Clone, Debug)]
 pub struct AttentionCache<T> {
@@ -79,7 +86,7 @@ pub fn forward<T4: AdFloat>(
             let mut sc: Array2<T4> = T4::matmul_full_precision(&qh.view(), &kh.t()) * scale; // [T, S]
             for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
                 let last = prefix + ti; // last visible key
-                let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
+                let first = first_visible(last + 1, window);
                 let m = row
                     .slice(s![first..=last])
                     .fold(T4::neg_infinity(), |a, &x| a.max(x));
