@@ -979,3 +979,68 @@ fn a_run_request_reads_back_and_refuses_another_command_or_model() {
         .to_string();
     assert!(e.contains(RUN_REQUEST_FILE), "{e}");
 }
+
+#[test]
+fn relative_distillation_divides_the_loss_by_the_teachers_mean_square() {
+    // Reference: the dense model's own hidden states h_{l+M} (model::Transformer, independent of
+    // the trainer's teacher), squared and averaged over every real token and channel.
+    use elm::equilibrium::{DistillScale, LambdaSchedule};
+    let w = tiny_weights(Arch::Llama, 5, 21);
+    let ec = ElmConfig::new(1, 2);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    // Four sequences and batches of four: every step sees all of them (≤ seq_len tokens each).
+    let seqs = data(4, 3);
+    let hs: Vec<_> = seqs
+        .iter()
+        .map(|s| {
+            Transformer::new(w.clone())
+                .unwrap()
+                .forward_hidden(std::slice::from_ref(&s.tokens))
+                .unwrap()
+                .swap_remove(3)
+        })
+        .collect();
+    let count: usize = hs.iter().map(|h| h.len()).sum();
+    let mean_square = hs
+        .iter()
+        .flatten()
+        .map(|&x| (x as f64).powi(2))
+        .sum::<f64>()
+        / count as f64;
+    let step_one = |distill_scale| {
+        let c = TrainConfig {
+            lambda: LambdaSchedule {
+                distill_scale,
+                ..LambdaSchedule::default()
+            },
+            ..cfg(4, 0)
+        };
+        let mut t = Trainer::new(&w, ec.clone(), &module, c, "tiny".into()).unwrap();
+        t.train_step(&seqs, 0).unwrap()
+    };
+    let abs = step_one(DistillScale::Absolute);
+    let rel = step_one(DistillScale::TeacherMeanSquare);
+    // Distillation-only phase (λ_ce = 0, λ_distill = 1): the loss is the (scaled) MSE alone.
+    assert_eq!((abs.lambda_ce, rel.lambda_ce), (0.0, 0.0));
+    assert_eq!(abs.loss, abs.distill);
+    // Same first step, same logged (absolute) MSE; only the loss that is differentiated changes.
+    assert_eq!(abs.distill, rel.distill);
+    let expected = rel.distill / mean_square;
+    assert!(
+        (rel.loss - expected).abs() <= 1e-5 * expected,
+        "relative loss {} vs MSE / mean(h²) = {} / {mean_square} = {expected}",
+        rel.loss,
+        rel.distill
+    );
+    // The setting round-trips by name and stays out of a default config's JSON.
+    let json = serde_json::to_value(LambdaSchedule::default()).unwrap();
+    assert!(json.get("distill_scale").is_none(), "{json}");
+    let back: LambdaSchedule =
+        serde_json::from_value(serde_json::json!({"distill_scale": "teacher_mean_square"}))
+            .unwrap();
+    assert_eq!(back.distill_scale, DistillScale::TeacherMeanSquare);
+    assert!(
+        serde_json::from_value::<LambdaSchedule>(serde_json::json!({"distill_scale": "rms"}))
+            .is_err()
+    );
+}

@@ -42,6 +42,8 @@ pub struct Ctx<'a> {
     pub ffn_blocks: bool,
     /// The dense model's layer count.
     pub num_layers: usize,
+    /// What the ELM trainings divide their distillation MSE by (`LambdaSchedule::distill_scale`).
+    pub distill_scale: elm::equilibrium::DistillScale,
 }
 
 /// The name a model file goes by in the tables: the two fetched checkpoints by name, any other
@@ -317,6 +319,10 @@ pub fn train(
             rank: HEAL_RANK,
             ..elm::lora::LoraSpec::default()
         }),
+        lambda: elm::equilibrium::LambdaSchedule {
+            distill_scale: ctx.distill_scale,
+            ..Default::default()
+        },
         ..TrainConfig::default()
     };
     let held_out = ctx.limits.held_out;

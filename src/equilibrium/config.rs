@@ -145,6 +145,27 @@ impl ElmConfig {
     }
 }
 
+/// What the distillation MSE is measured against before λ_distill weighs it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DistillScale {
+    /// The plain MSE `mean((z* − h_{l+M})²)`: the paper's loss.
+    #[default]
+    Absolute,
+    /// The MSE divided by the teacher's mean square `mean(h_{l+M}²)` over the batch's real
+    /// tokens (a relative error, about 1 for a module that outputs zeros). Why: the residual
+    /// stream's scale differs by orders of magnitude between families (Gemma 3 multiplies the
+    /// embedding by √C: its MSE starts near 5e4, where SmolLM2's ends near 15), and an absolute
+    /// MSE that large drowns the CE term (≈ 2–7) that λ_ce ramps in.
+    TeacherMeanSquare,
+}
+
+impl DistillScale {
+    pub fn is_absolute(&self) -> bool {
+        *self == DistillScale::Absolute
+    }
+}
+
 /// How the CE weight λ_ce and distillation weight λ_distill evolve with training progress.
 ///
 /// λ_ce = 0 while `progress < ce_start`, then `ce_max · sin(π/2 · (p − ce_start)/(ce_end − ce_start))`
@@ -154,6 +175,10 @@ impl ElmConfig {
 pub struct LambdaSchedule {
     #[serde(default = "one")]
     pub distill: f32,
+    /// What the distillation MSE is divided by (absent from the serialised config while
+    /// absolute, so existing runs keep their keys).
+    #[serde(default, skip_serializing_if = "DistillScale::is_absolute")]
+    pub distill_scale: DistillScale,
     #[serde(default = "one")]
     pub ce_max: f32,
     /// Fraction of training at which the CE ramp starts (paper: 0.5).
@@ -175,6 +200,7 @@ impl Default for LambdaSchedule {
     fn default() -> Self {
         LambdaSchedule {
             distill: 1.0,
+            distill_scale: DistillScale::Absolute,
             ce_max: 1.0,
             ce_start: 0.5,
             ce_end: 1.0,

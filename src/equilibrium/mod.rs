@@ -45,6 +45,6 @@ pub mod spectral;
 pub mod train;
 
 pub use accounting::{kv_report, param_report, KvReport, ParamReport};
-pub use config::{BlockKind, ElmConfig, LambdaSchedule, TrainConfig};
+pub use config::{BlockKind, DistillScale, ElmConfig, LambdaSchedule, TrainConfig};
 pub use map::ElmLayer;
 pub use module::{load_module, save_module, ElmModule, ElmParams, ModuleBlock, ModuleMeta};

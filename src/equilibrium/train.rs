@@ -30,7 +30,7 @@ use crate::solver::{SolverConfig, StopCriteria};
 use crate::train::{AdamW, ParamStore, ScheduleConfig};
 
 use super::checkpoint::TensorMap;
-use super::config::{ElmConfig, TrainConfig};
+use super::config::{DistillScale, ElmConfig, TrainConfig};
 use super::infer::solve_sequences;
 use super::map::ElmLayer;
 use super::module::{
@@ -620,6 +620,30 @@ impl<'a> Trainer<'a> {
             &self.deq,
             &mut rng,
         )?;
+        let distill_divisor = match self.cfg.lambda.distill_scale {
+            DistillScale::Absolute => 1.0,
+            DistillScale::TeacherMeanSquare => {
+                // `[B, T, C]` rows in the order of `valid`'s `[B][T]` flags.
+                let (sum, rows) = target
+                    .rows()
+                    .into_iter()
+                    .zip(&valid)
+                    .filter(|(_, &v)| v)
+                    .fold((0.0f64, 0usize), |(s, n), (row, _)| {
+                        (
+                            s + row.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>(),
+                            n + 1,
+                        )
+                    });
+                let ms = sum / (rows * c).max(1) as f64;
+                // An all-zero target (or a batch of no real token) has no scale to divide by.
+                if ms > 0.0 && ms.is_finite() {
+                    ms as f32
+                } else {
+                    1.0
+                }
+            }
+        };
         let tv = tape.constant(target.into_dyn());
         let mse = crate::nn::masked_mse(&mut tape, z, tv, &valid)?;
         // Logged: the last iterate's loss, comparable with or without the correction.
@@ -632,7 +656,7 @@ impl<'a> Trainer<'a> {
                 crate::nn::masked_mse(t, zi, tv, &valid)
             })?
         };
-        let mut loss = tape.scale(mse, lambda_distill);
+        let mut loss = tape.scale(mse, lambda_distill / distill_divisor);
         let mut jacobian = None;
         let reg = &self.cfg.jacobian_penalty;
         if !reg.is_off() {
