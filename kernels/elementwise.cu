@@ -15,6 +15,22 @@ extern "C" __global__ void swiglu_f32(const float* __restrict__ gate, const floa
     }
 }
 
+// out[r, i] = gelu_tanh(gate) * up with GELU's tanh approximation (Gemma 3's GeGLU),
+// gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (nn::geglu's formula); strides as swiglu_f32.
+extern "C" __global__ void geglu_tanh_f32(const float* __restrict__ gate, const float* __restrict__ up,
+                                          float* __restrict__ out, int rows, int cols, int in_stride) {
+    const size_t n = (size_t)rows * cols;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = idx / cols;
+        const size_t i = idx - r * cols;
+        const float g = gate[r * in_stride + i];
+        const float u = up[r * in_stride + i];
+        const float t = tanhf(0.7978845608028654f * g * (1.0f + 0.044715f * g * g));
+        out[idx] = 0.5f * g * (1.0f + t) * u;
+    }
+}
+
 // x += y (residual add), both [n].
 extern "C" __global__ void add_inplace_f32(float* __restrict__ x, const float* __restrict__ y, int n) {
     for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x)
@@ -29,14 +45,15 @@ extern "C" __global__ void add_bias_f32(float* __restrict__ x, const float* __re
         x[idx] += b[idx % cols];
 }
 
-// Row gather: out[r, :] = table[index[r], :]. Token embedding lookup, and picking each sequence's
-// last hidden row before the LM head. Indices are validated on the host. grid = rows.
+// Row gather: out[r, :] = scale * table[index[r], :]. Token embedding lookup (scale sqrt(C) on
+// Gemma 3, else 1), and picking each sequence's last hidden row before the LM head (scale 1).
+// Indices are validated on the host. grid = rows.
 extern "C" __global__ void gather_rows_f32(const float* __restrict__ table, const unsigned int* __restrict__ index,
-                                           float* __restrict__ out, int cols) {
+                                           float* __restrict__ out, int cols, float scale) {
     const size_t r = blockIdx.x;
     const float* src = table + (size_t)index[r] * cols;
     float* dst = out + r * cols;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c] * scale;
 }
 
 // Appends the new K and V of each token into the per-layer cache.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine with the bundle of scripts/gpu-bundle.sh in .gpu/: the CUDA tests
-# (every kernel, tiny Llama/Qwen2 and, when models/ holds it, SmolLM2 logits and greedy
+# (every kernel, tiny Llama/Qwen2/Gemma 3 and, when models/ holds it, SmolLM2 logits and greedy
 # continuations against the CPU) and scripts/gpu-bench.sh (ours vs PyTorch eager on that GPU).
 # Writes cuda-test.log, the bench JSONs and gpu-bench.md under $OUT (default target/gpu-check).
 # SKIP_TESTS=1 / SKIP_BENCH=1 leave a part out.

@@ -297,3 +297,29 @@ fn gemma3_base_model_gets_the_harness_layout() {
     assert_eq!(QaLayout::of(&back), QaLayout::Base);
     assert_eq!(back.encode(&prompt, false).unwrap(), ids);
 }
+
+/// The one weight check (`DecoderWeights::check`, used by the CPU and CUDA models) refuses a
+/// Gemma 3 layer without its norms, norms of the wrong width, and norms on another family:
+/// each would run silently wrong.
+#[test]
+fn gemma3_weights_without_their_norms_are_refused() {
+    use elm::model::{ModelConfig, ModelWeights};
+    use elm::ElmError;
+    let cfg = ModelConfig::tiny(Arch::Gemma3);
+    let good = ModelWeights::random(&cfg, 5);
+    assert!(good.layers.iter().all(|l| l.gemma.is_some()));
+    Transformer::new(good.clone()).expect("random Gemma 3 weights carry their norms");
+    let name_of = |w: ModelWeights| match Transformer::new(w) {
+        Err(ElmError::Tensor { name, .. }) => name,
+        other => panic!("expected a Tensor error, got {other:?}"),
+    };
+    let mut bare = good.clone();
+    bare.layers[1].gemma = None;
+    assert_eq!(name_of(bare), "layers.1.attn_q_norm");
+    let mut short = good.clone();
+    short.layers[0].gemma.as_mut().unwrap().k_norm = ndarray::Array1::ones(3);
+    assert_eq!(name_of(short), "layers.0.attn_k_norm");
+    let mut llama = ModelWeights::random(&ModelConfig::tiny(Arch::Llama), 5);
+    llama.layers[0].gemma = good.layers[0].gemma.clone();
+    assert_eq!(name_of(llama), "layers.0.attn_q_norm");
+}

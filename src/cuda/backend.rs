@@ -264,7 +264,7 @@ pub trait GpuKernels: GpuDevice {
     ) -> Result<()>;
 }
 
-/// A Llama / Qwen2 decoder whose weights, KV cache and activations live on one device.
+/// A Llama / Qwen2 / Gemma 3 decoder whose weights, KV cache and activations live on one device.
 ///
 /// Usage: [`GpuModel::prefill`] with up to `max_batch` prompts (this resets the cache), then
 /// [`GpuModel::decode`] with one token per prompt, repeatedly.

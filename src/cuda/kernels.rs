@@ -84,8 +84,9 @@ impl GpuKernels for CudaDevice {
         let n = gate.len();
         check_len("swiglu", "up", up.len(), n)?;
         check_len("swiglu", "out", out.len(), n)?;
-        raw::swiglu(
+        raw::gated_activation(
             self,
+            crate::model::config::Activation::SwiGlu,
             &gate.slice.as_view(),
             &up.slice.as_view(),
             &mut out.slice.as_view_mut(),
@@ -140,6 +141,7 @@ impl GpuKernels for CudaDevice {
             &mut out.slice.as_view_mut(),
             tokens.len(),
             dim,
+            1.0,
         )
     }
 
@@ -182,6 +184,7 @@ impl GpuKernels for CudaDevice {
             head_stride: head_dim,
             key_stride: n_kv_heads * head_dim,
             max_len: seq_len,
+            window: None,
         };
         raw::attention(
             self,
@@ -252,6 +255,7 @@ impl GpuKernels for CudaDevice {
             head_stride: max_seq * head_dim,
             key_stride: head_dim,
             max_len,
+            window: None,
         };
         raw::attention(
             self,
@@ -430,6 +434,34 @@ pub(crate) mod raw {
         Ok(())
     }
 
+    /// In place: RMSNorm of each of the `n_heads` heads (`head_dim` floats, gain `w`) at the
+    /// start of every row of `row_stride` floats in `x` (a sub-view starting at the first head).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rmsnorm_heads(
+        dev: &CudaDevice,
+        x: &mut CudaViewMut<f32>,
+        w: &CudaView<f32>,
+        rows: usize,
+        row_stride: usize,
+        n_heads: usize,
+        head_dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let f = dev.function(Kernel::RmsNormHeads)?;
+        let stride_i = i32_arg("rmsnorm_heads", "row_stride", row_stride)?;
+        let dim_i = i32_arg("rmsnorm_heads", "head_dim", head_dim)?;
+        let mut b = dev.stream.launch_builder(&f);
+        b.arg(x).arg(w).arg(&stride_i).arg(&dim_i).arg(&eps);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (rows as u32, n_heads as u32, 1),
+            block_dim: (row_threads(head_dim), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: callers guarantee rows rows of row_stride floats holding n_heads heads, w head_dim.
+        unsafe { b.launch(cfg) }.map_err(cuda_err(Kernel::RmsNormHeads.name()))?;
+        Ok(())
+    }
+
     /// `x` rows of `row_stride` floats; the first `n_heads * head_dim` of each row are rotated.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope(
@@ -464,8 +496,11 @@ pub(crate) mod raw {
         Ok(())
     }
 
-    pub(crate) fn swiglu(
+    /// The MLP's gate: `out = act(gate) · up` with the model's activation.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gated_activation(
         dev: &CudaDevice,
+        activation: crate::model::config::Activation,
         gate: &CudaView<f32>,
         up: &CudaView<f32>,
         out: &mut CudaViewMut<f32>,
@@ -473,7 +508,11 @@ pub(crate) mod raw {
         cols: usize,
         in_stride: usize,
     ) -> Result<()> {
-        let f = dev.function(Kernel::Swiglu)?;
+        let kernel = match activation {
+            crate::model::config::Activation::SwiGlu => Kernel::Swiglu,
+            crate::model::config::Activation::GeGluTanh => Kernel::GegluTanh,
+        };
+        let f = dev.function(kernel)?;
         let rows_i = i32_arg("swiglu", "rows", rows)?;
         let cols_i = i32_arg("swiglu", "cols", cols)?;
         let stride_i = i32_arg("swiglu", "in_stride", in_stride)?;
@@ -485,7 +524,7 @@ pub(crate) mod raw {
             .arg(&cols_i)
             .arg(&stride_i);
         // SAFETY: callers guarantee the strided extents.
-        unsafe { b.launch(elems_cfg(rows * cols)) }.map_err(cuda_err(Kernel::Swiglu.name()))?;
+        unsafe { b.launch(elems_cfg(rows * cols)) }.map_err(cuda_err(kernel.name()))?;
         Ok(())
     }
 
@@ -528,11 +567,12 @@ pub(crate) mod raw {
         out: &mut CudaViewMut<f32>,
         rows: usize,
         cols: usize,
+        scale: f32,
     ) -> Result<()> {
         let f = dev.function(Kernel::GatherRows)?;
         let cols_i = i32_arg("gather_rows", "cols", cols)?;
         let mut b = dev.stream.launch_builder(&f);
-        b.arg(table).arg(index).arg(out).arg(&cols_i);
+        b.arg(table).arg(index).arg(out).arg(&cols_i).arg(&scale);
         // SAFETY: indices validated on the host; out holds rows*cols.
         unsafe { b.launch(rows_cfg(rows, row_threads(cols), 0)) }
             .map_err(cuda_err(Kernel::GatherRows.name()))?;
@@ -597,6 +637,8 @@ pub(crate) mod raw {
         pub key_stride: usize,
         /// Upper bound on `pos[r] + 1`: sizes the shared-memory score buffer.
         pub max_len: usize,
+        /// A local layer's sliding window (only the last `window` keys are seen); `None`: all.
+        pub window: Option<usize>,
     }
 
     /// Largest dynamic shared memory we request without opting in to the >48 KiB carve-out.
@@ -631,6 +673,7 @@ pub(crate) mod raw {
         let head_stride = g.head_stride as i64;
         let key_stride = g.key_stride as i64;
         let scale = 1.0f32 / (g.head_dim as f32).sqrt();
+        let window = i32_arg(op, "window", g.window.unwrap_or(0))?;
         let mut b = dev.stream.launch_builder(&f);
         b.arg(q)
             .arg(&q_stride)
@@ -646,7 +689,8 @@ pub(crate) mod raw {
             .arg(&slot_stride)
             .arg(&head_stride)
             .arg(&key_stride)
-            .arg(&scale);
+            .arg(&scale)
+            .arg(&window);
         let cfg = cudarc::driver::LaunchConfig {
             grid_dim: (g.rows as u32, g.n_heads as u32, 1),
             block_dim: (128, 1, 1),

@@ -1,5 +1,5 @@
 //! CUDA backend (feature `cuda`): NVRTC-compiled f32 kernels, cuBLAS GEMMs and a GPU-resident
-//! Llama/Qwen2 inference path ([`CudaModel`]).
+//! Llama / Qwen2 / Gemma 3 inference path ([`CudaModel`]).
 //!
 //! Loads the driver, NVRTC and cuBLAS dynamically (cudarc `fallback-dynamic-loading`), so the
 //! crate builds without a CUDA toolkit. Without a driver every entry point returns

@@ -1,10 +1,13 @@
-//! Llama / Qwen2 inference on the GPU: weights resident on the device, batched prefill with
-//! per-sequence lengths, a preallocated KV cache and batched decode.
+//! Llama / Qwen2 / Gemma 3 inference on the GPU: weights resident on the device, batched prefill
+//! with per-sequence lengths, a preallocated KV cache and batched decode.
 //!
 //! Every forward pass works on a packed list of `N` new tokens, each tagged with its sequence slot
 //! and position; prefill and decode differ only in how the list is built. Per layer:
 //! `x → rmsnorm → [q|k|v] = x·W_qkvᵀ (+b) → rope(q,k) → append k,v to cache → attention over
 //! cache → ·W_oᵀ → +x → rmsnorm → [gate|up] = x·W_guᵀ → silu(gate)·up → ·W_downᵀ → +x`.
+//! A Gemma 3 layer (as the CPU block, `model::block`) adds a per-head RMSNorm of q and k before
+//! RoPE, its own RoPE base and sliding window, an RMSNorm of each sublayer's output before its
+//! residual add, and GeGLU (tanh GELU) for SwiGLU; the embedding is scaled by `√C`.
 
 use ndarray::{concatenate, Array1, Array2, Axis};
 
@@ -12,6 +15,7 @@ use super::backend::{GpuDevice, GpuModel, RopeStyle};
 use super::device::{cuda_err, device_count, CudaDevice, GpuBuffer};
 use super::kernels::raw::{self, AttnGeometry, MAX_ATTN_SMEM_BYTES};
 use crate::error::{ElmError, Result};
+use crate::model::config::LayerAttention;
 use crate::model::{ModelConfig, ModelWeights};
 
 /// Device copy of one decoder block (fused projections).
@@ -31,6 +35,22 @@ struct GpuLayer {
     /// `[max_batch, KV, max_seq, D]`
     k_cache: GpuBuffer<f32>,
     v_cache: GpuBuffer<f32>,
+    /// The layer's RoPE base and window (the model's for Llama / Qwen2).
+    attention: LayerAttention,
+    /// Gemma 3's extra norms.
+    gemma: Option<GpuGemmaNorms>,
+}
+
+/// Device copy of a Gemma 3 layer's extra RMSNorm gains.
+struct GpuGemmaNorms {
+    /// `[D]`, applied to every query head.
+    q_norm: GpuBuffer<f32>,
+    /// `[D]`, applied to every key head.
+    k_norm: GpuBuffer<f32>,
+    /// `[C]`, the attention output before its residual add.
+    post_attn_norm: GpuBuffer<f32>,
+    /// `[C]`, the MLP output before its residual add.
+    post_mlp_norm: GpuBuffer<f32>,
 }
 
 /// Activation buffers for up to `tokens` packed rows and `batch` sequences.
@@ -105,26 +125,6 @@ impl std::fmt::Debug for CudaModel {
     }
 }
 
-fn check_shape2(name: &str, a: &Array2<f32>, rows: usize, cols: usize) -> Result<()> {
-    if a.dim() != (rows, cols) {
-        return Err(ElmError::tensor(
-            name,
-            format!("shape {:?}, expected [{rows}, {cols}]", a.dim()),
-        ));
-    }
-    Ok(())
-}
-
-fn check_shape1(name: &str, a: &Array1<f32>, len: usize) -> Result<()> {
-    if a.len() != len {
-        return Err(ElmError::tensor(
-            name,
-            format!("length {}, expected {len}", a.len()),
-        ));
-    }
-    Ok(())
-}
-
 fn upload2(dev: &CudaDevice, a: &Array2<f32>) -> Result<GpuBuffer<f32>> {
     let std = a.as_standard_layout();
     dev.upload(std.as_slice().expect("standard layout is contiguous"))
@@ -134,51 +134,10 @@ fn upload1(dev: &CudaDevice, a: &Array1<f32>) -> Result<GpuBuffer<f32>> {
     dev.upload(&a.to_vec())
 }
 
-/// Validates every tensor's shape against the config (typed errors naming the tensor).
+/// Validates every tensor's shape against the config (typed errors naming the tensor): the CPU
+/// model's one check (`DecoderWeights::check`), Gemma 3's norms and layer attention included.
 fn validate_weights(w: &ModelWeights) -> Result<()> {
-    let cfg = &w.config;
-    cfg.validate()?;
-    // The kernels run the Llama/Qwen2 block: a Gemma 3 model is refused, not run without its
-    // norms, window and GeGLU.
-    cfg.require_llama_style("the CUDA model")?;
-    let (c, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
-    let (hd, kvd) = (
-        cfg.num_heads * cfg.head_dim,
-        cfg.num_kv_heads * cfg.head_dim,
-    );
-    check_shape2("token_embd", &w.embed, v, c)?;
-    check_shape1("output_norm", &w.final_norm, c)?;
-    if let Some(h) = &w.lm_head {
-        check_shape2("lm_head", h, v, c)?;
-    }
-    if w.layers.len() != cfg.num_layers {
-        return Err(ElmError::config(
-            "num_layers",
-            format!(
-                "config says {}, weights have {}",
-                cfg.num_layers,
-                w.layers.len()
-            ),
-        ));
-    }
-    for (l, lw) in w.layers.iter().enumerate() {
-        let n = |s: &str| format!("layers.{l}.{s}");
-        check_shape1(&n("attn_norm"), &lw.attn_norm, c)?;
-        check_shape2(&n("wq"), &lw.wq, hd, c)?;
-        check_shape2(&n("wk"), &lw.wk, kvd, c)?;
-        check_shape2(&n("wv"), &lw.wv, kvd, c)?;
-        check_shape2(&n("wo"), &lw.wo, c, hd)?;
-        for (name, b, len) in [("bq", &lw.bq, hd), ("bk", &lw.bk, kvd), ("bv", &lw.bv, kvd)] {
-            if let Some(b) = b {
-                check_shape1(&n(name), b, len)?;
-            }
-        }
-        check_shape1(&n("mlp_norm"), &lw.mlp_norm, c)?;
-        check_shape2(&n("w_gate"), &lw.w_gate, i, c)?;
-        check_shape2(&n("w_up"), &lw.w_up, i, c)?;
-        check_shape2(&n("w_down"), &lw.w_down, c, i)?;
-    }
-    Ok(())
+    crate::model::DecoderWeights::check(w)
 }
 
 impl GpuModel for CudaModel {
@@ -208,7 +167,7 @@ impl GpuModel for CudaModel {
         let kvd = cfg.num_kv_heads * cfg.head_dim;
         let cache_len = max_batch * kvd * max_seq;
         let mut layers = Vec::with_capacity(cfg.num_layers);
-        for lw in &weights.layers {
+        for (l, lw) in weights.layers.iter().enumerate() {
             let w_qkv = concatenate(Axis(0), &[lw.wq.view(), lw.wk.view(), lw.wv.view()])
                 .map_err(|e| ElmError::shape("fuse qkv", e.to_string()))?;
             let b_qkv = if lw.bq.is_some() || lw.bk.is_some() || lw.bv.is_some() {
@@ -241,6 +200,20 @@ impl GpuModel for CudaModel {
                 w_down: upload2(&dev, &lw.w_down)?,
                 k_cache: dev.zeros(cache_len)?,
                 v_cache: dev.zeros(cache_len)?,
+                // The layer's own (a Gemma model with layers removed keeps each layer's).
+                attention: lw
+                    .gemma
+                    .as_ref()
+                    .map_or_else(|| cfg.layer_attention(l), |g| g.attention),
+                gemma: match &lw.gemma {
+                    Some(g) => Some(GpuGemmaNorms {
+                        q_norm: upload1(&dev, &g.q_norm)?,
+                        k_norm: upload1(&dev, &g.k_norm)?,
+                        post_attn_norm: upload1(&dev, &g.post_attn_norm)?,
+                        post_mlp_norm: upload1(&dev, &g.post_mlp_norm)?,
+                    }),
+                    None => None,
+                },
             });
         }
         let embed = upload2(&dev, &weights.embed)?;
@@ -396,8 +369,10 @@ impl CudaModel {
             &mut s.x.slice.slice_mut(0..n * c),
             n,
             c,
+            cfg.embedding_scale().unwrap_or(1.0),
         )?;
         for layer in &mut self.layers {
+            let theta = layer.attention.rope_theta;
             // --- attention ---
             rmsnorm_rows(dev, &s.x, &layer.attn_norm, &mut s.xn, n, c, eps)?;
             linear_rows(dev, &s.xn, &layer.w_qkv, &mut s.qkv, n, c, qkv_w)?;
@@ -411,6 +386,12 @@ impl CudaModel {
                 )?;
             }
             // q heads start at column 0 of each fused row, k heads at column H*D.
+            if let Some(g) = &layer.gemma {
+                let qkv = &mut s.qkv.slice;
+                let (qn, kn) = (g.q_norm.slice.as_view(), g.k_norm.slice.as_view());
+                raw::rmsnorm_heads(dev, &mut qkv.slice_mut(0..), &qn, n, qkv_w, h, d, eps)?;
+                raw::rmsnorm_heads(dev, &mut qkv.slice_mut(hd..), &kn, n, qkv_w, kv, d, eps)?;
+            }
             raw::rope(
                 dev,
                 &mut s.qkv.slice.slice_mut(0..n * qkv_w),
@@ -419,7 +400,7 @@ impl CudaModel {
                 qkv_w,
                 h,
                 d,
-                cfg.rope_theta,
+                theta,
                 RopeStyle::HalfSplit,
             )?;
             raw::rope(
@@ -430,7 +411,7 @@ impl CudaModel {
                 qkv_w,
                 kv,
                 d,
-                cfg.rope_theta,
+                theta,
                 RopeStyle::HalfSplit,
             )?;
             raw::kv_cache_write(
@@ -459,6 +440,7 @@ impl CudaModel {
                 head_stride: self.max_seq * d,
                 key_stride: d,
                 max_len,
+                window: layer.attention.window,
             };
             raw::attention(
                 dev,
@@ -470,7 +452,17 @@ impl CudaModel {
                 &pos_v,
                 &geom,
             )?;
-            add_projection(dev, &s.attn, &layer.w_o, &mut s.proj, &mut s.x, n, hd, c)?;
+            let post_attn = layer.gemma.as_ref().map(|g| &g.post_attn_norm);
+            add_projection(
+                dev,
+                &s.attn,
+                &layer.w_o,
+                post_attn,
+                (&mut s.proj, &mut s.xn),
+                &mut s.x,
+                (n, hd, c),
+                eps,
+            )?;
             // --- MLP ---
             rmsnorm_rows(dev, &s.x, &layer.mlp_norm, &mut s.xn, n, c, eps)?;
             linear_rows(
@@ -482,8 +474,9 @@ impl CudaModel {
                 c,
                 2 * inter,
             )?;
-            raw::swiglu(
+            raw::gated_activation(
                 dev,
+                cfg.activation(),
                 &s.gate_up.slice.slice(0..n * 2 * inter),
                 &s.gate_up.slice.slice(inter..n * 2 * inter),
                 &mut s.act.slice.slice_mut(0..n * inter),
@@ -491,15 +484,16 @@ impl CudaModel {
                 inter,
                 2 * inter,
             )?;
+            let post_mlp = layer.gemma.as_ref().map(|g| &g.post_mlp_norm);
             add_projection(
                 dev,
                 &s.act,
                 &layer.w_down,
-                &mut s.proj,
+                post_mlp,
+                (&mut s.proj, &mut s.xn),
                 &mut s.x,
-                n,
-                inter,
-                c,
+                (n, inter, c),
+                eps,
             )?;
         }
         // Only each sequence's last row needs logits.
@@ -510,6 +504,7 @@ impl CudaModel {
             &mut s.last_x.slice.slice_mut(0..batch * c),
             batch,
             c,
+            1.0,
         )?;
         rmsnorm_rows(
             dev,
@@ -575,23 +570,31 @@ fn rmsnorm_rows(
     )
 }
 
-/// The block's two residual branches end alike: `x += input · wᵀ`, through the `proj` buffer.
+/// The block's two residual branches end alike: `x += input · wᵀ`, through the `proj` buffer;
+/// with a Gemma 3 post-norm gain, `x += RMSNorm(input · wᵀ)·gain` (normalised into `normed`).
 #[allow(clippy::too_many_arguments)]
 fn add_projection(
     dev: &CudaDevice,
     input: &GpuBuffer<f32>,
     w: &GpuBuffer<f32>,
-    proj: &mut GpuBuffer<f32>,
+    post_norm: Option<&GpuBuffer<f32>>,
+    (proj, normed): (&mut GpuBuffer<f32>, &mut GpuBuffer<f32>),
     x: &mut GpuBuffer<f32>,
-    rows: usize,
-    k: usize,
-    c: usize,
+    (rows, k, c): (usize, usize, usize),
+    eps: f32,
 ) -> Result<()> {
     linear_rows(dev, input, w, proj, rows, k, c)?;
+    let branch = match post_norm {
+        Some(gain) => {
+            rmsnorm_rows(dev, proj, gain, normed, rows, c, eps)?;
+            &*normed
+        }
+        None => &*proj,
+    };
     raw::add(
         dev,
         &mut x.slice.slice_mut(0..rows * c),
-        &proj.slice.slice(0..rows * c),
+        &branch.slice.slice(0..rows * c),
         rows * c,
     )
 }

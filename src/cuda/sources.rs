@@ -69,9 +69,11 @@ crate::registry::variant_list! {
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
     pub enum Kernel("kernel") {
         RmsNorm,
+        RmsNormHeads,
         RopeHalf,
         RopeInterleaved,
         Swiglu,
+        GegluTanh,
         AddInplace,
         AddBias,
         GatherRows,
@@ -89,9 +91,11 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::RmsNorm => "rmsnorm_f32",
+            Kernel::RmsNormHeads => "rmsnorm_heads_f32",
             Kernel::RopeHalf => "rope_half_f32",
             Kernel::RopeInterleaved => "rope_interleaved_f32",
             Kernel::Swiglu => "swiglu_f32",
+            Kernel::GegluTanh => "geglu_tanh_f32",
             Kernel::AddInplace => "add_inplace_f32",
             Kernel::AddBias => "add_bias_f32",
             Kernel::GatherRows => "gather_rows_f32",
@@ -106,9 +110,10 @@ impl Kernel {
     /// The file that defines it.
     pub fn file(self) -> KernelFile {
         match self {
-            Kernel::RmsNorm => KernelFile::Norm,
+            Kernel::RmsNorm | Kernel::RmsNormHeads => KernelFile::Norm,
             Kernel::RopeHalf | Kernel::RopeInterleaved => KernelFile::Rope,
             Kernel::Swiglu
+            | Kernel::GegluTanh
             | Kernel::AddInplace
             | Kernel::AddBias
             | Kernel::GatherRows

@@ -539,6 +539,31 @@ fn check_shapes<L: BlockWeights>(
         mat(p("w_gate"), b.w_gate, (i, c))?;
         mat(p("w_up"), b.w_up, (i, c))?;
         mat(p("w_down"), b.w_down, (c, i))?;
+        // A Gemma 3 layer without its norms would run as a Llama block with GeGLU (silently
+        // wrong), and norms on another family would be ignored: both refused. The layer's own
+        // attention (window, RoPE base) is not held to `cfg.layer_attention(l)`: a model with
+        // layers removed keeps each layer's attention at its new index.
+        match (b.gemma, cfg.has_gemma_norms()) {
+            (Some(g), true) => {
+                vecn(p("attn_q_norm"), Some(g.q_norm), Some(cfg.head_dim))?;
+                vecn(p("attn_k_norm"), Some(g.k_norm), Some(cfg.head_dim))?;
+                vecn(p("post_attention_norm"), Some(g.post_attn_norm), Some(c))?;
+                vecn(p("post_ffw_norm"), Some(g.post_mlp_norm), Some(c))?;
+            }
+            (None, false) => {}
+            (None, true) => {
+                return Err(ElmError::tensor(
+                    p("attn_q_norm"),
+                    "missing: a Gemma 3 layer needs its q/k norms and post-norms",
+                ))
+            }
+            (Some(_), false) => {
+                return Err(ElmError::tensor(
+                    p("attn_q_norm"),
+                    format!("Gemma 3 norms in a {:?} model", cfg.arch),
+                ))
+            }
+        }
     }
     Ok(())
 }

@@ -182,7 +182,7 @@ impl ModelWeights {
 
         let embed = normal((v, c), 1.0);
         let mut layers = Vec::with_capacity(config.num_layers);
-        for _ in 0..config.num_layers {
+        for layer in 0..config.num_layers {
             let bias = config.attention_bias;
             layers.push(LayerWeights {
                 attn_norm: gain(normal((1, c), 0.1)),
@@ -197,7 +197,19 @@ impl ModelWeights {
                 w_gate: normal((i, c), inv_sqrt(c)),
                 w_up: normal((i, c), inv_sqrt(c)),
                 w_down: normal((c, i), inv_sqrt(i)),
-                gemma: None,
+                gemma: config.has_gemma_norms().then(|| Gemma3Block {
+                    q_norm: normal((1, config.head_dim), 0.1)
+                        .into_shape_with_order(config.head_dim)
+                        .expect("[1, D]")
+                        + 1.0,
+                    k_norm: normal((1, config.head_dim), 0.1)
+                        .into_shape_with_order(config.head_dim)
+                        .expect("[1, D]")
+                        + 1.0,
+                    post_attn_norm: gain(normal((1, c), 0.1)),
+                    post_mlp_norm: gain(normal((1, c), 0.1)),
+                    attention: config.layer_attention(layer),
+                }),
             });
         }
         let final_norm = gain(normal((1, c), 0.1));
