@@ -13,8 +13,9 @@
 //!
 //! Every other format (Q5_0, Q5_1 and the K-quants, whose 256-element super-blocks span eight
 //! activation blocks) goes through one integer decode ([`IntBlock`]: `w = scale·q + offset` per
-//! group of 16 or 32) and the same block products in the portable kernel; the AVX2 kernels
-//! cover Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K (the formats of the files we ship with).
+//! group of 16 or 32) and the same block products in the portable kernel; every format also has
+//! an AVX2 kernel (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q2_K … Q6_K; those with 16-value
+//! scale groups take each group's scale per i32 lane of the block product).
 
 use ndarray::{Array2, ArrayView2};
 
@@ -202,9 +203,10 @@ fn dot_group<const R: usize>(
                 QFormat::Q5_0 => Some(avx2::dot_q5::<R, false>(row, nb, &xq, &xd, &xs)),
                 QFormat::Q5_1 => Some(avx2::dot_q5::<R, true>(row, nb, &xq, &xd, &xs)),
                 QFormat::Q4K => Some(avx2::dot_q4k::<R>(row, nb, &xq, &xd, &xs)),
+                QFormat::Q5K => Some(avx2::dot_q5k::<R>(row, nb, &xq, &xd, &xs)),
                 QFormat::Q6K => Some(avx2::dot_q6k::<R>(row, nb, &xq, &xd)),
-                // No vector kernel yet (not in the files we ship with): the portable one below.
-                QFormat::Q2K | QFormat::Q3K | QFormat::Q5K => None,
+                QFormat::Q2K => Some(avx2::dot_q2k::<R>(row, nb, &xq, &xd)),
+                QFormat::Q3K => Some(avx2::dot_q3k::<R>(row, nb, &xq, &xd)),
             }
         };
         if let Some(res) = res {
@@ -386,7 +388,7 @@ fn portable_dot<const R: usize>(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{k4_scale_min, QK};
+    use super::{k3_scales, k4_scale_min, QK};
     use std::arch::x86_64::*;
 
     /// The f16 at `p`, widened (F16C).
@@ -478,6 +480,162 @@ mod avx2 {
             }
         }
         std::array::from_fn(|r| hsum(acc[r]) + off[r])
+    }
+
+    /// Q5_K weights: Q4_K's sub-blocks (a 6-bit scale and min per 32 values) with a fifth bit
+    /// per value: bit `j` of `qh[l]` is the high bit of value `l` of sub-block `j`. Layout (176
+    /// bytes): d, dmin (f16), scales[12], qh[32], qs[128].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q5k<const R: usize>(
+        row: &[u8],
+        nb: usize,
+        xq: &[&[i8]; R],
+        xd: &[&[f32]; R],
+        xs: &[&[f32]; R],
+    ) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut off = [0f32; R];
+        let (low, one) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x01));
+        let p = row.as_ptr();
+        for sb in 0..nb / 8 {
+            let blk = p.add(sb * 176);
+            let (d, dmin) = (f16_at(blk), f16_at(blk.add(2)));
+            let scales = std::slice::from_raw_parts(blk.add(4), 12);
+            let hbytes = _mm256_loadu_si256(blk.add(16) as *const __m256i);
+            for j in 0..8 {
+                let b = sb * 8 + j;
+                let (sc, m) = k4_scale_min(scales, j);
+                let (dl, ml) = (d * sc as f32, dmin * m as f32);
+                let bytes = _mm256_loadu_si256(blk.add(48 + 32 * (j / 2)) as *const __m256i);
+                let lo = if j % 2 == 0 {
+                    _mm256_and_si256(bytes, low)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low)
+                };
+                // Bit j of each qh byte, as 0 or 16 (the 16-bit shifts keep it inside its byte
+                // once masked to one bit).
+                let hi =
+                    _mm256_and_si256(_mm256_srl_epi16(hbytes, _mm_cvtsi32_si128(j as i32)), one);
+                let wq = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+                // Codes ≤ 31; the sub-block's offset is `−dmin·m`.
+                add_unsigned_block(wq, dl, -ml, b, xq, xd, xs, &mut acc, &mut off);
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]) + off[r])
+    }
+
+    /// `Σ w·x` and `Σ x` of one 32-value block as i32 lanes: lanes 0–3 cover values 0..16 and
+    /// lanes 4–7 values 16..32 (the two 16-value scale groups of the K-quants that have them).
+    /// `wq` holds unsigned codes < 64 (a `maddubs` pair sums to at most 2·63·127 < 2^15).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn group_dot_and_sum(wq: __m256i, x: __m256i) -> (__m256i, __m256i) {
+        let (ones16, ones8) = (_mm256_set1_epi16(1), _mm256_set1_epi8(1));
+        (
+            _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones16),
+            _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16),
+        )
+    }
+
+    /// Q2_K weights: 2-bit codes, per 16 values a 4-bit scale (low nibble) and 4-bit min (high
+    /// nibble), value `d·sc·q − dmin·m`. Layout (84 bytes): scales[16], qs[64], d, dmin (f16);
+    /// value `l` of sub-block `a` is bits `2·(a % 4)` of `qs[32·(a / 4) + l]`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q2k<const R: usize>(
+        row: &[u8],
+        nb: usize,
+        xq: &[&[i8]; R],
+        xd: &[&[f32]; R],
+    ) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let three = _mm256_set1_epi8(0x03);
+        let p = row.as_ptr();
+        for sb in 0..nb / 8 {
+            let blk = p.add(sb * 84);
+            let (d, dmin) = (f16_at(blk.add(80)), f16_at(blk.add(82)));
+            for a in 0..8 {
+                let b = sb * 8 + a;
+                let (half, s) = (a / 4, a % 4);
+                let bytes = _mm256_loadu_si256(blk.add(16 + 32 * half) as *const __m256i);
+                let wq = _mm256_and_si256(
+                    _mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * s as i32)),
+                    three,
+                );
+                let (sc_lo, sc_hi) = (*blk.add(2 * a), *blk.add(2 * a + 1));
+                let scale = _mm256_set_m128(
+                    _mm_set1_ps(d * (sc_hi & 0x0F) as f32),
+                    _mm_set1_ps(d * (sc_lo & 0x0F) as f32),
+                );
+                let min = _mm256_set_m128(
+                    _mm_set1_ps(dmin * (sc_hi >> 4) as f32),
+                    _mm_set1_ps(dmin * (sc_lo >> 4) as f32),
+                );
+                for r in 0..R {
+                    let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
+                    let (dot, sum) = group_dot_and_sum(wq, x);
+                    let xdr = _mm256_set1_ps(*xd[r].get_unchecked(b));
+                    let t = _mm256_fmsub_ps(
+                        scale,
+                        _mm256_cvtepi32_ps(dot),
+                        _mm256_mul_ps(min, _mm256_cvtepi32_ps(sum)),
+                    );
+                    acc[r] = _mm256_fmadd_ps(xdr, t, acc[r]);
+                }
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]))
+    }
+
+    /// Q3_K weights: 3-bit values `q − 4` (two low bits in `qs`, the high bit in `hmask`, set
+    /// meaning +4), a signed 6-bit scale per 16 values. Layout (110 bytes): hmask[32], qs[64],
+    /// scales[12], d (f16); value `l` of sub-block `a` takes bits `2·(a % 4)` of
+    /// `qs[32·(a / 4) + l]` and bit `a` of `hmask[l]`. Codes `q ∈ 0..8` are dotted unsigned and
+    /// `4·Σx` removed per group.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q3k<const R: usize>(
+        row: &[u8],
+        nb: usize,
+        xq: &[&[i8]; R],
+        xd: &[&[f32]; R],
+    ) -> [f32; R] {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let (three, one) = (_mm256_set1_epi8(0x03), _mm256_set1_epi8(0x01));
+        let p = row.as_ptr();
+        for sb in 0..nb / 8 {
+            let blk = p.add(sb * 110);
+            let d = f16_at(blk.add(108));
+            let scales = k3_scales(std::slice::from_raw_parts(blk.add(96), 12));
+            let hbytes = _mm256_loadu_si256(blk as *const __m256i);
+            for a in 0..8 {
+                let b = sb * 8 + a;
+                let (half, s) = (a / 4, a % 4);
+                let bytes = _mm256_loadu_si256(blk.add(32 + 32 * half) as *const __m256i);
+                let lo = _mm256_and_si256(
+                    _mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * s as i32)),
+                    three,
+                );
+                let hi =
+                    _mm256_and_si256(_mm256_srl_epi16(hbytes, _mm_cvtsi32_si128(a as i32)), one);
+                // hi ≤ 1: shifting 16-bit lanes by 2 keeps it inside its byte.
+                let wq = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
+                let scale = _mm256_set_m128(
+                    _mm_set1_ps(d * scales[2 * a + 1] as f32),
+                    _mm_set1_ps(d * scales[2 * a] as f32),
+                );
+                for r in 0..R {
+                    let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
+                    let (dot, sum) = group_dot_and_sum(wq, x);
+                    let unbiased = _mm256_sub_epi32(dot, _mm256_slli_epi32(sum, 2));
+                    let xdr = _mm256_set1_ps(*xd[r].get_unchecked(b));
+                    acc[r] = _mm256_fmadd_ps(
+                        _mm256_mul_ps(scale, xdr),
+                        _mm256_cvtepi32_ps(unbiased),
+                        acc[r],
+                    );
+                }
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]))
     }
 
     /// Q6_K weights: 6-bit values `q` stored biased (`q + 32` ∈ 0..64, four bits in `ql`, two
