@@ -41,6 +41,8 @@ for bin in $(find target-solver/debug/deps -maxdepth 1 -type f -executable -name
 done
 # A solver written outside the library trains the DEQ example (forward and backward solver).
 cargo run --quiet --example deq_classifier -- --solver adaptive-picard --steps 40 --check 2>&1
+# The Python package: built from the repository into a venv, its pytest tests (python/tests).
+bash scripts/python-test.sh
 # CI has no GPU and no CUDA toolkit: the feature must still build (GPU tests skip themselves).
 cargo build --lib --features cuda 2>&1
 cargo test --features cuda --test cuda 2>&1

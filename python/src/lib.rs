@@ -1,0 +1,520 @@
+//! `elm_solver._native`: the Rust half of the `elm_solver` Python package (the Python half,
+//! `python/elm_solver/__init__.py`, checks arguments, builds the result objects and holds the
+//! docstrings).
+//!
+//! A solve runs with the GIL released; each map (or operator) evaluation takes it back to call
+//! the user's Python function, then copies that function's output into the solver's buffer. An
+//! exception raised inside the function stops the solve and comes back unchanged (the original
+//! object, with its traceback): it travels through the solver as the map's own error
+//! ([`elm_solver::SolverError::Map`]). Every other error is one of the Python exception classes of
+//! `elm_solver.errors`, one per variant of the crate's error enum.
+
+use std::marker::PhantomData;
+
+use elm_solver::problems::Problem;
+use elm_solver::{
+    FixedPointMap, LinearOperator, LinearSolverConfig, MapError, OutputOptions, RowOutcome,
+    RowStatus, SolverConfig, SolverError, SolverFloat, StopCriteria,
+};
+use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis};
+use numpy::{Element, IntoPyArray, PyArray1, PyReadonlyArray2, PyUntypedArrayMethods, ToPyArray};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// The crate's error as the matching `elm_solver.errors` class; a map's own error (a Python
+/// exception raised by the user's function) comes back as itself.
+fn to_py_err(py: Python<'_>, e: SolverError) -> PyErr {
+    let class = match &e {
+        SolverError::Map(_) => {
+            let SolverError::Map(inner) = e else {
+                unreachable!("matched Map above")
+            };
+            return match inner.downcast::<PyErr>() {
+                Ok(err) => *err,
+                Err(other) => error_class(py, "SolverError", other.to_string()),
+            };
+        }
+        SolverError::Config { .. } => "ConfigError",
+        SolverError::Shape { .. } => "ShapeError",
+        SolverError::InvalidArgument(_) => "InvalidArgumentError",
+        SolverError::Budget { .. } => "BudgetError",
+        SolverError::Json { .. } => "JsonError",
+    };
+    error_class(py, class, e.to_string())
+}
+
+/// An instance of `elm_solver.errors.<class>` carrying `msg`.
+fn error_class(py: Python<'_>, class: &str, msg: String) -> PyErr {
+    match py
+        .import("elm_solver.errors")
+        .and_then(|m| m.getattr(class))
+        .and_then(|c| c.call1((msg.clone(),)))
+    {
+        Ok(instance) => PyErr::from_value(instance),
+        Err(import_failed) => import_failed,
+    }
+}
+
+/// The user's Python function as a batch map: called on the whole `[B, D]` batch (rows that have
+/// stopped are passed frozen and their outputs ignored), or, with `active_only`, on the running
+/// rows alone and their indices.
+struct PyFunction<T> {
+    fun: Py<PyAny>,
+    dim: usize,
+    active_only: bool,
+    what: &'static str,
+    _float: PhantomData<T>,
+}
+
+impl<T: SolverFloat + Element> PyFunction<T> {
+    fn call(&self, z: ArrayView2<T>, active: &[bool], mut out: ArrayViewMut2<T>) -> PyResult<()> {
+        Python::with_gil(|py| {
+            let rows: Vec<usize> = if self.active_only {
+                (0..active.len()).filter(|&i| active[i]).collect()
+            } else {
+                (0..active.len()).collect()
+            };
+            let result = if self.active_only {
+                let sub = z.select(Axis(0), &rows).into_pyarray(py);
+                let index: Vec<i64> = rows.iter().map(|&i| i as i64).collect();
+                self.fun.call1(py, (sub, PyArray1::from_vec(py, index)))?
+            } else {
+                let full = z.to_pyarray(py);
+                // The function sees the solver's state: it may not write into it.
+                full.call_method1("setflags", (false,))?;
+                self.fun.call1(py, (full,))?
+            };
+            let numpy = py.import("numpy")?;
+            let arr = numpy.call_method1("asarray", (result, numpy::dtype::<T>(py)))?;
+            let want = (rows.len(), self.dim);
+            let arr: PyReadonlyArray2<T> = arr.extract().map_err(|_| {
+                let shape: Vec<usize> = arr
+                    .getattr("shape")
+                    .and_then(|s| s.extract())
+                    .unwrap_or_default();
+                error_class(
+                    py,
+                    "ShapeError",
+                    format!(
+                        "{} returned an array of shape {shape:?}, expected {want:?}",
+                        self.what
+                    ),
+                )
+            })?;
+            if arr.shape() != [want.0, want.1] {
+                return Err(error_class(
+                    py,
+                    "ShapeError",
+                    format!(
+                        "{} returned an array of shape {:?}, expected {want:?}",
+                        self.what,
+                        arr.shape()
+                    ),
+                ));
+            }
+            let view = arr.as_array();
+            for (k, &r) in rows.iter().enumerate() {
+                if active[r] {
+                    out.row_mut(r).assign(&view.row(k));
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+impl<T: SolverFloat + Element> FixedPointMap<T> for PyFunction<T> {
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn eval(
+        &mut self,
+        z: ArrayView2<T>,
+        active: &[bool],
+        out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
+        self.call(z, active, out)
+            .map_err(|e| Box::new(e) as MapError)
+    }
+}
+
+/// `A v` (and `Aᵀ v` when given) from Python functions.
+struct PyOperator<T> {
+    matvec: PyFunction<T>,
+    rmatvec: Option<PyFunction<T>>,
+}
+
+impl<T: SolverFloat + Element> LinearOperator<T> for PyOperator<T> {
+    fn dim(&self) -> usize {
+        self.matvec.dim
+    }
+    fn apply(
+        &mut self,
+        x: ArrayView2<T>,
+        active: &[bool],
+        out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
+        self.matvec
+            .call(x, active, out)
+            .map_err(|e| Box::new(e) as MapError)
+    }
+    fn has_transpose(&self) -> bool {
+        self.rmatvec.is_some()
+    }
+    fn apply_transpose(
+        &mut self,
+        x: ArrayView2<T>,
+        active: &[bool],
+        out: ArrayViewMut2<T>,
+    ) -> Result<(), MapError> {
+        match &self.rmatvec {
+            Some(f) => f.call(x, active, out).map_err(|e| Box::new(e) as MapError),
+            None => Err(Box::new(SolverError::InvalidArgument(
+                "this solver needs rmatvec (A.T @ v)".into(),
+            ))),
+        }
+    }
+}
+
+/// The stop criteria: the crate's defaults, overridden by whatever the caller gave.
+fn stop_criteria(
+    abs_tol: Option<f64>,
+    rel_tol: Option<f64>,
+    rel_eps: Option<f64>,
+    max_iter: Option<usize>,
+    divergence_factor: Option<f64>,
+) -> StopCriteria {
+    let d = StopCriteria::default();
+    StopCriteria {
+        abs_tol: abs_tol.unwrap_or(d.abs_tol),
+        rel_tol: rel_tol.unwrap_or(d.rel_tol),
+        rel_eps: rel_eps.unwrap_or(d.rel_eps),
+        max_iter: max_iter.unwrap_or(d.max_iter),
+        divergence_factor: divergence_factor.unwrap_or(d.divergence_factor),
+    }
+}
+
+/// A built-in solver by name with its parameters (`params_json`: an object of the parameters
+/// by their JSON names, each checked by the crate: an unknown one is refused, naming the
+/// solvers that have it).
+fn solver_config(
+    name: &str,
+    params_json: &str,
+    output: OutputOptions,
+) -> Result<SolverConfig, SolverError> {
+    let mut cfg = SolverConfig::by_name(name)?.with_output(output);
+    let params: serde_json::Map<String, serde_json::Value> = serde_json::from_str(params_json)
+        .map_err(|e| SolverError::Json {
+            what: "solver parameters".into(),
+            msg: e.to_string(),
+        })?;
+    for (k, v) in params {
+        if k == "output" {
+            return Err(SolverError::config(
+                "output",
+                "set return_best / trace as arguments of solve",
+            ));
+        }
+        cfg = cfg.with_param(&k, v)?;
+    }
+    Ok(cfg)
+}
+
+fn status_name(s: RowStatus) -> &'static str {
+    match s {
+        RowStatus::Converged => "converged",
+        RowStatus::MaxIter => "max_iter",
+        RowStatus::Diverged => "diverged",
+        RowStatus::NonFinite => "non_finite",
+    }
+}
+
+/// The per-row outcomes as a dict of lists / arrays (the Python side builds the result object).
+fn rows_dict<'py>(py: Python<'py>, rows: &[RowOutcome]) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let status: Vec<&str> = rows.iter().map(|r| status_name(r.status)).collect();
+    d.set_item("status", status)?;
+    let iterations: Vec<i64> = rows.iter().map(|r| r.iterations as i64).collect();
+    d.set_item("iterations", PyArray1::from_vec(py, iterations))?;
+    let residual: Vec<f64> = rows.iter().map(|r| r.residual).collect();
+    d.set_item("residual", PyArray1::from_vec(py, residual))?;
+    let rel: Vec<f64> = rows.iter().map(|r| r.rel_residual).collect();
+    d.set_item("rel_residual", PyArray1::from_vec(py, rel))?;
+    let restarts: Vec<i64> = rows.iter().map(|r| r.restarts as i64).collect();
+    d.set_item("restarts", PyArray1::from_vec(py, restarts))?;
+    let backtracks: Vec<i64> = rows.iter().map(|r| r.backtracks as i64).collect();
+    d.set_item("backtracks", PyArray1::from_vec(py, backtracks))?;
+    if rows.iter().all(|r| r.trace.is_some()) && !rows.is_empty() {
+        let traces: Vec<Bound<'py, PyArray1<f64>>> = rows
+            .iter()
+            .map(|r| PyArray1::from_vec(py, r.trace.clone().unwrap_or_default()))
+            .collect();
+        d.set_item("trace", traces)?;
+    } else {
+        d.set_item("trace", py.None())?;
+    }
+    Ok(d)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn solve_typed<'py, T: SolverFloat + Element>(
+    py: Python<'py>,
+    fun: Py<PyAny>,
+    z0: PyReadonlyArray2<'py, T>,
+    solver: &str,
+    params_json: &str,
+    stop: StopCriteria,
+    output: OutputOptions,
+    active_only: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let cfg = solver_config(solver, params_json, output).map_err(|e| to_py_err(py, e))?;
+    let z0: Array2<T> = z0.as_array().to_owned();
+    let mut map = PyFunction::<T> {
+        fun,
+        dim: z0.ncols(),
+        active_only,
+        what: "fun",
+        _float: PhantomData,
+    };
+    let solved = py.allow_threads(move || {
+        let solver = cfg.build::<T>();
+        solver.solve(&mut map, z0.view(), &stop)
+    });
+    let sol = solved.map_err(|e| to_py_err(py, e))?;
+    let d = rows_dict(py, &sol.rows)?;
+    d.set_item("z", sol.z.into_pyarray(py))?;
+    d.set_item("map_evals", sol.map_evals)?;
+    Ok(d)
+}
+
+/// Solves `z = fun(z)` for every row of `z0` (`[B, D]`, float32 or float64, C-contiguous: the
+/// Python wrapper makes it so). Returns the fields of `elm_solver.SolveResult` as a dict.
+#[pyfunction]
+#[pyo3(signature = (fun, z0, solver, params_json, abs_tol, rel_tol, rel_eps, max_iter, divergence_factor, return_best, trace, active_only))]
+#[allow(clippy::too_many_arguments)]
+fn solve<'py>(
+    py: Python<'py>,
+    fun: Py<PyAny>,
+    z0: &Bound<'py, PyAny>,
+    solver: &str,
+    params_json: &str,
+    abs_tol: Option<f64>,
+    rel_tol: Option<f64>,
+    rel_eps: Option<f64>,
+    max_iter: Option<usize>,
+    divergence_factor: Option<f64>,
+    return_best: bool,
+    trace: bool,
+    active_only: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let stop = stop_criteria(abs_tol, rel_tol, rel_eps, max_iter, divergence_factor);
+    let output = OutputOptions {
+        return_best,
+        trace,
+        ..OutputOptions::default()
+    };
+    if let Ok(z) = z0.extract::<PyReadonlyArray2<'py, f64>>() {
+        solve_typed(py, fun, z, solver, params_json, stop, output, active_only)
+    } else if let Ok(z) = z0.extract::<PyReadonlyArray2<'py, f32>>() {
+        solve_typed(py, fun, z, solver, params_json, stop, output, active_only)
+    } else {
+        Err(error_class(
+            py,
+            "InvalidArgumentError",
+            "z0 must be a 2-D float32 or float64 array".into(),
+        ))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn linear_typed<'py, T: SolverFloat + Element>(
+    py: Python<'py>,
+    matvec: Py<PyAny>,
+    rmatvec: Option<Py<PyAny>>,
+    b: PyReadonlyArray2<'py, T>,
+    x0: Option<PyReadonlyArray2<'py, T>>,
+    config_json: &str,
+    stop: StopCriteria,
+    active_only: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let cfg = LinearSolverConfig::from_json(config_json).map_err(|e| to_py_err(py, e))?;
+    let b: Array2<T> = b.as_array().to_owned();
+    let x0: Array2<T> = match x0 {
+        Some(x) => x.as_array().to_owned(),
+        None => Array2::zeros(b.raw_dim()),
+    };
+    let dim = b.ncols();
+    let function = |fun: Py<PyAny>, what| PyFunction::<T> {
+        fun,
+        dim,
+        active_only,
+        what,
+        _float: PhantomData,
+    };
+    let mut op = PyOperator {
+        matvec: function(matvec, "matvec"),
+        rmatvec: rmatvec.map(|f| function(f, "rmatvec")),
+    };
+    let solved = py.allow_threads(move || cfg.solve(&mut op, b.view(), x0.view(), &stop));
+    let sol = solved.map_err(|e| to_py_err(py, e))?;
+    let d = rows_dict(py, &sol.rows)?;
+    d.set_item("x", sol.x.into_pyarray(py))?;
+    d.set_item("applications", sol.applications)?;
+    Ok(d)
+}
+
+/// Solves `A x = b` for every row of `b` with a matrix-free `A` (`matvec`, and `rmatvec` for
+/// `Aᵀ` where the solver needs it). `config_json`: the linear solver's JSON config.
+#[pyfunction]
+#[pyo3(signature = (matvec, b, x0, rmatvec, config_json, abs_tol, rel_tol, rel_eps, max_iter, divergence_factor, active_only))]
+#[allow(clippy::too_many_arguments)]
+fn linear_solve<'py>(
+    py: Python<'py>,
+    matvec: Py<PyAny>,
+    b: &Bound<'py, PyAny>,
+    x0: Option<&Bound<'py, PyAny>>,
+    rmatvec: Option<Py<PyAny>>,
+    config_json: &str,
+    abs_tol: Option<f64>,
+    rel_tol: Option<f64>,
+    rel_eps: Option<f64>,
+    max_iter: Option<usize>,
+    divergence_factor: Option<f64>,
+    active_only: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let stop = stop_criteria(abs_tol, rel_tol, rel_eps, max_iter, divergence_factor);
+    let bad = || {
+        error_class(
+            py,
+            "InvalidArgumentError",
+            "b (and x0) must be 2-D arrays of one dtype, float32 or float64".into(),
+        )
+    };
+    if let Ok(bb) = b.extract::<PyReadonlyArray2<'py, f64>>() {
+        let x0 = x0.map(|x| x.extract()).transpose().map_err(|_| bad())?;
+        linear_typed(py, matvec, rmatvec, bb, x0, config_json, stop, active_only)
+    } else if let Ok(bb) = b.extract::<PyReadonlyArray2<'py, f32>>() {
+        let x0 = x0.map(|x| x.extract()).transpose().map_err(|_| bad())?;
+        linear_typed(py, matvec, rmatvec, bb, x0, config_json, stop, active_only)
+    } else {
+        Err(bad())
+    }
+}
+
+/// The built-in fixed-point solvers and linear solvers, by name.
+#[pyfunction]
+fn solver_names() -> (Vec<&'static str>, Vec<&'static str>) {
+    (
+        elm_solver::BUILTIN_SOLVERS.to_vec(),
+        elm_solver::BUILTIN_LINEAR_SOLVERS.to_vec(),
+    )
+}
+
+/// The default parameters of a built-in solver, as JSON (`{"kind": ..., ...}`).
+#[pyfunction]
+fn default_params(py: Python<'_>, solver: &str) -> PyResult<String> {
+    let cfg = SolverConfig::by_name(solver).map_err(|e| to_py_err(py, e))?;
+    serde_json::to_string(&cfg).map_err(|e| error_class(py, "JsonError", e.to_string()))
+}
+
+/// One of the crate's canonical problems (`elm_solver.problems`), evaluated by the crate's own
+/// map: `problem(z)` is `f(z)` on every row. `solve_native` runs the whole solve in Rust, which
+/// the tests hold the Python path to (same answers, same iteration counts).
+#[pyclass(unsendable, module = "elm_solver._native")]
+struct CanonicalProblem {
+    problem: Problem,
+}
+
+#[pymethods]
+impl CanonicalProblem {
+    #[new]
+    #[pyo3(signature = (name, rho=0.9, seed=0))]
+    fn new(py: Python<'_>, name: &str, rho: f64, seed: u64) -> PyResult<Self> {
+        let problem = Problem::by_name(name, rho, seed).map_err(|e| to_py_err(py, e))?;
+        Ok(CanonicalProblem { problem })
+    }
+    #[getter]
+    fn name(&self) -> &'static str {
+        self.problem.name()
+    }
+    /// The starting point `[B, D]` (zeros).
+    #[getter]
+    fn z0<'py>(&self, py: Python<'py>) -> Bound<'py, numpy::PyArray2<f64>> {
+        self.problem.z0().into_pyarray(py)
+    }
+    /// The exact solution when known.
+    #[getter]
+    fn exact<'py>(&self, py: Python<'py>) -> Option<Bound<'py, numpy::PyArray2<f64>>> {
+        self.problem.exact().map(|e| e.into_pyarray(py))
+    }
+    /// `f(z)` for every row of `z` `[B, D]` (float64).
+    fn __call__<'py>(
+        &mut self,
+        py: Python<'py>,
+        z: PyReadonlyArray2<'py, f64>,
+    ) -> PyResult<Bound<'py, numpy::PyArray2<f64>>> {
+        let z = z.as_array();
+        let mut out = Array2::<f64>::zeros(z.raw_dim());
+        let active = vec![true; z.nrows()];
+        let map = self.problem.map();
+        if map.dim() != z.ncols() {
+            return Err(error_class(
+                py,
+                "ShapeError",
+                format!("z has {} columns, the problem {}", z.ncols(), map.dim()),
+            ));
+        }
+        map.eval(z, &active, out.view_mut())
+            .map_err(|e| to_py_err(py, SolverError::Map(e)))?;
+        Ok(out.into_pyarray(py))
+    }
+    /// The same solve entirely in Rust: `(z, status, iterations, map_evals)`.
+    #[pyo3(signature = (solver, params_json, abs_tol=None, rel_tol=None, max_iter=None))]
+    #[allow(clippy::type_complexity)]
+    fn solve_native<'py>(
+        &mut self,
+        py: Python<'py>,
+        solver: &str,
+        params_json: &str,
+        abs_tol: Option<f64>,
+        rel_tol: Option<f64>,
+        max_iter: Option<usize>,
+    ) -> PyResult<(
+        Bound<'py, numpy::PyArray2<f64>>,
+        Vec<&'static str>,
+        Vec<usize>,
+        usize,
+    )> {
+        let stop = stop_criteria(abs_tol, rel_tol, None, max_iter, None);
+        let cfg = solver_config(solver, params_json, OutputOptions::default())
+            .map_err(|e| to_py_err(py, e))?;
+        let z0 = self.problem.z0();
+        let sol = cfg
+            .build::<f64>()
+            .solve(self.problem.map(), z0.view(), &stop)
+            .map_err(|e| to_py_err(py, e))?;
+        Ok((
+            sol.z.into_pyarray(py),
+            sol.rows.iter().map(|r| status_name(r.status)).collect(),
+            sol.rows.iter().map(|r| r.iterations).collect(),
+            sol.map_evals,
+        ))
+    }
+}
+
+/// The canonical problems' names.
+#[pyfunction]
+fn problem_names() -> Vec<&'static str> {
+    elm_solver::problems::PROBLEM_NAMES.to_vec()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(solve, m)?)?;
+    m.add_function(wrap_pyfunction!(linear_solve, m)?)?;
+    m.add_function(wrap_pyfunction!(solver_names, m)?)?;
+    m.add_function(wrap_pyfunction!(default_params, m)?)?;
+    m.add_function(wrap_pyfunction!(problem_names, m)?)?;
+    m.add_class::<CanonicalProblem>()?;
+    Ok(())
+}
