@@ -13,8 +13,8 @@ use std::marker::PhantomData;
 
 use elm_solver::problems::Problem;
 use elm_solver::{
-    FixedPointMap, LinearOperator, LinearSolverConfig, MapError, OutputOptions, RowOutcome,
-    RowStatus, SolverConfig, SolverError, SolverFloat, StopCriteria,
+    FnMap, FnOperator, FnOperatorPair, LinearOperator, LinearSolverConfig, MapError, OutputOptions,
+    RowOutcome, RowStatus, SolverConfig, SolverError, SolverFloat, StopCriteria,
 };
 use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis};
 use numpy::{Element, IntoPyArray, PyArray1, PyReadonlyArray2, PyUntypedArrayMethods, ToPyArray};
@@ -123,55 +123,15 @@ impl<T: SolverFloat + Element> PyFunction<T> {
     }
 }
 
-impl<T: SolverFloat + Element> FixedPointMap<T> for PyFunction<T> {
-    fn dim(&self) -> usize {
-        self.dim
-    }
-    fn eval(
-        &mut self,
-        z: ArrayView2<T>,
-        active: &[bool],
-        out: ArrayViewMut2<T>,
-    ) -> Result<(), MapError> {
-        self.call(z, active, out)
-            .map_err(|e| Box::new(e) as MapError)
-    }
-}
-
-/// `A v` (and `Aᵀ v` when given) from Python functions.
-struct PyOperator<T> {
-    matvec: PyFunction<T>,
-    rmatvec: Option<PyFunction<T>>,
-}
-
-impl<T: SolverFloat + Element> LinearOperator<T> for PyOperator<T> {
-    fn dim(&self) -> usize {
-        self.matvec.dim
-    }
-    fn apply(
-        &mut self,
-        x: ArrayView2<T>,
-        active: &[bool],
-        out: ArrayViewMut2<T>,
-    ) -> Result<(), MapError> {
-        self.matvec
-            .call(x, active, out)
-            .map_err(|e| Box::new(e) as MapError)
-    }
-    fn has_transpose(&self) -> bool {
-        self.rmatvec.is_some()
-    }
-    fn apply_transpose(
-        &mut self,
-        x: ArrayView2<T>,
-        active: &[bool],
-        out: ArrayViewMut2<T>,
-    ) -> Result<(), MapError> {
-        match &self.rmatvec {
-            Some(f) => f.call(x, active, out).map_err(|e| Box::new(e) as MapError),
-            None => Err(Box::new(SolverError::InvalidArgument(
-                "this solver needs rmatvec (A.T @ v)".into(),
-            ))),
+impl<T: SolverFloat + Element> PyFunction<T> {
+    /// The call as the crate's closure form `f(z [B, D], active [B], out [B, D])` (for
+    /// `FnMap`, `FnOperator`, `FnOperatorPair`): a Python exception travels as the map's error.
+    fn into_closure(
+        self,
+    ) -> impl FnMut(ArrayView2<T>, &[bool], ArrayViewMut2<T>) -> Result<(), MapError> + Send {
+        move |z, active, out| {
+            self.call(z, active, out)
+                .map_err(|e| Box::new(e) as MapError)
         }
     }
 }
@@ -269,13 +229,15 @@ fn solve_typed<'py, T: SolverFloat + Element>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let cfg = solver_config(solver, params_json, output).map_err(|e| to_py_err(py, e))?;
     let z0: Array2<T> = z0.as_array().to_owned();
-    let mut map = PyFunction::<T> {
+    let dim = z0.ncols();
+    let function = PyFunction::<T> {
         fun,
-        dim: z0.ncols(),
+        dim,
         active_only,
         what: "fun",
         _float: PhantomData,
     };
+    let mut map = FnMap::new(dim, function.into_closure());
     let solved = py.allow_threads(move || {
         let solver = cfg.build::<T>();
         solver.solve(&mut map, z0.view(), &stop)
@@ -351,11 +313,17 @@ fn linear_typed<'py, T: SolverFloat + Element>(
         what,
         _float: PhantomData,
     };
-    let mut op = PyOperator {
-        matvec: function(matvec, "matvec"),
-        rmatvec: rmatvec.map(|f| function(f, "rmatvec")),
+    let a = function(matvec, "matvec").into_closure();
+    // CGNR needs `Aᵀ v`: without rmatvec the crate refuses it, naming the solvers that do not.
+    let mut op: Box<dyn LinearOperator<T> + Send> = match rmatvec {
+        Some(f) => Box::new(FnOperatorPair::new(
+            dim,
+            a,
+            function(f, "rmatvec").into_closure(),
+        )),
+        None => Box::new(FnOperator::new(dim, a)),
     };
-    let solved = py.allow_threads(move || cfg.solve(&mut op, b.view(), x0.view(), &stop));
+    let solved = py.allow_threads(move || cfg.solve(op.as_mut(), b.view(), x0.view(), &stop));
     let sol = solved.map_err(|e| to_py_err(py, e))?;
     let d = rows_dict(py, &sol.rows)?;
     d.set_item("x", sol.x.into_pyarray(py))?;

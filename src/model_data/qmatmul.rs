@@ -537,6 +537,33 @@ mod avx2 {
         )
     }
 
+    /// Block `b` of 32 unsigned codes `wq` (< 64) whose two 16-value halves each have a scale
+    /// and an offset (lanes 0–3 of `scale`/`offset` for values 0..16, lanes 4–7 for 16..32):
+    /// adds `xd · (scale·Σ w·x − offset·Σ x)` for every activation row.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn add_grouped_block<const R: usize>(
+        wq: __m256i,
+        scale: __m256,
+        offset: __m256,
+        b: usize,
+        xq: &[&[i8]; R],
+        xd: &[&[f32]; R],
+        acc: &mut [__m256; R],
+    ) {
+        for r in 0..R {
+            let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
+            let (dot, sum) = group_dot_and_sum(wq, x);
+            let t = _mm256_fmsub_ps(
+                scale,
+                _mm256_cvtepi32_ps(dot),
+                _mm256_mul_ps(offset, _mm256_cvtepi32_ps(sum)),
+            );
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(*xd[r].get_unchecked(b)), t, acc[r]);
+        }
+    }
+
     /// Q2_K weights: 2-bit codes, per 16 values a 4-bit scale (low nibble) and 4-bit min (high
     /// nibble), value `d·sc·q − dmin·m`. Layout (84 bytes): scales[16], qs[64], d, dmin (f16);
     /// value `l` of sub-block `a` is bits `2·(a % 4)` of `qs[32·(a / 4) + l]`.
@@ -570,17 +597,7 @@ mod avx2 {
                     _mm_set1_ps(dmin * (sc_hi >> 4) as f32),
                     _mm_set1_ps(dmin * (sc_lo >> 4) as f32),
                 );
-                for r in 0..R {
-                    let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
-                    let (dot, sum) = group_dot_and_sum(wq, x);
-                    let xdr = _mm256_set1_ps(*xd[r].get_unchecked(b));
-                    let t = _mm256_fmsub_ps(
-                        scale,
-                        _mm256_cvtepi32_ps(dot),
-                        _mm256_mul_ps(min, _mm256_cvtepi32_ps(sum)),
-                    );
-                    acc[r] = _mm256_fmadd_ps(xdr, t, acc[r]);
-                }
+                add_grouped_block(wq, scale, min, b, xq, xd, &mut acc);
             }
         }
         std::array::from_fn(|r| hsum(acc[r]))
@@ -618,21 +635,11 @@ mod avx2 {
                     _mm256_and_si256(_mm256_srl_epi16(hbytes, _mm_cvtsi32_si128(a as i32)), one);
                 // hi ≤ 1: shifting 16-bit lanes by 2 keeps it inside its byte.
                 let wq = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
-                let scale = _mm256_set_m128(
-                    _mm_set1_ps(d * scales[2 * a + 1] as f32),
-                    _mm_set1_ps(d * scales[2 * a] as f32),
-                );
-                for r in 0..R {
-                    let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
-                    let (dot, sum) = group_dot_and_sum(wq, x);
-                    let unbiased = _mm256_sub_epi32(dot, _mm256_slli_epi32(sum, 2));
-                    let xdr = _mm256_set1_ps(*xd[r].get_unchecked(b));
-                    acc[r] = _mm256_fmadd_ps(
-                        _mm256_mul_ps(scale, xdr),
-                        _mm256_cvtepi32_ps(unbiased),
-                        acc[r],
-                    );
-                }
+                let (s_lo, s_hi) = (d * scales[2 * a] as f32, d * scales[2 * a + 1] as f32);
+                let scale = _mm256_set_m128(_mm_set1_ps(s_hi), _mm_set1_ps(s_lo));
+                // value = scale·(code − 4): the offset per unit of Σx is 4·scale.
+                let bias = _mm256_set_m128(_mm_set1_ps(4.0 * s_hi), _mm_set1_ps(4.0 * s_lo));
+                add_grouped_block(wq, scale, bias, b, xq, xd, &mut acc);
             }
         }
         std::array::from_fn(|r| hsum(acc[r]))
