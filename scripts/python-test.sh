@@ -18,3 +18,6 @@ cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings 2>&1
 # From outside the repository, so the installed package (not python/elm_solver) is imported.
 (cd "$venv" && bin/python -c "import elm_solver; print('elm_solver', elm_solver.SOLVERS, elm_solver.LINEAR_SOLVERS)")
 (cd "$venv" && bin/python -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" 2>&1)
+# The example: a DEQ layer's forward and implicit backward against finite differences, and the
+# ρ reading of "which solver when" (python/examples/deq_layer.py asserts both with --check).
+(cd "$venv" && bin/python "$OLDPWD/python/examples/deq_layer.py" --check 2>&1)
