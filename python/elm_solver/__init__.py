@@ -36,6 +36,8 @@ __all__ = [
     "default_params",
     "CanonicalProblem",
     "PROBLEMS",
+    "BenchmarkProblem",
+    "BENCHMARKS",
     "errors",
     "SolverError",
     "ConfigError",
@@ -52,6 +54,11 @@ PROBLEMS = tuple(_native.problem_names())
 """The crate's canonical test problems (``CanonicalProblem(name)``)."""
 
 CanonicalProblem = _native.CanonicalProblem
+
+BENCHMARKS = tuple(_native.benchmark_names())
+"""The solver benchmark's problems (``BenchmarkProblem(name)``; scripts/solver-benchmark.sh)."""
+
+BenchmarkProblem = _native.BenchmarkProblem
 
 
 @dataclass(frozen=True)

@@ -470,6 +470,70 @@ impl CanonicalProblem {
     }
 }
 
+/// A problem of the solver benchmark (`elm_solver::benchmark`): `problem(x)` is its fixed-point
+/// map `g(x) = x + α F(x)`, `problem.root(x)` its root function `F`, both on every row.
+#[pyclass(unsendable, module = "elm_solver._native")]
+struct BenchmarkProblem {
+    problem: elm_solver::benchmark::BenchmarkProblem,
+}
+
+#[pymethods]
+impl BenchmarkProblem {
+    #[new]
+    fn new(py: Python<'_>, name: &str) -> PyResult<Self> {
+        let problem =
+            elm_solver::benchmark::BenchmarkProblem::by_name(name).map_err(|e| to_py_err(py, e))?;
+        Ok(BenchmarkProblem { problem })
+    }
+    #[getter]
+    fn name(&self) -> &'static str {
+        self.problem.kind().name()
+    }
+    /// The step `α` of `g = x + αF`.
+    #[getter]
+    fn alpha(&self) -> f64 {
+        self.problem.alpha()
+    }
+    /// How the problem is stated, in one line.
+    #[getter]
+    fn description(&self) -> String {
+        self.problem.description()
+    }
+    /// The starting point `[B, D]`.
+    #[getter]
+    fn x0<'py>(&self, py: Python<'py>) -> Bound<'py, numpy::PyArray2<f64>> {
+        self.problem.x0().into_pyarray(py)
+    }
+    /// The root function `F` on every row of `x` `[B, D]`.
+    fn root<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray2<'py, f64>,
+    ) -> PyResult<Bound<'py, numpy::PyArray2<f64>>> {
+        let f = self
+            .problem
+            .root(x.as_array())
+            .map_err(|e| to_py_err(py, e))?;
+        Ok(f.into_pyarray(py))
+    }
+    /// `g(x) = x + α F(x)` on every row of `x` `[B, D]`.
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray2<'py, f64>,
+    ) -> PyResult<Bound<'py, numpy::PyArray2<f64>>> {
+        let x = x.as_array();
+        let f = self.problem.root(x).map_err(|e| to_py_err(py, e))?;
+        Ok((&x + &(f * self.problem.alpha())).into_pyarray(py))
+    }
+}
+
+/// The benchmark's problem names.
+#[pyfunction]
+fn benchmark_names() -> Vec<&'static str> {
+    elm_solver::benchmark::BENCHMARK_PROBLEMS.to_vec()
+}
+
 /// The canonical problems' names.
 #[pyfunction]
 fn problem_names() -> Vec<&'static str> {
@@ -484,5 +548,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(default_params, m)?)?;
     m.add_function(wrap_pyfunction!(problem_names, m)?)?;
     m.add_class::<CanonicalProblem>()?;
+    m.add_class::<BenchmarkProblem>()?;
+    m.add_function(wrap_pyfunction!(benchmark_names, m)?)?;
     Ok(())
 }

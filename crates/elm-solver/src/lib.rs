@@ -80,6 +80,7 @@ pub(crate) fn has_avx2() -> bool {
 use ndarray_linalg as _;
 
 mod anderson;
+pub mod benchmark;
 mod broyden;
 mod config;
 mod engine;

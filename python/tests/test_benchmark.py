@@ -1,0 +1,83 @@
+"""The benchmark problems (elm_solver::benchmark) against SciPy's own definitions
+(scipy/optimize/tests/test_nonlin.py and test_minpack.py's pressure_network, restated here in
+NumPy), and their fixed-point form g = x + αF with SciPy's default α."""
+
+import numpy as np
+import pytest
+
+import elm_solver as es
+
+
+def F(x):
+    d = np.diag([3, 2, 1.5, 1, 0.5])
+    return -d @ x - 0.01 * float(x @ x) * x
+
+
+def F2(x):
+    return x
+
+
+def F3(x):
+    a = np.array([[-2, 1, 0.0], [1, -2, 1], [0, 1, -2]])
+    return a @ x - np.array([1, 2, 3.0])
+
+
+def F4_powell(x):
+    a = 1e4
+    return np.array([a * x[0] * x[1] - 1, np.exp(-x[0]) + np.exp(-x[1]) - (1 + 1 / a)])
+
+
+def F5(x):
+    p = np.array([0.5, 0.5, 0.5, 0.5]) * x**2
+    return np.hstack((p[1:] - p[0], x.sum() - 4))
+
+
+def F6(x):
+    x1, x2 = x
+    j0 = np.array([[-4.256, 14.7], [0.8394989, 0.59964207]])
+    v = np.array([(x1 + 3) * (x2**5 - 7) + 3 * 6, np.sin(x2 * np.exp(x1) - 1)])
+    return -np.linalg.solve(j0, v)
+
+
+SCIPY = {
+    "scipy-F": (F, [1, 1, 1, 1, 1]),
+    "scipy-F2": (F2, [1, 2, 3, 4, 5, 6]),
+    "scipy-F2-lucky": (F2, [0, 0, 0, 0, 0, 0]),
+    "scipy-F3": (F3, [1, 2, 3]),
+    "scipy-F4-powell": (F4_powell, [-1, -2]),
+    "scipy-F5": (F5, [2.0, 0, 2, 0]),
+    "scipy-F6": (F6, [-0.5, 1.4]),
+}
+
+
+@pytest.mark.parametrize("name", list(SCIPY))
+def test_root_functions_equal_scipys(name):
+    f, xin = SCIPY[name]
+    p = es.BenchmarkProblem(name)
+    xin = np.array(xin, dtype=np.float64)
+    np.testing.assert_array_equal(p.x0[0], xin)
+    f0 = f(xin)
+    want_alpha = 0.5 * max(np.linalg.norm(xin), 1) / np.linalg.norm(f0) if np.linalg.norm(f0) else 1.0
+    assert p.alpha == pytest.approx(want_alpha, rel=1e-14)
+    rng = np.random.default_rng(11)
+    for _ in range(5):
+        x = xin + 0.3 * rng.standard_normal(xin.shape)
+        np.testing.assert_allclose(p.root(x[None, :])[0], f(x), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(p(x[None, :])[0], x + p.alpha * f(x), rtol=1e-12, atol=1e-12)
+
+
+def test_every_problem_is_listed_and_the_deq_ones_are_batched_contractions():
+    assert set(SCIPY) < set(es.BENCHMARKS)
+    deq = [n for n in es.BENCHMARKS if n.startswith("deq-")]
+    assert len(deq) == 3
+    for n in deq:
+        p = es.BenchmarkProblem(n)
+        assert p.x0.shape == (64, 64) and p.alpha == 1.0
+        z = np.random.default_rng(1).standard_normal((64, 64))
+        np.testing.assert_allclose(p(z), z + p.root(z), atol=1e-14)
+        r = es.solve(p, p.x0, "anderson", abs_tol=1e-9, rel_tol=0)
+        assert r.converged
+    with pytest.raises(es.ConfigError, match="unknown benchmark problem"):
+        es.BenchmarkProblem("rosenbrock")
+    with pytest.raises(es.ShapeError):
+        es.BenchmarkProblem("scipy-F").root(np.zeros((1, 3)))
