@@ -24,15 +24,12 @@ use pyo3::types::PyDict;
 /// The crate's error as the matching `elm_solver.errors` class; a map's own error (a Python
 /// exception raised by the user's function) comes back as itself.
 fn to_py_err(py: Python<'_>, e: SolverError) -> PyErr {
-    let class = match &e {
-        SolverError::Map(_) => {
-            let SolverError::Map(inner) = e else {
-                unreachable!("matched Map above")
-            };
+    let class = match e {
+        SolverError::Map(inner) => {
             return match inner.downcast::<PyErr>() {
                 Ok(err) => *err,
                 Err(other) => error_class(py, "SolverError", other.to_string()),
-            };
+            }
         }
         SolverError::Config { .. } => "ConfigError",
         SolverError::Shape { .. } => "ShapeError",
