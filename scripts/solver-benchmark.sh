@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The solver benchmark (issue 41): every fixed-point solver of elm_solver and SciPy's anderson,
+# The solver benchmark (issue 41): every fixed-point solver of elm_solver, cvxgrp's aa and SciPy's anderson,
 # broyden1, linearmixing and newton_krylov on every problem of elm_solver.BENCHMARKS, one run;
 # writes results/solver_benchmark/ (benchmark.json, benchmark.md, benchmark.svg) and the README
 # block `solver-benchmark`. Builds the Python package into the venv of scripts/python-test.sh and
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 venv="${ELM_PY_VENV:-$PWD/target/py-venv}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/python}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q numpy scipy matplotlib 2>&1
+"$venv/bin/pip" install -q numpy scipy matplotlib anderson-acceleration 2>&1
 "$venv/bin/pip" install -q --force-reinstall --no-deps ./python 2>&1
 "$venv/bin/python" scripts/solver_benchmark.py --out results/solver_benchmark --readme README.md \
   --command "bash scripts/solver-benchmark.sh"
