@@ -40,10 +40,19 @@ fn shapes(format: QFormat) -> Vec<(usize, usize)> {
     }
 }
 
+/// Every kernel this CPU runs (each held to the same reference). The machines here have
+/// AVX-512 VNNI: where the CPU reports it, its kernel must be there and be the one chosen.
 fn kernels() -> Vec<Kernel> {
-    let mut k = vec![Kernel::Portable];
-    if detected_kernel() == Kernel::Avx2 {
-        k.push(Kernel::Avx2);
+    let k: Vec<Kernel> = Kernel::ALL
+        .into_iter()
+        .filter(|k| k.is_available())
+        .collect();
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl") {
+        assert_eq!(k[0], Kernel::Avx512Vnni, "{k:?}");
+        if std::env::var_os("ELM_QKERNEL").is_none() {
+            assert_eq!(detected_kernel(), Kernel::Avx512Vnni);
+        }
     }
     k
 }
@@ -118,12 +127,20 @@ fn kernels_match_dequantized_reference_on_random_blocks() {
                 let mut acts = QActs::default();
                 acts.quantize(x.view());
                 let (want, mag) = reference(&w, acts.dequantize().view());
+                let mut by_kernel = vec![];
                 for kernel in kernels() {
                     let mut y = Array2::<f32>::from_elem((n, rows), f32::NAN);
                     // SAFETY: `y` is a fresh contiguous `[n, rows]` buffer.
                     unsafe { qmatmul_rows(&w, 0, rows, &acts, y.as_mut_ptr(), rows, kernel) };
                     let what = format!("{format:?} {kernel:?} [{rows}, {cols}] n={n}");
                     assert_close(&y, &want, &mag, &what);
+                    by_kernel.push((kernel, y));
+                }
+                // VNNI's `vpdpbusd` forms the same i32 block sums as AVX2's maddubs + madd, and
+                // the f32 arithmetic around them is shared: identical results.
+                let of = |k| by_kernel.iter().find(|(kk, _)| *kk == k).map(|(_, y)| y);
+                if let (Some(a), Some(v)) = (of(Kernel::Avx2), of(Kernel::Avx512Vnni)) {
+                    assert_eq!(a, v, "{format:?} AVX2 vs VNNI [{rows}, {cols}] n={n}");
                 }
                 // The public path: team split over rows, bias added.
                 let bias = ndarray::Array1::from_shape_fn(rows, |i| i as f32);

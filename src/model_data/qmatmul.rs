@@ -112,25 +112,65 @@ fn quantize_act_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
 /// Which kernel [`qmatmul_rows`] uses; detected once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
+    /// The AVX2 kernels with their block products on AVX-512 VNNI's `vpdpbusd` (256-bit).
+    Avx512Vnni,
     Avx2,
     Portable,
 }
 
-/// The fastest kernel this CPU supports.
-pub fn detected_kernel() -> Kernel {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let ok = *AVX2.get_or_init(|| {
-            is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        });
-        if ok {
-            return Kernel::Avx2;
+impl Kernel {
+    /// Every kernel, fastest first.
+    pub const ALL: [Kernel; 3] = [Kernel::Avx512Vnni, Kernel::Avx2, Kernel::Portable];
+
+    /// Whether this CPU can run it (checked once per kernel).
+    pub fn is_available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::sync::OnceLock;
+            static AVX2: OnceLock<bool> = OnceLock::new();
+            static VNNI: OnceLock<bool> = OnceLock::new();
+            let avx2 = || {
+                *AVX2.get_or_init(|| {
+                    is_x86_feature_detected!("avx2")
+                        && is_x86_feature_detected!("fma")
+                        && is_x86_feature_detected!("f16c")
+                })
+            };
+            match self {
+                Kernel::Portable => true,
+                Kernel::Avx2 => avx2(),
+                Kernel::Avx512Vnni => {
+                    avx2()
+                        && *VNNI.get_or_init(|| {
+                            is_x86_feature_detected!("avx512vnni")
+                                && is_x86_feature_detected!("avx512vl")
+                        })
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Kernel::Portable
         }
     }
-    Kernel::Portable
+}
+
+/// The fastest kernel this CPU supports (`ELM_QKERNEL=avx2|portable` picks a slower one, for
+/// comparisons).
+pub fn detected_kernel() -> Kernel {
+    static CHOSEN: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        let forced = match std::env::var("ELM_QKERNEL").ok().as_deref() {
+            Some("avx2") => Some(Kernel::Avx2),
+            Some("portable") => Some(Kernel::Portable),
+            _ => None,
+        };
+        Kernel::ALL
+            .into_iter()
+            .filter(|k| forced.is_none_or(|f| *k == f))
+            .find(|k| k.is_available())
+            .unwrap_or(Kernel::Portable)
+    })
 }
 
 /// `y[r, o] = Σ_k W[o, k] · x[r, k]` for weight rows `o ∈ lo..hi` and every activation row `r`
@@ -192,21 +232,60 @@ fn dot_group<const R: usize>(
     let xd: [&[f32]; R] = std::array::from_fn(|i| &acts.d[(r0 + i) * nb..(r0 + i + 1) * nb]);
     let xs: [&[f32]; R] = std::array::from_fn(|i| &acts.s[(r0 + i) * nb..(r0 + i + 1) * nb]);
     #[cfg(target_arch = "x86_64")]
-    if kernel == Kernel::Avx2 {
-        // SAFETY: `Kernel::Avx2` is only returned when AVX2, FMA and F16C were detected;
-        // `row` holds `nb` blocks and every `xq[i]` `nb · 32` values.
+    {
+        // SAFETY: a kernel is only chosen when `Kernel::is_available` detected its instruction
+        // sets; `row` holds `nb` blocks and every `xq[i]` `nb · 32` values.
         let res = unsafe {
-            match format {
-                QFormat::Q4_1 => Some(avx2::dot_q4::<R, true>(row, nb, &xq, &xd, &xs)),
-                QFormat::Q4_0 => Some(avx2::dot_q4::<R, false>(row, nb, &xq, &xd, &xs)),
-                QFormat::Q8_0 => Some(avx2::dot_q8_0::<R>(row, nb, &xq, &xd)),
-                QFormat::Q5_0 => Some(avx2::dot_q5::<R, false>(row, nb, &xq, &xd, &xs)),
-                QFormat::Q5_1 => Some(avx2::dot_q5::<R, true>(row, nb, &xq, &xd, &xs)),
-                QFormat::Q4K => Some(avx2::dot_q4k::<R>(row, nb, &xq, &xd, &xs)),
-                QFormat::Q5K => Some(avx2::dot_q5k::<R>(row, nb, &xq, &xd, &xs)),
-                QFormat::Q6K => Some(avx2::dot_q6k::<R>(row, nb, &xq, &xd)),
-                QFormat::Q2K => Some(avx2::dot_q2k::<R>(row, nb, &xq, &xd)),
-                QFormat::Q3K => Some(avx2::dot_q3k::<R>(row, nb, &xq, &xd)),
+            match (kernel, format) {
+                (Kernel::Portable, _) => None,
+                (Kernel::Avx2, QFormat::Q4_1) => {
+                    Some(avx2::dot_q4::<R, true>(row, nb, &xq, &xd, &xs))
+                }
+                (Kernel::Avx2, QFormat::Q4_0) => {
+                    Some(avx2::dot_q4::<R, false>(row, nb, &xq, &xd, &xs))
+                }
+                (Kernel::Avx2, QFormat::Q8_0) => Some(avx2::dot_q8_0::<R>(row, nb, &xq, &xd)),
+                (Kernel::Avx2, QFormat::Q5_0) => {
+                    Some(avx2::dot_q5::<R, false>(row, nb, &xq, &xd, &xs))
+                }
+                (Kernel::Avx2, QFormat::Q5_1) => {
+                    Some(avx2::dot_q5::<R, true>(row, nb, &xq, &xd, &xs))
+                }
+                (Kernel::Avx2, QFormat::Q4K) => Some(avx2::dot_q4k::<R>(row, nb, &xq, &xd, &xs)),
+                (Kernel::Avx2, QFormat::Q5K) => Some(avx2::dot_q5k::<R>(row, nb, &xq, &xd, &xs)),
+                (Kernel::Avx2, QFormat::Q6K) => Some(avx2::dot_q6k::<R>(row, nb, &xq, &xd)),
+                (Kernel::Avx2, QFormat::Q2K) => Some(avx2::dot_q2k::<R>(row, nb, &xq, &xd)),
+                (Kernel::Avx2, QFormat::Q3K) => Some(avx2::dot_q3k::<R>(row, nb, &xq, &xd)),
+                (Kernel::Avx512Vnni, QFormat::Q4_1) => {
+                    Some(avx2::dot_q4_vnni::<R, true>(row, nb, &xq, &xd, &xs))
+                }
+                (Kernel::Avx512Vnni, QFormat::Q4_0) => {
+                    Some(avx2::dot_q4_vnni::<R, false>(row, nb, &xq, &xd, &xs))
+                }
+                (Kernel::Avx512Vnni, QFormat::Q8_0) => {
+                    Some(avx2::dot_q8_0_vnni::<R>(row, nb, &xq, &xd))
+                }
+                (Kernel::Avx512Vnni, QFormat::Q5_0) => {
+                    Some(avx2::dot_q5_vnni::<R, false>(row, nb, &xq, &xd, &xs))
+                }
+                (Kernel::Avx512Vnni, QFormat::Q5_1) => {
+                    Some(avx2::dot_q5_vnni::<R, true>(row, nb, &xq, &xd, &xs))
+                }
+                (Kernel::Avx512Vnni, QFormat::Q4K) => {
+                    Some(avx2::dot_q4k_vnni::<R>(row, nb, &xq, &xd, &xs))
+                }
+                (Kernel::Avx512Vnni, QFormat::Q5K) => {
+                    Some(avx2::dot_q5k_vnni::<R>(row, nb, &xq, &xd, &xs))
+                }
+                (Kernel::Avx512Vnni, QFormat::Q6K) => {
+                    Some(avx2::dot_q6k_vnni::<R>(row, nb, &xq, &xd))
+                }
+                (Kernel::Avx512Vnni, QFormat::Q2K) => {
+                    Some(avx2::dot_q2k_vnni::<R>(row, nb, &xq, &xd))
+                }
+                (Kernel::Avx512Vnni, QFormat::Q3K) => {
+                    Some(avx2::dot_q3k_vnni::<R>(row, nb, &xq, &xd))
+                }
             }
         };
         if let Some(res) = res {
@@ -391,6 +470,57 @@ mod avx2 {
     use super::{k3_scales, k4_scale_min, QK};
     use std::arch::x86_64::*;
 
+    /// The block product of 32 unsigned weight codes with 32 signed activations, as eight i32
+    /// lanes (lane `k` sums values `4k..4k+4`): the one operation the two instruction sets do
+    /// differently. Every kernel below is written once over it and compiled twice.
+    pub(super) trait U8I8Dot {
+        unsafe fn dot(w: __m256i, x: __m256i) -> __m256i;
+    }
+
+    /// AVX2: `maddubs` (u8 × i8 pairs to i16; the kernels keep pairs below 2^15) then `madd`
+    /// with ones.
+    pub(super) struct Maddubs;
+    impl U8I8Dot for Maddubs {
+        #[inline(always)]
+        unsafe fn dot(w: __m256i, x: __m256i) -> __m256i {
+            _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+        }
+    }
+
+    /// AVX-512 VNNI (256-bit, `vpdpbusd`): u8 × i8 quads summed straight into i32, one
+    /// instruction, no intermediate saturation.
+    pub(super) struct Vnni;
+    impl U8I8Dot for Vnni {
+        #[inline(always)]
+        unsafe fn dot(w: __m256i, x: __m256i) -> __m256i {
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
+        }
+    }
+
+    /// Each kernel's two entry points: the AVX2 one and the AVX-512 VNNI one (`vpdpbusd` for
+    /// the block products), both the same generic body.
+    macro_rules! twins {
+        ($avx2:ident, $vnni:ident, $body:ident, [$($g:tt)*], [$($gu:tt)*], ($($arg:ident: $ty:ty),*), ($($call:ident),*)) => {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub(super) unsafe fn $avx2<$($g)*>($($arg: $ty),*) -> [f32; R] {
+                $body::<Maddubs, $($gu)*>($($call),*)
+            }
+            #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+            pub(super) unsafe fn $vnni<$($g)*>($($arg: $ty),*) -> [f32; R] {
+                $body::<Vnni, $($gu)*>($($call),*)
+            }
+        };
+    }
+
+    twins!(dot_q5, dot_q5_vnni, dot_q5_with, [const R: usize, const Q51: bool], [R, Q51], (row: &[u8], nb: usize, xq: &[&[i8]; R], xd: &[&[f32]; R], xs: &[&[f32]; R]), (row, nb, xq, xd, xs));
+    twins!(dot_q4k, dot_q4k_vnni, dot_q4k_with, [const R: usize], [R], (row: &[u8], nb: usize, xq: &[&[i8]; R], xd: &[&[f32]; R], xs: &[&[f32]; R]), (row, nb, xq, xd, xs));
+    twins!(dot_q5k, dot_q5k_vnni, dot_q5k_with, [const R: usize], [R], (row: &[u8], nb: usize, xq: &[&[i8]; R], xd: &[&[f32]; R], xs: &[&[f32]; R]), (row, nb, xq, xd, xs));
+    twins!(dot_q2k, dot_q2k_vnni, dot_q2k_with, [const R: usize], [R], (row: &[u8], nb: usize, xq: &[&[i8]; R], xd: &[&[f32]; R]), (row, nb, xq, xd));
+    twins!(dot_q3k, dot_q3k_vnni, dot_q3k_with, [const R: usize], [R], (row: &[u8], nb: usize, xq: &[&[i8]; R], xd: &[&[f32]; R]), (row, nb, xq, xd));
+    twins!(dot_q6k, dot_q6k_vnni, dot_q6k_with, [const R: usize], [R], (row: &[u8], nb: usize, xq: &[&[i8]; R], xd: &[&[f32]; R]), (row, nb, xq, xd));
+    twins!(dot_q4, dot_q4_vnni, dot_q4_with, [const R: usize, const Q41: bool], [R, Q41], (row: &[u8], nb: usize, xq: &[&[i8]; R], xd: &[&[f32]; R], xs: &[&[f32]; R]), (row, nb, xq, xd, xs));
+    twins!(dot_q8_0, dot_q8_0_vnni, dot_q8_0_with, [const R: usize], [R], (row: &[u8], nb: usize, xq: &[&[i8]; R], xd: &[&[f32]; R]), (row, nb, xq, xd));
+
     /// The f16 at `p`, widened (F16C).
     #[inline(always)]
     unsafe fn f16_at(p: *const u8) -> f32 {
@@ -419,8 +549,8 @@ mod avx2 {
 
     /// Q5_1 (`Q51 = true`) or Q5_0 weights: Q4's nibbles plus a fifth bit from `qh`
     /// (`x = d·q + m`, or `d·(q − 16)`).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_q5<const R: usize, const Q51: bool>(
+    #[inline(always)]
+    unsafe fn dot_q5_with<D: U8I8Dot, const R: usize, const Q51: bool>(
         row: &[u8],
         nb: usize,
         xq: &[&[i8]; R],
@@ -441,7 +571,7 @@ mod avx2 {
             let qh = (blk.add(qh_at) as *const u32).read_unaligned();
             let wq = _mm256_or_si256(nibbles, _mm256_and_si256(bytes_from_bits(qh), bit4));
             // Codes ≤ 31.
-            add_unsigned_block(wq, d, o, b, xq, xd, xs, &mut acc, &mut off);
+            add_unsigned_block::<D, R>(wq, d, o, b, xq, xd, xs, &mut acc, &mut off);
         }
         std::array::from_fn(|r| hsum(acc[r]) + off[r])
     }
@@ -449,8 +579,8 @@ mod avx2 {
     /// Q4_K weights: super-blocks of 8 sub-blocks of 32, each one activation block, with
     /// scale `d·sc` and offset `−dmin·m` (sub-block `j`: the low (even `j`) or high nibbles of
     /// bytes `32·(j/2)..`).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_q4k<const R: usize>(
+    #[inline(always)]
+    unsafe fn dot_q4k_with<D: U8I8Dot, const R: usize>(
         row: &[u8],
         nb: usize,
         xq: &[&[i8]; R],
@@ -476,7 +606,7 @@ mod avx2 {
                     _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low)
                 };
                 // Codes ≤ 15; the sub-block's offset is `−dmin·m`.
-                add_unsigned_block(wq, dl, -ml, b, xq, xd, xs, &mut acc, &mut off);
+                add_unsigned_block::<D, R>(wq, dl, -ml, b, xq, xd, xs, &mut acc, &mut off);
             }
         }
         std::array::from_fn(|r| hsum(acc[r]) + off[r])
@@ -485,8 +615,8 @@ mod avx2 {
     /// Q5_K weights: Q4_K's sub-blocks (a 6-bit scale and min per 32 values) with a fifth bit
     /// per value: bit `j` of `qh[l]` is the high bit of value `l` of sub-block `j`. Layout (176
     /// bytes): d, dmin (f16), scales[12], qh[32], qs[128].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_q5k<const R: usize>(
+    #[inline(always)]
+    unsafe fn dot_q5k_with<D: U8I8Dot, const R: usize>(
         row: &[u8],
         nb: usize,
         xq: &[&[i8]; R],
@@ -518,7 +648,7 @@ mod avx2 {
                     _mm256_and_si256(_mm256_srl_epi16(hbytes, _mm_cvtsi32_si128(j as i32)), one);
                 let wq = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
                 // Codes ≤ 31; the sub-block's offset is `−dmin·m`.
-                add_unsigned_block(wq, dl, -ml, b, xq, xd, xs, &mut acc, &mut off);
+                add_unsigned_block::<D, R>(wq, dl, -ml, b, xq, xd, xs, &mut acc, &mut off);
             }
         }
         std::array::from_fn(|r| hsum(acc[r]) + off[r])
@@ -527,23 +657,17 @@ mod avx2 {
     /// `Σ w·x` and `Σ x` of one 32-value block as i32 lanes: lanes 0–3 cover values 0..16 and
     /// lanes 4–7 values 16..32 (the two 16-value scale groups of the K-quants that have them).
     /// `wq` holds unsigned codes < 64 (a `maddubs` pair sums to at most 2·63·127 < 2^15).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn group_dot_and_sum(wq: __m256i, x: __m256i) -> (__m256i, __m256i) {
-        let (ones16, ones8) = (_mm256_set1_epi16(1), _mm256_set1_epi8(1));
-        (
-            _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones16),
-            _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16),
-        )
+    #[inline(always)]
+    unsafe fn group_dot_and_sum<D: U8I8Dot>(wq: __m256i, x: __m256i) -> (__m256i, __m256i) {
+        (D::dot(wq, x), D::dot(_mm256_set1_epi8(1), x))
     }
 
     /// Block `b` of 32 unsigned codes `wq` (< 64) whose two 16-value halves each have a scale
     /// and an offset (lanes 0–3 of `scale`/`offset` for values 0..16, lanes 4–7 for 16..32):
     /// adds `xd · (scale·Σ w·x − offset·Σ x)` for every activation row.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn add_grouped_block<const R: usize>(
+    unsafe fn add_grouped_block<D: U8I8Dot, const R: usize>(
         wq: __m256i,
         scale: __m256,
         offset: __m256,
@@ -554,7 +678,7 @@ mod avx2 {
     ) {
         for r in 0..R {
             let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
-            let (dot, sum) = group_dot_and_sum(wq, x);
+            let (dot, sum) = group_dot_and_sum::<D>(wq, x);
             let t = _mm256_fmsub_ps(
                 scale,
                 _mm256_cvtepi32_ps(dot),
@@ -567,8 +691,8 @@ mod avx2 {
     /// Q2_K weights: 2-bit codes, per 16 values a 4-bit scale (low nibble) and 4-bit min (high
     /// nibble), value `d·sc·q − dmin·m`. Layout (84 bytes): scales[16], qs[64], d, dmin (f16);
     /// value `l` of sub-block `a` is bits `2·(a % 4)` of `qs[32·(a / 4) + l]`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_q2k<const R: usize>(
+    #[inline(always)]
+    unsafe fn dot_q2k_with<D: U8I8Dot, const R: usize>(
         row: &[u8],
         nb: usize,
         xq: &[&[i8]; R],
@@ -597,7 +721,7 @@ mod avx2 {
                     _mm_set1_ps(dmin * (sc_hi >> 4) as f32),
                     _mm_set1_ps(dmin * (sc_lo >> 4) as f32),
                 );
-                add_grouped_block(wq, scale, min, b, xq, xd, &mut acc);
+                add_grouped_block::<D, R>(wq, scale, min, b, xq, xd, &mut acc);
             }
         }
         std::array::from_fn(|r| hsum(acc[r]))
@@ -608,8 +732,8 @@ mod avx2 {
     /// scales[12], d (f16); value `l` of sub-block `a` takes bits `2·(a % 4)` of
     /// `qs[32·(a / 4) + l]` and bit `a` of `hmask[l]`. Codes `q ∈ 0..8` are dotted unsigned and
     /// `4·Σx` removed per group.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_q3k<const R: usize>(
+    #[inline(always)]
+    unsafe fn dot_q3k_with<D: U8I8Dot, const R: usize>(
         row: &[u8],
         nb: usize,
         xq: &[&[i8]; R],
@@ -639,7 +763,7 @@ mod avx2 {
                 let scale = _mm256_set_m128(_mm_set1_ps(s_hi), _mm_set1_ps(s_lo));
                 // value = scale·(code − 4): the offset per unit of Σx is 4·scale.
                 let bias = _mm256_set_m128(_mm_set1_ps(4.0 * s_hi), _mm_set1_ps(4.0 * s_lo));
-                add_grouped_block(wq, scale, bias, b, xq, xd, &mut acc);
+                add_grouped_block::<D, R>(wq, scale, bias, b, xq, xd, &mut acc);
             }
         }
         std::array::from_fn(|r| hsum(acc[r]))
@@ -649,20 +773,15 @@ mod avx2 {
     /// in `qh`), an i8 scale per 16. Each activation block holds two scale groups: the i32 lanes
     /// of `madd` are 0–3 for its first 16 values and 4–7 for the next, so the lanes take
     /// their group's scale, and `Σ(q + 32)·x − 32·Σx` removes the bias per group.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_q6k<const R: usize>(
+    #[inline(always)]
+    unsafe fn dot_q6k_with<D: U8I8Dot, const R: usize>(
         row: &[u8],
         nb: usize,
         xq: &[&[i8]; R],
         xd: &[&[f32]; R],
     ) -> [f32; R] {
         let mut acc = [_mm256_setzero_ps(); R];
-        let (low, two, ones16, ones8) = (
-            _mm256_set1_epi8(0x0F),
-            _mm256_set1_epi8(0x03),
-            _mm256_set1_epi16(1),
-            _mm256_set1_epi8(1),
-        );
+        let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x03));
         let p = row.as_ptr();
         for sb in 0..nb / 8 {
             let blk = p.add(sb * 210);
@@ -691,8 +810,7 @@ mod avx2 {
                 for r in 0..R {
                     let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
                     // u8 (≤ 63) × i8 pairs: |sum| ≤ 2·63·127 < 2^15.
-                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones16);
-                    let sum = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, x), ones16);
+                    let (dot, sum) = group_dot_and_sum::<D>(wq, x);
                     let unbiased = _mm256_sub_epi32(dot, _mm256_slli_epi32(sum, 5));
                     let scale = _mm256_mul_ps(group_scale, _mm256_set1_ps(*xd[r].get_unchecked(b)));
                     acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(unbiased), acc[r]);
@@ -709,7 +827,7 @@ mod avx2 {
     /// and Q4_K kernels, which differ only in how they unpack `wq` and its scale and offset.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn add_unsigned_block<const R: usize>(
+    unsafe fn add_unsigned_block<D: U8I8Dot, const R: usize>(
         wq: __m256i,
         w_scale: f32,
         w_offset: f32,
@@ -720,10 +838,9 @@ mod avx2 {
         acc: &mut [__m256; R],
         off: &mut [f32; R],
     ) {
-        let ones = _mm256_set1_epi16(1);
         for r in 0..R {
             let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
-            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones);
+            let dot = D::dot(wq, x);
             let scale = _mm256_set1_ps(w_scale * *xd[r].get_unchecked(b));
             acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
             off[r] += w_offset * *xs[r].get_unchecked(b);
@@ -739,8 +856,8 @@ mod avx2 {
     }
 
     /// Q4_1 (`Q41 = true`) or Q4_0 weights against 8-bit activations.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_q4<const R: usize, const Q41: bool>(
+    #[inline(always)]
+    unsafe fn dot_q4_with<D: U8I8Dot, const R: usize, const Q41: bool>(
         row: &[u8],
         nb: usize,
         xq: &[&[i8]; R],
@@ -773,22 +890,21 @@ mod avx2 {
             let raw = _mm_loadu_si128(blk.add(qoff) as *const __m128i);
             let wq = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
             // Codes ≤ 15.
-            add_unsigned_block(wq, d, o, b, xq, xd, xs, &mut acc, &mut off);
+            add_unsigned_block::<D, R>(wq, d, o, b, xq, xd, xs, &mut acc, &mut off);
         }
         std::array::from_fn(|r| hsum(acc[r]) + off[r])
     }
 
     /// Q8_0 weights against 8-bit activations (signed × signed via the sign trick:
     /// `|w| · (x · sign(w))`).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_q8_0<const R: usize>(
+    #[inline(always)]
+    unsafe fn dot_q8_0_with<D: U8I8Dot, const R: usize>(
         row: &[u8],
         nb: usize,
         xq: &[&[i8]; R],
         xd: &[&[f32]; R],
     ) -> [f32; R] {
         let mut acc = [_mm256_setzero_ps(); R];
-        let ones = _mm256_set1_epi16(1);
         let p = row.as_ptr();
         for b in 0..nb {
             let blk = p.add(b * 34);
@@ -802,7 +918,7 @@ mod avx2 {
             for r in 0..R {
                 let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
                 let sx = _mm256_sign_epi8(x, w);
-                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                let dot = D::dot(aw, sx);
                 let scale = _mm256_set1_ps(d * *xd[r].get_unchecked(b));
                 acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
             }
