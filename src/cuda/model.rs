@@ -135,7 +135,7 @@ fn upload1(dev: &CudaDevice, a: &Array1<f32>) -> Result<GpuBuffer<f32>> {
 }
 
 /// Validates every tensor's shape against the config (typed errors naming the tensor): the CPU
-/// model's one check (`DecoderWeights::check`), Gemma 3's norms and layer attention included.
+/// model's one check (`DecoderWeights::check`), Gemma 3's norms included.
 fn validate_weights(w: &ModelWeights) -> Result<()> {
     crate::model::DecoderWeights::check(w)
 }
