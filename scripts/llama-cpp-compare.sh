@@ -107,12 +107,23 @@ def find(kind, quant):
                  if k.split(" ")[0] == kind and (not k.split(" ", 1)[1].startswith("f32")) == quant), None)
 targets = []
 dq, df, eq, ef = find("dense", True), find("dense", False), find("elm", True), find("elm", False)
-if dq:
-    targets.append(("quantized decode b1 ≥ llama.cpp", dq["decode_b1_tok_s_vs_llama_cpp"],
-                    f'{dq["decode_b1_tok_s_vs_llama_cpp"]:.2f}× best step, {dq["decode_b1_mean_tok_s_vs_llama_cpp"]:.2f}× mean; '
-                    "per repetition " + ", ".join(f"{r['decode_b1_tok_s']:.2f}" for r in per_rep)))
-    targets.append(("prefill ≥ llama.cpp", dq["prefill_tok_s_vs_llama_cpp"],
-                    f'{dq["prefill_tok_s_vs_llama_cpp"]:.2f}×'))
+def spread(key):
+    """Median of the per-repetition ratios (each repetition ours / llama.cpp, same interference)
+    and their range: the verdicts read the median, not one lucky repetition."""
+    v = [r[key] for r in per_rep]
+    return statistics.median(v), min(v), max(v)
+
+if dq and per_rep:
+    d_med, d_lo, d_hi = spread("decode_b1_tok_s")
+    p_med, p_lo, p_hi = spread("prefill_tok_s")
+    reps_text = f"over {len(per_rep)} repetitions"
+    decode_fig = (f"median {d_med:.2f}× {reps_text} (range {d_lo:.2f}–{d_hi:.2f}); best step "
+                  f'{dq["decode_b1_tok_s_vs_llama_cpp"]:.2f}×, mean {dq["decode_b1_mean_tok_s_vs_llama_cpp"]:.2f}×')
+    targets.append(("quantized decode b1 ≥ llama.cpp", d_med, decode_fig))
+    targets.append(("quantized decode b1 ≥ 1.5× llama.cpp (edge-inference issue)", d_med / 1.5, decode_fig))
+    targets.append(("prefill ≥ llama.cpp", p_med,
+                    f"median {p_med:.2f}× {reps_text} (range {p_lo:.2f}–{p_hi:.2f})"))
+    report["median_ratios"] = {"decode_b1": [d_med, d_lo, d_hi], "prefill": [p_med, p_lo, p_hi]}
 for e, d, label in [(eq, dq, "quantized"), (ef, df, "f32")]:
     if e and d and e.get("block_evals_per_token_b1"):
         want = d["decode_b1_tok_s"] * 30 / e["block_evals_per_token_b1"]
@@ -137,7 +148,8 @@ if readme:
              + (f" ELM_CKPT={ckpt_label}" if ckpt else "") + ("" if block == "perf" else f" BLOCK={block}")
              + f" bash scripts/llama-cpp-compare.sh{model_arg}` "
              f"({report['machine']}; {threads} threads for both engines; best of {reps} repetitions alternating "
-             "with llama.cpp; ratios in brackets are ours / llama.cpp).", "",
+             "with llama.cpp; ratios in brackets are ours / llama.cpp of those bests; the targets read the median "
+             "of the per-repetition ratios).", "",
              "| model | weights | decode b1 tok/s | b1 mean | decode b8 tok/s | prefill tok/s | weights resident | params | peak RSS generating | KV / token | block evals / token | decode b1 / roofline |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|",
              f"| llama.cpp | file | {best_llama['decode_b1_tok_s']:.1f} | {best_llama['decode_b1_mean_tok_s']:.1f} | – | {best_llama['prefill_tok_s']:.1f} | – | – | – | – | – | – |"]
