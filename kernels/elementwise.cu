@@ -1,34 +1,42 @@
 // Element-wise and gather kernels, f32. 1-D grids cover n elements with a grid-stride loop.
 
-// out[r, i] = silu(gate[r*in_stride + i]) * up[r*in_stride + i], out: [rows, cols] contiguous.
-// in_stride lets gate/up live inside one fused [rows, 2*cols] gate|up buffer.
-extern "C" __global__ void swiglu_f32(const float* __restrict__ gate, const float* __restrict__ up,
-                                      float* __restrict__ out, int rows, int cols, int in_stride) {
+// The gated MLP activation, out[r, i] = act(gate[r*in_stride + i]) * up[r*in_stride + i],
+// out: [rows, cols] contiguous; in_stride lets gate/up live inside one fused [rows, 2*cols]
+// gate|up buffer. One loop for every activation; each kernel below names its `act`.
+template <typename Act>
+static __device__ void gated_rows(const float* __restrict__ gate, const float* __restrict__ up,
+                                  float* __restrict__ out, int rows, int cols, int in_stride) {
     const size_t n = (size_t)rows * cols;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
          idx += (size_t)gridDim.x * blockDim.x) {
         const size_t r = idx / cols;
         const size_t i = idx - r * cols;
-        const float g = gate[r * in_stride + i];
-        const float u = up[r * in_stride + i];
-        out[idx] = g / (1.0f + expf(-g)) * u;
+        out[idx] = Act::apply(gate[r * in_stride + i]) * up[r * in_stride + i];
     }
 }
 
-// out[r, i] = gelu_tanh(gate) * up with GELU's tanh approximation (Gemma 3's GeGLU),
-// gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (nn::geglu's formula); strides as swiglu_f32.
+// silu(g) = g / (1 + e^-g) (Llama, Qwen2).
+struct Silu {
+    static __device__ float apply(float g) { return g / (1.0f + expf(-g)); }
+};
+
+// GELU's tanh approximation (Gemma 3's GeGLU), nn::geglu's formula:
+// gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+struct GeluTanh {
+    static __device__ float apply(float g) {
+        const float t = tanhf(0.7978845608028654f * g * (1.0f + 0.044715f * g * g));
+        return 0.5f * g * (1.0f + t);
+    }
+};
+
+extern "C" __global__ void swiglu_f32(const float* __restrict__ gate, const float* __restrict__ up,
+                                      float* __restrict__ out, int rows, int cols, int in_stride) {
+    gated_rows<Silu>(gate, up, out, rows, cols, in_stride);
+}
+
 extern "C" __global__ void geglu_tanh_f32(const float* __restrict__ gate, const float* __restrict__ up,
                                           float* __restrict__ out, int rows, int cols, int in_stride) {
-    const size_t n = (size_t)rows * cols;
-    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
-         idx += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = idx / cols;
-        const size_t i = idx - r * cols;
-        const float g = gate[r * in_stride + i];
-        const float u = up[r * in_stride + i];
-        const float t = tanhf(0.7978845608028654f * g * (1.0f + 0.044715f * g * g));
-        out[idx] = 0.5f * g * (1.0f + t) * u;
-    }
+    gated_rows<GeluTanh>(gate, up, out, rows, cols, in_stride);
 }
 
 // x += y (residual add), both [n].

@@ -513,9 +513,10 @@ pub(crate) mod raw {
             crate::model::config::Activation::GeGluTanh => Kernel::GegluTanh,
         };
         let f = dev.function(kernel)?;
-        let rows_i = i32_arg("swiglu", "rows", rows)?;
-        let cols_i = i32_arg("swiglu", "cols", cols)?;
-        let stride_i = i32_arg("swiglu", "in_stride", in_stride)?;
+        let op = kernel.name();
+        let rows_i = i32_arg(op, "rows", rows)?;
+        let cols_i = i32_arg(op, "cols", cols)?;
+        let stride_i = i32_arg(op, "in_stride", in_stride)?;
         let mut b = dev.stream.launch_builder(&f);
         b.arg(gate)
             .arg(up)
