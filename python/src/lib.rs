@@ -64,6 +64,16 @@ struct PyFunction<T> {
 }
 
 impl<T: SolverFloat + Element> PyFunction<T> {
+    fn new(fun: Py<PyAny>, dim: usize, active_only: bool, what: &'static str) -> Self {
+        PyFunction {
+            fun,
+            dim,
+            active_only,
+            what,
+            _float: PhantomData,
+        }
+    }
+
     fn call(&self, z: ArrayView2<T>, active: &[bool], mut out: ArrayViewMut2<T>) -> PyResult<()> {
         Python::with_gil(|py| {
             let rows: Vec<usize> = if self.active_only {
@@ -227,13 +237,7 @@ fn solve_typed<'py, T: SolverFloat + Element>(
     let cfg = solver_config(solver, params_json, output).map_err(|e| to_py_err(py, e))?;
     let z0: Array2<T> = z0.as_array().to_owned();
     let dim = z0.ncols();
-    let function = PyFunction::<T> {
-        fun,
-        dim,
-        active_only,
-        what: "fun",
-        _float: PhantomData,
-    };
+    let function = PyFunction::<T>::new(fun, dim, active_only, "fun");
     let mut map = FnMap::new(dim, function.into_closure());
     let solved = py.allow_threads(move || {
         let solver = cfg.build::<T>();
@@ -303,21 +307,11 @@ fn linear_typed<'py, T: SolverFloat + Element>(
         None => Array2::zeros(b.raw_dim()),
     };
     let dim = b.ncols();
-    let function = |fun: Py<PyAny>, what| PyFunction::<T> {
-        fun,
-        dim,
-        active_only,
-        what,
-        _float: PhantomData,
-    };
-    let a = function(matvec, "matvec").into_closure();
+    let function = |fun, what| PyFunction::<T>::new(fun, dim, active_only, what).into_closure();
+    let a = function(matvec, "matvec");
     // CGNR needs `Aᵀ v`: without rmatvec the crate refuses it, naming the solvers that do not.
     let mut op: Box<dyn LinearOperator<T> + Send> = match rmatvec {
-        Some(f) => Box::new(FnOperatorPair::new(
-            dim,
-            a,
-            function(f, "rmatvec").into_closure(),
-        )),
+        Some(f) => Box::new(FnOperatorPair::new(dim, a, function(f, "rmatvec"))),
         None => Box::new(FnOperator::new(dim, a)),
     };
     let solved = py.allow_threads(move || cfg.solve(op.as_mut(), b.view(), x0.view(), &stop));

@@ -688,6 +688,17 @@ mod avx2 {
         }
     }
 
+    /// The 2-bit codes of sub-block `a` (32 values) of a Q2_K/Q3_K super-block whose packed
+    /// `qs` start at `qs`: value `l` is bits `2·(a % 4)` of `qs[32·(a / 4) + l]`.
+    #[inline(always)]
+    unsafe fn two_bit_codes(qs: *const u8, a: usize) -> __m256i {
+        let bytes = _mm256_loadu_si256(qs.add(32 * (a / 4)) as *const __m256i);
+        _mm256_and_si256(
+            _mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * (a % 4) as i32)),
+            _mm256_set1_epi8(0x03),
+        )
+    }
+
     /// Q2_K weights: 2-bit codes, per 16 values a 4-bit scale (low nibble) and 4-bit min (high
     /// nibble), value `d·sc·q − dmin·m`. Layout (84 bytes): scales[16], qs[64], d, dmin (f16);
     /// value `l` of sub-block `a` is bits `2·(a % 4)` of `qs[32·(a / 4) + l]`.
@@ -699,19 +710,13 @@ mod avx2 {
         xd: &[&[f32]; R],
     ) -> [f32; R] {
         let mut acc = [_mm256_setzero_ps(); R];
-        let three = _mm256_set1_epi8(0x03);
         let p = row.as_ptr();
         for sb in 0..nb / 8 {
             let blk = p.add(sb * 84);
             let (d, dmin) = (f16_at(blk.add(80)), f16_at(blk.add(82)));
             for a in 0..8 {
                 let b = sb * 8 + a;
-                let (half, s) = (a / 4, a % 4);
-                let bytes = _mm256_loadu_si256(blk.add(16 + 32 * half) as *const __m256i);
-                let wq = _mm256_and_si256(
-                    _mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * s as i32)),
-                    three,
-                );
+                let wq = two_bit_codes(blk.add(16), a);
                 let (sc_lo, sc_hi) = (*blk.add(2 * a), *blk.add(2 * a + 1));
                 let scale = _mm256_set_m128(
                     _mm_set1_ps(d * (sc_hi & 0x0F) as f32),
@@ -731,7 +736,7 @@ mod avx2 {
     /// meaning +4), a signed 6-bit scale per 16 values. Layout (110 bytes): hmask[32], qs[64],
     /// scales[12], d (f16); value `l` of sub-block `a` takes bits `2·(a % 4)` of
     /// `qs[32·(a / 4) + l]` and bit `a` of `hmask[l]`. Codes `q ∈ 0..8` are dotted unsigned and
-    /// `4·Σx` removed per group.
+    /// `4·scale·Σx` removed per group.
     #[inline(always)]
     unsafe fn dot_q3k_with<D: U8I8Dot, const R: usize>(
         row: &[u8],
@@ -740,7 +745,7 @@ mod avx2 {
         xd: &[&[f32]; R],
     ) -> [f32; R] {
         let mut acc = [_mm256_setzero_ps(); R];
-        let (three, one) = (_mm256_set1_epi8(0x03), _mm256_set1_epi8(0x01));
+        let one = _mm256_set1_epi8(0x01);
         let p = row.as_ptr();
         for sb in 0..nb / 8 {
             let blk = p.add(sb * 110);
@@ -749,12 +754,7 @@ mod avx2 {
             let hbytes = _mm256_loadu_si256(blk as *const __m256i);
             for a in 0..8 {
                 let b = sb * 8 + a;
-                let (half, s) = (a / 4, a % 4);
-                let bytes = _mm256_loadu_si256(blk.add(32 + 32 * half) as *const __m256i);
-                let lo = _mm256_and_si256(
-                    _mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * s as i32)),
-                    three,
-                );
+                let lo = two_bit_codes(blk.add(32), a);
                 let hi =
                     _mm256_and_si256(_mm256_srl_epi16(hbytes, _mm_cvtsi32_si128(a as i32)), one);
                 // hi ≤ 1: shifting 16-bit lanes by 2 keeps it inside its byte.

@@ -174,11 +174,12 @@ impl ModelWeights {
             config.num_kv_heads * config.head_dim,
         );
         let inv_sqrt = |n: usize| 1.0 / (n as f32).sqrt();
-        let gain = |a: Array2<f32>| a.into_shape_with_order(c).expect("[1, C]") + 1.0;
         let vector = |a: Array2<f32>| {
             let n = a.len();
             a.into_shape_with_order(n).expect("[1, N]")
         };
+        // A norm gain of any width (C, or D for Gemma 3's q/k norms): 1 + the noise.
+        let gain = |a: Array2<f32>| vector(a) + 1.0;
 
         let embed = normal((v, c), 1.0);
         let mut layers = Vec::with_capacity(config.num_layers);
@@ -198,14 +199,8 @@ impl ModelWeights {
                 w_up: normal((i, c), inv_sqrt(c)),
                 w_down: normal((c, i), inv_sqrt(i)),
                 gemma: config.has_gemma_norms().then(|| Gemma3Block {
-                    q_norm: normal((1, config.head_dim), 0.1)
-                        .into_shape_with_order(config.head_dim)
-                        .expect("[1, D]")
-                        + 1.0,
-                    k_norm: normal((1, config.head_dim), 0.1)
-                        .into_shape_with_order(config.head_dim)
-                        .expect("[1, D]")
-                        + 1.0,
+                    q_norm: gain(normal((1, config.head_dim), 0.1)),
+                    k_norm: gain(normal((1, config.head_dim), 0.1)),
                     post_attn_norm: gain(normal((1, c), 0.1)),
                     post_mlp_norm: gain(normal((1, c), 0.1)),
                     attention: config.layer_attention(layer),
