@@ -174,7 +174,7 @@ fn main() -> elm::Result<()> {
         "gemm_kernel": gemm.name(),
         "precision": precision,
         "openblas_threads": elm::gemm::blas_threads(),
-        "peak_rss_bytes": elm::model::bench::peak_rss_bytes(),
+        "peak_rss_bytes": elm::io::peak_rss_bytes(),
         "minor_faults_and_system_seconds": minor_faults_and_system_seconds(),
         "phases": phases,
     });

@@ -645,3 +645,151 @@ fn smollm2_gguf_matches_python_gguf_reference() {
         }
     }
 }
+
+// ---------------------------------------------------------------- loading that releases the file
+
+/// A Q8_0 block per 32 values with a finite f16 scale and random codes, `n` values.
+fn q8_0_bytes(rng: &mut StdRng, n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n / 32 * 34);
+    for _ in 0..n / 32 {
+        let d = half::f16::from_f32(rng.gen_range(-0.1f32..0.1));
+        out.extend_from_slice(&d.to_le_bytes());
+        out.extend((0..32).map(|_| rng.gen::<u8>()));
+    }
+    out
+}
+
+/// The loaders' reads (`take_tensor_f32`, `take_tensor_bytes`) convert a tensor slice by slice,
+/// releasing each slice's pages: the values must be those of the whole-tensor reads, across
+/// slice boundaries (tensors of several 4 MiB slices, and a length that is no multiple of one).
+#[test]
+fn releasing_reads_equal_whole_tensor_reads_across_slice_boundaries() {
+    let dir = TempDir::new("gguf-take");
+    let path = dir.join("big.gguf");
+    let mut rng = StdRng::seed_from_u64(11);
+    // 2.3 slices of Q8_0 bytes, and 1.5 slices of f32.
+    let (q_rows, q_cols) = (2_300, 4_096);
+    let f_values: Vec<f32> = (0..1_572_864 + 7)
+        .map(|_| rng.gen_range(-1.0..1.0))
+        .collect();
+    let tensors = vec![
+        GgufTensorData {
+            name: "q".into(),
+            shape: vec![q_rows, q_cols],
+            ggml_type: GgmlType::Block(QFormat::Q8_0),
+            data: q8_0_bytes(&mut rng, q_rows * q_cols),
+        },
+        GgufTensorData::f32("f", &[f_values.len()], &f_values),
+    ];
+    std::fs::write(&path, gguf_to_bytes(&[], &tensors, 32)).unwrap();
+    let g = GgufFile::open(&path).unwrap();
+    for name in ["q", "f"] {
+        let whole = g.tensor_f32(name).unwrap();
+        let taken = g.take_tensor_f32(name).unwrap();
+        assert_eq!(whole.shape(), taken.shape(), "{name}");
+        assert_bits_eq(name, taken.as_slice().unwrap(), whole.as_slice().unwrap());
+        assert_eq!(
+            g.take_tensor_bytes(name).unwrap(),
+            g.tensor_bytes(name).unwrap(),
+            "{name}: raw bytes"
+        );
+    }
+    assert_bits_eq(
+        "f values",
+        g.tensor_f32("f").unwrap().as_slice().unwrap(),
+        &f_values,
+    );
+}
+
+/// Loading only some blocks (an ELM's kept layers) gives exactly those blocks of the whole
+/// load, in order, and still refuses a file with a tensor no block or global explains.
+#[test]
+fn loading_a_subset_of_layers_equals_the_whole_load_filtered() {
+    use elm::formats::{load_gguf_quant, load_gguf_quant_layers};
+    use elm::model::WeightStorage;
+    let dir = TempDir::new("gguf-layers");
+    let path = dir.join("m.gguf");
+    save_gguf_model(&uniform_weights(&tiny_config(Arch::Llama, 4), 9), &path).unwrap();
+    let g = GgufFile::open(&path).unwrap();
+    let cfg = elm::formats::config_from_gguf(&g).unwrap();
+    for storage in [
+        WeightStorage::F32,
+        WeightStorage::Quant(elm::model::WriteFormat::Q8_0),
+    ] {
+        let whole = load_gguf_quant(&g, storage).unwrap();
+        let keep = |l: usize| l != 1 && l != 2;
+        let part = load_gguf_quant_layers(&g, cfg.clone(), storage, &keep).unwrap();
+        assert_eq!(part.layers.len(), 2);
+        for (got, want) in part.layers.iter().zip([&whole.layers[0], &whole.layers[3]]) {
+            assert_eq!(format!("{got:?}"), format!("{want:?}"), "{storage}");
+        }
+        assert_eq!(format!("{:?}", part.embed), format!("{:?}", whole.embed));
+    }
+    // A stray tensor is still named when the layers around it are skipped.
+    let mut tensors = g.tensor_data().unwrap();
+    tensors.push(GgufTensorData::f32("blk.9.stray", &[2], &[1.0, 2.0]));
+    let stray = dir.join("stray.gguf");
+    std::fs::write(&stray, gguf_to_bytes(g.metadata(), &tensors, 32)).unwrap();
+    let g = GgufFile::open(&stray).unwrap();
+    let err = load_gguf_quant_layers(&g, cfg, WeightStorage::Auto, &|l| l == 0).unwrap_err();
+    expect_msg(&err, &["blk.9.stray", "unexpected"]);
+}
+
+/// The runtime probe (what `elm bench` measures a process's fixed memory on) is the model cut
+/// to its first block: the same metadata but the block count, the same tokenizer, the globals
+/// and block 0 byte for byte.
+#[test]
+fn runtime_probe_keeps_the_tokenizer_globals_and_first_block() {
+    let Some(model) = real_model() else { return };
+    let dir = TempDir::new("gguf-probe");
+    let probe = dir.join("probe.gguf");
+    let src = GgufFile::open(&model).unwrap();
+    elm::formats::write_runtime_probe(&src, &probe).unwrap();
+    let p = GgufFile::open(&probe).unwrap();
+    let cfg = elm::formats::config_from_gguf(&p).unwrap();
+    let full = elm::formats::config_from_gguf(&src).unwrap();
+    assert_eq!(cfg.num_layers, 1);
+    assert_eq!(
+        ModelConfigSansLayers::of(&cfg),
+        ModelConfigSansLayers::of(&full)
+    );
+    for (k, v) in src.metadata() {
+        if !k.ends_with(".block_count") {
+            assert_eq!(Some(v), p.get(k), "metadata `{k}`");
+        }
+    }
+    for t in p.tensors() {
+        assert!(
+            !t.name.starts_with("blk.") || t.name.starts_with("blk.0."),
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            p.tensor_bytes(&t.name).unwrap(),
+            src.tensor_bytes(&t.name).unwrap()
+        );
+    }
+    let want = src
+        .tensors()
+        .iter()
+        .filter(|t| !t.name.starts_with("blk.") || t.name.starts_with("blk.0."))
+        .count();
+    assert_eq!(p.tensors().len(), want);
+    // It loads and generates like any model.
+    let (w, tok) = elm::model::load_inference(&probe, elm::model::WeightStorage::Auto).unwrap();
+    assert_eq!(w.layers.len(), 1);
+    assert_eq!(tok.vocab_size(), full.vocab_size);
+}
+
+/// A config with its layer count blanked, to compare a probe's with its model's.
+#[derive(Debug, PartialEq)]
+struct ModelConfigSansLayers(elm::model::ModelConfig);
+
+impl ModelConfigSansLayers {
+    fn of(c: &elm::model::ModelConfig) -> Self {
+        ModelConfigSansLayers(elm::model::ModelConfig {
+            num_layers: 0,
+            ..c.clone()
+        })
+    }
+}

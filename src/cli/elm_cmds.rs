@@ -153,6 +153,28 @@ pub struct ElmInferArgs {
 }
 
 impl ElmInferArgs {
+    /// These options as `elm generate` arguments (what `elm bench` passes to the processes
+    /// it measures memory in).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = vec![];
+        if let Some(elm) = &self.elm {
+            args.extend(["--elm".to_string(), elm.display().to_string()]);
+        }
+        args.extend([
+            "--solver".to_string(),
+            self.solver.name().to_string(),
+            "--abs-tol".to_string(),
+            self.abs_tol.to_string(),
+            "--max-iter".to_string(),
+            self.max_iter.to_string(),
+            "--kv".to_string(),
+            self.kv.to_string(),
+        ]);
+        if self.fixed_prefill {
+            args.push("--fixed-prefill".to_string());
+        }
+        args
+    }
     pub fn inference_config(&self) -> Result<InferenceConfig> {
         let cfg = InferenceConfig {
             solver: self.solver.clone(),

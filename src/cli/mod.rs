@@ -93,8 +93,6 @@ pub enum Command {
 /// With `--json` anywhere on the line, a failure is also one JSON object on stdout,
 /// `{"error": {"kind", "message", "file", "field"}}`, so scripts never parse an empty stream.
 pub fn main() -> ExitCode {
-    // Before any large allocation: training and evaluation steps reuse warm pages (see heap.rs).
-    elm::heap::retain_freed_memory();
     // Our GEMM on rayon's threads; OpenBLAS single-threaded beside it (see gemm.rs).
     elm::gemm::prefer_own_threads();
     let json = std::env::args_os().any(|a| a == "--json");
@@ -124,6 +122,14 @@ pub fn main() -> ExitCode {
             e.exit()
         }
     };
+    // Before any large allocation: training and evaluation steps reuse warm pages (see
+    // heap.rs). Not for `generate`, the deployment's command: it frees its load-time buffers
+    // (a parsed vocabulary, a checkpoint's f32 module) back to the system instead of holding
+    // them beside the weights for its whole life (issue 42), and its decode loop allocates
+    // next to nothing per token.
+    if !matches!(cli.command, Command::Generate(_)) {
+        elm::heap::retain_freed_memory();
+    }
     let result = elm::gemm::set_precision(cli.precision).and_then(|()| match cli.command {
         Command::Solve(a) => solve::run_solve(a),
         Command::Study(a) => solve::run_study(a),

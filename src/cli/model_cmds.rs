@@ -172,6 +172,7 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         ));
     }
     let path = args.input.model_path();
+    let before_load = elm::io::BeforeLoad::now();
     let pb = spinner(&format!("loading {}", path.display()));
     let (model, tok) = match (&args.elm.elm, device) {
         (Some(ckpt), _) => {
@@ -188,6 +189,7 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         }
     };
     pb.finish_and_clear();
+    let heap_after_load = elm::heap::counters().map(|c| c.live_bytes as u64);
     let prompt = args.input.encode(&tok)?;
     let mc = match &model {
         Loaded::Elm(m) => m.config(),
@@ -207,6 +209,7 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         stop_token_ids: stop_ids(&tok),
         stop_strings: args.stop.clone(),
     };
+    let kv_tokens = prompt.len() + args.max_new_tokens;
     let prompts = vec![prompt; args.batch];
     let stream = !args.json;
     let (out, elm_report) = match &model {
@@ -237,7 +240,21 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
             (out, None)
         }
     };
-    report_generation(&args, &config, &tok, out, elm_report, &memory)
+    // What the process held against its peak; host memory only (a GPU run's weights and
+    // cache live on the device).
+    let (weight_bytes, kv_bytes) = match &model {
+        Loaded::Elm(m) => (
+            m.weight_bytes() as u64,
+            elm_report.as_ref().map_or(0, |r| r.kv_bytes as u64),
+        ),
+        Loaded::Dense(m) => (
+            m.weight_bytes() as u64,
+            elm::memory::kv_cache_bytes(m.config(), args.batch, kv_tokens),
+        ),
+        Loaded::Gpu(w, _) => (4 * w.num_params() as u64, 0),
+    };
+    let resident = before_load.and_then(|b| b.report(weight_bytes, heap_after_load, kv_bytes));
+    report_generation(&args, &config, &tok, out, elm_report, &memory, resident)
 }
 
 /// `generate`'s estimate: what is loaded, the model file while it was read, and the decode
@@ -282,6 +299,7 @@ fn report_generation(
     out: Generation,
     elm_report: Option<ElmGenerateStats>,
     memory: &MemoryEstimate,
+    resident: Option<elm::io::ResidentReport>,
 ) -> Result<()> {
     let texts: Vec<String> = out
         .tokens
@@ -316,6 +334,7 @@ fn report_generation(
             "device": args.device.to_string(),
             "memory_estimate": memory,
             "peak_rss_bytes": elm::io::peak_rss_bytes(),
+            "resident": resident,
         });
         if let (Some(obj), Some(serde_json::Value::Object(extra))) =
             (v.as_object_mut(), elm_report.as_ref().map(|r| json!(r)))
@@ -541,6 +560,95 @@ pub struct BenchArgs {
     /// With `--elm CKPT`, every storage is also benched as that ELM (solver options apply).
     #[command(flatten)]
     pub elm: super::elm_cmds::ElmInferArgs,
+    /// Only each configuration's memory, from processes of its own (see `memory` in the
+    /// report): no speed runs.
+    #[arg(long)]
+    pub memory_only: bool,
+}
+
+/// Tokens each memory process generates after its prompt (the KV cache is allocated for them
+/// all whatever is sampled).
+const MEMORY_NEW_TOKENS: usize = 32;
+
+/// One configuration's memory from `elm generate` processes of its own: the model (with
+/// `elm`, the ELM) and, for the runtime, the probe model `probe` (see
+/// [`elm::io::ProcessMemory`]).
+fn process_memory(
+    model: &Path,
+    probe: &Path,
+    storage: WeightStorage,
+    elm: Option<&super::elm_cmds::ElmInferArgs>,
+) -> Result<elm::io::ProcessMemory> {
+    let run = |model: &Path, elm: Option<&super::elm_cmds::ElmInferArgs>| {
+        let exe = std::env::current_exe().map_err(|e| ElmError::io("current executable", e))?;
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.arg("generate")
+            .arg("--model")
+            .arg(model)
+            .args(["--weights", &storage.to_string()])
+            .args(["--prompt", "The capital of France is"])
+            .args(["--max-new-tokens", &MEMORY_NEW_TOKENS.to_string()])
+            .arg("--json");
+        if let Some(e) = elm {
+            cmd.args(e.to_args());
+        }
+        let out = cmd.output().map_err(|e| ElmError::io(&exe, e))?;
+        let what = format!("`elm generate` on {}", model.display());
+        if !out.status.success() {
+            return Err(ElmError::InvalidArgument(format!(
+                "{what} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout)
+            )));
+        }
+        let v: serde_json::Value =
+            serde_json::from_slice(&out.stdout).map_err(|e| ElmError::Json {
+                what: what.clone(),
+                msg: e.to_string(),
+            })?;
+        serde_json::from_value::<elm::io::ResidentReport>(v["resident"].clone()).map_err(|e| {
+            ElmError::Json {
+                what: format!("{what}: `resident` (no /proc on this system?)"),
+                msg: e.to_string(),
+            }
+        })
+    };
+    let probe_report = run(probe, None)?;
+    Ok(elm::io::ProcessMemory::new(run(model, elm)?, &probe_report))
+}
+
+/// A configuration's memory for the `--memory-only` report.
+#[derive(Debug, serde::Serialize)]
+struct MemoryEntry {
+    model: &'static str,
+    weights: String,
+    #[serde(flatten)]
+    memory: elm::io::ProcessMemory,
+}
+
+/// The probe model `process_memory` measures the runtime on, written next to the temporary
+/// files and removed when dropped.
+struct RuntimeProbe(PathBuf);
+
+impl RuntimeProbe {
+    fn write(model: &Path) -> Result<Self> {
+        if !model.is_file() {
+            return Err(ElmError::Unsupported(format!(
+                "memory measurement needs a GGUF model file, not {}",
+                model.display()
+            )));
+        }
+        let path =
+            std::env::temp_dir().join(format!("elm-runtime-probe-{}.gguf", std::process::id()));
+        elm::formats::write_runtime_probe(&elm::formats::GgufFile::open(model)?, &path)?;
+        Ok(RuntimeProbe(path))
+    }
+}
+
+impl Drop for RuntimeProbe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 pub fn run_bench(args: BenchArgs) -> Result<()> {
@@ -552,7 +660,29 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
         ));
     }
     let path = args.model.clone().unwrap_or_else(default_model_path);
-    let value = if args.weights == [WeightStorage::F32] && args.elm.elm.is_none() {
+    let value = if args.memory_only {
+        let probe = RuntimeProbe::write(&path)?;
+        let mut entries = Vec::new();
+        for &storage in &args.weights {
+            let pb = spinner(&format!("memory {storage}"));
+            let dense = process_memory(&path, &probe.0, storage, None)?;
+            entries.push(MemoryEntry {
+                model: "dense",
+                weights: storage.to_string(),
+                memory: dense,
+            });
+            if args.elm.elm.is_some() {
+                let elm_run = process_memory(&path, &probe.0, storage, Some(&args.elm))?;
+                entries.push(MemoryEntry {
+                    model: "elm",
+                    weights: storage.to_string(),
+                    memory: elm_run,
+                });
+            }
+            pb.finish_and_clear();
+        }
+        json!({ "machine": machine_description(), "memory": entries })
+    } else if args.weights == [WeightStorage::F32] && args.elm.elm.is_none() {
         // The single-configuration report.
         let pb = spinner(&format!("loading {}", path.display()));
         let (weights, _) = load_pretrained(&path)?;
@@ -565,6 +695,17 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
     } else {
         let elm_cfg = args.elm.inference_config()?;
         let (prompt_len, steps) = (args.prompt_len, args.decode_steps);
+        // Memory from processes of their own (a GGUF model only: the probe is cut from it).
+        let probe = path
+            .is_file()
+            .then(|| RuntimeProbe::write(&path))
+            .transpose()?;
+        let memory = |storage, elm| {
+            probe
+                .as_ref()
+                .map(|p| process_memory(&path, &p.0, storage, elm))
+                .transpose()
+        };
         let mut runs = Vec::new();
         for &storage in &args.weights {
             // One configuration in memory at a time, so RSS figures are its own.
@@ -577,6 +718,8 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
                 AnyTransformer::Quant(m) => bench_dense(m, &label, prompt_len, steps, progress),
             }?;
             pb.finish_and_clear();
+            let mut run = run;
+            run.header.memory = memory(storage, None)?;
             runs.push(BenchEntry::Dense(run));
             drop(model);
             if let Some(dir) = &args.elm.elm {
@@ -584,8 +727,11 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
                 let pb = spinner(&format!("bench elm {storage}"));
                 let progress =
                     |stage: &str| pb.set_message(format!("bench elm {storage}: {stage}"));
-                let run = bench_elm(&elm_model, &elm_cfg, storage, prompt_len, steps, progress)?;
+                let mut run =
+                    bench_elm(&elm_model, &elm_cfg, storage, prompt_len, steps, progress)?;
                 pb.finish_and_clear();
+                drop(elm_model);
+                run.header.memory = memory(storage, Some(&args.elm))?;
                 runs.push(BenchEntry::Elm(run));
             }
         }

@@ -6,10 +6,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::model::bench::{
-    check_bench_len, generation_peak_rss, kv_bytes_per_token, peak_rss_bytes, reset_peak_rss,
-    run_bench, BenchHeader, BenchRun,
-};
+use crate::model::bench::{check_bench_len, kv_bytes_per_token, run_bench, BenchHeader, BenchRun};
 use crate::model::generate::argmax;
 use crate::model::{DecoderWeights, Transformer, WeightStorage};
 
@@ -21,8 +18,7 @@ use super::session::ElmSession;
 /// One ELM configuration of a comparative bench (the dense ones are [`BenchRun`]s).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ElmBenchRun {
-    /// `model` is always `elm` (the dense runs say `dense`), so one list holds both; the
-    /// peak RSS is that of a 64-token prefill and 32 decode steps.
+    /// `model` is always `elm` (the dense runs say `dense`), so one list holds both.
     #[serde(flatten)]
     pub header: BenchHeader,
     pub prefill_tokens: usize,
@@ -61,17 +57,14 @@ pub struct BenchSuite {
     pub runs: Vec<BenchEntry>,
 }
 
-/// One dense configuration: peak RSS of a short generation, then
-/// [`run_bench`]; `progress` hears each stage's name.
+/// One dense configuration: [`run_bench`]; `progress` hears each stage's name.
 pub fn bench_dense<W: DecoderWeights>(
     model: &Transformer<W>,
     weights_label: &str,
     prompt_len: usize,
     decode_steps: usize,
-    mut progress: impl FnMut(&str),
+    progress: impl FnMut(&str),
 ) -> Result<BenchRun> {
-    progress("peak RSS");
-    let peak_rss_bytes = generation_peak_rss(model, 64, 32)?;
     let report = run_bench(model, prompt_len, decode_steps, progress)?;
     Ok(BenchRun {
         header: BenchHeader {
@@ -79,7 +72,7 @@ pub fn bench_dense<W: DecoderWeights>(
             weights: weights_label.to_string(),
             resident_weight_bytes: model.weights.weight_bytes(),
             params: dense_params(model.config()),
-            peak_rss_bytes,
+            memory: None,
             kv_bytes_per_token: kv_bytes_per_token(model.config(), model.weights.layers().len()),
         },
         report,
@@ -134,16 +127,6 @@ pub fn bench_elm(
             evals,
         ))
     };
-    progress("peak RSS");
-    let reset = reset_peak_rss();
-    {
-        let mut s = ElmSession::new(model, cfg.clone(), 1, 64 + 33)?;
-        let mut logits = s.prefill(&[toks(64, 3)])?;
-        for _ in 0..32 {
-            logits = s.decode_step(&[next_token(logits.row(0))])?;
-        }
-    }
-    let peak_rss_bytes = if reset { peak_rss_bytes() } else { None };
     progress("prefill");
     let mut prefill_best = f64::INFINITY;
     for _ in 0..3 {
@@ -165,7 +148,7 @@ pub fn bench_elm(
                 || dense_params(model.config()),
                 |ec| param_report(model.config(), ec).elm_total,
             ),
-            peak_rss_bytes,
+            memory: None,
             kv_bytes_per_token: kv_bytes_per_token(model.config(), kept),
         },
         prefill_tokens: prompt_len,

@@ -14,12 +14,28 @@ pub enum KvMode {
     MultiStep,
 }
 
+impl KvMode {
+    /// The name `--kv` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvMode::OneStep => "one-step",
+            KvMode::MultiStep => "multi-step",
+        }
+    }
+}
+
+impl std::fmt::Display for KvMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for KvMode {
     type Err = ElmError;
     fn from_str(s: &str) -> Result<Self> {
         match s {
-            "one-step" => Ok(KvMode::OneStep),
-            "multi-step" => Ok(KvMode::MultiStep),
+            s if s == KvMode::OneStep.name() => Ok(KvMode::OneStep),
+            s if s == KvMode::MultiStep.name() => Ok(KvMode::MultiStep),
             _ => Err(ElmError::config(
                 "kv",
                 format!("`{s}`: expected one-step or multi-step"),

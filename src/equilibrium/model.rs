@@ -9,8 +9,8 @@ use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
 use crate::gemm::Precision;
 use crate::model::{
-    embed_tokens, load_inference, load_pretrained, BlockWeights, DecoderWeights, ModelConfig,
-    ModelWeights,
+    config_and_layer_format, embed_tokens, load_inference, load_inference_layers, load_pretrained,
+    BlockWeights, DecoderWeights, ModelConfig, ModelWeights,
 };
 use crate::model_data::quant::{
     Linear, LinearRef, QLayer, QuantWeights, WeightStorage, WriteFormat,
@@ -75,31 +75,29 @@ impl ElmModel {
         elm: Option<(ElmConfig, &ElmModule)>,
         module_format: Option<WriteFormat>,
     ) -> Result<Self> {
-        let config = dense.config.clone();
-        let (kept, module): (Vec<usize>, _) = match &elm {
-            None => ((0..config.num_layers).collect(), None),
-            Some((cfg, m)) => {
-                cfg.validate(&config)?;
-                let format = module_format.or(match dense.layers.get(cfg.start_layer) {
+        let format = match &elm {
+            None => None,
+            Some((cfg, _)) => {
+                cfg.validate(&dense.config)?;
+                module_format.or(match dense.layers.get(cfg.start_layer) {
                     Some(QLayer {
                         wq: Linear::Quant(q),
                         ..
                     }) => Some(q.format().write_format()),
                     _ => None,
-                });
-                let kept = (0..cfg.start_layer)
-                    .chain(cfg.end_layer()..config.num_layers)
-                    .collect();
-                (kept, Some(QuantModule::from_f32(m, format)))
+                })
             }
         };
         let mut dense = dense;
-        dense.layers = std::mem::take(&mut dense.layers)
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| kept.contains(i))
-            .map(|(_, l)| l)
-            .collect();
+        if let Some((cfg, _)) = &elm {
+            let window = cfg.start_layer..cfg.end_layer();
+            dense.layers = std::mem::take(&mut dense.layers)
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, l)| (!window.contains(&i)).then_some(l))
+                .collect();
+        }
+        let module = elm.as_ref().map(|(_, m)| QuantModule::from_f32(m, format));
         ElmModel::from_quant(elm.map(|(c, _)| c), QuantElm { dense, module })
     }
 
@@ -319,15 +317,29 @@ impl ElmModel {
                 return Ok((loaded, tok));
             }
         }
-        let (dense, tok) = load_inference(model, storage)?;
-        let loaded = match elm {
-            None => ElmModel::quantized(dense, None, module_format)?,
-            Some(dir) => {
-                let (module, meta) = load_module_for(dir, &dense.config, model)?;
-                ElmModel::quantized(dense, Some((meta.elm, &module)), module_format)?
-            }
+        let Some(dir) = elm else {
+            let (dense, tok) = load_inference(model, storage)?;
+            return Ok((ElmModel::quantized(dense, None, module_format)?, tok));
         };
-        Ok((loaded, tok))
+        // The replaced window is never read (issue 42: loading an ELM must not hold the layers
+        // it drops, not even for a moment); the module takes the format that window's first
+        // layer would have had.
+        // The module is quantized, and its f32 form dropped, before the dense layers load, so
+        // that the f32 copy is never resident beside them.
+        let start = super::module::read_module_meta(dir)?.elm.start_layer;
+        let (config, stored_format) = config_and_layer_format(model, start, storage)?;
+        let (f32_module, meta) = load_module_for(dir, &config, model)?;
+        let cfg = meta.elm;
+        let format = module_format.or(stored_format);
+        let module = QuantModule::from_f32(&f32_module, format);
+        drop(f32_module);
+        let window = cfg.start_layer..cfg.end_layer();
+        let (dense, tok) = load_inference_layers(model, storage, &|l| !window.contains(&l))?;
+        let quant = QuantElm {
+            dense,
+            module: Some(module),
+        };
+        Ok((ElmModel::from_quant(Some(cfg), quant)?, tok))
     }
 
     /// Bytes of weights held for inference (f32 tensors, or the quantized ones).

@@ -15,10 +15,8 @@
 //! bit-for-bit (same f16→f32 conversion, same operation order, no FMA).
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use ndarray::{Array2, ArrayD, IxDyn};
 use rayon::prelude::*;
 
@@ -219,7 +217,7 @@ impl TensorInfo {
 /// An opened, validated GGUF file. Tensor data stays memory-mapped until requested.
 pub struct GgufFile {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: crate::io::MappedFile,
     version: u32,
     metadata: Vec<(String, GgufValue)>,
     metadata_index: HashMap<String, usize>,
@@ -341,10 +339,7 @@ impl GgufFile {
     /// Checks every tensor's data range lies inside the file; no tensor data is read.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|e| ElmError::io(&path, e))?;
-        // SAFETY: the map is read-only; we never hand out references that outlive it.
-        // A concurrent writer truncating the file is outside our contract (as for any mmap reader).
-        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ElmError::io(&path, e))?;
+        let mmap = crate::io::MappedFile::open(&path)?;
 
         let mut cur = Cursor {
             bytes: &mmap,
@@ -482,7 +477,7 @@ impl GgufFile {
             }
         }
 
-        Ok(GgufFile {
+        let file = GgufFile {
             path,
             mmap,
             version,
@@ -492,7 +487,25 @@ impl GgufFile {
             tensor_index,
             alignment,
             data_start,
-        })
+        };
+        // The header and metadata were copied out while parsing (a 262k-token vocabulary is
+        // megabytes of strings): their pages need not stay in the process's resident set.
+        file.mmap.release(0, file.data_start as usize);
+        Ok(file)
+    }
+
+    /// Takes every page of the file out of the resident set (see
+    /// [`crate::io::MappedFile::release`]): what a loader calls after its last tensor.
+    pub fn release_all(&self) {
+        self.mmap.release_all();
+    }
+
+    /// Frees the parsed metadata (a 262k-token vocabulary is tens of megabytes of strings)
+    /// once the caller has read what it needs: afterwards [`Self::metadata`] is empty and every
+    /// lookup finds nothing. The tensor table stays.
+    pub fn release_metadata(&mut self) {
+        self.metadata = Vec::new();
+        self.metadata_index = HashMap::new();
     }
 
     pub fn path(&self) -> &Path {
@@ -654,6 +667,38 @@ impl GgufFile {
         Ok(ArrayD::from_shape_vec(IxDyn(&info.shape()), data).expect("size checked at open"))
     }
 
+    /// [`Self::tensor_f32`] for a loader that reads each tensor once: the file's pages are
+    /// released as each slice of the tensor is converted, so a large tensor (an embedding of
+    /// 170 MB in Q8_0) is never resident twice, as file and as f32 (issue 42).
+    pub fn take_tensor_f32(&self, name: &str) -> Result<ArrayD<f32>> {
+        let info = self.info_or_missing(name)?;
+        let (block, block_bytes) = info
+            .ggml_type
+            .block_layout()
+            .ok_or_else(|| self.unsupported(info))?;
+        let mut data = vec![0f32; info.num_elements() as usize];
+        let elems_per_slice = crate::io::mapped::RELEASE_SLICE_BYTES / block_bytes * block;
+        let mut dst = data.chunks_mut(elems_per_slice.max(block));
+        self.mmap
+            .convert_releasing(self.tensor_bytes(name)?, block_bytes, |_, src| {
+                let out = dst.next().expect("as many slices of elements as of bytes");
+                dequantize_into(info.ggml_type, src, out).map_err(|_| self.unsupported(info))
+            })?;
+        Ok(ArrayD::from_shape_vec(IxDyn(&info.shape()), data).expect("size checked at open"))
+    }
+
+    /// The raw bytes of a tensor, copied out slice by slice with each slice's pages released
+    /// once copied (see [`Self::take_tensor_f32`]).
+    pub fn take_tensor_bytes(&self, name: &str) -> Result<Vec<u8>> {
+        let bytes = self.tensor_bytes(name)?;
+        let mut out = Vec::with_capacity(bytes.len());
+        self.mmap.convert_releasing(bytes, 1, |_, src| {
+            out.extend_from_slice(src);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
     /// A 2-D tensor as `[rows, cols]` = `[ne[1], ne[0]]`.
     pub fn tensor_f32_2d(&self, name: &str) -> Result<Array2<f32>> {
         let info = self.info_or_missing(name)?;
@@ -676,9 +721,17 @@ const BLOCKS_PER_TASK: usize = 1024;
 /// Dequantizes `n` elements of type `ty` from `bytes` (exactly `n / block * block_bytes`
 /// long). Errors with `Unsupported` for types without a dequantizer.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; n];
+    dequantize_into(ty, bytes, &mut out)?;
+    Ok(out)
+}
+
+/// [`dequantize`] into `out` (`out.len()` elements from exactly as many blocks of `bytes`).
+fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
     let (block, block_bytes) = ty
         .block_layout()
         .ok_or_else(|| ElmError::Unsupported(format!("dequantize {}", ty.name())))?;
+    let n = out.len();
     if !n.is_multiple_of(block) || bytes.len() != n / block * block_bytes {
         return Err(ElmError::InvalidArgument(format!(
             "dequantize {}: {} bytes for {n} elements",
@@ -686,7 +739,6 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
             bytes.len()
         )));
     }
-    let mut out = vec![0f32; n];
     let elems_per_task = block * BLOCKS_PER_TASK;
     out.par_chunks_mut(elems_per_task)
         .zip(bytes.par_chunks(block_bytes * BLOCKS_PER_TASK))
@@ -716,7 +768,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>> {
             }
             GgmlType::Other(_) => unreachable!("rejected above"),
         });
-    Ok(out)
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ use super::gguf::{qformat_of, GgufFile};
 use crate::error::{ElmError, Result};
 use crate::model_data::config::LayerAttention;
 use crate::model_data::quant::{
-    Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage,
+    Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage, WriteFormat,
 };
 use crate::model_data::weights::Gemma3Block;
 use crate::model_data::{Arch, LayerWeights, ModelConfig, ModelWeights};
@@ -205,6 +205,43 @@ pub(crate) type AttentionBiases = (
     Option<Array1<f32>>,
 );
 
+/// How [`Taker::linear`] stores the `[_, cols]` matrix `name` under `storage`: `(keep,
+/// requantize)`, the file's block format when its blocks are kept as stored (`auto`, or
+/// `--weights` naming the file's own format, and whole blocks per row), else the format it is
+/// quantized to (`None`: f32). One rule for loading a matrix and for naming, without reading
+/// it, the format a dropped layer would have had ([`stored_linear_format`]).
+fn linear_storage(
+    gguf: &GgufFile,
+    name: &str,
+    cols: usize,
+    storage: WeightStorage,
+) -> (Option<QFormat>, Option<WriteFormat>) {
+    let file_format = gguf.tensor_info(name).and_then(|i| qformat_of(i.ggml_type));
+    let (keep, requantize) = match storage {
+        WeightStorage::F32 => (None, None),
+        WeightStorage::Auto => (file_format, file_format.map(QFormat::write_format)),
+        WeightStorage::Quant(f) => (file_format.filter(|&ff| ff == QFormat::from(f)), Some(f)),
+    };
+    (
+        keep.filter(|f| cols.is_multiple_of(f.block_elems())),
+        requantize,
+    )
+}
+
+/// The block format matrix `name` (`cols` wide) gets when loaded under `storage` (`None`:
+/// f32), without reading its data.
+pub fn stored_linear_format(
+    gguf: &GgufFile,
+    name: &str,
+    cols: usize,
+    storage: WeightStorage,
+) -> Option<WriteFormat> {
+    match linear_storage(gguf, name, cols, storage) {
+        (Some(kept), _) => Some(kept.write_format()),
+        (None, requantize) => requantize,
+    }
+}
+
 pub(crate) struct Taker<'a> {
     gguf: &'a GgufFile,
     used: HashSet<String>,
@@ -249,7 +286,22 @@ impl<'a> Taker<'a> {
             ));
         }
         self.used.insert(name.to_string());
-        self.gguf.tensor_f32_2d(name)
+        Ok(self
+            .gguf
+            .take_tensor_f32(name)?
+            .into_dimensionality()
+            .expect("2 dims checked"))
+    }
+
+    /// Marks every tensor of block `layer` as used without reading it: a model that drops the
+    /// layer (an ELM's replaced window) never faults its bytes in.
+    pub(crate) fn skip_layer(&mut self, layer: usize) {
+        let prefix = format!("blk.{layer}.");
+        for t in self.gguf.tensors() {
+            if t.name.starts_with(&prefix) {
+                self.used.insert(t.name.clone());
+            }
+        }
     }
 
     /// A `[rows, cols]` matrix in the storage `storage` asks for: a quantized tensor of the
@@ -264,18 +316,7 @@ impl<'a> Taker<'a> {
         storage: WeightStorage,
         rope_heads: Option<usize>,
     ) -> Result<Linear> {
-        let file_format = self
-            .gguf
-            .tensor_info(name)
-            .and_then(|i| qformat_of(i.ggml_type));
-        // Blocks are kept as stored when asked for (`auto`, or `--weights` naming the file's
-        // own format) and whole: a matrix the file cuts otherwise is quantized anew.
-        let (keep, requantize) = match storage {
-            WeightStorage::F32 => (None, None),
-            WeightStorage::Auto => (file_format, file_format.map(QFormat::write_format)),
-            WeightStorage::Quant(f) => (file_format.filter(|&ff| ff == QFormat::from(f)), Some(f)),
-        };
-        let keep = keep.filter(|f| cols.is_multiple_of(f.block_elems()));
+        let (keep, requantize) = linear_storage(self.gguf, name, cols, storage);
         let permute = |w: Array2<f32>| match rope_heads {
             Some(h) => unpermute_rope_rows(&w, h),
             None => w,
@@ -288,7 +329,8 @@ impl<'a> Taker<'a> {
                     return self.matrix(name, rows, cols).map(Linear::F32);
                 }
                 self.used.insert(name.to_string());
-                let q = QMatrix::from_blocks(f, rows, cols, self.gguf.tensor_bytes(name)?.to_vec())
+                let blocks = self.gguf.take_tensor_bytes(name)?;
+                let q = QMatrix::from_blocks(f, rows, cols, blocks)
                     .map_err(|e| ElmError::tensor(name, e.to_string()))?;
                 Ok(Linear::Quant(match rope_heads {
                     Some(h) => q.select_rows(&gguf_row_of_hf_row(rows, h))?,
@@ -409,7 +451,7 @@ impl<'a> Taker<'a> {
             ));
         }
         self.used.insert(name.to_string());
-        let v = self.gguf.tensor_f32(name)?;
+        let v = self.gguf.take_tensor_f32(name)?;
         Ok(v.into_dimensionality().expect("1 dim checked"))
     }
 }
@@ -491,7 +533,19 @@ pub fn load_gguf_weights(gguf: &GgufFile) -> Result<ModelWeights> {
 /// says (`Auto`: quantized tensors stay in their blocks, never expanded to f32). Strict like
 /// [`load_gguf_weights`].
 pub fn load_gguf_quant(gguf: &GgufFile, storage: WeightStorage) -> Result<QuantWeights> {
-    let config = config_from_gguf(gguf)?;
+    load_gguf_quant_layers(gguf, config_from_gguf(gguf)?, storage, &|_| true)
+}
+
+/// [`load_gguf_quant`] of the model `config` describes (read from the file's metadata, which
+/// the caller may have released since), keeping only the blocks `keep` accepts (in order;
+/// `layers` then holds those alone): the others are checked to be in the file but never read,
+/// so their bytes never become resident (an ELM's replaced window).
+pub fn load_gguf_quant_layers(
+    gguf: &GgufFile,
+    config: ModelConfig,
+    storage: WeightStorage,
+    keep: &dyn Fn(usize) -> bool,
+) -> Result<QuantWeights> {
     let (c, v) = (config.hidden_size, config.vocab_size);
     let mut t = Taker {
         gguf,
@@ -506,9 +560,14 @@ pub fn load_gguf_quant(gguf: &GgufFile, storage: WeightStorage) -> Result<QuantW
     };
     let mut layers = Vec::with_capacity(config.num_layers);
     for l in 0..config.num_layers {
+        if !keep(l) {
+            t.skip_layer(l);
+            continue;
+        }
         let name = |s: &str| format!("blk.{l}.{s}");
         layers.push(t.qlayer(&config, name, storage, config.layer_attention(l))?);
     }
+    gguf.release_all();
     if let Some(extra) = gguf.tensors().iter().find(|x| !t.used.contains(&x.name)) {
         return Err(ElmError::tensor(
             &extra.name,
@@ -644,4 +703,36 @@ pub fn permute_rope_qrows(q: &QMatrix, n_head: usize) -> Result<QMatrix> {
         hf_row_of_gguf_row[gguf_row] = hf_row;
     }
     q.select_rows(&hf_row_of_gguf_row)
+}
+
+/// Writes to `out` a copy of `src` cut to its first block: the same metadata (the tokenizer
+/// included) with `{arch}.block_count` = 1, and, as stored, the embedding, the final norm,
+/// the head if the file has one, and block 0's tensors. A process that generates with it holds
+/// everything a model's process holds except the other blocks: what `elm bench` runs to
+/// measure the runtime part of a model's memory (`crate::io::ProcessMemory`).
+pub fn write_runtime_probe(src: &GgufFile, out: &std::path::Path) -> Result<()> {
+    use super::gguf::{write_gguf, GgufTensorData, GgufValue};
+    let block_count = format!("{}.block_count", src.get_str("general.architecture")?);
+    let metadata: Vec<(String, GgufValue)> = src
+        .metadata()
+        .iter()
+        .map(|(k, v)| match k == &block_count {
+            true => (k.clone(), GgufValue::U32(1)),
+            false => (k.clone(), v.clone()),
+        })
+        .collect();
+    let tensors = src
+        .tensors()
+        .iter()
+        .filter(|t| !t.name.starts_with("blk.") || t.name.starts_with("blk.0."))
+        .map(|t| {
+            Ok(GgufTensorData {
+                name: t.name.clone(),
+                shape: t.shape(),
+                ggml_type: t.ggml_type,
+                data: src.tensor_bytes(&t.name)?.to_vec(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    write_gguf(out, &metadata, &tensors)
 }

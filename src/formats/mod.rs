@@ -24,8 +24,9 @@ pub mod tokenizer;
 
 pub use gguf::{qformat_of, GgufFile};
 pub use gguf_model::{
-    config_from_gguf, load_gguf_quant, load_gguf_weights, permute_rope_rows, save_gguf_model,
-    unpermute_rope_rows,
+    config_from_gguf, load_gguf_quant, load_gguf_quant_layers, load_gguf_weights,
+    permute_rope_rows, save_gguf_model, stored_linear_format, unpermute_rope_rows,
+    write_runtime_probe,
 };
 pub use hf::{config_from_hf_json, load_hf_model, read_hf_config, save_hf_model};
 pub use tokenizer::Tokenizer;

@@ -44,7 +44,9 @@ pub struct TensorFile {
 /// Reads every tensor of a safetensors file as f32. Missing file, corrupt header, truncated data,
 /// or a non-f32 tensor → typed error naming the file/tensor.
 pub fn load_f32_tensors(path: &Path) -> Result<TensorFile> {
-    let bytes = std::fs::read(path).map_err(|e| ElmError::io(path, e))?;
+    // Mapped, each tensor's pages released once converted: loading a checkpoint holds its f32
+    // tensors, not the file beside them (issue 42).
+    let bytes = super::MappedFile::open(path)?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| ElmError::format(path, format!("not a valid safetensors file: {e:?}")))?;
     let (_, meta) = SafeTensors::read_metadata(&bytes)
@@ -58,14 +60,18 @@ pub fn load_f32_tensors(path: &Path) -> Result<TensorFile> {
                 format!("{}: dtype {:?}, expected F32", path.display(), view.dtype()),
             ));
         }
-        let data: Vec<f32> = view
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let mut data: Vec<f32> = Vec::with_capacity(view.data().len() / 4);
+        bytes.convert_releasing(view.data(), 4, |_, src| {
+            data.extend(
+                src.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
+            Ok(())
+        })?;
         let arr = ArrayD::from_shape_vec(IxDyn(view.shape()), data)
             .map_err(|e| ElmError::tensor(name.clone(), format!("{}: {e}", path.display())))?;
         tensors.insert(name, arr);
     }
+    bytes.release_all();
     Ok(TensorFile { tensors, metadata })
 }

@@ -9,7 +9,7 @@ use super::bench::storage_label;
 use super::generate::Decoder;
 use super::kv_cache::KvCache;
 use super::load::{load_inference, load_pretrained};
-use super::transformer::Transformer;
+use super::transformer::{DecoderWeights, Transformer};
 use crate::error::Result;
 use crate::formats::tokenizer::Tokenizer;
 use crate::model_data::config::ModelConfig;
@@ -47,6 +47,10 @@ impl AnyTransformer {
     }
     pub fn config(&self) -> &ModelConfig {
         each!(self, m => m.config())
+    }
+    /// Bytes of the weights held (see [`DecoderWeights::weight_bytes`]).
+    pub fn weight_bytes(&self) -> usize {
+        each!(self, m => m.weights.weight_bytes())
     }
     /// Logits `[B, V]` at each prompt's last position, from a fresh cache.
     pub fn prompt_logits(&self, prompts: &[Vec<u32>]) -> Result<Array2<f32>> {

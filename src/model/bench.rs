@@ -302,47 +302,6 @@ pub fn run_bench<W: DecoderWeights>(
     })
 }
 
-/// Resets the process's peak resident set size (`VmHWM`) to the current one (Linux
-/// `clear_refs` 5); false where that is unavailable.
-pub fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-/// Peak resident set size since the start or the last [`reset_peak_rss`], in bytes.
-pub fn peak_rss_bytes() -> Option<usize> {
-    proc_status_kb("VmHWM:").map(|kb| kb * 1024)
-}
-
-/// Current resident set size in bytes.
-pub fn rss_bytes() -> Option<usize> {
-    proc_status_kb("VmRSS:").map(|kb| kb * 1024)
-}
-
-fn proc_status_kb(key: &str) -> Option<usize> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(key))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Peak RSS (bytes) while generating `new_tokens` greedy tokens after a `prompt_len`-token
-/// prompt, measured from a reset just before (so earlier runs and the load do not count).
-pub fn generation_peak_rss<W: DecoderWeights>(
-    model: &Transformer<W>,
-    prompt_len: usize,
-    new_tokens: usize,
-) -> Result<Option<usize>> {
-    let tokens = bench_tokens(model.config().vocab_size, prompt_len, 3);
-    let reset = reset_peak_rss();
-    let mut cache = model.new_cache(1, prompt_len + new_tokens)?;
-    let mut logits = model.prefill(std::slice::from_ref(&tokens), &mut cache)?;
-    let active = [true];
-    for _ in 0..new_tokens {
-        let next = [argmax(logits.row(0)) as u32];
-        model.decode_step_into(&next, &active, &mut cache, &mut logits)?;
-    }
-    Ok(if reset { peak_rss_bytes() } else { None })
-}
-
 /// K/V bytes one token adds per sequence over `layers` attention layers (f32 K and V).
 pub fn kv_bytes_per_token(cfg: &crate::model::ModelConfig, layers: usize) -> usize {
     layers * 2 * cfg.num_kv_heads * cfg.head_dim * std::mem::size_of::<f32>()
@@ -360,8 +319,10 @@ pub struct BenchHeader {
     pub resident_weight_bytes: usize,
     /// Parameters of the model (embedding included; an ELM: kept layers, module, embedding).
     pub params: usize,
-    /// Peak RSS of the process while generating (see [`generation_peak_rss`]).
-    pub peak_rss_bytes: Option<usize>,
+    /// This configuration's memory, measured in a process of its own (`elm bench` runs
+    /// `elm generate` for it; the in-process runs would share one heap): `None` from the
+    /// library's bench functions.
+    pub memory: Option<crate::io::ProcessMemory>,
     /// K/V bytes one token adds per sequence (an ELM: kept dense layers plus the one
     /// fixed-point cache, one-step KV).
     pub kv_bytes_per_token: usize,

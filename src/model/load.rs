@@ -4,8 +4,10 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
-use crate::formats::{load_gguf_quant, load_gguf_weights, load_hf_model, GgufFile};
-use crate::model_data::quant::{QuantWeights, WeightStorage};
+use crate::formats::{
+    load_gguf_quant_layers, load_gguf_weights, load_hf_model, stored_linear_format, GgufFile,
+};
+use crate::model_data::quant::{QuantWeights, WeightStorage, WriteFormat};
 use crate::model_data::weights::ModelWeights;
 
 /// File name of the default real model.
@@ -75,17 +77,64 @@ pub fn load_inference(
     path: impl AsRef<Path>,
     storage: WeightStorage,
 ) -> Result<(QuantWeights, Tokenizer)> {
+    load_inference_layers(path, storage, &|_| true)
+}
+
+/// [`load_inference`] keeping only the layers `keep` accepts (`layers` holds those alone, in
+/// order). From a GGUF the others are never read, so they never become resident; an HF
+/// directory is read whole in f32 first (its loader has no per-layer path).
+pub fn load_inference_layers(
+    path: impl AsRef<Path>,
+    storage: WeightStorage,
+    keep: &dyn Fn(usize) -> bool,
+) -> Result<(QuantWeights, Tokenizer)> {
     let path = path.as_ref();
     if path.is_file() {
-        let gguf = GgufFile::open(path)?;
+        let mut gguf = GgufFile::open(path)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        Ok((load_gguf_quant(&gguf, storage)?, tokenizer))
+        let config = crate::formats::config_from_gguf(&gguf)?;
+        // The parsed vocabulary is not needed while the weights load (issue 42).
+        gguf.release_metadata();
+        Ok((
+            load_gguf_quant_layers(&gguf, config, storage, keep)?,
+            tokenizer,
+        ))
     } else {
-        let (w, tokenizer) = load_pretrained(path)?;
+        let (mut w, tokenizer) = load_pretrained(path)?;
         let format = match storage {
             WeightStorage::Quant(f) => Some(f),
             WeightStorage::F32 | WeightStorage::Auto => None,
         };
+        w.layers = std::mem::take(&mut w.layers)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(l, layer)| keep(l).then_some(layer))
+            .collect();
         Ok((QuantWeights::from_f32(&w, format), tokenizer))
     }
+}
+
+/// The config of the model at `path` and the block format layer `layer`'s query projection
+/// gets when it is loaded for inference under `storage` (`None`: f32), in one reading of the
+/// file's metadata and without reading any tensor data: what an ELM checks its module against
+/// and quantizes the module to by default, when the layer it replaces is not loaded.
+pub fn config_and_layer_format(
+    path: impl AsRef<Path>,
+    layer: usize,
+    storage: WeightStorage,
+) -> Result<(crate::model_data::ModelConfig, Option<WriteFormat>)> {
+    let path = path.as_ref();
+    if !path.is_file() {
+        // An HF directory's matrices are f32: `auto` keeps them so.
+        let format = match storage {
+            WeightStorage::Quant(f) => Some(f),
+            WeightStorage::F32 | WeightStorage::Auto => None,
+        };
+        return Ok((load_config(path)?, format));
+    }
+    let gguf = GgufFile::open(path)?;
+    let config = crate::formats::config_from_gguf(&gguf)?;
+    let name = format!("blk.{layer}.attn_q.weight");
+    let format = stored_linear_format(&gguf, &name, config.hidden_size, storage);
+    Ok((config, format))
 }
