@@ -826,6 +826,11 @@ fn arg_case(rng: &mut StdRng) -> Case {
             [vec!["0", "1000", U64_MAX], counts_bad()].concat(),
         ),
         (
+            owned(&["bench", "--model", tiny_model()]),
+            "--kv-context",
+            [vec!["0", "129", U64_MAX], counts_bad()].concat(),
+        ),
+        (
             owned(&[
                 "compress",
                 "--model",

@@ -560,6 +560,10 @@ pub struct BenchArgs {
     /// With `--elm CKPT`, every storage is also benched as that ELM (solver options apply).
     #[command(flatten)]
     pub elm: super::elm_cmds::ElmInferArgs,
+    /// Context (tokens of one sequence) at which each configuration's KV cache is allocated
+    /// and its bytes reported.
+    #[arg(long, default_value_t = 4096)]
+    pub kv_context: usize,
     /// Only each configuration's memory, from processes of its own (see `memory` in the
     /// report): no speed runs.
     #[arg(long)]
@@ -653,13 +657,18 @@ impl Drop for RuntimeProbe {
 
 pub fn run_bench(args: BenchArgs) -> Result<()> {
     default_blas_threads();
-    if args.prompt_len == 0 || args.decode_steps == 0 {
+    if args.prompt_len == 0 || args.decode_steps == 0 || args.kv_context == 0 {
         return Err(ElmError::config(
-            "--prompt-len/--decode-steps",
+            "--prompt-len/--decode-steps/--kv-context",
             "must be >= 1",
         ));
     }
     let path = args.model.clone().unwrap_or_else(default_model_path);
+    elm::model::check_context(
+        &elm::model::load_config(&path)?,
+        args.kv_context,
+        "--kv-context",
+    )?;
     let value = if args.memory_only {
         let probe = RuntimeProbe::write(&path)?;
         let mut entries = Vec::new();
@@ -694,10 +703,14 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
         to_json(&report)?
     } else {
         let elm_cfg = args.elm.inference_config()?;
-        let (prompt_len, steps) = (args.prompt_len, args.decode_steps);
-        // Memory from processes of their own (a GGUF model only: the probe is cut from it).
-        let probe = path
-            .is_file()
+        let (prompt_len, steps, ctx) = (args.prompt_len, args.decode_steps, args.kv_context);
+        // Memory from processes of their own: a GGUF model with a tokenizer only (the probe is
+        // cut from the file, and `generate` needs the tokenizer); otherwise `memory` is null.
+        let can_generate = path.is_file()
+            && elm::formats::GgufFile::open(&path)?
+                .get("tokenizer.ggml.model")
+                .is_some();
+        let probe = can_generate
             .then(|| RuntimeProbe::write(&path))
             .transpose()?;
         let memory = |storage, elm| {
@@ -714,8 +727,10 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
             let pb = spinner(&format!("bench dense {label}"));
             let progress = |stage: &str| pb.set_message(format!("bench dense {label}: {stage}"));
             let run = match &model {
-                AnyTransformer::F32(m) => bench_dense(m, &label, prompt_len, steps, progress),
-                AnyTransformer::Quant(m) => bench_dense(m, &label, prompt_len, steps, progress),
+                AnyTransformer::F32(m) => bench_dense(m, &label, prompt_len, steps, ctx, progress),
+                AnyTransformer::Quant(m) => {
+                    bench_dense(m, &label, prompt_len, steps, ctx, progress)
+                }
             }?;
             pb.finish_and_clear();
             let mut run = run;
@@ -727,8 +742,9 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
                 let pb = spinner(&format!("bench elm {storage}"));
                 let progress =
                     |stage: &str| pb.set_message(format!("bench elm {storage}: {stage}"));
-                let mut run =
-                    bench_elm(&elm_model, &elm_cfg, storage, prompt_len, steps, progress)?;
+                let mut run = bench_elm(
+                    &elm_model, &elm_cfg, storage, prompt_len, steps, ctx, progress,
+                )?;
                 pb.finish_and_clear();
                 drop(elm_model);
                 run.header.memory = memory(storage, Some(&args.elm))?;

@@ -6,12 +6,14 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::model::bench::{check_bench_len, kv_bytes_per_token, run_bench, BenchHeader, BenchRun};
+use crate::model::bench::{
+    check_bench_len, embedding_params, kv_bytes_per_token, run_bench, BenchHeader, BenchRun,
+};
 use crate::model::generate::argmax;
 use crate::model::{DecoderWeights, Transformer, WeightStorage};
 
 use super::accounting::{dense_params, param_report};
-use super::inference_config::InferenceConfig;
+use super::inference_config::{InferenceConfig, KvMode};
 use super::model::ElmModel;
 use super::session::ElmSession;
 
@@ -63,17 +65,25 @@ pub fn bench_dense<W: DecoderWeights>(
     weights_label: &str,
     prompt_len: usize,
     decode_steps: usize,
+    kv_context: usize,
     progress: impl FnMut(&str),
 ) -> Result<BenchRun> {
+    crate::model::check_context(model.config(), kv_context, "the KV context")?;
     let report = run_bench(model, prompt_len, decode_steps, progress)?;
+    let kv_bytes_at_context = model.new_cache(1, kv_context)?.bytes();
     Ok(BenchRun {
         header: BenchHeader {
             model: "dense".to_string(),
             weights: weights_label.to_string(),
             resident_weight_bytes: model.weights.weight_bytes(),
+            embedding_bytes: model.weights.embedding_bytes(),
+            embedding_params: embedding_params(model.config()),
             params: dense_params(model.config()),
             memory: None,
             kv_bytes_per_token: kv_bytes_per_token(model.config(), model.weights.layers().len()),
+            kv_context_tokens: kv_context,
+            kv_bytes_at_context,
+            kv_bytes_at_context_multi_step: None,
         },
         report,
     })
@@ -81,13 +91,15 @@ pub fn bench_dense<W: DecoderWeights>(
 
 /// ELM decode/prefill speed and memory on an [`ElmSession`] with `cfg`: best-step and mean
 /// decode tok/s at batch 1 and 8, prefill tok/s of one `prompt_len` prompt, block evaluations
-/// per token. `storage` is what the model was loaded as (its label in the report).
+/// per token, and the KV bytes one sequence of `kv_context` tokens allocates in either KV
+/// mode. `storage` is what the model was loaded as (its label in the report).
 pub fn bench_elm(
     model: &ElmModel,
     cfg: &InferenceConfig,
     storage: WeightStorage,
     prompt_len: usize,
     decode_steps: usize,
+    kv_context: usize,
     mut progress: impl FnMut(&str),
 ) -> Result<ElmBenchRun> {
     check_bench_len(model.config(), prompt_len, decode_steps)?;
@@ -139,17 +151,36 @@ pub fn bench_elm(
     let (b1, b1_mean, evals) = decode(1)?;
     let (b8, b8_mean, evals8) = decode(8)?;
     let kept = model.kept_layers().len() + 1; // one-step: one fixed-point cache
+                                              // Multi-step KV adds a fixed-point cache the first time the solver reaches each iteration:
+                                              // the bytes are read after a short generation, not at creation.
+    let kv_at_context = |kv_mode| -> Result<usize> {
+        let mode_cfg = InferenceConfig {
+            kv_mode,
+            ..cfg.clone()
+        };
+        let mut s = ElmSession::new(model, mode_cfg, 1, kv_context)?;
+        let mut logits = s.prefill(&[toks(16.min(kv_context), 5)])?;
+        for _ in 0..8.min(kv_context.saturating_sub(16)) {
+            logits = s.decode_step(&[next_token(logits.row(0))])?;
+        }
+        Ok(s.kv_bytes())
+    };
     Ok(ElmBenchRun {
         header: BenchHeader {
             model: "elm".to_string(),
             weights: storage.to_string(),
             resident_weight_bytes: model.weight_bytes(),
+            embedding_bytes: model.embedding_bytes(),
+            embedding_params: embedding_params(model.config()),
             params: model.elm_config().map_or_else(
                 || dense_params(model.config()),
                 |ec| param_report(model.config(), ec).elm_total,
             ),
             memory: None,
             kv_bytes_per_token: kv_bytes_per_token(model.config(), kept),
+            kv_context_tokens: kv_context,
+            kv_bytes_at_context: kv_at_context(KvMode::OneStep)?,
+            kv_bytes_at_context_multi_step: Some(kv_at_context(KvMode::MultiStep)?),
         },
         prefill_tokens: prompt_len,
         prefill_tok_s: prompt_len as f64 / prefill_best,

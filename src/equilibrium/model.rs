@@ -357,6 +357,16 @@ impl ElmModel {
             }
         }
     }
+    /// Bytes of the token embedding and, when untied, the LM head (see
+    /// [`DecoderWeights::embedding_bytes`]).
+    pub fn embedding_bytes(&self) -> usize {
+        match &self.weights {
+            ElmWeights::Quant(q) => {
+                q.dense.embed.bytes() + q.dense.lm_head.as_ref().map_or(0, Linear::bytes)
+            }
+            ElmWeights::F32 { dense, .. } => dense.embedding_bytes(),
+        }
+    }
     /// Loads the dense model and its tokenizer and, with `elm`, the module checkpoint (which
     /// must have been cut from a model with the same config).
     ///

@@ -302,6 +302,16 @@ pub fn run_bench<W: DecoderWeights>(
     })
 }
 
+/// Parameters of the token embedding and, when untied, the LM head.
+pub fn embedding_params(cfg: &crate::model::ModelConfig) -> usize {
+    let one = cfg.vocab_size * cfg.hidden_size;
+    if cfg.tie_word_embeddings {
+        one
+    } else {
+        2 * one
+    }
+}
+
 /// K/V bytes one token adds per sequence over `layers` attention layers (f32 K and V).
 pub fn kv_bytes_per_token(cfg: &crate::model::ModelConfig, layers: usize) -> usize {
     layers * 2 * cfg.num_kv_heads * cfg.head_dim * std::mem::size_of::<f32>()
@@ -317,15 +327,26 @@ pub struct BenchHeader {
     pub weights: String,
     /// Bytes of weights held by this configuration.
     pub resident_weight_bytes: usize,
+    /// Of those, the token embedding's (and an untied LM head's), and their parameters: the
+    /// part an ELM shares with its dense parent, in its own format.
+    pub embedding_bytes: usize,
+    pub embedding_params: usize,
     /// Parameters of the model (embedding included; an ELM: kept layers, module, embedding).
     pub params: usize,
     /// This configuration's memory, measured in a process of its own (`elm bench` runs
     /// `elm generate` for it; the in-process runs would share one heap): `None` from the
-    /// library's bench functions.
+    /// library's bench functions, and from `elm bench` on an HF directory or a GGUF without a
+    /// tokenizer (nothing to generate with).
     pub memory: Option<crate::io::ProcessMemory>,
     /// K/V bytes one token adds per sequence (an ELM: kept dense layers plus the one
     /// fixed-point cache, one-step KV).
     pub kv_bytes_per_token: usize,
+    /// K/V bytes allocated for one sequence of `kv_context_tokens` tokens, read from the
+    /// allocated cache (an ELM: one-step KV, and multi-step KV in
+    /// `kv_bytes_at_context_multi_step`: one fixed-point cache per solver iteration).
+    pub kv_context_tokens: usize,
+    pub kv_bytes_at_context: usize,
+    pub kv_bytes_at_context_multi_step: Option<usize>,
 }
 
 /// One configuration (model × weight storage) of a comparative `elm bench`.

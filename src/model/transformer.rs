@@ -36,6 +36,12 @@ pub trait DecoderWeights: Sync {
     fn check(&self) -> Result<()>;
     /// Bytes of weights held in memory.
     fn weight_bytes(&self) -> usize;
+    /// Bytes of the token embedding and, when untied, the LM head: what is neither a block nor
+    /// a norm (often stored in another format than the blocks, e.g. Q8_0 beside Q4_1 layers).
+    fn embedding_bytes(&self) -> usize {
+        let blocks: usize = self.layers().iter().map(|l| l.block_ref().bytes()).sum();
+        self.weight_bytes() - blocks - self.final_norm().len() * 4
+    }
     /// Weight bytes one batch-1 decode step reads: every block, the final norm, the LM
     /// head (one embedding row is negligible).
     fn decode_bytes(&self) -> usize {

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The ELM against its dense parent in wall clock (the edge-inference issue, Build 3), one
+# script, one run, written into the README block `elm-vs-dense`:
+#
+#   1. trains ELMs at M = 8 and M = 14 from layer 12 (the main job's window and its M sweep's)
+#      at a documented budget: `elm train` defaults with STEPS steps of batch 2 x 128 tokens
+#      (STEPS=300 is the `small` main budget); resumable, a finished run is reused;
+#   2. for each ELM, Picard and Anderson at per-token tolerance δ ∈ {1, 0.5, 0.1}: `elm bench
+#      --weights f32,auto` (decode b1/b8 tok/s, block evaluations per token, KV bytes at a 4K
+#      context one-step and multi-step, from the allocated caches), which measures the dense
+#      model in the same invocation, so every ELM row has its dense reference from the same
+#      minutes of the machine;
+#   3. quality beside each speed: answer NLL on the first NLL_PROBLEMS GSM8K test problems
+#      (`elm eval --task gsm8k-nll --compare-dense`, f32), with the paired difference to the
+#      dense model and its interval.
+#
+#   bash scripts/elm-vs-dense.sh        (env: MODEL, STEPS, NLL_PROBLEMS, PROMPT_LEN,
+#                                        DECODE_STEPS, OUT, README)
+#
+# Prints one JSON object; with README=PATH also replaces the `<!-- elm-vs-dense:begin -->` …
+# `<!-- elm-vs-dense:end -->` block of PATH. About 30 min on 2 cores (two trainings of ~3 min,
+# twelve bench runs of ~80 s, thirteen evaluations of ~25 s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${MODEL:-${ELM_MODELS_DIR:-models}/SmolLM2-135M-Instruct.Q4_1.gguf}
+STEPS=${STEPS:-300}
+NLL_PROBLEMS=${NLL_PROBLEMS:-60}
+PROMPT_LEN=${PROMPT_LEN:-128}
+DECODE_STEPS=${DECODE_STEPS:-48}
+OUT=${OUT:-results/elm_vs_dense}
+WORK=$OUT/work
+START=12
+MS=(8 14)
+SOLVERS=(picard anderson)
+TOLS=(1 0.5 0.1)
+
+[ -f "$MODEL" ] || { echo "no model at $MODEL (run scripts/setup.sh)" >&2; exit 1; }
+cargo build --release --bin elm >&2
+ELM=${CARGO_TARGET_DIR:-target}/release/elm
+mkdir -p "$WORK"
+printf '{"steps": %d, "batch_size": 2, "seq_len": 128}\n' "$STEPS" > "$WORK/train_config.json"
+
+for m in "${MS[@]}"; do
+  dir=$WORK/elm-m$m
+  if [ -f "$dir/train_state.json" ]; then
+    echo "M=$m: resuming (or reusing) $dir" >&2
+    "$ELM" train --model "$MODEL" --out "$dir" --resume --eval-examples 0 --json > "$dir.train.json"
+  else
+    echo "M=$m: training $STEPS steps into $dir" >&2
+    "$ELM" train --model "$MODEL" --start "$START" --num-replaced "$m" \
+      --config "$WORK/train_config.json" --out "$dir" --eval-examples 0 --json > "$dir.train.json"
+  fi
+done
+
+"$ELM" eval --model "$MODEL" --task gsm8k-nll --limit "$NLL_PROBLEMS" --json > "$WORK/eval-dense.json"
+for m in "${MS[@]}"; do
+  for s in "${SOLVERS[@]}"; do
+    for t in "${TOLS[@]}"; do
+      tag=m$m-$s-$t
+      echo "$tag: bench" >&2
+      "$ELM" bench --model "$MODEL" --weights f32,auto --elm "$WORK/elm-m$m" --solver "$s" --abs-tol "$t" \
+        --prompt-len "$PROMPT_LEN" --decode-steps "$DECODE_STEPS" --json > "$WORK/bench-$tag.json"
+      echo "$tag: answer NLL on $NLL_PROBLEMS problems" >&2
+      "$ELM" eval --model "$MODEL" --elm "$WORK/elm-m$m" --solver "$s" --abs-tol "$t" \
+        --task gsm8k-nll --limit "$NLL_PROBLEMS" --compare-dense --json > "$WORK/eval-$tag.json"
+    done
+  done
+done
+
+python3 - "$WORK" "$OUT" "${README:-}" "$STEPS" "$NLL_PROBLEMS" "$PROMPT_LEN" "$DECODE_STEPS" "$MODEL" \
+  "${MS[*]}" "${SOLVERS[*]}" "${TOLS[*]}" <<'EOF'
+import hashlib, json, os, sys
+work, out, readme, steps, problems, prompt_len, decode_steps, model = sys.argv[1:9]
+ms, solvers, tols = (a.split() for a in sys.argv[9:12])
+load = lambda p: json.load(open(os.path.join(work, p)))
+dense_eval = load("eval-dense.json")
+rows = []
+for m in ms:
+    for s in solvers:
+        for t in tols:
+            tag = f"m{m}-{s}-{t}"
+            bench, ev = load(f"bench-{tag}.json"), load(f"eval-{tag}.json")
+            runs = {(r["model"], r["weights"].split(" ")[0]): r for r in bench["runs"]}
+            nll = ev["metrics"]["answer_nll"]
+            for w in ("f32", "auto"):
+                d, e = runs[("dense", w)], runs[("elm", w)]
+                rows.append({
+                    "m": int(m), "solver": s, "abs_tol": float(t), "weights": w,
+                    "dense_b1": d["decode_b1_tok_s"], "dense_b8": d["decode_b8_tok_s"],
+                    "elm_b1": e["decode_b1_tok_s"], "elm_b8": e["decode_b8_tok_s"],
+                    "speedup_b1": e["decode_b1_tok_s"] / d["decode_b1_tok_s"],
+                    "speedup_b8": e["decode_b8_tok_s"] / d["decode_b8_tok_s"],
+                    "block_evals_per_token": e["block_evals_per_token_b1"],
+                    "kv_context": e["kv_context_tokens"],
+                    "dense_kv_bytes": d["kv_bytes_at_context"],
+                    "elm_kv_one_step_bytes": e["kv_bytes_at_context"],
+                    "elm_kv_multi_step_bytes": e["kv_bytes_at_context_multi_step"],
+                    "answer_nll": nll["estimate"], "paired_vs_dense": nll.get("paired"),
+                    "eval_mean_iterations": ev["solver"]["mean_iterations"],
+                })
+dense_nll = dense_eval["metrics"]["answer_nll"]["estimate"]
+sha = hashlib.sha256(open(model, "rb").read()).hexdigest()
+report = {"model": os.path.basename(model), "model_sha256": sha, "start": 12, "train_steps": int(steps),
+          "train_batch": "2 x 128", "nll_problems": int(problems), "prompt_len": int(prompt_len),
+          "decode_steps": int(decode_steps), "machine": load(f"bench-m{ms[0]}-{solvers[0]}-{tols[0]}.json")["machine"],
+          "dense_answer_nll": dense_nll, "rows": rows}
+os.makedirs(out, exist_ok=True)
+tmp = os.path.join(out, "elm_vs_dense.json.tmp")
+json.dump(report, open(tmp, "w"), indent=1)
+os.replace(tmp, os.path.join(out, "elm_vs_dense.json"))
+print(json.dumps(report, indent=1))
+
+if readme:
+    f = lambda x, p=1: f"{x:.{p}f}"
+    ci = lambda e: f"{e['value']:.3f} [{e['lo']:.3f}, {e['hi']:.3f}]"
+    paired = lambda p: ci(p["delta"]) if p else "–"
+    lines = [f"Generated by `README={readme} bash scripts/elm-vs-dense.sh` ({report['machine']}; {os.path.basename(model)}; "
+             f"ELMs from layer 12 trained {steps} steps of 2 × 128 tokens with `elm train`'s defaults; decode tok/s: best step "
+             f"after a 16-token prompt, {decode_steps} steps, `elm bench`, the dense model measured in the same invocation "
+             f"as each ELM; answer NLL on the first {problems} GSM8K test problems, f32, with the paired difference to the "
+             f"dense model (ELM − dense, 95% interval); KV at a {rows[0]['kv_context']}-token context from the allocated caches).", "",
+             f"Dense answer NLL: {ci(dense_nll)}.", "",
+             "| M | solver | δ | weights | dense b1 tok/s | ELM b1 tok/s | ELM / dense b1 | ELM / dense b8 | block evals / token | answer NLL (f32) | Δ vs dense (paired) | KV at context: ELM one-step / multi-step / dense |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        kv = f"{r['elm_kv_one_step_bytes'] / 1e6:.0f} / {r['elm_kv_multi_step_bytes'] / 1e6:.0f} / {r['dense_kv_bytes'] / 1e6:.0f} MB"
+        lines.append(f"| {r['m']} | {r['solver']} | {r['abs_tol']:g} | {r['weights']} | {f(r['dense_b1'])} | {f(r['elm_b1'])} | "
+                     f"{r['speedup_b1']:.2f} | {r['speedup_b8']:.2f} | {r['block_evals_per_token']:.2f} | {ci(r['answer_nll'])} | "
+                     f"{paired(r['paired_vs_dense'])} | {kv} |")
+    text = open(readme).read()
+    begin, end = "<!-- elm-vs-dense:begin -->", "<!-- elm-vs-dense:end -->"
+    if begin not in text or end not in text:
+        sys.exit(f"{readme}: no {begin} … {end} block to replace")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    open(readme + ".tmp", "w").write(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
+    os.replace(readme + ".tmp", readme)
+EOF
