@@ -128,6 +128,11 @@ if dq and per_rep:
     targets.append(("prefill ≥ llama.cpp", p_med,
                     f"median {p_med:.2f}× {reps_text} (range {p_lo:.2f}–{p_hi:.2f})"))
     report["median_ratios"] = {"decode_b1": [d_med, d_lo, d_hi], "prefill": [p_med, p_lo, p_hi]}
+if dq and dq.get("decode_b1_vs_roofline"):
+    targets.append(("quantized decode b1 ≥ 0.8 of the read-bandwidth roofline (edge-inference issue)",
+                    dq["decode_b1_vs_roofline"] / 0.8,
+                    f'{dq["decode_b1_vs_roofline"]:.2f} of the roofline (bytes read per step / the read bandwidth '
+                    f'measured in the same run)'))
 for e, d, label in [(eq, dq, "quantized"), (ef, df, "f32")]:
     if e and d and e.get("block_evals_per_token_b1"):
         want = d["decode_b1_tok_s"] * 30 / e["block_evals_per_token_b1"]
