@@ -32,9 +32,9 @@ PY
   echo "measured: $label" >&2
 }
 echo '{"steps": 8, "checkpoint_every": 8, "lambda": {"ce_start": 0.0, "ce_end": 0.1}}' >"$work/train.json"
-run "generate, f32, batch 1, 64 new tokens" generate --model "$model" --prompt "What is 12 times 7?" --max-new-tokens 64 --weights f32
-run "generate, f32, batch 8, 256 new tokens" generate --model "$model" --prompt "What is 12 times 7?" --max-new-tokens 256 --batch 8 --weights f32
-run "generate, quantized (auto), batch 8, 256 new tokens" generate --model "$model" --prompt "What is 12 times 7?" --max-new-tokens 256 --batch 8 --weights auto
+run "generate, f32, batch 1, 64 new tokens" generate --model "$model" --prompt "What is 12 times 7?" --max-new-tokens 64 --weights f32 --ignore-eos
+run "generate, f32, batch 8, 256 new tokens" generate --model "$model" --prompt "What is 12 times 7?" --max-new-tokens 256 --batch 8 --weights f32 --ignore-eos
+run "generate, quantized (auto), batch 8, 256 new tokens" generate --model "$model" --prompt "What is 12 times 7?" --max-new-tokens 256 --batch 8 --weights auto --ignore-eos
 for b in 1 8 16; do
   run "eval gsm8k-nll, 100 problems, batch $b" eval --model "$model" --task gsm8k-nll --limit 100 --batch "$b"
 done

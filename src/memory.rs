@@ -160,8 +160,10 @@ pub fn loaded_bytes_or(fallback: u64) -> u64 {
     crate::heap::counters().map_or(fallback, |c| c.live_bytes as u64)
 }
 
-/// Bytes of a model file that loading maps and reads whole (a `.gguf` file, or the
-/// `*.safetensors` files of a directory); 0 where none can be read.
+/// Bytes of a model file resident at once while loading: the `*.safetensors` files of a
+/// directory whole (mapped and read whole); of a `.gguf` file, at most two of the slices the
+/// loader converts before handing their pages back (`crate::io::MappedFile`: the slice being
+/// read and the fault-around tail of the one before); 0 where none can be read.
 pub fn mapped_model_bytes(path: &Path) -> u64 {
     let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
     if path.is_dir() {
@@ -176,7 +178,7 @@ pub fn mapped_model_bytes(path: &Path) -> u64 {
             })
             .unwrap_or(0)
     } else {
-        size(path)
+        size(path).min(2 * crate::io::mapped::RELEASE_SLICE_BYTES as u64)
     }
 }
 

@@ -202,3 +202,32 @@ fn elm_generate_samples_batches_and_reports_solver_stats() {
     let (ok, _, err) = generate(&["--device", "cuda:0"]);
     assert!(!ok && err.contains("CPU"), "{err}");
 }
+
+/// `--ignore-eos` generates every requested token: a chat model answers "Hi" with an
+/// end-of-turn token well before 48 tokens, and with the flag it goes on to all 48.
+#[test]
+fn ignore_eos_generates_every_requested_token() {
+    let Some(path) = real_model() else { return };
+    let path = path.to_str().unwrap();
+    let base = [
+        "generate",
+        "--model",
+        path,
+        "--prompt",
+        "Hi",
+        "--chat",
+        "--max-new-tokens",
+        "48",
+        "--json",
+    ];
+    let (ok, stops, err) = elm(&base);
+    assert!(ok, "{err}");
+    let (ok, all, err) = elm(&[&base[..], &["--ignore-eos"]].concat());
+    assert!(ok, "{err}");
+    assert_eq!(all["new_tokens"], 48);
+    assert_eq!(all["finish_reasons"][0], "length");
+    assert!(
+        stops["new_tokens"].as_u64().unwrap() < 48,
+        "the control reached the limit too: {stops}"
+    );
+}

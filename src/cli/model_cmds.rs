@@ -122,6 +122,10 @@ pub struct GenerateArgs {
     /// Stop once the text contains this string (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    /// Generate all --max-new-tokens tokens even past the end-of-sequence token (benchmarks
+    /// and memory measurements that need every position of the KV cache written).
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceSpec,
@@ -206,7 +210,11 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         top_p: args.top_p,
         seed: args.seed,
         // EOS and, for chat models, the end-of-turn token.
-        stop_token_ids: stop_ids(&tok),
+        stop_token_ids: if args.ignore_eos {
+            vec![]
+        } else {
+            stop_ids(&tok)
+        },
         stop_strings: args.stop.clone(),
     };
     let kv_tokens = prompt.len() + args.max_new_tokens;
