@@ -15,7 +15,9 @@ fn elm_cmd() -> Command {
 }
 
 /// `(model, weights, memory)` of each configuration `elm bench --memory-only` measured.
-fn measure(model: &Path, elm: &Path) -> Vec<(String, String, serde_json::Value)> {
+type Runs = Vec<(String, String, serde_json::Value)>;
+
+fn measure(model: &Path, elm: &Path) -> Runs {
     let out = elm_cmd()
         .args(["bench", "--memory-only", "--weights", "f32,auto", "--json"])
         .arg("--model")
@@ -62,7 +64,7 @@ fn compress(model: &Path, start: usize, m: usize, out: &Path) {
     );
 }
 
-fn check(what: &str, runs: &[(String, String, serde_json::Value)]) {
+fn check(what: &str, runs: &Runs) {
     let mb = |v: &serde_json::Value| v.as_f64().unwrap() / 1e6;
     for (model, weights, e) in runs {
         let r = &e["report"];
@@ -82,7 +84,7 @@ fn check(what: &str, runs: &[(String, String, serde_json::Value)]) {
     }
 }
 
-fn peak_and_weights(runs: &[(String, String, serde_json::Value)], model: &str) -> (f64, f64) {
+fn peak_and_weights(runs: &Runs, model: &str) -> (f64, f64) {
     let (_, _, e) = runs
         .iter()
         .find(|(m, w, _)| m == model && w == "auto")
@@ -93,17 +95,24 @@ fn peak_and_weights(runs: &[(String, String, serde_json::Value)], model: &str) -
     )
 }
 
+/// Compresses `model` at `start`, `m` into a fresh directory, measures its four
+/// configurations and holds each to the bound.
+fn measure_and_check(what: &str, model: &Path, start: usize, m: usize) -> Runs {
+    let dir = common::TempDir::new(&format!("resident-{what}"));
+    let ck = dir.join("elm");
+    compress(model, start, m, &ck);
+    let runs = measure(model, &ck);
+    assert_eq!(runs.len(), 4, "{what}");
+    check(what, &runs);
+    runs
+}
+
 #[test]
 fn smollm2_processes_hold_weights_kv_and_runtime_only() {
     let Some(model) = common::real_model() else {
         return;
     };
-    let dir = common::TempDir::new("resident-smollm2");
-    let ck = dir.join("elm");
-    compress(&model, 12, 8, &ck);
-    let runs = measure(&model, &ck);
-    assert_eq!(runs.len(), 4);
-    check("SmolLM2", &runs);
+    let runs = measure_and_check("SmolLM2", &model, 12, 8);
     // The quantized ELM's process is smaller than the dense one's by at least half of what its
     // weights are (before this was fixed it was larger: the whole file was read first).
     let (dense_peak, dense_w) = peak_and_weights(&runs, "dense");
@@ -119,8 +128,5 @@ fn gemma3_processes_hold_weights_kv_and_runtime_only() {
     let Some(model) = common::real_gemma3() else {
         return;
     };
-    let dir = common::TempDir::new("resident-gemma3");
-    let ck = dir.join("elm");
-    compress(&model, 7, 5, &ck);
-    check("Gemma 3", &measure(&model, &ck));
+    measure_and_check("Gemma 3", &model, 7, 5);
 }

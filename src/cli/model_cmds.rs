@@ -582,51 +582,42 @@ pub struct BenchArgs {
 /// all whatever is sampled).
 const MEMORY_NEW_TOKENS: usize = 32;
 
-/// One configuration's memory from `elm generate` processes of its own: the model (with
-/// `elm`, the ELM) and, for the runtime, the probe model `probe` (see
-/// [`elm::io::ProcessMemory`]).
-fn process_memory(
+/// The resident report of an `elm generate` process of its own on `model` (with `elm`, the ELM)
+/// under `storage`.
+fn generate_resident(
     model: &Path,
-    probe: &Path,
     storage: WeightStorage,
     elm: Option<&super::elm_cmds::ElmInferArgs>,
-) -> Result<elm::io::ProcessMemory> {
-    let run = |model: &Path, elm: Option<&super::elm_cmds::ElmInferArgs>| {
-        let exe = std::env::current_exe().map_err(|e| ElmError::io("current executable", e))?;
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.arg("generate")
-            .arg("--model")
-            .arg(model)
-            .args(["--weights", &storage.to_string()])
-            .args(["--prompt", "The capital of France is"])
-            .args(["--max-new-tokens", &MEMORY_NEW_TOKENS.to_string()])
-            .arg("--json");
-        if let Some(e) = elm {
-            cmd.args(e.to_args());
-        }
-        let out = cmd.output().map_err(|e| ElmError::io(&exe, e))?;
-        let what = format!("`elm generate` on {}", model.display());
-        if !out.status.success() {
-            return Err(ElmError::InvalidArgument(format!(
-                "{what} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout)
-            )));
-        }
-        let v: serde_json::Value =
-            serde_json::from_slice(&out.stdout).map_err(|e| ElmError::Json {
-                what: what.clone(),
-                msg: e.to_string(),
-            })?;
-        serde_json::from_value::<elm::io::ResidentReport>(v["resident"].clone()).map_err(|e| {
-            ElmError::Json {
-                what: format!("{what}: `resident` (no /proc on this system?)"),
-                msg: e.to_string(),
-            }
-        })
-    };
-    let probe_report = run(probe, None)?;
-    Ok(elm::io::ProcessMemory::new(run(model, elm)?, &probe_report))
+) -> Result<elm::io::ResidentReport> {
+    let exe = std::env::current_exe().map_err(|e| ElmError::io("current executable", e))?;
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.arg("generate")
+        .arg("--model")
+        .arg(model)
+        .args(["--weights", &storage.to_string()])
+        .args(["--prompt", "The capital of France is"])
+        .args(["--max-new-tokens", &MEMORY_NEW_TOKENS.to_string()])
+        .arg("--json");
+    if let Some(e) = elm {
+        cmd.args(e.to_args());
+    }
+    let out = cmd.output().map_err(|e| ElmError::io(&exe, e))?;
+    let what = format!("`elm generate` on {}", model.display());
+    if !out.status.success() {
+        return Err(ElmError::InvalidArgument(format!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| ElmError::Json {
+        what: what.clone(),
+        msg: e.to_string(),
+    })?;
+    serde_json::from_value(v["resident"].clone()).map_err(|e| ElmError::Json {
+        what: format!("{what}: `resident` (no /proc on this system?)"),
+        msg: e.to_string(),
+    })
 }
 
 /// A configuration's memory for the `--memory-only` report.
@@ -638,28 +629,59 @@ struct MemoryEntry {
     memory: elm::io::ProcessMemory,
 }
 
-/// The probe model `process_memory` measures the runtime on, written next to the temporary
-/// files and removed when dropped.
-struct RuntimeProbe(PathBuf);
+/// Measures configurations' memory in `elm generate` processes of their own, against the
+/// runtime measured on a probe model cut from the same file (see [`elm::io::ProcessMemory`]).
+/// The probe is written next to the temporary files, removed when dropped, and run once per
+/// weight storage.
+struct MemoryMeter {
+    model: PathBuf,
+    probe: PathBuf,
+    runtime: Vec<(WeightStorage, elm::io::ResidentReport)>,
+}
 
-impl RuntimeProbe {
-    fn write(model: &Path) -> Result<Self> {
+impl MemoryMeter {
+    /// A meter for `model`, or `None` where memory cannot be measured: an HF directory (the
+    /// probe is cut from a GGUF file) or a GGUF without a tokenizer (`generate` needs one).
+    fn for_model(model: &Path) -> Result<Option<Self>> {
         if !model.is_file() {
-            return Err(ElmError::Unsupported(format!(
-                "memory measurement needs a GGUF model file, not {}",
-                model.display()
-            )));
+            return Ok(None);
         }
-        let path =
+        let gguf = elm::formats::GgufFile::open(model)?;
+        if gguf.get("tokenizer.ggml.model").is_none() {
+            return Ok(None);
+        }
+        let probe =
             std::env::temp_dir().join(format!("elm-runtime-probe-{}.gguf", std::process::id()));
-        elm::formats::write_runtime_probe(&elm::formats::GgufFile::open(model)?, &path)?;
-        Ok(RuntimeProbe(path))
+        elm::formats::write_runtime_probe(&gguf, &probe)?;
+        Ok(Some(MemoryMeter {
+            model: model.to_path_buf(),
+            probe,
+            runtime: vec![],
+        }))
+    }
+
+    /// One configuration's memory: the model under `storage` (with `elm`, the ELM).
+    fn measure(
+        &mut self,
+        storage: WeightStorage,
+        elm: Option<&super::elm_cmds::ElmInferArgs>,
+    ) -> Result<elm::io::ProcessMemory> {
+        let probe = match self.runtime.iter().position(|(s, _)| *s == storage) {
+            Some(i) => i,
+            None => {
+                let report = generate_resident(&self.probe, storage, None)?;
+                self.runtime.push((storage, report));
+                self.runtime.len() - 1
+            }
+        };
+        let run = generate_resident(&self.model, storage, elm)?;
+        Ok(elm::io::ProcessMemory::new(run, &self.runtime[probe].1))
     }
 }
 
-impl Drop for RuntimeProbe {
+impl Drop for MemoryMeter {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(&self.probe);
     }
 }
 
@@ -678,18 +700,23 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
         "--kv-context",
     )?;
     let value = if args.memory_only {
-        let probe = RuntimeProbe::write(&path)?;
+        let mut meter = MemoryMeter::for_model(&path)?.ok_or_else(|| {
+            ElmError::Unsupported(format!(
+                "memory measurement needs a GGUF model file with a tokenizer, not {}",
+                path.display()
+            ))
+        })?;
         let mut entries = Vec::new();
         for &storage in &args.weights {
             let pb = spinner(&format!("memory {storage}"));
-            let dense = process_memory(&path, &probe.0, storage, None)?;
+            let dense = meter.measure(storage, None)?;
             entries.push(MemoryEntry {
                 model: "dense",
                 weights: storage.to_string(),
                 memory: dense,
             });
             if args.elm.elm.is_some() {
-                let elm_run = process_memory(&path, &probe.0, storage, Some(&args.elm))?;
+                let elm_run = meter.measure(storage, Some(&args.elm))?;
                 entries.push(MemoryEntry {
                     model: "elm",
                     weights: storage.to_string(),
@@ -712,19 +739,12 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
     } else {
         let elm_cfg = args.elm.inference_config()?;
         let (prompt_len, steps, ctx) = (args.prompt_len, args.decode_steps, args.kv_context);
-        // Memory from processes of their own: a GGUF model with a tokenizer only (the probe is
-        // cut from the file, and `generate` needs the tokenizer); otherwise `memory` is null.
-        let can_generate = path.is_file()
-            && elm::formats::GgufFile::open(&path)?
-                .get("tokenizer.ggml.model")
-                .is_some();
-        let probe = can_generate
-            .then(|| RuntimeProbe::write(&path))
-            .transpose()?;
-        let memory = |storage, elm| {
-            probe
-                .as_ref()
-                .map(|p| process_memory(&path, &p.0, storage, elm))
+        // Memory from processes of their own where it can be measured; otherwise null.
+        let mut meter = MemoryMeter::for_model(&path)?;
+        let mut memory = |storage, elm| {
+            meter
+                .as_mut()
+                .map(|m: &mut MemoryMeter| m.measure(storage, elm))
                 .transpose()
         };
         let mut runs = Vec::new();

@@ -304,29 +304,26 @@ impl ElmModel {
             WeightStorage::Quant(f) => Some(f),
             _ => None,
         };
-        if let Some(dir) = elm {
-            // A healed checkpoint changes the layers after the window: merged in f32, then
-            // stored as asked (`auto` keeps them f32: a GGUF's blocks no longer hold them).
-            let meta = super::module::read_module_meta(dir)?;
-            if meta.heal.is_some() {
-                let (mut weights, tok) = load_pretrained(model)?;
-                let (module, meta) = load_module_for(dir, &weights.config, model)?;
-                super::module::merge_heal(&mut weights, dir, &meta)?;
-                let q = QuantWeights::from_f32(&weights, module_format);
-                let loaded = ElmModel::quantized(q, Some((meta.elm, &module)), module_format)?;
-                return Ok((loaded, tok));
-            }
-        }
         let Some(dir) = elm else {
             let (dense, tok) = load_inference(model, storage)?;
             return Ok((ElmModel::quantized(dense, None, module_format)?, tok));
         };
+        let meta = super::module::read_module_meta(dir)?;
+        if meta.heal.is_some() {
+            // A healed checkpoint changes the layers after the window: merged in f32, then
+            // stored as asked (`auto` keeps them f32: a GGUF's blocks no longer hold them).
+            let (mut weights, tok) = load_pretrained(model)?;
+            let (module, meta) = load_module_for(dir, &weights.config, model)?;
+            super::module::merge_heal(&mut weights, dir, &meta)?;
+            let q = QuantWeights::from_f32(&weights, module_format);
+            let loaded = ElmModel::quantized(q, Some((meta.elm, &module)), module_format)?;
+            return Ok((loaded, tok));
+        }
         // The replaced window is never read (issue 42: loading an ELM must not hold the layers
         // it drops, not even for a moment); the module takes the format that window's first
-        // layer would have had.
-        // The module is quantized, and its f32 form dropped, before the dense layers load, so
-        // that the f32 copy is never resident beside them.
-        let start = super::module::read_module_meta(dir)?.elm.start_layer;
+        // layer would have had. It is quantized, and its f32 form dropped, before the dense
+        // layers load, so that the f32 copy is never resident beside them.
+        let start = meta.elm.start_layer;
         let (config, stored_format) = config_and_layer_format(model, start, storage)?;
         let (f32_module, meta) = load_module_for(dir, &config, model)?;
         let cfg = meta.elm;
@@ -361,9 +358,7 @@ impl ElmModel {
     /// [`DecoderWeights::embedding_bytes`]).
     pub fn embedding_bytes(&self) -> usize {
         match &self.weights {
-            ElmWeights::Quant(q) => {
-                q.dense.embed.bytes() + q.dense.lm_head.as_ref().map_or(0, Linear::bytes)
-            }
+            ElmWeights::Quant(q) => q.dense.embedding_bytes(),
             ElmWeights::F32 { dense, .. } => dense.embedding_bytes(),
         }
     }

@@ -716,9 +716,13 @@ pub fn write_runtime_probe(src: &GgufFile, out: &std::path::Path) -> Result<()> 
     let metadata: Vec<(String, GgufValue)> = src
         .metadata()
         .iter()
-        .map(|(k, v)| match k == &block_count {
-            true => (k.clone(), GgufValue::U32(1)),
-            false => (k.clone(), v.clone()),
+        .map(|(k, v)| {
+            let v = if k == &block_count {
+                GgufValue::U32(1)
+            } else {
+                v.clone()
+            };
+            (k.clone(), v)
         })
         .collect();
     let tensors = src
