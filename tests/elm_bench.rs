@@ -1,7 +1,7 @@
 //! `elm bench`'s comparative report (`elm::equilibrium::bench`) on a tiny model: the KV bytes at
 //! a context are those of the allocated caches — the dense model's every layer, the ELM's kept
 //! layers plus one fixed-point cache (one-step) or one per solver iteration reached
-//! (multi-step).
+//! (multi-step); and its rounds against the dense parent (`versus_dense`).
 
 mod common;
 
@@ -85,6 +85,26 @@ fn kv_bytes_at_a_context_are_the_allocated_caches() {
                 let multi = at("kv_bytes_at_context_multi_step");
                 assert!(multi > 3 * layer && multi <= (2 + 6) * layer, "{multi}");
                 assert_eq!((multi - 2 * layer) % layer, 0);
+                // `--rounds` (default 5): the ELM against its dense parent, batch 1 and 8, a
+                // tok/s per round for each, the median ratio inside its range, and each side's
+                // block evaluations (the dense model: its 4 layers; the ELM: 2 kept + 2..=6).
+                let vs = r["versus_dense"].as_array().unwrap();
+                assert_eq!(vs.len(), 2);
+                for (v, batch) in vs.iter().zip([1, 8]) {
+                    let f = |k: &str| v[k].as_f64().unwrap();
+                    assert_eq!(v["batch"].as_u64(), Some(batch));
+                    for side in ["dense_tok_s", "elm_tok_s"] {
+                        let t = v[side].as_array().unwrap();
+                        assert_eq!(t.len(), 5, "{side}");
+                        assert!(t.iter().all(|x| x.as_f64().unwrap() > 0.0), "{side}");
+                    }
+                    assert!(
+                        f("ratio_min") <= f("ratio_median") && f("ratio_median") <= f("ratio_max")
+                    );
+                    assert_eq!(f("dense_block_evals_per_token"), 4.0);
+                    let evals = f("elm_block_evals_per_token");
+                    assert!((4.0..=8.0).contains(&evals), "{evals}");
+                }
             }
         }
         // Memory is measured on GGUF files (the runtime probe is cut from one): none for an HF

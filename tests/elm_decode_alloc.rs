@@ -39,6 +39,7 @@ fn per_token(model: &ElmModel, solver: SolverConfig, tol: f64, batch: usize) -> 
         stop: StopCriteria::absolute(tol, 40),
         kv_mode: KvMode::OneStep,
         adaptive_prefill: true,
+        ..InferenceConfig::default()
     };
     let mut s = ElmSession::new(model, cfg, batch, 96).unwrap();
     let prompts: Vec<Vec<u32>> = (0..batch as u32).map(|b| vec![3 + b, 5, 7, 9]).collect();

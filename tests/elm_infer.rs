@@ -26,6 +26,7 @@ fn infer(solver: SolverConfig, tol: f64, mode: KvMode) -> InferenceConfig {
         stop: StopCriteria::absolute(tol, 60),
         kv_mode: mode,
         adaptive_prefill: true,
+        ..InferenceConfig::default()
     }
 }
 

@@ -88,6 +88,7 @@ fn smollm2_compress_train_generate() {
         stop: StopCriteria::absolute(0.5, 8),
         kv_mode: KvMode::OneStep,
         adaptive_prefill: true,
+        ..InferenceConfig::default()
     };
     let ids = tok
         .encode(&qa_prompt(&tok, "What is 2 + 2?"), false)

@@ -111,6 +111,7 @@ fn batched_equals_unbatched_for_dense_and_adaptive_elm() {
                 stop: StopCriteria::absolute(0.3, 4),
                 kv_mode: KvMode::OneStep,
                 adaptive_prefill: true,
+                ..InferenceConfig::default()
             };
             let batched = teacher_forced_nll(model, &cfg, &seqs, 8, |_| {}).unwrap();
             if name == "elm" {

@@ -51,6 +51,7 @@ fn official_settings(m: usize, threshold: f64) -> InferenceConfig {
         stop: StopCriteria::absolute(threshold, m),
         kv_mode: KvMode::OneStep,
         adaptive_prefill: false,
+        ..InferenceConfig::default()
     }
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use elm::data::{load_examples, load_gsm8k, resolve_data_dir, tokenize_all, Example, Split};
 use elm::equilibrium::accounting::{kv_report, param_report};
 use elm::equilibrium::config::TrainConfig;
-use elm::equilibrium::infer::{ElmModel, InferenceConfig, KvMode};
+use elm::equilibrium::infer::{ActQuant, ElmModel, InferenceConfig, KvMode};
 use elm::equilibrium::module::{
     load_module_for, save_module, ElmModule, ModuleMeta, MODULE_FORMAT,
 };
@@ -150,6 +150,11 @@ pub struct ElmInferArgs {
     /// Run every prefill for max-iter iterations instead of stopping adaptively.
     #[arg(long)]
     pub fixed_prefill: bool,
+    /// How the module's products with quantized weights quantize their activations: q8x2 (two
+    /// 8-bit blocks, ≈ 16-bit: the iteration reaches δ) or q8 (one 8-bit block, as the dense
+    /// layers: faster per evaluation, but the residual stalls above δ). No effect on f32 weights.
+    #[arg(long, default_value = "q8x2")]
+    pub module_acts: ActQuant,
 }
 
 impl ElmInferArgs {
@@ -169,6 +174,8 @@ impl ElmInferArgs {
             self.max_iter.to_string(),
             "--kv".to_string(),
             self.kv.to_string(),
+            "--module-acts".to_string(),
+            self.module_acts.to_string(),
         ]);
         if self.fixed_prefill {
             args.push("--fixed-prefill".to_string());
@@ -181,6 +188,7 @@ impl ElmInferArgs {
             stop: StopCriteria::absolute(self.abs_tol, self.max_iter),
             kv_mode: self.kv,
             adaptive_prefill: !self.fixed_prefill,
+            module_activations: self.module_acts,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use elm::cuda::{CudaModel, DeviceSpec, GpuDecoder};
 use elm::data::read_text_file;
-use elm::equilibrium::bench::{bench_dense, bench_elm, BenchEntry, BenchSuite};
+use elm::equilibrium::bench::{bench_dense, bench_elm, versus_dense, BenchEntry, BenchSuite};
 use elm::equilibrium::infer::{ElmDecoder, ElmModel};
 use elm::error::{ElmError, Result};
 use elm::eval::gsm8k::stop_ids;
@@ -576,6 +576,11 @@ pub struct BenchArgs {
     /// report): no speed runs.
     #[arg(long)]
     pub memory_only: bool,
+    /// With --elm: rounds of the ELM against its dense parent, both loaded in one process and
+    /// decoded alternately (`versus_dense` in the report: per-round tok/s, the median ratio
+    /// and its range, batch 1 and 8); 0 skips them.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
 }
 
 /// Tokens each memory process generates after its prompt (the KV cache is allocated for them
@@ -773,6 +778,23 @@ pub fn run_bench(args: BenchArgs) -> Result<()> {
                 let mut run = bench_elm(
                     &elm_model, &elm_cfg, storage, prompt_len, steps, ctx, progress,
                 )?;
+                if args.rounds > 0 {
+                    let (parent, _) = ElmModel::load_with(&path, None, storage)?;
+                    for batch in [1, 8] {
+                        pb.set_message(format!(
+                            "bench elm {storage}: {} rounds against the dense model, batch {batch}",
+                            args.rounds
+                        ));
+                        run.versus_dense.push(versus_dense(
+                            &parent,
+                            &elm_model,
+                            &elm_cfg,
+                            batch,
+                            steps,
+                            args.rounds,
+                        )?);
+                    }
+                }
                 pb.finish_and_clear();
                 drop(elm_model);
                 run.header.memory = memory(storage, Some(&args.elm))?;

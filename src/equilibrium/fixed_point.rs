@@ -5,6 +5,7 @@ use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2};
 
 use crate::error::{ElmError, Result};
 use crate::model::{BlockWeights, LayerKv, ModelConfig, Scratch};
+use crate::model_data::qmatmul::QActs;
 use crate::solver::{FixedPointMap, FixedPointSolver, MapError, SolveWorkspace, StopCriteria};
 
 use super::config::ElmConfig;
@@ -34,6 +35,9 @@ pub(crate) struct FpWork {
     /// Every row active (the commit evaluation).
     pub(crate) all: Vec<bool>,
     pub(crate) bufs: EvalBufs,
+    /// The activation buffers of the module's quantized products, in the session's
+    /// [`InferenceConfig::module_activations`] mode (swapped in for the solve).
+    pub(crate) module_qx: QActs,
 }
 
 impl FpWork {
@@ -46,6 +50,7 @@ impl FpWork {
             next: Array2::zeros((0, 0)),
             all: vec![],
             bufs: EvalBufs::default(),
+            module_qx: QActs::new(cfg.module_activations),
         }
     }
 }

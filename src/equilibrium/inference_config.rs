@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ElmError, Result};
+use crate::model_data::qmatmul::ActQuant;
 use crate::solver::{FixedPointSolver, SolverConfig, StopCriteria};
 
 /// KV-cache policy of the fixed-point block.
@@ -60,6 +61,16 @@ pub struct InferenceConfig {
     /// Stop prefill rows adaptively too (else prefill always runs `max_iter`).
     #[serde(default = "d_true")]
     pub adaptive_prefill: bool,
+    /// How the module's products with quantized weights quantize their activations (no effect
+    /// on f32 weights): `q8x2` by default, since with one 8-bit block the iteration stalls at a
+    /// residual floor above δ (see [`ActQuant::Q8x2`]); the kept dense layers always use `q8`.
+    /// Written only when it differs from the default, so configs from before it existed keep
+    /// their meaning and their hash.
+    #[serde(
+        default = "d_module_activations",
+        skip_serializing_if = "is_d_module_activations"
+    )]
+    pub module_activations: ActQuant,
 }
 
 /// δ = 0.5 per token, at most 16 evaluations.
@@ -71,6 +82,12 @@ pub(crate) fn d_kv() -> KvMode {
 }
 pub(crate) fn d_true() -> bool {
     true
+}
+fn d_module_activations() -> ActQuant {
+    ActQuant::Q8x2
+}
+fn is_d_module_activations(a: &ActQuant) -> bool {
+    *a == d_module_activations()
 }
 
 crate::default_from_empty_json!(InferenceConfig);

@@ -354,6 +354,18 @@ impl<'m> ElmSession<'m> {
         seqs: &[usize],
         prefill: bool,
     ) -> Result<()> {
+        // The module's products quantize activations in their own mode; the kept dense layers
+        // keep theirs. Swapped back whatever the solve returns.
+        let swap =
+            |s: &mut Self| std::mem::swap(&mut s.dense_kv.scratch.qx, &mut s.fp_work.module_qx);
+        swap(self);
+        let solved = self.solve_module(x, seqs, prefill);
+        swap(self);
+        solved
+    }
+
+    /// [`Self::solve_fixed_point`] with the module's activation buffers in place.
+    fn solve_module(&mut self, x: &mut Array3<f32>, seqs: &[usize], prefill: bool) -> Result<()> {
         let model = self.model;
         let (Some(ec), Some(view)) = (model.elm_config(), model.module_view()) else {
             return Err(ElmError::InvalidArgument(
@@ -375,6 +387,7 @@ impl<'m> ElmSession<'m> {
             next,
             all,
             bufs,
+            module_qx: _, // in `scratch.qx` for the solve
         } = &mut self.fp_work;
         {
             let h2 = x
