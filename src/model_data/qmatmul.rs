@@ -556,6 +556,32 @@ mod avx2 {
     use super::{k3_scales, k4_scale_min, QK};
     use std::arch::x86_64::*;
 
+    /// `$body` for each block `$b in 0..$nb`, with `$acc` / `$off` the accumulators of
+    /// `$sums` for its parity (a macro, not a closure: closures are not inlined into the
+    /// `target_feature` kernels, and a call per block costs more than the block).
+    macro_rules! over_blocks {
+        ($nb:expr, $sums:ident, |$b:ident, $acc:ident, $off:ident| $body:block) => {{
+            let nb = $nb;
+            let mut $b = 0;
+            while $b + 2 <= nb {
+                {
+                    let ($acc, $off) = (&mut $sums.acc[0], &mut $sums.off[0]);
+                    $body
+                }
+                $b += 1;
+                {
+                    let ($acc, $off) = (&mut $sums.acc[1], &mut $sums.off[1]);
+                    $body
+                }
+                $b += 1;
+            }
+            if $b < nb {
+                let ($acc, $off) = (&mut $sums.acc[0], &mut $sums.off[0]);
+                $body
+            }
+        }};
+    }
+
     /// The block product of 32 unsigned weight codes with 32 signed activations, as eight i32
     /// lanes (lane `k` sums values `4k..4k+4`): the one operation the two instruction sets do
     /// differently. Every kernel below is written once over it and compiled twice.
@@ -644,11 +670,10 @@ mod avx2 {
         xs: &[&[f32]; R],
     ) -> [f32; R] {
         let (bb, qh_at) = if Q51 { (24, 4) } else { (22, 2) };
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut off = [0f32; R];
+        let mut sums = Sums::<R>::new();
         let (low, bit4) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
         let p = row.as_ptr();
-        for b in 0..nb {
+        over_blocks!(nb, sums, |b, acc, off| {
             let blk = p.add(b * bb);
             let d = f16_at(blk);
             let o = if Q51 { f16_at(blk.add(2)) } else { -16.0 * d };
@@ -657,9 +682,9 @@ mod avx2 {
             let qh = (blk.add(qh_at) as *const u32).read_unaligned();
             let wq = _mm256_or_si256(nibbles, _mm256_and_si256(bytes_from_bits(qh), bit4));
             // Codes ≤ 31.
-            add_unsigned_block::<D, R>(wq, d, o, b, xq, xd, xs, &mut acc, &mut off);
-        }
-        std::array::from_fn(|r| hsum(acc[r]) + off[r])
+            add_unsigned_block::<D, R>(wq, d, o, b, xq, xd, xs, acc, off);
+        });
+        sums.total()
     }
 
     /// Q4_K weights: super-blocks of 8 sub-blocks of 32, each one activation block, with
@@ -673,29 +698,32 @@ mod avx2 {
         xd: &[&[f32]; R],
         xs: &[&[f32]; R],
     ) -> [f32; R] {
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut off = [0f32; R];
+        let mut sums = Sums::<R>::new();
         let low = _mm256_set1_epi8(0x0F);
         let p = row.as_ptr();
         for sb in 0..nb / 8 {
             let blk = p.add(sb * 144);
             let (d, dmin) = (f16_at(blk), f16_at(blk.add(2)));
             let scales = std::slice::from_raw_parts(blk.add(4), 12);
-            for j in 0..8 {
-                let b = sb * 8 + j;
+            // Sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32 bytes; each
+            // goes to its own accumulators (see `Sums`).
+            for i in 0..4 {
+                let (b, j) = (sb * 8 + 2 * i, 2 * i);
+                let bytes = _mm256_loadu_si256(blk.add(16 + 32 * i) as *const __m256i);
+                // Codes ≤ 15; a sub-block's offset is `−dmin·m`.
                 let (sc, m) = k4_scale_min(scales, j);
+                let wq = _mm256_and_si256(bytes, low);
+                let [acc0, acc1] = &mut sums.acc;
+                let [off0, off1] = &mut sums.off;
                 let (dl, ml) = (d * sc as f32, dmin * m as f32);
-                let bytes = _mm256_loadu_si256(blk.add(16 + 32 * (j / 2)) as *const __m256i);
-                let wq = if j % 2 == 0 {
-                    _mm256_and_si256(bytes, low)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low)
-                };
-                // Codes ≤ 15; the sub-block's offset is `−dmin·m`.
-                add_unsigned_block::<D, R>(wq, dl, -ml, b, xq, xd, xs, &mut acc, &mut off);
+                add_unsigned_block::<D, R>(wq, dl, -ml, b, xq, xd, xs, acc0, off0);
+                let (sc, m) = k4_scale_min(scales, j + 1);
+                let wq = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+                let (dl, ml) = (d * sc as f32, dmin * m as f32);
+                add_unsigned_block::<D, R>(wq, dl, -ml, b + 1, xq, xd, xs, acc1, off1);
             }
         }
-        std::array::from_fn(|r| hsum(acc[r]) + off[r])
+        sums.total()
     }
 
     /// Q5_K weights: Q4_K's sub-blocks (a 6-bit scale and min per 32 values) with a fifth bit
@@ -737,7 +765,7 @@ mod avx2 {
                 add_unsigned_block::<D, R>(wq, dl, -ml, b, xq, xd, xs, &mut acc, &mut off);
             }
         }
-        std::array::from_fn(|r| hsum(acc[r]) + off[r])
+        finish(&acc, &off)
     }
 
     /// `Σ w·x` and `Σ x` of one 32-value block as i32 lanes: lanes 0–3 cover values 0..16 and
@@ -815,7 +843,7 @@ mod avx2 {
                 add_grouped_block::<D, R>(wq, scale, min, b, xq, xd, &mut acc);
             }
         }
-        std::array::from_fn(|r| hsum(acc[r]))
+        finish(&acc, &[0.0; R])
     }
 
     /// Q3_K weights: 3-bit values `q − 4` (two low bits in `qs`, the high bit in `hmask`, set
@@ -852,7 +880,7 @@ mod avx2 {
                 add_grouped_block::<D, R>(wq, scale, bias, b, xq, xd, &mut acc);
             }
         }
-        std::array::from_fn(|r| hsum(acc[r]))
+        finish(&acc, &[0.0; R])
     }
 
     /// Q6_K weights: 6-bit values `q` stored biased (`q + 32` ∈ 0..64, four bits in `ql`, two
@@ -866,44 +894,61 @@ mod avx2 {
         xq: &[&[i8]; R],
         xd: &[&[f32]; R],
     ) -> [f32; R] {
-        let mut acc = [_mm256_setzero_ps(); R];
-        let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x03));
+        let mut sums = Sums::<R>::new();
         let p = row.as_ptr();
         for sb in 0..nb / 8 {
             let blk = p.add(sb * 210);
             let d = f16_at(blk.add(208));
-            let scales = blk.add(192) as *const i8;
-            for a in 0..8 {
-                let b = sb * 8 + a;
-                let (half, g) = (a / 4, a % 4);
-                let lbytes =
-                    _mm256_loadu_si256(blk.add(64 * half + 32 * (g % 2)) as *const __m256i);
-                let lo = if g < 2 {
-                    _mm256_and_si256(lbytes, low)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16(lbytes, 4), low)
-                };
-                let hbytes = _mm256_loadu_si256(blk.add(128 + 32 * half) as *const __m256i);
-                let hi = _mm256_and_si256(
-                    _mm256_srl_epi16(hbytes, _mm_cvtsi32_si128(2 * g as i32)),
-                    two,
-                );
-                // hi ≤ 3: shifting 16-bit lanes by 4 keeps it inside its byte.
-                let wq = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-                let s_lo = d * *scales.add(2 * a) as f32;
-                let s_hi = d * *scales.add(2 * a + 1) as f32;
-                let group_scale = _mm256_set_m128(_mm_set1_ps(s_hi), _mm_set1_ps(s_lo));
-                for r in 0..R {
-                    let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
-                    // u8 (≤ 63) × i8 pairs: |sum| ≤ 2·63·127 < 2^15.
-                    let (dot, sum) = group_dot_and_sum::<D>(wq, x);
-                    let unbiased = _mm256_sub_epi32(dot, _mm256_slli_epi32(sum, 5));
-                    let scale = _mm256_mul_ps(group_scale, _mm256_set1_ps(*xd[r].get_unchecked(b)));
-                    acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(unbiased), acc[r]);
-                }
+            // Even and odd sub-blocks into their own accumulators (see `Sums`).
+            for pair in 0..4 {
+                let [acc0, acc1] = &mut sums.acc;
+                q6k_sub_block::<D, R>(blk, d, 2 * pair, sb * 8, xq, xd, acc0);
+                q6k_sub_block::<D, R>(blk, d, 2 * pair + 1, sb * 8, xq, xd, acc1);
             }
         }
-        std::array::from_fn(|r| hsum(acc[r]))
+        sums.total()
+    }
+
+    /// Sub-block `a` of the Q6_K super-block at `blk` (scale `d`, first activation block
+    /// `b0`) against every activation row, into `acc`.
+    #[inline(always)]
+    unsafe fn q6k_sub_block<D: U8I8Dot, const R: usize>(
+        blk: *const u8,
+        d: f32,
+        a: usize,
+        b0: usize,
+        xq: &[&[i8]; R],
+        xd: &[&[f32]; R],
+        acc: &mut [__m256; R],
+    ) {
+        let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x03));
+        let scales = blk.add(192) as *const i8;
+        let b = b0 + a;
+        let (half, g) = (a / 4, a % 4);
+        let lbytes = _mm256_loadu_si256(blk.add(64 * half + 32 * (g % 2)) as *const __m256i);
+        let lo = if g < 2 {
+            _mm256_and_si256(lbytes, low)
+        } else {
+            _mm256_and_si256(_mm256_srli_epi16(lbytes, 4), low)
+        };
+        let hbytes = _mm256_loadu_si256(blk.add(128 + 32 * half) as *const __m256i);
+        let hi = _mm256_and_si256(
+            _mm256_srl_epi16(hbytes, _mm_cvtsi32_si128(2 * g as i32)),
+            two,
+        );
+        // hi ≤ 3: shifting 16-bit lanes by 4 keeps it inside its byte.
+        let wq = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        let s_lo = d * *scales.add(2 * a) as f32;
+        let s_hi = d * *scales.add(2 * a + 1) as f32;
+        let group_scale = _mm256_set_m128(_mm_set1_ps(s_hi), _mm_set1_ps(s_lo));
+        for r in 0..R {
+            let x = _mm256_loadu_si256(xq[r].as_ptr().add(b * QK) as *const __m256i);
+            // u8 (≤ 63) × i8 pairs: |sum| ≤ 2·63·127 < 2^15.
+            let (dot, sum) = group_dot_and_sum::<D>(wq, x);
+            let unbiased = _mm256_sub_epi32(dot, _mm256_slli_epi32(sum, 5));
+            let scale = _mm256_mul_ps(group_scale, _mm256_set1_ps(*xd[r].get_unchecked(b)));
+            acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(unbiased), acc[r]);
+        }
     }
 
     /// Block `b` of 32 unsigned weight codes `wq` (each < 64: a `maddubs` pair sums to at most
@@ -933,6 +978,46 @@ mod avx2 {
         }
     }
 
+    /// Two sets of accumulators (vector products and scalar offsets), for even and odd
+    /// blocks: with one set, each block's FMA waits for the previous block's (4 cycles of
+    /// latency), which at batch 1 bounds a kernel to one block per 4 cycles.
+    struct Sums<const R: usize> {
+        acc: [[__m256; R]; 2],
+        off: [[f32; R]; 2],
+    }
+
+    impl<const R: usize> Sums<R> {
+        #[inline(always)]
+        unsafe fn new() -> Self {
+            Sums {
+                acc: [[_mm256_setzero_ps(); R]; 2],
+                off: [[0.0; R]; 2],
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn total(&self) -> [f32; R] {
+            let mut acc = self.acc[0];
+            let mut off = self.off[0];
+            for r in 0..R {
+                acc[r] = _mm256_add_ps(acc[r], self.acc[1][r]);
+                off[r] += self.off[1][r];
+            }
+            finish(&acc, &off)
+        }
+    }
+
+    /// `hsum(acc[r]) + off[r]` per row, in a loop: `std::array::from_fn`'s closure would
+    /// not inherit the kernel's target features, and its intrinsics would become calls.
+    #[inline(always)]
+    unsafe fn finish<const R: usize>(acc: &[__m256; R], off: &[f32; R]) -> [f32; R] {
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]) + off[r];
+        }
+        out
+    }
+
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -952,11 +1037,10 @@ mod avx2 {
     ) -> [f32; R] {
         let bb = if Q41 { 20 } else { 18 };
         let qoff = if Q41 { 4 } else { 2 };
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut off = [0f32; R];
+        let mut sums = Sums::<R>::new();
         let low = _mm256_set1_epi8(0x0F);
         let p = row.as_ptr();
-        for b in 0..nb {
+        over_blocks!(nb, sums, |b, acc, off| {
             let blk = p.add(b * bb);
             // d (and m) from f16 with one F16C conversion.
             let scales = if Q41 {
@@ -976,9 +1060,9 @@ mod avx2 {
             let raw = _mm_loadu_si128(blk.add(qoff) as *const __m128i);
             let wq = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
             // Codes ≤ 15.
-            add_unsigned_block::<D, R>(wq, d, o, b, xq, xd, xs, &mut acc, &mut off);
-        }
-        std::array::from_fn(|r| hsum(acc[r]) + off[r])
+            add_unsigned_block::<D, R>(wq, d, o, b, xq, xd, xs, acc, off);
+        });
+        sums.total()
     }
 
     /// Q8_0 weights against 8-bit activations (signed × signed via the sign trick:
@@ -996,7 +1080,7 @@ mod avx2 {
         xq: &[&[i8]; R],
         xd: &[&[f32]; R],
     ) -> [f32; R] {
-        let mut acc = [_mm256_setzero_ps(); R];
+        let mut sums = Sums::<R>::new();
         let p = row.as_ptr();
         let scale_of = |blk: *const u8| (blk as *const u16).read_unaligned() as i16;
         // |w| ≤ 128 as u8; x ∈ [−127, 127] (activations never hold −128): pairs sum to at
@@ -1022,13 +1106,15 @@ mod avx2 {
                 0,
                 0,
             ));
-            let s8: [__m256; R] = std::array::from_fn(|r| {
+            let mut s8 = [_mm256_setzero_ps(); R];
+            for r in 0..R {
                 let s4 = _mm_mul_ps(dw, _mm_loadu_ps(xd[r].as_ptr().add(b)));
-                _mm256_set_m128(s4, s4)
-            });
+                s8[r] = _mm256_set_m128(s4, s4);
+            }
             for i in 0..4 {
                 let w = weights(blk.add(i * 34));
                 let lane = _mm256_set1_epi32(i as i32);
+                let acc = &mut sums.acc[i % 2];
                 for r in 0..R {
                     let scale = _mm256_permutevar8x32_ps(s8[r], lane);
                     let dot = block_dot(w, xq[r].as_ptr().add((b + i) * QK));
@@ -1041,12 +1127,13 @@ mod avx2 {
             let blk = p.add(b * 34);
             let d = f16_at(blk);
             let w = weights(blk);
+            let acc = &mut sums.acc[0];
             for r in 0..R {
                 let scale = _mm256_set1_ps(d * *xd[r].get_unchecked(b));
                 let dot = block_dot(w, xq[r].as_ptr().add(b * QK));
                 acc[r] = _mm256_fmadd_ps(scale, dot, acc[r]);
             }
         }
-        std::array::from_fn(|r| hsum(acc[r]))
+        sums.total()
     }
 }
