@@ -283,11 +283,23 @@ fn nonempty<T>(rows: &[T], f: impl Fn(&[T]) -> String) -> String {
 pub const HEADLINE_BEGIN: &str = "<!-- headline:begin -->";
 pub const HEADLINE_END: &str = "<!-- headline:end -->";
 
-/// The headline and table 1 of a run, for the repository README (`--readme`).
-pub fn headline_block(t: &Tables, full: &Path) -> String {
+/// The markers of a README block named `name`: `<!-- NAME:begin -->`, `<!-- NAME:end -->`
+/// (`headline` gives [`HEADLINE_BEGIN`] / [`HEADLINE_END`]).
+pub fn block_markers(name: &str) -> (String, String) {
+    (
+        format!("<!-- {name}:begin -->"),
+        format!("<!-- {name}:end -->"),
+    )
+}
+
+/// The headline and table 1 of a run, for the repository README (`--readme`), between the
+/// markers of the block `name` ([`block_markers`]; the main job's is `headline`, a second
+/// model family's its own, e.g. `headline-gemma3`).
+pub fn headline_block(t: &Tables, full: &Path, name: &str) -> String {
+    let (begin, end) = block_markers(name);
     format!(
-        "{HEADLINE_BEGIN}\n*Written by `paper_repro --scale {}`: {} stages that took {} to compute on this machine \
-         (this invocation computed {} of them); all tables: [{}]({}).*\n\n{}{}{HEADLINE_END}",
+        "{begin}\n*Written by `paper_repro --scale {}`: {} stages that took {} to compute on this machine \
+         (this invocation computed {} of them); all tables: [{}]({}).*\n\n{}{}{end}",
         t.scale,
         t.stages.len(),
         seconds(unique_stage_seconds(t)),
@@ -363,5 +375,18 @@ mod tests {
             format!("intro\n{HEADLINE_BEGIN}new{HEADLINE_END}\nrest\n")
         );
         assert!(replace_headline_block("no block", "x").is_none());
+    }
+
+    #[test]
+    fn a_second_family_has_its_own_block_beside_the_headline() {
+        let (b, e) = block_markers("headline");
+        assert_eq!((b.as_str(), e.as_str()), (HEADLINE_BEGIN, HEADLINE_END));
+        let (gb, ge) = block_markers("headline-gemma3");
+        let text = format!("{HEADLINE_BEGIN}\nsmol\n{HEADLINE_END}\n{gb}\nold\n{ge}\n");
+        let new = replace_block(&text, &gb, &ge, &format!("{gb}\ngemma\n{ge}")).unwrap();
+        assert_eq!(
+            new,
+            format!("{HEADLINE_BEGIN}\nsmol\n{HEADLINE_END}\n{gb}\ngemma\n{ge}\n")
+        );
     }
 }

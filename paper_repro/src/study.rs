@@ -67,6 +67,11 @@ pub struct Args {
     /// `<!-- headline:end -->`) of this file, e.g. the repository's README.md.
     #[arg(long)]
     pub readme: Option<PathBuf>,
+    /// The block of `--readme` a `small`/`smoke` run replaces: `<!-- NAME:begin -->` …
+    /// `<!-- NAME:end -->` (`headline-gemma3` for the second family; the `long` scale always
+    /// writes `long`).
+    #[arg(long, default_value = "headline")]
+    pub readme_block: String,
 }
 
 /// The `elm` binary: `--elm-bin`, else the one built next to this executable.
@@ -434,18 +439,16 @@ pub fn run(args: Args) -> Result<(), ReproError> {
                 .and_then(|d| link.strip_prefix(d).ok().map(|r| r.display().to_string()))
                 .unwrap_or_else(|| link.display().to_string());
             (
-                readme::LONG_BEGIN,
-                readme::LONG_END,
+                readme::LONG_BEGIN.to_string(),
+                readme::LONG_END.to_string(),
                 readme::long_block(&t, &rel),
             )
         } else {
-            (
-                readme::HEADLINE_BEGIN,
-                readme::HEADLINE_END,
-                readme::headline_block(&t, &link),
-            )
+            let (begin, end) = readme::block_markers(&args.readme_block);
+            let block = readme::headline_block(&t, &link, &args.readme_block);
+            (begin, end, block)
         };
-        let updated = readme::replace_block(&text, begin, end, &block).ok_or_else(|| {
+        let updated = readme::replace_block(&text, &begin, &end, &block).ok_or_else(|| {
             ReproError::Setup(format!(
                 "{}: no `{begin}` … `{end}` block to replace",
                 path.display()
