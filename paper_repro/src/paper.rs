@@ -9,8 +9,7 @@
 pub const MAIN: &str = "Qwen2.5-1.5B-Instruct, M = 8 of 28 layers (the paper states a 28.6% parameter ratio = 8/28 layers; \
 the non-embedding reduction is 24.6%): ELM GSM8K 71.8 vs dense (LoRA-tuned) 72.4, MATH 30.5 vs 32.2, average over 8 \
 benchmarks 68.1 vs 68.9, retention RP 98.9%; Llama3.2-3B-Instruct RP 99.0%, Qwen2.5-7B-Instruct RP 99.0%. \
-Claim checked here: the ELM retains the dense model's quality better than depth-compression baselines at the same M. \
-Scale differs: 135M parameters, a few hundred training steps on a CPU; the dense model is LoRA-tuned on GSM8K with the same token budget as each trained compressed model, and, as in the paper, every compressed model is cut from that tuned model, which is the reference of every Δ and RP.";
+Claim checked here: the ELM retains the dense model's quality better than depth-compression baselines at the same M.";
 
 /// Table 2.
 pub const KV: &str = "one-step KV keeps one cache for the fixed-point block, so the ELM stores N − M + 1 layer caches \

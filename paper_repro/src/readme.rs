@@ -158,7 +158,12 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
     s += &section(
         "Table 1 — Main results (paper: main table / `assets/performance.png`)",
         &nonempty(&t.main, main_table),
-        paper::MAIN,
+        &format!(
+            "{} Scale differs: {size} parameters, a few hundred training steps on a CPU; the dense model is \
+             LoRA-tuned on GSM8K with the same token budget as each trained compressed model, and, as in the paper, \
+             every compressed model is cut from that tuned model, which is the reference of every Δ and RP.",
+            paper::MAIN
+        ),
     );
     s += &section(
         "Table 2 — One-step vs multi-step KV (paper: one-step KV ablation)",
