@@ -100,10 +100,6 @@ impl QActs {
         }
     }
 
-    pub fn mode(&self) -> ActQuant {
-        self.mode
-    }
-
     /// Quantizes the rows of `x` `[N, K]` (each zero-padded to whole blocks).
     pub fn quantize(&mut self, x: ArrayView2<f32>) {
         let (n, k) = x.dim();
@@ -1065,6 +1061,27 @@ mod avx2 {
         sums.total()
     }
 
+    /// The f16 scale bits of the Q8_0 block at `blk`.
+    #[inline(always)]
+    unsafe fn q8_0_scale_bits(blk: *const u8) -> i16 {
+        (blk as *const u16).read_unaligned() as i16
+    }
+
+    /// The Q8_0 block at `blk` as `(|w|, w)`: |w| ≤ 128 as u8; with x ∈ [−127, 127]
+    /// (activations never hold −128) a pair sums to at most 2·128·127 < 2^15.
+    #[inline(always)]
+    unsafe fn q8_0_weights(blk: *const u8) -> (__m256i, __m256i) {
+        let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+        (_mm256_sign_epi8(w, w), w)
+    }
+
+    /// `Σ w·x` of one block (the sign trick: `|w| · (x · sign(w))`), as f32 lanes.
+    #[inline(always)]
+    unsafe fn q8_0_block_dot<D: U8I8Dot>((aw, w): (__m256i, __m256i), x: *const i8) -> __m256 {
+        let x = _mm256_loadu_si256(x as *const __m256i);
+        _mm256_cvtepi32_ps(D::dot(aw, _mm256_sign_epi8(x, w)))
+    }
+
     /// Q8_0 weights against 8-bit activations (signed × signed via the sign trick:
     /// `|w| · (x · sign(w))`).
     ///
@@ -1082,25 +1099,14 @@ mod avx2 {
     ) -> [f32; R] {
         let mut sums = Sums::<R>::new();
         let p = row.as_ptr();
-        let scale_of = |blk: *const u8| (blk as *const u16).read_unaligned() as i16;
-        // |w| ≤ 128 as u8; x ∈ [−127, 127] (activations never hold −128): pairs sum to at
-        // most 2·128·127 < 2^15.
-        let weights = |blk: *const u8| {
-            let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-            (_mm256_sign_epi8(w, w), w)
-        };
-        let block_dot = |(aw, w): (__m256i, __m256i), x: *const i8| {
-            let x = _mm256_loadu_si256(x as *const __m256i);
-            _mm256_cvtepi32_ps(D::dot(aw, _mm256_sign_epi8(x, w)))
-        };
         let mut b = 0;
         while b + 4 <= nb {
             let blk = p.add(b * 34);
             let dw = _mm_cvtph_ps(_mm_setr_epi16(
-                scale_of(blk),
-                scale_of(blk.add(34)),
-                scale_of(blk.add(68)),
-                scale_of(blk.add(102)),
+                q8_0_scale_bits(blk),
+                q8_0_scale_bits(blk.add(34)),
+                q8_0_scale_bits(blk.add(68)),
+                q8_0_scale_bits(blk.add(102)),
                 0,
                 0,
                 0,
@@ -1112,12 +1118,12 @@ mod avx2 {
                 s8[r] = _mm256_set_m128(s4, s4);
             }
             for i in 0..4 {
-                let w = weights(blk.add(i * 34));
+                let w = q8_0_weights(blk.add(i * 34));
                 let lane = _mm256_set1_epi32(i as i32);
                 let acc = &mut sums.acc[i % 2];
                 for r in 0..R {
                     let scale = _mm256_permutevar8x32_ps(s8[r], lane);
-                    let dot = block_dot(w, xq[r].as_ptr().add((b + i) * QK));
+                    let dot = q8_0_block_dot::<D>(w, xq[r].as_ptr().add((b + i) * QK));
                     acc[r] = _mm256_fmadd_ps(scale, dot, acc[r]);
                 }
             }
@@ -1126,11 +1132,11 @@ mod avx2 {
         for b in b..nb {
             let blk = p.add(b * 34);
             let d = f16_at(blk);
-            let w = weights(blk);
+            let w = q8_0_weights(blk);
             let acc = &mut sums.acc[0];
             for r in 0..R {
                 let scale = _mm256_set1_ps(d * *xd[r].get_unchecked(b));
-                let dot = block_dot(w, xq[r].as_ptr().add(b * QK));
+                let dot = q8_0_block_dot::<D>(w, xq[r].as_ptr().add(b * QK));
                 acc[r] = _mm256_fmadd_ps(scale, dot, acc[r]);
             }
         }
