@@ -29,18 +29,64 @@ pub enum Example {
     Text(String),
 }
 
-/// GSM8K split.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// GSM8K split. GSM8K ships two files; `Validation` is carved out of `train.jsonl` so that
+/// everything that selects or stops (held-out figures during training, the window searches,
+/// the choice of a study's best baseline) has problems of its own, and only the final tables
+/// read `test.jsonl`: its last [`VALIDATION_PROBLEMS`] problems (the last half of a file
+/// shorter than twice that, so that a small fixture keeps both parts). `Train` is the rest, and
+/// every training reads only that.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Split {
     Train,
+    Validation,
     Test,
 }
 
+/// Problems of GSM8K's `train.jsonl` held out as the validation split (the last ones).
+pub const VALIDATION_PROBLEMS: usize = 500;
+
 impl Split {
+    /// The file the split's problems are read from.
     fn file_name(self) -> &'static str {
         match self {
-            Split::Train => "train.jsonl",
+            Split::Train | Split::Validation => "train.jsonl",
             Split::Test => "test.jsonl",
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Validation => "validation",
+            Split::Test => "test",
+        }
+    }
+    /// The split's problems among the `n` of its file: the range of indices it keeps.
+    fn range(self, n: usize) -> std::ops::Range<usize> {
+        let held = if n >= 2 * VALIDATION_PROBLEMS {
+            VALIDATION_PROBLEMS
+        } else {
+            n / 2
+        };
+        match self {
+            Split::Train => 0..n - held,
+            Split::Validation => n - held..n,
+            Split::Test => 0..n,
+        }
+    }
+}
+
+impl std::str::FromStr for Split {
+    type Err = ElmError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "train" => Ok(Split::Train),
+            "validation" => Ok(Split::Validation),
+            "test" => Ok(Split::Test),
+            other => Err(ElmError::config(
+                "split",
+                format!("unknown split `{other}` (train, validation, test)"),
+            )),
         }
     }
 }
@@ -76,13 +122,28 @@ pub fn gsm8k_path(data_dir: &Path, split: Split) -> PathBuf {
     data_dir.join("gsm8k").join(split.file_name())
 }
 
-/// Loads a GSM8K split (`<data_dir>/gsm8k/{train,test}.jsonl`).
+/// Loads a GSM8K split (`<data_dir>/gsm8k/{train,test}.jsonl`; see [`Split`] for the
+/// validation problems' place).
 pub fn load_gsm8k(data_dir: &Path, split: Split) -> Result<Vec<QaExample>> {
-    let path = gsm8k_path(data_dir, split);
-    load_examples_with_lines(&path)?
+    Ok(load_gsm8k_indexed(data_dir, split)?
         .into_iter()
-        .map(|(line, e)| match e {
-            Example::Qa(q) if gsm8k_final_answer(&q.answer).is_some() => Ok(q),
+        .map(|(_, q)| q)
+        .collect())
+}
+
+/// [`load_gsm8k`] with each problem's 0-based index within its split (the id a per-problem
+/// score carries, so that two runs' scores pair however each sampled them).
+pub fn load_gsm8k_indexed(data_dir: &Path, split: Split) -> Result<Vec<(usize, QaExample)>> {
+    let path = gsm8k_path(data_dir, split);
+    let all = load_examples_with_lines(&path)?;
+    let keep = split.range(all.len());
+    let offset = keep.start;
+    all.into_iter()
+        .enumerate()
+        .filter(|(i, _)| keep.contains(i))
+        .map(|(i, (line, e))| (i - offset, line, e))
+        .map(|(i, line, e)| match e {
+            Example::Qa(q) if gsm8k_final_answer(&q.answer).is_some() => Ok((i, q)),
             Example::Qa(q) => Err(ElmError::format(
                 &path,
                 format!(
@@ -477,9 +538,51 @@ pub fn training_sequences(
     Ok((seqs, dropped))
 }
 
-/// The first `n` GSM8K test problems under `data_dir`.
-pub fn test_problems(data_dir: Option<&Path>, n: usize) -> Result<Vec<QaExample>> {
-    Ok(load_gsm8k(&resolve_data_dir(data_dir)?, Split::Test)?
+/// Which problems of a split an evaluation reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProblemSample {
+    /// The first `n` in file order.
+    First(usize),
+    /// `n` drawn without replacement by a seeded shuffle: the first `n` of one permutation of the
+    /// split, so that a smaller sample lies inside a larger one with the same seed and two runs
+    /// with the same seed and size score the same problems.
+    Seeded { n: usize, seed: u64 },
+}
+
+impl ProblemSample {
+    pub fn size(self) -> usize {
+        match self {
+            ProblemSample::First(n) | ProblemSample::Seeded { n, .. } => n,
+        }
+    }
+}
+
+/// `sample` of GSM8K's `split` under `data_dir`, each problem with its index in the split.
+/// Asking for more problems than the split has gives all of them.
+pub fn gsm8k_sample(
+    data_dir: &Path,
+    split: Split,
+    sample: ProblemSample,
+) -> Result<Vec<(usize, QaExample)>> {
+    let mut all = load_gsm8k_indexed(data_dir, split)?;
+    match sample {
+        ProblemSample::First(n) => all.truncate(n),
+        ProblemSample::Seeded { n, seed } => {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            all.shuffle(&mut rng);
+            all.truncate(n);
+        }
+    }
+    Ok(all)
+}
+
+/// The first `n` GSM8K validation problems under `data_dir` (held-out figures of a training,
+/// the window searches' scores: everything that selects reads these, never the test file).
+pub fn validation_problems(data_dir: Option<&Path>, n: usize) -> Result<Vec<QaExample>> {
+    if n == 0 {
+        return Ok(vec![]);
+    }
+    Ok(load_gsm8k(&resolve_data_dir(data_dir)?, Split::Validation)?
         .into_iter()
         .take(n)
         .collect())

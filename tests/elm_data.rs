@@ -118,9 +118,212 @@ fn real_gsm8k_loads() {
     let dir = resolve_data_dir(None).unwrap();
     assert!(gsm8k_path(&dir, Split::Train).exists());
     let train = load_gsm8k(&dir, Split::Train).unwrap();
-    assert_eq!(train.len(), 7473);
+    assert_eq!(train.len(), 7473 - VALIDATION_PROBLEMS);
     assert!(train[0].question.starts_with("Natalia sold clips"));
     assert!(train.iter().all(|e| e.answer.contains("####")));
+}
+
+/// The validation split is the end of train.jsonl, disjoint from what trainings read; the
+/// seeded samples nest and name each problem by its index in its split.
+#[test]
+fn the_validation_split_is_carved_out_of_train_and_samples_nest() {
+    let dir = resolve_data_dir(None).unwrap();
+    let file: Vec<Example> = load_examples(&gsm8k_path(&dir, Split::Train)).unwrap();
+    let train = load_gsm8k(&dir, Split::Train).unwrap();
+    let val = load_gsm8k(&dir, Split::Validation).unwrap();
+    assert_eq!((file.len(), val.len()), (7473, VALIDATION_PROBLEMS));
+    assert_eq!(train.len() + val.len(), file.len());
+    let questions: std::collections::HashSet<&str> =
+        train.iter().map(|q| q.question.as_str()).collect();
+    assert!(
+        val.iter().all(|q| !questions.contains(q.question.as_str())),
+        "no validation problem is a training problem"
+    );
+    match &file[file.len() - 1] {
+        Example::Qa(q) => assert_eq!(q, val.last().unwrap(), "validation ends the file"),
+        Example::Text(_) => panic!("GSM8K is question/answer"),
+    }
+    // Seeded samples: the same seed and size, the same problems; a smaller one inside a larger.
+    let sample = |n, seed| {
+        gsm8k_sample(&dir, Split::Test, ProblemSample::Seeded { n, seed })
+            .unwrap()
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (sample(300, 7), sample(60, 7));
+    assert_eq!(a, sample(300, 7));
+    assert_eq!(&a[..60], &b[..]);
+    assert_ne!(a, sample(300, 8));
+    assert!(
+        a.iter().any(|&i| i >= 300),
+        "a random sample, not the first problems"
+    );
+    let test = load_gsm8k(&dir, Split::Test).unwrap();
+    let drawn = gsm8k_sample(&dir, Split::Test, ProblemSample::Seeded { n: 5, seed: 7 }).unwrap();
+    assert!(
+        drawn.iter().all(|(i, q)| &test[*i] == q),
+        "ids index the split"
+    );
+    assert_eq!(
+        gsm8k_sample(&dir, Split::Test, ProblemSample::First(3))
+            .unwrap()
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    // A file shorter than twice the validation size keeps its last half for validation.
+    let small = TempDir::new("small-gsm8k");
+    std::fs::create_dir_all(small.join("gsm8k")).unwrap();
+    let lines: Vec<String> = (0..9)
+        .map(|i| format!(r#"{{"question": "q{i}", "answer": "a #### {i}"}}"#))
+        .collect();
+    std::fs::write(small.join("gsm8k/train.jsonl"), lines.join("\n")).unwrap();
+    assert_eq!(load_gsm8k(small.path(), Split::Train).unwrap().len(), 5);
+    let v = load_gsm8k(small.path(), Split::Validation).unwrap();
+    assert_eq!(v.len(), 4);
+    assert_eq!(v[0].question, "q5");
+}
+
+fn elm_cli(args: &[&str]) -> (bool, serde_json::Value, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_elm"))
+        .args(args)
+        .output()
+        .expect("run elm");
+    (
+        out.status.success(),
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// Every command that selects or stops (a training's held-out figures, a LoRA run's, the
+/// window enumeration, the search's calibration) runs with no test file present: none of them
+/// can read a test problem. Evaluating on the test split then fails naming the missing file.
+#[test]
+fn no_selection_path_reads_the_test_file() {
+    use elm::model::{Arch, ModelConfig, ModelWeights};
+    let d = TempDir::new("no-test-file");
+    let model = d.join("tiny");
+    common::write_word_model(
+        &ModelWeights::random(&ModelConfig::tiny(Arch::Llama), 5),
+        &model,
+    );
+    let data = d.join("data");
+    std::fs::create_dir_all(data.join("gsm8k")).unwrap();
+    let lines: Vec<String> = (0..40)
+        .map(|i| {
+            format!(
+                r#"{{"question": "w{} w{} w{} w{}", "answer": "w{} w{} #### {i}"}}"#,
+                3 + i % 50,
+                4 + i % 50,
+                5 + i % 50,
+                6 + i % 50,
+                7 + i % 50,
+                8 + i % 50
+            )
+        })
+        .collect();
+    std::fs::write(data.join("gsm8k/train.jsonl"), lines.join("\n")).unwrap();
+    assert!(!data.join("gsm8k/test.jsonl").exists());
+    let (m, dd) = (model.to_str().unwrap(), data.to_str().unwrap());
+    let steps = d.join("steps.json");
+    std::fs::write(&steps, r#"{"steps": 1, "seq_len": 32, "batch_size": 1}"#).unwrap();
+    let out = |name: &str| d.join(name).display().to_string();
+    let (train, lora, search) = (out("train"), out("lora"), out("search"));
+    let s = steps.to_str().unwrap();
+    let (ok, v, err) = elm_cli(&[
+        "train",
+        "--model",
+        m,
+        "--start",
+        "1",
+        "--num-replaced",
+        "2",
+        "--config",
+        s,
+        "--data-dir",
+        dd,
+        "--eval-examples",
+        "3",
+        "--out",
+        &train,
+        "--json",
+    ]);
+    assert!(ok, "elm train: {err}");
+    assert!(
+        v["distill_after"].is_number(),
+        "held-out figures on validation: {v}"
+    );
+    assert_eq!(
+        v["sequences"], 20,
+        "the training read the 20 training problems only: {v}"
+    );
+    let (ok, v, err) = elm_cli(&[
+        "lora",
+        "--model",
+        m,
+        "--config",
+        s,
+        "--data-dir",
+        dd,
+        "--eval-examples",
+        "3",
+        "--out",
+        &lora,
+        "--json",
+    ]);
+    assert!(ok, "elm lora: {err}");
+    assert_eq!(v["held_out_examples"], 3, "{v}");
+    let (ok, _, err) = elm_cli(&[
+        "search",
+        "--model",
+        m,
+        "--method",
+        "enumerate",
+        "--num-replaced",
+        "2",
+        "--steps",
+        "1",
+        "--seq-len",
+        "32",
+        "--calibration-tokens",
+        "64",
+        "--calibration-seq-len",
+        "16",
+        "--data-dir",
+        dd,
+        "--eval-examples",
+        "3",
+        "--out",
+        &search,
+        "--json",
+    ]);
+    assert!(ok, "elm search --method enumerate: {err}");
+    let eval = |split: &str| {
+        elm_cli(&[
+            "eval",
+            "--model",
+            m,
+            "--task",
+            "gsm8k-nll",
+            "--split",
+            split,
+            "--limit",
+            "3",
+            "--data-dir",
+            dd,
+            "--json",
+        ])
+    };
+    let (ok, v, err) = eval("validation");
+    assert!(ok, "elm eval --split validation: {err}");
+    assert_eq!(v["n"], 3, "{v}");
+    let (ok, _, err) = eval("test");
+    assert!(!ok && err.contains("test.jsonl"), "{err}");
+    let (ok, _, err) = eval("train");
+    assert!(!ok && err.contains("split"), "{err}");
 }
 
 #[test]

@@ -111,7 +111,9 @@ fn committed_gsm8k_files_are_the_pinned_ones_and_self_score() {
     assert!(dir.join("gsm8k/LICENSE").exists());
     let test = load_gsm8k(&dir, Split::Test).unwrap();
     assert_eq!(test.len(), 1319);
-    assert_eq!(load_gsm8k(&dir, Split::Train).unwrap().len(), 7473);
+    // train.jsonl's 7,473 problems: 6,973 to train on and the last 500 for validation.
+    assert_eq!(load_gsm8k(&dir, Split::Train).unwrap().len(), 6973);
+    assert_eq!(load_gsm8k(&dir, Split::Validation).unwrap().len(), 500);
     for ex in &test {
         let n = gsm8k_final_answer(&ex.answer).unwrap();
         // The reference, written as `#### N`, scores 1 under both rules.

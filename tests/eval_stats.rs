@@ -155,3 +155,77 @@ fn least_squares_line_recovers_an_exact_line_and_refuses_degenerate_input() {
     assert!(least_squares_line(&[1.0], &[0.0]).is_err());
     assert!(least_squares_line(&[0.0, 1.0], &[0.0]).is_err());
 }
+
+/// The references are SciPy 1.x (`scipy.stats.norm.ppf`, `binomtest(...).proportion_ci(method
+/// = "wilson")`, `binomtest(k, n, 0.5).pvalue`), computed once outside this repository.
+#[test]
+fn wilson_intervals_and_mcnemar_match_scipy() {
+    use elm::eval::stats::{mcnemar, normal_quantile, wilson};
+    for (p, z) in [
+        (0.975, 1.959963984540054),
+        (0.995, 2.5758293035489004),
+        (0.01, -2.3263478740408408),
+    ] {
+        assert!((normal_quantile(p) - z).abs() < 1e-8, "Φ⁻¹({p})");
+    }
+    for (k, n, lo, hi) in [
+        (0, 16, 0.0, 0.1936076805344365),
+        (5, 20, 0.11186170140766571, 0.468700877618744),
+        (300, 1319, 0.2056336510291822, 0.25083938645712056),
+    ] {
+        let e = wilson(k, n, 0.95).unwrap();
+        assert!(
+            (e.lo - lo).abs() < 1e-8 && (e.hi - hi).abs() < 1e-8,
+            "{k}/{n}: {e:?}"
+        );
+        assert!(
+            k > 0 || e.lo == 0.0,
+            "0 successes: the lower bound is exactly 0"
+        );
+        assert_eq!(e.value, k as f64 / n as f64);
+    }
+    assert!(wilson(3, 2, 0.95).is_err() && wilson(0, 0, 0.95).is_err());
+    // McNemar over paired 0/1 items: only the discordant ones count.
+    let pair = |model_only: usize, reference_only: usize, both: usize| {
+        let mut m = vec![];
+        let mut r = vec![];
+        let mut push = |a: f64, b: f64| {
+            let id = m.len().to_string();
+            m.push(ItemScore {
+                id: id.clone(),
+                value: a,
+                weight: 1.0,
+            });
+            r.push(ItemScore {
+                id,
+                value: b,
+                weight: 1.0,
+            });
+        };
+        (0..model_only).for_each(|_| push(1.0, 0.0));
+        (0..reference_only).for_each(|_| push(0.0, 1.0));
+        (0..both).for_each(|_| push(1.0, 1.0));
+        (m, r)
+    };
+    for (b, c, p) in [
+        (5, 0, 0.0625),
+        (11, 3, 0.057373046875),
+        (90, 40, 1.3715068445175432e-05),
+        (0, 0, 1.0),
+    ] {
+        let (m, r) = pair(b, c, 7);
+        let t = mcnemar(&m, &r).unwrap();
+        assert_eq!((t.model_only, t.reference_only), (b, c));
+        assert!(
+            (t.p_value - p).abs() < 1e-9 * p.max(1e-3),
+            "{b}/{c}: {}",
+            t.p_value
+        );
+    }
+    let (m, mut r) = pair(1, 1, 0);
+    r[0].value = 0.5;
+    assert!(
+        mcnemar(&m, &r).is_err(),
+        "a score that is not 0/1 is refused"
+    );
+}

@@ -13,10 +13,10 @@ use elm::solver::{SolverConfig, StopCriteria};
 
 use crate::error::ReproError;
 use crate::rows::{
-    GradRow, HealedElm, Interval, KvRow, MainRow, SameWindow, SolverRow, SpectralRow, SpeedRow,
-    SweepRow, TrainedWindow, MAIN_ELM_ROW, REFERENCE_KIND,
+    Control, Controls, GradRow, HealedElm, Interval, KvRow, MainRow, SameWindow, SolverRow,
+    SpectralRow, SpeedRow, SweepRow, TrainedWindow, MAIN_ELM_ROW, REFERENCE_KIND,
 };
-use crate::runs::{self, Ctx, Metrics, OwnCompute, Subject, Trained, Variant};
+use crate::runs::{self, Ctx, Metrics, OwnCompute, Problems, Subject, Trained, Variant};
 use crate::stage::Done;
 
 /// Named trainings of a run (for the throughput table).
@@ -54,6 +54,8 @@ pub(crate) fn paired_delta(
 /// same token budget says how much of it they keep (the untuned model is a row of its own).
 pub struct Dense {
     pub nll: Done<TaskRun>,
+    /// The tuned model on the ablation tables' smaller test sample (their Δ's reference).
+    pub ablation_nll: Done<TaskRun>,
     pub em: Done<TaskRun>,
     pub tuned: Done<LoraReport>,
     pub untuned_nll: Done<TaskRun>,
@@ -72,6 +74,7 @@ pub fn dense(ctx: &mut Ctx<'_>) -> Result<Dense, ReproError> {
     let subject = Subject::tuned(&tuned);
     Ok(Dense {
         nll: runs::eval(ctx, &subject, "gsm8k-nll")?,
+        ablation_nll: runs::eval_on(ctx, &subject, "gsm8k-nll", Problems::AblationTest)?,
         em: runs::eval(ctx, &subject, "gsm8k")?,
         tuned,
         untuned_nll,
@@ -81,10 +84,10 @@ pub fn dense(ctx: &mut Ctx<'_>) -> Result<Dense, ReproError> {
     })
 }
 
-/// Answer NLL and its paired Δ vs dense of one NLL run.
+/// Answer NLL and its paired Δ vs dense of one NLL run on the ablation tables' test sample.
 fn nll_cells(run: &TaskRun, dense: &Dense, what: &str) -> Result<(Interval, Interval), ReproError> {
     let m = run.metric("answer_nll", what)?;
-    let d = dense.nll.value.metric("answer_nll", "dense")?;
+    let d = dense.ablation_nll.value.metric("answer_nll", "dense")?;
     Ok(((&m.estimate).into(), paired_delta(m, d, what)?))
 }
 
@@ -101,6 +104,12 @@ pub struct Main {
     /// The healed baselines (`elm prune --method` names), best answer NLL first.
     pub healed_ranked: Vec<String>,
     pub healed_elm: Option<HealedElm>,
+    pub controls: Controls,
+}
+
+/// The healed baseline ranked first on validation (`healed_ranked` holds validation means).
+fn healed_ranked_by_validation(ranked: &[(f64, String)]) -> Option<(f64, String)> {
+    ranked.iter().min_by(|a, b| a.0.total_cmp(&b.0)).cloned()
 }
 
 pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError> {
@@ -246,17 +255,15 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     )?);
     // Per-problem answer NLL of each compressed row, paired with the ELM's below.
     let mut compressed: Vec<(usize, MetricReport)> = vec![];
-    let mut best: Option<(f64, String)> = None;
+    // Every "best" below is chosen on the validation split (`best_on_validation`).
+    let mut baseline_scores = vec![];
     let mut to_heal = vec![];
     for method in &l.baselines {
         let p = runs::prune(ctx, method, l.m)?;
         let subject = Subject::pruned(&p);
         let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
         let em = runs::eval(ctx, &subject, "gsm8k")?;
-        let v = nll.value.metric("answer_nll", method)?.estimate.value;
-        if best.as_ref().is_none_or(|(b, _)| v < *b) {
-            best = Some((v, method.to_string()));
-        }
+        baseline_scores.push((runs::validation_nll(ctx, &subject)?, method.to_string()));
         compressed.push((rows.len(), nll.value.metric("answer_nll", method)?.clone()));
         let shape = (
             p.value.report.params,
@@ -281,7 +288,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     // hold no answer token to tune on.
     // The best healed baseline's window, when it is one window (method against method, not
     // window against window: its row is compared with an ELM trained at the same layers).
-    let mut best_healed: Option<(f64, String, usize, String, MetricReport)> = None;
+    let mut window_candidates = vec![];
     let mut healed_ranked: Vec<(f64, String)> = vec![];
     for (method, p, shape) in to_heal {
         let healed = runs::heal(ctx, &p, &l.lora)?;
@@ -292,13 +299,11 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             "{method} + LoRA healing (r = {}, α = 16, merged)",
             runs::HEAL_RANK
         );
-        let v = nll.value.metric("answer_nll", &name)?.estimate.value;
-        healed_ranked.push((v, method.to_string()));
+        let v = runs::validation_nll(ctx, &subject)?;
+        healed_ranked.push((v.mean, method.to_string()));
         if let Some(start) = one_window(&p.value.report.removed_layers, l.m) {
-            if best_healed.as_ref().is_none_or(|b| v < b.0) {
-                let items = nll.value.metric("answer_nll", &name)?.clone();
-                best_healed = Some((v, method.to_string(), start, name.clone(), items));
-            }
+            let items = nll.value.metric("answer_nll", &name)?.clone();
+            window_candidates.push((v, (method.to_string(), start, name.clone(), items)));
         }
         compressed.push((rows.len(), nll.value.metric("answer_nll", &name)?.clone()));
         rows.push(row(
@@ -328,8 +333,23 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     let mut same_window_pair = None;
     let mut same_window_start = None;
     let (mut same_window_items, mut same_window_baseline_items) = (None, None);
-    if let Some((_, method, start, baseline, baseline_items)) =
-        best_healed.filter(|b| b.2 != l.start)
+    let best_healed = best_on_validation(window_candidates);
+    let window_choice = match &best_healed {
+        Some((method, start, ..)) if *start != l.start => format!(
+            "layers {start}–{}: the window of {method} + heal, the healed baseline with the lowest \
+             validation answer NLL ({} validation problems)",
+            start + l.m - 1,
+            l.validation_eval
+        ),
+        _ => format!(
+            "layers {}–{}: the study's window (no healed baseline removing one other window \
+             scored better on validation)",
+            l.start,
+            l.start + l.m - 1
+        ),
+    };
+    let mut headline: Option<(String, Done<Trained>, MetricReport)> = None;
+    if let Some((method, start, baseline, baseline_items)) = best_healed.filter(|b| b.1 != l.start)
     {
         let t = runs::train(ctx, &Variant::elm(start, l.m), &l.main, None)?;
         same_window_start = Some(start);
@@ -341,16 +361,121 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         let what = format!("{baseline} vs {name}");
         same_window_pair = Some(SameWindow {
             baseline,
-            elm: name,
+            elm: name.clone(),
             layers: (start, start + l.m - 1),
             delta_baseline_minus_elm: paired_delta(&baseline_items, &items, &what)?,
         });
         same_window_items = Some(items.clone());
         same_window_baseline_items = Some(baseline_items);
+        headline = Some((name, t.clone_done(), items.clone()));
         compressed.push((rows.len(), items));
         rows.push(r);
         same_window.push((format!("ELM M={} at layer {start} (main)", l.m), t));
     }
+    let (headline_name, headline_elm, headline_items) = headline.unwrap_or_else(|| {
+        (
+            MAIN_ELM_ROW.to_string(),
+            elm.clone_done(),
+            elm_row.1.clone(),
+        )
+    });
+    let hw = same_window_start.unwrap_or(l.start);
+    // The controls at the headline window and budget, each paired with the ELM there.
+    let mut control_rows = vec![];
+    // (a) Equal parameters: the best healed baseline (validation) removing one layer fewer.
+    if let (Some((_, method)), true) = (healed_ranked_by_validation(&healed_ranked), l.m >= 2) {
+        let p = runs::prune(ctx, &method, l.m - 1)?;
+        let healed = runs::heal(ctx, &p, &l.lora)?;
+        let subject = Subject::tuned(&healed);
+        let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
+        let em = runs::eval(ctx, &subject, "gsm8k")?;
+        let name = format!(
+            "{method} at M = {} + LoRA healing (equal-parameter control; layers {:?})",
+            l.m - 1,
+            p.value.report.removed_layers
+        );
+        let items = nll.value.metric("answer_nll", &name)?.clone();
+        control_rows.push(Control {
+            control: format!(
+                "equal parameters: {method} + heal removing M − 1 = {} layers",
+                l.m - 1
+            ),
+            model: name.clone(),
+            params: p.value.report.params,
+            minus_elm: paired_delta(
+                &items,
+                &headline_items,
+                &format!("{name} vs {headline_name}"),
+            )?,
+        });
+        compressed.push((rows.len(), items));
+        rows.push(row(
+            name,
+            &format!(
+                "control, training-free + healing, {} steps × {} × {} tokens",
+                l.lora.steps, l.lora.batch_size, l.lora.seq_len
+            ),
+            (
+                p.value.report.params,
+                p.value.report.non_embedding_params,
+                p.value.report.kv_bytes_1k,
+            ),
+            (
+                l.lora.max_tokens(),
+                p.value.report.seconds + healed.value.compute_seconds(),
+            ),
+            &nll.value,
+            &em.value,
+        )?);
+    }
+    // (b) Fixed depth: the same module looped K times with injection (trained and tested at
+    // K, no solve), K = the looped baseline's and K = the headline ELM's mean iterations.
+    let mean_iterations = runs::eval(
+        ctx,
+        &Subject::elm(&headline_elm, "anderson", 0.5),
+        "gsm8k-nll",
+    )?
+    .value
+    .solver
+    .mean_iterations;
+    let mut ks = vec![l.looped_k];
+    let k_mean = (mean_iterations.round() as usize).max(1);
+    if !ks.contains(&k_mean) {
+        ks.push(k_mean);
+    }
+    for k in ks {
+        let t = runs::train(ctx, &Variant::elm_fixed(hw, l.m, k), &l.main, None)?;
+        let why = if k == k_mean {
+            format!("the ELM's mean iterations, {mean_iterations:.1}, rounded")
+        } else {
+            "the looped baseline's K".to_string()
+        };
+        let name = format!(
+            "fixed-depth control: the module looped K = {k} times with injection, trained and tested at K (layers {hw}–{}; K = {why})",
+            hw + l.m - 1
+        );
+        let (r, items) = trained_row(ctx, name.clone(), &format!("control, {budget}"), &t)?;
+        control_rows.push(Control {
+            control: format!("fixed depth: K = {k} ({why})"),
+            model: name.clone(),
+            params: t.value.compress.params.elm_total,
+            minus_elm: paired_delta(
+                &items,
+                &headline_items,
+                &format!("{name} vs {headline_name}"),
+            )?,
+        });
+        compressed.push((rows.len(), items));
+        rows.push(r);
+        same_window.push((format!("fixed K={k} M={} at layer {hw} (control)", l.m), t));
+    }
+    let controls = Controls {
+        elm: headline_name.clone(),
+        layers: (hw, hw + l.m - 1),
+        elm_params: headline_elm.value.compress.params.elm_total,
+        window_choice,
+        rows: control_rows,
+    };
     // ELM + heal at the window where the methods meet (else the study's): the same budget,
     // the module and the adapters trained together. A window that ends at the last layer leaves
     // no layer after it to heal: then the study's window.
@@ -408,13 +533,6 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             Variant::elm_fixed(l.start, l.m, 1),
         ),
         (
-            format!(
-                "ELM ablation: fixed K = {} at train and test (with injection)",
-                l.looped_k
-            ),
-            Variant::elm_fixed(l.start, l.m, l.looped_k),
-        ),
-        (
             "ELM ablation: no input injection (solved)".to_string(),
             Variant::elm_no_injection(l.start, l.m),
         ),
@@ -440,15 +558,24 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         rows.push(r);
         ablations.push((format!("{name} (main)"), t));
     }
+    // Every compressed row is paired with the headline ELM (the one at the headline window),
+    // the study-window ELM included when that is another one.
     let (elm_row, elm_items) = elm_row;
-    for (i, items) in compressed {
-        let what = format!("{} vs the ELM", rows[i].model);
-        rows[i].delta_nll_vs_elm = Some(paired_delta(&items, &elm_items, &what)?);
+    if headline_name != MAIN_ELM_ROW {
+        compressed.push((rows.len(), elm_items));
     }
     rows.push(elm_row);
+    for (i, items) in compressed {
+        if rows[i].model == headline_name {
+            continue;
+        }
+        let what = format!("{} vs {headline_name}", rows[i].model);
+        rows[i].delta_nll_vs_elm = Some(paired_delta(&items, &headline_items, &what)?);
+    }
     Ok(Main {
         rows,
-        best_baseline: best.map(|b| b.1).unwrap_or_else(|| "short-gpt".into()),
+        best_baseline: best_on_validation(baseline_scores).unwrap_or_else(|| "short-gpt".into()),
+        controls,
         trainings: [
             Some((format!("ELM M={} (main)", l.m), elm.clone_done())),
             Some(("LLM-Streamline (main)".into(), streamline)),
@@ -486,7 +613,12 @@ pub fn solver_ablation(
     for &tol in &tols {
         let mut picard_evals = None;
         for solver in crate::elm_cli::SOLVERS {
-            let run = runs::eval(ctx, &Subject::elm(elm, solver, tol), "gsm8k-nll")?;
+            let run = runs::eval_on(
+                ctx,
+                &Subject::elm(elm, solver, tol),
+                "gsm8k-nll",
+                Problems::AblationTest,
+            )?;
             let what = format!("{solver} δ={tol}");
             let (nll, delta) = nll_cells(&run.value, dense, &what)?;
             let s = &run.value.solver;
@@ -553,7 +685,12 @@ pub fn grad_ablation(
     let mut trainings = vec![];
     for (name, deq) in gradient_rules(l.m) {
         let t = runs::train(ctx, &Variant::elm(l.start, l.m), &l.study, deq)?;
-        let run = runs::eval(ctx, &Subject::elm(&t, "anderson", 0.5), "gsm8k-nll")?;
+        let run = runs::eval_on(
+            ctx,
+            &Subject::elm(&t, "anderson", 0.5),
+            "gsm8k-nll",
+            Problems::AblationTest,
+        )?;
         let (nll, delta) = nll_cells(&run.value, dense, name)?;
         let v = &t.value;
         rows.push(GradRow {
@@ -585,7 +722,12 @@ pub fn sweep(
     let mut elms = vec![];
     for &m in &l.sweep {
         let t = runs::train(ctx, &Variant::elm(l.start, m), &l.study, None)?;
-        let run = runs::eval(ctx, &Subject::elm(&t, "anderson", 0.5), "gsm8k-nll")?;
+        let run = runs::eval_on(
+            ctx,
+            &Subject::elm(&t, "anderson", 0.5),
+            "gsm8k-nll",
+            Problems::AblationTest,
+        )?;
         let (nll, delta) = nll_cells(&run.value, dense, &format!("ELM M={m}"))?;
         rows.push(SweepRow {
             m,
@@ -598,7 +740,7 @@ pub fn sweep(
         });
         let p = runs::prune(ctx, baseline, m)?;
         let subject = Subject::pruned(&p);
-        let run = runs::eval(ctx, &subject, "gsm8k-nll")?;
+        let run = runs::eval_on(ctx, &subject, "gsm8k-nll", Problems::AblationTest)?;
         let (nll, delta) = nll_cells(&run.value, dense, &format!("{baseline} M={m}"))?;
         rows.push(SweepRow {
             m,
@@ -696,22 +838,29 @@ pub fn speed_rows(trainings: &[(String, Done<Trained>)]) -> Vec<SpeedRow> {
         .collect()
 }
 
-/// The training-free method with the lowest answer NLL at the main M (the same stages as
-/// table 1's baseline rows, so cached when table 1 ran).
+/// The training-free method with the lowest validation answer NLL at the main M (the same
+/// stages as table 1's baseline rows, so cached when table 1 ran).
 pub fn best_baseline(ctx: &mut Ctx<'_>, _dense: &Dense) -> Result<String, ReproError> {
     let l = ctx.limits.clone();
-    let mut best: Option<(f64, String)> = None;
+    let mut scored = vec![];
     for method in &l.baselines {
         let p = runs::prune(ctx, method, l.m)?;
-        let subject = Subject::pruned(&p);
-        let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
-        let v = nll.value.metric("answer_nll", method)?.estimate.value;
-        if best.as_ref().is_none_or(|(b, _)| v < *b) {
-            best = Some((v, method.to_string()));
-        }
+        scored.push((
+            runs::validation_nll(ctx, &Subject::pruned(&p))?,
+            method.to_string(),
+        ));
     }
-    best.map(|b| b.1)
+    best_on_validation(scored)
         .ok_or_else(|| ReproError::Setup("no training-free baseline configured".into()))
+}
+
+/// The candidate with the lowest validation answer NLL (the first of equals): the study's one
+/// rule for "the best", which reads no test figure.
+pub fn best_on_validation<T>(candidates: Vec<(runs::ValidationNll, T)>) -> Option<T> {
+    candidates
+        .into_iter()
+        .reduce(|a, b| if b.0.mean < a.0.mean { b } else { a })
+        .map(|(_, t)| t)
 }
 
 /// Table 6's check of the enumeration: the ELM fully trained at the study's window, at the best

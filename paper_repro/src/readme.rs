@@ -10,9 +10,9 @@ use crate::paper;
 use crate::rows::MAIN_ELM_ROW;
 use crate::stage::seconds;
 use crate::table_markdown::{
-    canonical_table, curves_table, curves_verdict, grad_table, kv_table, main_table,
-    rho_sweep_table, seeds_table, solver_table, spectral_table, speed_table, sweep_table,
-    trained_windows_table, where_table,
+    canonical_table, controls_table, curves_table, curves_verdict, gap_reading, grad_table,
+    kv_table, main_table, rho_sweep_table, seeds_table, solver_table, spectral_table, speed_table,
+    sweep_table, trained_windows_table, where_table,
 };
 use crate::tables::Tables;
 
@@ -35,6 +35,99 @@ fn job_of(model: &str) -> (&'static str, &'static str) {
 fn section(title: &str, ours: &str, paper: &str) -> String {
     format!("## {title}\n\n{ours}\n**Paper:** {paper}\n\n")
 }
+/// The study's verdict, generated from the tables: the comparison at equal parameters and equal
+/// budget at the best window first, then the fixed-depth controls, then what changes it.
+fn verdict(t: &Tables) -> Option<String> {
+    let c = t.controls.as_ref()?;
+    let elm = t.main.iter().find(|r| r.model == c.elm)?;
+    let equal = c
+        .rows
+        .iter()
+        .find(|r| r.control.starts_with("equal parameters"));
+    let mut s = format!(
+        "**Verdict:** at the best window on validation (layers {}–{}) and the same training budget, the ELM's answer NLL on {} GSM8K test problems is {}",
+        c.layers.0,
+        c.layers.1,
+        t.limits["nll_eval"],
+        iv(&elm.answer_nll),
+    );
+    match equal {
+        Some(e) => {
+            s += &format!(
+                "; the equal-parameter control ({}, {} parameters against the ELM's {}) minus the ELM, paired: {}, so {}",
+                e.model,
+                e.params,
+                c.elm_params,
+                signed(&e.minus_elm),
+                gap_reading(&e.minus_elm, "the control")
+            );
+        }
+        None => s += " (no equal-parameter control at this scale)",
+    }
+    match &t.seeds {
+        Some(seeds) if !seeds.summaries.is_empty() => {
+            s += &format!(
+                "; over {} seeds (table 9): {}",
+                seeds.summaries[0].answer_nll.n,
+                seeds
+                    .summaries
+                    .iter()
+                    .filter(|r| r.minus_elm.is_some())
+                    .map(|r| format!("{} — {}", r.series, r.verdict))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        }
+        _ => s += "; one seed (the seeds are the `long` scale's table 9)",
+    }
+    s += ".";
+    for r in c
+        .rows
+        .iter()
+        .filter(|r| r.control.starts_with("fixed depth"))
+    {
+        s += &format!(
+            " Is it the solve? The module looped at {} minus the solved ELM: {} ({}).",
+            r.control.trim_start_matches("fixed depth: "),
+            signed(&r.minus_elm),
+            gap_reading(&r.minus_elm, "the fixed loop")
+        );
+    }
+    if let Some(w) = &t.same_window {
+        s += &format!(
+            " Against the best healed baseline at that window, {} minus the ELM: {} ({}).",
+            w.baseline,
+            signed(&w.delta_baseline_minus_elm),
+            gap_reading(&w.delta_baseline_minus_elm, "the baseline")
+        );
+    }
+    if let Some(d) = t.reference_row() {
+        let (a, b) = (&elm.flexible_em, &d.flexible_em);
+        if a.lo <= b.hi && b.lo <= a.hi {
+            s += &format!(
+                " Exact match cannot separate the models at this size: flexible EM {} for the ELM against {} for the tuned dense model \
+                 (Wilson 95% intervals over {} test problems overlap).",
+                iv(a),
+                iv(b),
+                t.limits["gsm8k_eval"]
+            );
+        }
+    }
+    if c.elm != MAIN_ELM_ROW {
+        if let Some(study) = t.main.iter().find(|r| r.model == MAIN_ELM_ROW) {
+            if let Some(d) = &study.delta_nll_vs_elm {
+                s += &format!(
+                    " Where it flips: at the study's default window the ELM's NLL is {} ({} against the headline ELM), and the best other compressed model of table 1 may beat it there; \
+                     the budget's effect is the `long` scale's learning curves (table 8).",
+                    iv(&study.answer_nll),
+                    signed(d)
+                );
+            }
+        }
+    }
+    Some(s + "\n\n")
+}
+
 /// The headline: the ELM against the dense model and the best baseline.
 fn headline(t: &Tables) -> String {
     let dense = t.reference_row();
@@ -46,7 +139,8 @@ fn headline(t: &Tables) -> String {
         .min_by(|a, b| a.answer_nll.value.total_cmp(&b.answer_nll.value));
     match (dense, elm) {
         (Some(d), Some(e)) => {
-            let mut s = format!(
+            let mut s = verdict(t).unwrap_or_default();
+            s += &format!(
                 "**Headline ({} scale, {}):** the ELM removes {} of the dense model's parameters ({} non-embedding) and {} of its KV cache; \
                  its answer NLL is {} vs the LoRA-tuned dense model's {} (Δ {}, perplexity {:.2} vs {:.2}), flexible exact match {} vs {} (RP {}).",
                 t.scale,
@@ -65,7 +159,8 @@ fn headline(t: &Tables) -> String {
             );
             if let Some(b) = best {
                 s += &format!(
-                    " Best other compressed model: {} ({}), answer NLL {}; its NLL minus the ELM's, paired over the same problems: {}.",
+                    " Lowest test NLL among the other compressed rows (a reading aid; nothing is selected by it): {} ({}), answer NLL {}; \
+                     its NLL minus the headline ELM's (table 1's \"ΔNLL vs ELM\"), paired over the same problems: {}.",
                     b.model,
                     b.kind,
                     iv(&b.answer_nll),
@@ -150,14 +245,22 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
     s += &headline(t);
     s += &format!(
         "Budgets: main results {}; ablations {} (see `tables.json` → `limits`). Quality: GSM8K test answer NLL \
-         (teacher-forced, nats/token, the primary signal at {size}) and exact match (greedy; strict `#### N` / flexible last number). \
-         Brackets are 95% bootstrap intervals over problems; Δ and RP are paired over the same problems (↑/↓: the interval excludes 0).\n\n",
+         (teacher-forced, nats/token, the primary signal at {size}) on a seeded random sample of {} test problems (tables 3–5: the first {} of the \
+         same sample) and exact match (greedy; strict `#### N` / flexible last number) on {} of them. Everything that selects — the best \
+         baselines, the headline window, the window searches, the held-out figures during training — reads the validation split \
+         (the last 500 problems of GSM8K's train.jsonl, which no training reads; {} of them score a choice), never a test problem. \
+         NLL brackets are 95% bootstrap intervals over problems, exact-match brackets Wilson intervals; Δ and RP are paired over the \
+         same problems (↑/↓: the interval excludes 0).\n\n",
         budget(&t.limits["main"]),
         budget(&t.limits["study"]),
+        t.limits["nll_eval"],
+        t.limits["ablation_nll_eval"],
+        t.limits["gsm8k_eval"],
+        t.limits["validation_eval"],
     );
     s += &section(
         "Table 1 — Main results (paper: main table / `assets/performance.png`)",
-        &nonempty(&t.main, main_table),
+        &table_one(t),
         &format!(
             "{} Scale differs: {size} parameters, a few hundred training steps on a CPU; the dense model is \
              LoRA-tuned on GSM8K with the same token budget as each trained compressed model, and, as in the paper, \
@@ -314,8 +417,21 @@ pub fn headline_block(t: &Tables, full: &Path, name: &str) -> String {
             .and_then(|p| p.file_name())
             .map_or_else(|| "README.md".to_string(), |d| format!("{}/README.md", d.to_string_lossy())),
         headline(t),
-        nonempty(&t.main, main_table),
+        table_one(t),
     )
+}
+
+/// Table 1 with what it pairs against, and its controls.
+fn table_one(t: &Tables) -> String {
+    let mut s = nonempty(&t.main, main_table);
+    if let Some(c) = &t.controls {
+        s += &format!(
+            "\n\"ΔNLL vs ELM\" is each row's answer NLL minus that of `{}`, the ELM at the headline window, paired over the same test problems.\n\n{}",
+            c.elm,
+            controls_table(c)
+        );
+    }
+    s
 }
 
 /// Compute seconds of the distinct stages of a run (a stage read twice counts once).

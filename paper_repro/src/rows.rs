@@ -49,6 +49,32 @@ pub struct SameWindow {
     pub delta_baseline_minus_elm: Interval,
 }
 
+/// The controls at the headline window (the best healed baseline's on validation, else the
+/// study's) and budget: each a row of table 1, paired against the ELM trained there.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Controls {
+    /// The headline ELM's row name, layers `[first, last]` and parameters.
+    pub elm: String,
+    pub layers: (usize, usize),
+    pub elm_params: usize,
+    /// How the headline window was chosen (always on the validation split).
+    pub window_choice: String,
+    pub rows: Vec<Control>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Control {
+    /// `equal parameters`, `fixed depth` (the module looped K times, no solve).
+    pub control: String,
+    /// Its row name in table 1.
+    pub model: String,
+    pub params: usize,
+    /// The control's answer NLL minus the headline ELM's (negative: the control is better).
+    pub minus_elm: Interval,
+}
+
 /// ELM + heal (a row no paper has): the ELM trained together with a LoRA heal of the layers
 /// after its window, same budget, against the plain ELM at that window and (when the window is
 /// the best healed baseline's) against that baseline, paired over the same problems.

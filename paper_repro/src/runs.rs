@@ -513,15 +513,72 @@ fn subject_config(s: &Subject) -> Value {
     }
 }
 
-/// `elm eval` of `subject` on `task` (`gsm8k-nll` or `gsm8k`) over the scale's problems.
+/// Which problems an evaluation scores. Only the final tables read GSM8K's test file, through a
+/// seeded random sample; what the study selects by (its best baselines and windows) is scored
+/// on the validation split, which no training reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Problems {
+    /// The main table's test sample (`Limits::nll_eval`; exact match `Limits::gsm8k_eval`).
+    Test,
+    /// The ablation tables' test sample: the first `Limits::ablation_nll_eval` problems of the
+    /// same seeded permutation, so it lies inside the main table's.
+    AblationTest,
+    /// The validation split's first `Limits::validation_eval` problems (selection only).
+    Validation,
+}
+
+/// The seed of the test and validation samples' permutation (one fixed draw, documented in
+/// the README; changing it changes every evaluation's key).
+pub const SAMPLE_SEED: u64 = 20_260_401;
+
+/// `elm eval` of `subject` on `task` (`gsm8k-nll` or `gsm8k`) over the main table's test
+/// sample.
 pub fn eval(ctx: &mut Ctx<'_>, subject: &Subject, task: &str) -> Result<Done<TaskRun>, ReproError> {
+    eval_on(ctx, subject, task, Problems::Test)
+}
+
+/// An answer NLL on the validation split: the one score the study ranks models and windows
+/// by. Only [`validation_nll`] makes one, so a selection written against this type cannot
+/// read a test figure.
+#[derive(Clone, Debug)]
+pub struct ValidationNll {
+    pub mean: f64,
+    pub n: usize,
+}
+
+/// The answer NLL of `subject` on the validation sample.
+pub fn validation_nll(ctx: &mut Ctx<'_>, subject: &Subject) -> Result<ValidationNll, ReproError> {
+    let run = eval_on(ctx, subject, "gsm8k-nll", Problems::Validation)?;
+    let m = run.value.metric("answer_nll", "validation answer NLL")?;
+    Ok(ValidationNll {
+        mean: m.estimate.value,
+        n: m.estimate.n,
+    })
+}
+
+/// `elm eval` of `subject` on `task` over `problems`.
+pub fn eval_on(
+    ctx: &mut Ctx<'_>,
+    subject: &Subject,
+    task: &str,
+    problems: Problems,
+) -> Result<Done<TaskRun>, ReproError> {
     let l = ctx.limits;
     let parsed: Task = task.parse().map_err(|source| ReproError::Elm {
         what: format!("eval task `{task}`"),
         source,
     })?;
+    let nll = match problems {
+        Problems::Test => l.nll_eval,
+        Problems::AblationTest => l.ablation_nll_eval.min(l.nll_eval),
+        Problems::Validation => l.validation_eval,
+    };
+    let split = match problems {
+        Problems::Test | Problems::AblationTest => elm::data::Split::Test,
+        Problems::Validation => elm::data::Split::Validation,
+    };
     let (limit, units) = match parsed {
-        Task::Gsm8kNll => (l.nll_eval, l.nll_eval as f64 * 2.0),
+        Task::Gsm8kNll => (nll, nll as f64 * 2.0),
         Task::Gsm8k | Task::HumanEval | Task::HumanEvalNll => {
             (l.gsm8k_eval, (l.gsm8k_eval * l.max_new_tokens) as f64 / 5.0)
         }
@@ -531,6 +588,8 @@ pub fn eval(ctx: &mut Ctx<'_>, subject: &Subject, task: &str) -> Result<Done<Tas
         "data": ctx.data_dir,
         "subject": subject_config(subject),
         "task": task,
+        "split": split.name(),
+        "sample_seed": SAMPLE_SEED,
         "limit": limit,
         "max_new_tokens": l.max_new_tokens,
     });
@@ -538,6 +597,10 @@ pub fn eval(ctx: &mut Ctx<'_>, subject: &Subject, task: &str) -> Result<Done<Tas
         "eval",
         "--task",
         task,
+        "--split",
+        split.name(),
+        "--sample-seed",
+        &SAMPLE_SEED.to_string(),
         "--limit",
         &limit.to_string(),
         "--max-new-tokens",

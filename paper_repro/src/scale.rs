@@ -52,9 +52,17 @@ pub struct CurveStudy {
 /// Sizes of one scale.
 #[derive(Clone, Debug, Serialize)]
 pub struct Limits {
-    /// GSM8K test problems of the answer-NLL figure (the primary signal at 135M).
+    /// GSM8K test problems of the main table's answer-NLL figure (the primary signal at
+    /// 135M): a seeded random sample ([`crate::runs::SAMPLE_SEED`]).
     pub nll_eval: usize,
-    /// GSM8K test problems of the exact-match figures (greedy generation).
+    /// The ablation tables' answer NLL (solver, gradient rules, sweep): the first problems of
+    /// the same permutation, so a subset of the main table's.
+    pub ablation_nll_eval: usize,
+    /// GSM8K validation problems (the end of train.jsonl, which no training reads) that every
+    /// selection scores on: the best baselines, the windows, the held-out figures.
+    pub validation_eval: usize,
+    /// GSM8K test problems of the exact-match figures (greedy generation; the same seeded
+    /// permutation).
     pub gsm8k_eval: usize,
     pub max_new_tokens: usize,
     /// The main-results models (ELM and the trained baselines, one budget for all).
@@ -171,6 +179,8 @@ impl Scale {
         match self {
             Scale::Smoke => Limits {
                 nll_eval: 2,
+                ablation_nll_eval: 2,
+                validation_eval: 2,
                 gsm8k_eval: 1,
                 max_new_tokens: 8,
                 main: Budget {
@@ -223,7 +233,10 @@ impl Scale {
                 }),
             },
             Scale::Small => Limits {
-                nll_eval: 60,
+                nll_eval: 300,
+                // The first 60 of table 1's 300: what fits the 90 minutes with table 1 at 300.
+                ablation_nll_eval: 60,
+                validation_eval: 100,
                 gsm8k_eval: 16,
                 max_new_tokens: 96,
                 main: Budget {
@@ -278,6 +291,8 @@ impl Scale {
             },
             Scale::Paper => Limits {
                 nll_eval: 1319,
+                ablation_nll_eval: 1319,
+                validation_eval: 500,
                 gsm8k_eval: 1319,
                 max_new_tokens: 256,
                 main: Budget {

@@ -135,8 +135,10 @@ fn spent_before(dir: &Path) -> f64 {
 
 /// Bumped when the library changes what a stage with an unchanged config computes, so that no
 /// cache written before is read as if it were current (2: continuations tokenized with
-/// lm-evaluation-harness's split, in training and in every NLL task).
-const RESULTS_VERSION: u32 = 2;
+/// lm-evaluation-harness's split, in training and in every NLL task; 3: GSM8K's validation
+/// split carved out of train.jsonl, so no training reads its last 500 problems and every
+/// held-out figure during training is scored on them).
+const RESULTS_VERSION: u32 = 3;
 
 /// Content key of a stage: FNV-1a of [`RESULTS_VERSION`], its name and canonical config JSON
 /// (which holds the keys of the stages it reads).

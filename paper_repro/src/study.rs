@@ -109,32 +109,37 @@ const NEEDS_DENSE: [TableId; 9] = [
 pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
     let train = |b: &crate::scale::Budget| b.max_tokens() as f64 / 100.0;
     let nll = l.nll_eval as f64 * 2.0;
+    // The ablation tables' smaller test sample.
+    let anll = l.ablation_nll_eval.min(l.nll_eval) as f64 * 2.0;
     let em = (l.gsm8k_eval * l.max_new_tokens) as f64 / 5.0;
     let prune = l.calibration_tokens as f64 / 50.0;
     let mut u = if l.bench { 60.0 } else { 0.0 };
     if NEEDS_DENSE.iter().any(|&t| sel(t)) {
         // Untuned and LoRA-tuned dense evaluations and the LoRA run.
-        u += 2.0 * (nll + em) + train(&l.lora);
+        u += 2.0 * (nll + em) + anll + train(&l.lora);
     }
     if sel(TableId::Main) || sel(TableId::Curves) || sel(TableId::Seeds) {
         // ELM, Streamline (layer and FFN), looped, the ELM at the best healed baseline's
         // window, ELM + heal, the ELM's three ablations and (where the scale has them) the two
         // LaCo-merged inits; the healing fine-tunes.
-        let trainings = 9.0 + if l.la_co_init_rows { 2.0 } else { 0.0 };
+        // The controls: two fixed-depth trainings and one more healed baseline (M − 1); every
+        // baseline also scored on validation.
+        let trainings = 10.0 + if l.la_co_init_rows { 2.0 } else { 0.0 };
+        let val = l.validation_eval as f64 * 2.0;
         u += trainings * (train(&l.main) + nll + em)
-            + l.baselines.len() as f64 * (prune + nll + em)
-            + l.healed.len() as f64 * (train(&l.lora) + nll + em);
+            + l.baselines.len() as f64 * (prune + nll + em + val)
+            + (l.healed.len() + 1) as f64 * (train(&l.lora) + nll + em + val);
     } else if sel(TableId::Solver) || sel(TableId::Grad) || sel(TableId::Spectral) {
         u += train(&l.main);
     }
     if sel(TableId::Solver) {
-        u += l.tolerances.len() as f64 * 3.0 * nll;
+        u += l.tolerances.len() as f64 * 3.0 * anll;
     }
     if sel(TableId::Grad) {
-        u += 4.0 * (train(&l.study) + nll);
+        u += 4.0 * (train(&l.study) + anll);
     }
     if sel(TableId::Sweep) || sel(TableId::Kv) || sel(TableId::Spectral) {
-        u += l.sweep.len() as f64 * (train(&l.study) + nll + prune + nll);
+        u += l.sweep.len() as f64 * (train(&l.study) + anll + prune + anll);
     }
     if sel(TableId::Kv) {
         u += l.kv_ms.len() as f64 * (2.0 * l.max_new_tokens as f64 / 5.0 + 2.0 * em);
@@ -295,6 +300,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         t.main = m.rows;
         t.same_window = m.same_window;
         t.healed_elm = m.healed_elm;
+        t.controls = Some(m.controls);
         best_baseline = Some(m.best_baseline);
         trainings.extend(m.trainings);
         Some(m.elm)

@@ -9,12 +9,50 @@ use crate::markdown::{
     count, float, iv, mib, opt, pct, signed, signed_float, Table, NOT_APPLICABLE,
 };
 use crate::rows::{
-    BenchFigures, Curves, GradRow, Interval, KvRow, MainRow, Seeds, SolverRow, SpectralRow,
-    SpeedRow, SweepRow, TrainedWindow, PAPER_PROBLEMS,
+    BenchFigures, Controls, Curves, GradRow, Interval, KvRow, MainRow, Seeds, SolverRow,
+    SpectralRow, SpeedRow, SweepRow, TrainedWindow, PAPER_PROBLEMS,
 };
 use crate::runs::RhoSweep;
 use crate::solvers::CanonicalRow;
 use crate::stage::seconds;
+
+/// Table 1's controls at the headline window, each paired with the headline ELM.
+pub fn controls_table(c: &Controls) -> String {
+    let mut t = Table::new(&[
+        "control",
+        "row of table 1",
+        "params",
+        "minus the ELM (paired)",
+        "reading",
+    ]);
+    for r in &c.rows {
+        t.row(&[
+            r.control.clone(),
+            r.model.clone(),
+            r.params.to_string(),
+            signed(&r.minus_elm),
+            gap_reading(&r.minus_elm, "the control").to_string(),
+        ]);
+    }
+    format!(
+        "Controls at the headline window ({}), the same budget, each paired with `{}` ({} parameters) over the same test problems:\n\n{}",
+        c.window_choice,
+        c.elm,
+        c.elm_params,
+        t.into_markdown()
+    )
+}
+
+/// What a paired "X minus the ELM" interval of answer NLL says (lower NLL is better).
+pub fn gap_reading(d: &Interval, other: &str) -> String {
+    if d.lo > 0.0 {
+        "the ELM is better (interval above 0)".to_string()
+    } else if d.hi < 0.0 {
+        format!("{other} is better (interval below 0)")
+    } else {
+        "not separable at this sample (interval holds 0)".to_string()
+    }
+}
 
 pub fn main_table(rows: &[MainRow]) -> String {
     let mut t = Table::new(&[
@@ -233,7 +271,7 @@ pub fn speed_table(rows: &[SpeedRow], bench: &Option<BenchFigures>) -> String {
 pub fn where_table(w: &WhereToPrune, budget: &serde_json::Value) -> String {
     let mut s = format!(
         "On the LoRA-tuned dense model, M = {}. Enumeration: every start ≡ 0 mod {} (and the last) trained {} steps as a GPPO candidate \
-         (projection + LoRA on the kept layer, fixed iterations), scored by held-out answer NLL on {} GSM8K test problems \
+         (projection + LoRA on the kept layer, fixed iterations), scored by answer NLL on {} GSM8K validation problems (never test problems) \
          (dense: {}); GPPO: {} steps. Rank 1 is the enumeration's best window; the gap is that window's NLL minus the best's.\n\n\
          | selector | chosen start (layers) | best enumerated start by the selector's own score | its rank of {} | its NLL gap (nats/token) |\n|---|---|---|---|---|\n",
         w.num_replaced,

@@ -8,8 +8,8 @@ use elm::search::report::WhereToPrune;
 use serde::{Deserialize, Serialize};
 
 use crate::rows::{
-    BenchFigures, Curves, GradRow, HealedElm, KvRow, MainRow, SameWindow, Seeds, SolverRow,
-    SpectralRow, SpeedRow, SweepRow, TrainedWindow, REFERENCE_KIND,
+    BenchFigures, Controls, Curves, GradRow, HealedElm, KvRow, MainRow, SameWindow, Seeds,
+    SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedWindow, REFERENCE_KIND,
 };
 use crate::runs::RhoSweep;
 use crate::solvers::CanonicalRow;
@@ -50,6 +50,9 @@ pub struct Tables {
     /// Table 1's ELM + heal row against the plain ELM (and the baseline) at its window.
     #[serde(default)]
     pub healed_elm: Option<HealedElm>,
+    /// Table 1's controls at the headline window (equal parameters, fixed depth).
+    #[serde(default)]
+    pub controls: Option<Controls>,
     /// Table 7c: the ρ sweep with table 7b's trained ELMs marked.
     #[serde(default)]
     pub rho_sweep: Option<RhoSweep>,
@@ -82,6 +85,7 @@ impl Tables {
             limits: serde_json::Value::Null,
             same_window: None,
             healed_elm: None,
+            controls: None,
             rho_sweep: None,
             trained_windows: vec![],
             curves: None,

@@ -74,17 +74,34 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
     // Every table, with every row the scale asks for.
     // Dense (tuned, untuned), the baselines, their healed versions, Streamline (layer and FFN),
     // looped, the ELM at the best healed baseline's window (window-delete's 3–10 at smoke, not
-    // the ELM's own), ELM + heal there, the ELM's three ablations, ELM and Streamline from
-    // LaCo's merge, and the ELM.
+    // the ELM's own; chosen on validation), ELM + heal there, the controls there (the healed
+    // baseline at M − 1, the module looped at K = 2 and at the ELM's mean iterations when that
+    // differs), the ELM's two ablations, ELM and Streamline from LaCo's merge, and the ELM.
     assert!(t.main.iter().any(|r| r
         .model
         .starts_with("ELM at window-delete's window (layers 3–10")));
+    let c = t.controls.as_ref().expect("table 1's controls");
+    assert_eq!(c.layers, (3, 10), "the controls sit at the headline window");
+    assert!(c.rows[0].control.starts_with("equal parameters"), "{c:?}");
+    assert!(
+        (2..=3).contains(&c.rows.len())
+            && c.rows[1..]
+                .iter()
+                .all(|r| r.control.starts_with("fixed depth")),
+        "{c:?}"
+    );
     assert_eq!(
         t.main.len(),
-        2 + l.baselines.len() + l.healed.len() + 3 + 1 + 1 + 5 + 1,
+        2 + l.baselines.len() + l.healed.len() + 3 + 1 + 1 + c.rows.len() + 4 + 1,
         "{:?}",
         t.main
     );
+    // Every compressed row is paired with the headline ELM, which is not paired with itself.
+    for r in &t.main {
+        let paired = r.delta_nll_vs_elm.is_some();
+        let expected = !(r.kind.starts_with("dense") || r.model == c.elm);
+        assert_eq!(paired, expected, "{}", r.model);
+    }
     // Table 6's check: fully trained ELMs at the study's window, the best healed baseline's and
     // GPPO's argmax (when it is another window), each placed in the enumeration.
     assert!(t.trained_windows.len() >= 2, "{:?}", t.trained_windows);
@@ -105,10 +122,6 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         check_interval(&r.model, &r.flexible_em);
         check_interval(&r.model, &r.strict_em);
         assert_eq!(r.delta_nll.is_none(), r.kind == "dense", "{r:?}");
-        // Every compressed row but the main ELM itself is paired with the main ELM (the ELM
-        // at another window too).
-        let compared = !r.kind.starts_with("dense") && !r.model.starts_with("ELM (Anderson");
-        assert_eq!(r.delta_nll_vs_elm.is_some(), compared, "{r:?}");
         if let Some(d) = &r.delta_nll {
             check_interval(&r.model, d);
         }
@@ -119,7 +132,11 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         let expected_tokens = match r.kind.as_str() {
             "dense" => l.lora.max_tokens(),
             "dense, untuned" | "training-free" => 0,
-            k if k.starts_with("training-free + healing") => l.lora.max_tokens(),
+            k if k.starts_with("training-free + healing")
+                || k.starts_with("control, training-free + healing") =>
+            {
+                l.lora.max_tokens()
+            }
             _ => l.main.max_tokens(),
         };
         assert_eq!(r.train_tokens, expected_tokens, "{r:?}");
@@ -136,7 +153,7 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         .iter()
         .filter(|r| r.kind.starts_with("ablation of the ELM"))
         .count();
-    assert_eq!(ablations, 3, "{:?}", t.main);
+    assert_eq!(ablations, 2, "{:?}", t.main);
     let la_co_init = t
         .main
         .iter()
@@ -277,6 +294,9 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         "Table 9",
         "**Paper:**",
         "Headline",
+        "**Verdict:** at the best window on validation",
+        "Controls at the headline window",
+        "validation split",
     ] {
         assert!(readme.contains(heading), "missing `{heading}`:\n{readme}");
     }
@@ -316,7 +336,7 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
             && page.ends_with("<!-- headline:end -->\nbottom\n")
     );
     assert!(
-        page.contains("**Headline") && page.contains("| model |") && !page.contains("old"),
+        page.contains("**Headline") && page.contains("| model |") && !page.contains("\nold\n"),
         "{page}"
     );
     assert!(again.stages.iter().all(|s| s.cached), "{:?}", again.stages);

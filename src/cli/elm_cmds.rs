@@ -221,7 +221,8 @@ pub struct TrainArgs {
     pub run: super::output::RunFlags,
     #[command(flatten)]
     pub source: super::output::DataFlags,
-    /// Held-out GSM8K test problems for the distillation loss before/after (0 = skip).
+    /// Held-out GSM8K validation problems (the end of train.jsonl, never trained on) for the
+    /// distillation loss before/after (0 = skip).
     #[arg(long, default_value_t = 16)]
     pub eval_examples: usize,
     /// Cache the teacher's states (h_l, h_{l+M}) of every batch in this directory, shared by
@@ -344,12 +345,12 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
     super::output::check_memory(&memory, a.json)?;
     let held = if a.eval_examples > 0 {
         let dir = resolve_data_dir(a.source.data_dir.as_deref())?;
-        let test: Vec<Example> = load_gsm8k(&dir, Split::Test)?
+        let held: Vec<Example> = load_gsm8k(&dir, Split::Validation)?
             .into_iter()
             .take(a.eval_examples)
             .map(Example::Qa)
             .collect();
-        tokenize_all(&tok, &test, seq_len)?
+        tokenize_all(&tok, &held, seq_len)?
     } else {
         vec![]
     };
@@ -455,9 +456,17 @@ pub struct EvalArgs {
     /// The evaluation task.
     #[arg(long, default_value = "gsm8k-nll", value_parser = super::registry::named::<Task>())]
     pub task: Task,
-    /// First N items of the split (default: all).
+    /// First N items of the split (default: all); with --sample-seed, N drawn at random.
     #[arg(long)]
     pub limit: Option<usize>,
+    /// GSM8K split: `test`, or `validation` (the last 500 problems of train.jsonl, which no
+    /// training reads: what a study selects on).
+    #[arg(long, default_value = "test")]
+    pub split: elm::data::Split,
+    /// Draw the --limit problems by a shuffle with this seed instead of taking the first ones
+    /// (the same seed and size, the same problems; a smaller sample lies inside a larger one).
+    #[arg(long)]
+    pub sample_seed: Option<u64>,
     /// Sequences per forward batch.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
@@ -544,7 +553,12 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         ));
     }
     let dir = resolve_data_dir(a.data_dir.as_deref())?;
-    let data = TaskData::load(task, &dir, a.limit)?;
+    let n = a.limit.unwrap_or(usize::MAX);
+    let sample = match a.sample_seed {
+        Some(seed) => elm::data::ProblemSample::Seeded { n, seed },
+        None => elm::data::ProblemSample::First(n),
+    };
+    let data = TaskData::load(task, &dir, a.split, sample)?;
     default_blas_threads();
     let (model, tok) = ElmModel::load(&a.model, a.infer.elm.as_deref())?;
     let loaded = elm::memory::loaded_bytes_or(0);

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use elm::data::{test_problems, training_sequences, TokenSequence};
+use elm::data::{training_sequences, validation_problems, TokenSequence};
 use elm::error::{ElmError, Result};
 use elm::formats::save_hf_model;
 use elm::formats::tokenizer::Tokenizer;
@@ -50,7 +50,8 @@ pub struct LoraArgs {
     pub run: super::output::RunFlags,
     #[command(flatten)]
     pub source: super::output::DataFlags,
-    /// Held-out GSM8K test problems for the answer NLL before/after (0 = skip).
+    /// Held-out GSM8K validation problems (the end of train.jsonl, never trained on) for the
+    /// answer NLL before/after (0 = skip).
     #[arg(long, default_value_t = 32)]
     pub eval_examples: usize,
     #[arg(long)]
@@ -120,7 +121,7 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
         ],
     );
     super::output::check_memory(&memory, a.json)?;
-    let test = test_problems(a.source.data_dir.as_deref(), a.eval_examples)?;
+    let test = validation_problems(a.source.data_dir.as_deref(), a.eval_examples)?;
     let before = if test.is_empty() {
         None
     } else {
@@ -176,7 +177,7 @@ pub fn run_lora(a: LoraArgs) -> Result<()> {
         );
         if let (Some(b), Some(f)) = (before, after) {
             say!(
-                "held-out answer NLL ({} GSM8K test problems): {b:.4} -> {f:.4} nats/token",
+                "held-out answer NLL ({} GSM8K validation problems): {b:.4} -> {f:.4} nats/token",
                 test.len()
             );
         }

@@ -55,11 +55,19 @@ pub fn run_prune(a: PruneArgs) -> Result<()> {
     }
     let _run = a.write.lock_dir(&a.out)?;
     let (weights, tok) = load_pretrained(&a.model)?;
-    let calib_path = match &a.calibration {
-        Some(p) => p.clone(),
-        None => gsm8k_path(&resolve_data_dir(a.data_dir.as_deref())?, Split::Train),
+    let (calib, calib_path) = match &a.calibration {
+        Some(p) => (
+            Calibration::from_file(&tok, p, a.seq_len, a.calibration_tokens)?,
+            p.clone(),
+        ),
+        None => {
+            let dir = resolve_data_dir(a.data_dir.as_deref())?;
+            (
+                Calibration::from_gsm8k_train(&tok, &dir, a.seq_len, a.calibration_tokens)?,
+                gsm8k_path(&dir, Split::Train),
+            )
+        }
     };
-    let calib = Calibration::from_file(&tok, &calib_path, a.seq_len, a.calibration_tokens)?;
     let states = BoundaryStates::collect(&weights, &calib, a.batch)?;
     let opts = PruneOptions {
         method,

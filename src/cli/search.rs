@@ -7,7 +7,7 @@ use plotters::prelude::*;
 
 use super::output::{open_run, OpenedRun};
 use elm::compress::{BoundaryStates, Calibration};
-use elm::data::{gsm8k_path, resolve_data_dir, test_problems, tokenize_all, Example, Split};
+use elm::data::{resolve_data_dir, tokenize_all, validation_problems, Example};
 use elm::error::{ElmError, Result};
 use elm::formats::tokenizer::Tokenizer;
 use elm::io::read_json;
@@ -67,7 +67,8 @@ pub struct SearchArgs {
     /// gppo, enumerate: continue the run saved in --out, or replace a non-empty one.
     #[command(flatten)]
     pub run: super::output::RunFlags,
-    /// Held-out GSM8K test problems for the enumeration's answer NLL.
+    /// Held-out GSM8K validation problems (the end of train.jsonl, never trained on) for the
+    /// enumeration's answer NLL.
     #[arg(long, default_value_t = 16)]
     pub eval_examples: usize,
     #[command(flatten)]
@@ -269,7 +270,7 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
         a.source.data_dir.as_deref(),
         seq,
     )?;
-    let test = test_problems(a.source.data_dir.as_deref(), a.eval_examples)?;
+    let test = validation_problems(a.source.data_dir.as_deref(), a.eval_examples)?;
     let held = tokenize_all(
         &tok,
         &test.into_iter().map(Example::Qa).collect::<Vec<_>>(),
@@ -315,14 +316,15 @@ fn run_enumerate(a: &SearchArgs) -> Result<()> {
 }
 
 fn calibration(a: &SearchArgs, tok: &Tokenizer) -> Result<Calibration> {
-    let path = match &a.source.data {
-        Some(p) => p.clone(),
-        None => gsm8k_path(
+    match &a.source.data {
+        Some(p) => Calibration::from_file(tok, p, a.calibration_seq_len, a.calibration_tokens),
+        None => Calibration::from_gsm8k_train(
+            tok,
             &resolve_data_dir(a.source.data_dir.as_deref())?,
-            Split::Train,
+            a.calibration_seq_len,
+            a.calibration_tokens,
         ),
-    };
-    Calibration::from_file(tok, &path, a.calibration_seq_len, a.calibration_tokens)
+    }
 }
 
 fn run_metric(a: &SearchArgs, method: Selector) -> Result<()> {

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use ndarray::{s, Array3};
 
-use crate::data::{load_examples, Example};
+use crate::data::{gsm8k_path, load_examples, load_gsm8k, Example, Split};
 use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
 use crate::model::dense_pass::{embed, run_dense_layers};
@@ -67,7 +67,42 @@ impl Calibration {
         seq_len: usize,
         max_tokens: usize,
     ) -> Result<Self> {
-        let examples = load_examples(path)?;
+        Self::from_examples(tok, &load_examples(path)?, seq_len, max_tokens).map_err(|e| match e {
+            ElmError::InvalidArgument(msg) => {
+                ElmError::InvalidArgument(format!("{}: {msg}", path.display()))
+            }
+            other => other,
+        })
+    }
+
+    /// Calibration from GSM8K's training split under `data_dir` (never its validation
+    /// problems, which the searches score on).
+    pub fn from_gsm8k_train(
+        tok: &Tokenizer,
+        data_dir: &Path,
+        seq_len: usize,
+        max_tokens: usize,
+    ) -> Result<Self> {
+        let examples: Vec<Example> = load_gsm8k(data_dir, Split::Train)?
+            .into_iter()
+            .map(Example::Qa)
+            .collect();
+        let path = gsm8k_path(data_dir, Split::Train);
+        Self::from_examples(tok, &examples, seq_len, max_tokens).map_err(|e| match e {
+            ElmError::InvalidArgument(msg) => {
+                ElmError::InvalidArgument(format!("{} (train split): {msg}", path.display()))
+            }
+            other => other,
+        })
+    }
+
+    /// Calibration from loaded examples (see [`Calibration::from_file`]).
+    pub fn from_examples(
+        tok: &Tokenizer,
+        examples: &[Example],
+        seq_len: usize,
+        max_tokens: usize,
+    ) -> Result<Self> {
         let layout = crate::data::QaLayout::of(tok);
         let texts = examples.iter().map(|e| match e {
             Example::Qa(q) => format!(
@@ -84,12 +119,7 @@ impl Calibration {
                 break;
             }
         }
-        Self::from_token_stream(ids, tok.eos_id(), seq_len, max_tokens).map_err(|e| match e {
-            ElmError::InvalidArgument(msg) => {
-                ElmError::InvalidArgument(format!("{}: {msg}", path.display()))
-            }
-            other => other,
-        })
+        Self::from_token_stream(ids, tok.eos_id(), seq_len, max_tokens)
     }
 
     /// Chunk length T.

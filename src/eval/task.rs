@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::data::{load_gsm8k, Split};
+use crate::data::{gsm8k_sample, ProblemSample, Split};
 use crate::equilibrium::infer::{ElmModel, InferenceConfig};
 use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
@@ -129,19 +129,34 @@ pub enum TaskData {
 }
 
 impl TaskData {
-    /// Loads the task's split from `data_dir` (GSM8K test, HumanEval), first `limit` items.
-    pub fn load(task: Task, data_dir: &Path, limit: Option<usize>) -> Result<Self> {
-        let take = limit.unwrap_or(usize::MAX);
+    /// Loads the task's items from `data_dir`: GSM8K's `split` (test or validation, see
+    /// [`Split`]) sampled by `sample`; HumanEval (test only), its first `sample.size()`
+    /// problems. A GSM8K item's id is its index in the split (prefixed `validation/` there, so
+    /// that a validation run never pairs with a test run).
+    pub fn load(task: Task, data_dir: &Path, split: Split, sample: ProblemSample) -> Result<Self> {
+        let take = sample.size();
         Ok(match task {
             Task::Gsm8k | Task::Gsm8kNll => {
-                let examples: Vec<_> = load_gsm8k(data_dir, Split::Test)?
-                    .into_iter()
-                    .take(take)
-                    .collect();
-                TaskData::Gsm8k {
-                    ids: (0..examples.len()).map(|i| i.to_string()).collect(),
-                    examples,
+                if split == Split::Train {
+                    return Err(ElmError::config(
+                        "split",
+                        "evaluation reads the validation or the test split, never the problems trained on",
+                    ));
                 }
+                let (ids, examples) = gsm8k_sample(data_dir, split, sample)?
+                    .into_iter()
+                    .map(|(i, q)| match split {
+                        Split::Test => (i.to_string(), q),
+                        _ => (format!("{}/{i}", split.name()), q),
+                    })
+                    .unzip();
+                TaskData::Gsm8k { ids, examples }
+            }
+            Task::HumanEval | Task::HumanEvalNll if split != Split::Test => {
+                return Err(ElmError::config(
+                    "split",
+                    "HumanEval has only its test problems",
+                ))
             }
             Task::HumanEval | Task::HumanEvalNll => TaskData::HumanEval(
                 humaneval::load_problems(&humaneval::problems_path(data_dir))?
@@ -214,6 +229,18 @@ fn metric(
     })
 }
 
+/// A 0/1 metric (exact match, pass@1): the proportion with Wilson's interval, which stays
+/// honest at 0 or n successes where a bootstrap's collapses to a point.
+fn proportion_metric(items: Vec<ItemScore>, cfg: &BootstrapConfig) -> Result<MetricReport> {
+    let successes = items.iter().filter(|it| it.value == 1.0).count();
+    Ok(MetricReport {
+        estimate: crate::eval::stats::wilson(successes, items.len(), cfg.level)?,
+        higher_is_better: true,
+        paired: None,
+        items,
+    })
+}
+
 fn nll_run(task: Task, run: NllRun, name: &str, cfg: &BootstrapConfig) -> Result<TaskRun> {
     let m = metric(run.items, false, cfg)?;
     Ok(TaskRun {
@@ -271,11 +298,11 @@ pub fn run_task(
                 metrics: BTreeMap::from([
                     (
                         "strict_match".to_string(),
-                        metric(r.strict_items, true, cfg)?,
+                        proportion_metric(r.strict_items, cfg)?,
                     ),
                     (
                         "flexible_extract".to_string(),
-                        metric(r.flexible_items, true, cfg)?,
+                        proportion_metric(r.flexible_items, cfg)?,
                     ),
                 ]),
                 perplexity: None,
@@ -306,7 +333,10 @@ pub fn run_task(
             Ok(TaskRun {
                 task,
                 n: r.samples.len(),
-                metrics: BTreeMap::from([("pass_at_1".to_string(), metric(r.items, true, cfg)?)]),
+                metrics: BTreeMap::from([(
+                    "pass_at_1".to_string(),
+                    proportion_metric(r.items, cfg)?,
+                )]),
                 perplexity: None,
                 seconds: r.run.seconds,
                 tok_s: r.run.tok_s,
