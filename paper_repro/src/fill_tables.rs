@@ -13,8 +13,8 @@ use elm::solver::{SolverConfig, StopCriteria};
 
 use crate::error::ReproError;
 use crate::rows::{
-    Control, Controls, GradRow, HealedElm, Interval, KvRow, MainRow, SameWindow, SolverRow,
-    SpectralRow, SpeedRow, SweepRow, TrainedWindow, MAIN_ELM_ROW, REFERENCE_KIND,
+    CollapseRow, Control, Controls, GradRow, HealedElm, Interval, KvRow, MainRow, SameWindow,
+    SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedWindow, MAIN_ELM_ROW, REFERENCE_KIND,
 };
 use crate::runs::{self, Ctx, Metrics, OwnCompute, Problems, Subject, Trained, Variant};
 use crate::stage::Done;
@@ -910,6 +910,60 @@ pub fn trained_windows(
                 why: "GPPO's argmax (the paper's pipeline)".into(),
                 answer_nll: (&nll.value.metric("answer_nll", &what)?.estimate).into(),
                 enum_rank: rank(g.choice),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Table 10: the ELM trained at the main budget from each of the scale's collapse starts under
+/// both distillation recipes (the paper's absolute MSE and the MSE relative to the teacher's
+/// mean square), each with the teacher's RMS at the window, its first and last losses, its
+/// held-out distillation error, ρ at its fixed point and its answer NLL (the ablation tables'
+/// test sample).
+pub fn collapse(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Vec<CollapseRow>, ReproError> {
+    use elm::equilibrium::DistillScale;
+    let l = ctx.limits.clone();
+    let study_recipe = ctx.distill_scale;
+    let mut rows = vec![];
+    for &start in &l.collapse_starts {
+        for recipe in [DistillScale::Absolute, DistillScale::TeacherMeanSquare] {
+            ctx.distill_scale = recipe;
+            let trained = runs::train(ctx, &Variant::elm(start, l.m), &l.main, None);
+            ctx.distill_scale = study_recipe;
+            let t = trained?;
+            let what = format!("collapse start {start} {recipe:?}");
+            let o = &t.value.train.outcome;
+            let rms = o.window_rms.ok_or_else(|| ReproError::Schema {
+                command: what.clone(),
+                source: serde::de::Error::custom("`window_rms` is null (no held-out problems)"),
+            })?;
+            let s = runs::spectral(ctx, &t)?;
+            let run = runs::eval_on(
+                ctx,
+                &Subject::elm(&t, "anderson", 0.5),
+                "gsm8k-nll",
+                Problems::AblationTest,
+            )?;
+            let (nll, delta) = nll_cells(&run.value, dense, &what)?;
+            rows.push(CollapseRow {
+                start,
+                m: l.m,
+                recipe: serde_json::to_value(recipe)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_else(|| format!("{recipe:?}")),
+                rms_entering: rms.entering,
+                rms_leaving: rms.leaving,
+                first_distill: o.first.as_ref().map_or(f64::NAN, |s| s.distill),
+                first_ce: o.first_with_ce.as_ref().and_then(|s| s.ce),
+                final_distill: o.last.as_ref().map_or(f64::NAN, |s| s.distill),
+                final_ce: o.last.as_ref().and_then(|s| s.ce),
+                held_out_distill: t.value.distill_after()?,
+                mean_radius: s.value.mean_radius,
+                max_radius: s.value.max_radius,
+                answer_nll: nll,
+                delta_nll: delta,
             });
         }
     }

@@ -10,9 +10,9 @@ use crate::paper;
 use crate::rows::MAIN_ELM_ROW;
 use crate::stage::seconds;
 use crate::table_markdown::{
-    canonical_table, controls_table, curves_table, curves_verdict, gap_reading, grad_table,
-    kv_table, main_table, rho_sweep_table, seeds_table, solver_table, spectral_table, speed_table,
-    sweep_table, trained_windows_table, where_table,
+    canonical_table, collapse_table, controls_table, curves_table, curves_verdict, gap_reading,
+    grad_table, kv_table, main_table, rho_sweep_table, seeds_table, solver_table, spectral_table,
+    speed_table, sweep_table, trained_windows_table, where_table,
 };
 use crate::tables::Tables;
 
@@ -117,8 +117,10 @@ fn verdict(t: &Tables) -> Option<String> {
         if let Some(study) = t.main.iter().find(|r| r.model == MAIN_ELM_ROW) {
             if let Some(d) = &study.delta_nll_vs_elm {
                 s += &format!(
-                    " Where it flips: at the study's default window the ELM's NLL is {} ({} against the headline ELM), and the best other compressed model of table 1 may beat it there; \
-                     the budget's effect is the `long` scale's learning curves (table 8).",
+                    " What changes it: the window — at the study's default window (layers {}–{}) the ELM's NLL is {}, {} against the headline ELM \
+                     (table 1 pairs every other row with the headline ELM: compare them there); the budget — the `long` scale's learning curves (table 8).",
+                    t.limits["start"],
+                    t.limits["start"].as_u64().unwrap_or(0) + t.limits["m"].as_u64().unwrap_or(1) - 1,
                     iv(&study.answer_nll),
                     signed(d)
                 );
@@ -234,7 +236,10 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
          stages on this machine: {}. Last invocation: {} ({} stages, {} computed, {} read from the stage cache).\n\n",
         t.scale,
         t.scale,
-        model_label(&t.model),
+        match &t.model_sha256 {
+            Some(sha) => format!("{} (SHA-256 `{sha}`)", model_label(&t.model)),
+            None => model_label(&t.model),
+        },
         t.stages.iter().map(|s| &s.key).collect::<std::collections::BTreeSet<_>>().len(),
         seconds(unique_stage_seconds(t)),
         seconds(t.seconds),
@@ -351,6 +356,24 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
             "Table 9 — Seeds of the headline rows (no counterpart in the paper)",
             &seeds_table(seeds),
             paper::SEEDS,
+        );
+    }
+    if !t.collapse.is_empty() {
+        s += &section(
+            "Table 10 — Where a window collapses, diagnosed (no counterpart in the paper)",
+            &format!(
+                "The ELM trained at the main budget from each start under the two distillation recipes: `absolute` is the paper's \
+                 MSE `mean((z* − h_{{l+M}})²)`, `teacher_mean_square` the same divided by the teacher's `mean(h_{{l+M}}²)` over the \
+                 batch's tokens. RMS of the dense model's hidden state entering and leaving the window over the validation problems \
+                 (the scale an absolute MSE carries); the weighted distillation term at the first step and the last, CE at the \
+                 first step that has one (λ_ce starts at 0) and the last; the held-out (validation) distillation MSE of the solved \
+                 module after training; ρ(∂φ/∂z) at its fixed point over {} test sequences; answer NLL on the ablation tables' \
+                 sample. The study's own recipe: `{}`.\n\n{}",
+                t.limits["spectral_sequences"],
+                t.limits["distill_scale"].as_str().unwrap_or("absolute"),
+                collapse_table(&t.collapse)
+            ),
+            "none: the paper trains one window per model.",
         );
     }
     s += &format!(

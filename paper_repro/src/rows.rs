@@ -75,6 +75,34 @@ pub struct Control {
     pub minus_elm: Interval,
 }
 
+/// Table 10: one ELM trained at the main budget from one start under one distillation recipe,
+/// with what tells a collapse apart: the teacher's scale at the window, the losses at the first
+/// steps and the last, the held-out distillation error, the map's contraction and the quality.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollapseRow {
+    pub start: usize,
+    pub m: usize,
+    /// `absolute` (the paper's MSE) or `teacher_mean_square` (MSE / mean(h_{l+M}²)).
+    pub recipe: String,
+    pub rms_entering: f64,
+    pub rms_leaving: f64,
+    /// The weighted distillation term and CE at the first step and the first step with CE.
+    pub first_distill: f64,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub first_ce: Option<f64>,
+    pub final_distill: f64,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub final_ce: Option<f64>,
+    /// Held-out (validation) distillation MSE of the solved module after training.
+    pub held_out_distill: f64,
+    /// ρ(∂φ/∂z) at the fixed point: mean and max over the sequences.
+    pub mean_radius: f64,
+    pub max_radius: f64,
+    pub answer_nll: Interval,
+    pub delta_nll: Interval,
+}
+
 /// ELM + heal (a row no paper has): the ELM trained together with a LoRA heal of the layers
 /// after its window, same budget, against the plain ELM at that window and (when the window is
 /// the best healed baseline's) against that baseline, paired over the same problems.

@@ -1125,6 +1125,9 @@ mod tests {
             distill_after: Some(0.5),
             held_out_examples: 1,
             last: Some(last),
+            first: None,
+            first_with_ce: None,
+            window_rms: None,
         };
         let train = with(
             &outcome,

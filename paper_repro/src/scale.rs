@@ -104,6 +104,9 @@ pub struct Limits {
     pub la_co_init_rows: bool,
     /// Tables 8 and 9 (`long` and `smoke`; absent at `small`, which must fit 90 minutes).
     pub curves: Option<CurveStudy>,
+    /// Table 10, the collapse diagnosis: ELMs trained at the main budget from these starts under
+    /// both distillation recipes (empty at `small`: about 15 more minutes).
+    pub collapse_starts: Vec<usize>,
 }
 
 /// Table 6's budget: GPPO steps, and the enumeration (every `enum_every`-th start trained
@@ -169,6 +172,15 @@ impl Limits {
             v
         };
         self.sweep = fits(&self.sweep);
+        self.collapse_starts = {
+            let mut v: Vec<usize> = self
+                .collapse_starts
+                .iter()
+                .map(|&s| scale(s).min(num_layers - self.m - 1))
+                .collect();
+            v.dedup();
+            v
+        };
         self.kv_ms = fits(&self.kv_ms);
         self
     }
@@ -231,6 +243,7 @@ impl Scale {
                     steps: vec![1, 2],
                     seeds: vec![0, 1],
                 }),
+                collapse_starts: vec![3, 5, 12],
             },
             Scale::Small => Limits {
                 nll_eval: 300,
@@ -279,6 +292,7 @@ impl Scale {
                 },
                 la_co_init_rows: false,
                 curves: None,
+                collapse_starts: vec![],
             },
             // `small`'s every table, plus learning curves at ¼, ½, 1 and 2 times the main
             // budget (an 8× span) and two more seeds of the headline rows.
@@ -287,6 +301,9 @@ impl Scale {
                     steps: vec![75, 150, 300, 600],
                     seeds: vec![0, 1, 2],
                 }),
+                // The starts issue 40 names: the best healed baseline's window, the one GPPO
+                // picked and which collapsed (7.8 nats), and the study's.
+                collapse_starts: vec![3, 5, 12],
                 ..Scale::Small.limits()
             },
             Scale::Paper => Limits {
@@ -335,6 +352,7 @@ impl Scale {
                 },
                 la_co_init_rows: true,
                 curves: None,
+                collapse_starts: vec![3, 5, 12],
             },
         }
     }

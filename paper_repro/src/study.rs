@@ -37,6 +37,8 @@ pub enum TableId {
     Curves,
     /// Table 9: the headline rows at several seeds (same scales).
     Seeds,
+    /// Table 10: the collapse diagnosis (scales with collapse starts: `long`, `smoke`, `paper`).
+    Collapse,
 }
 
 /// Rebuild the study's tables and plots at one scale.
@@ -93,8 +95,9 @@ fn elm_binary(explicit: Option<PathBuf>) -> Result<PathBuf, ReproError> {
 
 /// The tables that read the dense model's runs: every one but the canonical problems (each cuts
 /// compressed models from the LoRA-tuned dense model or compares with it).
-const NEEDS_DENSE: [TableId; 9] = [
+const NEEDS_DENSE: [TableId; 10] = [
     TableId::Main,
+    TableId::Collapse,
     TableId::Curves,
     TableId::Seeds,
     TableId::Kv,
@@ -174,6 +177,10 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
     if sel(TableId::Canonical) {
         u += 5.0;
     }
+    if sel(TableId::Collapse) {
+        let spectral = l.spectral_sequences as f64 * 10.0;
+        u += 2.0 * l.collapse_starts.len() as f64 * (train(&l.main) + anll + spectral);
+    }
     if sel(TableId::Spectral) {
         u += (1 + l.sweep.len()) as f64 * l.spectral_sequences as f64 * 10.0 + 1.0;
     }
@@ -218,8 +225,17 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         what: format!("model config of {}", model.display()),
         source: e,
     })?;
-    let limits = args.scale.limits().for_layers(model_config.num_layers);
+    let mut limits = args.scale.limits().for_layers(model_config.num_layers);
     let only = args.only.clone();
+    // Table 10 is not part of `small`'s 90 minutes; asked for by name it runs there too, at
+    // `long`'s starts.
+    if only.contains(&TableId::Collapse) && limits.collapse_starts.is_empty() {
+        limits.collapse_starts = Scale::Long
+            .limits()
+            .for_layers(model_config.num_layers)
+            .collapse_starts;
+    }
+    let has_collapse = !limits.collapse_starts.is_empty();
     let has_curves = limits.curves.is_some();
     if !has_curves
         && only
@@ -234,6 +250,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     let sel = move |t: TableId| {
         (only.is_empty() || only.contains(&t))
             && (has_curves || !matches!(t, TableId::Curves | TableId::Seeds))
+            && (has_collapse || t != TableId::Collapse)
     };
     let stages = Stages::new(&out, args.force, plan_units(&limits, &sel))?;
     let mut ctx = Ctx {
@@ -264,10 +281,24 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .filter(|t: &Tables| t.scale == scale);
-    let mut t =
-        previous.unwrap_or_else(|| Tables::empty(scale.clone(), model.display().to_string()));
-    t.model = model.display().to_string();
+    // The model by its file name and SHA-256, not by this machine's path: what a reader can
+    // fetch and check (an HF directory: its weights file's digest).
+    let label = model.file_name().map_or_else(
+        || model.display().to_string(),
+        |f| f.to_string_lossy().into_owned(),
+    );
+    let mut t = previous.unwrap_or_else(|| Tables::empty(scale.clone(), label.clone()));
+    t.model = label;
+    let weights_file = if model.is_dir() {
+        model.join("model.safetensors")
+    } else {
+        model.clone()
+    };
+    t.model_sha256 = elm::io::sha256_file(&weights_file).ok();
     t.limits = serde_json::to_value(&limits).map_err(|e| ReproError::Setup(e.to_string()))?;
+    // The distillation recipe of every ELM training of the run (the model family decides it).
+    t.limits["distill_scale"] =
+        serde_json::to_value(ctx.distill_scale).map_err(|e| ReproError::Setup(e.to_string()))?;
     let mut trainings = vec![];
 
     if limits.bench {
@@ -387,6 +418,10 @@ pub fn run(args: Args) -> Result<(), ReproError> {
             fill_tables::trained_windows(&mut ctx, &t.main, t.same_window.as_ref(), &w.value)?;
         t.where_to_prune = Some(w.value);
     }
+    if sel(TableId::Collapse) && !limits.collapse_starts.is_empty() {
+        let d = dense.as_ref().expect("dense");
+        t.collapse = fill_tables::collapse(&mut ctx, d)?;
+    }
     if sel(TableId::Canonical) {
         let elm_ref = ctx.elm;
         let plots = out.join("plots");
@@ -424,7 +459,27 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         trainings.retain(|(_, d)| seen.insert(d.key.clone()));
         t.speed = fill_tables::speed_rows(&trainings);
     }
-    t.stages = ctx.stages.log.clone();
+    // A run of some tables (`--only`) keeps the other tables' stages in the record, so that the
+    // README's compute time stays that of every table it shows.
+    let kept: Vec<_> = if args.only.is_empty() {
+        vec![]
+    } else {
+        let now: std::collections::BTreeSet<&String> =
+            ctx.stages.log.iter().map(|s| &s.key).collect();
+        t.stages
+            .iter()
+            .filter(|s| !now.contains(&s.key))
+            .map(|s| crate::stage::StageLog {
+                // Computed by an earlier invocation: this one read nothing of it.
+                cached: true,
+                ..s.clone()
+            })
+            .collect()
+    };
+    t.stages = kept
+        .into_iter()
+        .chain(ctx.stages.log.iter().cloned())
+        .collect();
     t.seconds = ctx.stages.elapsed();
     elm::io::write_json_atomic(&tables_path, &t)
         .map_err(|e| ReproError::writing(&tables_path, e))?;

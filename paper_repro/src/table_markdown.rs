@@ -9,8 +9,8 @@ use crate::markdown::{
     count, float, iv, mib, opt, pct, signed, signed_float, Table, NOT_APPLICABLE,
 };
 use crate::rows::{
-    BenchFigures, Controls, Curves, GradRow, Interval, KvRow, MainRow, Seeds, SolverRow,
-    SpectralRow, SpeedRow, SweepRow, TrainedWindow, PAPER_PROBLEMS,
+    BenchFigures, CollapseRow, Controls, Curves, GradRow, Interval, KvRow, MainRow, Seeds,
+    SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedWindow, PAPER_PROBLEMS,
 };
 use crate::runs::RhoSweep;
 use crate::solvers::CanonicalRow;
@@ -52,6 +52,38 @@ pub fn gap_reading(d: &Interval, other: &str) -> String {
     } else {
         "not separable at this sample (interval holds 0)".to_string()
     }
+}
+
+/// Table 10: the collapse diagnosis.
+pub fn collapse_table(rows: &[CollapseRow]) -> String {
+    let mut t = Table::new(&[
+        "start (layers)",
+        "distillation recipe",
+        "RMS of h entering / leaving",
+        "first step: distill term",
+        "first CE",
+        "last step: distill term / CE",
+        "held-out distill MSE after",
+        "ρ at z*: mean / max",
+        "answer NLL",
+        "ΔNLL vs dense",
+    ]);
+    let ce = |c: Option<f64>| c.map_or_else(|| "n/a".to_string(), float);
+    for r in rows {
+        t.row(&[
+            format!("{} ({}–{})", r.start, r.start, r.start + r.m - 1),
+            r.recipe.clone(),
+            format!("{} / {}", float(r.rms_entering), float(r.rms_leaving)),
+            float(r.first_distill),
+            ce(r.first_ce),
+            format!("{} / {}", float(r.final_distill), ce(r.final_ce)),
+            float(r.held_out_distill),
+            format!("{} / {}", float(r.mean_radius), float(r.max_radius)),
+            iv(&r.answer_nll),
+            signed(&r.delta_nll),
+        ]);
+    }
+    t.into_markdown()
 }
 
 pub fn main_table(rows: &[MainRow]) -> String {

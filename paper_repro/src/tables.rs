@@ -8,8 +8,8 @@ use elm::search::report::WhereToPrune;
 use serde::{Deserialize, Serialize};
 
 use crate::rows::{
-    BenchFigures, Controls, Curves, GradRow, HealedElm, KvRow, MainRow, SameWindow, Seeds,
-    SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedWindow, REFERENCE_KIND,
+    BenchFigures, CollapseRow, Controls, Curves, GradRow, HealedElm, KvRow, MainRow, SameWindow,
+    Seeds, SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedWindow, REFERENCE_KIND,
 };
 use crate::runs::RhoSweep;
 use crate::solvers::CanonicalRow;
@@ -56,6 +56,12 @@ pub struct Tables {
     /// Table 7c: the ρ sweep with table 7b's trained ELMs marked.
     #[serde(default)]
     pub rho_sweep: Option<RhoSweep>,
+    /// Table 10: the collapse diagnosis (scales with collapse starts).
+    #[serde(default)]
+    pub collapse: Vec<CollapseRow>,
+    /// SHA-256 of the model file (an HF directory's `model.safetensors`).
+    #[serde(default)]
+    pub model_sha256: Option<String>,
     /// Table 8 (scales with a curve study).
     #[serde(default)]
     pub curves: Option<Curves>,
@@ -86,6 +92,8 @@ impl Tables {
             same_window: None,
             healed_elm: None,
             controls: None,
+            model_sha256: None,
+            collapse: vec![],
             rho_sweep: None,
             trained_windows: vec![],
             curves: None,

@@ -267,6 +267,43 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
     assert_eq!(seeds.rows.len(), 3 * study.seeds.len());
     assert_eq!(seeds.summaries.len(), 3);
     assert_eq!(seeds.reference, curves.reference);
+    // Table 10: every collapse start under both recipes, with the teacher's scale at the window
+    // (positive), the losses and ρ filled in.
+    assert_eq!(
+        t.collapse.len(),
+        2 * l.collapse_starts.len(),
+        "{:?}",
+        t.collapse
+    );
+    for r in &t.collapse {
+        assert!(r.rms_entering > 0.0 && r.rms_leaving > 0.0, "{r:?}");
+        assert!(
+            r.first_distill.is_finite() && r.final_distill.is_finite(),
+            "{r:?}"
+        );
+        assert!(
+            r.held_out_distill.is_finite() && r.mean_radius > 0.0,
+            "{r:?}"
+        );
+        check_interval(&format!("collapse {}", r.start), &r.answer_nll);
+    }
+    let recipes: std::collections::BTreeSet<&str> =
+        t.collapse.iter().map(|r| r.recipe.as_str()).collect();
+    assert_eq!(
+        recipes,
+        ["absolute", "teacher_mean_square"].into_iter().collect()
+    );
+    // The same start under the two recipes sees the same teacher.
+    for pair in t.collapse.chunks(2) {
+        assert_eq!(pair[0].start, pair[1].start);
+        assert_eq!(pair[0].rms_leaving, pair[1].rms_leaving);
+    }
+    assert!(t.model_sha256.as_ref().is_some_and(|s| s.len() == 64));
+    assert!(
+        !t.model.contains('/'),
+        "tables.json names the model file, not a path"
+    );
+
     // Seed 0 at the main budget is the main table's ELM: the same figure.
     let elm0 = &seeds.rows[0];
     let main_ref = curves
@@ -297,6 +334,7 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         "**Verdict:** at the best window on validation",
         "Controls at the headline window",
         "validation split",
+        "Table 10",
     ] {
         assert!(readme.contains(heading), "missing `{heading}`:\n{readme}");
     }
@@ -345,10 +383,13 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         serde_json::to_value(&again.main).unwrap(),
         serde_json::to_value(&t.main).unwrap()
     );
-    // `--only canonical --force` recomputes that table alone and keeps the others.
+    // `--only canonical --force` recomputes that table alone and keeps the others, their stages
+    // included in the record (the README's compute time stays that of every table it shows).
     let forced = run(&out, &model, &["--only", "canonical", "--force"]);
-    assert_eq!(forced.stages.len(), 1);
-    assert!(!forced.stages[0].cached);
+    assert_eq!(forced.stages.len(), t.stages.len());
+    let computed: Vec<_> = forced.stages.iter().filter(|s| !s.cached).collect();
+    assert_eq!(computed.len(), 1, "{computed:?}");
+    assert_eq!(computed[0].name, "canonical");
     assert_eq!(forced.main.len(), t.main.len());
     let _ = std::fs::remove_dir_all(&out);
 }

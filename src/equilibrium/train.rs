@@ -295,6 +295,24 @@ pub struct TrainOutcome {
     pub distill_after: Option<f64>,
     pub held_out_examples: usize,
     pub last: Option<StepLog>,
+    /// The run's first step, and its first with a cross-entropy term (λ_ce starts at 0): the
+    /// losses a collapsing recipe shows from the start.
+    #[serde(default)]
+    pub first: Option<StepLog>,
+    #[serde(default)]
+    pub first_with_ce: Option<StepLog>,
+    /// RMS of the teacher's hidden states entering and leaving the window over the held-out
+    /// problems' valid tokens: the scale an unnormalised distillation MSE carries.
+    #[serde(default)]
+    pub window_rms: Option<WindowRms>,
+}
+
+/// RMS over valid tokens and channels of the dense model's hidden state entering the replaced
+/// window (`h_l`) and leaving it (`h_{l+M}`, the distillation target).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WindowRms {
+    pub entering: f64,
+    pub leaving: f64,
 }
 
 impl<'a> Trainer<'a> {
@@ -813,6 +831,17 @@ impl<'a> Trainer<'a> {
         if let Some(d) = distill_after {
             on_event(TrainEvent::EvalAfter(d));
         }
+        let window_rms = held_out
+            .map(|h| {
+                window_rms(
+                    self.dense,
+                    &self.elm,
+                    h.sequences,
+                    pad_id,
+                    self.cfg.batch_size,
+                )
+            })
+            .transpose()?;
         Ok(TrainOutcome {
             steps: self.step,
             steps_this_run: self.step - start_step,
@@ -824,6 +853,9 @@ impl<'a> Trainer<'a> {
             distill_after,
             held_out_examples: held_out.map_or(0, |h| h.sequences.len()),
             last: self.history.last().cloned(),
+            first: self.history.first().cloned(),
+            first_with_ce: self.history.iter().find(|s| s.ce.is_some()).cloned(),
+            window_rms,
         })
     }
 
@@ -963,6 +995,40 @@ impl crate::memory::StepMemory for Trainer<'_> {
     fn packed_weight_bytes(&self) -> u64 {
         self.frozen.packed_bytes()
     }
+}
+
+/// [`WindowRms`] of the dense model over the valid tokens of `seqs`.
+pub fn window_rms(
+    dense: &ModelWeights,
+    elm: &ElmConfig,
+    seqs: &[TokenSequence],
+    pad_id: u32,
+    batch: usize,
+) -> Result<WindowRms> {
+    let (mut sum_in, mut sum_out, mut n) = (0.0f64, 0.0f64, 0usize);
+    for chunk in seqs.chunks(batch.max(1)) {
+        let refs: Vec<&TokenSequence> = chunk.iter().collect();
+        let b = make_batch(&refs, pad_id);
+        let x = embed(dense, &b.tokens)?;
+        // [B, T, C] entering and leaving the window.
+        let h = run_dense_layers(dense, x, 0..elm.start_layer)?;
+        let target = run_dense_layers(dense, h.clone(), elm.start_layer..elm.end_layer())?;
+        let c = h.shape()[2];
+        for (bi, row) in b.valid.iter().enumerate() {
+            for (ti, _) in row.iter().enumerate().filter(|(_, v)| **v) {
+                for ch in 0..c {
+                    sum_in += f64::from(h[[bi, ti, ch]]).powi(2);
+                    sum_out += f64::from(target[[bi, ti, ch]]).powi(2);
+                }
+                n += c;
+            }
+        }
+    }
+    let rms = |s: f64| if n == 0 { 0.0 } else { (s / n as f64).sqrt() };
+    Ok(WindowRms {
+        entering: rms(sum_in),
+        leaving: rms(sum_out),
+    })
 }
 
 /// See [`Trainer::eval_distill`].

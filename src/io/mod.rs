@@ -15,7 +15,7 @@ pub mod tensor_file;
 
 pub use atomic::{write_atomic, write_json_atomic};
 pub use dir_lock::{DirLock, LockHolder};
-pub use fingerprint::Fnv64;
+pub use fingerprint::{sha256_file, Fnv64, Sha256};
 pub use json::read_json;
 pub use mapped::MappedFile;
 pub use process::{
