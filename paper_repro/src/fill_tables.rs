@@ -84,6 +84,16 @@ pub fn dense(ctx: &mut Ctx<'_>) -> Result<Dense, ReproError> {
     })
 }
 
+/// A trained ELM (Anderson, δ = 0.5) on the ablation tables' test sample.
+fn ablation_nll(ctx: &mut Ctx<'_>, t: &Done<Trained>) -> Result<Done<TaskRun>, ReproError> {
+    runs::eval_on(
+        ctx,
+        &Subject::elm(t, "anderson", 0.5),
+        "gsm8k-nll",
+        Problems::AblationTest,
+    )
+}
+
 /// Answer NLL and its paired Δ vs dense of one NLL run on the ablation tables' test sample.
 fn nll_cells(run: &TaskRun, dense: &Dense, what: &str) -> Result<(Interval, Interval), ReproError> {
     let m = run.metric("answer_nll", what)?;
@@ -105,6 +115,30 @@ pub struct Main {
     pub healed_ranked: Vec<String>,
     pub healed_elm: Option<HealedElm>,
     pub controls: Controls,
+}
+
+/// The healing fine-tune of a pruned model (the LoRA budget) and its test evaluations (answer
+/// NLL, exact match).
+fn heal_and_eval(ctx: &mut Ctx<'_>, pruned: &Done<runs::Pruned>) -> Result<Healed, ReproError> {
+    let budget = ctx.limits.lora;
+    let run = runs::heal(ctx, pruned, &budget)?;
+    let subject = Subject::tuned(&run);
+    let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
+    let em = runs::eval(ctx, &subject, "gsm8k")?;
+    Ok(Healed {
+        run,
+        subject,
+        nll,
+        em,
+    })
+}
+
+/// A healed baseline: its LoRA run, the merged model and its two test evaluations.
+struct Healed {
+    run: Done<LoraReport>,
+    subject: Subject,
+    nll: Done<TaskRun>,
+    em: Done<TaskRun>,
 }
 
 /// The healed baseline ranked first on validation (`healed_ranked` holds validation means).
@@ -291,10 +325,12 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     let mut window_candidates = vec![];
     let mut healed_ranked: Vec<(f64, String)> = vec![];
     for (method, p, shape) in to_heal {
-        let healed = runs::heal(ctx, &p, &l.lora)?;
-        let subject = Subject::tuned(&healed);
-        let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
-        let em = runs::eval(ctx, &subject, "gsm8k")?;
+        let Healed {
+            run: healed,
+            subject,
+            nll,
+            em,
+        } = heal_and_eval(ctx, &p)?;
         let name = format!(
             "{method} + LoRA healing (r = {}, α = 16, merged)",
             runs::HEAL_RANK
@@ -382,32 +418,43 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     let hw = same_window_start.unwrap_or(l.start);
     // The controls at the headline window and budget, each paired with the ELM there.
     let mut control_rows = vec![];
+    // A control's row of the controls table: its gap to the headline ELM, paired.
+    let control = |control: String, model: &str, params: usize, items: &MetricReport| {
+        Ok::<_, ReproError>(Control {
+            control,
+            model: model.to_string(),
+            params,
+            minus_elm: paired_delta(
+                items,
+                &headline_items,
+                &format!("{model} vs {headline_name}"),
+            )?,
+        })
+    };
     // (a) Equal parameters: the best healed baseline (validation) removing one layer fewer.
     if let (Some((_, method)), true) = (healed_ranked_by_validation(&healed_ranked), l.m >= 2) {
         let p = runs::prune(ctx, &method, l.m - 1)?;
-        let healed = runs::heal(ctx, &p, &l.lora)?;
-        let subject = Subject::tuned(&healed);
-        let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
-        let em = runs::eval(ctx, &subject, "gsm8k")?;
+        let Healed {
+            run: healed,
+            nll,
+            em,
+            ..
+        } = heal_and_eval(ctx, &p)?;
         let name = format!(
             "{method} at M = {} + LoRA healing (equal-parameter control; layers {:?})",
             l.m - 1,
             p.value.report.removed_layers
         );
         let items = nll.value.metric("answer_nll", &name)?.clone();
-        control_rows.push(Control {
-            control: format!(
+        control_rows.push(control(
+            format!(
                 "equal parameters: {method} + heal removing M − 1 = {} layers",
                 l.m - 1
             ),
-            model: name.clone(),
-            params: p.value.report.params,
-            minus_elm: paired_delta(
-                &items,
-                &headline_items,
-                &format!("{name} vs {headline_name}"),
-            )?,
-        });
+            &name,
+            p.value.report.params,
+            &items,
+        )?);
         compressed.push((rows.len(), items));
         rows.push(row(
             name,
@@ -455,16 +502,12 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             hw + l.m - 1
         );
         let (r, items) = trained_row(ctx, name.clone(), &format!("control, {budget}"), &t)?;
-        control_rows.push(Control {
-            control: format!("fixed depth: K = {k} ({why})"),
-            model: name.clone(),
-            params: t.value.compress.params.elm_total,
-            minus_elm: paired_delta(
-                &items,
-                &headline_items,
-                &format!("{name} vs {headline_name}"),
-            )?,
-        });
+        control_rows.push(control(
+            format!("fixed depth: K = {k} ({why})"),
+            &name,
+            t.value.compress.params.elm_total,
+            &items,
+        )?);
         compressed.push((rows.len(), items));
         rows.push(r);
         same_window.push((format!("fixed K={k} M={} at layer {hw} (control)", l.m), t));
@@ -685,12 +728,7 @@ pub fn grad_ablation(
     let mut trainings = vec![];
     for (name, deq) in gradient_rules(l.m) {
         let t = runs::train(ctx, &Variant::elm(l.start, l.m), &l.study, deq)?;
-        let run = runs::eval_on(
-            ctx,
-            &Subject::elm(&t, "anderson", 0.5),
-            "gsm8k-nll",
-            Problems::AblationTest,
-        )?;
+        let run = ablation_nll(ctx, &t)?;
         let (nll, delta) = nll_cells(&run.value, dense, name)?;
         let v = &t.value;
         rows.push(GradRow {
@@ -722,12 +760,7 @@ pub fn sweep(
     let mut elms = vec![];
     for &m in &l.sweep {
         let t = runs::train(ctx, &Variant::elm(l.start, m), &l.study, None)?;
-        let run = runs::eval_on(
-            ctx,
-            &Subject::elm(&t, "anderson", 0.5),
-            "gsm8k-nll",
-            Problems::AblationTest,
-        )?;
+        let run = ablation_nll(ctx, &t)?;
         let (nll, delta) = nll_cells(&run.value, dense, &format!("ELM M={m}"))?;
         rows.push(SweepRow {
             m,
@@ -939,12 +972,7 @@ pub fn collapse(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Vec<CollapseRow>, Re
                 source: serde::de::Error::custom("`window_rms` is null (no held-out problems)"),
             })?;
             let s = runs::spectral(ctx, &t)?;
-            let run = runs::eval_on(
-                ctx,
-                &Subject::elm(&t, "anderson", 0.5),
-                "gsm8k-nll",
-                Problems::AblationTest,
-            )?;
+            let run = ablation_nll(ctx, &t)?;
             let (nll, delta) = nll_cells(&run.value, dense, &what)?;
             rows.push(CollapseRow {
                 start,

@@ -997,6 +997,22 @@ impl crate::memory::StepMemory for Trainer<'_> {
     }
 }
 
+/// One batch of `seqs` and the dense model's hidden states entering the window (`h_l`) and
+/// leaving it (`h_{l+M}`, the distillation target), each `[B, T, C]`.
+fn window_states(
+    dense: &ModelWeights,
+    elm: &ElmConfig,
+    seqs: &[TokenSequence],
+    pad_id: u32,
+) -> Result<(Batch, Array3<f32>, Array3<f32>)> {
+    let refs: Vec<&TokenSequence> = seqs.iter().collect();
+    let b = make_batch(&refs, pad_id);
+    let x = embed(dense, &b.tokens)?;
+    let h = run_dense_layers(dense, x, 0..elm.start_layer)?;
+    let target = run_dense_layers(dense, h.clone(), elm.start_layer..elm.end_layer())?;
+    Ok((b, h, target))
+}
+
 /// [`WindowRms`] of the dense model over the valid tokens of `seqs`.
 pub fn window_rms(
     dense: &ModelWeights,
@@ -1007,12 +1023,7 @@ pub fn window_rms(
 ) -> Result<WindowRms> {
     let (mut sum_in, mut sum_out, mut n) = (0.0f64, 0.0f64, 0usize);
     for chunk in seqs.chunks(batch.max(1)) {
-        let refs: Vec<&TokenSequence> = chunk.iter().collect();
-        let b = make_batch(&refs, pad_id);
-        let x = embed(dense, &b.tokens)?;
-        // [B, T, C] entering and leaving the window.
-        let h = run_dense_layers(dense, x, 0..elm.start_layer)?;
-        let target = run_dense_layers(dense, h.clone(), elm.start_layer..elm.end_layer())?;
+        let (b, h, target) = window_states(dense, elm, chunk, pad_id)?;
         let c = h.shape()[2];
         for (bi, row) in b.valid.iter().enumerate() {
             for (ti, _) in row.iter().enumerate().filter(|(_, v)| **v) {
@@ -1045,11 +1056,7 @@ pub fn eval_distill(
 ) -> Result<f64> {
     let (mut sum, mut n) = (0.0, 0usize);
     for chunk in seqs.chunks(batch.max(1)) {
-        let refs: Vec<&TokenSequence> = chunk.iter().collect();
-        let b = make_batch(&refs, pad_id);
-        let x = embed(dense, &b.tokens)?;
-        let h = run_dense_layers(dense, x, 0..elm.start_layer)?;
-        let target = run_dense_layers(dense, h.clone(), elm.start_layer..elm.end_layer())?;
+        let (b, h, target) = window_states(dense, elm, chunk, pad_id)?;
         let z = solve_sequences(elm, module, &dense.config, h.view(), solver, stop)?;
         let valid: Vec<bool> = b.valid.iter().flatten().copied().collect();
         // f64 so the sum over many tokens loses nothing.
