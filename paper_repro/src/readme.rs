@@ -365,7 +365,7 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
                 "The ELM trained at the main budget from each start under the two distillation recipes: `absolute` is the paper's \
                  MSE `mean((z* − h_{{l+M}})²)`, `teacher_mean_square` the same divided by the teacher's `mean(h_{{l+M}}²)` over the \
                  batch's tokens. RMS of the dense model's hidden state entering and leaving the window over the validation problems \
-                 (the scale an absolute MSE carries); the weighted distillation term at the first step and the last, CE at the \
+                 (the scale an absolute MSE carries); the distillation MSE itself (before either recipe scales it) at the first step and the last, CE at the \
                  first step that has one (λ_ce starts at 0) and the last; the held-out (validation) distillation MSE of the solved \
                  module after training; ρ(∂φ/∂z) at its fixed point over {} test sequences; answer NLL on the ablation tables' \
                  sample. The study's own recipe: `{}`.\n\n{}",

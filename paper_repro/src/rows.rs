@@ -87,7 +87,8 @@ pub struct CollapseRow {
     pub recipe: String,
     pub rms_entering: f64,
     pub rms_leaving: f64,
-    /// The weighted distillation term and CE at the first step and the first step with CE.
+    /// The distillation MSE (before the recipe scales it) at the first step, CE at the first step
+    /// with a CE term, and both at the last step.
     pub first_distill: f64,
     #[serde(deserialize_with = "Option::deserialize")]
     pub first_ce: Option<f64>,
