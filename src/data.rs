@@ -137,12 +137,11 @@ pub fn load_gsm8k_indexed(data_dir: &Path, split: Split) -> Result<Vec<(usize, Q
     let path = gsm8k_path(data_dir, split);
     let all = load_examples_with_lines(&path)?;
     let keep = split.range(all.len());
-    let offset = keep.start;
     all.into_iter()
+        .skip(keep.start)
+        .take(keep.len())
         .enumerate()
-        .filter(|(i, _)| keep.contains(i))
-        .map(|(i, (line, e))| (i - offset, line, e))
-        .map(|(i, line, e)| match e {
+        .map(|(i, (line, e))| match e {
             Example::Qa(q) if gsm8k_final_answer(&q.answer).is_some() => Ok((i, q)),
             Example::Qa(q) => Err(ElmError::format(
                 &path,

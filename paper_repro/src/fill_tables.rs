@@ -141,11 +141,6 @@ struct Healed {
     em: Done<TaskRun>,
 }
 
-/// The healed baseline ranked first on validation (`healed_ranked` holds validation means).
-fn healed_ranked_by_validation(ranked: &[(f64, String)]) -> Option<(f64, String)> {
-    ranked.iter().min_by(|a, b| a.0.total_cmp(&b.0)).cloned()
-}
-
 pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError> {
     let l = ctx.limits.clone();
     let dn = dense.nll.value.metric("answer_nll", "dense")?;
@@ -432,7 +427,8 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         })
     };
     // (a) Equal parameters: the best healed baseline (validation) removing one layer fewer.
-    if let (Some((_, method)), true) = (healed_ranked_by_validation(&healed_ranked), l.m >= 2) {
+    // `healed_ranked` is sorted by validation NLL above (stable): its first is the best.
+    if let (Some((_, method)), true) = (healed_ranked.first().cloned(), l.m >= 2) {
         let p = runs::prune(ctx, &method, l.m - 1)?;
         let Healed {
             run: healed,
