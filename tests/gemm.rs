@@ -340,11 +340,19 @@ fn precision_switch_selects_the_kernel() {
         sgemm(1.0, &a.view(), &b.view(), 0.0, &mut c.view_mut());
         c[[0, 0]]
     };
+    let exact = 64.0 * (1.0 + 2f32.powi(-9));
     set_precision(Precision::Bf16).unwrap();
     assert_eq!(precision(), Precision::Bf16);
     assert_eq!(run(), 64.0);
+    // The scoped override (central differences) computes in f32 and restores bf16 after,
+    // also when its closure panics.
+    assert!((elm::gemm::with_f32_products(run) - exact).abs() < 1e-4);
+    assert_eq!(precision(), Precision::Bf16);
+    let unwound = std::panic::catch_unwind(|| elm::gemm::with_f32_products(|| panic!("inside")));
+    assert!(unwound.is_err());
+    assert_eq!(precision(), Precision::Bf16);
     set_precision(Precision::F32).unwrap();
-    assert!((run() - 64.0 * (1.0 + 2f32.powi(-9))).abs() < 1e-4);
+    assert!((run() - exact).abs() < 1e-4);
 }
 
 /// A weight registered as frozen is packed once, on its first product, and every product

@@ -261,6 +261,11 @@ fn gppo_and_enumeration_find_the_identity_window() {
     println!("enumeration {:?}", e.entries);
     assert_eq!(e.entries.len(), 5);
     assert_eq!(e.ranking()[0], 2, "{:?}", e.entries);
+    // Each start's interval over the held-out problems brackets its NLL.
+    for en in &e.entries {
+        let (lo, hi) = en.nll_interval.expect("recorded");
+        assert!(lo <= en.nll && en.nll <= hi && lo < hi, "{en:?}");
+    }
 
     // GPPO from a uniform policy.
     let mut gcfg = GppoConfig {
@@ -399,6 +404,7 @@ fn report_places_off_grid_choices_on_the_best_enumerated_start() {
     let entry = |start, nll| EnumEntry {
         start,
         nll,
+        nll_interval: None,
         nll_init: nll,
         train_ce_last: nll,
         seconds: 0.0,

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use elm::gemm::Precision;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
@@ -23,18 +24,72 @@ pub struct StepOutput<T> {
 /// The `elm` command line at a fixed binary path.
 pub struct ElmCli {
     bin: PathBuf,
+    precision: Precision,
 }
+
+/// `elm` subcommands whose large products run a model (training, scoring, calibration,
+/// generation): the ones a scale's [`Precision`] applies to. The others keep f32: `bench`
+/// reports the f32 engine's speed, `spectral` takes central differences that bf16 rounding
+/// would swamp, and `solve`, `study` and `sweep` are the solver tables' small problems.
+const MODEL_COMMANDS: [&str; 7] = [
+    "compress", "train", "lora", "eval", "search", "prune", "generate",
+];
 
 impl ElmCli {
     pub fn new(bin: PathBuf) -> Self {
-        ElmCli { bin }
+        ElmCli {
+            bin,
+            precision: Precision::F32,
+        }
+    }
+
+    /// Runs the model commands ([`MODEL_COMMANDS`]) with `--precision precision`.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// The arguments `run` passes for `args` at `precision`: the global `--precision` first
+    /// where it applies.
+    fn full_args(precision: Precision, args: &[String]) -> Vec<String> {
+        let applies = args
+            .first()
+            .is_some_and(|c| MODEL_COMMANDS.contains(&c.as_str()));
+        let mut full = Vec::with_capacity(args.len() + 2);
+        let flag = match precision {
+            Precision::F32 => None,
+            Precision::Bf16 => Some("bf16"),
+        };
+        if let (true, Some(name)) = (applies, flag) {
+            full.extend(["--precision".to_string(), name.to_string()]);
+        }
+        full.extend_from_slice(args);
+        full
     }
 
     /// Runs `elm <args> --json` and decodes its one JSON object as `T`.
     pub fn run<T: DeserializeOwned>(&self, args: &[String]) -> Result<StepOutput<T>, ReproError> {
+        self.run_at(self.precision, args)
+    }
+
+    /// [`ElmCli::run`] with every product in f32 whatever the run's precision (the check of
+    /// what bf16 changes in a score).
+    pub fn run_f32<T: DeserializeOwned>(
+        &self,
+        args: &[String],
+    ) -> Result<StepOutput<T>, ReproError> {
+        self.run_at(Precision::F32, args)
+    }
+
+    fn run_at<T: DeserializeOwned>(
+        &self,
+        precision: Precision,
+        args: &[String],
+    ) -> Result<StepOutput<T>, ReproError> {
+        let args = Self::full_args(precision, args);
         let command = format!("elm {} --json", args.join(" "));
         let out = Command::new(&self.bin)
-            .args(args)
+            .args(&args)
             .arg("--json")
             .output()
             .map_err(|source| ReproError::Spawn {
@@ -89,6 +144,23 @@ mod tests {
     struct Needs {
         #[allow(dead_code)]
         accuracy: f64,
+    }
+
+    #[test]
+    fn precision_goes_to_model_commands_only() {
+        let bf16 = Precision::Bf16;
+        assert_eq!(
+            ElmCli::full_args(bf16, &args(&["eval", "--limit", "3"])),
+            args(&["--precision", "bf16", "eval", "--limit", "3"])
+        );
+        assert_eq!(
+            ElmCli::full_args(bf16, &args(&["spectral", "--limit", "3"])),
+            args(&["spectral", "--limit", "3"])
+        );
+        assert_eq!(
+            ElmCli::full_args(Precision::F32, &args(&["train"])),
+            args(&["train"])
+        );
     }
 
     #[test]

@@ -206,7 +206,7 @@ pub fn curves(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Curves, R
                 minus_elm,
             })
             .collect();
-        trends.push(trend(&name, &pts, l.main.batch_size)?);
+        trends.push(trend(&name, &pts)?);
         points.extend(pts);
     }
     let largest = *steps.last().expect("a curve has budgets") as f64 * l.main.batch_size as f64;
@@ -219,7 +219,7 @@ pub fn curves(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Curves, R
 }
 
 /// The trend of one series (slopes per doubling of the budget, gap at both ends).
-fn trend(name: &str, pts: &[CurvePoint], batch: usize) -> Result<CurveTrend, ReproError> {
+fn trend(name: &str, pts: &[CurvePoint]) -> Result<CurveTrend, ReproError> {
     let lib = |source| ReproError::Elm {
         what: format!("learning curve of {name}"),
         source,
@@ -232,15 +232,16 @@ fn trend(name: &str, pts: &[CurvePoint], batch: usize) -> Result<CurveTrend, Rep
         Some(g) => (g.first().copied(), g.last().copied()),
         None => (None, None),
     };
-    let (mut gap_slope, mut at_paper) = (None, None);
+    let (mut gap_slope, mut last_segment) = (None, None);
     if let Some(g) = &gaps {
         let gy: Vec<f64> = g.iter().map(|i| i.value).collect();
-        let (a, b) = least_squares_line(&x, &gy).map_err(lib)?;
+        let (_, b) = least_squares_line(&x, &gy).map_err(lib)?;
         gap_slope = Some(b);
-        // log2(tokens) of the paper's budget in this curve's tokens per problem.
-        let last = pts.last().expect("points");
-        let per_problem = last.tokens as f64 / (last.steps * batch) as f64;
-        at_paper = Some(a + b * (PAPER_PROBLEMS * per_problem).log2());
+        // The last two budgets: the direction the gap last moved in, per doubling.
+        let n = x.len();
+        if n >= 2 && x[n - 1] > x[n - 2] {
+            last_segment = Some((gy[n - 1] - gy[n - 2]) / (x[n - 1] - x[n - 2]));
+        }
     }
     let verdict = match (first, last) {
         (Some(f), Some(l)) if f.value.signum() != l.value.signum() => "crosses",
@@ -254,7 +255,7 @@ fn trend(name: &str, pts: &[CurvePoint], batch: usize) -> Result<CurveTrend, Rep
         gap_smallest: first,
         gap_largest: last,
         gap_slope_per_doubling: gap_slope,
-        gap_at_paper_budget: at_paper,
+        gap_last_segment_slope: last_segment,
         verdict: verdict.into(),
     })
 }

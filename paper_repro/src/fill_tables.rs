@@ -13,8 +13,9 @@ use elm::solver::{SolverConfig, StopCriteria};
 
 use crate::error::ReproError;
 use crate::rows::{
-    CollapseRow, Control, Controls, GradRow, HealedElm, Interval, KvRow, MainRow, SameWindow,
-    SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedWindow, MAIN_ELM_ROW, REFERENCE_KIND,
+    CollapseRow, Control, Controls, FullyTrained, GradRow, HealedElm, Interval, KvRow, MainRow,
+    PrecisionRow, SameWindow, SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedPlacement,
+    TrainedStart, TrainedWindow, MAIN_ELM_ROW, REFERENCE_KIND,
 };
 use crate::runs::{self, Ctx, Metrics, OwnCompute, Problems, Subject, Trained, Variant};
 use crate::stage::Done;
@@ -133,6 +134,15 @@ fn heal_and_eval(ctx: &mut Ctx<'_>, pruned: &Done<runs::Pruned>) -> Result<Heale
     })
 }
 
+/// Whether a table-1 row gets an exact-match evaluation: the rows the verdict and the headline
+/// read do; the others (training-free baselines, Streamline, looped, the ELM's ablations) are
+/// ranked by answer NLL alone, since at 135M no EM interval separates compressed models.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ExactMatch {
+    Scored,
+    Skipped,
+}
+
 /// A healed baseline: its LoRA run, the merged model and its two test evaluations.
 struct Healed {
     run: Done<LoraReport>,
@@ -158,10 +168,13 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
                p: (usize, usize, usize),
                cost: (usize, f64),
                nll: &TaskRun,
-               em: &TaskRun|
+               em: Option<&TaskRun>|
      -> Result<MainRow, ReproError> {
         let n = nll.metric("answer_nll", &model)?;
-        let f = em.metric("flexible_extract", &model)?;
+        let f = em
+            .map(|em| em.metric("flexible_extract", &model))
+            .transpose()?;
+        let strict = em.map(|em| em.metric("strict_match", &model)).transpose()?;
         let is_reference = kind == REFERENCE_KIND;
         Ok(MainRow {
             model: model.clone(),
@@ -177,12 +190,11 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             } else {
                 Some(paired_delta(n, dn, &model)?)
             },
-            flexible_em: (&f.estimate).into(),
-            strict_em: (&em.metric("strict_match", &model)?.estimate).into(),
-            rp_flexible: if is_reference {
-                None
-            } else {
-                pair(f, df, &model)?.ratio.as_ref().map(Into::into)
+            flexible_em: f.map(|f| (&f.estimate).into()),
+            strict_em: strict.map(|m| (&m.estimate).into()),
+            rp_flexible: match f {
+                Some(f) if !is_reference => pair(f, df, &model)?.ratio.as_ref().map(Into::into),
+                _ => None,
             },
             delta_nll_vs_elm: None,
         })
@@ -193,11 +205,15 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     let trained_row = |ctx: &mut Ctx<'_>,
                        name: String,
                        kind: &str,
-                       t: &Done<Trained>|
+                       t: &Done<Trained>,
+                       exact_match: ExactMatch|
      -> Result<(MainRow, MetricReport), ReproError> {
         let s = Subject::elm(t, "anderson", 0.5);
         let nll = runs::eval(ctx, &s, "gsm8k-nll")?;
-        let em = runs::eval(ctx, &s, "gsm8k")?;
+        let em = match exact_match {
+            ExactMatch::Scored => Some(runs::eval(ctx, &s, "gsm8k")?),
+            ExactMatch::Skipped => None,
+        };
         let kv1k = t.value.kv_bytes_1k();
         let items = nll.value.metric("answer_nll", &name)?.clone();
         let r = row(
@@ -210,7 +226,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             ),
             (l.main.max_tokens(), t.value.compute_seconds()),
             &nll.value,
-            &em.value,
+            em.as_ref().map(|e| &e.value),
         )?;
         Ok((r, items))
     };
@@ -219,13 +235,20 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         l.main.steps, l.main.batch_size, l.main.seq_len
     );
     let elm = runs::train(ctx, &Variant::elm(l.start, l.m), &l.main, None)?;
-    let elm_row = trained_row(ctx, MAIN_ELM_ROW.into(), &format!("ELM, {budget}"), &elm)?;
+    let elm_row = trained_row(
+        ctx,
+        MAIN_ELM_ROW.into(),
+        &format!("ELM, {budget}"),
+        &elm,
+        ExactMatch::Scored,
+    )?;
     let streamline = runs::train(ctx, &Variant::streamline(l.start, l.m), &l.main, None)?;
     let streamline_row = trained_row(
         ctx,
         "LLM-Streamline (1 layer, 1 application)".into(),
         &budget,
         &streamline,
+        ExactMatch::Skipped,
     )?;
     // A family without feed-forward-only module blocks (Gemma 3) has no FFN row.
     let streamline_ffn = if ctx.ffn_blocks {
@@ -244,6 +267,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             "LLM-Streamline FFN (layer l's MLP alone, 1 application)".into(),
             &budget,
             t,
+            ExactMatch::Skipped,
         )?),
         None => None,
     };
@@ -258,6 +282,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         format!("looped block (K = {}, no injection)", l.looped_k),
         &budget,
         &looped,
+        ExactMatch::Skipped,
     )?;
     rows.push(row(
         format!(
@@ -272,7 +297,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         dense_params(&elm.value),
         (l.lora.max_tokens(), dense.tuned.value.compute_seconds()),
         &dense.nll.value,
-        &dense.em.value,
+        Some(&dense.em.value),
     )?);
     rows.push(row(
         format!("{} (untuned)", ctx.model_name),
@@ -280,7 +305,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         dense_params(&elm.value),
         (0, 0.0),
         &dense.untuned_nll.value,
-        &dense.untuned_em.value,
+        Some(&dense.untuned_em.value),
     )?);
     // Per-problem answer NLL of each compressed row, paired with the ELM's below.
     let mut compressed: Vec<(usize, MetricReport)> = vec![];
@@ -291,7 +316,6 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         let p = runs::prune(ctx, method, l.m)?;
         let subject = Subject::pruned(&p);
         let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
-        let em = runs::eval(ctx, &subject, "gsm8k")?;
         baseline_scores.push((runs::validation_nll(ctx, &subject)?, method.to_string()));
         compressed.push((rows.len(), nll.value.metric("answer_nll", method)?.clone()));
         let shape = (
@@ -305,7 +329,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             shape,
             (0, p.value.report.seconds),
             &nll.value,
-            &em.value,
+            None,
         )?);
         if l.healed.contains(method) {
             to_heal.push((method, p, shape));
@@ -349,7 +373,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
                 p.value.report.seconds + healed.value.compute_seconds(),
             ),
             &nll.value,
-            &em.value,
+            Some(&em.value),
         )?);
     }
     for (r, items) in [Some(streamline_row), streamline_ffn_row, Some(looped_row)]
@@ -388,7 +412,13 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             "ELM at {method}'s window (layers {start}–{}; Anderson, δ = 0.5)",
             start + l.m - 1
         );
-        let (r, items) = trained_row(ctx, name.clone(), &format!("ELM, {budget}"), &t)?;
+        let (r, items) = trained_row(
+            ctx,
+            name.clone(),
+            &format!("ELM, {budget}"),
+            &t,
+            ExactMatch::Scored,
+        )?;
         let what = format!("{baseline} vs {name}");
         same_window_pair = Some(SameWindow {
             baseline,
@@ -468,7 +498,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
                 p.value.report.seconds + healed.value.compute_seconds(),
             ),
             &nll.value,
-            &em.value,
+            Some(&em.value),
         )?);
     }
     // (b) Fixed depth: the same module looped K times with injection (trained and tested at
@@ -497,7 +527,13 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             "fixed-depth control: the module looped K = {k} times with injection, trained and tested at K (layers {hw}–{}; K = {why})",
             hw + l.m - 1
         );
-        let (r, items) = trained_row(ctx, name.clone(), &format!("control, {budget}"), &t)?;
+        let (r, items) = trained_row(
+            ctx,
+            name.clone(),
+            &format!("control, {budget}"),
+            &t,
+            ExactMatch::Scored,
+        )?;
         control_rows.push(control(
             format!("fixed depth: K = {k} ({why})"),
             &name,
@@ -529,8 +565,13 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         layers.1,
         runs::HEAL_RANK
     );
-    let (r, healed_items) =
-        trained_row(ctx, name.clone(), &format!("ELM + heal, {budget}"), &healed)?;
+    let (r, healed_items) = trained_row(
+        ctx,
+        name.clone(),
+        &format!("ELM + heal, {budget}"),
+        &healed,
+        ExactMatch::Scored,
+    )?;
     let (plain_name, plain_items) = match (&same_window_pair, &same_window_items) {
         (Some(w), Some(items)) => (w.elm.clone(), items.clone()),
         _ => (MAIN_ELM_ROW.to_string(), elm_row.1.clone()),
@@ -592,7 +633,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             Some(_) => format!("LaCo-merged init, {budget}"),
             None => format!("ablation of the ELM, {budget}"),
         };
-        let (r, items) = trained_row(ctx, name.clone(), &kind, &t)?;
+        let (r, items) = trained_row(ctx, name.clone(), &kind, &t, ExactMatch::Skipped)?;
         compressed.push((rows.len(), items));
         rows.push(r);
         ablations.push((format!("{name} (main)"), t));
@@ -642,6 +683,48 @@ fn one_window(removed: &[usize], m: usize) -> Option<usize> {
 }
 
 /// Table 3 rows: every solver × δ on the main ELM.
+/// The precision check of a bf16 run: the tuned dense model and the study's ELM (Anderson,
+/// δ = 0.5) scored again with f32 products on the ablation tables' sample, each paired with its
+/// own bf16 score on the same problems.
+pub fn precision_check(
+    ctx: &mut Ctx<'_>,
+    dense: &Dense,
+    elm: &Done<Trained>,
+) -> Result<Vec<PrecisionRow>, ReproError> {
+    let subjects = [
+        (
+            format!("{}, LoRA-tuned", ctx.model_name),
+            Subject::tuned(&dense.tuned),
+        ),
+        (
+            format!(
+                "ELM, layers {}–{} (Anderson, δ = 0.5)",
+                ctx.limits.start,
+                ctx.limits.start + elm.value.m() - 1
+            ),
+            Subject::elm(elm, "anderson", 0.5),
+        ),
+    ];
+    let mut rows = vec![];
+    for (model, subject) in subjects {
+        let bf16 = runs::eval_on(ctx, &subject, "gsm8k-nll", Problems::AblationTest)?;
+        let f32 = runs::eval_on_in_f32(ctx, &subject, "gsm8k-nll", Problems::AblationTest)?;
+        let (b, f) = (
+            bf16.value.metric("answer_nll", &model)?,
+            f32.value.metric("answer_nll", &model)?,
+        );
+        rows.push(PrecisionRow {
+            bf16: (&b.estimate).into(),
+            f32: (&f.estimate).into(),
+            bf16_minus_f32: paired_delta(b, f, &model)?,
+            bf16_iterations: bf16.value.solver.mean_iterations,
+            f32_iterations: f32.value.solver.mean_iterations,
+            model,
+        });
+    }
+    Ok(rows)
+}
+
 pub fn solver_ablation(
     ctx: &mut Ctx<'_>,
     dense: &Dense,
@@ -666,6 +749,8 @@ pub fn solver_ablation(
             let block = s.layer_evals_per_token - kept;
             let picard = *picard_evals.get_or_insert(block);
             rows.push(SolverRow {
+                m: elm.value.m(),
+                steps: elm.value.train.outcome.steps,
                 solver: solver.into(),
                 tol,
                 mean_iterations: s.mean_iterations,
@@ -943,6 +1028,79 @@ pub fn trained_windows(
         }
     }
     Ok(rows)
+}
+
+/// Table 6b: the ELM trained at the main budget from every `every`-th start (and the last),
+/// each scored on the validation sample and ranked; GPPO's choice, the selectors' and the
+/// enumeration's best placed on that ranking.
+pub fn fully_trained(
+    ctx: &mut Ctx<'_>,
+    w: &WhereToPrune,
+    every: usize,
+) -> Result<FullyTrained, ReproError> {
+    let l = ctx.limits.clone();
+    let last = ctx.num_layers - l.m;
+    let mut starts: Vec<usize> = (0..=last).step_by(every.max(1)).collect();
+    if starts.last() != Some(&last) {
+        starts.push(last);
+    }
+    let mut scored = vec![];
+    for &start in &starts {
+        let trained = runs::train(ctx, &Variant::elm(start, l.m), &l.main, None)?;
+        let run = runs::eval_on(
+            ctx,
+            &Subject::elm(&trained, "anderson", 0.5),
+            "gsm8k-nll",
+            Problems::Validation,
+        )?;
+        let what = format!("ELM at start {start} (validation)");
+        let nll: Interval = (&run.value.metric("answer_nll", &what)?.estimate).into();
+        scored.push((start, nll));
+    }
+    let mut order: Vec<usize> = (0..scored.len()).collect();
+    order.sort_by(|&a, &b| {
+        scored[a]
+            .1
+            .value
+            .total_cmp(&scored[b].1.value)
+            .then(scored[a].0.cmp(&scored[b].0))
+    });
+    let rank_of = |i: usize| order.iter().position(|&j| j == i).map_or(0, |p| p + 1);
+    let best = scored[order[0]].1.value;
+    let place = |method: &str, choice: usize| {
+        let i = (0..scored.len())
+            .min_by_key(|&i| scored[i].0.abs_diff(choice))
+            .unwrap_or(0);
+        TrainedPlacement {
+            method: method.to_string(),
+            choice,
+            trained_start: scored[i].0,
+            rank: rank_of(i),
+            nll_gap: scored[i].1.value - best,
+        }
+    };
+    let mut placements = vec![];
+    if let Some(&e) = w.enum_ranking.first() {
+        placements.push(place("enumeration (short candidates)", e));
+    }
+    if let Some(g) = &w.gppo {
+        placements.push(place("gppo", g.choice));
+    }
+    for p in &w.metrics {
+        placements.push(place(&p.method, p.choice));
+    }
+    Ok(FullyTrained {
+        starts: scored
+            .iter()
+            .enumerate()
+            .map(|(i, &(start, validation_nll))| TrainedStart {
+                start,
+                validation_nll,
+                rank: rank_of(i),
+            })
+            .collect(),
+        placements,
+    })
 }
 
 /// Table 10: the ELM trained at the main budget from each of the scale's collapse starts under

@@ -50,13 +50,14 @@ pub const SEEDS: &str = "one run per configuration; no spread over seeds is repo
 pub const SCALES: &str = "## Scales and run times\n\n\
 - `smoke` (CI, part of `cargo test -p paper_repro`): every table at toy sizes (2 training steps, 1–2 problems); \
 about 2 minutes on 2 cores; checks that every table is filled, not the figures.\n\
-- `small` (the main job): SmolLM2-135M-Instruct (Q4_1 GGUF dequantised to f32) on the CPU; the compute time of this \
-run is stated at the top of this page (main results and the LoRA reference: 300 steps × 2 × 128 tokens per trained model; \
-ablations: 60 steps; table 6: GPPO 100 steps, enumeration of every 2nd start × 8 steps; 60 problems for NLL, 16 for \
-exact match). The stage cache makes a rerun after a kill resume where it stopped.\n\
+- `small` (the main job): SmolLM2-135M-Instruct (Q4_1 GGUF dequantised to f32 weights, bf16 products) on the CPU; the \
+compute time of this run is stated at the top of this page (main results and the LoRA reference: 300 steps × 2 × 128 \
+tokens per trained model; ablations: 60 steps; table 6: GPPO 100 steps, enumeration of every 2nd start × 8 steps; a \
+seeded sample of 300 test problems for table 1's NLL and its 60 first for the ablations, 100 validation problems for \
+every selection, 16 test problems for exact match). The stage cache makes a rerun after a kill resume where it stopped.\n\
 - `long` (`SCALE=long bash scripts/main.sh`, into `results/long/`): `small`'s tables (read from `small`'s stage \
-records when it ran first) plus table 8 (learning curves at 75, 150, 300 and 600 steps) and table 9 (three seeds of \
-the headline rows); its own compute time is stated at the top of its page.\n\
+records when it ran first) plus table 8 (learning curves at 75, 150, 300, 600, 1,200 and 2,400 steps, a 32× span) and \
+table 9 (three seeds of the headline rows); its own compute time is stated at the top of its page.\n\
 - `paper`: `--model` pointing at a local HF directory of Qwen2.5-1.5B-Instruct (config.json, safetensors, \
 tokenizer.json), the full GSM8K test set, 2000 steps × 8 × 256 tokens; days on a CPU (training runs on the CPU \
 library; a GPU speeds up only dense decoding and benchmarks).\n";

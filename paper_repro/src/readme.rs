@@ -7,12 +7,14 @@ use std::path::Path;
 
 use crate::markdown::{float, iv, opt, pct, signed, signed_float};
 use crate::paper;
+use crate::plots::Written;
 use crate::rows::MAIN_ELM_ROW;
 use crate::stage::seconds;
 use crate::table_markdown::{
-    canonical_table, collapse_table, controls_table, curves_table, curves_verdict, gap_reading,
-    grad_table, kv_table, main_table, rho_sweep_table, seeds_table, solver_table, spectral_table,
-    speed_table, sweep_table, trained_windows_table, where_table,
+    canonical_table, collapse_table, controls_table, curves_table, curves_verdict,
+    fully_trained_table, gap_reading, grad_table, kv_table, main_table, precision_table,
+    rho_sweep_table, seeds_table, solver_table, spectral_table, speed_table, sweep_table,
+    trained_windows_table, where_table,
 };
 use crate::tables::Tables;
 
@@ -54,10 +56,12 @@ fn verdict(t: &Tables) -> Option<String> {
     match equal {
         Some(e) => {
             s += &format!(
-                "; the equal-parameter control ({}, {} parameters against the ELM's {}) minus the ELM, paired: {}, so {}",
+                "; the equal-parameter control ({}, {} parameters against the ELM's {}: {:+.1}%, the nearest that deleting whole layers gets \
+                 to the ELM's count) minus the ELM, paired: {}, so {}",
                 e.model,
                 e.params,
                 c.elm_params,
+                100.0 * (e.params as f64 / c.elm_params.max(1) as f64 - 1.0),
                 signed(&e.minus_elm),
                 gap_reading(&e.minus_elm, "the control")
             );
@@ -81,13 +85,15 @@ fn verdict(t: &Tables) -> Option<String> {
         _ => s += "; one seed (the seeds are the `long` scale's table 9)",
     }
     s += ".";
-    for r in c
+    for (i, r) in c
         .rows
         .iter()
         .filter(|r| r.control.starts_with("fixed depth"))
+        .enumerate()
     {
         s += &format!(
-            " Is it the solve? The module looped at {} minus the solved ELM: {} ({}).",
+            " {} The module looped at {} minus the solved ELM: {} ({}).",
+            if i == 0 { "Is it the solve?" } else { "And" },
             r.control.trim_start_matches("fixed depth: "),
             signed(&r.minus_elm),
             gap_reading(&r.minus_elm, "the fixed loop")
@@ -101,8 +107,10 @@ fn verdict(t: &Tables) -> Option<String> {
             gap_reading(&w.delta_baseline_minus_elm, "the baseline")
         );
     }
-    if let Some(d) = t.reference_row() {
-        let (a, b) = (&elm.flexible_em, &d.flexible_em);
+    if let Some((a, b)) = t
+        .reference_row()
+        .and_then(|d| elm.flexible_em.as_ref().zip(d.flexible_em.as_ref()))
+    {
         if a.lo <= b.hi && b.lo <= a.hi {
             s += &format!(
                 " Exact match cannot separate the models at this size: flexible EM {} for the ELM against {} for the tuned dense model \
@@ -130,6 +138,30 @@ fn verdict(t: &Tables) -> Option<String> {
     Some(s + "\n\n")
 }
 
+/// What number format the run's trainings and evaluations computed in (absent from runs
+/// before the setting: f32).
+fn precision_note(t: &Tables) -> String {
+    match t.limits["precision"].as_str() {
+        Some("bf16") => {
+            let check = t
+                .precision_check
+                .iter()
+                .map(|r| format!("{} {}", r.model, signed(&r.bf16_minus_f32)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!(
+                " Every training, LoRA run, pruning calibration and evaluation of this run multiplied in bf16 \
+                 (AVX-512 BF16 dot products; sums, weights, gradients and optimiser state in f32; `--precision bf16`, \
+                 what fits `small` in 90 minutes on 2 cores); the spectral radii and the speed benchmark stay f32. \
+                 Scoring in bf16 instead of f32 moves the answer NLL by {} (bf16 − f32, paired; the precision check); what bf16 \
+                 training changes: the README's bf16-quality block.",
+                if check.is_empty() { "n/a".to_string() } else { check }
+            )
+        }
+        _ => " Every product of this run computed in f32.".into(),
+    }
+}
+
 /// The headline: the ELM against the dense model and the best baseline.
 fn headline(t: &Tables) -> String {
     let dense = t.reference_row();
@@ -155,8 +187,8 @@ fn headline(t: &Tables) -> String {
                 opt(&e.delta_nll, signed),
                 e.answer_nll.value.exp(),
                 d.answer_nll.value.exp(),
-                iv(&e.flexible_em),
-                iv(&d.flexible_em),
+                opt(&e.flexible_em, iv),
+                opt(&d.flexible_em, iv),
                 opt(&e.rp_flexible, iv),
             );
             if let Some(b) = best {
@@ -206,6 +238,7 @@ fn headline(t: &Tables) -> String {
                     v.trim_start_matches("**Verdict:** ")
                 );
             }
+            s += &precision_note(t);
             if let Some(seeds) = &t.seeds {
                 for r in &seeds.summaries {
                     if let Some(g) = &r.minus_elm {
@@ -228,7 +261,7 @@ fn headline(t: &Tables) -> String {
 }
 
 /// `OUT/README.md`.
-pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
+pub fn readme(t: &Tables, plots: &Written) -> String {
     let (job, size) = job_of(&t.model);
     let mut s = format!(
         "# ELM study — `{}` scale\n\nRegenerated by `paper_repro --scale {}` ({job}); \
@@ -276,13 +309,22 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
     s += &section(
         "Table 2 — One-step vs multi-step KV (paper: one-step KV ablation)",
         &format!(
-            "KV bytes are those the decoding session allocated for one GSM8K question (prompt + new tokens + 1 positions); the dense \
+            "The ELMs are the compression sweep's (table 5) at M = {} from layer {}, trained at the ablation budget ({} steps × {} × {} \
+             tokens), not the main-budget ELM of table 1. KV bytes are those the decoding session allocated for one GSM8K question (prompt + new tokens + 1 positions); the dense \
              figure is N × the measured per-layer bytes. Quality: exact match of greedy decoding (teacher-forced NLL does not use the cache).\n\n{}",
+            t.limits["kv_ms"]
+                .as_array()
+                .map(|ms| ms.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(" and "))
+                .unwrap_or_default(),
+            t.limits["start"],
+            t.limits["study"]["steps"],
+            t.limits["study"]["batch_size"],
+            t.limits["study"]["seq_len"],
             nonempty(&t.kv, kv_table)
         ),
         paper::KV,
     );
-    let solver_plot = if plots_ok.0 {
+    let solver_plot = if plots.solvers {
         "\n![solver ablation](plots/solver_ablation.svg)\n"
     } else {
         ""
@@ -290,13 +332,25 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
     s += &section(
         "Table 3 — Solver ablation (paper: solver comparison and early-exit threshold)",
         &format!(
-            "Main ELM, teacher-forced GSM8K answer NLL; δ is the per-token absolute residual tolerance, at most 16 iterations. Iterations \
+            "The study's ELM (its M, the main budget) and, where the sweep has one, its ELM at M = 14 (the paper's setting for the \
+             38.6% Anderson saving; the ablation budget): teacher-forced GSM8K answer NLL on the ablation tables' sample; δ is the per-token absolute residual tolerance, at most 16 iterations. Iterations \
              are those of the whole-sequence solve (every position iterated together, as in training), block evaluations per token are \
              the fixed-point block's applications per token.\n\n{}{solver_plot}",
             nonempty(&t.solver, solver_table)
         ),
         paper::SOLVERS,
     );
+    if !t.precision_check.is_empty() {
+        s += &format!(
+            "## Precision check (no counterpart in the paper)\n\nEvery model of this run was trained and scored with bf16 products \
+             (f32 sums, weights and optimiser state). Here two of them are scored again with f32 products on the ablation tables' {} test \
+             problems and paired with their own bf16 scores on the same problems: the size of what bf16 scoring moves, against the gaps \
+             the tables report. What bf16 *training* changes is measured by `scripts/bf16-quality.sh` (the repository README's \
+             bf16-quality block).\n\n{}\n",
+            t.limits["ablation_nll_eval"],
+            precision_table(&t.precision_check)
+        );
+    }
     s += &section(
         "Table 4 — Gradient rules (paper: SJFB ablation)",
         &format!(
@@ -306,7 +360,7 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
         ),
         paper::GRAD,
     );
-    let sweep_plot = if plots_ok.1 {
+    let sweep_plot = if plots.sweep {
         "\n![compression sweep](plots/compression_sweep.svg)\n"
     } else {
         ""
@@ -320,7 +374,25 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
         "Table 6 — Where to prune (paper: GPPO start-layer study)",
         &t.where_to_prune.as_ref().map_or_else(
             || NOT_COMPUTED.to_string(),
-            |w| where_table(w, &t.limits["search"]) + &trained_windows_table(&t.trained_windows, w),
+            |w| {
+                let mut s = where_table(w, &t.limits["search"])
+                    + &trained_windows_table(&t.trained_windows, w);
+                if let Some(f) = &t.fully_trained {
+                    s += &format!(
+                        "\n**Table 6b — every start fully trained.** The ELM trained at the main budget from each start below \
+                         and scored on {} validation problems (the ranking a selector should reproduce); then where the enumeration's best start, \
+                         GPPO's choice and each selector's land on that ranking.{}\n\n{}\n",
+                        t.limits["validation_eval"],
+                        if plots.fully_trained {
+                            "\n\n![where to prune, fully trained](plots/where_to_prune_trained.svg)"
+                        } else {
+                            ""
+                        },
+                        fully_trained_table(f, w.num_replaced)
+                    );
+                }
+                s
+            },
         ),
         paper::WHERE,
     );
@@ -340,7 +412,7 @@ pub fn readme(t: &Tables, plots_ok: (bool, bool, bool)) -> String {
         paper::SPECTRAL,
     );
     if let Some(c) = &t.curves {
-        let plots = if plots_ok.2 {
+        let plots = if plots.curves {
             "\n![learning curves, tokens](plots/curves_tokens.svg)\n![learning curves, compute](plots/curves_seconds.svg)\n"
         } else {
             ""

@@ -104,6 +104,20 @@ pub struct CollapseRow {
     pub delta_nll: Interval,
 }
 
+/// The precision check: one model scored with the run's bf16 products and again with f32
+/// products on the same problems (the ablation tables' sample), paired.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrecisionRow {
+    pub model: String,
+    pub bf16: Interval,
+    pub f32: Interval,
+    pub bf16_minus_f32: Interval,
+    /// Mean solver iterations per token in each format (0 for a dense model).
+    pub bf16_iterations: f64,
+    pub f32_iterations: f64,
+}
+
 /// ELM + heal (a row no paper has): the ELM trained together with a LoRA heal of the layers
 /// after its window, same budget, against the plain ELM at that window and (when the window is
 /// the best healed baseline's) against that baseline, paired over the same problems.
@@ -139,6 +153,37 @@ pub struct TrainedWindow {
     pub enum_rank: Option<usize>,
 }
 
+/// Table 6b (scales that train every start): the ELM trained at the main budget from each start,
+/// scored on validation problems, and its rank among them (1 = best).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainedStart {
+    pub start: usize,
+    pub validation_nll: Interval,
+    pub rank: usize,
+}
+
+/// Where one selector's choice lands among the fully trained starts.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainedPlacement {
+    pub method: String,
+    pub choice: usize,
+    /// The trained start nearest to `choice` (itself when every start is trained).
+    pub trained_start: usize,
+    pub rank: usize,
+    /// Its validation NLL minus the best trained start's.
+    pub nll_gap: f64,
+}
+
+/// Table 6b: "where to prune" judged against fully trained windows.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FullyTrained {
+    pub starts: Vec<TrainedStart>,
+    pub placements: Vec<TrainedPlacement>,
+}
+
 /// Table 1: main results.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -160,8 +205,13 @@ pub struct MainRow {
     pub answer_nll: Interval,
     #[serde(deserialize_with = "Option::deserialize")]
     pub delta_nll: Option<Interval>,
-    pub flexible_em: Interval,
-    pub strict_em: Interval,
+    /// Exact match (Wilson intervals): scored for the dense rows, the ELMs, the healed
+    /// baselines and the controls; `None` for the rows the verdict does not read (at 135M every
+    /// compressed model's EM is 0 or 1 of 16, which no interval separates).
+    #[serde(default)]
+    pub flexible_em: Option<Interval>,
+    #[serde(default)]
+    pub strict_em: Option<Interval>,
     /// Retention RP = model / dense flexible exact match, paired over problems.
     #[serde(deserialize_with = "Option::deserialize")]
     pub rp_flexible: Option<Interval>,
@@ -193,6 +243,12 @@ pub struct KvRow {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SolverRow {
+    /// Replaced layers of the ELM and its training steps (table 3 runs at the main ELM's M
+    /// with the main budget, and at M = 14 with the sweep's ELM and its budget).
+    #[serde(default)]
+    pub m: usize,
+    #[serde(default)]
+    pub steps: usize,
     pub solver: String,
     pub tol: f64,
     pub mean_iterations: f64,
@@ -284,8 +340,9 @@ impl From<&BenchReport> for BenchFigures {
     }
 }
 
-/// Two epochs of MetaMathQA's 395k problems: the paper's training, in problems seen (the
-/// curves' trend is extrapolated in problems, since the paper's token count is not given).
+/// Two epochs of MetaMathQA's 395k problems: the paper's training, in problems seen (how far
+/// beyond the curves' largest budget it lies is counted in problems, since the paper's token
+/// count is not given).
 pub const PAPER_PROBLEMS: f64 = 2.0 * 395_000.0;
 
 /// Table 8: one point of a learning curve.
@@ -320,9 +377,11 @@ pub struct CurveTrend {
     /// Slope of the gap against log2(tokens) (`None` for the reference).
     #[serde(deserialize_with = "Option::deserialize")]
     pub gap_slope_per_doubling: Option<f64>,
-    /// The gap's line extrapolated to [`PAPER_PROBLEMS`] (problems seen = steps × batch).
+    /// The gap's change per doubling between the two largest budgets: only its sign is
+    /// printed, as the direction the gap last moved in (nothing is extrapolated beyond the
+    /// measured budgets).
     #[serde(deserialize_with = "Option::deserialize")]
-    pub gap_at_paper_budget: Option<f64>,
+    pub gap_last_segment_slope: Option<f64>,
     /// `grows`, `shrinks` or `crosses` (point estimates, smallest to largest budget; see the
     /// intervals for whether the change is sure), `n/a` for the reference.
     pub verdict: String,

@@ -563,6 +563,27 @@ pub fn eval_on(
     task: &str,
     problems: Problems,
 ) -> Result<Done<TaskRun>, ReproError> {
+    eval_in(ctx, subject, task, problems, false)
+}
+
+/// [`eval_on`] with f32 products whatever the scale's precision: what the precision check
+/// pairs the run's own score against.
+pub fn eval_on_in_f32(
+    ctx: &mut Ctx<'_>,
+    subject: &Subject,
+    task: &str,
+    problems: Problems,
+) -> Result<Done<TaskRun>, ReproError> {
+    eval_in(ctx, subject, task, problems, true)
+}
+
+fn eval_in(
+    ctx: &mut Ctx<'_>,
+    subject: &Subject,
+    task: &str,
+    problems: Problems,
+    in_f32: bool,
+) -> Result<Done<TaskRun>, ReproError> {
     let l = ctx.limits;
     let parsed: Task = task.parse().map_err(|source| ReproError::Elm {
         what: format!("eval task `{task}`"),
@@ -583,7 +604,7 @@ pub fn eval_on(
             (l.gsm8k_eval, (l.gsm8k_eval * l.max_new_tokens) as f64 / 5.0)
         }
     };
-    let config = json!({
+    let mut config = json!({
         "model": ctx.model_id,
         "data": ctx.data_dir,
         "subject": subject_config(subject),
@@ -593,6 +614,9 @@ pub fn eval_on(
         "limit": limit,
         "max_new_tokens": l.max_new_tokens,
     });
+    if in_f32 {
+        config["products"] = json!("f32");
+    }
     let mut a = args(&[
         "eval",
         "--task",
@@ -636,8 +660,13 @@ pub fn eval_on(
         ])),
     }
     let elm = ctx.elm;
-    ctx.stages
-        .run("eval", &config, units, |_| Ok(elm.run::<Unread>(&a)?.raw))
+    ctx.stages.run("eval", &config, units, |_| {
+        Ok(if in_f32 {
+            elm.run_f32::<Unread>(&a)?.raw
+        } else {
+            elm.run::<Unread>(&a)?.raw
+        })
+    })
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use elm::gemm::Precision;
 use elm::io::Fnv64;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -67,6 +68,8 @@ pub struct Stages {
     /// most this much of its count).
     beat: Duration,
     pub log: Vec<StageLog>,
+    /// The run's precision for model commands (see [`Stages::at_precision`]).
+    precision: Precision,
 }
 
 /// Seconds a stage spent in invocations that did not finish it, in its work directory.
@@ -156,6 +159,19 @@ impl Stages {
     /// lock first): temporaries a killed run left in `out` and its first-level directories
     /// (the stage records, the tables) are removed here.
     pub fn new(out: &Path, force: bool, planned_units: f64) -> Result<Self, ReproError> {
+        Self::at_precision(out, force, planned_units, Precision::F32)
+    }
+
+    /// [`Stages::new`] for a run whose model commands use `precision`: every stage config gets
+    /// the run's `precision` when it is not f32 (stages that keep f32 products, such as
+    /// `spectral`, included), so a bf16 run never reads an f32 run's result or the reverse,
+    /// while f32 keys stay those of earlier runs.
+    pub fn at_precision(
+        out: &Path,
+        force: bool,
+        planned_units: f64,
+        precision: Precision,
+    ) -> Result<Self, ReproError> {
         for d in ["stages", "work"] {
             let p = out.join(d);
             std::fs::create_dir_all(&p).map_err(|e| ReproError::io(&p, e))?;
@@ -171,6 +187,7 @@ impl Stages {
             start: Instant::now(),
             beat: Duration::from_secs(5),
             log: vec![],
+            precision,
         })
     }
 
@@ -193,9 +210,20 @@ impl Stages {
         C: Serialize,
         T: DeserializeOwned,
     {
-        let config = serde_json::to_value(config).map_err(|e| {
+        let mut config = serde_json::to_value(config).map_err(|e| {
             ReproError::Setup(format!("stage {name}: config does not serialize: {e}"))
         })?;
+        match (self.precision, config.as_object_mut()) {
+            (Precision::F32, _) => {}
+            (Precision::Bf16, Some(fields)) => {
+                fields.insert("precision".into(), serde_json::json!(self.precision));
+            }
+            (Precision::Bf16, None) => {
+                return Err(ReproError::Setup(format!(
+                    "stage {name}: config is not a JSON object, so it cannot record its precision"
+                )))
+            }
+        }
         let key = key_of(name, &config);
         let file = self.out.join("stages").join(format!("{name}-{key}.json"));
         let dir = self.out.join("work").join(format!("{name}-{key}"));

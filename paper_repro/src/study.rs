@@ -74,6 +74,11 @@ pub struct Args {
     /// writes `long`).
     #[arg(long, default_value = "headline")]
     pub readme_block: String,
+    /// Number format of the model commands' large products (f32 or bf16), instead of the
+    /// scale's (`small` and `long`: bf16; `smoke` and `paper`: f32). A run in the other format
+    /// computes its own stages beside the cached ones.
+    #[arg(long)]
+    pub precision: Option<elm::gemm::Precision>,
 }
 
 /// The `elm` binary: `--elm-bin`, else the one built next to this executable.
@@ -108,6 +113,9 @@ const NEEDS_DENSE: [TableId; 10] = [
     TableId::Spectral,
 ];
 
+/// The second M of table 3 (the paper's M for its "38.6% less computation" figure).
+const SOLVER_DEEP_M: usize = 14;
+
 /// Planned work units of the selected tables (the ETA's denominator; see `runs`).
 pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
     let train = |b: &crate::scale::Budget| b.max_tokens() as f64 / 100.0;
@@ -136,7 +144,12 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
         u += train(&l.main);
     }
     if sel(TableId::Solver) {
-        u += l.tolerances.len() as f64 * 3.0 * anll;
+        let ms = if l.sweep.contains(&SOLVER_DEEP_M) && l.m != SOLVER_DEEP_M {
+            2.0
+        } else {
+            1.0
+        };
+        u += ms * l.tolerances.len() as f64 * 3.0 * anll;
     }
     if sel(TableId::Grad) {
         u += 4.0 * (train(&l.study) + anll);
@@ -148,6 +161,11 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
         u += l.kv_ms.len() as f64 * (2.0 * l.max_new_tokens as f64 / 5.0 + 2.0 * em);
     }
     if sel(TableId::Where) {
+        if let Some(every) = l.trained_starts_every {
+            // Every start trained at the main budget and scored on validation.
+            let starts = (23 / every.max(1) + 1) as f64;
+            u += starts * (train(&l.main) + l.validation_eval as f64 * 2.0);
+        }
         let b = &l.search;
         let windows = 23.0 / b.enum_every as f64;
         u += (b.gppo_steps * b.seq_len) as f64 / 100.0
@@ -188,7 +206,7 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
 }
 
 pub fn run(args: Args) -> Result<(), ReproError> {
-    let elm = ElmCli::new(elm_binary(args.elm_bin)?);
+    let elm_bin = elm_binary(args.elm_bin)?;
     let model = match (args.model, args.scale) {
         (Some(m), _) => m,
         (None, Scale::Paper) => return Err(ReproError::Setup(
@@ -226,6 +244,13 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         source: e,
     })?;
     let mut limits = args.scale.limits().for_layers(model_config.num_layers);
+    if let Some(p) = args.precision {
+        limits.precision = p;
+    }
+    // Refused here rather than by the first training, minutes in.
+    elm::gemm::set_precision(limits.precision)
+        .map_err(|e| ReproError::Setup(format!("{e} (pass --precision f32 to paper_repro)")))?;
+    let elm = ElmCli::new(elm_bin).with_precision(limits.precision);
     let only = args.only.clone();
     // Table 10 is not part of `small`'s 90 minutes; asked for by name it runs there too, at
     // `long`'s starts.
@@ -252,7 +277,12 @@ pub fn run(args: Args) -> Result<(), ReproError> {
             && (has_curves || !matches!(t, TableId::Curves | TableId::Seeds))
             && (has_collapse || t != TableId::Collapse)
     };
-    let stages = Stages::new(&out, args.force, plan_units(&limits, &sel))?;
+    let stages = Stages::at_precision(
+        &out,
+        args.force,
+        plan_units(&limits, &sel),
+        limits.precision,
+    )?;
     let mut ctx = Ctx {
         elm: &elm,
         stages,
@@ -353,6 +383,10 @@ pub fn run(args: Args) -> Result<(), ReproError> {
             main_elm.as_ref().expect("main ELM"),
         );
         t.solver = fill_tables::solver_ablation(&mut ctx, d, e)?;
+        t.precision_check = match limits.precision {
+            elm::gemm::Precision::F32 => vec![],
+            elm::gemm::Precision::Bf16 => fill_tables::precision_check(&mut ctx, d, e)?,
+        };
     }
     if sel(TableId::Grad) {
         let (d, e) = (
@@ -395,6 +429,18 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     for (m, e) in &sweep_elms {
         trainings.push((format!("ELM M={m} (ablation budget)"), e.clone_done()));
     }
+    // Table 3 also at M = 14, the paper's setting for its Anderson saving (where ρ is larger):
+    // the sweep's ELM there, at the ablation budget.
+    if sel(TableId::Solver) {
+        if let Some((_, e)) = sweep_elms
+            .iter()
+            .find(|(m, _)| *m == SOLVER_DEEP_M && *m != limits.m)
+        {
+            let d = dense.as_ref().expect("dense");
+            t.solver
+                .extend(fill_tables::solver_ablation(&mut ctx, d, e)?);
+        }
+    }
     if sel(TableId::Kv) {
         let dir = elm::data::gsm8k_path(&data_dir, elm::data::Split::Test);
         let q = elm::data::load_gsm8k(&data_dir, elm::data::Split::Test)
@@ -416,6 +462,10 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         std::fs::copy(&from, &to).map_err(|e| ReproError::io(&from, e))?;
         t.trained_windows =
             fill_tables::trained_windows(&mut ctx, &t.main, t.same_window.as_ref(), &w.value)?;
+        t.fully_trained = match limits.trained_starts_every {
+            Some(every) => Some(fill_tables::fully_trained(&mut ctx, &w.value, every)?),
+            None => None,
+        };
         t.where_to_prune = Some(w.value);
     }
     if sel(TableId::Collapse) && !limits.collapse_starts.is_empty() {
@@ -483,8 +533,8 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     t.seconds = ctx.stages.elapsed();
     elm::io::write_json_atomic(&tables_path, &t)
         .map_err(|e| ReproError::writing(&tables_path, e))?;
-    let plots_ok = plots::write(&t, &out.join("plots"))?;
-    let page = readme::readme(&t, plots_ok);
+    let written = plots::write(&t, &out.join("plots"))?;
+    let page = readme::readme(&t, &written);
     let readme_path = out.join("README.md");
     elm::io::write_atomic(&readme_path, page.as_bytes())
         .map_err(|e| ReproError::writing(&readme_path, e))?;

@@ -9,8 +9,9 @@ use crate::markdown::{
     count, float, iv, mib, opt, pct, signed, signed_float, Table, NOT_APPLICABLE,
 };
 use crate::rows::{
-    BenchFigures, CollapseRow, Controls, Curves, GradRow, Interval, KvRow, MainRow, Seeds,
-    SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedWindow, PAPER_PROBLEMS,
+    BenchFigures, CollapseRow, Controls, Curves, FullyTrained, GradRow, Interval, KvRow, MainRow,
+    PrecisionRow, Seeds, SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedStart, TrainedWindow,
+    PAPER_PROBLEMS,
 };
 use crate::runs::RhoSweep;
 use crate::solvers::CanonicalRow;
@@ -86,6 +87,26 @@ pub fn collapse_table(rows: &[CollapseRow]) -> String {
     t.into_markdown()
 }
 
+pub fn precision_table(rows: &[PrecisionRow]) -> String {
+    let mut t = Table::new(&[
+        "model",
+        "answer NLL, bf16 products (the run's)",
+        "answer NLL, f32 products",
+        "bf16 − f32, paired",
+        "mean solver iterations bf16 / f32",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.model.clone(),
+            iv(&r.bf16),
+            iv(&r.f32),
+            signed(&r.bf16_minus_f32),
+            format!("{} / {}", float(r.bf16_iterations), float(r.f32_iterations)),
+        ]);
+    }
+    t.into_markdown()
+}
+
 pub fn main_table(rows: &[MainRow]) -> String {
     let mut t = Table::new(&[
         "model",
@@ -114,8 +135,8 @@ pub fn main_table(rows: &[MainRow]) -> String {
             iv(&r.answer_nll),
             opt(&r.delta_nll, signed),
             opt(&r.delta_nll_vs_elm, signed),
-            iv(&r.flexible_em),
-            iv(&r.strict_em),
+            opt(&r.flexible_em, iv),
+            opt(&r.strict_em, iv),
             opt(&r.rp_flexible, iv),
         ]);
     }
@@ -152,6 +173,7 @@ pub fn kv_table(rows: &[KvRow]) -> String {
 
 pub fn solver_table(rows: &[SolverRow]) -> String {
     let mut t = Table::new(&[
+        "M (training steps)",
         "solver",
         "δ",
         "mean it",
@@ -164,6 +186,7 @@ pub fn solver_table(rows: &[SolverRow]) -> String {
     ]);
     for r in rows {
         t.row(&[
+            format!("{} ({})", r.m, r.steps),
             r.solver.clone(),
             float(r.tol),
             float(r.mean_iterations),
@@ -359,6 +382,37 @@ pub fn where_table(w: &WhereToPrune, budget: &serde_json::Value) -> String {
 }
 
 /// Table 6's check: do the enumeration's short candidates rank fully trained ELMs?
+/// Table 6b: the fully trained starts and where each selector's choice lands among them.
+pub fn fully_trained_table(f: &FullyTrained, m: usize) -> String {
+    let mut t = Table::new(&["start (layers)", "validation answer NLL", "rank"]);
+    let mut starts: Vec<&TrainedStart> = f.starts.iter().collect();
+    starts.sort_by_key(|r| r.start);
+    for r in starts {
+        t.row(&[
+            format!("{} ({}–{})", r.start, r.start, r.start + m - 1),
+            iv(&r.validation_nll),
+            format!("{} of {}", r.rank, f.starts.len()),
+        ]);
+    }
+    let mut p = Table::new(&[
+        "selector",
+        "chosen start",
+        "trained start it is read at",
+        "its rank among the trained starts",
+        "validation NLL gap to the best",
+    ]);
+    for r in &f.placements {
+        p.row(&[
+            r.method.clone(),
+            r.choice.to_string(),
+            r.trained_start.to_string(),
+            format!("{} of {}", r.rank, f.starts.len()),
+            signed_float(r.nll_gap),
+        ]);
+    }
+    format!("{}\n{}", t.into_markdown(), p.into_markdown())
+}
+
 pub fn trained_windows_table(rows: &[TrainedWindow], w: &WhereToPrune) -> String {
     if rows.is_empty() {
         return String::new();
@@ -411,7 +465,7 @@ pub fn curves_table(c: &Curves) -> String {
         "gap at the largest budget",
         "gap per doubling",
         "gap",
-        "gap extrapolated to the paper's budget",
+        "last segment (two largest budgets): sign of the gap's slope only",
     ]);
     for r in &c.trends {
         tr.row(&[
@@ -422,20 +476,31 @@ pub fn curves_table(c: &Curves) -> String {
             r.gap_slope_per_doubling
                 .map_or_else(|| NOT_APPLICABLE.into(), signed_float),
             r.verdict.clone(),
-            r.gap_at_paper_budget
-                .map_or_else(|| NOT_APPLICABLE.into(), signed_float),
+            r.gap_last_segment_slope.map_or_else(
+                || NOT_APPLICABLE.into(),
+                |v| {
+                    if v > 0.0 {
+                        "rising (+)".to_string()
+                    } else if v < 0.0 {
+                        "falling (−)".to_string()
+                    } else {
+                        "flat (0)".to_string()
+                    }
+                },
+            ),
         ]);
     }
     let mut s = format!(
         "Gaps are each model's answer NLL minus that of **{}** trained with the same number of steps (positive: the ELM is better). \
-         Trends are least-squares lines against log2(tokens) through every budget. The paper's budget (two epochs of MetaMathQA, {} \
-         problems seen) lies {:.1} doublings beyond the largest budget here; a line through {} points spanning {:.0} doublings says \
-         little that far out, so read the extrapolated gap as the sign of the trend, not a forecast.\n\n{}\n{}",
+         Trends are least-squares lines against log2(tokens) through the {} budgets of each curve, which span {:.0} doublings; nothing is \
+         extrapolated beyond them. The last column gives only the sign of the gap's change between the two largest budgets (rising: the \
+         gap grows in the ELM's favour). The paper's budget (two epochs of MetaMathQA, {} problems seen) lies {:.1} doublings beyond \
+         the largest budget here.\n\n{}\n{}",
         c.reference,
-        count(PAPER_PROBLEMS),
-        c.doublings_to_paper,
         c.points.iter().filter(|p| p.series == c.reference).count(),
         curve_span(c),
+        count(PAPER_PROBLEMS),
+        c.doublings_to_paper,
         t.into_markdown(),
         tr.into_markdown()
     );

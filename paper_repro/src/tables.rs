@@ -8,8 +8,9 @@ use elm::search::report::WhereToPrune;
 use serde::{Deserialize, Serialize};
 
 use crate::rows::{
-    BenchFigures, CollapseRow, Controls, Curves, GradRow, HealedElm, KvRow, MainRow, SameWindow,
-    Seeds, SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedWindow, REFERENCE_KIND,
+    BenchFigures, CollapseRow, Controls, Curves, FullyTrained, GradRow, HealedElm, KvRow, MainRow,
+    PrecisionRow, SameWindow, Seeds, SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedWindow,
+    REFERENCE_KIND,
 };
 use crate::runs::RhoSweep;
 use crate::solvers::CanonicalRow;
@@ -68,6 +69,12 @@ pub struct Tables {
     /// Table 9 (same scales).
     #[serde(default)]
     pub seeds: Option<Seeds>,
+    /// What the run's bf16 products change in a score (empty for an f32 run).
+    #[serde(default)]
+    pub precision_check: Vec<PrecisionRow>,
+    /// Table 6b: every start trained at the main budget (scales that have it).
+    #[serde(default)]
+    pub fully_trained: Option<FullyTrained>,
 }
 
 impl Tables {
@@ -98,6 +105,8 @@ impl Tables {
             trained_windows: vec![],
             curves: None,
             seeds: None,
+            precision_check: vec![],
+            fully_trained: None,
         }
     }
 

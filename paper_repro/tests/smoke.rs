@@ -107,7 +107,35 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
     assert!(t.trained_windows.len() >= 2, "{:?}", t.trained_windows);
     assert_eq!(t.trained_windows[0].start, l.start);
     assert_eq!(t.kv.len(), 2 * l.kv_ms.len());
-    assert_eq!(t.solver.len(), 3 * l.tolerances.len());
+    // Table 3 at the main ELM's M and at M = 14 (the sweep's ELM).
+    let solver_ms = if l.sweep.contains(&14) && l.m != 14 {
+        2
+    } else {
+        1
+    };
+    assert_eq!(t.solver.len(), solver_ms * 3 * l.tolerances.len());
+    assert!(t
+        .solver
+        .iter()
+        .any(|r| r.m == 14 && r.steps == l.study.steps));
+    // Table 6b: starts 0, 11 and the last (22) at smoke, ranked 1..=3; every selector placed.
+    let f = t.fully_trained.as_ref().expect("table 6b at smoke");
+    let mut starts: Vec<usize> = f.starts.iter().map(|r| r.start).collect();
+    starts.sort_unstable();
+    assert_eq!(starts, vec![0, 11, 22]);
+    let mut ranks: Vec<usize> = f.starts.iter().map(|r| r.rank).collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, vec![1, 2, 3]);
+    assert!(f.placements.iter().any(|p| p.method == "gppo"));
+    for p in &f.placements {
+        assert!(
+            starts.contains(&p.trained_start) && (1..=3).contains(&p.rank),
+            "{p:?}"
+        );
+    }
+    // An f32 run has no precision check; the plots of the tables it has are written.
+    assert!(t.precision_check.is_empty());
+    assert!(out.join("plots/where_to_prune_trained.svg").exists());
     assert_eq!(t.grad.len(), 4);
     assert_eq!(t.sweep.len(), 2 * l.sweep.len());
     assert_eq!(t.canonical.len(), 6 * 3);
@@ -119,8 +147,16 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
     assert!(!t.speed.is_empty());
     for r in &t.main {
         check_interval(&r.model, &r.answer_nll);
-        check_interval(&r.model, &r.flexible_em);
-        check_interval(&r.model, &r.strict_em);
+        // Exact match is scored for the rows the verdict reads, not for the ranked-only ones.
+        let scored = !(r.kind == "training-free"
+            || r.model.starts_with("LLM-Streamline")
+            || r.model.starts_with("looped block")
+            || r.model.starts_with("ELM ablation")
+            || r.kind.starts_with("LaCo-merged init"));
+        assert_eq!(r.flexible_em.is_some(), scored, "{r:?}");
+        for em in [&r.flexible_em, &r.strict_em].into_iter().flatten() {
+            check_interval(&r.model, em);
+        }
         assert_eq!(r.delta_nll.is_none(), r.kind == "dense", "{r:?}");
         if let Some(d) = &r.delta_nll {
             check_interval(&r.model, d);

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use plotters::element::ErrorBar;
 use plotters::prelude::*;
 
 use super::output::{open_run, OpenedRun};
@@ -454,102 +455,136 @@ fn plot_theta(path: &Path, g: &GppoOutcome) -> Result<()> {
     })
 }
 
-/// Where to prune: enumeration NLL by start (line + points), GPPO's final softmax θ (bars on a
-/// second scale, drawn as a rescaled line), and each metric's choice (vertical markers).
+/// Where to prune: enumeration NLL by start (line, points and each point's 95% interval over
+/// the held-out problems), GPPO's final softmax θ (bars on an axis of their own, scaled to their
+/// range), and each metric's choice (vertical markers); the legend sits right of the plot.
 fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome>) -> Result<()> {
+    const PLOT_WIDTH: u32 = 900;
+    const LEGEND_WIDTH: u32 = 400;
     let k = r.num_layers + 1 - r.num_replaced;
-    let (lo, hi) = r
-        .enum_nll
-        .iter()
-        .fold((r.dense_nll, f64::NEG_INFINITY), |(lo, hi), &(_, v)| {
-            (lo.min(v), hi.max(v))
-        });
-    let pad = ((hi - lo) * 0.1).max(1e-3);
-    // Room above the data for the legend.
-    let (lo, hi) = (lo - pad, hi + pad + 0.45 * (hi - lo));
-    write_svg(path, |root| {
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                format!(
+    let intervals = |i: usize| r.enum_nll_interval.get(i).copied().flatten();
+    let (lo, hi) = r.enum_nll.iter().enumerate().fold(
+        (r.dense_nll, f64::NEG_INFINITY),
+        |(lo, hi), (i, &(_, v))| {
+            let (a, b) = intervals(i).unwrap_or((v, v));
+            (lo.min(a).min(v), hi.max(b).max(v))
+        },
+    );
+    let pad = ((hi - lo) * 0.05).max(1e-3);
+    let (lo, hi) = (lo - pad, hi + pad);
+    let pmax = g
+        .map(|g| g.probs.iter().copied().fold(0.0, f64::max))
+        .unwrap_or(1.0)
+        .max(1e-6);
+    write_plot(
+        path,
+        (PLOT_WIDTH + LEGEND_WIDTH, 560),
+        |root| {
+            root.fill(&WHITE)?;
+            let root = root.titled(
+                &format!(
                     "Where to prune (M = {}): held-out answer NLL by window start",
                     r.num_replaced
                 ),
                 ("sans-serif", 20),
-            )
-            .margin(15)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .right_y_label_area_size(if g.is_some() { 60 } else { 0 })
-            .build_cartesian_2d(-0.5f64..(k as f64 - 0.5), lo..hi)?
-            // GPPO's probabilities on an axis of their own (0 to 1), not scaled onto NLL.
-            .set_secondary_coord(-0.5f64..(k as f64 - 0.5), 0f64..1f64);
-        chart
-            .configure_mesh()
-            .x_labels(k.min(32))
-            .x_label_formatter(&|x| {
-                if (x - x.round()).abs() < 1e-6 {
-                    format!("{:.0}", x)
-                } else {
-                    String::new()
-                }
-            })
-            .x_desc("start layer l (window [l, l+M))")
-            .y_desc("answer NLL (nats/token)")
-            .draw()?;
-        if g.is_some() {
+            )?;
+            let (plot_area, _) = root.split_horizontally(PLOT_WIDTH);
+            let mut chart = ChartBuilder::on(&plot_area)
+                .margin(15)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .right_y_label_area_size(if g.is_some() { 60 } else { 0 })
+                .build_cartesian_2d(-0.5f64..(k as f64 - 0.5), lo..hi)?
+                // GPPO's probabilities on an axis of their own, fitted to their range.
+                .set_secondary_coord(-0.5f64..(k as f64 - 0.5), 0f64..(pmax * 1.1));
             chart
-                .configure_secondary_axes()
-                .y_desc("GPPO probability of the start")
+                .configure_mesh()
+                .x_labels(k.min(32))
+                .x_label_formatter(&|x| {
+                    if (x - x.round()).abs() < 1e-6 {
+                        format!("{:.0}", x)
+                    } else {
+                        String::new()
+                    }
+                })
+                .x_desc("start layer l (window [l, l+M)), layer index")
+                .y_desc("held-out answer NLL (nats/token)")
                 .draw()?;
-        }
-        chart
-            .draw_series(LineSeries::new(
-                r.enum_nll.iter().map(|&(s, v)| (s as f64, v)),
-                BLUE.stroke_width(2),
-            ))?
-            .label("enumeration (trained candidate)")
-            .legend(legend_line(BLUE.stroke_width(2)));
-        chart.draw_series(
-            r.enum_nll
-                .iter()
-                .map(|&(s, v)| Circle::new((s as f64, v), 4, BLUE.filled())),
-        )?;
-        chart
-            .draw_series(LineSeries::new(
-                [(-0.5, r.dense_nll), (k as f64 - 0.5, r.dense_nll)],
-                BLACK.stroke_width(1),
-            ))?
-            .label("dense")
-            .legend(legend_line(BLACK.into()));
-        if let Some(g) = g {
-            let col = RGBColor(200, 60, 0);
+            if g.is_some() {
+                chart
+                    .configure_secondary_axes()
+                    .y_desc("GPPO probability of the start (softmax θ)")
+                    .draw()?;
+            }
+            if let Some(g) = g {
+                let col = RGBColor(200, 60, 0);
+                chart
+                    .draw_secondary_series(g.probs.iter().enumerate().map(|(s, &p)| {
+                        Rectangle::new(
+                            [(s as f64 - 0.3, 0.0), (s as f64 + 0.3, p)],
+                            col.mix(0.35).filled(),
+                        )
+                    }))?
+                    .label(format!(
+                        "GPPO softmax θ (right axis; argmax {})",
+                        g.chosen_start
+                    ))
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 4), (x + 20, y + 4)], col.mix(0.35).filled())
+                    });
+            }
             chart
-                .draw_secondary_series(g.probs.iter().enumerate().map(|(s, &p)| {
-                    Rectangle::new(
-                        [(s as f64 - 0.3, 0.0), (s as f64 + 0.3, p)],
-                        col.mix(0.35).filled(),
-                    )
-                }))?
-                .label(format!(
-                    "GPPO softmax θ (right axis; argmax {})",
-                    g.chosen_start
-                ))
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 4), (x + 20, y + 4)], col.mix(0.35).filled())
-                });
-        }
-        for (i, p) in r.metrics.iter().enumerate() {
-            let color = Palette99::pick(i + 3).to_rgba();
-            let x = p.choice as f64 + 0.08 * (i as f64 - 1.5);
+                .draw_series(LineSeries::new(
+                    r.enum_nll.iter().map(|&(s, v)| (s as f64, v)),
+                    BLUE.stroke_width(2),
+                ))?
+                .label("enumeration (trained candidate; bars: 95% over problems)")
+                .legend(legend_line(BLUE.stroke_width(2)));
+            chart.draw_series(r.enum_nll.iter().enumerate().filter_map(|(i, &(s, v))| {
+                intervals(i)
+                    .map(|(a, b)| ErrorBar::new_vertical(s as f64, a, v, b, BLUE.filled(), 8))
+            }))?;
+            chart.draw_series(
+                r.enum_nll
+                    .iter()
+                    .map(|&(s, v)| Circle::new((s as f64, v), 4, BLUE.filled())),
+            )?;
             chart
-                .draw_series(LineSeries::new([(x, lo), (x, hi)], color.stroke_width(2)))?
+                .draw_series(LineSeries::new(
+                    [(-0.5, r.dense_nll), (k as f64 - 0.5, r.dense_nll)],
+                    BLACK.stroke_width(1),
+                ))?
+                .label("dense")
+                .legend(legend_line(BLACK.into()));
+            let dashes = [(4, 0), (8, 4), (2, 3), (12, 4)];
+            for (i, p) in r.metrics.iter().enumerate() {
+                let color = Palette99::pick(i + 3).to_rgba();
+                let x = p.choice as f64 + 0.08 * (i as f64 - 1.5);
+                let (size, gap) = dashes[i % dashes.len()];
+                let style = color.stroke_width(2);
+                if gap == 0 {
+                    chart.draw_series(LineSeries::new([(x, lo), (x, hi)], style))?
+                } else {
+                    chart.draw_series(DashedLineSeries::new(
+                        [(x, lo), (x, hi)],
+                        size,
+                        gap,
+                        style,
+                    ))?
+                }
                 .label(format!(
                     "{} choice: {} (rank {})",
                     p.method, p.choice, p.enum_rank
                 ))
-                .legend(legend_line(color.stroke_width(2)));
-        }
-        finish_plot(&mut chart, Some(SeriesLabelPosition::UpperLeft))
-    })
+                .legend(legend_line(style));
+            }
+            // Outside the data: in the column right of the plotting area.
+            let outside = chart.plotting_area().dim_in_pixel().0 as i32 + 140;
+            finish_plot(
+                &mut chart,
+                Some(SeriesLabelPosition::Coordinate(outside, 10)),
+            )
+        },
+        None,
+    )
 }

@@ -58,6 +58,17 @@ pub fn power_iteration_radius(
     z: &Array3<f32>,
     cfg: &PowerIteration,
 ) -> Result<f64> {
+    // A difference of two maps `rel_step` (1%) of the state either side: bf16's rounding of
+    // the inputs (0.4% relative) would be a large part of it, so the maps run in f32 whatever
+    // the process's precision.
+    crate::gemm::with_f32_products(|| power_iteration_in_f32(f, z, cfg))
+}
+
+fn power_iteration_in_f32(
+    f: impl Fn(&Array3<f32>) -> Result<Array3<f32>>,
+    z: &Array3<f32>,
+    cfg: &PowerIteration,
+) -> Result<f64> {
     if cfg.iterations < 2 {
         return Err(ElmError::config("iterations", "must be >= 2"));
     }

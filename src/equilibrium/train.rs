@@ -189,8 +189,9 @@ const SPECTRAL_FILE: &str = "spectral_norm.json";
 /// does not depend on the module: runs that see the same batches over the same window (the
 /// gradient-rule and baseline variants of one study share the seed, batch size and sequence
 /// length, hence the batches) compute it once. A file is keyed by a hash of the model (config,
-/// path, file size and modification time), the window and the batch's token ids; it stores the
-/// exact f32 states, so a cached run is bit-identical to an uncached one. Writes are atomic, so
+/// path, file size and modification time, and the products' precision), the window and the
+/// batch's token ids; it stores the exact f32 states, so a cached run is bit-identical to an
+/// uncached one. Writes are atomic, so
 /// concurrent or killed runs leave whole files only.
 #[derive(Clone, Debug)]
 pub struct TeacherCache {
@@ -221,7 +222,7 @@ impl TeacherCache {
         })?;
         Ok(TeacherCache {
             dir,
-            model_key: format!("{config}|{base_model}|{file}"),
+            model_key: teacher_model_key(&config, base_model, &file, crate::gemm::precision()),
             hits: 0,
             misses: 0,
         })
@@ -242,6 +243,22 @@ impl TeacherCache {
         self.dir
             .join(format!("teacher-{:016x}.safetensors", h.finish()))
     }
+}
+
+/// The model part of a teacher-cache key. States computed with bf16 products differ from f32
+/// ones, so each precision has its own files (f32 keys are those written before the setting
+/// existed).
+fn teacher_model_key(
+    config: &str,
+    base_model: &str,
+    file: &str,
+    products: crate::gemm::Precision,
+) -> String {
+    let suffix = match products {
+        crate::gemm::Precision::F32 => "",
+        crate::gemm::Precision::Bf16 => "|bf16",
+    };
+    format!("{config}|{base_model}|{file}{suffix}")
 }
 
 /// What [`Trainer::run`] reports as it goes.
@@ -1069,4 +1086,22 @@ pub fn eval_distill(
         n += count;
     }
     Ok(if n == 0 { 0.0 } else { sum / n as f64 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::Precision;
+
+    /// f32 keys are those of caches written before the precision setting; bf16 states never
+    /// share a file with f32 ones.
+    #[test]
+    fn teacher_cache_keys_separate_the_precisions() {
+        let f32_key = teacher_model_key("{}", "m.gguf", "1:2", Precision::F32);
+        assert_eq!(f32_key, "{}|m.gguf|1:2");
+        assert_ne!(
+            teacher_model_key("{}", "m.gguf", "1:2", Precision::Bf16),
+            f32_key
+        );
+    }
 }

@@ -39,5 +39,5 @@ pub use driver::{matmul, matmul_f32, peak_fma_gflops_per_core, sgemm, sgemm_with
 pub use frozen::{frozen_packed_bytes, FrozenWeights};
 pub use settings::{
     blas_threads, detected_kernel, has_avx512_bf16, precision, prefer_own_threads,
-    set_blas_threads, set_precision, GemmKernel, Precision,
+    set_blas_threads, set_precision, with_f32_products, GemmKernel, Precision,
 };

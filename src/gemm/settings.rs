@@ -99,6 +99,21 @@ pub fn set_precision(p: Precision) -> Result<()> {
     Ok(())
 }
 
+/// Runs `f` with every product in f32, then restores the precision set before (also when `f`
+/// panics). For computations that bf16 rounding would swamp, such as central differences; the
+/// setting is process-wide, so nothing else may run products meanwhile (the callers run
+/// between training steps or alone in a command).
+pub fn with_f32_products<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BF16.store(self.0, Ordering::Relaxed);
+        }
+    }
+    let _restore = Restore(BF16.swap(false, Ordering::Relaxed));
+    f()
+}
+
 /// The precision set by [`set_precision`] (f32 unless changed).
 pub fn precision() -> Precision {
     if BF16.load(Ordering::Relaxed) {

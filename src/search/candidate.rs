@@ -405,10 +405,19 @@ impl<'a> Candidates<'a> {
     /// Summed answer NLL (nats) and scored-token count of candidate `l` (no tape, no dropout,
     /// the merged module, exactly M iterations from 0) on held-out teacher batches.
     pub fn heldout_nll(&self, l: usize, held: &[TeacherBatch]) -> Result<(f64, usize)> {
+        Ok(self
+            .heldout_nll_rows(l, held)?
+            .into_iter()
+            .fold((0.0, 0), |(s, c), (rs, rc)| (s + rs, c + rc)))
+    }
+
+    /// [`Candidates::heldout_nll`] per held-out sequence (batch by batch, row by row): what an
+    /// interval over problems resamples.
+    pub fn heldout_nll_rows(&self, l: usize, held: &[TeacherBatch]) -> Result<Vec<(f64, usize)>> {
         let module = self.module(l)?;
         let m = self.cfg.num_replaced;
         let cfg = &self.dense.config;
-        let (mut sum, mut count) = (0.0, 0);
+        let mut rows = vec![];
         for tb in held {
             let h = tb.states.get(l).ok_or_else(|| {
                 ElmError::InvalidArgument(format!("held-out states stop before layer {l}"))
@@ -418,11 +427,9 @@ impl<'a> Candidates<'a> {
                 z = module.apply(cfg, z.view(), h.view())?;
             }
             let out = run_dense_layers(self.dense, z, l + m..cfg.num_layers)?;
-            let (s, c) = answer_nll_of_hidden(self.dense, &out, &tb.batch)?;
-            sum += s;
-            count += c;
+            rows.extend(answer_nll_rows(self.dense, &out, &tb.batch)?);
         }
-        Ok((sum, count))
+        Ok(rows)
     }
 }
 
@@ -433,6 +440,17 @@ pub fn answer_nll_of_hidden(
     hidden: &Array3<f32>,
     batch: &Batch,
 ) -> Result<(f64, usize)> {
+    Ok(answer_nll_rows(weights, hidden, batch)?
+        .into_iter()
+        .fold((0.0, 0), |(s, c), (rs, rc)| (s + rs, c + rc)))
+}
+
+/// [`answer_nll_of_hidden`] per row of the batch (`(0, 0)` for a row with no target).
+pub fn answer_nll_rows(
+    weights: &ModelWeights,
+    hidden: &Array3<f32>,
+    batch: &Batch,
+) -> Result<Vec<(f64, usize)>> {
     let (b, t, c) = hidden.dim();
     if batch.targets.len() != b || batch.seq_len != t {
         return Err(ElmError::shape(
@@ -445,10 +463,11 @@ pub fn answer_nll_of_hidden(
             ),
         ));
     }
-    let (mut sum, mut count) = (0.0, 0);
+    let mut out = Vec::with_capacity(b);
     for (r, tg) in batch.targets.iter().enumerate() {
         let pos: Vec<usize> = (0..t).filter(|&p| tg[p].is_some()).collect();
         if pos.is_empty() {
+            out.push((0.0, 0));
             continue;
         }
         let mut rows = Array2::<f32>::zeros((pos.len(), c));
@@ -456,11 +475,12 @@ pub fn answer_nll_of_hidden(
             rows.row_mut(k).assign(&hidden.slice(s![r, p, ..]));
         }
         let logits = head_logits(weights, rows.view());
+        let mut sum = 0.0;
         for (k, row) in logits.axis_iter(Axis(0)).enumerate() {
             let target = tg[pos[k]].expect("scored position");
             sum += crate::eval::nll::token_nll(row, target);
-            count += 1;
         }
+        out.push((sum, pos.len()));
     }
-    Ok((sum, count))
+    Ok(out)
 }

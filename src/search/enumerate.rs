@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{batch_indices, TokenSequence};
 use crate::error::{ElmError, Result};
+use crate::eval::stats::{estimate, BootstrapConfig, ItemScore};
 use crate::io::read_json;
 use crate::io::write_json_atomic;
 use crate::model::ModelWeights;
@@ -64,6 +65,10 @@ pub struct EnumEntry {
     pub start: usize,
     /// Held-out answer NLL (nats/token) after training, and before (the initialised candidate).
     pub nll: f64,
+    /// 95% percentile-bootstrap interval of `nll` over the held-out problems (absent from
+    /// enumerations written before it was recorded).
+    #[serde(default)]
+    pub nll_interval: Option<(f64, f64)>,
     pub nll_init: f64,
     /// Mean training CE of the last quarter of the steps.
     pub train_ce_last: f64,
@@ -185,11 +190,26 @@ pub fn enumerate(
             ces.push(st.ce);
             on_step(start, step);
         }
-        let (s1, k1) = cands.heldout_nll(start, &held_batches)?;
+        let rows = cands.heldout_nll_rows(start, &held_batches)?;
+        let (s1, k1) = rows
+            .iter()
+            .fold((0.0, 0), |(s, c), &(rs, rc)| (s + rs, c + rc));
+        let items: Vec<ItemScore> = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, &(_, c))| c > 0)
+            .map(|(i, &(value, c))| ItemScore {
+                id: i.to_string(),
+                value,
+                weight: c as f64,
+            })
+            .collect();
+        let interval = estimate(&items, &BootstrapConfig::default())?;
         let q = (ces.len() / 4).max(1);
         let entry = EnumEntry {
             start,
             nll: s1 / k1.max(1) as f64,
+            nll_interval: Some((interval.lo, interval.hi)),
             nll_init: s0 / k0.max(1) as f64,
             train_ce_last: ces[ces.len() - q..].iter().sum::<f64>() / q as f64,
             seconds: t0.elapsed().as_secs_f64(),

@@ -178,6 +178,10 @@ pub struct WhereToPrune {
     /// Enumerated starts, best first, and their held-out NLL.
     pub enum_ranking: Vec<usize>,
     pub enum_nll: Vec<(usize, f64)>,
+    /// 95% interval over the held-out problems of each `enum_nll` entry, in the same order
+    /// (`None` where the enumeration did not record one).
+    #[serde(default)]
+    pub enum_nll_interval: Vec<Option<(f64, f64)>>,
     pub dense_nll: f64,
     pub gppo: Option<Placement>,
     /// Spearman ρ between θ and −NLL over the enumerated starts (1 = same order).
@@ -259,13 +263,14 @@ pub fn where_to_prune(
         .iter()
         .map(|mc| place(mc.method.name(), &mc.scores, mc.lower_is_better, e))
         .collect::<Result<Vec<_>>>()?;
-    let mut enum_nll: Vec<(usize, f64)> = e.entries.iter().map(|x| (x.start, x.nll)).collect();
-    enum_nll.sort_by_key(|x| x.0);
+    let mut entries: Vec<&super::enumerate::EnumEntry> = e.entries.iter().collect();
+    entries.sort_by_key(|x| x.start);
     Ok(WhereToPrune {
         num_layers: e.num_layers,
         num_replaced: m,
         enum_ranking: e.ranking(),
-        enum_nll,
+        enum_nll: entries.iter().map(|x| (x.start, x.nll)).collect(),
+        enum_nll_interval: entries.iter().map(|x| x.nll_interval).collect(),
         dense_nll: e.dense_nll,
         gppo: gp,
         gppo_spearman: rho,
