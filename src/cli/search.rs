@@ -488,7 +488,9 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
                 ),
                 ("sans-serif", 20),
             )?;
-            let (plot_area, _) = root.split_horizontally(PLOT_WIDTH);
+            let (plot_area, legend_area) = root.split_horizontally(PLOT_WIDTH);
+            // The legend's entries, drawn right of the plot (outside the data) at the end.
+            let mut legend: Vec<(String, ShapeStyle)> = vec![];
             let mut chart = ChartBuilder::on(&plot_area)
                 .margin(15)
                 .x_label_area_size(40)
@@ -518,28 +520,28 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
             }
             if let Some(g) = g {
                 let col = RGBColor(200, 60, 0);
-                chart
-                    .draw_secondary_series(g.probs.iter().enumerate().map(|(s, &p)| {
-                        Rectangle::new(
-                            [(s as f64 - 0.3, 0.0), (s as f64 + 0.3, p)],
-                            col.mix(0.35).filled(),
-                        )
-                    }))?
-                    .label(format!(
-                        "GPPO softmax θ (right axis; argmax {})",
+                chart.draw_secondary_series(g.probs.iter().enumerate().map(|(s, &p)| {
+                    Rectangle::new(
+                        [(s as f64 - 0.3, 0.0), (s as f64 + 0.3, p)],
+                        col.mix(0.35).filled(),
+                    )
+                }))?;
+                legend.push((
+                    format!(
+                        "GPPO softmax θ (right axis, bars; argmax {})",
                         g.chosen_start
-                    ))
-                    .legend(move |(x, y)| {
-                        Rectangle::new([(x, y - 4), (x + 20, y + 4)], col.mix(0.35).filled())
-                    });
+                    ),
+                    col.mix(0.35).stroke_width(8),
+                ));
             }
-            chart
-                .draw_series(LineSeries::new(
-                    r.enum_nll.iter().map(|&(s, v)| (s as f64, v)),
-                    BLUE.stroke_width(2),
-                ))?
-                .label("enumeration (trained candidate; bars: 95% over problems)")
-                .legend(legend_line(BLUE.stroke_width(2)));
+            chart.draw_series(LineSeries::new(
+                r.enum_nll.iter().map(|&(s, v)| (s as f64, v)),
+                BLUE.stroke_width(2),
+            ))?;
+            legend.push((
+                "enumeration (trained candidate; bars: 95% over problems)".into(),
+                BLUE.stroke_width(2),
+            ));
             chart.draw_series(r.enum_nll.iter().enumerate().filter_map(|(i, &(s, v))| {
                 intervals(i)
                     .map(|(a, b)| ErrorBar::new_vertical(s as f64, a, v, b, BLUE.filled(), 8))
@@ -549,13 +551,11 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
                     .iter()
                     .map(|&(s, v)| Circle::new((s as f64, v), 4, BLUE.filled())),
             )?;
-            chart
-                .draw_series(LineSeries::new(
-                    [(-0.5, r.dense_nll), (k as f64 - 0.5, r.dense_nll)],
-                    BLACK.stroke_width(1),
-                ))?
-                .label("dense")
-                .legend(legend_line(BLACK.into()));
+            chart.draw_series(LineSeries::new(
+                [(-0.5, r.dense_nll), (k as f64 - 0.5, r.dense_nll)],
+                BLACK.stroke_width(1),
+            ))?;
+            legend.push(("dense".into(), BLACK.stroke_width(1)));
             let dashes = [(4, 0), (8, 4), (2, 3), (12, 4)];
             for (i, p) in r.metrics.iter().enumerate() {
                 let color = Palette99::pick(i + 3).to_rgba();
@@ -563,27 +563,30 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
                 let (size, gap) = dashes[i % dashes.len()];
                 let style = color.stroke_width(2);
                 if gap == 0 {
-                    chart.draw_series(LineSeries::new([(x, lo), (x, hi)], style))?
+                    chart.draw_series(LineSeries::new([(x, lo), (x, hi)], style))?;
                 } else {
                     chart.draw_series(DashedLineSeries::new(
                         [(x, lo), (x, hi)],
                         size,
                         gap,
                         style,
-                    ))?
+                    ))?;
                 }
-                .label(format!(
-                    "{} choice: {} (rank {})",
-                    p.method, p.choice, p.enum_rank
-                ))
-                .legend(legend_line(style));
+                legend.push((
+                    format!(
+                        "{} choice: {} (rank {}; vertical line)",
+                        p.method, p.choice, p.enum_rank
+                    ),
+                    style,
+                ));
             }
-            // Outside the data: in the column right of the plotting area.
-            let outside = chart.plotting_area().dim_in_pixel().0 as i32 + 140;
-            finish_plot(
-                &mut chart,
-                Some(SeriesLabelPosition::Coordinate(outside, 10)),
-            )
+            for (i, (label, style)) in legend.iter().enumerate() {
+                let y = 40 + 22 * i as i32;
+                legend_area.draw(&PathElement::new(vec![(10, y), (34, y)], *style))?;
+                legend_area.draw(&Text::new(label.clone(), (42, y - 7), ("sans-serif", 13)))?;
+            }
+            chart.plotting_area().present()?;
+            Ok(())
         },
         None,
     )
