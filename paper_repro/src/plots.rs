@@ -13,17 +13,8 @@ use crate::elm_cli::SOLVERS;
 use crate::error::ReproError;
 use crate::markdown::count;
 use crate::rows::{CurvePoint, Curves, FullyTrained, Interval, SolverRow, SweepRow, TrainedStart};
-use crate::tables::Tables;
+use crate::tables::{Tables, Written};
 use elm::search::report::WhereToPrune;
-
-/// Which plots [`write`] drew (their tables exist).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Written {
-    pub solvers: bool,
-    pub sweep: bool,
-    pub curves: bool,
-    pub fully_trained: bool,
-}
 
 /// Writes the plots whose tables exist.
 pub fn write(t: &Tables, dir: &Path) -> Result<Written, ReproError> {

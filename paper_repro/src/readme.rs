@@ -7,7 +7,6 @@ use std::path::Path;
 
 use crate::markdown::{float, iv, opt, pct, signed, signed_float};
 use crate::paper;
-use crate::plots::Written;
 use crate::rows::MAIN_ELM_ROW;
 use crate::stage::seconds;
 use crate::table_markdown::{
@@ -16,7 +15,7 @@ use crate::table_markdown::{
     rho_sweep_table, seeds_table, solver_table, spectral_table, speed_table, sweep_table,
     trained_windows_table, where_table,
 };
-use crate::tables::Tables;
+use crate::tables::{Tables, Written};
 
 /// The model as a reader can find it: its file (or directory) name, not this machine's path.
 fn model_label(model: &str) -> String {

@@ -16,6 +16,16 @@ use crate::runs::RhoSweep;
 use crate::solvers::CanonicalRow;
 use crate::stage::StageLog;
 
+/// Which plots of a run were drawn (their tables exist): what the plot writer reports and the
+/// README writer links.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Written {
+    pub solvers: bool,
+    pub sweep: bool,
+    pub curves: bool,
+    pub fully_trained: bool,
+}
+
 /// Every table of one run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

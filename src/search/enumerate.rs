@@ -204,12 +204,16 @@ pub fn enumerate(
                 weight: c as f64,
             })
             .collect();
-        let interval = estimate(&items, &BootstrapConfig::default())?;
+        // No interval without a scored held-out problem (tiny data sets).
+        let interval = match items.is_empty() {
+            true => None,
+            false => Some(estimate(&items, &BootstrapConfig::default())?),
+        };
         let q = (ces.len() / 4).max(1);
         let entry = EnumEntry {
             start,
             nll: s1 / k1.max(1) as f64,
-            nll_interval: Some((interval.lo, interval.hi)),
+            nll_interval: interval.map(|i| (i.lo, i.hi)),
             nll_init: s0 / k0.max(1) as f64,
             train_ce_last: ces[ces.len() - q..].iter().sum::<f64>() / q as f64,
             seconds: t0.elapsed().as_secs_f64(),
