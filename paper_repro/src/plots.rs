@@ -434,20 +434,23 @@ pub fn plot_fully_trained(
     const WIDTH: u32 = 820;
     let k = w.num_layers + 1 - w.num_replaced;
     let (x0, x1) = (-0.5, k as f64 - 0.5);
-    let mut ys: Vec<f64> = f
+    // The enumeration's estimates (a point where it recorded no interval).
+    let enum_iv: Vec<Interval> = w
+        .enum_nll
+        .iter()
+        .enumerate()
+        .map(|(i, &(_, v))| {
+            let (lo, hi) = w.enum_interval(i).unwrap_or((v, v));
+            Interval { value: v, lo, hi }
+        })
+        .collect();
+    let ys: Vec<f64> = f
         .starts
         .iter()
-        .flat_map(|r| [r.validation_nll.lo, r.validation_nll.hi])
+        .map(|r| &r.validation_nll)
+        .chain(&enum_iv)
+        .flat_map(|i| [i.lo, i.hi])
         .collect();
-    for (i, &(_, v)) in w.enum_nll.iter().enumerate() {
-        let (lo, hi) = w
-            .enum_nll_interval
-            .get(i)
-            .copied()
-            .flatten()
-            .unwrap_or((v, v));
-        ys.extend([lo, hi]);
-    }
     let (y0, y1) = bounds(&ys);
     let probs = w.gppo_probs.clone().unwrap_or_default();
     let pmax = probs.iter().copied().fold(0.0, f64::max).max(1e-6);
@@ -515,20 +518,6 @@ pub fn plot_fully_trained(
         label: "ELM fully trained (main budget)".into(),
         look: look(1),
     });
-    let enum_iv: Vec<Interval> = w
-        .enum_nll
-        .iter()
-        .enumerate()
-        .map(|(i, &(_, v))| {
-            let (lo, hi) = w
-                .enum_nll_interval
-                .get(i)
-                .copied()
-                .flatten()
-                .unwrap_or((v, v));
-            Interval { value: v, lo, hi }
-        })
-        .collect();
     let enum_pts: Vec<(f64, &Interval)> = w
         .enum_nll
         .iter()

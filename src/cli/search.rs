@@ -462,11 +462,10 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
     const PLOT_WIDTH: u32 = 900;
     const LEGEND_WIDTH: u32 = 400;
     let k = r.num_layers + 1 - r.num_replaced;
-    let intervals = |i: usize| r.enum_nll_interval.get(i).copied().flatten();
     let (lo, hi) = r.enum_nll.iter().enumerate().fold(
         (r.dense_nll, f64::NEG_INFINITY),
         |(lo, hi), (i, &(_, v))| {
-            let (a, b) = intervals(i).unwrap_or((v, v));
+            let (a, b) = r.enum_interval(i).unwrap_or((v, v));
             (lo.min(a).min(v), hi.max(b).max(v))
         },
     );
@@ -543,7 +542,7 @@ fn plot_where(path: &Path, r: &elm::search::WhereToPrune, g: Option<&GppoOutcome
                 BLUE.stroke_width(2),
             ));
             chart.draw_series(r.enum_nll.iter().enumerate().filter_map(|(i, &(s, v))| {
-                intervals(i)
+                r.enum_interval(i)
                     .map(|(a, b)| ErrorBar::new_vertical(s as f64, a, v, b, BLUE.filled(), 8))
             }))?;
             chart.draw_series(

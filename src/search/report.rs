@@ -190,6 +190,13 @@ pub struct WhereToPrune {
     pub metrics: Vec<Placement>,
 }
 
+impl WhereToPrune {
+    /// The 95% interval of the `i`-th `enum_nll` entry, when the enumeration recorded one.
+    pub fn enum_interval(&self, i: usize) -> Option<(f64, f64)> {
+        self.enum_nll_interval.get(i).copied().flatten()
+    }
+}
+
 fn place(method: &str, scores: &[f64], lower: bool, e: &Enumeration) -> Result<Placement> {
     let choice = best(scores, lower);
     let grid: Vec<usize> = e.entries.iter().map(|x| x.start).collect();
