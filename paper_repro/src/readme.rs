@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::markdown::{float, iv, opt, pct, signed, signed_float};
 use crate::paper;
-use crate::rows::MAIN_ELM_ROW;
+use crate::rows::{ControlKind, MAIN_ELM_ROW};
 use crate::stage::seconds;
 use crate::table_markdown::{
     canonical_table, collapse_table, controls_table, curves_table, curves_verdict,
@@ -41,10 +41,8 @@ fn section(title: &str, ours: &str, paper: &str) -> String {
 fn verdict(t: &Tables) -> Option<String> {
     let c = t.controls.as_ref()?;
     let elm = t.main.iter().find(|r| r.model == c.elm)?;
-    let equal = c
-        .rows
-        .iter()
-        .find(|r| r.control.starts_with("equal parameters"));
+    let of_kind = |kind: ControlKind| c.rows.iter().filter(move |r| r.kind == kind);
+    let equal = of_kind(ControlKind::EqualParameters).next();
     let mut s = format!(
         "**Verdict:** at the best window on validation (layers {}–{}) and the same training budget, the ELM's answer NLL on {} GSM8K test problems is {}",
         c.layers.0,
@@ -84,18 +82,22 @@ fn verdict(t: &Tables) -> Option<String> {
         _ => s += "; one seed (the seeds are the `long` scale's table 9)",
     }
     s += ".";
-    for (i, r) in c
-        .rows
-        .iter()
-        .filter(|r| r.control.starts_with("fixed depth"))
-        .enumerate()
-    {
+    for (i, r) in of_kind(ControlKind::FixedDepth).enumerate() {
         s += &format!(
             " {} The module looped at {} minus the solved ELM: {} ({}).",
             if i == 0 { "Is it the solve?" } else { "And" },
             r.control.trim_start_matches("fixed depth: "),
             signed(&r.minus_elm),
             gap_reading(&r.minus_elm, "the fixed loop")
+        );
+    }
+    for r in of_kind(ControlKind::PriorMethod) {
+        s += &format!(
+            " Why not loop with per-loop LoRA? The closest prior method, {} ({} parameters), minus the ELM: {} ({}).",
+            r.control.trim_start_matches("prior method: "),
+            r.params,
+            signed(&r.minus_elm),
+            gap_reading(&r.minus_elm, "the prior method")
         );
     }
     if let Some(w) = &t.same_window {

@@ -63,10 +63,23 @@ pub struct Controls {
     pub rows: Vec<Control>,
 }
 
+/// Which question a control answers (the verdict reads each kind in its own sentence).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlKind {
+    /// The best healed baseline removing one layer fewer: at least the ELM's parameters.
+    EqualParameters,
+    /// The module looped K times with injection, trained and tested at K: is it the solve?
+    FixedDepth,
+    /// The closest prior method (Relaxed Recursive Transformers): why not loop with per-loop LoRA?
+    PriorMethod,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Control {
-    /// `equal parameters`, `fixed depth` (the module looped K times, no solve).
+    pub kind: ControlKind,
+    /// What the control is, in words (`equal parameters: …`, `fixed depth: K = …`, …).
     pub control: String,
     /// Its row name in table 1.
     pub model: String,

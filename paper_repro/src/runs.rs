@@ -110,6 +110,10 @@ pub struct Variant {
     /// with the module (`TrainConfig::heal`; false: kept out of the stage key).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub heal: bool,
+    /// Relaxed Recursive Transformers: the per-loop LoRA rank (`elm compress --relaxed-rank`;
+    /// absent: kept out of the stage key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relaxed_rank: Option<usize>,
 }
 
 impl Variant {
@@ -122,6 +126,7 @@ impl Variant {
             block_init: None,
             block: None,
             heal: false,
+            relaxed_rank: None,
         }
     }
     /// LLM-Streamline (layer replacement): one block, one application, no injection.
@@ -134,6 +139,7 @@ impl Variant {
             block_init: None,
             block: None,
             heal: false,
+            relaxed_rank: None,
         }
     }
     /// LLM-Streamline's FFN replacement: the first replaced layer's MLP half (no attention, no
@@ -154,6 +160,7 @@ impl Variant {
             block_init: None,
             block: None,
             heal: false,
+            relaxed_rank: None,
         }
     }
     /// The ELM's ablation: its module (with injection) applied exactly K times at train and
@@ -176,6 +183,22 @@ impl Variant {
         Variant {
             block_init: Some("la-co".into()),
             ..self
+        }
+    }
+    /// Relaxed Recursive Transformers in window form (the closest prior method): one shared
+    /// block, the window's mean, looped `m` times without injection, loop `k` with its own LoRA
+    /// of rank [`RELAXED_RANK`] initialised by the truncated SVD of layer `start + k`'s
+    /// difference to the block.
+    pub fn relaxed(start: usize, m: usize) -> Self {
+        Variant {
+            start,
+            m,
+            injection: false,
+            fixed_iterations: Some(m),
+            block_init: Some("average".into()),
+            block: None,
+            heal: false,
+            relaxed_rank: Some(RELAXED_RANK),
         }
     }
     /// The ELM's ablation: solved to its fixed point, without input injection.
@@ -369,6 +392,9 @@ pub fn train(
         }
         if let Some(block) = &variant.block {
             c.extend(args(&["--block", block]));
+        }
+        if let Some(rank) = variant.relaxed_rank {
+            c.extend(args(&["--relaxed-rank", &rank.to_string()]));
         }
         let compress = elm.run::<Compressed>(&c)?.typed;
         let trained = dir.join("trained");
@@ -689,6 +715,11 @@ pub fn lora(
         budget,
     )
 }
+
+/// Per-loop LoRA rank of the Relaxed Recursive Transformer control: r = 8 on the seven linear
+/// maps of each of M = 8 loops is 651,264 parameters at SmolLM2's width, within 2% of the
+/// 664,128 the ELM's injection adds (`W_z`, `W_h`, `b`), so the two carry the same parameters.
+pub const RELAXED_RANK: usize = 8;
 
 /// LoRA rank of the healing fine-tune (Shortened-LLaMA's recovery: r = 8, α = 16, dropout
 /// 0.05 on every linear layer).

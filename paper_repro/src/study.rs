@@ -133,9 +133,9 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
         // ELM, Streamline (layer and FFN), looped, the ELM at the best healed baseline's
         // window, ELM + heal, the ELM's three ablations and (where the scale has them) the two
         // LaCo-merged inits; the healing fine-tunes.
-        // The controls: two fixed-depth trainings and one more healed baseline (M − 1); every
-        // baseline also scored on validation.
-        let trainings = 10.0 + if l.la_co_init_rows { 2.0 } else { 0.0 };
+        // The controls: two fixed-depth trainings, the Relaxed Recursive Transformer and one
+        // more healed baseline (M − 1); every baseline also scored on validation.
+        let trainings = 11.0 + if l.la_co_init_rows { 2.0 } else { 0.0 };
         let val = l.validation_eval as f64 * 2.0;
         u += trainings * (train(&l.main) + nll + em)
             + l.baselines.len() as f64 * (prune + nll + em + val)

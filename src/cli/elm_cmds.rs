@@ -43,9 +43,15 @@ pub struct CompressArgs {
     #[arg(long)]
     pub fixed_iterations: Option<usize>,
     /// The block's init: first-layer (a copy of layer l) | la-co (LaCo's RDSC merge of the
-    /// window's layers).
+    /// window's layers) | average (the window's mean, Relaxed Recursive Transformers' init).
     #[arg(long, default_value = "first-layer")]
     pub block_init: elm::compress::BlockInit,
+    /// Relaxed Recursive Transformers: one LoRA of this rank per loop on the shared block's
+    /// seven linear maps, initialised by the truncated SVD of each replaced layer's difference
+    /// to the block (needs --no-injection and --fixed-iterations M; pair with --block-init
+    /// average, the paper's init).
+    #[arg(long)]
+    pub relaxed_rank: Option<usize>,
     /// The block's kind: decoder (attention + MLP) | ffn (the MLP half alone, no attention and
     /// no KV cache: LLM-Streamline's FFN replacement).
     #[arg(long, default_value = "decoder")]
@@ -82,9 +88,21 @@ pub fn run_compress(a: CompressArgs) -> Result<()> {
         injection: !a.no_injection,
         fixed_iterations: a.fixed_iterations,
         block,
+        relaxed: a
+            .relaxed_rank
+            .map(|rank| elm::equilibrium::RelaxedLoops { rank }),
         ..ElmConfig::new(a.start, a.num_replaced)
     };
     let module = elm::compress::init_module(&dense, &ec, block_init)?;
+    if ec.is_relaxed() {
+        // Before elm.json: a checkpoint that names its loops has them.
+        let shared = module.block.decoder().ok_or_else(|| {
+            ElmError::config("block", "a relaxed recursive module needs a decoder block")
+        })?;
+        let loops = elm::equilibrium::relaxed::svd_init(&dense, &ec, shared)?;
+        std::fs::create_dir_all(&a.out).map_err(|e| ElmError::io(&a.out, e))?;
+        elm::equilibrium::relaxed::save_loops(&a.out, &loops)?;
+    }
     let meta = ModuleMeta {
         format: MODULE_FORMAT.into(),
         elm: ec.clone(),
@@ -259,20 +277,31 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         RunStart::Resume => Trainer::resume(&dense, &a.out)?,
         // Stopped before its starting point was saved (a full disk): nothing was trained, so
         // the run starts again as it was requested.
-        RunStart::Restart { request: req, .. } => {
-            let module = match &req.init_module {
-                Some(dir) => load_module_for(dir, &dense.config, &a.model)?.0,
-                None => ElmModule::init(&dense, &req.elm)?,
-            };
-            Trainer::new(
-                &dense,
-                req.elm,
-                &module,
-                req.train,
-                a.model.display().to_string(),
-            )?
-        }
+        RunStart::Restart { request: req, .. } => match &req.init_module {
+            Some(dir) => {
+                let (ec, module, loops) = start_module(dir, &dense, &a.model)?;
+                let t = Trainer::new(
+                    &dense,
+                    ec,
+                    &module,
+                    req.train,
+                    a.model.display().to_string(),
+                )?;
+                with_start_loops(t, loops)?
+            }
+            None => {
+                let module = ElmModule::init(&dense, &req.elm)?;
+                Trainer::new(
+                    &dense,
+                    req.elm,
+                    &module,
+                    req.train,
+                    a.model.display().to_string(),
+                )?
+            }
+        },
         RunStart::Fresh => {
+            let mut start_loops = None;
             let mut cfg = match &a.config {
                 Some(p) => TrainConfig::from_file(p)?,
                 None => TrainConfig::default(),
@@ -290,15 +319,9 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
                             dir.display()
                         )));
                     }
-                    let (module, meta) = load_module_for(dir, &dense.config, &a.model)?;
-                    if meta.heal.is_some() {
-                        // A fresh run would start from the module alone and drop the healed layers.
-                        return Err(ElmError::Unsupported(format!(
-                        "{}: this module was trained with a heal of the layers after its window;                          continue that run with --resume, or start a new one from --start/--num-replaced",
-                        dir.display()
-                    )));
-                    }
-                    (meta.elm, module)
+                    let (ec, module, loops) = start_module(dir, &dense, &a.model)?;
+                    start_loops = loops;
+                    (ec, module)
                 }
                 (None, Some(l), Some(m)) => {
                     let ec = ElmConfig::new(l, m);
@@ -317,7 +340,8 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
                 elm: ec.clone(),
                 init_module: a.elm.clone(),
             });
-            Trainer::new(&dense, ec, &module, cfg, a.model.display().to_string())?
+            let t = Trainer::new(&dense, ec, &module, cfg, a.model.display().to_string())?;
+            with_start_loops(t, start_loops)?
         }
     };
     let examples: Vec<Example> = match &a.source.data {
@@ -404,6 +428,48 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The module a training starts from, read from checkpoint `dir`: its layout, its module and,
+/// for a relaxed recursive module, its loops' adapters.
+fn start_module(
+    dir: &std::path::Path,
+    dense: &ModelWeights,
+    model: &std::path::Path,
+) -> Result<(
+    ElmConfig,
+    ElmModule,
+    Option<elm::equilibrium::checkpoint::TensorMap>,
+)> {
+    let meta = elm::equilibrium::module::read_module_meta(dir)?;
+    let (module, meta, loops) = if meta.elm.is_relaxed() {
+        let (module, meta, loops) =
+            elm::equilibrium::module::load_relaxed_for(dir, &dense.config, model)?;
+        (module, meta, Some(loops))
+    } else {
+        let (module, meta) = load_module_for(dir, &dense.config, model)?;
+        (module, meta, None)
+    };
+    if meta.heal.is_some() {
+        // A fresh run would start from the module alone and drop the healed layers.
+        return Err(ElmError::Unsupported(format!(
+            "{}: this module was trained with a heal of the layers after its window; continue \
+             that run with --resume, or start a new one from --start/--num-replaced",
+            dir.display()
+        )));
+    }
+    Ok((meta.elm, module, loops))
+}
+
+/// `trainer` starting from a checkpoint's loop adapters when it has them.
+fn with_start_loops<'a>(
+    trainer: Trainer<'a>,
+    loops: Option<elm::equilibrium::checkpoint::TensorMap>,
+) -> Result<Trainer<'a>> {
+    match loops {
+        Some(l) => trainer.with_loops(l),
+        None => Ok(trainer),
+    }
 }
 
 /// What a fresh `elm train` was asked to do (`run_request.json`).

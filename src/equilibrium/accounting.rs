@@ -62,7 +62,8 @@ pub struct ParamReport {
     pub elm_non_embedding: usize,
     /// Parameters of the M removed blocks.
     pub removed: usize,
-    /// Parameters added back (one block, + P + b with injection).
+    /// Parameters added back (one block, + P + b with injection, + the loops' adapters of a
+    /// relaxed recursive module).
     pub module: usize,
     /// `1 − elm_total / dense_total`.
     pub reduction_total: f64,
@@ -75,7 +76,9 @@ pub fn param_report(cfg: &ModelConfig, elm: &ElmConfig) -> ParamReport {
     let dense_total = dense_params(cfg);
     let dense_non_embedding = dense_total - embedding_params(cfg);
     let removed = elm.num_replaced * block_params(cfg);
-    let module = module_params(cfg, elm.injection, elm.block);
+    // A relaxed recursive module also stores its loops' adapters.
+    let module =
+        module_params(cfg, elm.injection, elm.block) + super::relaxed::loop_params(cfg, elm);
     let elm_total = dense_total - removed + module;
     let elm_non_embedding = dense_non_embedding - removed + module;
     ParamReport {
@@ -127,7 +130,13 @@ pub fn kv_report(
     let kept = cfg.num_layers - elm.num_replaced;
     let dense = cfg.num_layers * per;
     let attends = usize::from(elm.block.has_attention());
-    let one_step = (kept + attends) * per;
+    // A relaxed recursive module runs as its merged layers, each with its own cache.
+    let one_step_caches = if elm.is_relaxed() {
+        elm.num_replaced
+    } else {
+        attends
+    };
+    let one_step = (kept + one_step_caches) * per;
     let multi_step = (kept + attends * iterations) * per;
     KvReport {
         batch,

@@ -37,6 +37,20 @@ pub struct ElmConfig {
     /// the files of decoder modules are as before.
     #[serde(default, skip_serializing_if = "BlockKind::is_decoder")]
     pub block: BlockKind,
+    /// Relaxed Recursive Transformers (Bae et al., ICLR 2025): the shared block gets one LoRA
+    /// per loop, so loop `k` runs `W + B_k A_k` on each of the block's seven linear maps. It
+    /// needs `fixed_iterations = Some(M)` (loop `k` is initialised from replaced layer `l + k`),
+    /// no injection and a decoder block. Absent from `elm.json` when off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relaxed: Option<RelaxedLoops>,
+}
+
+/// The per-loop LoRA of a relaxed recursive module (see [`ElmConfig::relaxed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelaxedLoops {
+    /// Rank `r` of every loop's adapters (the paper's scaling α = r: `W + B A` unscaled).
+    pub rank: usize,
 }
 
 /// The kind of block a module weight-ties.
@@ -93,6 +107,7 @@ impl ElmConfig {
             injection: true,
             fixed_iterations: None,
             block: BlockKind::Decoder,
+            relaxed: None,
         }
     }
     /// One past the last replaced layer: `l + M` (saturating: [`ElmConfig::validate`] refuses
@@ -141,7 +156,45 @@ impl ElmConfig {
         if let Some(k) = self.fixed_iterations {
             crate::limits::check_max_iter("fixed_iterations", k)?;
         }
+        if let Some(relaxed) = &self.relaxed {
+            // Loop k starts from layer l + k: one loop per replaced layer, nothing injected.
+            if self.fixed_iterations != Some(self.num_replaced) {
+                return Err(ElmError::config(
+                    "relaxed",
+                    format!(
+                        "a relaxed recursive module loops once per replaced layer: needs \
+                         fixed_iterations = {} (M), got {:?}",
+                        self.num_replaced, self.fixed_iterations
+                    ),
+                ));
+            }
+            if self.injection {
+                return Err(ElmError::config(
+                    "relaxed",
+                    "a relaxed recursive module has no input injection: set injection = false",
+                ));
+            }
+            if self.block != BlockKind::Decoder {
+                return Err(ElmError::config(
+                    "relaxed",
+                    "a relaxed recursive module adapts a decoder block's seven linear maps: \
+                     use block = decoder",
+                ));
+            }
+            crate::model::lora_adapter::LoraSpec {
+                rank: relaxed.rank,
+                alpha: relaxed.rank as f32,
+                dropout: 0.0,
+            }
+            .validate(model)
+            .map_err(|e| ElmError::config("relaxed.rank", e.to_string()))?;
+        }
         Ok(())
+    }
+
+    /// Whether the module is a relaxed recursive one (per-loop adapters).
+    pub fn is_relaxed(&self) -> bool {
+        self.relaxed.is_some()
     }
 }
 

@@ -18,6 +18,9 @@
 //!   [`fixed_point`] (the module as the solver's map, and the solve buffers kept across tokens),
 //!   [`sequences`] (whole sequences, nothing cached) and [`decode`] (greedy and sampled
 //!   generation). Built on the model's inference blocks and KV caches.
+//! - [`relaxed`]: Relaxed Recursive Transformers' per-loop adapters (a comparison method built
+//!   on the module: the shared block looped M times, loop k with its own SVD-initialised LoRA),
+//!   their checkpoint file and the dense model they merge into for inference.
 //! - [`interchange`]: the official ELM code's integrated checkpoint format, read and written.
 //! - [`bench`]: the comparative bench of dense and ELM configurations (typed runs).
 //! - [`quant_gguf`]: the quantized GGUF file format (below the model code: it reads and writes
@@ -39,12 +42,13 @@ pub mod model;
 pub mod module;
 pub mod quant_gguf;
 pub mod quant_module;
+pub mod relaxed;
 pub mod sequences;
 pub mod session;
 pub mod spectral;
 pub mod train;
 
 pub use accounting::{kv_report, param_report, KvReport, ParamReport};
-pub use config::{BlockKind, DistillScale, ElmConfig, LambdaSchedule, TrainConfig};
+pub use config::{BlockKind, DistillScale, ElmConfig, LambdaSchedule, RelaxedLoops, TrainConfig};
 pub use map::ElmLayer;
 pub use module::{load_module, save_module, ElmModule, ElmParams, ModuleBlock, ModuleMeta};

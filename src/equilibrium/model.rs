@@ -19,8 +19,22 @@ use crate::model_data::quant::{
 use super::config::ElmConfig;
 use super::interchange::{self, ExportParts, OfficialSettings};
 use super::map::ModuleView;
-use super::module::{load_module_for, ElmModule};
+use super::module::{load_module_for, load_relaxed_for, ElmModule};
 use super::quant_module::{QuantElm, QuantModule};
+
+/// A relaxed recursive checkpoint `dir` as the f32 dense model its loops merge into
+/// ([`super::relaxed::merged_model`]): a fixed stack of `M` layers runs exactly as a dense
+/// model's window, with one KV cache per loop and no solve.
+fn load_relaxed_merged(model: &Path, dir: &Path) -> Result<(ModelWeights, Tokenizer)> {
+    let (weights, tok) = load_pretrained(model)?;
+    let (module, meta, loops) = load_relaxed_for(dir, &weights.config, model)?;
+    let shared = module.block.decoder().ok_or_else(|| {
+        ElmError::config("block", "a relaxed recursive module needs a decoder block")
+            .in_file(dir.join(super::module::META_FILE))
+    })?;
+    let merged = super::relaxed::merged_model(weights, &meta.elm, shared, &loops)?;
+    Ok((merged, tok))
+}
 
 /// The tensors an [`ElmModel`] runs on. Inference reads them only through [`ElmModel`]'s
 /// accessors (kept layer by slot, module view, embedding, final norm, LM head), one path for
@@ -309,6 +323,12 @@ impl ElmModel {
             return Ok((ElmModel::quantized(dense, None, module_format)?, tok));
         };
         let meta = super::module::read_module_meta(dir)?;
+        if meta.elm.is_relaxed() {
+            // Merged in f32, then stored as asked (`auto` keeps the merged layers f32).
+            let (weights, tok) = load_relaxed_merged(model, dir)?;
+            let q = QuantWeights::from_f32(&weights, module_format);
+            return Ok((ElmModel::quantized(q, None, module_format)?, tok));
+        }
         if meta.heal.is_some() {
             // A healed checkpoint changes the layers after the window: merged in f32, then
             // stored as asked (`auto` keeps them f32: a GGUF's blocks no longer hold them).
@@ -373,6 +393,12 @@ impl ElmModel {
         }
         if let Some(dir) = elm.filter(|p| interchange::is_official_dir(p)) {
             return ElmModel::load_official_dir(dir, WeightStorage::F32);
+        }
+        if let Some(dir) =
+            elm.filter(|d| super::module::read_module_meta(d).is_ok_and(|m| m.elm.is_relaxed()))
+        {
+            let (weights, tok) = load_relaxed_merged(model, dir)?;
+            return Ok((ElmModel::dense(weights), tok));
         }
         let (mut weights, tok) = load_pretrained(model)?;
         let loaded = match elm {

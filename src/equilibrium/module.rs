@@ -347,6 +347,7 @@ pub fn save_module(dir: &Path, module: &ElmModule, meta: &ModuleMeta) -> Result<
 /// Reads a checkpoint directory written by [`save_module`] (or a training output dir).
 pub fn load_module(dir: &Path) -> Result<(ElmModule, ModuleMeta)> {
     let meta = read_module_meta(dir)?;
+    refuse_relaxed(dir, &meta)?;
     load_module_tensors(dir, meta)
 }
 
@@ -358,6 +359,48 @@ pub fn load_module_for(
     expected: &ModelConfig,
     model: &Path,
 ) -> Result<(ElmModule, ModuleMeta)> {
+    let meta = read_module_meta_for(dir, expected, model)?;
+    refuse_relaxed(dir, &meta)?;
+    load_module_tensors(dir, meta)
+}
+
+/// A relaxed recursive checkpoint (see [`super::relaxed`]) for the dense model `model`: its
+/// shared block, `elm.json` and its loops' adapters, checked as [`load_module_for`] checks.
+pub fn load_relaxed_for(
+    dir: &Path,
+    expected: &ModelConfig,
+    model: &Path,
+) -> Result<(ElmModule, ModuleMeta, TensorMap)> {
+    let meta = read_module_meta_for(dir, expected, model)?;
+    if !meta.elm.is_relaxed() {
+        return Err(ElmError::config(
+            "elm.relaxed",
+            "absent: this checkpoint is not a relaxed recursive module",
+        )
+        .in_file(dir.join(META_FILE)));
+    }
+    let loops = super::relaxed::load_loops(dir, &meta.model_config, &meta.elm)?;
+    let (module, meta) = load_module_tensors(dir, meta)?;
+    Ok((module, meta, loops))
+}
+
+/// A relaxed recursive module is refused where only its shared block would be read: run
+/// alone, the block is not the model (its loops' adapters are in their own file).
+fn refuse_relaxed(dir: &Path, meta: &ModuleMeta) -> Result<()> {
+    if meta.elm.is_relaxed() {
+        return Err(ElmError::Unsupported(format!(
+            "{}: a relaxed recursive module (shared block + per-loop adapters) runs as the dense \
+             model its loops merge into: evaluate or generate with it (`--elm`), or continue its \
+             training with `--resume`; solver, spectral, quantization and export commands need a \
+             fixed-point module",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// `dir/elm.json` checked against the dense model `model` (config `expected`).
+fn read_module_meta_for(dir: &Path, expected: &ModelConfig, model: &Path) -> Result<ModuleMeta> {
     let meta = read_module_meta(dir)?;
     if &meta.model_config != expected {
         let field = first_difference(&meta.model_config, expected);
@@ -375,7 +418,7 @@ pub fn load_module_for(
         )
         .in_file(dir.join(META_FILE)));
     }
-    load_module_tensors(dir, meta)
+    Ok(meta)
 }
 
 fn config_json(c: &ModelConfig) -> serde_json::Map<String, serde_json::Value> {

@@ -36,6 +36,7 @@ use super::map::ElmLayer;
 use super::module::{
     save_module, ElmModule, ElmParams, ModuleMeta, HEAL_FILE, HEAL_PREFIX, MODULE_FORMAT,
 };
+use super::relaxed::LOOPS_PREFIX;
 use crate::data::{batch_indices, make_batch, Batch, TokenSequence};
 use crate::io::run_dir::{begin_step, commit_step, read_state};
 use crate::io::write_json_atomic;
@@ -54,6 +55,44 @@ fn params_on_tape(cfg: &ModelConfig, elm: &ElmConfig, vars: &[Var]) -> Result<El
         i += 1;
         Ok(v)
     })
+}
+
+/// The shared block of a relaxed recursive module (a decoder block: `ElmConfig::validate`).
+fn relaxed_shared_block(module: &ElmModule) -> Result<&crate::model::LayerWeights> {
+    module.block.decoder().ok_or_else(|| {
+        ElmError::config(
+            "relaxed",
+            "a relaxed recursive module needs a decoder block",
+        )
+    })
+}
+
+/// The training options a relaxed recursive module has no meaning for, refused by name: it is
+/// a fixed stack (no iterates to correct, no fixed point to measure) whose loops are adapted,
+/// not healed after.
+fn refuse_with_relaxed(cfg: &TrainConfig) -> Result<()> {
+    let refuse = |field: &str| {
+        Err(ElmError::config(
+            field,
+            "not available for a relaxed recursive module (a fixed stack of adapted loops)",
+        ))
+    };
+    if cfg.heal.is_some() {
+        return refuse("heal");
+    }
+    if cfg.spectral_norm.is_some() {
+        return refuse("spectral_norm");
+    }
+    if !cfg.jacobian_penalty.is_off() {
+        return refuse("jacobian_penalty");
+    }
+    if !cfg.fixed_point_correction.is_off() {
+        return refuse("fixed_point_correction");
+    }
+    if cfg.spectral_every > 0 {
+        return refuse("spectral_every");
+    }
+    Ok(())
 }
 
 /// Seeds the heal's adapter init and dropout masks apart from the module's draws.
@@ -345,6 +384,19 @@ impl<'a> Trainer<'a> {
         for (name, value) in module.params(&dense.config).named() {
             store.insert(name, value.to_owned(), true)?;
         }
+        // A relaxed recursive module's loop adapters after the module's parameters
+        // (`params_on_tape` reads those by position), from the paper's SVD init.
+        if elm.is_relaxed() {
+            let shared = relaxed_shared_block(module)?;
+            let mut init = super::relaxed::svd_init(dense, &elm, shared)?;
+            // In `loop_shapes` order: what `resume` expects the saved store to hold.
+            for (name, _) in super::relaxed::loop_shapes(&dense.config, &elm)? {
+                let value = init
+                    .remove(&name)
+                    .ok_or_else(|| ElmError::tensor(&name, "missing from the SVD init"))?;
+                store.insert(name, value, true)?;
+            }
+        }
         // The heal's adapters after the module's parameters (`params_on_tape` reads those by
         // position), B = 0: the healed model starts as the unhealed one.
         if let Some(spec) = &cfg.heal {
@@ -376,6 +428,9 @@ impl<'a> Trainer<'a> {
     ) -> Result<Self> {
         cfg.validate()?;
         elm.validate(&dense.config)?;
+        if elm.is_relaxed() {
+            refuse_with_relaxed(&cfg)?;
+        }
         if let Some(spec) = &cfg.heal {
             spec.validate(&dense.config)
                 .map_err(|e| ElmError::config("heal", e.to_string()))?;
@@ -499,7 +554,7 @@ impl<'a> Trainer<'a> {
             .names()
             .iter()
             .enumerate()
-            .filter(|(_, n)| !n.starts_with(HEAL_PREFIX))
+            .filter(|(_, n)| !n.starts_with(HEAL_PREFIX) && !n.starts_with(LOOPS_PREFIX))
             .map(|(i, n)| {
                 let w = self.store.value(i);
                 let value = match &self.spectral[i] {
@@ -520,6 +575,104 @@ impl<'a> Trainer<'a> {
             &self.elm,
             Path::new("<param store>"),
         )
+    }
+
+    /// The loop adapters of a relaxed recursive module as they stand (empty for another module).
+    pub fn loops(&self) -> TensorMap {
+        self.store
+            .names()
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.starts_with(LOOPS_PREFIX))
+            .map(|(i, n)| (n.clone(), self.store.value(i).clone()))
+            .collect()
+    }
+
+    /// Replaces the loop adapters the run starts from (a relaxed checkpoint's, instead of the
+    /// SVD init): every adapter, with its shape, and nothing else. Only before the first step.
+    pub fn with_loops(mut self, loops: TensorMap) -> Result<Self> {
+        let shapes = super::relaxed::loop_shapes(&self.dense.config, &self.elm)?;
+        if self.step != 0 || loops.len() != shapes.len() {
+            return Err(ElmError::InvalidArgument(format!(
+                "with_loops: {} adapters for a run at step {} that has {}",
+                loops.len(),
+                self.step,
+                shapes.len()
+            )));
+        }
+        for (name, shape) in shapes {
+            let v = loops
+                .get(&name)
+                .ok_or_else(|| ElmError::tensor(&name, "missing loop adapter"))?;
+            if v.shape() != shape.as_slice() {
+                return Err(ElmError::tensor(
+                    &name,
+                    format!("shape {:?}, expected {shape:?}", v.shape()),
+                ));
+            }
+            let i = self
+                .store
+                .index_of(&name)
+                .ok_or_else(|| ElmError::tensor(&name, "not in the run's store"))?;
+            self.store.value_mut(i).assign(v);
+        }
+        Ok(self)
+    }
+
+    /// Loop `k`'s layer for every loop of a relaxed module: the shared block with its adapters
+    /// merged (what inference runs).
+    fn relaxed_layers(&self) -> Result<Vec<crate::model::LayerWeights>> {
+        let module = self.module()?;
+        let shared = relaxed_shared_block(&module)?;
+        let loops = self.loops();
+        (0..self.elm.num_replaced)
+            .map(|k| super::relaxed::merged_loop(shared, &loops, &self.elm, k))
+            .collect()
+    }
+
+    /// The relaxed recursive window on the tape: from `z = h` `[B, T, C]`, loop `k` applies the
+    /// shared block with loop `k`'s adapters, attending as layer `l + k` does.
+    fn relaxed_window(
+        &self,
+        tape: &mut Tape<f32>,
+        params: &ElmParams<Var>,
+        all: &[Option<Var>],
+        h: Var,
+    ) -> Result<Var> {
+        use crate::model::lora_adapter::{block_lora, lora_block_forward, LoraRun};
+        let relaxed =
+            self.elm.relaxed.as_ref().ok_or_else(|| {
+                ElmError::InvalidArgument("the module has no relaxed loops".into())
+            })?;
+        let shared = params.block.decoder().ok_or_else(|| {
+            ElmError::config(
+                "relaxed",
+                "a relaxed recursive module needs a decoder block",
+            )
+        })?;
+        let spec = super::relaxed::loop_spec(relaxed);
+        let mut run = LoraRun {
+            scale: spec.scale(),
+            dropout: 0.0,
+            rng: None,
+        };
+        let mut z = h;
+        for k in 0..self.elm.num_replaced {
+            let lora = block_lora(&self.store, all, LOOPS_PREFIX, k);
+            if lora.iter().any(Option::is_none) {
+                return Err(ElmError::tensor(
+                    format!("{LOOPS_PREFIX}layers.{k}"),
+                    "a loop adapter is missing from the run's store",
+                ));
+            }
+            let mut block = shared.clone();
+            block.spec = crate::model::tape::BlockSpec::of_layer(
+                &self.dense.config,
+                self.elm.start_layer + k,
+            );
+            z = lora_block_forward(tape, &block, &lora, z, &mut run)?;
+        }
+        Ok(z)
     }
 
     /// Dense activations entering layer l and layer l+M, `[B, T, C]` each (no tape).
@@ -646,15 +799,22 @@ impl<'a> Trainer<'a> {
         let hv = tape.constant(h.into_dyn());
         // The rule's own seed drives its draws (the default rule is seeded by `cfg.seed`).
         let mut rng = StdRng::seed_from_u64(step_seed(self.deq.gradient.seed(), step));
-        let (z, rep) = implicit_forward_with_rng(
-            &mut tape,
-            &self.layer,
-            hv,
-            &params,
-            &z0,
-            &self.deq,
-            &mut rng,
-        )?;
+        let (z, rep) = if self.elm.is_relaxed() {
+            // A fixed stack of M loops, each with its adapters: backpropagated through all.
+            let all: Vec<Option<Var>> = vars.vars().iter().map(|v| Some(*v)).collect();
+            (self.relaxed_window(&mut tape, &params, &all, hv)?, None)
+        } else {
+            let (z, rep) = implicit_forward_with_rng(
+                &mut tape,
+                &self.layer,
+                hv,
+                &params,
+                &z0,
+                &self.deq,
+                &mut rng,
+            )?;
+            (z, Some(rep))
+        };
         let distill_divisor = match self.cfg.lambda.distill_scale {
             DistillScale::Absolute => 1.0,
             DistillScale::TeacherMeanSquare => {
@@ -687,7 +847,9 @@ impl<'a> Trainer<'a> {
         let mse = if fpc.is_off() {
             mse
         } else {
-            crate::grad::fixed_point_correction(&mut tape, &rep.taped_iterates, fpc, |t, zi| {
+            // `build` refuses the correction for a relaxed module, which has no iterates.
+            let iterates = rep.as_ref().map_or(&[][..], |r| &r.taped_iterates[..]);
+            crate::grad::fixed_point_correction(&mut tape, iterates, fpc, |t, zi| {
                 crate::nn::masked_mse(t, zi, tv, &valid)
             })?
         };
@@ -770,7 +932,7 @@ impl<'a> Trainer<'a> {
             ce: ce_val,
             loss: loss_val,
             jacobian,
-            sampled: rep.sampled,
+            sampled: rep.and_then(|r| r.sampled),
             tokens: valid.iter().filter(|v| **v).count(),
             tape_peak_bytes: tape.peak_bytes(),
         };
@@ -786,6 +948,17 @@ impl<'a> Trainer<'a> {
         solver: &SolverConfig,
         stop: &StopCriteria,
     ) -> Result<f64> {
+        if self.elm.is_relaxed() {
+            let layers = self.relaxed_layers()?;
+            return eval_distill_layers(
+                self.dense,
+                &self.elm,
+                &layers,
+                seqs,
+                pad_id,
+                self.cfg.batch_size,
+            );
+        }
         let module = self.module()?;
         eval_distill(
             self.dense,
@@ -918,6 +1091,10 @@ impl<'a> Trainer<'a> {
                 .collect();
             super::checkpoint::save_tensors(&dir.join(HEAL_FILE), &heal, None)?;
         }
+        if self.elm.is_relaxed() {
+            // Before elm.json names a relaxed module, so that a loadable one has its loops.
+            super::relaxed::save_loops(dir, &self.loops())?;
+        }
         let meta = ModuleMeta {
             format: MODULE_FORMAT.into(),
             elm: self.elm.clone(),
@@ -944,6 +1121,10 @@ impl<'a> Trainer<'a> {
             .into_iter()
             .map(|(n, _)| n)
             .collect();
+        if state.elm.is_relaxed() {
+            let loops = super::relaxed::loop_shapes(&dense.config, &state.elm)?;
+            expected.extend(loops.into_iter().map(|(n, _)| n));
+        }
         if state.train.heal.is_some() {
             expected.extend(heal_names(&state.elm, &dense.config)?);
         }
@@ -1077,6 +1258,31 @@ pub fn eval_distill(
         let z = solve_sequences(elm, module, &dense.config, h.view(), solver, stop)?;
         let valid: Vec<bool> = b.valid.iter().flatten().copied().collect();
         // f64 so the sum over many tokens loses nothing.
+        let (mse, count) = crate::nn::loss::masked_mse_forward(
+            &z.mapv(f64::from).into_dyn(),
+            &target.mapv(f64::from).into_dyn(),
+            &valid,
+        )?;
+        sum += mse * count as f64;
+        n += count;
+    }
+    Ok(if n == 0 { 0.0 } else { sum / n as f64 })
+}
+
+/// [`eval_distill`] of a window run as fixed `layers` (a relaxed module's merged loops).
+fn eval_distill_layers(
+    dense: &ModelWeights,
+    elm: &ElmConfig,
+    layers: &[crate::model::LayerWeights],
+    seqs: &[TokenSequence],
+    pad_id: u32,
+    batch: usize,
+) -> Result<f64> {
+    let (mut sum, mut n) = (0.0, 0usize);
+    for chunk in seqs.chunks(batch.max(1)) {
+        let (b, h, target) = window_states(dense, elm, chunk, pad_id)?;
+        let z = crate::model::dense_pass::run_layers(&dense.config, layers.iter(), h)?;
+        let valid: Vec<bool> = b.valid.iter().flatten().copied().collect();
         let (mse, count) = crate::nn::loss::masked_mse_forward(
             &z.mapv(f64::from).into_dyn(),
             &target.mapv(f64::from).into_dyn(),
