@@ -1252,21 +1252,9 @@ pub fn eval_distill(
     solver: &SolverConfig,
     stop: &StopCriteria,
 ) -> Result<f64> {
-    let (mut sum, mut n) = (0.0, 0usize);
-    for chunk in seqs.chunks(batch.max(1)) {
-        let (b, h, target) = window_states(dense, elm, chunk, pad_id)?;
-        let z = solve_sequences(elm, module, &dense.config, h.view(), solver, stop)?;
-        let valid: Vec<bool> = b.valid.iter().flatten().copied().collect();
-        // f64 so the sum over many tokens loses nothing.
-        let (mse, count) = crate::nn::loss::masked_mse_forward(
-            &z.mapv(f64::from).into_dyn(),
-            &target.mapv(f64::from).into_dyn(),
-            &valid,
-        )?;
-        sum += mse * count as f64;
-        n += count;
-    }
-    Ok(if n == 0 { 0.0 } else { sum / n as f64 })
+    window_distill(dense, elm, seqs, pad_id, batch, |h| {
+        solve_sequences(elm, module, &dense.config, h.view(), solver, stop)
+    })
 }
 
 /// [`eval_distill`] of a window run as fixed `layers` (a relaxed module's merged loops).
@@ -1278,11 +1266,27 @@ fn eval_distill_layers(
     pad_id: u32,
     batch: usize,
 ) -> Result<f64> {
+    window_distill(dense, elm, seqs, pad_id, batch, |h| {
+        crate::model::dense_pass::run_layers(&dense.config, layers.iter(), h)
+    })
+}
+
+/// Distillation MSE over the valid tokens of `seqs` (`batch` sequences at a time) of what
+/// `window` makes of the dense `h_l` against the dense `h_{l+M}`.
+fn window_distill(
+    dense: &ModelWeights,
+    elm: &ElmConfig,
+    seqs: &[TokenSequence],
+    pad_id: u32,
+    batch: usize,
+    window: impl Fn(Array3<f32>) -> Result<Array3<f32>>,
+) -> Result<f64> {
     let (mut sum, mut n) = (0.0, 0usize);
     for chunk in seqs.chunks(batch.max(1)) {
         let (b, h, target) = window_states(dense, elm, chunk, pad_id)?;
-        let z = crate::model::dense_pass::run_layers(&dense.config, layers.iter(), h)?;
+        let z = window(h)?;
         let valid: Vec<bool> = b.valid.iter().flatten().copied().collect();
+        // f64 so the sum over many tokens loses nothing.
         let (mse, count) = crate::nn::loss::masked_mse_forward(
             &z.mapv(f64::from).into_dyn(),
             &target.mapv(f64::from).into_dyn(),
