@@ -142,35 +142,43 @@ fn series(main: &Main, start: usize) -> Vec<Series> {
 /// A trained point and its answer NLL minus the reference ELM's at the same run.
 type PairedPoint = (Point, Option<Interval>);
 
-/// Every series of `all` trained at every `(steps, seed)` of `runs`, in that order; each point
-/// with its answer NLL minus that of `all[0]` (the reference ELM) at the same run, paired over
-/// problems (`None` for the reference's own points).
+/// Every series of `all` trained at every `(steps, seed)` of its `runs_of(series)`, in that
+/// order; each point with its answer NLL minus that of `all[0]` (the reference ELM, whose runs
+/// hold every other series' runs) at the same run, paired over problems (`None` for the
+/// reference's own points).
 fn paired_runs(
     ctx: &mut Ctx<'_>,
     dense: &Dense,
     all: &[Series],
-    runs: &[(usize, u64)],
+    runs_of: impl Fn(&Series) -> Vec<(usize, u64)>,
 ) -> Result<Vec<Vec<PairedPoint>>, ReproError> {
     let m = ctx.limits.m;
     let reference = all[0].name(m);
-    let mut elm_items: Vec<MetricReport> = vec![];
+    let mut elm_items: Vec<((usize, u64), MetricReport)> = vec![];
     let mut out = vec![];
     for s in all {
         let name = s.name(m);
         let mut pts = vec![];
-        for (i, &(steps, seed)) in runs.iter().enumerate() {
+        for (steps, seed) in runs_of(s) {
             let p = train_point(ctx, dense, s, steps, seed)?;
-            let minus_elm = match elm_items.get(i) {
-                Some(e) if s != &all[0] => Some(paired_delta(
+            let minus_elm = if s == &all[0] {
+                elm_items.push(((steps, seed), p.nll.clone()));
+                None
+            } else {
+                let (_, e) = elm_items
+                    .iter()
+                    .find(|(run, _)| *run == (steps, seed))
+                    .ok_or_else(|| {
+                        ReproError::Setup(format!(
+                            "{name}: no run of {reference} at {steps} steps, seed {seed}"
+                        ))
+                    })?;
+                Some(paired_delta(
                     &p.nll,
                     e,
                     &format!("{name} vs {reference}, {steps} steps, seed {seed}"),
-                )?),
-                _ => None,
+                )?)
             };
-            if s == &all[0] {
-                elm_items.push(p.nll.clone());
-            }
             pts.push((p, minus_elm));
         }
         out.push(pts);
@@ -178,7 +186,8 @@ fn paired_runs(
     Ok(out)
 }
 
-/// Table 8: every series at every budget of the scale's curve study.
+/// Table 8: every series at every budget of the scale's curve study, the headline series also
+/// at its larger budgets.
 pub fn curves(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Curves, ReproError> {
     let l = ctx.limits.clone();
     let study = l
@@ -188,16 +197,24 @@ pub fn curves(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Curves, R
     let mut steps = study.steps.clone();
     steps.sort_unstable();
     let all = series(main, l.start);
+    let headline = headline_series(main, l.start);
+    let budgets_of = |s: &Series| {
+        if headline.contains(s) {
+            study.headline_budgets()
+        } else {
+            steps.clone()
+        }
+    };
     let reference = all[0].name(l.m);
-    let runs: Vec<(usize, u64)> = steps.iter().map(|&n| (n, 0)).collect();
+    let runs_of = |s: &Series| budgets_of(s).into_iter().map(|n| (n, 0)).collect();
     let mut points = vec![];
     let mut trends = vec![];
-    for (s, pts) in all.iter().zip(paired_runs(ctx, dense, &all, &runs)?) {
+    for (s, pts) in all.iter().zip(paired_runs(ctx, dense, &all, runs_of)?) {
         let name = s.name(l.m);
         let pts: Vec<CurvePoint> = pts
             .into_iter()
-            .zip(&steps)
-            .map(|((p, minus_elm), &n)| CurvePoint {
+            .zip(budgets_of(s))
+            .map(|((p, minus_elm), n)| CurvePoint {
                 series: name.clone(),
                 steps: n,
                 tokens: p.tokens,
@@ -209,7 +226,11 @@ pub fn curves(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Curves, R
         trends.push(trend(&name, &pts)?);
         points.extend(pts);
     }
-    let largest = *steps.last().expect("a curve has budgets") as f64 * l.main.batch_size as f64;
+    let largest = *study
+        .headline_budgets()
+        .last()
+        .expect("a curve has budgets") as f64
+        * l.main.batch_size as f64;
     Ok(Curves {
         reference,
         points,
@@ -277,7 +298,10 @@ pub fn seeds(ctx: &mut Ctx<'_>, dense: &Dense, main: &Main) -> Result<Seeds, Rep
         .collect();
     let mut rows = vec![];
     let mut summaries = vec![];
-    for (s, pts) in all.iter().zip(paired_runs(ctx, dense, &all, &runs)?) {
+    for (s, pts) in all
+        .iter()
+        .zip(paired_runs(ctx, dense, &all, |_| runs.clone())?)
+    {
         let name = s.name(l.m);
         let (mut nll, mut gaps) = (vec![], vec![]);
         let mut sides = vec![];

@@ -13,9 +13,10 @@ use elm::solver::{SolverConfig, StopCriteria};
 
 use crate::error::ReproError;
 use crate::rows::{
-    CollapseRow, Control, ControlKind, Controls, FullyTrained, GradRow, HealedElm, Interval, KvRow,
-    MainRow, PrecisionRow, SameWindow, SolverRow, SpectralRow, SpeedRow, SweepRow,
-    TrainedPlacement, TrainedStart, TrainedWindow, MAIN_ELM_ROW, REFERENCE_KIND,
+    CollapseRow, Control, ControlKind, Controls, FullTest, FullTestRow, FullyTrained, GradRow,
+    HealedElm, Interval, KvRow, MainRow, PrecisionRow, SameWindow, SolverRow, SpectralRow,
+    SpeedRow, SweepRow, TrainedPlacement, TrainedStart, TrainedWindow, MAIN_ELM_ROW,
+    REFERENCE_KIND,
 };
 use crate::runs::{self, Ctx, Metrics, OwnCompute, Problems, Subject, Trained, Variant};
 use crate::stage::Done;
@@ -116,16 +117,25 @@ pub struct Main {
     pub healed_ranked: Vec<String>,
     pub healed_elm: Option<HealedElm>,
     pub controls: Controls,
+    /// Table 1b (scales with `Limits::full_test`).
+    pub full_test: Option<FullTest>,
 }
 
 /// The healing fine-tune of a pruned model (the LoRA budget) and its test evaluations (answer
-/// NLL, exact match).
-fn heal_and_eval(ctx: &mut Ctx<'_>, pruned: &Done<runs::Pruned>) -> Result<Healed, ReproError> {
+/// NLL, and exact match where `exact_match` says).
+fn heal_and_eval(
+    ctx: &mut Ctx<'_>,
+    pruned: &Done<runs::Pruned>,
+    exact_match: ExactMatch,
+) -> Result<Healed, ReproError> {
     let budget = ctx.limits.lora;
     let run = runs::heal(ctx, pruned, &budget)?;
     let subject = Subject::tuned(&run);
     let nll = runs::eval(ctx, &subject, "gsm8k-nll")?;
-    let em = runs::eval(ctx, &subject, "gsm8k")?;
+    let em = match exact_match {
+        ExactMatch::Scored => Some(runs::eval(ctx, &subject, "gsm8k")?),
+        ExactMatch::Skipped => None,
+    };
     Ok(Healed {
         run,
         subject,
@@ -135,10 +145,10 @@ fn heal_and_eval(ctx: &mut Ctx<'_>, pruned: &Done<runs::Pruned>) -> Result<Heale
 }
 
 /// Whether a table-1 row gets an exact-match evaluation: the rows the headline reads by EM do
-/// (the dense rows, the ELMs, the healed baselines, ELM + heal); the others (training-free
-/// baselines, Streamline, looped, the ELM's ablations, the fixed-depth and prior-method
-/// controls, which the verdict reads by their paired NLL) are ranked by answer NLL alone, since
-/// at 135M no EM interval separates compressed models.
+/// (the dense rows, the ELMs, the healed baselines); the others (training-free baselines,
+/// Streamline, looped, the ELM's ablations, ELM + heal, the three controls, which the verdict
+/// reads by their paired NLL) are ranked by answer NLL alone, since at 135M no EM interval
+/// separates compressed models.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ExactMatch {
     Scored,
@@ -150,7 +160,7 @@ struct Healed {
     run: Done<LoraReport>,
     subject: Subject,
     nll: Done<TaskRun>,
-    em: Done<TaskRun>,
+    em: Option<Done<TaskRun>>,
 }
 
 pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError> {
@@ -252,8 +262,9 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         &streamline,
         ExactMatch::Skipped,
     )?;
-    // A family without feed-forward-only module blocks (Gemma 3) has no FFN row.
-    let streamline_ffn = if ctx.ffn_blocks {
+    // A family without feed-forward-only module blocks (Gemma 3) has no FFN row; `small`
+    // leaves it out (`Limits::extra_rows`).
+    let streamline_ffn = if ctx.ffn_blocks && l.extra_rows {
         Some(runs::train(
             ctx,
             &Variant::streamline_ffn(l.start, l.m),
@@ -309,6 +320,12 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         &dense.untuned_nll.value,
         Some(&dense.untuned_em.value),
     )?);
+    // Table 1b's rows besides the headline ELM: (row name, role, what to score).
+    let mut full_test_rows: Vec<(String, String, Subject)> = vec![(
+        rows[0].model.clone(),
+        "reference: the LoRA-tuned dense model".into(),
+        Subject::tuned(&dense.tuned),
+    )];
     // Per-problem answer NLL of each compressed row, paired with the ELM's below.
     let mut compressed: Vec<(usize, MetricReport)> = vec![];
     // Every "best" below is chosen on the validation split (`best_on_validation`).
@@ -351,7 +368,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             subject,
             nll,
             em,
-        } = heal_and_eval(ctx, &p)?;
+        } = heal_and_eval(ctx, &p, ExactMatch::Scored)?;
         let name = format!(
             "{method} + LoRA healing (r = {}, α = 16, merged)",
             runs::HEAL_RANK
@@ -360,7 +377,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         healed_ranked.push((v.mean, method.to_string()));
         if let Some(start) = one_window(&p.value.report.removed_layers, l.m) {
             let items = nll.value.metric("answer_nll", &name)?.clone();
-            window_candidates.push((v, (method.to_string(), start, name.clone(), items)));
+            window_candidates.push((v, (method.to_string(), start, name.clone(), items, subject)));
         }
         compressed.push((rows.len(), nll.value.metric("answer_nll", &name)?.clone()));
         rows.push(row(
@@ -375,7 +392,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
                 p.value.report.seconds + healed.value.compute_seconds(),
             ),
             &nll.value,
-            Some(&em.value),
+            em.as_ref().map(|e| &e.value),
         )?);
     }
     for (r, items) in [Some(streamline_row), streamline_ffn_row, Some(looped_row)]
@@ -406,8 +423,14 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         ),
     };
     let mut headline: Option<(String, Done<Trained>, MetricReport)> = None;
-    if let Some((method, start, baseline, baseline_items)) = best_healed.filter(|b| b.1 != l.start)
+    if let Some((method, start, baseline, baseline_items, baseline_subject)) =
+        best_healed.filter(|b| b.1 != l.start)
     {
+        full_test_rows.push((
+            baseline.clone(),
+            "the best healed baseline (validation), at this window".into(),
+            baseline_subject,
+        ));
         let t = runs::train(ctx, &Variant::elm(start, l.m), &l.main, None)?;
         same_window_start = Some(start);
         let name = format!(
@@ -445,6 +468,8 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     let hw = same_window_start.unwrap_or(l.start);
     // The controls at the headline window and budget, each paired with the ELM there.
     let mut control_rows = vec![];
+    // What table 1b scores for each control, in `control_rows`' order.
+    let mut control_subjects = vec![];
     // A control's row of the controls table: its gap to the headline ELM, paired.
     let control =
         |kind: ControlKind, control: String, model: &str, params: usize, items: &MetricReport| {
@@ -466,10 +491,10 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         let p = runs::prune(ctx, &method, l.m - 1)?;
         let Healed {
             run: healed,
+            subject,
             nll,
             em,
-            ..
-        } = heal_and_eval(ctx, &p)?;
+        } = heal_and_eval(ctx, &p, ExactMatch::Skipped)?;
         let name = format!(
             "{method} at M = {} + LoRA healing (equal-parameter control; layers {:?})",
             l.m - 1,
@@ -486,6 +511,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             p.value.report.params,
             &items,
         )?);
+        control_subjects.push(subject);
         compressed.push((rows.len(), items));
         rows.push(row(
             name,
@@ -503,7 +529,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
                 p.value.report.seconds + healed.value.compute_seconds(),
             ),
             &nll.value,
-            Some(&em.value),
+            em.as_ref().map(|e| &e.value),
         )?);
     }
     // (b) Fixed depth: the same module looped K times with injection (trained and tested at
@@ -546,6 +572,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             t.value.compress.params.elm_total,
             &items,
         )?);
+        control_subjects.push(Subject::elm(&t, "anderson", 0.5));
         compressed.push((rows.len(), items));
         rows.push(r);
         same_window.push((format!("fixed K={k} M={} at layer {hw} (control)", l.m), t));
@@ -578,6 +605,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         t.value.compress.params.elm_total,
         &items,
     )?);
+    control_subjects.push(Subject::elm(&t, "anderson", 0.5));
     compressed.push((rows.len(), items));
     rows.push(r);
     same_window.push((
@@ -591,59 +619,77 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         window_choice,
         rows: control_rows,
     };
+    for (c, subject) in controls.rows.iter().zip(control_subjects) {
+        full_test_rows.push((c.model.clone(), c.control.clone(), subject));
+    }
+    let full_test = match l.full_test {
+        Some(_) => Some(full_test(
+            ctx,
+            &headline_name,
+            &headline_elm,
+            &full_test_rows,
+        )?),
+        None => None,
+    };
     // ELM + heal at the window where the methods meet (else the study's): the same budget,
     // the module and the adapters trained together. A window that ends at the last layer leaves
     // no layer after it to heal: then the study's window.
-    let heal_start = same_window_start
-        .filter(|&s| s + l.m < ctx.num_layers)
-        .unwrap_or(l.start);
-    let healed = runs::train(ctx, &Variant::elm_healed(heal_start, l.m), &l.main, None)?;
-    let layers = (heal_start, heal_start + l.m - 1);
-    let name = format!(
-        "ELM + LoRA heal of the layers after the window (layers {}–{}; r = {}, α = 16; Anderson, δ = 0.5)",
-        layers.0,
-        layers.1,
-        runs::HEAL_RANK
-    );
-    let (r, healed_items) = trained_row(
-        ctx,
-        name.clone(),
-        &format!("ELM + heal, {budget}"),
-        &healed,
-        ExactMatch::Scored,
-    )?;
-    let (plain_name, plain_items) = match (&same_window_pair, &same_window_items) {
-        (Some(w), Some(items)) => (w.elm.clone(), items.clone()),
-        _ => (MAIN_ELM_ROW.to_string(), elm_row.1.clone()),
-    };
-    let baseline = same_window_pair
-        .as_ref()
-        .map(|w| (w.baseline.clone(), same_window_baseline_items.clone()));
-    let healed_elm = Some(HealedElm {
-        healed: name.clone(),
-        plain: plain_name.clone(),
-        layers,
-        healed_minus_plain: paired_delta(
-            &healed_items,
-            &plain_items,
-            &format!("{name} vs {plain_name}"),
-        )?,
-        baseline: baseline.as_ref().map(|b| b.0.clone()),
-        baseline_minus_healed: match &baseline {
-            Some((b, Some(items))) => Some(paired_delta(
-                items,
+    // `small` leaves it out (`Limits::extra_rows`).
+    let healed_elm = if l.extra_rows {
+        let heal_start = same_window_start
+            .filter(|&s| s + l.m < ctx.num_layers)
+            .unwrap_or(l.start);
+        let healed = runs::train(ctx, &Variant::elm_healed(heal_start, l.m), &l.main, None)?;
+        let layers = (heal_start, heal_start + l.m - 1);
+        let name = format!(
+            "ELM + LoRA heal of the layers after the window (layers {}–{}; r = {}, α = 16; Anderson, δ = 0.5)",
+            layers.0,
+            layers.1,
+            runs::HEAL_RANK
+        );
+        let (r, healed_items) = trained_row(
+            ctx,
+            name.clone(),
+            &format!("ELM + heal, {budget}"),
+            &healed,
+            ExactMatch::Skipped,
+        )?;
+        let (plain_name, plain_items) = match (&same_window_pair, &same_window_items) {
+            (Some(w), Some(items)) => (w.elm.clone(), items.clone()),
+            _ => (MAIN_ELM_ROW.to_string(), elm_row.1.clone()),
+        };
+        let baseline = same_window_pair
+            .as_ref()
+            .map(|w| (w.baseline.clone(), same_window_baseline_items.clone()));
+        let healed_elm = HealedElm {
+            healed: name.clone(),
+            plain: plain_name.clone(),
+            layers,
+            healed_minus_plain: paired_delta(
                 &healed_items,
-                &format!("{b} vs {name}"),
-            )?),
-            _ => None,
-        },
-    });
-    compressed.push((rows.len(), healed_items));
-    rows.push(r);
-    same_window.push((
-        format!("ELM + heal M={} at layer {heal_start} (main)", l.m),
-        healed,
-    ));
+                &plain_items,
+                &format!("{name} vs {plain_name}"),
+            )?,
+            baseline: baseline.as_ref().map(|b| b.0.clone()),
+            baseline_minus_healed: match &baseline {
+                Some((b, Some(items))) => Some(paired_delta(
+                    items,
+                    &healed_items,
+                    &format!("{b} vs {name}"),
+                )?),
+                _ => None,
+            },
+        };
+        compressed.push((rows.len(), healed_items));
+        rows.push(r);
+        same_window.push((
+            format!("ELM + heal M={} at layer {heal_start} (main)", l.m),
+            healed,
+        ));
+        Some(healed_elm)
+    } else {
+        None
+    };
     // The ELM's own ablations, at its budget (what its solve and its injection contribute),
     // and the ELM and Streamline started from LaCo's merge instead of the window's first layer.
     let mut ablations = vec![];
@@ -711,7 +757,42 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         same_window_start,
         healed_ranked: healed_ranked.into_iter().map(|(_, m)| m).collect(),
         healed_elm,
+        full_test,
         elm,
+    })
+}
+
+/// Table 1b: the headline ELM (`elm`, row `elm_name`) and `rows` (row name, role, subject)
+/// scored on `Limits::full_test` test problems, each paired with the ELM there.
+fn full_test(
+    ctx: &mut Ctx<'_>,
+    elm_name: &str,
+    elm: &Done<Trained>,
+    rows: &[(String, String, Subject)],
+) -> Result<FullTest, ReproError> {
+    let run = runs::eval_on(
+        ctx,
+        &Subject::elm(elm, "anderson", 0.5),
+        "gsm8k-nll",
+        Problems::FullTest,
+    )?;
+    let elm_items = run.value.metric("answer_nll", elm_name)?.clone();
+    let mut out = vec![];
+    for (model, role, subject) in rows {
+        let run = runs::eval_on(ctx, subject, "gsm8k-nll", Problems::FullTest)?;
+        let items = run.value.metric("answer_nll", model)?;
+        out.push(FullTestRow {
+            model: model.clone(),
+            role: role.clone(),
+            answer_nll: (&items.estimate).into(),
+            minus_elm: paired_delta(items, &elm_items, &format!("{model} vs {elm_name}"))?,
+        });
+    }
+    Ok(FullTest {
+        problems: elm_items.estimate.n,
+        elm: elm_name.to_string(),
+        elm_answer_nll: (&elm_items.estimate).into(),
+        rows: out,
     })
 }
 

@@ -56,8 +56,10 @@ tokens per trained model; ablations: 60 steps; table 6: GPPO 100 steps, enumerat
 seeded sample of 300 test problems for table 1's NLL and its 60 first for the ablations, 100 validation problems for \
 every selection, 16 test problems for exact match). The stage cache makes a rerun after a kill resume where it stopped.\n\
 - `long` (`SCALE=long bash scripts/main.sh`, into `results/long/`): `small`'s tables (read from `small`'s stage \
-records when it ran first) plus table 8 (learning curves at 75, 150, 300, 600, 1,200 and 2,400 steps, a 32× span) and \
-table 9 (three seeds of the headline rows); its own compute time is stated at the top of its page.\n\
+records when it ran first, with table 1's two extra rows) plus table 1b (the headline rows and the controls on all 1,319 \
+test problems), table 8 (learning curves at 75, 150, 300 and 600 steps, the reference ELM, the best healed baseline and \
+the tuned dense model also at 1,200 and 2,400: a 32× span), table 9 (three seeds of the headline rows), table 6b (every \
+start trained) and table 10 (the collapse diagnosis); its own compute time is stated at the top of its page.\n\
 - `paper`: `--model` pointing at a local HF directory of Qwen2.5-1.5B-Instruct (config.json, safetensors, \
 tokenizer.json), the full GSM8K test set, 2000 steps × 8 × 256 tokens; days on a CPU (training runs on the CPU \
 library; a GPU speeds up only dense decoding and benchmarks).\n";

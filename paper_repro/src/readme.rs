@@ -10,7 +10,7 @@ use crate::paper;
 use crate::rows::{ControlKind, MAIN_ELM_ROW};
 use crate::stage::seconds;
 use crate::table_markdown::{
-    canonical_table, collapse_table, controls_table, curves_table, curves_verdict,
+    canonical_table, collapse_table, controls_table, curves_table, curves_verdict, full_test_table,
     fully_trained_table, gap_reading, grad_table, kv_table, main_table, precision_table,
     rho_sweep_table, seeds_table, solver_table, spectral_table, speed_table, sweep_table,
     trained_windows_table, where_table,
@@ -106,6 +106,23 @@ fn verdict(t: &Tables) -> Option<String> {
             w.baseline,
             signed(&w.delta_baseline_minus_elm),
             gap_reading(&w.delta_baseline_minus_elm, "the baseline")
+        );
+    }
+    if let Some(f) = &t.full_test {
+        s += &format!(
+            " On all {} test problems (table 1b) the ELM's NLL is {}; minus the ELM, paired: {}.",
+            f.problems,
+            iv(&f.elm_answer_nll),
+            f.rows
+                .iter()
+                .map(|r| format!(
+                    "{} {} ({})",
+                    r.role,
+                    signed(&r.minus_elm),
+                    gap_reading(&r.minus_elm, "it")
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
         );
     }
     if let Some((a, b)) = t
@@ -526,6 +543,10 @@ fn table_one(t: &Tables) -> String {
             c.elm,
             controls_table(c)
         );
+    }
+    if let Some(f) = &t.full_test {
+        let sample = t.limits["nll_eval"].as_u64().unwrap_or(0) as usize;
+        s += &format!("\n{}", full_test_table(f, sample));
     }
     s
 }

@@ -88,6 +88,32 @@ pub struct Control {
     pub minus_elm: Interval,
 }
 
+/// Table 1b (`long`, `paper`): the headline rows and the controls scored again on the whole
+/// GSM8K test set, each paired with the headline ELM there: what the verdict's gaps are at the
+/// largest sample there is.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FullTest {
+    /// Test problems scored (all of them).
+    pub problems: usize,
+    /// The headline ELM's row name and its answer NLL on them.
+    pub elm: String,
+    pub elm_answer_nll: Interval,
+    pub rows: Vec<FullTestRow>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FullTestRow {
+    /// Its row name in table 1.
+    pub model: String,
+    /// Why it is here (`reference`, `best healed baseline`, a control's words).
+    pub role: String,
+    pub answer_nll: Interval,
+    /// Its answer NLL minus the headline ELM's, paired over every test problem.
+    pub minus_elm: Interval,
+}
+
 /// Table 10: one ELM trained at the main budget from one start under one distillation recipe,
 /// with what tells a collapse apart: the teacher's scale at the window, the losses at the first
 /// steps and the last, the held-out distillation error, the map's contraction and the quality.

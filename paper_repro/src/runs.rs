@@ -551,6 +551,9 @@ pub enum Problems {
     AblationTest,
     /// The validation split's first `Limits::validation_eval` problems (selection only).
     Validation,
+    /// Table 1b's test sample: `Limits::full_test` problems of the same permutation (all of
+    /// them at `long`), so it holds the main table's.
+    FullTest,
 }
 
 /// The seed of the test and validation samples' permutation (one fixed draw, documented in
@@ -619,9 +622,10 @@ fn eval_in(
         Problems::Test => l.nll_eval,
         Problems::AblationTest => l.ablation_nll_eval.min(l.nll_eval),
         Problems::Validation => l.validation_eval,
+        Problems::FullTest => l.full_test.unwrap_or(l.nll_eval),
     };
     let split = match problems {
-        Problems::Test | Problems::AblationTest => elm::data::Split::Test,
+        Problems::Test | Problems::AblationTest | Problems::FullTest => elm::data::Split::Test,
         Problems::Validation => elm::data::Split::Validation,
     };
     let (limit, units) = match parsed {

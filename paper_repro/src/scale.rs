@@ -42,12 +42,32 @@ impl Budget {
 }
 
 /// Tables 8 and 9: every curve's method trained from scratch at each of `steps` (the main
-/// budget's batch shape and schedule; the main budget is one of them), and the headline rows
-/// trained again with each of `seeds` (0 is the main table's) at the main budget.
+/// budget's batch shape and schedule; the main budget is one of them), the headline series (the
+/// reference ELM, the best healed baseline, the tuned dense model) also at each of
+/// `headline_steps`, and the headline rows trained again with each of `seeds` (0 is the main
+/// table's) at the main budget.
 #[derive(Clone, Debug, Serialize)]
 pub struct CurveStudy {
     pub steps: Vec<usize>,
+    /// Larger budgets for the headline series only: the span that settles the trend where the
+    /// verdict reads it, without training every other series that long.
+    pub headline_steps: Vec<usize>,
     pub seeds: Vec<u64>,
+}
+
+impl CurveStudy {
+    /// The budgets of a headline series: `steps` and `headline_steps`, ascending.
+    pub fn headline_budgets(&self) -> Vec<usize> {
+        let mut all: Vec<usize> = self
+            .steps
+            .iter()
+            .chain(&self.headline_steps)
+            .copied()
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
 }
 
 /// Sizes of one scale.
@@ -62,6 +82,9 @@ pub struct Limits {
     /// GSM8K validation problems (the end of train.jsonl, which no training reads) that every
     /// selection scores on: the best baselines, the windows, the held-out figures.
     pub validation_eval: usize,
+    /// Table 1b: the headline rows and the controls scored again on this many test problems
+    /// (`long`: all 1,319; `None` at `small`, which scores every row on `nll_eval`).
+    pub full_test: Option<usize>,
     /// GSM8K test problems of the exact-match figures (greedy generation; the same seeded
     /// permutation).
     pub gsm8k_eval: usize,
@@ -103,6 +126,10 @@ pub struct Limits {
     /// Table 1's rows of the ELM and LLM-Streamline started from LaCo's merge of the window
     /// (two more trainings; left to `paper` by `small`).
     pub la_co_init_rows: bool,
+    /// Table 1's rows that answer neither the paper's table nor the study's question, left out
+    /// by `small` to fit 90 minutes: LLM-Streamline's FFN variant and ELM + heal (a row no
+    /// paper has), about 6 minutes on 2 cores.
+    pub extra_rows: bool,
     /// Tables 8 and 9 (`long` and `smoke`; absent at `small`, which must fit 90 minutes).
     pub curves: Option<CurveStudy>,
     /// Table 10, the collapse diagnosis: ELMs trained at the main budget from these starts under
@@ -204,6 +231,8 @@ impl Scale {
                 nll_eval: 2,
                 ablation_nll_eval: 2,
                 validation_eval: 2,
+                // Table 1b's code path, on a sample a little larger than table 1's.
+                full_test: Some(3),
                 gsm8k_eval: 1,
                 max_new_tokens: 8,
                 main: Budget {
@@ -250,8 +279,10 @@ impl Scale {
                     seq_len: 128,
                 },
                 la_co_init_rows: true,
+                extra_rows: true,
                 curves: Some(CurveStudy {
                     steps: vec![1, 2],
+                    headline_steps: vec![4],
                     seeds: vec![0, 1],
                 }),
                 collapse_starts: vec![3, 5, 12],
@@ -263,6 +294,7 @@ impl Scale {
                 // The first 60 of table 1's 300: what fits the 90 minutes with table 1 at 300.
                 ablation_nll_eval: 60,
                 validation_eval: 100,
+                full_test: None,
                 gsm8k_eval: 16,
                 max_new_tokens: 96,
                 main: Budget {
@@ -304,16 +336,21 @@ impl Scale {
                     seq_len: 128,
                 },
                 la_co_init_rows: false,
+                extra_rows: false,
                 curves: None,
                 collapse_starts: vec![],
                 precision: Precision::Bf16,
                 trained_starts_every: None,
             },
-            // `small`'s every table, plus learning curves at ¼, ½, 1, 2, 4 and 8 times the main
-            // budget (a 32× span) and two more seeds of the headline rows.
+            // `small`'s every table with its two extra rows, plus learning curves (¼ to 8 times
+            // the main budget, a 32× span, for the headline series), two more seeds of the
+            // headline rows, table 1b on the whole test set, table 6b and table 10.
             Scale::Long => Limits {
+                // Every series at ¼ to 2 times the main budget; the headline series on to 8
+                // times it (1,200 and 2,400 steps: a 32× span).
                 curves: Some(CurveStudy {
-                    steps: vec![75, 150, 300, 600, 1200, 2400],
+                    steps: vec![75, 150, 300, 600],
+                    headline_steps: vec![1200, 2400],
                     seeds: vec![0, 1, 2],
                 }),
                 // The starts issue 40 names: the best healed baseline's window, the one GPPO
@@ -321,12 +358,17 @@ impl Scale {
                 collapse_starts: vec![3, 5, 12],
                 // Every start at the main budget: 23 trainings for SmolLM2 at M = 8.
                 trained_starts_every: Some(1),
+                extra_rows: true,
+                // All of GSM8K's test split (issue 40: the headline rows and the controls).
+                full_test: Some(1319),
                 ..Scale::Small.limits()
             },
             Scale::Paper => Limits {
                 nll_eval: 1319,
                 ablation_nll_eval: 1319,
                 validation_eval: 500,
+                // Every row is scored on the whole test set already.
+                full_test: None,
                 gsm8k_eval: 1319,
                 max_new_tokens: 256,
                 main: Budget {
@@ -368,6 +410,7 @@ impl Scale {
                     seq_len: 256,
                 },
                 la_co_init_rows: true,
+                extra_rows: true,
                 curves: None,
                 collapse_starts: vec![3, 5, 12],
                 precision: Precision::F32,
@@ -417,8 +460,9 @@ mod tests {
         let c = long.curves.as_ref().unwrap();
         assert!(c.steps.len() >= 4 && c.seeds.len() >= 3);
         // Issue 40: the curves span 32× (to 1,200 and 2,400 steps).
-        assert!(c.steps.iter().max().unwrap() / c.steps.iter().min().unwrap() >= 32);
-        assert!(c.steps.contains(&1200) && c.steps.contains(&2400));
+        let all = c.headline_budgets();
+        assert!(all.iter().max().unwrap() / all.iter().min().unwrap() >= 32);
+        assert!(all.contains(&1200) && all.contains(&2400));
         for s in [Scale::Small, Scale::Paper] {
             let l = s.limits();
             assert_eq!(

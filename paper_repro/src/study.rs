@@ -130,16 +130,22 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
         u += 2.0 * (nll + em) + anll + train(&l.lora);
     }
     if sel(TableId::Main) || sel(TableId::Curves) || sel(TableId::Seeds) {
-        // ELM, Streamline (layer and FFN), looped, the ELM at the best healed baseline's
-        // window, ELM + heal, the ELM's three ablations and (where the scale has them) the two
+        // ELM, Streamline, looped, the ELM at the best healed baseline's window, the ELM's two
+        // ablations and (where the scale has them) Streamline FFN, ELM + heal and the two
         // LaCo-merged inits; the healing fine-tunes.
         // The controls: two fixed-depth trainings, the Relaxed Recursive Transformer and one
         // more healed baseline (M − 1); every baseline also scored on validation.
-        let trainings = 11.0 + if l.la_co_init_rows { 2.0 } else { 0.0 };
+        let trainings =
+            9.0 + if l.extra_rows { 2.0 } else { 0.0 } + if l.la_co_init_rows { 2.0 } else { 0.0 };
         let val = l.validation_eval as f64 * 2.0;
         u += trainings * (train(&l.main) + nll + em)
             + l.baselines.len() as f64 * (prune + nll + em + val)
             + (l.healed.len() + 1) as f64 * (train(&l.lora) + nll + em + val);
+        // Table 1b: the headline ELM, the tuned dense model, the best healed baseline and the
+        // four controls on the whole test set.
+        if let Some(n) = l.full_test {
+            u += 7.0 * n as f64 * 2.0;
+        }
     } else if sel(TableId::Solver) || sel(TableId::Grad) || sel(TableId::Spectral) {
         u += train(&l.main);
     }
@@ -177,16 +183,18 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
             // A trained module, a heal and a LoRA run cost about the same per token here.
             l.main.with_steps(steps).max_tokens() as f64 / 100.0 + nll
         };
-        let fresh: Vec<usize> = c
-            .steps
-            .iter()
-            .copied()
-            .filter(|&n| n != l.main.steps)
-            .collect();
+        let fresh = |budgets: &[usize]| {
+            budgets
+                .iter()
+                .filter(|&&n| n != l.main.steps)
+                .map(|&n| per_point(n))
+                .sum::<f64>()
+        };
         if sel(TableId::Curves) {
-            // ELM at two windows, the healed baselines, Streamline and the dense reference.
+            // ELM at two windows, the healed baselines, Streamline and the dense reference;
+            // three of them (the headline series) also at the larger budgets.
             let series = 3 + l.healed.len();
-            u += series as f64 * fresh.iter().map(|&n| per_point(n)).sum::<f64>();
+            u += series as f64 * fresh(&c.steps) + 3.0 * fresh(&c.headline_steps);
         }
         if sel(TableId::Seeds) {
             u += 3.0 * (c.seeds.len() - 1) as f64 * per_point(l.main.steps);
@@ -362,6 +370,7 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         t.same_window = m.same_window;
         t.healed_elm = m.healed_elm;
         t.controls = Some(m.controls);
+        t.full_test = m.full_test;
         best_baseline = Some(m.best_baseline);
         trainings.extend(m.trainings);
         Some(m.elm)

@@ -9,9 +9,9 @@ use crate::markdown::{
     count, float, iv, mib, opt, pct, signed, signed_float, Table, NOT_APPLICABLE,
 };
 use crate::rows::{
-    BenchFigures, CollapseRow, Controls, Curves, FullyTrained, GradRow, Interval, KvRow, MainRow,
-    PrecisionRow, Seeds, SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedStart, TrainedWindow,
-    PAPER_PROBLEMS,
+    BenchFigures, CollapseRow, Controls, Curves, FullTest, FullyTrained, GradRow, Interval, KvRow,
+    MainRow, PrecisionRow, Seeds, SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedStart,
+    TrainedWindow, PAPER_PROBLEMS,
 };
 use crate::runs::RhoSweep;
 use crate::solvers::CanonicalRow;
@@ -40,6 +40,42 @@ pub fn controls_table(c: &Controls) -> String {
         c.window_choice,
         c.elm,
         c.elm_params,
+        t.into_markdown()
+    )
+}
+
+/// Table 1b: the headline rows and the controls on the whole test set (table 1 scores a
+/// seeded sample of `sample` of them).
+pub fn full_test_table(f: &FullTest, sample: usize) -> String {
+    let mut t = Table::new(&[
+        "row of table 1",
+        "why it is here",
+        "answer NLL",
+        "minus the ELM (paired)",
+        "reading",
+    ]);
+    t.row(&[
+        f.elm.clone(),
+        "the headline ELM".into(),
+        iv(&f.elm_answer_nll),
+        NOT_APPLICABLE.into(),
+        "the reference of this table".into(),
+    ]);
+    for r in &f.rows {
+        t.row(&[
+            r.model.clone(),
+            r.role.clone(),
+            iv(&r.answer_nll),
+            signed(&r.minus_elm),
+            gap_reading(&r.minus_elm, "it").to_string(),
+        ]);
+    }
+    format!(
+        "### Table 1b — the headline rows and the controls on all {} test problems\n\n\
+         The same models as table 1, scored again on every GSM8K test problem (table 1 scores a \
+         seeded sample of {}), each paired with the headline ELM over all of them:\n\n{}",
+        f.problems,
+        sample,
         t.into_markdown()
     )
 }
@@ -490,15 +526,28 @@ pub fn curves_table(c: &Curves) -> String {
             ),
         ]);
     }
+    // The series trained only at the smaller budgets stop here (`None`: every series has the
+    // reference's budgets).
+    let budgets = |series: &str| c.points.iter().filter(|p| p.series == series).count();
+    let others_stop = c
+        .points
+        .iter()
+        .filter(|p| budgets(&p.series) < budgets(&c.reference))
+        .map(|p| p.steps)
+        .max()
+        .map_or_else(String::new, |n| {
+            format!("; the other series stop at {n} steps")
+        });
     let mut s = format!(
         "Gaps are each model's answer NLL minus that of **{}** trained with the same number of steps (positive: the ELM is better). \
-         Trends are least-squares lines against log2(tokens) through the {} budgets of each curve, which span {:.0} doublings; nothing is \
-         extrapolated beyond them. The last column gives only the sign of the gap's change between the two largest budgets (rising: the \
-         gap grows in the ELM's favour). The paper's budget (two epochs of MetaMathQA, {} problems seen) lies {:.1} doublings beyond \
-         the largest budget here.\n\n{}\n{}",
+         Trends are least-squares lines against log2(tokens) through each curve's budgets ({} for the reference ELM, the best healed \
+         baseline and the tuned dense model, spanning {:.0} doublings{}); nothing is extrapolated beyond them. The last column gives \
+         only the sign of the gap's change between the two largest budgets (rising: the gap grows in the ELM's favour). The paper's \
+         budget (two epochs of MetaMathQA, {} problems seen) lies {:.1} doublings beyond the largest budget here.\n\n{}\n{}",
         c.reference,
-        c.points.iter().filter(|p| p.series == c.reference).count(),
+        budgets(&c.reference),
         curve_span(c),
+        others_stop,
         count(PAPER_PROBLEMS),
         c.doublings_to_paper,
         t.into_markdown(),

@@ -8,9 +8,9 @@ use elm::search::report::WhereToPrune;
 use serde::{Deserialize, Serialize};
 
 use crate::rows::{
-    BenchFigures, CollapseRow, Controls, Curves, FullyTrained, GradRow, HealedElm, KvRow, MainRow,
-    PrecisionRow, SameWindow, Seeds, SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedWindow,
-    REFERENCE_KIND,
+    BenchFigures, CollapseRow, Controls, Curves, FullTest, FullyTrained, GradRow, HealedElm, KvRow,
+    MainRow, PrecisionRow, SameWindow, Seeds, SolverRow, SpectralRow, SpeedRow, SweepRow,
+    TrainedWindow, REFERENCE_KIND,
 };
 use crate::runs::RhoSweep;
 use crate::solvers::CanonicalRow;
@@ -64,6 +64,9 @@ pub struct Tables {
     /// Table 1's controls at the headline window (equal parameters, fixed depth).
     #[serde(default)]
     pub controls: Option<Controls>,
+    /// Table 1b: the headline rows and the controls on the whole test set (`long`, `paper`).
+    #[serde(default)]
+    pub full_test: Option<FullTest>,
     /// Table 7c: the ρ sweep with table 7b's trained ELMs marked.
     #[serde(default)]
     pub rho_sweep: Option<RhoSweep>,
@@ -109,6 +112,7 @@ impl Tables {
             same_window: None,
             healed_elm: None,
             controls: None,
+            full_test: None,
             model_sha256: None,
             collapse: vec![],
             rho_sweep: None,

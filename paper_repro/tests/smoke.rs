@@ -108,6 +108,22 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
         "{:?}",
         t.main
     );
+    // Table 1b: the headline ELM, the tuned dense model, the best healed baseline at that
+    // window and every control, on the larger sample, each paired with the ELM.
+    let f = t.full_test.as_ref().expect("table 1b at smoke");
+    assert_eq!(Some(f.problems), l.full_test);
+    assert_eq!(f.elm, c.elm);
+    assert_eq!(f.rows.len(), 2 + c.rows.len(), "{f:?}");
+    assert!(f.rows[0].role.starts_with("reference"));
+    for (r, control) in f.rows[2..].iter().zip(&c.rows) {
+        assert_eq!(r.model, control.model);
+    }
+    check_interval(&f.elm, &f.elm_answer_nll);
+    for r in &f.rows {
+        assert!(t.main.iter().any(|m| m.model == r.model), "{}", r.model);
+        check_interval(&r.model, &r.answer_nll);
+        check_interval(&r.model, &r.minus_elm);
+    }
     // Every compressed row is paired with the headline ELM, which is not paired with itself.
     for r in &t.main {
         let paired = r.delta_nll_vs_elm.is_some();
@@ -167,6 +183,8 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
             || r.model.starts_with("ELM ablation")
             || r.model.starts_with("fixed-depth control")
             || r.model.starts_with("Relaxed Recursive Transformer")
+            || r.kind.starts_with("control")
+            || r.kind.starts_with("ELM + heal")
             || r.kind.starts_with("LaCo-merged init"));
         assert_eq!(r.flexible_em.is_some(), scored, "{r:?}");
         for em in [&r.flexible_em, &r.strict_em].into_iter().flatten() {
@@ -304,7 +322,19 @@ fn smoke_scale_fills_every_table_and_resumes_from_the_cache() {
     let curves = t.curves.as_ref().expect("table 8 at smoke");
     let series: std::collections::BTreeSet<&str> =
         curves.points.iter().map(|p| p.series.as_str()).collect();
-    assert_eq!(curves.points.len(), series.len() * study.steps.len());
+    // The three headline series (the reference ELM, the best healed baseline, the dense
+    // reference) at every budget, the others at `steps` only.
+    assert_eq!(
+        curves.points.len(),
+        3 * study.headline_budgets().len() + (series.len() - 3) * study.steps.len()
+    );
+    for s in &series {
+        let n = curves.points.iter().filter(|p| p.series == *s).count();
+        assert!(
+            n == study.steps.len() || n == study.headline_budgets().len(),
+            "{s}: {n} points"
+        );
+    }
     assert_eq!(curves.trends.len(), series.len());
     // The reference ELM, each healed baseline, Streamline and the dense reference (and the ELM
     // at the study's window when the reference sits elsewhere).

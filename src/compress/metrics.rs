@@ -1,11 +1,13 @@
 //! Layer- and window-selection scores on the dense residual stream ([`BoundaryStates`]), each
 //! accumulated in f64. Windows are `[s, s + M)`; removing one feeds `h_s` to layer `s + M`.
 
-use ndarray::{s, ArrayView1, ArrayView3, Axis};
+use ndarray::{s, ArrayView1, ArrayView3};
+use rayon::prelude::*;
 
 use super::calibration::{BoundaryStates, Calibration};
 use crate::autograd::{AdFloat, Tape};
 use crate::error::{ElmError, Result};
+use crate::eval::nll::token_nll;
 use crate::model::dense_pass::{head_logits, run_dense_layers};
 use crate::model::tape::{BlockParams, ModelTensors, ModelVars, Trainable};
 use crate::model::ModelWeights;
@@ -98,6 +100,7 @@ pub fn window_removal_nll(
     batch: usize,
 ) -> Result<Vec<f64>> {
     let windows = check_window(states, m)?;
+    let _frozen = weights.frozen_for_scoring();
     (0..windows)
         .map(|s| removal_nll(weights, states, calib, s, s + m, batch))
         .collect()
@@ -129,17 +132,17 @@ pub fn removal_nll(
             .map_err(|e| ElmError::shape("removal_nll", e.to_string()))?
             .into_owned();
         let logits = head_logits(weights, flat.view());
-        for (k, row) in logits.axis_iter(Axis(0)).enumerate() {
-            let (ci, ti) = (rows.start + k / (t - 1), k % (t - 1));
-            let target = calib.chunks[ci][ti + 1] as usize;
-            let max = row.fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-            let lse = max
-                + row
-                    .iter()
-                    .map(|&z| (z as f64 - max).exp())
-                    .sum::<f64>()
-                    .ln();
-            nll += lse - row[target] as f64;
+        // Rows in parallel (the f64 log-softmax over the vocabulary is a large share of the
+        // cost), summed in order so that the total does not depend on the schedule.
+        let row_nll: Vec<f64> = (0..logits.nrows())
+            .into_par_iter()
+            .map(|k| {
+                let (ci, ti) = (rows.start + k / (t - 1), k % (t - 1));
+                token_nll(logits.row(k), calib.chunks[ci][ti + 1])
+            })
+            .collect();
+        for v in row_nll {
+            nll += v;
             count += 1;
         }
     }

@@ -7,7 +7,6 @@ use ndarray::{Array1, Array3};
 
 use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
-use crate::gemm::Precision;
 use crate::model::{
     config_and_layer_format, embed_tokens, load_inference, load_inference_layers, load_pretrained,
     BlockWeights, DecoderWeights, ModelConfig, ModelWeights,
@@ -411,21 +410,12 @@ impl ElmModel {
         };
         Ok((loaded, tok))
     }
-    /// The matrices scoring reuses packed while the returned value lives (see
-    /// [`crate::gemm::FrozenWeights`]): the LM head always (its products have few rows, so
-    /// packing it would dominate them); under bf16 every dense matrix too (their packing also
-    /// rounds, and bf16 packs take half the weight's size). None for quantized weights, whose
-    /// products do not pack.
+    /// The matrices scoring reuses packed while the returned value lives
+    /// ([`ModelWeights::frozen_for_scoring`]); none for quantized weights, whose products do
+    /// not pack.
     pub fn frozen_for_scoring(&self) -> crate::gemm::FrozenWeights<'_> {
         match &self.weights {
-            ElmWeights::F32 { dense, .. } if crate::gemm::precision() == Precision::Bf16 => {
-                dense.frozen()
-            }
-            ElmWeights::F32 { dense, .. } => {
-                let mut f = crate::gemm::FrozenWeights::new();
-                f.borrow(dense.lm_head());
-                f
-            }
+            ElmWeights::F32 { dense, .. } => dense.frozen_for_scoring(),
             ElmWeights::Quant(_) => crate::gemm::FrozenWeights::new(),
         }
     }

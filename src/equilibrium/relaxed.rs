@@ -17,7 +17,7 @@
 use std::path::Path;
 
 use ndarray::{s, Array2};
-use ndarray_linalg::SVD;
+use ndarray_linalg::{JobSvd, SVDDC};
 
 use crate::error::{ElmError, Result};
 use crate::model::lora_adapter::{lora_names, merge_layer, target_shape, LoraSpec, TARGETS};
@@ -88,18 +88,23 @@ fn target_weight<'a>(layer: &'a LayerWeights, t: &str) -> &'a Array2<f32> {
 }
 
 /// The paper's initialisation of every loop's adapters (module doc): the rank-`r` truncated SVD
-/// of `W_{l+k} − W_shared` per target, computed in f64.
+/// of `W_{l+k} − W_shared` per target, computed in f64. The thin divide-and-conquer SVD (the
+/// full `V` of a 1536-wide matrix is most of a full SVD's cost), one matrix per core.
 pub fn svd_init(dense: &ModelWeights, elm: &ElmConfig, shared: &LayerWeights) -> Result<TensorMap> {
+    use rayon::prelude::*;
     elm.validate(&dense.config)?;
     let r = relaxed_of(elm)?.rank;
-    let mut out = TensorMap::new();
-    for k in 0..elm.num_replaced {
-        let layer = &dense.layers[elm.start_layer + k];
-        for t in TARGETS {
+    let jobs: Vec<(usize, &str)> = (0..elm.num_replaced)
+        .flat_map(|k| TARGETS.iter().map(move |&t| (k, t)))
+        .collect();
+    let adapters = jobs
+        .par_iter()
+        .map(|&(k, t)| {
+            let layer = &dense.layers[elm.start_layer + k];
             let diff: Array2<f64> =
                 target_weight(layer, t).mapv(f64::from) - target_weight(shared, t).mapv(f64::from);
             let (u, sigma, vt) = diff
-                .svd(true, true)
+                .svddc(JobSvd::Some)
                 .map_err(|e| ElmError::Linalg(format!("SVD of loop {k}'s `{t}`: {e}")))?;
             let (u, vt) = u.zip(vt).ok_or_else(|| {
                 ElmError::Linalg(format!("SVD of loop {k}'s `{t}`: no singular vectors"))
@@ -107,10 +112,13 @@ pub fn svd_init(dense: &ModelWeights, elm: &ElmConfig, shared: &LayerWeights) ->
             // B = U_r Σ_r  [out, r];  A = V_rᵀ  [r, in].
             let b = &u.slice(s![.., ..r]) * &sigma.slice(s![..r]);
             let a = vt.slice(s![..r, ..]).to_owned();
-            let (na, nb) = lora_names(LOOPS_PREFIX, k, t);
-            out.insert(na, a.mapv(|x| x as f32).into_dyn());
-            out.insert(nb, b.mapv(|x| x as f32).into_dyn());
-        }
+            Ok((lora_names(LOOPS_PREFIX, k, t), a, b))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut out = TensorMap::new();
+    for ((na, nb), a, b) in adapters {
+        out.insert(na, a.mapv(|x| x as f32).into_dyn());
+        out.insert(nb, b.mapv(|x| x as f32).into_dyn());
     }
     Ok(out)
 }

@@ -16,7 +16,7 @@ use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
 
 use super::answer::{score_response, AnswerScore};
-use super::nll::{teacher_forced_nll, NllRun, ScoredSequence};
+use super::nll::{each_batch, teacher_forced_nll, NllRun, ScoredSequence};
 use super::solver_summary::SolverSummary;
 use super::stats::ItemScore;
 
@@ -167,7 +167,9 @@ pub struct GenerationTotals {
 /// The generation tasks' one loop: greedy completions of `items`, `limits.batch` at a time.
 /// `prompt(item)` tokenises each prompt; `take(item, text)` receives every completion in order
 /// (stop tokens dropped, a stop text kept: each task cuts its answer its own way);
-/// `on_progress(done)` runs after each batch.
+/// `on_progress(done)` runs after each batch. Batches are independent sessions, so they run
+/// concurrently where teacher-forced scoring's do ([`each_batch`]): a batch-8 decode step is
+/// too small to split over the cores, two batches are not.
 #[allow(clippy::too_many_arguments)]
 pub fn generate_in_batches<I>(
     model: &ElmModel,
@@ -177,28 +179,31 @@ pub fn generate_in_batches<I>(
     limits: GenerationLimits<'_>,
     prompt: impl Fn(&I) -> Result<Vec<u32>>,
     mut take: impl FnMut(&I, String) -> Result<()>,
-    on_progress: &mut impl FnMut(usize),
+    on_progress: &mut (impl FnMut(usize) + Send),
 ) -> Result<GenerationTotals> {
     let start = Instant::now();
-    let (mut stats, mut generated, mut done, mut kv_bytes_per_sequence) = (vec![], 0, 0, 0);
-    for chunk in items.chunks(limits.batch.max(1)) {
-        let prompts = chunk.iter().map(&prompt).collect::<Result<Vec<_>>>()?;
-        let batch = greedy_batch(
+    let batch = limits.batch.max(1);
+    let prompts = items.iter().map(&prompt).collect::<Result<Vec<_>>>()?;
+    let chunks: Vec<&[Vec<u32>]> = prompts.chunks(batch).collect();
+    let batches = each_batch(&chunks, on_progress, |prompts: &[Vec<u32>]| {
+        greedy_batch(
             model,
             tok,
             inference,
-            &prompts,
+            prompts,
             limits.max_new_tokens,
             limits.stop_strings,
-        )?;
-        kv_bytes_per_sequence = batch.kv_bytes / prompts.len();
-        stats.extend(batch.decode_stats);
-        generated += batch.new_tokens.iter().sum::<usize>();
-        for (item, text) in chunk.iter().zip(batch.texts) {
+        )
+    });
+    let (mut stats, mut generated, mut kv_bytes_per_sequence) = (vec![], 0, 0);
+    for (chunk, done) in items.chunks(batch).zip(batches) {
+        let done = done?;
+        kv_bytes_per_sequence = done.kv_bytes / chunk.len();
+        stats.extend(done.decode_stats);
+        generated += done.new_tokens.iter().sum::<usize>();
+        for (item, text) in chunk.iter().zip(done.texts) {
             take(item, text)?;
         }
-        done += chunk.len();
-        on_progress(done);
     }
     Ok(GenerationTotals {
         run: GenerationRun::measured(generated, start, &stats, model),
@@ -235,7 +240,7 @@ pub fn eval_gsm8k(
     ids: &[String],
     examples: &[QaExample],
     opts: &Gsm8kOptions,
-    mut on_progress: impl FnMut(usize),
+    mut on_progress: impl FnMut(usize) + Send,
 ) -> Result<Gsm8kResult> {
     check(ids, examples, opts.batch)?;
     let mut samples = Vec::with_capacity(examples.len());

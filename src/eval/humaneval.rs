@@ -146,7 +146,7 @@ pub fn eval_humaneval(
     tok: &Tokenizer,
     problems: &[Problem],
     opts: &HumanEvalOptions,
-    mut on_progress: impl FnMut(usize),
+    mut on_progress: impl FnMut(usize) + Send,
 ) -> Result<HumanEvalResult> {
     if opts.batch == 0 || !opts.timeout_s.is_finite() || opts.timeout_s <= 0.0 {
         return Err(ElmError::config(

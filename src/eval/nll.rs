@@ -102,6 +102,33 @@ pub fn token_nll(logits: ArrayView1<f32>, target: u32) -> f64 {
     lse - logits[target as usize] as f64
 }
 
+/// `run(chunk)` for every chunk, in order, each a batch of its own session: with a
+/// single-threaded BLAS every product of a batch runs on one core, so batches run concurrently,
+/// one per core (rayon's pool); with a multi-threaded BLAS, one after another. A batch's result
+/// does not depend on the schedule. `on_progress(items done)` after each batch.
+pub(super) fn each_batch<C: Sync, T: Send>(
+    chunks: &[&[C]],
+    on_progress: &mut (impl FnMut(usize) + Send),
+    run: impl Fn(&[C]) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
+    let progress = std::sync::Mutex::new((0usize, on_progress));
+    let run_one = |chunk: &[C]| {
+        let out = run(chunk);
+        if let Ok(mut p) = progress.lock() {
+            p.0 += chunk.len();
+            let done = p.0;
+            (p.1)(done);
+        }
+        out
+    };
+    if blas_threads() == 1 && rayon::current_num_threads() > 1 && chunks.len() > 1 {
+        use rayon::prelude::*;
+        chunks.par_iter().map(|c| run_one(c)).collect()
+    } else {
+        chunks.iter().map(|c| run_one(c)).collect()
+    }
+}
+
 /// Scores `seqs` with `model` in batches of at most `batch` sequences; `on_progress(done)`
 /// after each batch.
 pub fn teacher_forced_nll(
@@ -141,7 +168,6 @@ pub fn teacher_forced_nll(
     let mut order: Vec<usize> = (0..seqs.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].tokens.len()));
     let chunks: Vec<&[usize]> = order.chunks(batch).collect();
-    let progress = std::sync::Mutex::new((0usize, &mut on_progress));
     let run_chunk = |chunk: &[usize]| -> Result<ChunkNll> {
         let tokens: Vec<Vec<u32>> = chunk.iter().map(|&i| seqs[i].tokens.clone()).collect();
         let t_max = tokens.iter().map(Vec::len).max().unwrap_or(1);
@@ -160,21 +186,9 @@ pub fn teacher_forced_nll(
                 .sum();
             out.push((i, nll));
         }
-        if let Ok(mut p) = progress.lock() {
-            p.0 += chunk.len();
-            let done = p.0;
-            (p.1)(done);
-        }
         Ok((out, std::mem::take(&mut session.prefill_stats)))
     };
-    // With a single-threaded BLAS every gemm runs on one core, so batches run concurrently,
-    // one per core (rayon's pool); with a multi-threaded BLAS, one after another.
-    let results: Vec<_> = if blas_threads() == 1 && rayon::current_num_threads() > 1 {
-        use rayon::prelude::*;
-        chunks.par_iter().map(|c| run_chunk(c)).collect()
-    } else {
-        chunks.iter().map(|c| run_chunk(c)).collect()
-    };
+    let results = each_batch(&chunks, &mut on_progress, run_chunk);
     let mut nll = vec![0.0f64; seqs.len()];
     let mut stats: Vec<FpStat> = Vec::new();
     for r in results {

@@ -96,6 +96,20 @@ impl ModelWeights {
         }
         f
     }
+
+    /// What scoring passes over fixed weights keep packed while the returned value lives: the
+    /// LM head always (its products have few rows, so packing it would dominate them); under
+    /// bf16 every matrix too (their packing also rounds, and bf16 packs take half the
+    /// weight's size).
+    pub fn frozen_for_scoring(&self) -> crate::gemm::FrozenWeights<'_> {
+        if crate::gemm::precision() == crate::gemm::Precision::Bf16 {
+            self.frozen()
+        } else {
+            let mut f = crate::gemm::FrozenWeights::new();
+            f.borrow(self.lm_head());
+            f
+        }
+    }
 }
 
 impl LayerWeights {
