@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{tiny_weights, TempDir};
+use common::{ragged_prompts, tiny_weights, TempDir};
 use elm::compress::{init_module, BlockInit};
 use elm::data::TokenSequence;
 use elm::equilibrium::accounting::{block_params, param_report};
@@ -79,17 +79,9 @@ fn max_abs(a: &Array2<f32>, b: &Array2<f32>) -> f32 {
         .fold(0.0, f32::max)
 }
 
-fn prompts() -> Vec<Vec<u32>> {
-    let mut rng = StdRng::seed_from_u64(8);
-    [6usize, 3, 9]
-        .iter()
-        .map(|&n| (0..n).map(|_| rng.gen_range(3..64)).collect())
-        .collect()
-}
-
 fn prefill(w: ModelWeights) -> Array2<f32> {
     let t = Transformer::new(w).unwrap();
-    let ps = prompts();
+    let ps = ragged_prompts();
     let mut cache = t.new_cache(ps.len(), 32).unwrap();
     t.prefill(&ps, &mut cache).unwrap()
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{tiny_weights, TempDir};
+use common::{ragged_prompts, tiny_weights, TempDir};
 use elm::compress::methods::delete_layers;
 use elm::data::TokenSequence;
 use elm::equilibrium::accounting::{
@@ -23,14 +23,6 @@ use elm::solver::SolverConfig;
 use elm::train::OptimConfig;
 use ndarray::Array2;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-
-fn prompts() -> Vec<Vec<u32>> {
-    let mut rng = StdRng::seed_from_u64(8);
-    [6usize, 3, 9]
-        .iter()
-        .map(|&n| (0..n).map(|_| rng.gen_range(3..64)).collect())
-        .collect()
-}
 
 fn variant(w: &ModelWeights, injection: bool, k: usize) -> ElmModel {
     variant_of(w, injection, k, BlockKind::Decoder)
@@ -75,7 +67,7 @@ fn max_abs(a: &Array2<f32>, b: &Array2<f32>) -> f32 {
 
 /// Prefill logits and 5 greedy tokens of `model` vs the dense reference `reference`.
 fn assert_same_as_dense(model: &ElmModel, reference: ModelWeights, mode: KvMode, what: &str) {
-    let ps = prompts();
+    let ps = ragged_prompts();
     let cfg = InferenceConfig {
         solver: SolverConfig::picard(),
         kv_mode: mode,

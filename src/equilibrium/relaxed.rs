@@ -20,7 +20,9 @@ use ndarray::{s, Array2};
 use ndarray_linalg::{JobSvd, SVDDC};
 
 use crate::error::{ElmError, Result};
-use crate::model::lora_adapter::{lora_names, merge_layer, target_shape, LoraSpec, TARGETS};
+use crate::model::lora_adapter::{
+    lora_names, merge_layer, target_linear, target_shape, LoraSpec, TARGETS,
+};
 use crate::model::{LayerWeights, ModelConfig, ModelWeights};
 use crate::train::ParamStore;
 
@@ -74,19 +76,6 @@ pub fn loop_params(cfg: &ModelConfig, elm: &ElmConfig) -> usize {
     }
 }
 
-/// The weight of target `t` of `layer`.
-fn target_weight<'a>(layer: &'a LayerWeights, t: &str) -> &'a Array2<f32> {
-    match t {
-        "wq" => &layer.wq,
-        "wk" => &layer.wk,
-        "wv" => &layer.wv,
-        "wo" => &layer.wo,
-        "w_gate" => &layer.w_gate,
-        "w_up" => &layer.w_up,
-        _ => &layer.w_down,
-    }
-}
-
 /// The paper's initialisation of every loop's adapters (module doc): the rank-`r` truncated SVD
 /// of `W_{l+k} − W_shared` per target, computed in f64. The thin divide-and-conquer SVD (the
 /// full `V` of a 1536-wide matrix is most of a full SVD's cost), one matrix per core.
@@ -101,8 +90,9 @@ pub fn svd_init(dense: &ModelWeights, elm: &ElmConfig, shared: &LayerWeights) ->
         .par_iter()
         .map(|&(k, t)| {
             let layer = &dense.layers[elm.start_layer + k];
+            let linear = target_linear(t)?;
             let diff: Array2<f64> =
-                target_weight(layer, t).mapv(f64::from) - target_weight(shared, t).mapv(f64::from);
+                linear.weight(layer).mapv(f64::from) - linear.weight(shared).mapv(f64::from);
             let (u, sigma, vt) = diff
                 .svddc(JobSvd::Some)
                 .map_err(|e| ElmError::Linalg(format!("SVD of loop {k}'s `{t}`: {e}")))?;

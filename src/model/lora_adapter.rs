@@ -100,6 +100,12 @@ pub fn target_shape(cfg: &ModelConfig, t: &str) -> Result<(usize, usize)> {
     Ok((s[0], s[1]))
 }
 
+/// The projection LoRA target `t` names (an unknown name is an error naming it).
+pub fn target_linear(t: &str) -> Result<BlockLinear> {
+    BlockLinear::of_target(t)
+        .ok_or_else(|| ElmError::config("target", format!("unknown LoRA target `{t}`")))
+}
+
 /// Store names of layer `layer`'s adapter on target `t`: `(A, B)`.
 pub fn lora_names(prefix: &str, layer: usize, t: &str) -> (String, String) {
     (
@@ -243,15 +249,7 @@ pub fn merge_layer(
         }
         let (a, b) = (as2(store, &na)?, as2(store, &nb)?);
         let delta = b.dot(&a) * scale;
-        let target = match t {
-            "wq" => &mut out.wq,
-            "wk" => &mut out.wk,
-            "wv" => &mut out.wv,
-            "wo" => &mut out.wo,
-            "w_gate" => &mut out.w_gate,
-            "w_up" => &mut out.w_up,
-            _ => &mut out.w_down,
-        };
+        let target = target_linear(t)?.weight_mut(&mut out);
         if target.dim() != delta.dim() {
             return Err(ElmError::tensor(
                 &na,

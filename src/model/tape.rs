@@ -16,7 +16,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use ndarray::{ArrayD, ArrayViewD, Dimension};
+use ndarray::{Array2, ArrayD, ArrayViewD, Dimension};
 
 use super::block_view::{AttnRef, BlockRef, Gemma3Ref};
 use crate::autograd::{AdFloat, Tape, Var};
@@ -472,6 +472,43 @@ impl BlockLinear {
             BlockLinear::Gate => 4,
             BlockLinear::Up => 5,
             BlockLinear::Down => 6,
+        }
+    }
+    /// The projection a LoRA target name ([`crate::model::lora_adapter::TARGETS`]) names.
+    pub fn of_target(name: &str) -> Option<Self> {
+        Some(match name {
+            "wq" => BlockLinear::Q,
+            "wk" => BlockLinear::K,
+            "wv" => BlockLinear::V,
+            "wo" => BlockLinear::O,
+            "w_gate" => BlockLinear::Gate,
+            "w_up" => BlockLinear::Up,
+            "w_down" => BlockLinear::Down,
+            _ => return None,
+        })
+    }
+    /// Its weight in `layer`.
+    pub fn weight(self, layer: &LayerWeights) -> &Array2<f32> {
+        match self {
+            BlockLinear::Q => &layer.wq,
+            BlockLinear::K => &layer.wk,
+            BlockLinear::V => &layer.wv,
+            BlockLinear::O => &layer.wo,
+            BlockLinear::Gate => &layer.w_gate,
+            BlockLinear::Up => &layer.w_up,
+            BlockLinear::Down => &layer.w_down,
+        }
+    }
+    /// Its weight in `layer`, to change.
+    pub fn weight_mut(self, layer: &mut LayerWeights) -> &mut Array2<f32> {
+        match self {
+            BlockLinear::Q => &mut layer.wq,
+            BlockLinear::K => &mut layer.wk,
+            BlockLinear::V => &mut layer.wv,
+            BlockLinear::O => &mut layer.wo,
+            BlockLinear::Gate => &mut layer.w_gate,
+            BlockLinear::Up => &mut layer.w_up,
+            BlockLinear::Down => &mut layer.w_down,
         }
     }
 }

@@ -87,6 +87,16 @@ pub fn tiny_weights(arch: Arch, layers: usize, seed: u64) -> ModelWeights {
     ModelWeights::random(&tiny_config(arch, layers), seed)
 }
 
+/// Three seeded prompts of 6, 3 and 9 tokens inside the tiny vocabulary (ragged on purpose:
+/// batched passes must pad them).
+pub fn ragged_prompts() -> Vec<Vec<u32>> {
+    let mut rng = StdRng::seed_from_u64(8);
+    [6usize, 3, 9]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.gen_range(3..64)).collect())
+        .collect()
+}
+
 /// [`tiny_weights`] ready for inference.
 pub fn tiny_transformer(arch: Arch, layers: usize, seed: u64) -> Transformer {
     Transformer::new(tiny_weights(arch, layers, seed)).unwrap()
