@@ -351,3 +351,47 @@ fn perplexity_dense_and_elm_match_per_window_references() {
     // Eight layers replaced by an untrained module cost likelihood on plain text too.
     assert!(got > sum / count as f64);
 }
+
+/// Generation's batches run concurrently (one per core) when BLAS is single-threaded, the
+/// binary's default, and one after another when `OPENBLAS_NUM_THREADS` gives BLAS the cores:
+/// the same batches either way, so the completions and their scores are the same to the token.
+#[test]
+fn gsm8k_generation_is_the_same_whether_batches_run_concurrently_or_in_turn() {
+    let Some(model) = real_model() else { return };
+    let run = |blas_threads: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_elm"));
+        cmd.args([
+            "eval",
+            "--model",
+            model.to_str().unwrap(),
+            "--task",
+            "gsm8k",
+            "--limit",
+            "4",
+            "--batch",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--samples",
+            "--json",
+        ])
+        .env_remove("ELM_DATA_DIR");
+        match blas_threads {
+            Some(n) => cmd.env("OPENBLAS_NUM_THREADS", n),
+            None => cmd.env_remove("OPENBLAS_NUM_THREADS"),
+        };
+        let out = cmd.output().expect("run elm");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("--json output")
+    };
+    let (concurrent, in_turn) = (run(None), run(Some("2")));
+    let samples = |v: &serde_json::Value| v["gsm8k_samples"].clone();
+    assert_eq!(samples(&concurrent).as_array().map(Vec::len), Some(4));
+    assert_eq!(samples(&concurrent), samples(&in_turn));
+    assert_eq!(concurrent["tokens"], in_turn["tokens"]);
+    assert_eq!(concurrent["metrics"], in_turn["metrics"]);
+}

@@ -36,6 +36,39 @@ fn job_of(model: &str) -> (&'static str, &'static str) {
 fn section(title: &str, ours: &str, paper: &str) -> String {
     format!("## {title}\n\n{ours}\n**Paper:** {paper}\n\n")
 }
+/// What the learning curves say about the budget, for the verdict: the gap to the first
+/// series after the reference ELM (the best healed baseline) at the smallest and the largest
+/// budget it was trained at, without extrapolation; a pointer to table 8 where it is not run.
+fn budget_reading(t: &Tables) -> String {
+    let Some(c) = &t.curves else {
+        return "the `long` scale's learning curves (table 8)".into();
+    };
+    let Some(r) = c.trends.iter().find(|r| r.series != c.reference) else {
+        return "table 8 has no series besides the reference".into();
+    };
+    let steps: Vec<usize> = c
+        .points
+        .iter()
+        .filter(|p| p.series == r.series)
+        .map(|p| p.steps)
+        .collect();
+    match (
+        r.gap_smallest,
+        r.gap_largest,
+        steps.iter().min(),
+        steps.iter().max(),
+    ) {
+        (Some(first), Some(last), Some(lo), Some(hi)) => format!(
+            "in table 8, {} minus the ELM trained with the same steps is {} at {lo} steps and {} at {hi} steps (the gap {}; nothing is extrapolated past {hi} steps)",
+            r.series,
+            signed(&first),
+            signed(&last),
+            r.verdict
+        ),
+        _ => "table 8 has no paired gaps".into(),
+    }
+}
+
 /// The study's verdict, generated from the tables: the comparison at equal parameters and equal
 /// budget at the best window first, then the fixed-depth controls, then what changes it.
 fn verdict(t: &Tables) -> Option<String> {
@@ -144,11 +177,12 @@ fn verdict(t: &Tables) -> Option<String> {
             if let Some(d) = &study.delta_nll_vs_elm {
                 s += &format!(
                     " What changes it: the window — at the study's default window (layers {}–{}) the ELM's NLL is {}, {} against the headline ELM \
-                     (table 1 pairs every other row with the headline ELM: compare them there); the budget — the `long` scale's learning curves (table 8).",
+                     (table 1 pairs every other row with the headline ELM: compare them there); the budget — {}.",
                     t.limits["start"],
                     t.limits["start"].as_u64().unwrap_or(0) + t.limits["m"].as_u64().unwrap_or(1) - 1,
                     iv(&study.answer_nll),
-                    signed(d)
+                    signed(d),
+                    budget_reading(t)
                 );
             }
         }
