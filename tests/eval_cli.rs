@@ -15,11 +15,20 @@ use elm::eval::nll::token_nll;
 
 /// Runs `elm` with no ELM_DATA_DIR (as in a fresh clone without ../shared).
 fn elm(args: &[&str]) -> (bool, serde_json::Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_elm"))
-        .args(args)
-        .env_remove("ELM_DATA_DIR")
-        .output()
-        .expect("run elm");
+    elm_with_env(args, &[])
+}
+
+/// [`elm`] with these variables set (`Some`) or removed (`None`).
+fn elm_with_env(args: &[&str], env: &[(&str, Option<&str>)]) -> (bool, serde_json::Value, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_elm"));
+    cmd.args(args).env_remove("ELM_DATA_DIR");
+    for (name, value) in env {
+        match value {
+            Some(v) => cmd.env(name, v),
+            None => cmd.env_remove(name),
+        };
+    }
+    let out = cmd.output().expect("run elm");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let json = serde_json::from_str(stdout.trim()).unwrap_or(serde_json::Value::Null);
@@ -359,34 +368,26 @@ fn perplexity_dense_and_elm_match_per_window_references() {
 fn gsm8k_generation_is_the_same_whether_batches_run_concurrently_or_in_turn() {
     let Some(model) = real_model() else { return };
     let run = |blas_threads: Option<&str>| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_elm"));
-        cmd.args([
-            "eval",
-            "--model",
-            model.to_str().unwrap(),
-            "--task",
-            "gsm8k",
-            "--limit",
-            "4",
-            "--batch",
-            "2",
-            "--max-new-tokens",
-            "12",
-            "--samples",
-            "--json",
-        ])
-        .env_remove("ELM_DATA_DIR");
-        match blas_threads {
-            Some(n) => cmd.env("OPENBLAS_NUM_THREADS", n),
-            None => cmd.env_remove("OPENBLAS_NUM_THREADS"),
-        };
-        let out = cmd.output().expect("run elm");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let (ok, v, err) = elm_with_env(
+            &[
+                "eval",
+                "--model",
+                model.to_str().unwrap(),
+                "--task",
+                "gsm8k",
+                "--limit",
+                "4",
+                "--batch",
+                "2",
+                "--max-new-tokens",
+                "12",
+                "--samples",
+                "--json",
+            ],
+            &[("OPENBLAS_NUM_THREADS", blas_threads)],
         );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("--json output")
+        assert!(ok, "{err}");
+        v
     };
     let (concurrent, in_turn) = (run(None), run(Some("2")));
     let samples = |v: &serde_json::Value| v["gsm8k_samples"].clone();

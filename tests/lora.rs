@@ -8,7 +8,7 @@ use common::{tiny_weights, TempDir};
 use elm::data::{make_batch, TokenSequence};
 use elm::lora::{LoraConfig, LoraSpec, LoraTrainer};
 use elm::model::dense_pass::{embed, run_dense_layers};
-use elm::model::lora_adapter::{insert_adapters, lora_names, merge_layer, TARGETS};
+use elm::model::lora_adapter::{insert_adapters, lora_names, merge_layer, target_linear, TARGETS};
 use elm::model::{Arch, ModelConfig};
 use elm::search::candidate::answer_nll_of_hidden;
 use elm::train::OptimConfig;
@@ -301,4 +301,29 @@ fn a_batch_without_answer_tokens_passes_without_an_update() {
     for (i, b) in before.iter().enumerate() {
         assert_eq!(tr.adapters().value(i), b, "adapter {i} moved");
     }
+}
+
+/// The LoRA target names and the block's projections are one order: each name resolves to the
+/// projection at its place, whose weight is the layer's field of that name.
+#[test]
+fn target_names_resolve_to_their_projection() {
+    use elm::model::tape::BlockLinear;
+    let w = tiny_weights(Arch::Llama, 1, 3);
+    let layer = &w.layers[0];
+    let fields = [
+        &layer.wq,
+        &layer.wk,
+        &layer.wv,
+        &layer.wo,
+        &layer.w_gate,
+        &layer.w_up,
+        &layer.w_down,
+    ];
+    for (i, t) in TARGETS.iter().enumerate() {
+        let p = target_linear(t).unwrap();
+        assert_eq!(p.index(), i, "{t}");
+        assert_eq!(BlockLinear::ALL[i], p);
+        assert!(std::ptr::eq(p.weight(layer), fields[i]), "{t}");
+    }
+    assert!(target_linear("w_nope").is_err());
 }

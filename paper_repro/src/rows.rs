@@ -88,7 +88,7 @@ pub struct Control {
     pub minus_elm: Interval,
 }
 
-/// Table 1b (`long`, `paper`): the headline rows and the controls scored again on the whole
+/// Table 1b (`long`; `smoke` for its code path): the headline rows and the controls scored again on the whole
 /// GSM8K test set, each paired with the headline ELM there: what the verdict's gaps are at the
 /// largest sample there is.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -64,7 +64,7 @@ pub struct Tables {
     /// Table 1's controls at the headline window (equal parameters, fixed depth).
     #[serde(default)]
     pub controls: Option<Controls>,
-    /// Table 1b: the headline rows and the controls on the whole test set (`long`, `paper`).
+    /// Table 1b: the headline rows and the controls on the whole test set (`long`).
     #[serde(default)]
     pub full_test: Option<FullTest>,
     /// Table 7c: the ρ sweep with table 7b's trained ELMs marked.

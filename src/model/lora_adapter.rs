@@ -100,9 +100,13 @@ pub fn target_shape(cfg: &ModelConfig, t: &str) -> Result<(usize, usize)> {
     Ok((s[0], s[1]))
 }
 
-/// The projection LoRA target `t` names (an unknown name is an error naming it).
+/// The projection LoRA target `t` names: the one at its place in [`TARGETS`], which lists the
+/// names in [`BlockLinear::ALL`]'s order (an unknown name is an error naming it).
 pub fn target_linear(t: &str) -> Result<BlockLinear> {
-    BlockLinear::of_target(t)
+    TARGETS
+        .iter()
+        .position(|&name| name == t)
+        .map(|i| BlockLinear::ALL[i])
         .ok_or_else(|| ElmError::config("target", format!("unknown LoRA target `{t}`")))
 }
 

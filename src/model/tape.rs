@@ -474,19 +474,16 @@ impl BlockLinear {
             BlockLinear::Down => 6,
         }
     }
-    /// The projection a LoRA target name ([`crate::model::lora_adapter::TARGETS`]) names.
-    pub fn of_target(name: &str) -> Option<Self> {
-        Some(match name {
-            "wq" => BlockLinear::Q,
-            "wk" => BlockLinear::K,
-            "wv" => BlockLinear::V,
-            "wo" => BlockLinear::O,
-            "w_gate" => BlockLinear::Gate,
-            "w_up" => BlockLinear::Up,
-            "w_down" => BlockLinear::Down,
-            _ => return None,
-        })
-    }
+    /// Every projection, at its [`Self::index`].
+    pub const ALL: [BlockLinear; 7] = [
+        BlockLinear::Q,
+        BlockLinear::K,
+        BlockLinear::V,
+        BlockLinear::O,
+        BlockLinear::Gate,
+        BlockLinear::Up,
+        BlockLinear::Down,
+    ];
     /// Its weight in `layer`.
     pub fn weight(self, layer: &LayerWeights) -> &Array2<f32> {
         match self {
