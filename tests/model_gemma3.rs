@@ -112,6 +112,7 @@ fn gemma3_logits_and_greedy_continuations_match_llama_cpp() {
         fx.logits.iter().any(|c| c.ids.len() > 512),
         "a prompt past the window"
     );
+    let mut diffs = vec![];
     for case in &fx.logits {
         let mut cache = model.new_cache(1, case.ids.len()).unwrap();
         let logits = model
@@ -135,14 +136,25 @@ fn gemma3_logits_and_greedy_continuations_match_llama_cpp() {
             case.prompt
         );
         // llama.cpp quantizes the activations of its products to 8 bits (Q8_K / Q8_0) and
-        // so do we (32-element blocks); the logits agree to that noise, not to the last bit
-        // (measured: at most 0.59 on these 8 prompts, logits of 11 to 21).
+        // so do we (32-element blocks); the logits agree to that noise, not to the last bit.
+        // The noise is large on this model: the order of the f32 additions alone (the
+        // portable kernel against the AVX2 one, the same arithmetic otherwise) moves "The
+        // quick brown fox"'s top-5 logits by up to 0.40, as rounding flips of the 8-bit
+        // activations carry through 18 layers. Measured against llama.cpp: at most 0.72
+        // (GGUF rows, AVX2) and 0.89 (tiles, VNNI) on these 8 prompts, 0.31 on average.
         assert!(
-            max_diff < 0.75,
+            max_diff < 1.0,
             "{:?}: top-5 logits differ by {max_diff}",
             case.prompt
         );
+        diffs.push(max_diff);
     }
+    // A systematic error would move every prompt; the noise averages out.
+    let mean = diffs.iter().sum::<f32>() / diffs.len() as f32;
+    assert!(
+        mean < 0.45,
+        "top-5 logits differ by {mean} on average: {diffs:?}"
+    );
 
     let prompts: Vec<Vec<u32>> = fx.greedy.iter().map(|c| c.ids.clone()).collect();
     let n = fx.greedy[0].continuation.len();

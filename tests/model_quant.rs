@@ -7,7 +7,7 @@ mod common;
 use elm::model::generate::{generate, SamplingConfig};
 use elm::model::ops::linears_into;
 use elm::model::qmatmul::{detected_kernel, qmatmul_rows, ActQuant, Kernel, QActs};
-use elm::model::quant::LinearRef;
+use elm::model::quant::{Layout, LinearRef};
 use elm::model::{
     load_inference, ModelConfig, ModelWeights, QFormat, QMatrix, QuantWeights, Transformer,
     WeightStorage, WriteFormat,
@@ -142,10 +142,14 @@ fn kernels_match_dequantized_reference_on_random_blocks() {
                     assert_close(&y, &want, &mag, &what);
                     by_kernel.push((kernel, y));
                 }
-                // VNNI's `vpdpbusd` forms the same i32 block sums as AVX2's maddubs + madd, and
-                // the f32 arithmetic around them is shared: identical results.
+                // On GGUF rows, VNNI's `vpdpbusd` forms the same i32 block sums as AVX2's
+                // maddubs + madd, and the f32 arithmetic around them is shared: identical
+                // results. (On tiles it scales eight rows' blocks at once, in another order.)
                 let of = |k| by_kernel.iter().find(|(kk, _)| *kk == k).map(|(_, y)| y);
-                if let (Some(a), Some(v)) = (of(Kernel::Avx2), of(Kernel::Avx512Vnni)) {
+                let on_rows = w.layout() == Layout::Rows;
+                if let (Some(a), Some(v), true) =
+                    (of(Kernel::Avx2), of(Kernel::Avx512Vnni), on_rows)
+                {
                     assert_eq!(
                         a, v,
                         "{format:?} {mode} AVX2 vs VNNI [{rows}, {cols}] n={n}"
@@ -170,6 +174,95 @@ fn kernels_match_dequantized_reference_on_random_blocks() {
             }
         }
     }
+}
+
+/// The tiled layout (eight rows interleaved for the VNNI kernel): chosen for every 32-element
+/// format whose rows fill whole tiles, it holds the GGUF blocks exactly (each row, the whole
+/// matrix, the values), and products over any row range, tile edges inside it included,
+/// match the reference.
+#[test]
+fn tiled_layout_holds_the_gguf_blocks_and_any_row_range_matches_the_reference() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let vnni = detected_kernel() == Kernel::Avx512Vnni;
+    let mut tiled_formats = 0;
+    for format in QFormat::ALL.into_iter().filter(|f| f.block_elems() == 32) {
+        let (rows, cols) = (40, 96);
+        let rows_layout = random_blocks(format, rows, cols, &mut rng).with_layout(Layout::Rows);
+        let gguf = rows_layout.gguf_blocks().into_owned();
+        let tiled = rows_layout.clone().with_layout(Layout::Tiles);
+        assert_eq!(tiled.layout(), Layout::Tiles, "{format:?}");
+        assert_eq!(
+            tiled.bytes(),
+            rows_layout.bytes(),
+            "{format:?}: same bytes held"
+        );
+        assert_ne!(
+            tiled.stored(),
+            &gguf[..],
+            "{format:?}: the tiles are rearranged"
+        );
+        assert_eq!(tiled.gguf_blocks(), &gguf[..], "{format:?}");
+        for r in 0..rows {
+            assert_eq!(tiled.row(r), rows_layout.row(r), "{format:?} row {r}");
+        }
+        assert_eq!(tiled.dequantize(), rows_layout.dequantize(), "{format:?}");
+        assert_eq!(
+            tiled, rows_layout,
+            "{format:?}: equal values whatever the layout"
+        );
+        let back = tiled.clone().with_layout(Layout::Rows);
+        assert_eq!(back.stored(), &gguf[..], "{format:?}: back to rows exactly");
+        // Made from blocks, a matrix gets the tiles exactly when the VNNI kernel runs.
+        let made = QMatrix::from_blocks(format, rows, cols, gguf.clone()).unwrap();
+        let want_layout = if vnni { Layout::Tiles } else { Layout::Rows };
+        assert_eq!(made.layout(), want_layout, "{format:?}");
+        // A row count off the tile keeps rows.
+        let odd = QMatrix::from_blocks(
+            format,
+            rows - 1,
+            cols,
+            gguf[..(rows - 1) * gguf.len() / rows].to_vec(),
+        );
+        assert_eq!(odd.unwrap().layout(), Layout::Rows, "{format:?}");
+        for (n, mode) in [(1, ActQuant::Q8), (3, ActQuant::Q8x2), (9, ActQuant::Q8)] {
+            let x = random_x(n, cols, &mut rng);
+            let mut acts = QActs::new(mode);
+            acts.quantize(x.view());
+            let (want, mag) = reference(&rows_layout, acts.dequantize().view());
+            for kernel in kernels() {
+                // Whole tiles, a range with ragged edges, and one inside a single tile.
+                for (lo, hi) in [(0, rows), (3, 37), (9, 15)] {
+                    let mut y = Array2::<f32>::from_elem((n, rows), f32::NAN);
+                    // SAFETY: `y` is a fresh contiguous `[n, rows]` buffer.
+                    unsafe { qmatmul_rows(&tiled, lo, hi, &acts, y.as_mut_ptr(), rows, kernel) };
+                    let cut = ndarray::s![.., lo..hi];
+                    let what = format!("{format:?} tiles {kernel:?} {mode} rows {lo}..{hi} n={n}");
+                    assert_close(
+                        &y.slice(cut).to_owned(),
+                        &want.slice(cut).to_owned(),
+                        &mag.slice(cut).to_owned(),
+                        &what,
+                    );
+                    assert!(
+                        y.slice(ndarray::s![.., ..lo]).iter().all(|v| v.is_nan()),
+                        "{what}: wrote outside"
+                    );
+                    assert!(
+                        y.slice(ndarray::s![.., hi..]).iter().all(|v| v.is_nan()),
+                        "{what}: wrote outside"
+                    );
+                }
+            }
+        }
+        tiled_formats += 1;
+    }
+    assert_eq!(
+        tiled_formats, 5,
+        "Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 have tiles"
+    );
+    // The K-quants keep rows.
+    let k = random_blocks(QFormat::Q4K, 8, 256, &mut rng).with_layout(Layout::Tiles);
+    assert_eq!(k.layout(), Layout::Rows);
 }
 
 #[test]

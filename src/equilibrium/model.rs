@@ -296,8 +296,11 @@ impl ElmModel {
         Ok((model, tok))
     }
 
-    /// Loads like [`Self::load`] with the matrices stored as `storage` says (f32: exactly
-    /// [`Self::load`]; otherwise [`Self::quantized`] on [`load_inference`]'s weights).
+    /// Loads like [`Self::load`] for inference, with the matrices stored as `storage` says.
+    /// A module checkpoint that only replaces its window (neither healed nor relaxed) loads
+    /// without the window's layers, in any storage f32 included (issue 42: an ELM holds less
+    /// than its parent); the dense model and the checkpoints merged in f32 load as
+    /// [`Self::load`] does for f32, and otherwise through [`Self::quantized`].
     pub fn load_with(
         model: &Path,
         elm: Option<&Path>,
@@ -310,7 +313,11 @@ impl ElmModel {
         if let Some(dir) = elm.filter(|p| interchange::is_official_dir(p)) {
             return ElmModel::load_official_dir(dir, storage);
         }
-        if storage == WeightStorage::F32 {
+        let replaces_only = elm.is_some_and(|dir| {
+            super::module::read_module_meta(dir)
+                .is_ok_and(|m| !m.elm.is_relaxed() && m.heal.is_none())
+        });
+        if storage == WeightStorage::F32 && !replaces_only {
             return Self::load(model, elm);
         }
         let module_format = match storage {

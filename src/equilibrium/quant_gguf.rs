@@ -87,8 +87,8 @@ fn linear_tensor(name: &str, l: &Linear, rope_heads: Option<usize>) -> Result<Gg
                 ));
             }
             let data = match rope_heads {
-                Some(h) => permute_rope_qrows(q, h)?.data().to_vec(),
-                None => q.data().to_vec(),
+                Some(h) => permute_rope_qrows(q, h)?.gguf_blocks().into_owned(),
+                None => q.gguf_blocks().into_owned(),
             };
             Ok(GgufTensorData {
                 name: name.to_string(),

@@ -203,7 +203,11 @@ fn qmatmul_split(jobs: &mut [LinearJob<'_, '_>], acts: &QActs) {
         let run_part = |p: usize| {
             for job in split.iter().flatten() {
                 let rows = job.w.rows();
-                let (lo, hi) = (rows * p / parts, rows * (p + 1) / parts);
+                // Whole tiles per thread where the matrix is tiled (its rows are then a
+                // multiple of the tile's).
+                let align = job.w.row_alignment();
+                let units = rows / align;
+                let (lo, hi) = (units * p / parts * align, units * (p + 1) / parts * align);
                 // SAFETY: `y` is `[n, rows]` contiguous; part `p` alone writes columns `lo..hi`.
                 unsafe { qmatmul_rows(job.w, lo, hi, acts, job.y, rows, kernel) };
             }

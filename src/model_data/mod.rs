@@ -9,8 +9,10 @@
 
 pub mod block_codec;
 pub mod config;
+pub mod kernel;
 pub mod qmatmul;
 pub mod quant;
+pub mod tiles;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};

@@ -16,11 +16,19 @@
 //! group of 16 or 32) and the same block products in the portable kernel; every format also has
 //! an AVX2 kernel (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q2_K … Q6_K; those with 16-value
 //! scale groups take each group's scale per i32 lane of the block product).
+//!
+//! With AVX-512 VNNI the 32-element formats are kept in tiles of eight rows (`super::tiles`,
+//! chosen when a matrix is made): the tile kernel advances eight rows per `vpdpbusd` and scales
+//! eight blocks per FMA, where a row kernel needs a horizontal reduction and scalar scales per
+//! block. Rows outside whole tiles, and the other kernels on a tiled matrix, read rows' GGUF
+//! blocks back ([`QMatrix::row`]).
 
 use ndarray::{Array2, ArrayView2};
 
 use super::block_codec::{f16_at, k3_scales, k4_scale_min, QFormat, QK, QK_K};
+pub use super::kernel::{detected_kernel, Kernel};
 use super::quant::QMatrix;
+use super::tiles::{self, Layout, TILE_ROWS};
 
 /// How [`QActs`] quantizes an activation block: what precision the integer products see.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -188,70 +196,6 @@ fn quantize_act_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
     (d, sum)
 }
 
-/// Which kernel [`qmatmul_rows`] uses; detected once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kernel {
-    /// The AVX2 kernels with their block products on AVX-512 VNNI's `vpdpbusd` (256-bit).
-    Avx512Vnni,
-    Avx2,
-    Portable,
-}
-
-impl Kernel {
-    /// Every kernel, fastest first.
-    pub const ALL: [Kernel; 3] = [Kernel::Avx512Vnni, Kernel::Avx2, Kernel::Portable];
-
-    /// Whether this CPU can run it (checked once per kernel).
-    pub fn is_available(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::sync::OnceLock;
-            static AVX2: OnceLock<bool> = OnceLock::new();
-            static VNNI: OnceLock<bool> = OnceLock::new();
-            let avx2 = || {
-                *AVX2.get_or_init(|| {
-                    is_x86_feature_detected!("avx2")
-                        && is_x86_feature_detected!("fma")
-                        && is_x86_feature_detected!("f16c")
-                })
-            };
-            match self {
-                Kernel::Portable => true,
-                Kernel::Avx2 => avx2(),
-                Kernel::Avx512Vnni => {
-                    avx2()
-                        && *VNNI.get_or_init(|| {
-                            is_x86_feature_detected!("avx512vnni")
-                                && is_x86_feature_detected!("avx512vl")
-                        })
-                }
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            self == Kernel::Portable
-        }
-    }
-}
-
-/// The fastest kernel this CPU supports (`ELM_QKERNEL=avx2|portable` picks a slower one, for
-/// comparisons).
-pub fn detected_kernel() -> Kernel {
-    static CHOSEN: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
-    *CHOSEN.get_or_init(|| {
-        let forced = match std::env::var("ELM_QKERNEL").ok().as_deref() {
-            Some("avx2") => Some(Kernel::Avx2),
-            Some("portable") => Some(Kernel::Portable),
-            _ => None,
-        };
-        Kernel::ALL
-            .into_iter()
-            .filter(|k| forced.is_none_or(|f| *k == f))
-            .find(|k| k.is_available())
-            .unwrap_or(Kernel::Portable)
-    })
-}
-
 /// `y[r, o] = Σ_k W[o, k] · x[r, k]` for weight rows `o ∈ lo..hi` and every activation row `r`
 /// of `acts` (quantized from `x`), written to `y[r · y_stride + o]`.
 ///
@@ -272,22 +216,32 @@ pub unsafe fn qmatmul_rows(
     // row are in one kernel call (the weight block is read once for both).
     let parts = acts.mode.parts();
     let n = acts.rows * parts;
-    for o in lo..hi {
+    // The whole tiles inside `lo..hi` go to the tile kernel; rows outside them (the edges of
+    // a split not on a tile boundary) and every other kernel read rows' GGUF blocks.
+    let tiled =
+        cfg!(target_arch = "x86_64") && w.layout() == Layout::Tiles && kernel == Kernel::Avx512Vnni;
+    let (tlo, thi) = match tiled {
+        true if lo.div_ceil(TILE_ROWS) < hi / TILE_ROWS => (
+            lo.div_ceil(TILE_ROWS) * TILE_ROWS,
+            hi / TILE_ROWS * TILE_ROWS,
+        ),
+        _ => (lo, lo),
+    };
+    #[cfg(target_arch = "x86_64")]
+    if thi > tlo {
+        tiled_rows(w, tlo / TILE_ROWS..thi / TILE_ROWS, acts, y, y_stride);
+    }
+    for o in (lo..tlo).chain(thi..hi) {
         let row = w.row(o);
         let mut r = 0;
         while r < n {
-            let take = match n - r {
-                8.. => 8,
-                4.. => 4,
-                2.. => 2,
-                _ => 1,
-            };
+            let take = group_size(n - r);
             let mut out = [0f32; 8];
             match take {
-                8 => dot_group::<8>(w.format(), row, acts, r, &mut out, kernel),
-                4 => dot_group::<4>(w.format(), row, acts, r, &mut out, kernel),
-                2 => dot_group::<2>(w.format(), row, acts, r, &mut out, kernel),
-                _ => dot_group::<1>(w.format(), row, acts, r, &mut out, kernel),
+                8 => dot_group::<8>(w.format(), &row, acts, r, &mut out, kernel),
+                4 => dot_group::<4>(w.format(), &row, acts, r, &mut out, kernel),
+                2 => dot_group::<2>(w.format(), &row, acts, r, &mut out, kernel),
+                _ => dot_group::<1>(w.format(), &row, acts, r, &mut out, kernel),
             }
             for (i, v) in out[..take].chunks_exact(parts).enumerate() {
                 *y.add((r / parts + i) * y_stride + o) = v.iter().sum();
@@ -295,6 +249,88 @@ pub unsafe fn qmatmul_rows(
             r += take;
         }
     }
+}
+
+/// Stored activation rows one kernel call takes when `left` remain (8, 4, 2 or 1: with two
+/// parts per row `left` is even, so a call never splits a row's parts).
+fn group_size(left: usize) -> usize {
+    match left {
+        8.. => 8,
+        4.. => 4,
+        2.. => 2,
+        _ => 1,
+    }
+}
+
+/// [`qmatmul_rows`] for the tile groups `groups` of a tiled `w` (rows `8g..8g+8` for each
+/// `g`) on the VNNI kernel.
+///
+/// # Safety
+/// As [`qmatmul_rows`]; the CPU has the VNNI kernel's instruction sets.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiled_rows(
+    w: &QMatrix,
+    groups: std::ops::Range<usize>,
+    acts: &QActs,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let geometry = tiles::geometry(w.format()).expect("a tiled matrix has a tiled format");
+    let (parts, nb) = (acts.mode.parts(), acts.blocks);
+    let n = acts.rows * parts;
+    let group_bytes = nb * geometry.bytes;
+    let stored = w.stored();
+    for g in groups {
+        let tiles = &stored[g * group_bytes..(g + 1) * group_bytes];
+        let mut r = 0;
+        while r < n {
+            let take = group_size(n - r);
+            let mut out = [[0f32; TILE_ROWS]; 8];
+            match take {
+                8 => tile_group::<8>(w.format(), tiles, acts, r, &mut out),
+                4 => tile_group::<4>(w.format(), tiles, acts, r, &mut out),
+                2 => tile_group::<2>(w.format(), tiles, acts, r, &mut out),
+                _ => tile_group::<1>(w.format(), tiles, acts, r, &mut out),
+            }
+            for (i, v) in out[..take].chunks_exact(parts).enumerate() {
+                let dst = y.add((r / parts + i) * y_stride + g * TILE_ROWS);
+                for lane in 0..TILE_ROWS {
+                    *dst.add(lane) = v.iter().map(|p| p[lane]).sum();
+                }
+            }
+            r += take;
+        }
+    }
+}
+
+/// One tile group's eight rows against activation rows `r0..r0+R` into `out[..R]`.
+///
+/// # Safety
+/// The CPU has the VNNI kernel's instruction sets; `tiles` holds `acts.blocks` tiles.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tile_group<const R: usize>(
+    format: QFormat,
+    tiles: &[u8],
+    acts: &QActs,
+    r0: usize,
+    out: &mut [[f32; TILE_ROWS]; 8],
+) {
+    let nb = acts.blocks;
+    let xq: [*const i8; R] = std::array::from_fn(|i| acts.qs[(r0 + i) * nb * QK..].as_ptr());
+    let xd: [*const f32; R] = std::array::from_fn(|i| acts.d[(r0 + i) * nb..].as_ptr());
+    let xs: [*const f32; R] = std::array::from_fn(|i| acts.s[(r0 + i) * nb..].as_ptr());
+    let p = tiles.as_ptr();
+    let res = match format {
+        QFormat::Q8_0 => avx2::tile_q8_0_vnni::<R>(p, nb, &xq, &xd, &xs),
+        QFormat::Q4_0 => avx2::tile_q4_vnni::<R, false, false>(p, nb, &xq, &xd, &xs),
+        QFormat::Q4_1 => avx2::tile_q4_vnni::<R, true, false>(p, nb, &xq, &xd, &xs),
+        QFormat::Q5_0 => avx2::tile_q4_vnni::<R, false, true>(p, nb, &xq, &xd, &xs),
+        QFormat::Q5_1 => avx2::tile_q4_vnni::<R, true, true>(p, nb, &xq, &xd, &xs),
+        QFormat::Q2K | QFormat::Q3K | QFormat::Q4K | QFormat::Q5K | QFormat::Q6K => {
+            unreachable!("{} has no tiled layout", format.name())
+        }
+    };
+    out[..R].copy_from_slice(&res);
 }
 
 /// Dot products of one weight row with activation rows `r0..r0+R` into `out[..R]`.
@@ -628,6 +664,122 @@ mod avx2 {
     twins!(dot_q6k, dot_q6k_vnni, dot_q6k_with, [const R: usize], [R], (row: &[u8], nb: usize, xq: &[&[i8]; R], xd: &[&[f32]; R]), (row, nb, xq, xd));
     twins!(dot_q4, dot_q4_vnni, dot_q4_with, [const R: usize, const Q41: bool], [R, Q41], (row: &[u8], nb: usize, xq: &[&[i8]; R], xd: &[&[f32]; R], xs: &[&[f32]; R]), (row, nb, xq, xd, xs));
     twins!(dot_q8_0, dot_q8_0_vnni, dot_q8_0_with, [const R: usize], [R], (row: &[u8], nb: usize, xq: &[&[i8]; R], xd: &[&[f32]; R]), (row, nb, xq, xd));
+
+    /// The tiled layout's products (`super::tiles`): eight weight rows in the eight i32 lanes,
+    /// so one `vpdpbusd` against four broadcast activation bytes advances all eight rows and
+    /// one FMA scales eight blocks. Q8_0's codes are stored as `q + 128` (unsigned).
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    pub(super) unsafe fn tile_q8_0_vnni<const R: usize>(
+        tiles: *const u8,
+        nb: usize,
+        xq: &[*const i8; R],
+        xd: &[*const f32; R],
+        xs: &[*const f32; R],
+    ) -> [[f32; 8]; R] {
+        tile_with::<R, true, false, false>(tiles, nb, xq, xd, xs)
+    }
+
+    /// As [`tile_q8_0_vnni`] for the nibble formats: Q4_0, Q4_1 (`MIN`), Q5_0 (`HIGH`), Q5_1.
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    pub(super) unsafe fn tile_q4_vnni<const R: usize, const MIN: bool, const HIGH: bool>(
+        tiles: *const u8,
+        nb: usize,
+        xq: &[*const i8; R],
+        xd: &[*const f32; R],
+        xs: &[*const f32; R],
+    ) -> [[f32; 8]; R] {
+        tile_with::<R, false, MIN, HIGH>(tiles, nb, xq, xd, xs)
+    }
+
+    /// The tile kernels' one body. Per block and activation row `i`:
+    /// `acc[i] += d_w·(d_x·Σ c·x − offset·s_x)` with `c` the unsigned codes (`offset` 128 for
+    /// Q8_0, 8 for Q4_0, 16 for Q5_0), or `d_w·d_x·Σ c·x + m_w·s_x` for the formats with a
+    /// minimum (`s_x = d_x·Σ x`, the activation block's sum).
+    #[inline(always)]
+    unsafe fn tile_with<const R: usize, const Q8: bool, const MIN: bool, const HIGH: bool>(
+        tiles: *const u8,
+        nb: usize,
+        xq: &[*const i8; R],
+        xd: &[*const f32; R],
+        xs: &[*const f32; R],
+    ) -> [[f32; 8]; R] {
+        let scales = 16;
+        let high_at = if MIN { 2 * scales } else { scales };
+        let codes_at = match (MIN, HIGH) {
+            (_, true) => high_at + 32,
+            (true, false) => 2 * scales,
+            (false, false) => scales,
+        };
+        let tile_bytes = codes_at + if Q8 { 256 } else { 128 };
+        let offset = match (Q8, MIN, HIGH) {
+            (true, _, _) => 128.0,
+            (false, true, _) => 0.0,
+            (false, false, true) => 16.0,
+            (false, false, false) => 8.0,
+        };
+        let (low, bit4) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            let t = tiles.add(b * tile_bytes);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(t as *const __m128i));
+            // Group k: values 4k..4k+4 of each row, unsigned.
+            let mut w = [_mm256_setzero_si256(); 8];
+            if Q8 {
+                for (k, v) in w.iter_mut().enumerate() {
+                    *v = _mm256_loadu_si256(t.add(codes_at + 32 * k) as *const __m256i);
+                }
+            } else {
+                for k in 0..4 {
+                    let raw = _mm256_loadu_si256(t.add(codes_at + 32 * k) as *const __m256i);
+                    w[k] = _mm256_and_si256(raw, low);
+                    w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                }
+                if HIGH {
+                    // Bit 8i + k of a row's word is the fifth bit of its value 4k + i: move
+                    // bit k of every byte to bit 4.
+                    let h = _mm256_loadu_si256(t.add(high_at) as *const __m256i);
+                    for (k, v) in w.iter_mut().enumerate() {
+                        let moved = if k < 4 {
+                            _mm256_sllv_epi32(h, _mm256_set1_epi32(4 - k as i32))
+                        } else {
+                            _mm256_srlv_epi32(h, _mm256_set1_epi32(k as i32 - 4))
+                        };
+                        *v = _mm256_or_si256(*v, _mm256_and_si256(moved, bit4));
+                    }
+                }
+            }
+            let m = if MIN {
+                _mm256_cvtph_ps(_mm_loadu_si128(t.add(scales) as *const __m128i))
+            } else {
+                _mm256_setzero_ps()
+            };
+            for i in 0..R {
+                let x = xq[i].add(b * QK) as *const i32;
+                // Two chains, so the eight dependent `vpdpbusd`s take half the latency (no
+                // closure for the broadcast: it would not inherit the target features).
+                let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for k in (0..8).step_by(2) {
+                    let (xe, xo) = (x.add(k).read_unaligned(), x.add(k + 1).read_unaligned());
+                    even = _mm256_dpbusd_epi32(even, w[k], _mm256_set1_epi32(xe));
+                    odd = _mm256_dpbusd_epi32(odd, w[k + 1], _mm256_set1_epi32(xo));
+                }
+                let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(even, odd));
+                let (dx, sx) = (_mm256_set1_ps(*xd[i].add(b)), *xs[i].add(b));
+                if MIN {
+                    acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), dot, acc[i]);
+                    acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx), acc[i]);
+                } else {
+                    let inner = _mm256_fmsub_ps(dx, dot, _mm256_set1_ps(offset * sx));
+                    acc[i] = _mm256_fmadd_ps(d, inner, acc[i]);
+                }
+            }
+        }
+        let mut out = [[0f32; 8]; R];
+        for (o, a) in out.iter_mut().zip(&acc) {
+            _mm256_storeu_ps(o.as_mut_ptr(), *a);
+        }
+        out
+    }
 
     /// The f16 at `p`, widened (F16C).
     #[inline(always)]

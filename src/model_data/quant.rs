@@ -11,11 +11,16 @@
 //! from f32 weights; the block views the model's kernels run on (`model::block_view`) borrow
 //! these types.
 
+use std::borrow::Cow;
+
 use ndarray::{Array1, Array2, ArrayView2};
 
 use super::block_codec::{dequantize_block, quantize_block};
 pub use super::block_codec::{QFormat, WriteFormat, QK, QK_K};
 use super::config::ModelConfig;
+use super::kernel::{detected_kernel, Kernel};
+pub use super::tiles::Layout;
+use super::tiles::{self, TILE_ROWS};
 use super::weights::{FfnWeights, Gemma3Block, LayerWeights, ModelWeights};
 use crate::error::{ElmError, Result};
 
@@ -59,14 +64,28 @@ impl std::fmt::Display for WeightStorage {
     }
 }
 
-/// A `[rows, cols]` matrix (PyTorch `[out, in]` layout) stored as row-major quantized blocks;
-/// each row holds `cols.div_ceil(format.block_elems())` blocks (the last one zero-padded).
-#[derive(Clone, Debug, PartialEq)]
+/// A `[rows, cols]` matrix (PyTorch `[out, in]` layout) stored as quantized blocks; each row
+/// holds `cols.div_ceil(format.block_elems())` blocks (the last one zero-padded). The blocks
+/// are kept in GGUF order ([`Layout::Rows`]) or, when the VNNI kernel runs the products and the
+/// format has one, in the tiled layout of `super::tiles` ([`Layout::Tiles`]), chosen when the
+/// matrix is made; both hold the same bytes, and [`QMatrix::row`] reads a row's GGUF blocks
+/// from either.
+#[derive(Clone, Debug)]
 pub struct QMatrix {
     format: QFormat,
     rows: usize,
     cols: usize,
     data: Vec<u8>,
+    layout: Layout,
+}
+
+/// Equal when they hold the same values: the layout is how they are kept, not what they are.
+impl PartialEq for QMatrix {
+    fn eq(&self, other: &Self) -> bool {
+        (self.format, self.rows, self.cols) == (other.format, other.rows, other.cols)
+            && (self.layout == other.layout && self.data == other.data
+                || self.gguf_blocks() == other.gguf_blocks())
+    }
 }
 
 impl QMatrix {
@@ -100,7 +119,43 @@ impl QMatrix {
             rows,
             cols,
             data,
-        })
+            layout: Layout::Rows,
+        }
+        .with_layout(Self::preferred_layout(format, rows)))
+    }
+
+    /// The layout a matrix gets when it is made: tiles for the VNNI kernel where the format and
+    /// row count allow them (`ELM_QKERNEL=avx2|portable` keeps GGUF rows).
+    fn preferred_layout(format: QFormat, rows: usize) -> Layout {
+        tiles::preferred(format, rows, detected_kernel() == Kernel::Avx512Vnni)
+    }
+
+    /// The same matrix with its blocks in `layout` (unchanged where `layout` is
+    /// [`Layout::Tiles`] and the format or row count has none). Rearranges in place, one
+    /// group of rows at a time, so it needs no second copy of the matrix.
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        let to = match layout {
+            Layout::Tiles => tiles::preferred(self.format, self.rows, true),
+            Layout::Rows => Layout::Rows,
+        };
+        if to == self.layout {
+            return self;
+        }
+        let (nb, rb) = (self.row_blocks(), self.row_bytes());
+        let mut scratch = vec![0u8; TILE_ROWS * rb];
+        for group in self.data.chunks_exact_mut(TILE_ROWS * rb) {
+            scratch.copy_from_slice(group);
+            match to {
+                Layout::Tiles => tiles::pack_group(self.format, &scratch, nb, group),
+                Layout::Rows => {
+                    for (r, row) in group.chunks_exact_mut(rb).enumerate() {
+                        tiles::unpack_row(self.format, &scratch, r, nb, row);
+                    }
+                }
+            }
+        }
+        self.layout = to;
+        self
     }
 
     /// Quantizes f32 weights `[rows, cols]` with ggml's reference rounding.
@@ -120,12 +175,15 @@ impl QMatrix {
                 quantize_block(format, src, dst);
             }
         }
+        let format = QFormat::from(format);
         QMatrix {
-            format: format.into(),
+            format,
             rows,
             cols,
             data,
+            layout: Layout::Rows,
         }
+        .with_layout(Self::preferred_layout(format, rows))
     }
 
     pub fn format(&self) -> QFormat {
@@ -157,14 +215,41 @@ impl QMatrix {
     pub fn bytes(&self) -> usize {
         self.data.len()
     }
-    /// The raw blocks, row-major.
-    pub fn data(&self) -> &[u8] {
+    /// How the blocks are kept.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    /// Rows a split of the products should keep together: a tile's, or one.
+    pub fn row_alignment(&self) -> usize {
+        match self.layout {
+            Layout::Tiles => TILE_ROWS,
+            Layout::Rows => 1,
+        }
+    }
+    /// The blocks as kept, in [`QMatrix::layout`] (what the integer kernels read).
+    pub fn stored(&self) -> &[u8] {
         &self.data
     }
-    /// The raw blocks of row `r` (what the integer kernels read).
-    pub fn row(&self, r: usize) -> &[u8] {
+    /// The blocks in GGUF order, row-major (what a GGUF file stores).
+    pub fn gguf_blocks(&self) -> Cow<'_, [u8]> {
+        match self.layout {
+            Layout::Rows => Cow::Borrowed(&self.data),
+            Layout::Tiles => Cow::Owned(self.clone().with_layout(Layout::Rows).data),
+        }
+    }
+    /// The GGUF blocks of row `r` (borrowed in the GGUF layout, unpacked from tiles).
+    pub fn row(&self, r: usize) -> Cow<'_, [u8]> {
         let rb = self.row_bytes();
-        &self.data[r * rb..(r + 1) * rb]
+        match self.layout {
+            Layout::Rows => Cow::Borrowed(&self.data[r * rb..(r + 1) * rb]),
+            Layout::Tiles => {
+                let (group, nb) = (r / TILE_ROWS, self.row_blocks());
+                let tiles = &self.data[group * TILE_ROWS * rb..(group + 1) * TILE_ROWS * rb];
+                let mut out = vec![0u8; rb];
+                tiles::unpack_row(self.format, tiles, r % TILE_ROWS, nb, &mut out);
+                Cow::Owned(out)
+            }
+        }
     }
 
     /// Row `r` as f32 into `out` (`cols` long).
@@ -201,7 +286,7 @@ impl QMatrix {
                     format!("row {r} of {}", self.rows),
                 ));
             }
-            data.extend_from_slice(self.row(r));
+            data.extend_from_slice(&self.row(r));
         }
         QMatrix::from_blocks(self.format, order.len(), self.cols, data)
     }

@@ -1,0 +1,215 @@
+//! The second row layout of a [`super::quant::QMatrix`]: rows in groups of [`TILE_ROWS`],
+//! each group's blocks interleaved so that one 256-bit load holds four weight codes of each of
+//! eight rows, and the eight rows' scales sit side by side.
+//!
+//! Why: in the GGUF layout a batch-1 product costs about ten instructions per 32-value block
+//! (load, unpack, one `vpdpbusd`, a horizontal reduction, a scalar scale conversion and an
+//! FMA), which keeps decode compute-bound at ~0.6 of the read bandwidth. With eight rows in
+//! the eight i32 lanes of a register, one `vpdpbusd` against four broadcast activation bytes
+//! advances all eight rows, no horizontal reduction is needed, and one F16C conversion and one
+//! FMA scale eight blocks: about three instructions per block (llama.cpp repacks its Q4_0 the
+//! same way at load; this layout is elm's own).
+//!
+//! A tile (rows `8g..8g+8`, block `b`) holds, in order:
+//! - `d[8]`: the eight rows' f16 scales;
+//! - `m[8]`: their f16 minimums (Q4_1, Q5_1);
+//! - `h[8]`: Q5's fifth bits as one u32 per row, re-ordered so that bit `8i + k` is the fifth
+//!   bit of element `4k + i` (then one 32-bit shift and a mask put the bits of group `k` at bit
+//!   4 of every byte);
+//! - the codes, as groups `k`: for Q8_0 eight groups (values `4k..4k+4`, stored as `q + 128`
+//!   so they are unsigned as `vpdpbusd` wants: the `128·Σx` this adds is taken off with the
+//!   activation block's sum); for the nibble formats four groups of the block's bytes
+//!   `4k..4k+4` (low nibbles: values `4k..`, high nibbles: values `16 + 4k..`). Group `k` is
+//!   32 bytes: row `r`'s four bytes at `4r`.
+//!
+//! A tile has exactly the bytes of the eight blocks it holds, so a matrix takes the same
+//! memory in either layout, and [`unpack_row`] gives back a row's GGUF bytes exactly.
+
+use super::block_codec::{QFormat, QK};
+
+/// Weight rows per tile (the i32 lanes of a 256-bit register).
+pub const TILE_ROWS: usize = 8;
+
+/// How a [`super::quant::QMatrix`] stores its blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// GGUF order: row after row, each row its blocks.
+    Rows,
+    /// Groups of [`TILE_ROWS`] rows, each group's blocks as tiles (this module's layout).
+    Tiles,
+}
+
+/// Where a tile's parts start, for the formats that have a tiled layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileGeometry {
+    /// Offset of `m[8]`, for the formats with a minimum.
+    pub min_at: Option<usize>,
+    /// Offset of `h[8]`, for Q5.
+    pub high_at: Option<usize>,
+    /// Offset of the code groups.
+    pub codes_at: usize,
+    /// Bytes of a tile: `TILE_ROWS` blocks.
+    pub bytes: usize,
+}
+
+/// The tile geometry of `format`, `None` where it has no tiled layout (the K-quants: their
+/// super-blocks would need their own).
+pub fn geometry(format: QFormat) -> Option<TileGeometry> {
+    let scales = 2 * TILE_ROWS;
+    let (min_at, high_at) = match format {
+        QFormat::Q8_0 | QFormat::Q4_0 => (None, None),
+        QFormat::Q4_1 => (Some(scales), None),
+        QFormat::Q5_0 => (None, Some(scales)),
+        QFormat::Q5_1 => (Some(scales), Some(2 * scales)),
+        QFormat::Q2K | QFormat::Q3K | QFormat::Q4K | QFormat::Q5K | QFormat::Q6K => return None,
+    };
+    let codes_at = match (min_at, high_at) {
+        (_, Some(h)) => h + 4 * TILE_ROWS,
+        (Some(m), None) => m + scales,
+        (None, None) => scales,
+    };
+    Some(TileGeometry {
+        min_at,
+        high_at,
+        codes_at,
+        bytes: TILE_ROWS * format.block_bytes(),
+    })
+}
+
+/// Where a GGUF block of `format` keeps its parts: `(min, qh, codes)` offsets.
+fn block_parts(format: QFormat) -> (Option<usize>, Option<usize>, usize) {
+    match format {
+        QFormat::Q8_0 | QFormat::Q4_0 => (None, None, 2),
+        QFormat::Q4_1 => (Some(2), None, 4),
+        QFormat::Q5_0 => (None, Some(2), 6),
+        QFormat::Q5_1 => (Some(2), Some(4), 8),
+        QFormat::Q2K | QFormat::Q3K | QFormat::Q4K | QFormat::Q5K | QFormat::Q6K => {
+            unreachable!("no tiled layout for {}", format.name())
+        }
+    }
+}
+
+/// The layout a matrix of `format` with `rows` rows gets when the integer kernel in use is the
+/// VNNI one (`tiles_wanted`): tiles where the format has them and the rows fill whole tiles.
+pub fn preferred(format: QFormat, rows: usize, tiles_wanted: bool) -> Layout {
+    if tiles_wanted && geometry(format).is_some() && rows.is_multiple_of(TILE_ROWS) && rows > 0 {
+        Layout::Tiles
+    } else {
+        Layout::Rows
+    }
+}
+
+/// Bytes of the Q8_0 code groups (eight groups of 32) or the nibble ones (four).
+fn code_groups(format: QFormat) -> usize {
+    match format {
+        QFormat::Q8_0 => QK / 4,
+        _ => QK / 8,
+    }
+}
+
+/// `qh` (bit `j`: fifth bit of element `j`) → the tile's order (bit `8i + k`: element `4k + i`).
+fn high_to_tile(qh: u32) -> u32 {
+    let mut h = 0;
+    for k in 0..8 {
+        for i in 0..4 {
+            h |= ((qh >> (4 * k + i)) & 1) << (8 * i + k);
+        }
+    }
+    h
+}
+
+/// The inverse of [`high_to_tile`].
+fn high_from_tile(h: u32) -> u32 {
+    let mut qh = 0;
+    for k in 0..8 {
+        for i in 0..4 {
+            qh |= ((h >> (8 * i + k)) & 1) << (4 * k + i);
+        }
+    }
+    qh
+}
+
+/// Packs `TILE_ROWS` consecutive GGUF rows (`rows`, each `nb` blocks) into their `nb` tiles
+/// (`out`, the same length).
+pub fn pack_group(format: QFormat, rows: &[u8], nb: usize, out: &mut [u8]) {
+    let g = geometry(format).expect("a tiled format");
+    let bb = format.block_bytes();
+    let (min, qh, codes) = block_parts(format);
+    debug_assert_eq!(rows.len(), TILE_ROWS * nb * bb);
+    debug_assert_eq!(out.len(), rows.len());
+    let flip = if format == QFormat::Q8_0 { 0x80 } else { 0 };
+    for b in 0..nb {
+        let tile = &mut out[b * g.bytes..(b + 1) * g.bytes];
+        for r in 0..TILE_ROWS {
+            let blk = &rows[(r * nb + b) * bb..(r * nb + b + 1) * bb];
+            tile[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
+            if let (Some(at), Some(src)) = (g.min_at, min) {
+                tile[at + 2 * r..at + 2 * r + 2].copy_from_slice(&blk[src..src + 2]);
+            }
+            if let (Some(at), Some(src)) = (g.high_at, qh) {
+                let bits = u32::from_le_bytes(blk[src..src + 4].try_into().expect("4 bytes"));
+                tile[at + 4 * r..at + 4 * r + 4].copy_from_slice(&high_to_tile(bits).to_le_bytes());
+            }
+            for k in 0..code_groups(format) {
+                let dst = g.codes_at + 32 * k + 4 * r;
+                for i in 0..4 {
+                    tile[dst + i] = blk[codes + 4 * k + i] ^ flip;
+                }
+            }
+        }
+    }
+}
+
+/// Row `r` (`< TILE_ROWS`) of a group's tiles (`tiles`, `nb` of them) as its GGUF blocks
+/// (`out`, `nb` blocks).
+pub fn unpack_row(format: QFormat, tiles: &[u8], r: usize, nb: usize, out: &mut [u8]) {
+    let g = geometry(format).expect("a tiled format");
+    let bb = format.block_bytes();
+    let (min, qh, codes) = block_parts(format);
+    let flip = if format == QFormat::Q8_0 { 0x80 } else { 0 };
+    for b in 0..nb {
+        let tile = &tiles[b * g.bytes..(b + 1) * g.bytes];
+        let blk = &mut out[b * bb..(b + 1) * bb];
+        blk[..2].copy_from_slice(&tile[2 * r..2 * r + 2]);
+        if let (Some(at), Some(dst)) = (g.min_at, min) {
+            blk[dst..dst + 2].copy_from_slice(&tile[at + 2 * r..at + 2 * r + 2]);
+        }
+        if let (Some(at), Some(dst)) = (g.high_at, qh) {
+            let h = u32::from_le_bytes(tile[at + 4 * r..at + 4 * r + 4].try_into().expect("4"));
+            blk[dst..dst + 4].copy_from_slice(&high_from_tile(h).to_le_bytes());
+        }
+        for k in 0..code_groups(format) {
+            let src = g.codes_at + 32 * k + 4 * r;
+            for i in 0..4 {
+                blk[codes + 4 * k + i] = tile[src + i] ^ flip;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifth_bit_order_round_trips() {
+        for qh in [0u32, 1, 0x8000_0001, 0xdead_beef, u32::MAX, 0x0123_4567] {
+            assert_eq!(high_from_tile(high_to_tile(qh)), qh);
+        }
+        // Element 4k + i lands at bit 8i + k.
+        assert_eq!(high_to_tile(1 << 6), 1 << (8 * 2 + 1));
+    }
+
+    #[test]
+    fn every_tiled_format_has_the_bytes_of_its_blocks() {
+        for f in QFormat::ALL {
+            if let Some(g) = geometry(f) {
+                let codes = match f {
+                    QFormat::Q8_0 => 32,
+                    _ => 16,
+                };
+                assert_eq!(g.codes_at + TILE_ROWS * codes, g.bytes, "{}", f.name());
+            }
+        }
+    }
+}
