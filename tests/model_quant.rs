@@ -284,6 +284,33 @@ fn activation_quantization_error_is_within_half_a_step() {
     }
 }
 
+/// The codes are C's `roundf(x / d)` (ties away from zero, as ggml rounds), on the vector path
+/// too: a block whose step is 1 holds exact ties, where rounding to even would differ.
+#[test]
+fn activation_codes_round_ties_away_from_zero() {
+    let mut row = vec![0f32; 64];
+    row[0] = 127.0; // d = 1 in the first block
+    let ties = [0.5f32, -0.5, 1.5, 2.5, -2.5, 3.5, 126.5, -126.5];
+    row[1..1 + ties.len()].copy_from_slice(&ties);
+    let mut rng = StdRng::seed_from_u64(5);
+    for v in &mut row[32..] {
+        *v = rng.gen_range(-3.0f32..3.0);
+    }
+    let x = Array2::from_shape_vec((1, 64), row.clone()).unwrap();
+    let mut acts = QActs::default();
+    acts.quantize(x.view());
+    let xq = acts.dequantize();
+    for (b, block) in row.chunks(32).enumerate() {
+        let d = block.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+        let id = 1.0 / d;
+        for (i, &v) in block.iter().enumerate() {
+            let want = (v * id).round() * d;
+            assert_eq!(xq[[0, 32 * b + i]], want, "block {b} value {i}: {v}");
+        }
+    }
+    assert_eq!(xq[[0, 4]], 3.0, "2.5 rounds away from zero");
+}
+
 #[test]
 fn two_part_activations_are_within_a_127th_of_a_step() {
     // q8x2 quantizes what one 8-bit block leaves (≤ half a step, d₁/2) with a second block:
