@@ -92,10 +92,16 @@ for name, row in rows.items():
                    "memory": last.get("memory"),
                    **{k: last.get(k) for k in ["resident_weight_bytes", "embedding_bytes",
                                                "embedding_params", "params",
-                                               "kv_bytes_per_token", "decode_b1_vs_roofline",
+                                               "kv_bytes_per_token",
                                                "decode_weight_bytes_per_step", "block_evals_per_token_b1",
                                                "solver", "abs_tol"] if k in last},
                    **{f"{k}_vs_llama_cpp": best[k] / best_llama[k] for k in keys}}
+    # Each repetition measures its own read bandwidth beside its decode (it moves by up to a
+    # fifth between repetitions on a shared machine): the median of those ratios, and all.
+    roof = sorted(r["decode_b1_vs_roofline"] for r in row["runs"] if r.get("decode_b1_vs_roofline"))
+    if roof:
+        table[name]["decode_b1_vs_roofline"] = statistics.median(roof)
+        table[name]["decode_b1_vs_roofline_reps"] = roof
 # Ratios of the same repetition (same interference), dense quantized vs llama.cpp.
 per_rep = []
 for e, l in zip(elm, llama):
@@ -130,10 +136,16 @@ if dq and per_rep:
                     f"median {p_med:.2f}× {reps_text} (range {p_lo:.2f}–{p_hi:.2f})"))
     report["median_ratios"] = {"decode_b1": [d_med, d_lo, d_hi], "prefill": [p_med, p_lo, p_hi]}
 if dq and dq.get("decode_b1_vs_roofline"):
+    # Each repetition measures its own read bandwidth beside its decode (the bandwidth moves by
+    # up to a fifth between repetitions on a shared machine): the median of those ratios.
+    roof = dq["decode_b1_vs_roofline_reps"]
+    r_med = dq["decode_b1_vs_roofline"]
+    report.setdefault("median_ratios", {})["decode_b1_vs_roofline"] = [r_med, roof[0], roof[-1]]
     targets.append(("quantized decode b1 ≥ 0.8 of the read-bandwidth roofline (edge-inference issue)",
-                    dq["decode_b1_vs_roofline"] / 0.8,
-                    f'{dq["decode_b1_vs_roofline"]:.2f} of the roofline (bytes read per step / the read bandwidth '
-                    f'measured in the same run)'))
+                    r_med / 0.8,
+                    f'median {r_med:.2f} of the roofline over {len(roof)} repetitions (range '
+                    f'{roof[0]:.2f}–{roof[-1]:.2f}; each: bytes read per step / the read bandwidth measured '
+                    f'in the same repetition)'))
 for name, label in [(n, "f32" if n.split(" ", 1)[1].startswith("f32") else "quantized")
                     for n in table if n.startswith("elm ")]:
     # The ELM against its dense parent in `elm bench --rounds` (both models in one process,
@@ -190,8 +202,8 @@ if readme:
              + (f" ELM_CKPT={ckpt_label}" if ckpt else "") + ("" if block == "perf" else f" BLOCK={block}")
              + f" bash scripts/llama-cpp-compare.sh{model_arg}` "
              f"({report['machine']}; {threads} threads for both engines; best of {reps} repetitions alternating "
-             "with llama.cpp; ratios in brackets are ours / llama.cpp of those bests; the targets read the median "
-             "of the per-repetition ratios).", "",
+             "with llama.cpp; ratios in brackets are ours / llama.cpp of those bests; the roofline column and the "
+             "targets read the median of the per-repetition ratios).", "",
              "| model | weights | decode b1 tok/s | b1 mean | decode b8 tok/s | prefill tok/s | weights resident | params | peak RSS of a generating process | runtime | peak / (weights + KV + runtime) | KV / token | block evals / token | decode b1 / roofline |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
              f"| llama.cpp | file | {best_llama['decode_b1_tok_s']:.1f} | {best_llama['decode_b1_mean_tok_s']:.1f} | – | {best_llama['prefill_tok_s']:.1f} | – | – | – | – | – | – | – | – |"]
