@@ -345,11 +345,11 @@ unsafe fn tile_group<const R: usize>(
     let xs: [*const f32; R] = std::array::from_fn(|i| acts.s[(r0 + i) * nb..].as_ptr());
     let p = tiles.as_ptr();
     let res = match format {
-        QFormat::Q8_0 => avx2::tile_q8_0_vnni::<R>(p, nb, &xq, &xd, &xs),
-        QFormat::Q4_0 => avx2::tile_q4_vnni::<R, false, false>(p, nb, &xq, &xd, &xs),
-        QFormat::Q4_1 => avx2::tile_q4_vnni::<R, true, false>(p, nb, &xq, &xd, &xs),
-        QFormat::Q5_0 => avx2::tile_q4_vnni::<R, false, true>(p, nb, &xq, &xd, &xs),
-        QFormat::Q5_1 => avx2::tile_q4_vnni::<R, true, true>(p, nb, &xq, &xd, &xs),
+        QFormat::Q8_0 => avx2::tile_vnni::<R, true, false, false>(p, nb, &xq, &xd, &xs),
+        QFormat::Q4_0 => avx2::tile_vnni::<R, false, false, false>(p, nb, &xq, &xd, &xs),
+        QFormat::Q4_1 => avx2::tile_vnni::<R, false, true, false>(p, nb, &xq, &xd, &xs),
+        QFormat::Q5_0 => avx2::tile_vnni::<R, false, false, true>(p, nb, &xq, &xd, &xs),
+        QFormat::Q5_1 => avx2::tile_vnni::<R, false, true, true>(p, nb, &xq, &xd, &xs),
         QFormat::Q2K | QFormat::Q3K | QFormat::Q4K | QFormat::Q5K | QFormat::Q6K => {
             unreachable!("{} has no tiled layout", format.name())
         }
@@ -691,36 +691,20 @@ mod avx2 {
 
     /// The tiled layout's products (`super::tiles`): eight weight rows in the eight i32 lanes,
     /// so one `vpdpbusd` against four broadcast activation bytes advances all eight rows and
-    /// one FMA scales eight blocks. Q8_0's codes are stored as `q + 128` (unsigned).
-    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-    pub(super) unsafe fn tile_q8_0_vnni<const R: usize>(
-        tiles: *const u8,
-        nb: usize,
-        xq: &[*const i8; R],
-        xd: &[*const f32; R],
-        xs: &[*const f32; R],
-    ) -> [[f32; 8]; R] {
-        tile_with::<R, true, false, false>(tiles, nb, xq, xd, xs)
-    }
-
-    /// As [`tile_q8_0_vnni`] for the nibble formats: Q4_0, Q4_1 (`MIN`), Q5_0 (`HIGH`), Q5_1.
-    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-    pub(super) unsafe fn tile_q4_vnni<const R: usize, const MIN: bool, const HIGH: bool>(
-        tiles: *const u8,
-        nb: usize,
-        xq: &[*const i8; R],
-        xd: &[*const f32; R],
-        xs: &[*const f32; R],
-    ) -> [[f32; 8]; R] {
-        tile_with::<R, false, MIN, HIGH>(tiles, nb, xq, xd, xs)
-    }
-
-    /// The tile kernels' one body. Per block and activation row `i`:
+    /// one FMA scales eight blocks. `Q8`: Q8_0, its codes stored as `q + 128` (unsigned);
+    /// otherwise the nibble formats Q4_0, Q4_1 (`MIN`), Q5_0 (`HIGH`) and Q5_1.
+    ///
+    /// Per block and activation row `i`:
     /// `acc[i] += d_w·(d_x·Σ c·x − offset·s_x)` with `c` the unsigned codes (`offset` 128 for
     /// Q8_0, 8 for Q4_0, 16 for Q5_0), or `d_w·d_x·Σ c·x + m_w·s_x` for the formats with a
     /// minimum (`s_x = d_x·Σ x`, the activation block's sum).
-    #[inline(always)]
-    unsafe fn tile_with<const R: usize, const Q8: bool, const MIN: bool, const HIGH: bool>(
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    pub(super) unsafe fn tile_vnni<
+        const R: usize,
+        const Q8: bool,
+        const MIN: bool,
+        const HIGH: bool,
+    >(
         tiles: *const u8,
         nb: usize,
         xq: &[*const i8; R],
