@@ -188,14 +188,11 @@ fn grow<T: Copy>(v: &mut Vec<T>, n: usize, fill: T) {
 /// where the baseline target calls `roundf` per value: 3% of a decode step, on the one thread
 /// the others wait for.
 fn quantize_act_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    // The CPU's AVX2, not the kernel chosen: the codes are the same either way.
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static AVX2: OnceLock<bool> = OnceLock::new();
-        if *AVX2.get_or_init(|| is_x86_feature_detected!("avx2")) {
-            // SAFETY: AVX2 is present (checked above).
-            return unsafe { quantize_act_block_avx2(x, q) };
-        }
+    if Kernel::Avx2.is_available() {
+        // SAFETY: AVX2 is present (checked above).
+        return unsafe { quantize_act_block_avx2(x, q) };
     }
     quantize_act_block_with(x, q)
 }
@@ -311,10 +308,10 @@ unsafe fn tiled_rows(
             let take = group_size(n - r);
             let mut out = [[0f32; TILE_ROWS]; 8];
             match take {
-                8 => tile_group::<8>(w.format(), tiles, acts, r, &mut out),
-                4 => tile_group::<4>(w.format(), tiles, acts, r, &mut out),
-                2 => tile_group::<2>(w.format(), tiles, acts, r, &mut out),
-                _ => tile_group::<1>(w.format(), tiles, acts, r, &mut out),
+                8 => tile_group::<8>(w.format(), &geometry, tiles, acts, r, &mut out),
+                4 => tile_group::<4>(w.format(), &geometry, tiles, acts, r, &mut out),
+                2 => tile_group::<2>(w.format(), &geometry, tiles, acts, r, &mut out),
+                _ => tile_group::<1>(w.format(), &geometry, tiles, acts, r, &mut out),
             }
             for (i, v) in out[..take].chunks_exact(parts).enumerate() {
                 let dst = y.add((r / parts + i) * y_stride + g * TILE_ROWS);
@@ -334,6 +331,7 @@ unsafe fn tiled_rows(
 #[cfg(target_arch = "x86_64")]
 unsafe fn tile_group<const R: usize>(
     format: QFormat,
+    geometry: &tiles::TileGeometry,
     tiles: &[u8],
     acts: &QActs,
     r0: usize,
@@ -345,11 +343,11 @@ unsafe fn tile_group<const R: usize>(
     let xs: [*const f32; R] = std::array::from_fn(|i| acts.s[(r0 + i) * nb..].as_ptr());
     let p = tiles.as_ptr();
     let res = match format {
-        QFormat::Q8_0 => avx2::tile_vnni::<R, true, false, false>(p, nb, &xq, &xd, &xs),
-        QFormat::Q4_0 => avx2::tile_vnni::<R, false, false, false>(p, nb, &xq, &xd, &xs),
-        QFormat::Q4_1 => avx2::tile_vnni::<R, false, true, false>(p, nb, &xq, &xd, &xs),
-        QFormat::Q5_0 => avx2::tile_vnni::<R, false, false, true>(p, nb, &xq, &xd, &xs),
-        QFormat::Q5_1 => avx2::tile_vnni::<R, false, true, true>(p, nb, &xq, &xd, &xs),
+        QFormat::Q8_0 => avx2::tile_vnni::<R, true, false, false>(geometry, p, nb, &xq, &xd, &xs),
+        QFormat::Q4_0 => avx2::tile_vnni::<R, false, false, false>(geometry, p, nb, &xq, &xd, &xs),
+        QFormat::Q4_1 => avx2::tile_vnni::<R, false, true, false>(geometry, p, nb, &xq, &xd, &xs),
+        QFormat::Q5_0 => avx2::tile_vnni::<R, false, false, true>(geometry, p, nb, &xq, &xd, &xs),
+        QFormat::Q5_1 => avx2::tile_vnni::<R, false, true, true>(geometry, p, nb, &xq, &xd, &xs),
         QFormat::Q2K | QFormat::Q3K | QFormat::Q4K | QFormat::Q5K | QFormat::Q6K => {
             unreachable!("{} has no tiled layout", format.name())
         }
@@ -609,6 +607,7 @@ fn portable_dot<const R: usize>(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use super::tiles::TileGeometry;
     use super::{k3_scales, k4_scale_min, QK};
     use std::arch::x86_64::*;
 
@@ -697,7 +696,8 @@ mod avx2 {
     /// Per block and activation row `i`:
     /// `acc[i] += d_w·(d_x·Σ c·x − offset·s_x)` with `c` the unsigned codes (`offset` 128 for
     /// Q8_0, 8 for Q4_0, 16 for Q5_0), or `d_w·d_x·Σ c·x + m_w·s_x` for the formats with a
-    /// minimum (`s_x = d_x·Σ x`, the activation block's sum).
+    /// minimum (`s_x = d_x·Σ x`, the activation block's sum). Where the tile's parts lie is
+    /// `geometry` (`super::tiles::geometry` of the format).
     #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
     pub(super) unsafe fn tile_vnni<
         const R: usize,
@@ -705,20 +705,15 @@ mod avx2 {
         const MIN: bool,
         const HIGH: bool,
     >(
+        geometry: &TileGeometry,
         tiles: *const u8,
         nb: usize,
         xq: &[*const i8; R],
         xd: &[*const f32; R],
         xs: &[*const f32; R],
     ) -> [[f32; 8]; R] {
-        let scales = 16;
-        let high_at = if MIN { 2 * scales } else { scales };
-        let codes_at = match (MIN, HIGH) {
-            (_, true) => high_at + 32,
-            (true, false) => 2 * scales,
-            (false, false) => scales,
-        };
-        let tile_bytes = codes_at + if Q8 { 256 } else { 128 };
+        let (codes_at, tile_bytes) = (geometry.codes_at, geometry.bytes);
+        let (min_at, high_at) = (geometry.min_at.unwrap_or(0), geometry.high_at.unwrap_or(0));
         let offset = match (Q8, MIN, HIGH) {
             (true, _, _) => 128.0,
             (false, true, _) => 0.0,
@@ -757,7 +752,7 @@ mod avx2 {
                 }
             }
             let m = if MIN {
-                _mm256_cvtph_ps(_mm_loadu_si128(t.add(scales) as *const __m128i))
+                _mm256_cvtph_ps(_mm_loadu_si128(t.add(min_at) as *const __m128i))
             } else {
                 _mm256_setzero_ps()
             };

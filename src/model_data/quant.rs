@@ -83,8 +83,11 @@ pub struct QMatrix {
 impl PartialEq for QMatrix {
     fn eq(&self, other: &Self) -> bool {
         (self.format, self.rows, self.cols) == (other.format, other.rows, other.cols)
-            && (self.layout == other.layout && self.data == other.data
-                || self.gguf_blocks() == other.gguf_blocks())
+            && if self.layout == other.layout {
+                self.data == other.data
+            } else {
+                self.gguf_blocks() == other.gguf_blocks()
+            }
     }
 }
 
