@@ -463,10 +463,31 @@ fn teacher_cache_is_shared_across_runs_and_bit_identical() {
     let (hist, params, stats) = run(false);
     assert_eq!(stats, None);
     let (hist1, params1, stats1) = run(true);
+    let stats1 = stats1.unwrap();
     // 6 steps of 4 out of 32 sequences: 6 distinct batches, all computed and written.
-    assert_eq!(stats1, Some((0, 6)));
+    assert_eq!((stats1.hits, stats1.misses), (0, 6));
+    assert!(stats1.compute_seconds > 0.0, "{stats1:?}");
+    assert_eq!(
+        stats1.saved_seconds(),
+        Some(0.0),
+        "nothing read, nothing saved"
+    );
     let (hist2, params2, stats2) = run(true);
-    assert_eq!(stats2, Some((6, 0)), "second run reads every batch");
+    let stats2 = stats2.unwrap();
+    assert_eq!(
+        (stats2.hits, stats2.misses),
+        (6, 0),
+        "second run reads every batch"
+    );
+    // Each file carries what its states cost the first run, exactly (in the same order).
+    assert_eq!(stats2.priced_hits, 6);
+    assert_eq!(stats2.recorded_seconds, stats1.compute_seconds);
+    assert_eq!(stats2.compute_seconds, 0.0);
+    assert!(stats2.read_seconds > 0.0);
+    assert_eq!(
+        stats2.saved_seconds(),
+        Some(stats1.compute_seconds - stats2.read_seconds)
+    );
     assert_eq!(hist, hist1);
     assert_eq!(hist, hist2);
     assert_eq!(params, params1);
@@ -477,7 +498,56 @@ fn teacher_cache_is_shared_across_runs_and_bit_identical() {
     let mut t = Trainer::new(&w, ec2, &module2, cfg(2, 5), "tiny".into()).unwrap();
     t.set_teacher_cache(dir.join("teacher")).unwrap();
     t.train_step(&train, 0).unwrap();
-    assert_eq!(t.teacher_cache_stats(), Some((0, 1)));
+    let s = t.teacher_cache_stats().unwrap();
+    assert_eq!((s.hits, s.misses), (0, 1));
+}
+
+/// A cache file written before files recorded their cost is read (the states are the same)
+/// but leaves what the cache saved unknown; a cost that is not a number of seconds is a
+/// damaged file, refused by name.
+#[test]
+fn teacher_cache_files_without_or_with_a_bad_cost_header() {
+    use elm::io::tensor_file::{load_f32_tensors, save_f32_tensors};
+    let w = tiny_weights(Arch::Llama, 5, 21);
+    let ec = ElmConfig::new(1, 3);
+    let module = ElmModule::init(&w, &ec).unwrap();
+    let train = data(32, 3);
+    let dir = TempDir::new("teacher_cache_headers");
+    let cache = dir.join("teacher");
+    let run = || {
+        let mut t = Trainer::new(&w, ec.clone(), &module, cfg(2, 5), "tiny".into()).unwrap();
+        t.set_teacher_cache(cache.clone()).unwrap();
+        let steps: Result<Vec<_>, _> = (0..2).map(|_| t.train_step(&train, 0)).collect();
+        steps.map(|_| t.teacher_cache_stats().unwrap())
+    };
+    assert_eq!(run().unwrap().misses, 2);
+    let mut files: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 2);
+    let rewrite = |path: &std::path::Path, header: &[(&str, &str)]| {
+        let f = load_f32_tensors(path).unwrap();
+        let named: Vec<(String, &ArrayD<f32>)> =
+            f.tensors.iter().map(|(k, v)| (k.clone(), v)).collect();
+        let meta = header
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        save_f32_tensors(path, &named, meta).unwrap();
+    };
+    rewrite(&files[0], &[]);
+    let s = run().unwrap();
+    assert_eq!((s.hits, s.priced_hits), (2, 1));
+    assert_eq!(s.saved_seconds(), None, "one hit's cost is unknown");
+    rewrite(&files[0], &[("teacher_compute_seconds", "soon")]);
+    let err = run().unwrap_err().to_string();
+    let name = files[0].file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        err.contains(&name) && err.contains("teacher_compute_seconds"),
+        "{err}"
+    );
 }
 
 /// The fixed-point correction in ELM training: with the rule's taped iterates weighted it trains

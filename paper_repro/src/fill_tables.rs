@@ -1068,6 +1068,8 @@ pub fn speed_rows(trainings: &[(String, Done<Trained>)]) -> Vec<SpeedRow> {
             tokens_per_s: t.value.tokens_per_s(),
             teacher_cache_hits: t.value.train.teacher_cache.hits,
             teacher_cache_misses: t.value.train.teacher_cache.misses,
+            teacher_computed_seconds: t.value.train.teacher_cache.computed_seconds(),
+            teacher_saved_seconds: t.value.train.teacher_cache.saved_seconds(),
             peak_rss_bytes: t.value.train.peak_rss_bytes,
         })
         .collect()

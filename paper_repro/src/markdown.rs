@@ -6,6 +6,8 @@ use crate::rows::Interval;
 /// Cell of a value that does not exist by definition (the dense model has no solver, tanh no
 /// closed-form solution). Distinct from a missing key, which is an error, never a cell.
 pub const NOT_APPLICABLE: &str = "n/a";
+/// A cell whose figure the run's records predate.
+pub const NOT_RECORDED: &str = "not recorded";
 
 /// A Markdown table built row by row.
 pub struct Table {

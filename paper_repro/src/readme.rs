@@ -5,9 +5,9 @@
 
 use std::path::Path;
 
-use crate::markdown::{float, iv, opt, pct, signed, signed_float};
+use crate::markdown::{float, iv, opt, pct, signed, signed_float, NOT_RECORDED};
 use crate::paper;
-use crate::rows::{ControlKind, MAIN_ELM_ROW};
+use crate::rows::{ControlKind, SpeedRow, MAIN_ELM_ROW};
 use crate::stage::seconds;
 use crate::table_markdown::{
     canonical_table, collapse_table, controls_table, curves_table, curves_verdict, full_test_table,
@@ -502,7 +502,7 @@ pub fn readme(t: &Tables, plots: &Written) -> String {
     }
     s += &format!(
         "## Training throughput\n\nMeasured tokens/s of every training of this run (steps of this invocation; a cached training shows the run that \
-         computed it). {}\n\n{}\n",
+         computed it). {}\n\n{}{}\n",
         t.bench.as_ref().map_or_else(
             || "No benchmark at this scale.".to_string(),
             |b| format!(
@@ -510,10 +510,47 @@ pub fn readme(t: &Tables, plots: &Written) -> String {
                 float(b.sgemm_gflop_s), float(b.prefill_tok_s), float(b.prefill_gflop_s), float(b.decode_b1_tok_s)
             )
         ),
-        nonempty(&t.speed, |r| speed_table(r, &t.bench))
+        nonempty(&t.speed, |r| speed_table(r, &t.bench)),
+        teacher_cache_savings(&t.speed)
     );
     s += paper::SCALES;
     s
+}
+
+/// What the shared teacher cache saved the run's trainings, summed over those whose records
+/// say (`SpeedRow::teacher_saved_seconds`).
+fn teacher_cache_savings(rows: &[SpeedRow]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let saved: Vec<f64> = rows
+        .iter()
+        .filter_map(|r| r.teacher_saved_seconds)
+        .collect();
+    let unknown = rows.len() - saved.len();
+    let total = if saved.is_empty() {
+        "No training's record says what the cache saved it".to_string()
+    } else {
+        format!(
+            "Over the {} trainings whose records say, the cache saved {} of teacher compute",
+            saved.len(),
+            seconds(saved.iter().sum())
+        )
+    };
+    let missing = match unknown {
+        0 => String::new(),
+        n => format!(
+            "; {n} {} \"{NOT_RECORDED}\": the training, or a cache file it read, was written before the seconds were recorded",
+            if n == 1 { "says" } else { "say" }
+        ),
+    };
+    format!(
+        "\nThe trainings share one cache of the teacher's states (`elm train --teacher-cache`): a batch whose states an earlier \
+         training computed over the same window is read, not recomputed, so a training's seconds above (and its \"own compute\" \
+         in table 1) leave out the teacher work it read. \"teacher computed\" is what each training spent computing the states \
+         it missed; \"cache saved\" is what the states it read cost the training that computed them, minus the time to read \
+         them. {total}{missing}.\n"
+    )
 }
 
 fn budget(v: &serde_json::Value) -> String {
@@ -573,7 +610,9 @@ fn table_one(t: &Tables) -> String {
     let mut s = nonempty(&t.main, main_table);
     if let Some(c) = &t.controls {
         s += &format!(
-            "\n\"ΔNLL vs ELM\" is each row's answer NLL minus that of `{}`, the ELM at the headline window, paired over the same test problems.\n\n{}",
+            "\n\"ΔNLL vs ELM\" is each row's answer NLL minus that of `{}`, the ELM at the headline window, paired over the same test problems. \
+             \"own compute\" is the row's wall seconds as run: a training that read the teacher's states from the shared cache did not \
+             pay for them (the training throughput section says what the cache saved each training).\n\n{}",
             c.elm,
             controls_table(c)
         );

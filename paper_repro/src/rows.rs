@@ -354,6 +354,14 @@ pub struct SpeedRow {
     pub tokens_per_s: f64,
     pub teacher_cache_hits: usize,
     pub teacher_cache_misses: usize,
+    /// Seconds spent computing the teacher states the cache missed, `None` for a training
+    /// recorded before they were measured.
+    #[serde(default)]
+    pub teacher_computed_seconds: Option<f64>,
+    /// Seconds the teacher cache saved (the hits' recorded cost minus reading them), `None`
+    /// when the training or a file it read predates the measurement.
+    #[serde(default)]
+    pub teacher_saved_seconds: Option<f64>,
     pub peak_rss_bytes: u64,
 }
 

@@ -219,11 +219,47 @@ pub struct Compressed {
     pub kv: KvReport,
 }
 
-/// The teacher-state cache's counts that `elm train --json` adds (`--teacher-cache`).
+/// The teacher-state cache's counts and seconds that `elm train --json` adds
+/// (`--teacher-cache`; the library's [`elm::equilibrium::train::TeacherCacheStats`]). Records
+/// written before the seconds were measured hold only the counts.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TeacherCacheStats {
     pub hits: usize,
     pub misses: usize,
+    #[serde(default)]
+    pub compute_seconds: Option<f64>,
+    #[serde(default)]
+    pub read_seconds: Option<f64>,
+    #[serde(default)]
+    pub recorded_seconds: Option<f64>,
+    #[serde(default)]
+    pub priced_hits: Option<usize>,
+}
+
+impl TeacherCacheStats {
+    /// The library's record, when this one holds the seconds.
+    fn timed(&self) -> Option<elm::equilibrium::train::TeacherCacheStats> {
+        Some(elm::equilibrium::train::TeacherCacheStats {
+            hits: self.hits,
+            misses: self.misses,
+            compute_seconds: self.compute_seconds?,
+            read_seconds: self.read_seconds?,
+            recorded_seconds: self.recorded_seconds?,
+            priced_hits: self.priced_hits?,
+        })
+    }
+
+    /// Seconds this training spent computing teacher states it missed, `None` for a record
+    /// older than the measurement.
+    pub fn computed_seconds(&self) -> Option<f64> {
+        self.timed().map(|t| t.compute_seconds)
+    }
+
+    /// Seconds the cache saved this training (see the library's `saved_seconds`), `None` when
+    /// the record or a hit's file predates the measurement.
+    pub fn saved_seconds(&self) -> Option<f64> {
+        self.timed().and_then(|t| t.saved_seconds())
+    }
 }
 
 /// `elm train --json`: the library's [`TrainOutcome`] and what the command measures around it.
@@ -1199,7 +1235,14 @@ mod tests {
                 "out": "trained",
                 "params": param_report(&cfg, &ec),
                 "peak_rss_bytes": 1u64 << 33,
-                "teacher_cache": {"hits": 3, "misses": 1},
+                "teacher_cache": elm::equilibrium::train::TeacherCacheStats {
+                    hits: 3,
+                    misses: 1,
+                    compute_seconds: 0.5,
+                    read_seconds: 0.25,
+                    recorded_seconds: 1.75,
+                    priced_hits: 3,
+                },
             }),
         );
         Trained {
@@ -1220,10 +1263,28 @@ mod tests {
         assert_eq!(back.train.outcome.tokens, 240);
         assert_eq!(back.train.outcome.last.as_ref().unwrap().tokens, 60);
         assert_eq!(back.train.teacher_cache.misses, 1);
+        // What the hits cost their writers minus what reading them cost.
+        assert_eq!(back.train.teacher_cache.saved_seconds(), Some(1.5));
+        assert_eq!(back.train.teacher_cache.computed_seconds(), Some(0.5));
         assert_eq!(back.compute_seconds(), 2.0);
         assert_eq!(back.distill_after().unwrap(), 0.5);
         // 60 tokens a step, 2 steps in 1 s.
         assert_eq!(back.tokens_per_s(), 120.0);
+    }
+
+    /// Records written before the cache's seconds were measured still read, and say nothing
+    /// about what the cache saved rather than 0; so does a run that read a file written
+    /// before files recorded their cost.
+    #[test]
+    fn teacher_cache_savings_are_unknown_where_a_record_or_file_predates_them() {
+        let old: TeacherCacheStats =
+            serde_json::from_value(json!({"hits": 3, "misses": 1})).unwrap();
+        assert_eq!(old.saved_seconds(), None);
+        assert_eq!(old.computed_seconds(), None);
+        let mut unpriced = trained().train.teacher_cache;
+        unpriced.priced_hits = Some(2);
+        assert_eq!(unpriced.saved_seconds(), None);
+        assert_eq!(unpriced.computed_seconds(), Some(0.5));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use elm::eval::stats::Spread;
 use elm::search::report::{Placement, WhereToPrune};
 
 use crate::markdown::{
-    count, float, iv, mib, opt, pct, signed, signed_float, Table, NOT_APPLICABLE,
+    count, float, iv, mib, opt, pct, signed, signed_float, Table, NOT_APPLICABLE, NOT_RECORDED,
 };
 use crate::rows::{
     BenchFigures, CollapseRow, Controls, Curves, FullTest, FullyTrained, GradRow, Interval, KvRow,
@@ -339,6 +339,8 @@ pub fn speed_table(rows: &[SpeedRow], bench: &Option<BenchFigures>) -> String {
         "tokens/s",
         "× dense prefill tok/s",
         "teacher cache hits/misses",
+        "teacher computed (s)",
+        "cache saved (s)",
         "peak RSS (MiB)",
     ]);
     for r in rows {
@@ -353,6 +355,10 @@ pub fn speed_table(rows: &[SpeedRow], bench: &Option<BenchFigures>) -> String {
                 |b| format!("{:.3}", r.tokens_per_s / b.prefill_tok_s),
             ),
             format!("{}/{}", r.teacher_cache_hits, r.teacher_cache_misses),
+            r.teacher_computed_seconds
+                .map_or_else(|| NOT_RECORDED.into(), float),
+            r.teacher_saved_seconds
+                .map_or_else(|| NOT_RECORDED.into(), float),
             mib(r.peak_rss_bytes),
         ]);
     }

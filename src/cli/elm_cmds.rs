@@ -407,10 +407,11 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         // Measured high-water mark of this process (the whole training, evaluation included).
         v["peak_rss_bytes"] = elm::io::peak_rss_bytes().into();
         v["memory_estimate"] = serde_json::to_value(&memory).unwrap_or_default();
-        v["teacher_cache"] = trainer
-            .teacher_cache_stats()
-            .map(|(hits, misses)| serde_json::json!({"hits": hits, "misses": misses}))
-            .into();
+        v["teacher_cache"] =
+            serde_json::to_value(trainer.teacher_cache_stats()).map_err(|e| ElmError::Json {
+                what: "teacher cache counts".into(),
+                msg: e.to_string(),
+            })?;
         print_json(&v)?;
     } else {
         say!(

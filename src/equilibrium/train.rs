@@ -232,14 +232,46 @@ const SPECTRAL_FILE: &str = "spectral_norm.json";
 /// batch's token ids; it stores the exact f32 states, so a cached run is bit-identical to an
 /// uncached one. Writes are atomic, so
 /// concurrent or killed runs leave whole files only.
+///
+/// Each file records, in its header, the seconds its states took to compute, so that a run
+/// that reads it can say what the cache saved it ([`TeacherCacheStats`]).
 #[derive(Clone, Debug)]
 pub struct TeacherCache {
     dir: PathBuf,
     model_key: String,
-    /// Batches read from the cache / computed (and written) this run.
-    pub hits: usize,
-    pub misses: usize,
+    stats: TeacherCacheStats,
 }
+
+/// What the teacher cache did in one run (one invocation of a training).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeacherCacheStats {
+    /// Batches read from the cache.
+    pub hits: usize,
+    /// Batches computed (and written) by this run.
+    pub misses: usize,
+    /// Seconds this run spent computing the missed batches' states (the teacher's forward).
+    pub compute_seconds: f64,
+    /// Seconds this run spent reading the hit batches' files.
+    pub read_seconds: f64,
+    /// The compute seconds the hit batches' files record: the teacher work this run did not
+    /// repeat, measured by the run that wrote each file.
+    pub recorded_seconds: f64,
+    /// Hits whose file records its compute seconds (files written before the cost was
+    /// recorded carry none, so `recorded_seconds` undercounts when this is below `hits`).
+    pub priced_hits: usize,
+}
+
+impl TeacherCacheStats {
+    /// Seconds the cache saved this run (what the hits cost to compute minus what reading them
+    /// cost), `None` when a hit's file does not record its cost.
+    pub fn saved_seconds(&self) -> Option<f64> {
+        (self.priced_hits == self.hits).then_some(self.recorded_seconds - self.read_seconds)
+    }
+}
+
+/// Header key of a teacher-cache file holding the seconds its states took to compute.
+const TEACHER_SECONDS_KEY: &str = "teacher_compute_seconds";
 
 impl TeacherCache {
     fn new(dir: PathBuf, dense: &ModelWeights, base_model: &str) -> Result<Self> {
@@ -262,8 +294,7 @@ impl TeacherCache {
         Ok(TeacherCache {
             dir,
             model_key: teacher_model_key(&config, base_model, &file, crate::gemm::precision()),
-            hits: 0,
-            misses: 0,
+            stats: TeacherCacheStats::default(),
         })
     }
 
@@ -509,9 +540,9 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
-    /// `(hits, misses)` of the teacher cache this run, `None` without one.
-    pub fn teacher_cache_stats(&self) -> Option<(usize, usize)> {
-        self.teacher_cache.as_ref().map(|c| (c.hits, c.misses))
+    /// What the teacher cache did this run, `None` without one.
+    pub fn teacher_cache_stats(&self) -> Option<TeacherCacheStats> {
+        self.teacher_cache.as_ref().map(|c| c.stats)
     }
 
     /// [`Self::dense_targets`] through the teacher cache when one is set.
@@ -523,7 +554,23 @@ impl<'a> Trainer<'a> {
         let (b, t) = (batch.tokens.len(), batch.tokens.first().map_or(0, Vec::len));
         let c = self.dense.config.hidden_size;
         if path.exists() {
-            let mut map = super::checkpoint::load_tensors(&path)?;
+            let read = Instant::now();
+            let file = crate::io::tensor_file::load_f32_tensors(&path)?;
+            // A file written before costs were recorded has no such key; a present but
+            // unreadable one is a damaged file.
+            let recorded = match file.metadata.get(TEACHER_SECONDS_KEY) {
+                None => None,
+                Some(v) => match v.parse::<f64>() {
+                    Ok(s) if s.is_finite() && s >= 0.0 => Some(s),
+                    _ => {
+                        let msg = format!(
+                            "header `{TEACHER_SECONDS_KEY}` is {v:?}, not a number of seconds"
+                        );
+                        return Err(ElmError::format(&path, msg));
+                    }
+                },
+            };
+            let mut map: TensorMap = file.tensors.into_iter().collect();
             let h = super::checkpoint::take_tensor(&mut map, "h", &[b, t, c], &path)?;
             let target = super::checkpoint::take_tensor(&mut map, "target", &[b, t, c], &path)?;
             let to3 = |a: ArrayD<f32>| {
@@ -532,17 +579,27 @@ impl<'a> Trainer<'a> {
             };
             let out = (to3(h)?, to3(target)?);
             if let Some(cache) = &mut self.teacher_cache {
-                cache.hits += 1;
+                let s = &mut cache.stats;
+                s.hits += 1;
+                s.read_seconds += read.elapsed().as_secs_f64();
+                if let Some(seconds) = recorded {
+                    s.recorded_seconds += seconds;
+                    s.priced_hits += 1;
+                }
             }
             return Ok(out);
         }
+        let compute = Instant::now();
         let (h, target) = self.dense_targets(batch)?;
+        let seconds = compute.elapsed().as_secs_f64();
         let mut map = TensorMap::new();
         map.insert("h".into(), h.clone().into_dyn());
         map.insert("target".into(), target.clone().into_dyn());
-        super::checkpoint::save_tensors(&path, &map, None)?;
+        let header = [(TEACHER_SECONDS_KEY.to_string(), format!("{seconds}"))];
+        super::checkpoint::save_tensors(&path, &map, Some(header.into_iter().collect()))?;
         if let Some(cache) = &mut self.teacher_cache {
-            cache.misses += 1;
+            cache.stats.misses += 1;
+            cache.stats.compute_seconds += seconds;
         }
         Ok((h, target))
     }
