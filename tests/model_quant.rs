@@ -185,8 +185,10 @@ fn tiled_layout_holds_the_gguf_blocks_and_any_row_range_matches_the_reference() 
     let mut rng = StdRng::seed_from_u64(11);
     let vnni = detected_kernel() == Kernel::Avx512Vnni;
     let mut tiled_formats = 0;
-    for format in QFormat::ALL.into_iter().filter(|f| f.block_elems() == 32) {
-        let (rows, cols) = (40, 96);
+    let untiled = [QFormat::Q2K, QFormat::Q3K, QFormat::Q5K];
+    for format in QFormat::ALL.into_iter().filter(|f| !untiled.contains(f)) {
+        // Three blocks per row (K-quants: two super-blocks, sixteen activation blocks).
+        let (rows, cols) = (40, if format.block_elems() == 32 { 96 } else { 512 });
         let rows_layout = random_blocks(format, rows, cols, &mut rng).with_layout(Layout::Rows);
         let gguf = rows_layout.gguf_blocks().into_owned();
         let tiled = rows_layout.clone().with_layout(Layout::Tiles);
@@ -257,12 +259,14 @@ fn tiled_layout_holds_the_gguf_blocks_and_any_row_range_matches_the_reference() 
         tiled_formats += 1;
     }
     assert_eq!(
-        tiled_formats, 5,
-        "Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 have tiles"
+        tiled_formats, 7,
+        "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K have tiles"
     );
-    // The K-quants keep rows.
-    let k = random_blocks(QFormat::Q4K, 8, 256, &mut rng).with_layout(Layout::Tiles);
-    assert_eq!(k.layout(), Layout::Rows);
+    // The K-quants no model here uses keep rows.
+    for format in untiled {
+        let k = random_blocks(format, 8, 256, &mut rng).with_layout(Layout::Tiles);
+        assert_eq!(k.layout(), Layout::Rows, "{format:?}");
+    }
 }
 
 #[test]

@@ -17,10 +17,10 @@
 //! an AVX2 kernel (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q2_K … Q6_K; those with 16-value
 //! scale groups take each group's scale per i32 lane of the block product).
 //!
-//! With AVX-512 VNNI the 32-element formats are kept in tiles of eight rows (`super::tiles`,
-//! chosen when a matrix is made): the tile kernel advances eight rows per `vpdpbusd` and scales
-//! eight blocks per FMA, where a row kernel needs a horizontal reduction and scalar scales per
-//! block. Rows outside whole tiles, and the other kernels on a tiled matrix, read rows' GGUF
+//! With AVX-512 VNNI the 32-element formats, Q4_K and Q6_K are kept in tiles of eight rows
+//! (`super::tiles`, chosen when a matrix is made): the tile kernels advance eight rows per
+//! `vpdpbusd` and scale eight blocks per FMA, where a row kernel needs a horizontal reduction
+//! and scalar scales per block. Rows outside whole tiles, and the other kernels on a tiled matrix, read rows' GGUF
 //! blocks back ([`QMatrix::row`]).
 
 use ndarray::{Array2, ArrayView2};
@@ -97,6 +97,9 @@ pub struct QActs {
     d: Vec<f32>,
     /// `[rows·parts, blocks]` `d · Σ q` of each block (the Q4_0 / Q4_1 offset terms).
     s: Vec<f32>,
+    /// `[rows·parts, blocks, 2]` `Σ q` of each block's two halves of 16 (the tiled Q6_K
+    /// kernel's offset terms: its scales cover 16 values).
+    halves: Vec<i16>,
 }
 
 impl QActs {
@@ -118,6 +121,7 @@ impl QActs {
         grow(&mut self.qs, parts * n * nb * QK, 0);
         grow(&mut self.d, parts * n * nb, 0.0);
         grow(&mut self.s, parts * n * nb, 0.0);
+        grow(&mut self.halves, 2 * parts * n * nb, 0);
         let mut padded = [0f32; QK];
         let mut rest = [0f32; QK];
         for (r, row) in x.rows().into_iter().enumerate() {
@@ -135,17 +139,19 @@ impl QActs {
                     }
                 };
                 let i = r * parts * nb + b;
-                let (d, sum) = quantize_act_block(src, &mut self.qs[i * QK..(i + 1) * QK]);
+                let (d, halves) = quantize_act_block(src, &mut self.qs[i * QK..(i + 1) * QK]);
                 self.d[i] = d;
-                self.s[i] = d * sum as f32;
+                self.s[i] = d * (halves[0] + halves[1]) as f32;
+                self.halves[2 * i..2 * i + 2].copy_from_slice(&halves.map(|h| h as i16));
                 if parts == 2 {
                     for ((e, &v), &q) in rest.iter_mut().zip(src).zip(&self.qs[i * QK..]) {
                         *e = v - d * q as f32;
                     }
                     let j = i + nb;
-                    let (d, sum) = quantize_act_block(&rest, &mut self.qs[j * QK..(j + 1) * QK]);
+                    let (d, halves) = quantize_act_block(&rest, &mut self.qs[j * QK..(j + 1) * QK]);
                     self.d[j] = d;
-                    self.s[j] = d * sum as f32;
+                    self.s[j] = d * (halves[0] + halves[1]) as f32;
+                    self.halves[2 * j..2 * j + 2].copy_from_slice(&halves.map(|h| h as i16));
                 }
             }
         }
@@ -172,7 +178,9 @@ impl QActs {
 
     /// Bytes held by the buffers.
     pub fn bytes(&self) -> usize {
-        self.qs.capacity() + 4 * (self.d.capacity() + self.s.capacity())
+        self.qs.capacity()
+            + 4 * (self.d.capacity() + self.s.capacity())
+            + 2 * self.halves.capacity()
     }
 }
 
@@ -182,12 +190,13 @@ fn grow<T: Copy>(v: &mut Vec<T>, n: usize, fill: T) {
     }
 }
 
-/// One activation block: `q = round(x / d)`, `d = max|x| / 127`; returns `(d, Σ q)`.
+/// One activation block: `q = round(x / d)`, `d = max|x| / 127`; returns `d` and the sums of
+/// `q` over the block's two halves of 16 (each within ±2032, an i16).
 /// `round` is C's (ties away from zero), as ggml's; with AVX2 the same body compiles to
 /// vector code (LLVM lowers that rounding exactly, with a truncation of `x ± 0.49999997`),
 /// where the baseline target calls `roundf` per value: 3% of a decode step, on the one thread
 /// the others wait for.
-fn quantize_act_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+fn quantize_act_block(x: &[f32], q: &mut [i8]) -> (f32, [i32; 2]) {
     // The CPU's AVX2, not the kernel chosen: the codes are the same either way.
     #[cfg(target_arch = "x86_64")]
     if Kernel::Avx2.is_available() {
@@ -199,22 +208,28 @@ fn quantize_act_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn quantize_act_block_avx2(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+unsafe fn quantize_act_block_avx2(x: &[f32], q: &mut [i8]) -> (f32, [i32; 2]) {
     quantize_act_block_with(x, q)
 }
 
 #[inline(always)]
-fn quantize_act_block_with(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+fn quantize_act_block_with(x: &[f32], q: &mut [i8]) -> (f32, [i32; 2]) {
     let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    let mut sum = 0i32;
-    for (o, &v) in q.iter_mut().zip(x) {
-        let qi = (v * id).round() as i8;
-        *o = qi;
-        sum += qi as i32;
+    let mut sums = [0i32; 2];
+    for (half, (q, x)) in q
+        .chunks_exact_mut(QK / 2)
+        .zip(x.chunks_exact(QK / 2))
+        .enumerate()
+    {
+        for (o, &v) in q.iter_mut().zip(x) {
+            let qi = (v * id).round() as i8;
+            *o = qi;
+            sums[half] += qi as i32;
+        }
     }
-    (d, sum)
+    (d, sums)
 }
 
 /// `y[r, o] = Σ_k W[o, k] · x[r, k]` for weight rows `o ∈ lo..hi` and every activation row `r`
@@ -299,7 +314,9 @@ unsafe fn tiled_rows(
     let geometry = tiles::geometry(w.format()).expect("a tiled matrix has a tiled format");
     let (parts, nb) = (acts.mode.parts(), acts.blocks);
     let n = acts.rows * parts;
-    let group_bytes = nb * geometry.bytes;
+    // A tile spans one block of the format: one activation block, or eight (a K-quant's
+    // super-block).
+    let group_bytes = nb * QK / w.format().block_elems() * geometry.bytes;
     let stored = w.stored();
     for g in groups {
         let tiles = &stored[g * group_bytes..(g + 1) * group_bytes];
@@ -341,6 +358,7 @@ unsafe fn tile_group<const R: usize>(
     let xq: [*const i8; R] = std::array::from_fn(|i| acts.qs[(r0 + i) * nb * QK..].as_ptr());
     let xd: [*const f32; R] = std::array::from_fn(|i| acts.d[(r0 + i) * nb..].as_ptr());
     let xs: [*const f32; R] = std::array::from_fn(|i| acts.s[(r0 + i) * nb..].as_ptr());
+    let xh: [*const i16; R] = std::array::from_fn(|i| acts.halves[2 * (r0 + i) * nb..].as_ptr());
     let p = tiles.as_ptr();
     let res = match format {
         QFormat::Q8_0 => avx2::tile_vnni::<R, true, false, false>(geometry, p, nb, &xq, &xd, &xs),
@@ -348,7 +366,9 @@ unsafe fn tile_group<const R: usize>(
         QFormat::Q4_1 => avx2::tile_vnni::<R, false, true, false>(geometry, p, nb, &xq, &xd, &xs),
         QFormat::Q5_0 => avx2::tile_vnni::<R, false, false, true>(geometry, p, nb, &xq, &xd, &xs),
         QFormat::Q5_1 => avx2::tile_vnni::<R, false, true, true>(geometry, p, nb, &xq, &xd, &xs),
-        QFormat::Q2K | QFormat::Q3K | QFormat::Q4K | QFormat::Q5K | QFormat::Q6K => {
+        QFormat::Q4K => avx2::tile_q4k_vnni::<R>(geometry, p, nb, &xq, &xd, &xs),
+        QFormat::Q6K => avx2::tile_q6k_vnni::<R>(geometry, p, nb, &xq, &xd, &xh),
+        QFormat::Q2K | QFormat::Q3K | QFormat::Q5K => {
             unreachable!("{} has no tiled layout", format.name())
         }
     };
@@ -724,7 +744,7 @@ mod avx2 {
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..nb {
             let t = tiles.add(b * tile_bytes);
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(t as *const __m128i));
+            let d = eight_f16(t);
             // Group k: values 4k..4k+4 of each row, unsigned.
             let mut w = [_mm256_setzero_si256(); 8];
             if Q8 {
@@ -752,21 +772,12 @@ mod avx2 {
                 }
             }
             let m = if MIN {
-                _mm256_cvtph_ps(_mm_loadu_si128(t.add(min_at) as *const __m128i))
+                eight_f16(t.add(min_at))
             } else {
                 _mm256_setzero_ps()
             };
             for i in 0..R {
-                let x = xq[i].add(b * QK) as *const i32;
-                // Two chains, so the eight dependent `vpdpbusd`s take half the latency (no
-                // closure for the broadcast: it would not inherit the target features).
-                let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-                for k in (0..8).step_by(2) {
-                    let (xe, xo) = (x.add(k).read_unaligned(), x.add(k + 1).read_unaligned());
-                    even = _mm256_dpbusd_epi32(even, w[k], _mm256_set1_epi32(xe));
-                    odd = _mm256_dpbusd_epi32(odd, w[k + 1], _mm256_set1_epi32(xo));
-                }
-                let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(even, odd));
+                let dot = _mm256_cvtepi32_ps(dot_quads(&w, xq[i].add(b * QK) as *const i32));
                 let (dx, sx) = (_mm256_set1_ps(*xd[i].add(b)), *xs[i].add(b));
                 if MIN {
                     acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), dot, acc[i]);
@@ -777,11 +788,197 @@ mod avx2 {
                 }
             }
         }
+        lanes(&acc)
+    }
+
+    /// `Σ_k w[k]·x[k]` over the weight groups `w[k]` (four codes of each of eight rows) and
+    /// the activation quads `x[k]`, broadcast: in two chains, so that dependent `vpdpbusd`s
+    /// overlap (a loop, not a closure: closures would not inherit the target features).
+    #[inline(always)]
+    unsafe fn dot_quads<const K: usize>(w: &[__m256i; K], x: *const i32) -> __m256i {
+        let (mut even, mut odd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for k in (0..K).step_by(2) {
+            let (xe, xo) = (x.add(k).read_unaligned(), x.add(k + 1).read_unaligned());
+            even = _mm256_dpbusd_epi32(even, w[k], _mm256_set1_epi32(xe));
+            odd = _mm256_dpbusd_epi32(odd, w[k + 1], _mm256_set1_epi32(xo));
+        }
+        _mm256_add_epi32(even, odd)
+    }
+
+    /// A tile's eight f16 values at `p` (the rows' scales or minimums), widened.
+    #[inline(always)]
+    unsafe fn eight_f16(p: *const u8) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
+    /// A tile kernel's accumulators as the eight rows' results per activation row.
+    #[inline(always)]
+    unsafe fn lanes<const R: usize>(acc: &[__m256; R]) -> [[f32; 8]; R] {
         let mut out = [[0f32; 8]; R];
-        for (o, a) in out.iter_mut().zip(&acc) {
+        for (o, a) in out.iter_mut().zip(acc) {
             _mm256_storeu_ps(o.as_mut_ptr(), *a);
         }
         out
+    }
+
+    /// The eight rows' byte at `p`, `p + 1`, … `p + 7` (a run of a K-quant tile's scale bytes),
+    /// as i32 lanes: zero-extended (`SIGNED = false`) or sign-extended.
+    #[inline(always)]
+    unsafe fn run_of_eight<const SIGNED: bool>(p: *const u8) -> __m256i {
+        let v = _mm_loadl_epi64(p as *const __m128i);
+        if SIGNED {
+            _mm256_cvtepi8_epi32(v)
+        } else {
+            _mm256_cvtepu8_epi32(v)
+        }
+    }
+
+    /// Tiled Q4_K (`super::tiles`): per super-block, the eight sub-blocks' 6-bit scales and
+    /// minimums of the eight rows are unpacked from the scale runs as vectors (the same bit
+    /// layout as `k4_scale_min`, lane by lane), then each sub-block is one activation block:
+    /// `acc[i] += d·sc·d_x·Σ q·x − dmin·m·s_x`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    pub(super) unsafe fn tile_q4k_vnni<const R: usize>(
+        geometry: &TileGeometry,
+        tiles: *const u8,
+        nb: usize,
+        xq: &[*const i8; R],
+        xd: &[*const f32; R],
+        xs: &[*const f32; R],
+    ) -> [[f32; 8]; R] {
+        let (codes_at, tile_bytes) = (geometry.codes_at, geometry.bytes);
+        let min_at = geometry.min_at.expect("Q4_K tiles have dmin");
+        let scales_at = geometry.scales_at.expect("Q4_K tiles have scales");
+        let (low, six) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi32(63));
+        let mut acc = [_mm256_setzero_ps(); R];
+        for t in 0..nb / 8 {
+            let p = tiles.add(t * tile_bytes);
+            let d = eight_f16(p);
+            let dmin = eight_f16(p.add(min_at));
+            let mut byte = [_mm256_setzero_si256(); 12];
+            for (j, v) in byte.iter_mut().enumerate() {
+                *v = run_of_eight::<false>(p.add(scales_at + 8 * j));
+            }
+            let mut scale = [_mm256_setzero_ps(); 8];
+            let mut minimum = [_mm256_setzero_ps(); 8];
+            for j in 0..8 {
+                let (sc, m) = if j < 4 {
+                    (
+                        _mm256_and_si256(byte[j], six),
+                        _mm256_and_si256(byte[j + 4], six),
+                    )
+                } else {
+                    // Bits 6..8 of bytes j − 4 and j, as bits 4..6.
+                    let top_a = _mm256_slli_epi32(_mm256_srli_epi32(byte[j - 4], 6), 4);
+                    let top_b = _mm256_slli_epi32(_mm256_srli_epi32(byte[j], 6), 4);
+                    let lo = byte[j + 4];
+                    (
+                        _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(15)), top_a),
+                        _mm256_or_si256(_mm256_srli_epi32(lo, 4), top_b),
+                    )
+                };
+                scale[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+                minimum[j] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m));
+            }
+            for c in 0..4 {
+                let mut lo = [_mm256_setzero_si256(); 8];
+                let mut hi = [_mm256_setzero_si256(); 8];
+                for k in 0..8 {
+                    let raw =
+                        _mm256_loadu_si256(p.add(codes_at + 32 * (8 * c + k)) as *const __m256i);
+                    lo[k] = _mm256_and_si256(raw, low);
+                    hi[k] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                }
+                for (j, w) in [(2 * c, &lo), (2 * c + 1, &hi)] {
+                    let b = 8 * t + j;
+                    for i in 0..R {
+                        let dot = dot_quads(w, xq[i].add(b * QK) as *const i32);
+                        let (dx, sx) = (*xd[i].add(b), *xs[i].add(b));
+                        let sd = _mm256_mul_ps(scale[j], _mm256_set1_ps(dx));
+                        acc[i] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(dot), acc[i]);
+                        acc[i] = _mm256_fnmadd_ps(minimum[j], _mm256_set1_ps(sx), acc[i]);
+                    }
+                }
+            }
+        }
+        lanes(&acc)
+    }
+
+    /// Tiled Q6_K (`super::tiles`): values `q − 32` (`q` ∈ 0..64: four bits in `ql`, two in
+    /// `qh`) with an i8 scale per 16. Per activation block (two scale groups) and row `i`:
+    /// the groups' integer products `Σ q·x − 32·Σ x` (the halves' sums `xh`) weighted by their
+    /// scales in i32, then `acc[i] += d·d_x·that`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    pub(super) unsafe fn tile_q6k_vnni<const R: usize>(
+        geometry: &TileGeometry,
+        tiles: *const u8,
+        nb: usize,
+        xq: &[*const i8; R],
+        xd: &[*const f32; R],
+        xh: &[*const i16; R],
+    ) -> [[f32; 8]; R] {
+        let (codes_at, tile_bytes) = (geometry.codes_at, geometry.bytes);
+        let high_at = geometry.high_at.expect("Q6_K tiles have qh");
+        let scales_at = geometry.scales_at.expect("Q6_K tiles have scales");
+        let (low, two_bits) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let mut acc = [_mm256_setzero_ps(); R];
+        for t in 0..nb / 8 {
+            let p = tiles.add(t * tile_bytes);
+            let d = eight_f16(p);
+            for h in 0..2 {
+                let mut qh = [_mm256_setzero_si256(); 8];
+                for (k, v) in qh.iter_mut().enumerate() {
+                    *v = _mm256_loadu_si256(p.add(high_at + 32 * (8 * h + k)) as *const __m256i);
+                }
+                // Sub-block `g` of the half: the low (g < 2) or high nibbles of `ql`'s group
+                // run `g % 2` (reloaded from L1 rather than held, to spare registers), and
+                // bits 2g..2g+2 of `qh` moved to bits 4..6.
+                for g in 0..4 {
+                    let mut w = [_mm256_setzero_si256(); 8];
+                    for k in 0..8 {
+                        let at = codes_at + 32 * (16 * h + 8 * (g % 2) + k);
+                        let ql = _mm256_loadu_si256(p.add(at) as *const __m256i);
+                        let nibble = if g < 2 {
+                            _mm256_and_si256(ql, low)
+                        } else {
+                            _mm256_and_si256(_mm256_srli_epi16(ql, 4), low)
+                        };
+                        let top = match g {
+                            0 => _mm256_slli_epi32(qh[k], 4),
+                            1 => _mm256_slli_epi32(qh[k], 2),
+                            2 => qh[k],
+                            _ => _mm256_srli_epi32(qh[k], 2),
+                        };
+                        w[k] = _mm256_or_si256(nibble, _mm256_and_si256(top, two_bits));
+                    }
+                    let a = 4 * h + g;
+                    let sc_lo = run_of_eight::<true>(p.add(scales_at + 8 * (2 * a)));
+                    let sc_hi = run_of_eight::<true>(p.add(scales_at + 8 * (2 * a + 1)));
+                    let b = 8 * t + a;
+                    let (w_lo, w_hi) = ([w[0], w[1], w[2], w[3]], [w[4], w[5], w[6], w[7]]);
+                    for i in 0..R {
+                        let x = xq[i].add(b * QK) as *const i32;
+                        let (s_lo, s_hi) = (*xh[i].add(2 * b), *xh[i].add(2 * b + 1));
+                        let lo = _mm256_sub_epi32(
+                            dot_quads(&w_lo, x),
+                            _mm256_set1_epi32(32 * s_lo as i32),
+                        );
+                        let hi = _mm256_sub_epi32(
+                            dot_quads(&w_hi, x.add(4)),
+                            _mm256_set1_epi32(32 * s_hi as i32),
+                        );
+                        // |q·x| sums: 16·63·127 per group, times |sc| ≤ 128: within i32.
+                        let sum = _mm256_add_epi32(
+                            _mm256_mullo_epi32(sc_lo, lo),
+                            _mm256_mullo_epi32(sc_hi, hi),
+                        );
+                        let scale = _mm256_mul_ps(d, _mm256_set1_ps(*xd[i].add(b)));
+                        acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), acc[i]);
+                    }
+                }
+            }
+        }
+        lanes(&acc)
     }
 
     /// The f16 at `p`, widened (F16C).

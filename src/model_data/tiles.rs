@@ -22,6 +22,16 @@
 //!   `4k..4k+4` (low nibbles: values `4k..`, high nibbles: values `16 + 4k..`). Group `k` is
 //!   32 bytes: row `r`'s four bytes at `4r`.
 //!
+//! The K-quants Q4_K and Q6_K have tiles of their own: one 256-value super-block of eight
+//! rows, its parts laid out so that the same loads serve all eight rows (a pure permutation of
+//! the blocks' bytes, [`k_quant_position`]):
+//! - Q4_K: `d[8]`, `dmin[8]`, the 12 packed scale bytes as twelve runs of eight (byte `j` of
+//!   the eight rows side by side, so one 8-byte load and a widening give sub-block scales of all
+//!   eight rows), then the codes as groups `(c, k)`: bytes `4k..4k+4` of chunk `c` (the
+//!   low nibbles are sub-block `2c`'s values `4k..`, the high ones sub-block `2c + 1`'s);
+//! - Q6_K: `d[8]`, the 16 i8 scales as sixteen runs of eight, the low four bits `ql` as
+//!   groups `(h, q, k)` (bytes `64h + 32q + 4k..`), the high two bits `qh` as groups `(h, k)`.
+//!
 //! A tile has exactly the bytes of the eight blocks it holds, so a matrix takes the same
 //! memory in either layout, and [`unpack_row`] gives back a row's GGUF bytes exactly.
 
@@ -42,26 +52,48 @@ pub enum Layout {
 /// Where a tile's parts start, for the formats that have a tiled layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileGeometry {
-    /// Offset of `m[8]`, for the formats with a minimum.
+    /// Offset of `m[8]` (Q4_1, Q5_1; Q4_K's `dmin[8]`).
     pub min_at: Option<usize>,
-    /// Offset of `h[8]`, for Q5.
+    /// Offset of `h[8]` for Q5, of the `qh` groups for Q6_K.
     pub high_at: Option<usize>,
+    /// Offset of the K-quants' sub-block scales (runs of eight, one per scale byte).
+    pub scales_at: Option<usize>,
     /// Offset of the code groups.
     pub codes_at: usize,
     /// Bytes of a tile: `TILE_ROWS` blocks.
     pub bytes: usize,
 }
 
-/// The tile geometry of `format`, `None` where it has no tiled layout (the K-quants: their
-/// super-blocks would need their own).
+/// The tile geometry of `format`, `None` where it has no tiled layout (Q2_K, Q3_K and Q5_K,
+/// which the models here do not use).
 pub fn geometry(format: QFormat) -> Option<TileGeometry> {
     let scales = 2 * TILE_ROWS;
+    let bytes = TILE_ROWS * format.block_bytes();
     let (min_at, high_at) = match format {
         QFormat::Q8_0 | QFormat::Q4_0 => (None, None),
         QFormat::Q4_1 => (Some(scales), None),
         QFormat::Q5_0 => (None, Some(scales)),
         QFormat::Q5_1 => (Some(scales), Some(2 * scales)),
-        QFormat::Q2K | QFormat::Q3K | QFormat::Q4K | QFormat::Q5K | QFormat::Q6K => return None,
+        QFormat::Q4K => {
+            return Some(TileGeometry {
+                min_at: Some(scales),
+                high_at: None,
+                scales_at: Some(2 * scales),
+                codes_at: 2 * scales + 12 * TILE_ROWS,
+                bytes,
+            })
+        }
+        QFormat::Q6K => {
+            let codes_at = scales + 16 * TILE_ROWS;
+            return Some(TileGeometry {
+                min_at: None,
+                high_at: Some(codes_at + 128 * TILE_ROWS),
+                scales_at: Some(scales),
+                codes_at,
+                bytes,
+            });
+        }
+        QFormat::Q2K | QFormat::Q3K | QFormat::Q5K => return None,
     };
     let codes_at = match (min_at, high_at) {
         (_, Some(h)) => h + 4 * TILE_ROWS,
@@ -71,9 +103,34 @@ pub fn geometry(format: QFormat) -> Option<TileGeometry> {
     Some(TileGeometry {
         min_at,
         high_at,
+        scales_at: None,
         codes_at,
-        bytes: TILE_ROWS * format.block_bytes(),
+        bytes,
     })
+}
+
+/// Where byte `i` of row `r`'s Q4_K or Q6_K super-block lies in its tile (see the module's
+/// documentation; every other format is not a byte permutation: Q8_0 flips a bit, Q5 reorders
+/// bits).
+fn k_quant_position(format: QFormat, g: &TileGeometry, r: usize, i: usize) -> usize {
+    // Byte `e` of group `n` of four bytes per row.
+    let group = |at: usize, n: usize, e: usize| at + 32 * n + 4 * r + e;
+    match format {
+        QFormat::Q4K => match i {
+            0..2 => 2 * r + i,
+            2..4 => g.min_at.expect("Q4_K has dmin") + 2 * r + i - 2,
+            4..16 => g.scales_at.expect("Q4_K has scales") + TILE_ROWS * (i - 4) + r,
+            _ => group(g.codes_at, (i - 16) / 4, (i - 16) % 4),
+        },
+        QFormat::Q6K => match i {
+            // `ql`: groups (h, q, k) are simply its 4-byte runs in order.
+            0..128 => group(g.codes_at, i / 4, i % 4),
+            128..192 => group(g.high_at.expect("Q6_K has qh"), (i - 128) / 4, i % 4),
+            192..208 => g.scales_at.expect("Q6_K has scales") + TILE_ROWS * (i - 192) + r,
+            _ => 2 * r + i - 208,
+        },
+        _ => unreachable!("{} is not a byte permutation", format.name()),
+    }
 }
 
 /// Where a GGUF block of `format` keeps its parts: `(min, qh, codes)` offsets.
@@ -84,7 +141,7 @@ fn block_parts(format: QFormat) -> (Option<usize>, Option<usize>, usize) {
         QFormat::Q5_0 => (None, Some(2), 6),
         QFormat::Q5_1 => (Some(2), Some(4), 8),
         QFormat::Q2K | QFormat::Q3K | QFormat::Q4K | QFormat::Q5K | QFormat::Q6K => {
-            unreachable!("no tiled layout for {}", format.name())
+            unreachable!("{} has no 32-value tile", format.name())
         }
     }
 }
@@ -134,6 +191,18 @@ fn high_from_tile(h: u32) -> u32 {
 pub fn pack_group(format: QFormat, rows: &[u8], nb: usize, out: &mut [u8]) {
     let g = geometry(format).expect("a tiled format");
     let bb = format.block_bytes();
+    if matches!(format, QFormat::Q4K | QFormat::Q6K) {
+        for b in 0..nb {
+            let tile = &mut out[b * g.bytes..(b + 1) * g.bytes];
+            for r in 0..TILE_ROWS {
+                let blk = &rows[(r * nb + b) * bb..(r * nb + b + 1) * bb];
+                for (i, &v) in blk.iter().enumerate() {
+                    tile[k_quant_position(format, &g, r, i)] = v;
+                }
+            }
+        }
+        return;
+    }
     let (min, qh, codes) = block_parts(format);
     debug_assert_eq!(rows.len(), TILE_ROWS * nb * bb);
     debug_assert_eq!(out.len(), rows.len());
@@ -165,6 +234,15 @@ pub fn pack_group(format: QFormat, rows: &[u8], nb: usize, out: &mut [u8]) {
 pub fn unpack_row(format: QFormat, tiles: &[u8], r: usize, nb: usize, out: &mut [u8]) {
     let g = geometry(format).expect("a tiled format");
     let bb = format.block_bytes();
+    if matches!(format, QFormat::Q4K | QFormat::Q6K) {
+        for b in 0..nb {
+            let tile = &tiles[b * g.bytes..(b + 1) * g.bytes];
+            for (i, v) in out[b * bb..(b + 1) * bb].iter_mut().enumerate() {
+                *v = tile[k_quant_position(format, &g, r, i)];
+            }
+        }
+        return;
+    }
     let (min, qh, codes) = block_parts(format);
     let flip = if format == QFormat::Q8_0 { 0x80 } else { 0 };
     for b in 0..nb {
@@ -200,9 +278,31 @@ mod tests {
         assert_eq!(high_to_tile(1 << 6), 1 << (8 * 2 + 1));
     }
 
+    /// A K-quant tile is a permutation of its eight super-blocks' bytes.
+    #[test]
+    fn k_quant_tiles_permute_the_blocks_bytes() {
+        for f in [QFormat::Q4K, QFormat::Q6K] {
+            let g = geometry(f).unwrap();
+            assert_eq!(g.bytes, TILE_ROWS * f.block_bytes());
+            let mut seen = vec![false; g.bytes];
+            for r in 0..TILE_ROWS {
+                for i in 0..f.block_bytes() {
+                    let at = k_quant_position(f, &g, r, i);
+                    assert!(
+                        !seen[at],
+                        "{}: byte {i} of row {r} lands on a taken {at}",
+                        f.name()
+                    );
+                    seen[at] = true;
+                }
+            }
+            assert!(seen.iter().all(|&s| s), "{}", f.name());
+        }
+    }
+
     #[test]
     fn every_tiled_format_has_the_bytes_of_its_blocks() {
-        for f in QFormat::ALL {
+        for f in QFormat::ALL.into_iter().filter(|f| f.block_elems() == QK) {
             if let Some(g) = geometry(f) {
                 let codes = match f {
                     QFormat::Q8_0 => 32,
