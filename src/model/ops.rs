@@ -366,11 +366,17 @@ pub fn rms_norm_chunks_inplace(rows: &mut [f32], gain: &[f32], eps: f32) {
     }
 }
 
-/// `gate[i] = gelu_tanh(gate[i]) * up[i]` (GeGLU, Gemma 3; [`crate::nn::geglu::gelu_tanh`]),
-/// in place on `gate`.
+/// `gate[i] = gelu_tanh(gate[i]) * up[i]` (GeGLU, Gemma 3; [`crate::nn::geglu::gelu_weights`],
+/// the training path's definition), in place on `gate`.
 pub fn geglu_tanh_inplace(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = crate::nn::geglu::gelu_tanh(*g) * u;
+    // GELU's weights σ(2u) a block at a time (vectorised), then g·σ(2u)·u.
+    let mut s = [0.0f32; 256];
+    for (g, u) in gate.chunks_mut(256).zip(up.chunks(256)) {
+        let s = &mut s[..g.len()];
+        crate::nn::geglu::gelu_weights(g.iter().copied(), s);
+        for ((g, &u), &s) in g.iter_mut().zip(u).zip(s.iter()) {
+            *g = *g * s * u;
+        }
     }
 }
 
