@@ -1,7 +1,8 @@
 //! Inference path on tiny random Llama / Qwen2 models:
 //! - every forward vs a naive f64 full-recompute reference written here (plain loops,
 //!   HF `rotate_half` RoPE, no cache, no BLAS);
-//! - KV-cached decode == full recompute; batched (different lengths) == unbatched;
+//! - KV-cached decode == full recompute; batched (different lengths) == unbatched; decode at
+//!   a long context (attention split over the thread team) == the prefill of the sequence;
 //! - uncommitted block calls, masked decode, hidden states, cache bytes, typed errors.
 
 mod common;
@@ -176,6 +177,61 @@ fn cached_decode_equals_full_recompute() {
             }
         }
         assert_eq!(cache.lens(), &[seq.len()]);
+    }
+}
+
+/// A decode step past ~1,000 cached tokens has enough attention work to split its
+/// (sequence, head) pairs over the thread team; each step's logits must equal the last row of
+/// a prefill of the whole sequence (sgemm attention), for two ragged sequences of which one
+/// sits a step out, with Gemma 3's sliding window too.
+#[test]
+fn long_context_decode_splits_attention_and_equals_prefill() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Gemma3] {
+        let cfg = ModelConfig {
+            num_layers: 2,
+            max_position_embeddings: 1200,
+            ..ModelConfig::tiny(arch)
+        };
+        let m = Transformer::new(ModelWeights::random(&cfg, 41)).unwrap();
+        let seqs: Vec<Vec<u32>> = [1104usize, 1051]
+            .iter()
+            .map(|&n| (0..n).map(|_| rng.gen_range(3..64)).collect())
+            .collect();
+        let prompt_lens = [1100usize, 1050];
+        let prompts: Vec<Vec<u32>> = seqs
+            .iter()
+            .zip(prompt_lens)
+            .map(|(s, n)| s[..n].to_vec())
+            .collect();
+        let mut cache = m.new_cache(2, 1200).unwrap();
+        m.prefill(&prompts, &mut cache).unwrap();
+        let mut logits = Array2::zeros((2, cfg.vocab_size));
+        for step in 0..4 {
+            // Sequence 1 takes only the first step.
+            let active = [true, step == 0];
+            let tokens: Vec<u32> = (0..2)
+                .map(|b| seqs[b][(prompt_lens[b] + step).min(seqs[b].len() - 1)])
+                .collect();
+            m.decode_step_into(&tokens, &active, &mut cache, &mut logits)
+                .unwrap();
+            for b in 0..2 {
+                if !active[b] {
+                    continue;
+                }
+                let len = prompt_lens[b] + step + 1;
+                let mut single = m.new_cache(1, 1200).unwrap();
+                let whole = m.prefill(&[seqs[b][..len].to_vec()], &mut single).unwrap();
+                assert_close(
+                    &format!("{arch:?} sequence {b} at length {len}"),
+                    logits.slice(s![b..b + 1, ..]),
+                    f64v(whole.view()).view(),
+                    TOL,
+                );
+            }
+        }
+        assert_eq!(cache.lens(), &[1104, 1051]);
     }
 }
 

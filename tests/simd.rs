@@ -1,8 +1,12 @@
 //! `elm::simd` against f64 references: `exp` and `sigmoid` over a dense sweep of their f32
 //! range (each tail length of the 16-lane loop included) and at the special values; the
-//! lane-split sums against f64 sums.
+//! lane-split sums against f64 sums; attention's row dots and weighted row sums against f64 at
+//! every column tail and row remainder of their blocking.
 
-use elm::simd::{dot3, exp_in_place, sigmoid_in_place, sum_of_squares};
+use elm::simd::{
+    dot3, exp_in_place, scaled_row_dots, sigmoid_in_place, sum_of_squares, weighted_row_sum,
+};
+use rand::{Rng, SeedableRng};
 
 /// Error in units of the f32 spacing at the reference value (subnormal results: of the
 /// smallest subnormal).
@@ -113,4 +117,73 @@ fn lane_split_sums_match_f64_sums_at_every_tail_length() {
         // f32 elements summed in f64 (the gradient norm's use).
         assert!((sum_of_squares::<f32, f64>(&a) - sq).abs() <= sq * 1e-14);
     }
+}
+
+/// Head widths covering every 16-lane tail and the 64-column blocks (SmolLM2: 64, Gemma 3:
+/// 256), row counts covering the four-row and two-row remainders.
+const WIDTHS: [usize; 8] = [1, 7, 16, 17, 63, 64, 100, 256];
+const ROW_COUNTS: [usize; 7] = [0, 1, 2, 3, 4, 5, 37];
+
+fn uniform(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-2.0f32..2.0)).collect()
+}
+
+#[test]
+fn attention_row_dots_and_weighted_sums_match_f64() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for d in WIDTHS {
+        for n in ROW_COUNTS {
+            let q = uniform(&mut rng, d);
+            let rows = uniform(&mut rng, n * d);
+            let scale = 0.125;
+            let mut dots = vec![f32::NAN; n];
+            scaled_row_dots(&q, &rows, scale, &mut dots);
+            for (j, &got) in dots.iter().enumerate() {
+                let row = &rows[j * d..(j + 1) * d];
+                let want: f64 = q
+                    .iter()
+                    .zip(row)
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum::<f64>()
+                    * scale as f64;
+                let magnitude: f64 = q
+                    .iter()
+                    .zip(row)
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum::<f64>();
+                // Worst-case rounding of summing d products in lanes of 8 or 16 and then
+                // across the lanes (≤ d/8 + 8 roundings), relative to the sum of magnitudes.
+                let tol = (d as f64 / 8.0 + 8.0) * f32::EPSILON as f64 * magnitude * scale as f64;
+                assert!(
+                    (got as f64 - want).abs() <= tol,
+                    "d={d} n={n} row {j}: {got} vs {want}"
+                );
+            }
+            let weights = uniform(&mut rng, n);
+            let mut sum = vec![f32::NAN; d];
+            weighted_row_sum(&weights, &rows, &mut sum);
+            for (c, &got) in sum.iter().enumerate() {
+                let terms = || {
+                    weights
+                        .iter()
+                        .enumerate()
+                        .map(|(j, &w)| w as f64 * rows[j * d + c] as f64)
+                };
+                let want: f64 = terms().sum();
+                let magnitude: f64 = terms().map(f64::abs).sum();
+                // At most n + 2 roundings along any column's sum.
+                let tol = (n as f64 + 2.0) * f32::EPSILON as f64 * magnitude;
+                assert!(
+                    (got as f64 - want).abs() <= tol,
+                    "d={d} n={n} column {c}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "scaled_row_dots")]
+fn row_dots_refuse_rows_of_the_wrong_length() {
+    scaled_row_dots(&[1.0; 4], &[1.0; 7], 1.0, &mut [0.0; 2]);
 }

@@ -9,7 +9,7 @@
 //! `p` sees keys `p − w + 1 ..= p`), an RMSNorm of each sublayer's output before its residual
 //! add, and a GeGLU MLP (tanh GELU).
 
-use ndarray::{s, Array3, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, Zip};
+use ndarray::{s, Array3, ArrayView2, ArrayView3, ArrayViewMut2, ArrayViewMut3, ShapeBuilder, Zip};
 
 use super::block_view::BlockWeights;
 use super::kv_cache::{take, LayerKv, Scratch};
@@ -224,37 +224,53 @@ fn forward_rows<W: BlockWeights + ?Sized>(
         let mut attn =
             ArrayViewMut3::from_shape((b, t, h * d), take(attn, n * h * d)).map_err(layout)?;
         attn.fill(0.0);
-        for bi in 0..b {
-            let nl = new_lens[bi];
-            if nl == 0 {
-                continue;
+        if new_lens.iter().all(|&nl| nl <= FEW_QUERIES) {
+            FewQueryAttention {
+                q: qv,
+                cache: &*cache,
+                new_lens,
+                seqs,
+                heads: h,
+                group,
+                scale,
+                window,
+                out: attn.as_mut_ptr(),
             }
-            let cb = seq(bi);
-            let p0 = cache.lens()[cb];
-            let total = p0 + nl;
-            for hi in 0..h {
-                let kh = hi / group;
-                let cols = hi * d..(hi + 1) * d;
-                let q_h = qv.slice(s![bi, ..nl, cols.clone()]);
-                let k_h = cache.k.slice(s![cb, kh, ..total, ..]);
-                let v_h = cache.v.slice(s![cb, kh, ..total, ..]);
-                let mut out_h = attn.slice_mut(s![bi, ..nl, cols]);
-                if nl <= FEW_QUERIES {
-                    attend_few(q_h, k_h, v_h, p0, scale, window, scores, out_h)?;
+            .run(scores)?;
+        } else {
+            for bi in 0..b {
+                let nl = new_lens[bi];
+                if nl == 0 {
                     continue;
                 }
-                let mut sc = ArrayViewMut2::from_shape((nl, total), take(scores, nl * total))
-                    .map_err(layout)?;
-                crate::gemm::sgemm_with(kernel, scale, &q_h, &k_h.t(), 0.0, &mut sc);
-                for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
-                    let visible = p0 + ti + 1;
-                    windowed_softmax_inplace(
-                        row.as_slice_mut().ok_or_else(not_contiguous)?,
-                        first_visible(visible, window),
-                        visible,
-                    );
+                let cb = seq(bi);
+                let p0 = cache.lens()[cb];
+                let total = p0 + nl;
+                for hi in 0..h {
+                    let kh = hi / group;
+                    let cols = hi * d..(hi + 1) * d;
+                    let q_h = qv.slice(s![bi, ..nl, cols.clone()]);
+                    let k_h = cache.k.slice(s![cb, kh, ..total, ..]);
+                    let v_h = cache.v.slice(s![cb, kh, ..total, ..]);
+                    let mut out_h = attn.slice_mut(s![bi, ..nl, cols]);
+                    if nl <= FEW_QUERIES {
+                        let sc = take(scores, total);
+                        attend_few(q_h, k_h, v_h, p0, scale, window, sc, out_h)?;
+                        continue;
+                    }
+                    let mut sc = ArrayViewMut2::from_shape((nl, total), take(scores, nl * total))
+                        .map_err(layout)?;
+                    crate::gemm::sgemm_with(kernel, scale, &q_h, &k_h.t(), 0.0, &mut sc);
+                    for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
+                        let visible = p0 + ti + 1;
+                        windowed_softmax_inplace(
+                            row.as_slice_mut().ok_or_else(not_contiguous)?,
+                            first_visible(visible, window),
+                            visible,
+                        );
+                    }
+                    crate::gemm::sgemm_with(kernel, 1.0, &sc.view(), &v_h, 0.0, &mut out_h);
                 }
-                crate::gemm::sgemm_with(kernel, 1.0, &sc.view(), &v_h, 0.0, &mut out_h);
             }
         }
         let attn2 = ArrayView2::from_shape((n, h * d), attn.as_slice().ok_or_else(not_contiguous)?)
@@ -322,9 +338,132 @@ fn post_norm(out: &mut ArrayViewMut2<f32>, gain: ndarray::ArrayView1<f32>, eps: 
     Ok(())
 }
 
+/// Work (query rows × visible keys × the width of all heads) below which a decode step's
+/// attention stays on the calling thread: a join costs about a microsecond, a head over
+/// a few dozen keys less.
+const SPLIT_ATTENTION_WORK: usize = 1 << 15;
+
+/// The attention of a step where every sequence brings at most [`FEW_QUERIES`] new tokens
+/// (decode): its `(sequence, head)` pairs are independent units of [`attend_few`], split
+/// over the [`SpinTeam`](crate::team::SpinTeam) in one join. Compiled for the baseline
+/// target and on one thread, these loops were about a quarter of a quantized SmolLM2
+/// decode step.
+struct FewQueryAttention<'a> {
+    /// Queries `[B, T, H·D]` (RoPE applied).
+    q: ArrayView3<'a, f32>,
+    /// Holds this step's keys and values already (pending).
+    cache: &'a LayerKv,
+    new_lens: &'a [usize],
+    /// Cache sequence of each batch row (`None`: row `bi` is sequence `bi`).
+    seqs: Option<&'a [usize]>,
+    heads: usize,
+    /// Query heads per key/value head.
+    group: usize,
+    scale: f32,
+    window: Option<usize>,
+    /// `attn` `[B, T, H·D]`, contiguous; the unit `(bi, hi)` alone writes columns
+    /// `hi·D..(hi + 1)·D` of rows `bi, ..new_lens[bi]`.
+    out: *mut f32,
+}
+
+// SAFETY: every field but `out` is a shared view; `out` is written by each unit in its own
+// disjoint block of columns (see the field), and units are not shared between threads.
+unsafe impl Sync for FewQueryAttention<'_> {}
+
+/// A scratch pointer the team's threads use in disjoint chunks.
+struct ScoresPtr(*mut f32);
+// SAFETY: part `p` alone touches chunk `p` (see `FewQueryAttention::run`).
+unsafe impl Sync for ScoresPtr {}
+
+impl ScoresPtr {
+    /// Chunk `p` of `len` values.
+    ///
+    /// # Safety
+    /// The buffer holds chunk `p` whole, and no other live slice overlaps it.
+    #[allow(clippy::mut_from_ref)] // disjoint chunks of one buffer, one per team part
+    unsafe fn chunk(&self, p: usize, len: usize) -> &mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(p * len), len)
+    }
+}
+
+impl FewQueryAttention<'_> {
+    fn run(&self, scores: &mut Vec<f32>) -> Result<()> {
+        let b = self.q.dim().0;
+        let width = self.q.dim().2;
+        let seq = |bi: usize| self.seqs.map_or(bi, |s| s[bi]);
+        let total = |bi: usize| self.cache.lens()[seq(bi)] + self.new_lens[bi];
+        let stride = (0..b).map(total).max().unwrap_or(0);
+        let work: usize = (0..b)
+            .map(|bi| self.new_lens[bi] * total(bi))
+            .sum::<usize>()
+            * width;
+        let team = crate::team::SpinTeam::global();
+        let parts = if work >= SPLIT_ATTENTION_WORK {
+            team.parts()
+        } else {
+            1
+        };
+        let units = b * self.heads;
+        let chunks = ScoresPtr(take(scores, parts * stride).as_mut_ptr());
+        let failure = std::sync::Mutex::new(None);
+        let run_part = |p: usize| {
+            // SAFETY: the buffer holds `parts · stride` values; part `p` alone uses chunk `p`.
+            let sc = unsafe { chunks.chunk(p, stride) };
+            for u in units * p / parts..units * (p + 1) / parts {
+                if let Err(e) = self.unit(u / self.heads, u % self.heads, seq(u / self.heads), sc) {
+                    *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                }
+            }
+        };
+        if parts == 1 {
+            run_part(0);
+        } else {
+            team.run(&run_part);
+        }
+        match failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Head `hi` of batch row `bi` (cache sequence `cb`).
+    fn unit(&self, bi: usize, hi: usize, cb: usize, scores: &mut [f32]) -> Result<()> {
+        let nl = self.new_lens[bi];
+        if nl == 0 {
+            return Ok(());
+        }
+        let (_, t, width) = self.q.dim();
+        let d = width / self.heads;
+        let p0 = self.cache.lens()[cb];
+        let total = p0 + nl;
+        let kh = hi / self.group;
+        let q_h = self.q.slice(s![bi, ..nl, hi * d..(hi + 1) * d]);
+        let k_h = self.cache.k.slice(s![cb, kh, ..total, ..]);
+        let v_h = self.cache.v.slice(s![cb, kh, ..total, ..]);
+        // SAFETY: `out` is `[B, T, H·D]` contiguous, `bi < B`, `nl ≤ T`, the head's columns
+        // lie inside a row; this unit alone writes them (see `FewQueryAttention::out`).
+        let out = unsafe {
+            ArrayViewMut2::from_shape_ptr(
+                (nl, d).strides((width, 1)),
+                self.out.add(bi * t * width + hi * d),
+            )
+        };
+        attend_few(
+            q_h,
+            k_h,
+            v_h,
+            p0,
+            self.scale,
+            self.window,
+            &mut scores[..total],
+            out,
+        )
+    }
+}
+
 /// Causal attention of `nl ≤ FEW_QUERIES` query rows `q` `[nl, D]` at positions
 /// `p0..p0+nl` over keys/values `[p0+nl, D]` (only the last `window` of them when given);
-/// writes `out` `[nl, D]`.
+/// writes `out` `[nl, D]`. `scores` holds at least `p0 + nl` values.
 #[allow(clippy::too_many_arguments)]
 fn attend_few(
     q: ArrayView2<f32>,
@@ -333,7 +472,7 @@ fn attend_few(
     p0: usize,
     scale: f32,
     window: Option<usize>,
-    scores: &mut Vec<f32>,
+    scores: &mut [f32],
     mut out: ArrayViewMut2<f32>,
 ) -> Result<()> {
     let d = q.ncols();
@@ -343,18 +482,11 @@ fn attend_few(
         let visible = p0 + ti + 1;
         let first = first_visible(visible, window);
         let q_row = q_row.to_slice().ok_or_else(not_contiguous)?;
-        let sc = take(scores, visible - first);
-        for (s, k_row) in sc.iter_mut().zip(keys.chunks_exact(d).skip(first)) {
-            *s = dot(q_row, k_row) * scale;
-        }
+        let sc = &mut scores[..visible - first];
+        crate::simd::scaled_row_dots(q_row, &keys[first * d..visible * d], scale, sc);
         masked_softmax_inplace(sc, visible - first);
         let o = o_row.as_slice_mut().ok_or_else(not_contiguous)?;
-        o.iter_mut().for_each(|x| *x = 0.0);
-        for (&p, v_row) in sc.iter().zip(values.chunks_exact(d).skip(first)) {
-            for (x, &vv) in o.iter_mut().zip(v_row) {
-                *x += p * vv;
-            }
-        }
+        crate::simd::weighted_row_sum(sc, &values[first * d..visible * d], o);
     }
     Ok(())
 }
@@ -367,24 +499,6 @@ fn layout(e: ndarray::ShapeError) -> ElmError {
 /// A buffer the kernels read as one slice is not contiguous.
 fn not_contiguous() -> ElmError {
     ElmError::shape("block_forward", "buffer is not contiguous")
-}
-
-/// Dot product with 8 independent accumulators (vectorizable without reassociation).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 fn check_inputs(
