@@ -83,6 +83,8 @@ fn gemma3_tokenizer_matches_llama_cpp_and_round_trips() {
         return;
     };
     let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    // The id bound equals the tokenizers crate's count over its whole vocabulary map.
+    assert_eq!(tok.vocab_size(), tok.inner().get_vocab_size(true));
     let fx = fixture();
     assert!(fx.tokenizer.len() >= 30);
     let mut mismatches = vec![];
