@@ -3,7 +3,8 @@
 //! weights + KV cache + runtime, for the dense model and an ELM, f32 and quantized; and an
 //! ELM's process is smaller than its dense parent's by what it drops (the replaced layers are
 //! never read). `elm bench --memory-only` runs each configuration in a process of its own and
-//! measures the runtime on the model cut to one block (`elm::io::ProcessMemory`).
+//! measures the runtime on the model cut to one block (`elm::io::ProcessMemory`). Where the
+//! kernel collapses advised memory, at least 3/4 of the weights are on huge pages.
 
 mod common;
 
@@ -81,6 +82,20 @@ fn check(what: &str, runs: &Runs) {
             ratio <= 1.10,
             "{what} {model} {weights}: peak RSS is {ratio:.3} x weights + KV + runtime: {e}"
         );
+        // The streamed weights sit on huge pages (`elm::heap::back_with_huge_pages`): what
+        // a stretch shares with small buffers and freed memory stays on small ones.
+        if common::huge_page_collapse_expected() {
+            let huge = r["end"]["anon_huge_bytes"].as_f64().unwrap();
+            let w = r["weight_bytes"].as_f64().unwrap();
+            println!(
+                "{what} {model} {weights}: {:.1} MB on huge pages",
+                huge / 1e6
+            );
+            assert!(
+                huge >= 0.75 * w,
+                "{what} {model} {weights}: {huge} bytes on huge pages for {w} of weights"
+            );
+        }
     }
 }
 

@@ -61,6 +61,7 @@ pub struct ElmModel {
 
 impl ElmModel {
     pub fn dense(weights: ModelWeights) -> Self {
+        weights.back_with_huge_pages();
         ElmModel {
             elm: None,
             weights: ElmWeights::F32 {
@@ -171,6 +172,19 @@ impl ElmModel {
                 ))
             }
             _ => {}
+        }
+        quant.dense.back_with_huge_pages();
+        if let Some(m) = &quant.module {
+            let block = m.block.block_ref();
+            let linears: Vec<_> = (block.linears().into_iter())
+                .chain(
+                    m.projection
+                        .iter()
+                        .flat_map(|p| [p.w_z.as_ref(), p.w_h.as_ref()]),
+                )
+                .collect();
+            let memory: Vec<&[u8]> = linears.iter().filter_map(|l| l.memory()).collect();
+            crate::heap::back_with_huge_pages(&memory);
         }
         Ok(ElmModel {
             elm,

@@ -19,6 +19,11 @@ pub struct ResidentSet {
     pub file_bytes: u64,
     /// `VmHWM`: the highest `VmRSS` since the start or the last [`reset_peak_rss`].
     pub peak_bytes: u64,
+    /// `AnonHugePages` of `/proc/self/smaps_rollup`: anonymous pages held as transparent
+    /// huge pages (the streamed weights, [`crate::heap::back_with_huge_pages`]); 0 where
+    /// the kernel does not say.
+    #[serde(default)]
+    pub anon_huge_bytes: u64,
 }
 
 /// The counters now, or `None` where `/proc` does not report them (not Linux).
@@ -30,6 +35,10 @@ pub fn resident_set() -> Option<ResidentSet> {
         anon_bytes: kib("RssAnon:")?,
         file_bytes: kib("RssFile:")?,
         peak_bytes: kib("VmHWM:")?,
+        anon_huge_bytes: std::fs::read_to_string("/proc/self/smaps_rollup")
+            .ok()
+            .and_then(|r| parse_status_kib(&r, "AnonHugePages:"))
+            .map_or(0, |kib| kib * 1024),
     })
 }
 

@@ -24,9 +24,15 @@ pub struct BandwidthProbe {
 }
 
 impl BandwidthProbe {
-    /// A probe reading `bytes` bytes (rounded down to whole f32).
+    /// A probe reading `bytes` bytes (rounded down to whole f32), on huge pages where the
+    /// weights it stands for are ([`crate::heap::back_with_huge_pages`]): the ceiling is then
+    /// measured on the memory the decode reads.
     pub fn new(bytes: usize) -> Self {
-        let data = (0..bytes / 4).map(|i| (i % 7) as f32).collect();
+        let data: Vec<f32> = (0..bytes / 4).map(|i| (i % 7) as f32).collect();
+        // SAFETY: any initialised f32 memory may be read as bytes while `data` lives.
+        let memory =
+            unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len() * 4) };
+        crate::heap::back_with_huge_pages(&[memory]);
         BandwidthProbe { data }
     }
 

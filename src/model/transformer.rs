@@ -48,6 +48,19 @@ pub trait DecoderWeights: Sync {
         let blocks: usize = self.layers().iter().map(|l| l.block_ref().bytes()).sum();
         blocks + self.final_norm().len() * 4 + self.lm_head_ref().bytes()
     }
+    /// Moves the matrices a decode step streams (every block's, the LM head) onto huge
+    /// pages where the kernel allows it ([`crate::heap::back_with_huge_pages`]); returns
+    /// the bytes moved.
+    fn back_with_huge_pages(&self) -> usize {
+        let blocks: Vec<_> = self.layers().iter().map(|l| l.block_ref()).collect();
+        let linears: Vec<_> = blocks
+            .iter()
+            .flat_map(|b| b.linears())
+            .chain([self.lm_head_ref()])
+            .collect();
+        let memory: Vec<&[u8]> = linears.iter().filter_map(|l| l.memory()).collect();
+        crate::heap::back_with_huge_pages(&memory)
+    }
 }
 
 impl DecoderWeights for ModelWeights {
@@ -175,6 +188,7 @@ impl<W: DecoderWeights> Transformer<W> {
     /// Validates the config and every tensor shape.
     pub fn new(weights: W) -> Result<Self> {
         weights.check()?;
+        weights.back_with_huge_pages();
         Ok(Transformer { weights })
     }
 

@@ -375,6 +375,18 @@ impl LinearRef<'_> {
             LinearRef::Quant(q) => q.bytes(),
         }
     }
+    /// The memory a product with this weight streams (`None`: an f32 view that is not
+    /// one contiguous slice).
+    pub fn memory(&self) -> Option<&[u8]> {
+        match self {
+            LinearRef::F32(a) => a.as_slice().map(|s| {
+                // SAFETY: any initialised f32 memory may be read as bytes, for as long as
+                // the view borrows it.
+                unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), s.len() * 4) }
+            }),
+            LinearRef::Quant(q) => Some(q.stored()),
+        }
+    }
 }
 
 /// A feed-forward-only block ([`FfnWeights`]) with its matrices in any storage.

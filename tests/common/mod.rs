@@ -297,3 +297,20 @@ pub fn word_tokenizer_json() -> String {
     })
     .to_string()
 }
+
+/// Whether this kernel collapses advised memory into transparent huge pages
+/// (`MADV_COLLAPSE`, Linux 6.1+, THP not switched off); tests of
+/// `elm::heap::back_with_huge_pages` hold its effect to the kernel's counters only then.
+pub fn huge_page_collapse_expected() -> bool {
+    let thp_on = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .is_ok_and(|s| !s.contains("[never]"));
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(['.', '-']);
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let supported = thp_on && (major, minor) >= (6, 1);
+    if !supported {
+        eprintln!("kernel {release:?} without THP collapse: huge-page effects not checked");
+    }
+    supported
+}
