@@ -70,16 +70,8 @@ if readme:
             cells += [f"{v['huge_median']:.1f} / {v['small_median']:.1f}",
                       f"{v['ratio_median']:.3f} [{v['ratio_min']:.3f}, {v['ratio_max']:.3f}]"]
         lines.append("| " + " | ".join(cells) + " |")
-    block = "\n".join(lines)
-    text = open(readme).read()
-    begin, end = "<!-- huge-pages:begin -->", "<!-- huge-pages:end -->"
-    if begin not in text or end not in text:
-        sys.exit(f"{readme}: no {begin} ... {end} block")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    tmp = readme + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(head + begin + "\n" + block + "\n" + end + tail)
-    os.replace(tmp, readme)
+    sys.path.insert(0, "scripts")
+    from readme_block import rewrite
+    rewrite(readme, "huge-pages", lines)
 PY
 rm -rf "$OUT"
