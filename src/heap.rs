@@ -182,6 +182,14 @@ pub fn back_with_huge_pages(buffers: &[&[u8]]) -> usize {
         * HUGE_PAGE
 }
 
+/// The bytes of `values`, borrowed (what [`back_with_huge_pages`] takes for f32 weights).
+pub fn f32_bytes(values: &[f32]) -> &[u8] {
+    // SAFETY: initialised f32 memory may be read as bytes, for as long as `values` is borrowed.
+    unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    }
+}
+
 /// The size of a transparent huge page on x86-64 and of the stretches advised.
 pub const HUGE_PAGE: usize = 2 << 20;
 

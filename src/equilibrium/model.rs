@@ -175,16 +175,10 @@ impl ElmModel {
         }
         quant.dense.back_with_huge_pages();
         if let Some(m) = &quant.module {
-            let block = m.block.block_ref();
-            let linears: Vec<_> = (block.linears().into_iter())
-                .chain(
-                    m.projection
-                        .iter()
-                        .flat_map(|p| [p.w_z.as_ref(), p.w_h.as_ref()]),
-                )
-                .collect();
-            let memory: Vec<&[u8]> = linears.iter().filter_map(|l| l.memory()).collect();
-            crate::heap::back_with_huge_pages(&memory);
+            crate::model::back_linears_with_huge_pages(
+                (m.block.block_ref().linears().into_iter())
+                    .chain((m.projection.iter()).flat_map(|p| [p.w_z.as_ref(), p.w_h.as_ref()])),
+            );
         }
         Ok(ElmModel {
             elm,

@@ -29,10 +29,7 @@ impl BandwidthProbe {
     /// measured on the memory the decode reads.
     pub fn new(bytes: usize) -> Self {
         let data: Vec<f32> = (0..bytes / 4).map(|i| (i % 7) as f32).collect();
-        // SAFETY: any initialised f32 memory may be read as bytes while `data` lives.
-        let memory =
-            unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len() * 4) };
-        crate::heap::back_with_huge_pages(&[memory]);
+        crate::heap::back_with_huge_pages(&[crate::heap::f32_bytes(&data)]);
         BandwidthProbe { data }
     }
 

@@ -48,4 +48,6 @@ pub use load::{
     config_and_layer_format, default_model_path, load_config, load_inference,
     load_inference_layers, load_pretrained, load_weights, models_dir,
 };
-pub use transformer::{check_context, embed_tokens, DecoderWeights, Transformer};
+pub use transformer::{
+    back_linears_with_huge_pages, check_context, embed_tokens, DecoderWeights, Transformer,
+};

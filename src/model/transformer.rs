@@ -52,15 +52,19 @@ pub trait DecoderWeights: Sync {
     /// pages where the kernel allows it ([`crate::heap::back_with_huge_pages`]); returns
     /// the bytes moved.
     fn back_with_huge_pages(&self) -> usize {
-        let blocks: Vec<_> = self.layers().iter().map(|l| l.block_ref()).collect();
-        let linears: Vec<_> = blocks
-            .iter()
-            .flat_map(|b| b.linears())
-            .chain([self.lm_head_ref()])
-            .collect();
-        let memory: Vec<&[u8]> = linears.iter().filter_map(|l| l.memory()).collect();
-        crate::heap::back_with_huge_pages(&memory)
+        back_linears_with_huge_pages(
+            (self.layers().iter())
+                .flat_map(|l| l.block_ref().linears())
+                .chain([self.lm_head_ref()]),
+        )
     }
+}
+
+/// Moves the memory of `linears` onto huge pages where the kernel allows it
+/// ([`crate::heap::back_with_huge_pages`]); returns the bytes moved.
+pub fn back_linears_with_huge_pages<'a>(linears: impl IntoIterator<Item = LinearRef<'a>>) -> usize {
+    let memory: Vec<&[u8]> = linears.into_iter().filter_map(|l| l.memory()).collect();
+    crate::heap::back_with_huge_pages(&memory)
 }
 
 impl DecoderWeights for ModelWeights {

@@ -355,6 +355,17 @@ impl Linear {
     }
 }
 
+impl<'a> LinearRef<'a> {
+    /// The memory a product with this weight streams (`None`: an f32 view that is not
+    /// one contiguous slice).
+    pub fn memory(&self) -> Option<&'a [u8]> {
+        match self {
+            LinearRef::F32(a) => a.to_slice().map(crate::heap::f32_bytes),
+            LinearRef::Quant(q) => Some(q.stored()),
+        }
+    }
+}
+
 impl LinearRef<'_> {
     /// The same weight borrowed for `&self`'s lifetime (a view's lifetime is invariant).
     pub fn reborrow(&self) -> LinearRef<'_> {
@@ -373,18 +384,6 @@ impl LinearRef<'_> {
         match self {
             LinearRef::F32(a) => a.len() * 4,
             LinearRef::Quant(q) => q.bytes(),
-        }
-    }
-    /// The memory a product with this weight streams (`None`: an f32 view that is not
-    /// one contiguous slice).
-    pub fn memory(&self) -> Option<&[u8]> {
-        match self {
-            LinearRef::F32(a) => a.as_slice().map(|s| {
-                // SAFETY: any initialised f32 memory may be read as bytes, for as long as
-                // the view borrows it.
-                unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), s.len() * 4) }
-            }),
-            LinearRef::Quant(q) => Some(q.stored()),
         }
     }
 }
