@@ -4,13 +4,18 @@
 (type II) or Broyden iteration, stopping each row on its own; ``linear_solve(matvec, b)`` solves
 ``A x = b`` per row with GMRES, BiCGStab, CGNR, a truncated Neumann series or any fixed-point
 solver. Rows that fail report it in ``result.status`` ("converged", "max_iter", "diverged",
-"non_finite"); only bad arguments raise (``elm_solver.errors``), and an exception raised inside
-your function comes back unchanged. The GIL is released while Rust works.
+"non_finite"; ``result.success`` per row, ``result.message`` for people), or raise
+:class:`NoConvergence` with ``raise_on_failure=True``; bad arguments raise
+(``elm_solver.errors``), and an exception raised inside your function comes back unchanged.
+Only the tolerances you name are used. The GIL is released while Rust works.
+``elm_solver.torch`` (needs PyTorch) is a fixed-point layer with implicit gradients.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
 
@@ -22,6 +27,7 @@ from .errors import (
     ConfigError,
     InvalidArgumentError,
     JsonError,
+    NoConvergence,
     ShapeError,
     SolverError,
 )
@@ -45,6 +51,10 @@ __all__ = [
     "InvalidArgumentError",
     "BudgetError",
     "JsonError",
+    "NoConvergence",
+    "STATUSES",
+    "NORMS",
+    "COMBINES",
 ]
 
 SOLVERS, LINEAR_SOLVERS = (tuple(names) for names in _native.solver_names())
@@ -61,37 +71,94 @@ BENCHMARKS = tuple(_native.benchmark_names())
 BenchmarkProblem = _native.BenchmarkProblem
 
 
+STATUSES = ("converged", "max_iter", "diverged", "non_finite")
+"""The values of ``result.status``, the crate's ``RowStatus`` by name."""
+
+NORMS = ("l2", "max")
+"""``norm=``: the 2-norm (TorchDEQ, the DEQ literature) or the max-norm (SciPy, optimistix)."""
+
+COMBINES = ("any", "all")
+"""``combine=``: converged when either named tolerance holds, or only when every one does."""
+
+
 @dataclass(frozen=True)
 class _Rows:
-    status: List[str]
-    """Per row: "converged", "max_iter", "diverged" or "non_finite"."""
+    status: np.ndarray
+    """Per row: "converged", "max_iter", "diverged" or "non_finite" (a NumPy array of str, so
+    ``result.status == "converged"`` compares elementwise)."""
     iterations: np.ndarray
     """Per row: map evaluations (or operator applications) spent, int64."""
     residual: np.ndarray
-    """Per row: ``‖f(z) − z‖₂`` (``‖b − A x‖₂`` for a linear solve) at the returned state."""
+    """Per row: ``‖f(z) − z‖`` (``‖b − A x‖₂`` for a linear solve) at the returned state, in
+    the solve's ``norm``."""
     rel_residual: np.ndarray
-    """Per row: the residual relative to ``‖f(z)‖₂ + rel_eps`` (``‖b‖₂`` for a linear solve)."""
+    """Per row: the residual relative to ``‖f(z)‖ + rel_eps`` (``‖b‖₂`` for a linear solve)."""
     restarts: np.ndarray
     """Per row: times the solver dropped its history (Anderson/Broyden safeguards)."""
     backtracks: np.ndarray
     """Per row: Broyden's step halvings."""
+    rejections: np.ndarray
+    """Per row: accelerated points refused by Anderson's ``safeguard`` (one evaluation each)."""
+    spectral_radius: np.ndarray
+    """Per row, with ``spectral_radius_iters > 0``: the estimated spectral radius of ``∂f/∂z``
+    at the returned state (NaN otherwise). Above 1, the point repels the plain iteration: near
+    a fold an accelerated solver may have left the start's branch."""
     trace: Optional[List[np.ndarray]]
-    """Per row, with ``trace=True``: the absolute residual after every evaluation."""
+    """Per row, with ``trace=True``: the residual after every evaluation."""
+
+    @property
+    def success(self) -> np.ndarray:
+        """Per row: whether it converged (bool array)."""
+        return self.status == "converged"
 
     @property
     def converged(self) -> bool:
         """Whether every row converged."""
-        return all(s == "converged" for s in self.status)
+        return bool(self.success.all())
+
+    @property
+    def nfev(self) -> np.ndarray:
+        """Per row: evaluations of the function spent (SciPy's name; same as ``iterations``).
+        Batched calls are ``map_evals`` (``applications`` for a linear solve)."""
+        return self.iterations
+
+    @property
+    def message(self) -> str:
+        """One line on how the rows ended, for people."""
+        n = len(self.status)
+        counts = {s: int((self.status == s).sum()) for s in STATUSES}
+        if counts["converged"] == n:
+            return f"all {n} rows converged (largest residual {self.residual.max():.3g})"
+        failed = np.flatnonzero(~self.success)
+        parts = ", ".join(f"{counts[s]} {s}" for s in STATUSES[1:] if counts[s])
+        shown = ", ".join(str(i) for i in failed[:8]) + (", ..." if len(failed) > 8 else "")
+        failed_res = self.residual[failed]
+        worst = np.nanmax(failed_res) if np.isfinite(failed_res).any() else float("nan")
+        return (
+            f"{counts['converged']} of {n} rows converged; {parts} (rows {shown}; largest "
+            f"residual of a failed row {worst:.3g})"
+        )
+
+
+def _rows(out: dict) -> dict:
+    out["status"] = np.array(out["status"], dtype=str)
+    return out
 
 
 @dataclass(frozen=True)
 class SolveResult(_Rows):
-    """The outcome of :func:`solve`."""
+    """The outcome of :func:`solve` (``.z``, alias ``.x``; per-row ``status``, ``success``,
+    ``nfev``, ``residual``; ``message``)."""
 
     z: np.ndarray = field(default=None)  # type: ignore[assignment]
     """``[B, D]``: each row's lowest-residual iterate (or its last, with ``return_best=False``)."""
     map_evals: int = 0
     """Batched calls of ``fun`` made by the iteration."""
+
+    @property
+    def x(self) -> np.ndarray:
+        """``z`` under SciPy's name."""
+        return self.z
 
 
 @dataclass(frozen=True)
@@ -102,6 +169,61 @@ class LinearResult(_Rows):
     """``[B, D]``: each row's final iterate."""
     applications: int = 0
     """Batched calls of ``matvec`` (and ``rmatvec``)."""
+
+
+def _real(name: str, value: Any, *, above: float = 0.0, inclusive: bool = True,
+          allow_inf: bool = False) -> Optional[float]:
+    """``value`` as a float checked against its range, or a ConfigError naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating)):
+        raise ConfigError(f"`{name}` must be a real number, got {value!r}", name)
+    v = float(value)
+    ok = (v >= above if inclusive else v > above) and (math.isfinite(v) or (allow_inf and v > 0))
+    if not ok:
+        bound = f">= {above:g}" if inclusive else f"> {above:g}"
+        finite = " (or inf)" if allow_inf else " and finite"
+        raise ConfigError(f"`{name}` must be {bound}{finite}, got {value!r}", name)
+    return v
+
+
+def _count(name: str, value: Any, *, least: int) -> Optional[int]:
+    """``value`` as an int ``>= least``, or a ConfigError naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral,)):
+        raise ConfigError(f"`{name}` must be an integer, got {value!r}", name)
+    if int(value) < least:
+        raise ConfigError(f"`{name}` must be >= {least}, got {value!r}", name)
+    if int(value) > 2**63 - 1:
+        raise ConfigError(f"`{name}` is too large: {value!r}", name)
+    return int(value)
+
+
+def _choice(name: str, value: Any, choices: tuple) -> str:
+    if value not in choices:
+        raise ConfigError(f"`{name}` must be one of {', '.join(map(repr, choices))}, got {value!r}",
+                          name)
+    return value
+
+
+def _stop_args(abs_tol, rel_tol, rel_eps, max_iter, divergence_factor, norm, combine) -> tuple:
+    """The stopping arguments checked and in the order of the native functions."""
+    return (
+        _real("abs_tol", abs_tol),
+        _real("rel_tol", rel_tol),
+        _real("rel_eps", rel_eps),
+        _count("max_iter", max_iter, least=1),
+        _real("divergence_factor", divergence_factor, above=1.0, inclusive=False, allow_inf=True),
+        _choice("norm", norm, NORMS),
+        _choice("combine", combine, COMBINES),
+    )
+
+
+def _finish(result: Any, raise_on_failure: bool, what: str) -> Any:
+    if raise_on_failure and not result.converged:
+        raise NoConvergence(f"{what}: {result.message}", result)
+    return result
 
 
 def _batch(name: str, a: Any, dtype: Optional[np.dtype] = None) -> np.ndarray:
@@ -137,9 +259,13 @@ def solve(
     rel_eps: Optional[float] = None,
     max_iter: Optional[int] = None,
     divergence_factor: Optional[float] = None,
+    norm: str = "l2",
+    combine: str = "any",
     return_best: bool = True,
     trace: bool = False,
+    spectral_radius_iters: int = 0,
     active_only: bool = False,
+    raise_on_failure: bool = False,
     **solver_params: Any,
 ) -> SolveResult:
     """Solve ``z = fun(z)`` for every row of ``z0``.
@@ -151,38 +277,47 @@ def solve(
             still iterating (``rows``: their indices, int64) and returns ``[len(rows), D]``.
         z0: ``[B, D]`` float32 or float64, any memory layout; the solve runs in its dtype.
         solver: one of ``SOLVERS`` ("picard", "anderson", "broyden").
-        abs_tol, rel_tol, rel_eps, max_iter, divergence_factor: each row stops when
-            ``‖f(z) − z‖₂ ≤ abs_tol`` or ``‖f(z) − z‖₂ / (‖f(z)‖₂ + rel_eps) ≤ rel_tol``
-            (converged), after ``max_iter`` evaluations, when its residual exceeds
-            ``divergence_factor`` × its first one (diverged), or on NaN/∞ (non_finite). Left
-            out: the crate's defaults (``rel_tol`` 1e-6, ``max_iter`` 1000).
+        abs_tol, rel_tol, rel_eps, max_iter, divergence_factor, norm, combine: each row stops
+            as converged when ``‖f(z) − z‖ ≤ abs_tol`` and/or ``‖f(z) − z‖ / (‖f(z)‖ + rel_eps)
+            ≤ rel_tol``; after ``max_iter`` evaluations (max_iter); when its residual exceeds
+            ``divergence_factor`` × its first one (diverged; ``inf``: never); or when ``fun``
+            returns NaN/∞ (non_finite). **Only the tolerances you name are used**: naming
+            ``abs_tol`` alone switches the default ``rel_tol`` off; naming neither uses
+            ``rel_tol=1e-6``. ``norm``: "l2" (default, per row) or "max" (SciPy's ``f_tol``);
+            ``combine``: "any" (default: either named tolerance) or "all" (every named one, as
+            SciPy combines its tolerances). ``max_iter`` defaults to 1000, ``rel_eps`` to 1e-12,
+            ``divergence_factor`` to 1e8. Residuals are computed without overflow.
         return_best: return each row's lowest-residual iterate (else its last).
         trace: record each row's residual after every evaluation (``result.trace``).
+        spectral_radius_iters: power-iteration steps estimating ``ρ(∂f/∂z)`` at each returned
+            state (``result.spectral_radius``; costs ``1 + spectral_radius_iters`` batched
+            calls). A value above 1 says the point repels plain iteration.
+        raise_on_failure: raise :class:`NoConvergence` (carrying the result) when any row did
+            not converge, instead of returning it.
         **solver_params: the solver's parameters by name, e.g. ``history=5, beta=1.0`` for
-            Anderson (``default_params(solver)`` lists them); an unknown one raises
+            Anderson, ``safeguard=True`` for Anderson's residual safeguard
+            (``default_params(solver)`` lists them); an unknown one raises
             :class:`ConfigError` naming the solvers that have it.
 
     Returns:
-        :class:`SolveResult` with ``z`` and, per row, ``status``, ``iterations`` and ``residual``.
+        :class:`SolveResult`: ``z`` (alias ``x``), per row ``status``, ``success``, ``nfev``,
+        ``residual``; ``message``; ``map_evals``.
     """
     if not callable(fun):
-        raise InvalidArgumentError("fun must be callable")
+        raise InvalidArgumentError("`fun` must be callable", "fun")
     z = _batch("z0", z0)
     out = _native.solve(
         fun,
         z,
-        solver,
+        _choice("solver", solver, SOLVERS) if not isinstance(solver, str) else solver,
         _params_json(solver_params),
-        abs_tol,
-        rel_tol,
-        rel_eps,
-        max_iter,
-        divergence_factor,
+        *_stop_args(abs_tol, rel_tol, rel_eps, max_iter, divergence_factor, norm, combine),
         bool(return_best),
         bool(trace),
+        _count("spectral_radius_iters", spectral_radius_iters, least=0),
         bool(active_only),
     )
-    return SolveResult(**out)
+    return _finish(SolveResult(**_rows(out)), raise_on_failure, "solve")
 
 
 def linear_solve(
@@ -197,7 +332,10 @@ def linear_solve(
     rel_eps: Optional[float] = None,
     max_iter: Optional[int] = None,
     divergence_factor: Optional[float] = None,
+    norm: str = "l2",
+    combine: str = "any",
     active_only: bool = False,
+    raise_on_failure: bool = False,
     **solver_params: Any,
 ) -> LinearResult:
     """Solve ``A x = b`` for every row of ``b`` with a matrix-free ``A``.
@@ -210,15 +348,19 @@ def linear_solve(
             fixed-point solver of ``SOLVERS`` run on ``x = b + (I − A) x``.
         x0: starting point (zeros when left out); same shape and dtype as ``b``.
         rmatvec: ``Aᵀ x``, needed by "cgnr".
-        abs_tol, rel_tol, rel_eps, max_iter, divergence_factor: per-row stopping on the true
-            residual ``b − A x`` (see :func:`solve`).
+        abs_tol, rel_tol, rel_eps, max_iter, divergence_factor, norm, combine: per-row
+            stopping on the true residual ``b − A x``, with the rules of :func:`solve` (the
+            Krylov solvers take ``norm="l2"`` only).
+        raise_on_failure: raise :class:`NoConvergence` when any row did not converge.
         **solver_params: e.g. ``restart=30`` for GMRES, ``terms=50`` for Neumann.
 
     Returns:
         :class:`LinearResult` with ``x`` and the per-row outcomes.
     """
-    if not callable(matvec) or (rmatvec is not None and not callable(rmatvec)):
-        raise InvalidArgumentError("matvec (and rmatvec) must be callable")
+    if not callable(matvec):
+        raise InvalidArgumentError("`matvec` must be callable", "matvec")
+    if rmatvec is not None and not callable(rmatvec):
+        raise InvalidArgumentError("`rmatvec` must be callable", "rmatvec")
     bb = _batch("b", b)
     xx = None
     if x0 is not None:
@@ -233,14 +375,15 @@ def linear_solve(
         xx,
         rmatvec,
         _params_json(config),
-        abs_tol,
-        rel_tol,
-        rel_eps,
-        max_iter,
-        divergence_factor,
+        *_stop_args(abs_tol, rel_tol, rel_eps, max_iter, divergence_factor, norm, combine),
         bool(active_only),
     )
-    return LinearResult(**out)
+    out.pop("spectral_radius", None)
+    return _finish(
+        LinearResult(spectral_radius=np.full(len(out["status"]), np.nan), **_rows(out)),
+        raise_on_failure,
+        "linear_solve",
+    )
 
 
 def default_params(solver: str) -> dict:

@@ -14,8 +14,11 @@ def solve(
     rel_eps: Optional[float],
     max_iter: Optional[int],
     divergence_factor: Optional[float],
+    norm: str,
+    combine: str,
     return_best: bool,
     trace: bool,
+    spectral_radius_iters: int,
     active_only: bool,
 ) -> Dict[str, Any]: ...
 def linear_solve(
@@ -29,6 +32,8 @@ def linear_solve(
     rel_eps: Optional[float],
     max_iter: Optional[int],
     divergence_factor: Optional[float],
+    norm: str,
+    combine: str,
     active_only: bool,
 ) -> Dict[str, Any]: ...
 def solver_names() -> Tuple[List[str], List[str]]: ...

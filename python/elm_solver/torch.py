@@ -122,9 +122,10 @@ class DEQFixedPoint(torch.nn.Module):
         backward_solver: for "implicit", the solver of ``(I − Jᵀ) y = g``: "gmres", "bicgstab",
             "neumann" or a fixed-point solver of ``elm_solver.SOLVERS`` (run on
             ``y = g + Jᵀ y``).
-        abs_tol, rel_tol, max_iter: the forward stopping rule per row: converged when
-            ``‖f(z, x) − z‖₂ ≤ abs_tol`` or ``‖f(z, x) − z‖₂ / ‖f(z, x)‖₂ ≤ rel_tol``, failed after
-            ``max_iter`` evaluations of ``f``.
+        abs_tol, rel_tol, max_iter: the forward stopping rule per row, as in
+            :func:`elm_solver.solve`: converged when ``‖f(z, x) − z‖₂ ≤ abs_tol`` or
+            ``‖f(z, x) − z‖₂ / ‖f(z, x)‖₂ ≤ rel_tol``, failed after ``max_iter`` evaluations of
+            ``f``. Only the tolerances you name are used (neither: ``rel_tol=1e-6``).
         backward_abs_tol, backward_rel_tol, backward_max_iter: the same for the backward
             linear solve, on its residual relative to ``‖g‖₂`` per row.
         solver_params, backward_solver_params: the solvers' own parameters, e.g.
@@ -153,11 +154,11 @@ class DEQFixedPoint(torch.nn.Module):
         *,
         backward: str = "implicit",
         backward_solver: str = "gmres",
-        abs_tol: float = 1e-6,
-        rel_tol: float = 1e-4,
+        abs_tol: Optional[float] = None,
+        rel_tol: Optional[float] = None,
         max_iter: int = 50,
-        backward_abs_tol: float = 0.0,
-        backward_rel_tol: float = 1e-4,
+        backward_abs_tol: Optional[float] = None,
+        backward_rel_tol: Optional[float] = None,
         backward_max_iter: int = 50,
         solver_params: Optional[Dict[str, Any]] = None,
         backward_solver_params: Optional[Dict[str, Any]] = None,

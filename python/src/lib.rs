@@ -13,8 +13,9 @@ use std::marker::PhantomData;
 
 use elm_solver::problems::Problem;
 use elm_solver::{
-    FnMap, FnOperator, FnOperatorPair, LinearOperator, LinearSolverConfig, MapError, OutputOptions,
-    RowOutcome, RowStatus, SolverConfig, SolverError, SolverFloat, StopCriteria,
+    Combine, FnMap, FnOperator, FnOperatorPair, LinearOperator, LinearSolverConfig, MapError,
+    OutputOptions, ResidualNorm, RowOutcome, RowStatus, SolverConfig, SolverError, SolverFloat,
+    StopCriteria,
 };
 use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis};
 use numpy::{Element, IntoPyArray, PyArray1, PyReadonlyArray2, PyUntypedArrayMethods, ToPyArray};
@@ -31,13 +32,34 @@ fn to_py_err(py: Python<'_>, e: SolverError) -> PyErr {
                 Err(other) => error_class(py, "SolverError", other.to_string()),
             }
         }
-        SolverError::Config { .. } => "ConfigError",
+        // Named in Python's spelling: the stopping fields are arguments of `solve` itself.
+        SolverError::Config { field, msg } => {
+            let argument = field.strip_prefix("stop.").unwrap_or(&field).to_string();
+            return error_with_argument(
+                py,
+                "ConfigError",
+                format!("`{argument}`: {msg}"),
+                argument,
+            );
+        }
         SolverError::Shape { .. } => "ShapeError",
         SolverError::InvalidArgument(_) => "InvalidArgumentError",
         SolverError::Budget { .. } => "BudgetError",
         SolverError::Json { .. } => "JsonError",
     };
     error_class(py, class, e.to_string())
+}
+
+/// An instance of `elm_solver.errors.<class>` carrying `msg` and the argument at fault.
+fn error_with_argument(py: Python<'_>, class: &str, msg: String, argument: String) -> PyErr {
+    match py
+        .import("elm_solver.errors")
+        .and_then(|m| m.getattr(class))
+        .and_then(|c| c.call1((msg, argument)))
+    {
+        Ok(instance) => PyErr::from_value(instance),
+        Err(import_failed) => import_failed,
+    }
 }
 
 /// An instance of `elm_solver.errors.<class>` carrying `msg`.
@@ -91,9 +113,36 @@ impl<T: SolverFloat + Element> PyFunction<T> {
                 full.call_method1("setflags", (false,))?;
                 self.fun.call1(py, (full,))?
             };
-            let numpy = py.import("numpy")?;
-            let arr = numpy.call_method1("asarray", (result, numpy::dtype::<T>(py)))?;
             let want = (rows.len(), self.dim);
+            let numpy = py.import("numpy")?;
+            if result.is_none(py) {
+                return Err(error_class(
+                    py,
+                    "InvalidArgumentError",
+                    format!(
+                        "{} returned None, expected an array of shape {want:?}",
+                        self.what
+                    ),
+                ));
+            }
+            // Real numbers only: NumPy would cast complex values to real with a warning (and
+            // drop the imaginary part), and turn objects into whatever they convert to.
+            let raw = numpy.call_method1("asarray", (&result,))?;
+            let kind: String = raw.getattr("dtype")?.getattr("kind")?.extract()?;
+            if !matches!(kind.as_str(), "f" | "i" | "u" | "b") {
+                let dtype = raw.getattr("dtype")?.str()?.to_string();
+                return Err(error_class(
+                    py,
+                    "InvalidArgumentError",
+                    format!(
+                        "{} returned an array of dtype {dtype}, expected real numbers (float32 or float64)",
+                        self.what
+                    ),
+                ));
+            }
+            let no_copy = PyDict::new(py);
+            no_copy.set_item("copy", false)?;
+            let arr = raw.call_method("astype", (numpy::dtype::<T>(py),), Some(&no_copy))?;
             let arr: PyReadonlyArray2<T> = arr.extract().map_err(|_| {
                 let shape: Vec<usize> = arr
                     .getattr("shape")
@@ -143,22 +192,47 @@ impl<T: SolverFloat + Element> PyFunction<T> {
     }
 }
 
-/// The stop criteria: the crate's defaults, overridden by whatever the caller gave.
+/// The stop criteria: the tolerances the caller named (naming one switches the other default
+/// off: `StopCriteria::named`), the crate's defaults for the rest.
+#[allow(clippy::too_many_arguments)]
 fn stop_criteria(
     abs_tol: Option<f64>,
     rel_tol: Option<f64>,
     rel_eps: Option<f64>,
     max_iter: Option<usize>,
     divergence_factor: Option<f64>,
-) -> StopCriteria {
-    let d = StopCriteria::default();
-    StopCriteria {
-        abs_tol: abs_tol.unwrap_or(d.abs_tol),
-        rel_tol: rel_tol.unwrap_or(d.rel_tol),
+    norm: &str,
+    combine: &str,
+) -> Result<StopCriteria, SolverError> {
+    let d = StopCriteria::named(abs_tol, rel_tol);
+    let norm = match norm {
+        "l2" => ResidualNorm::L2,
+        "max" => ResidualNorm::Max,
+        other => {
+            return Err(SolverError::config(
+                "norm",
+                format!("must be \"l2\" or \"max\", got {other:?}"),
+            ))
+        }
+    };
+    let combine = match combine {
+        "any" => Combine::Any,
+        "all" => Combine::All,
+        other => {
+            return Err(SolverError::config(
+                "combine",
+                format!("must be \"any\" or \"all\", got {other:?}"),
+            ))
+        }
+    };
+    Ok(StopCriteria {
         rel_eps: rel_eps.unwrap_or(d.rel_eps),
         max_iter: max_iter.unwrap_or(d.max_iter),
         divergence_factor: divergence_factor.unwrap_or(d.divergence_factor),
-    }
+        norm,
+        combine,
+        ..d
+    })
 }
 
 /// A built-in solver by name with its parameters (`params_json`: an object of the parameters
@@ -211,6 +285,13 @@ fn rows_dict<'py>(py: Python<'py>, rows: &[RowOutcome]) -> PyResult<Bound<'py, P
     d.set_item("restarts", PyArray1::from_vec(py, restarts))?;
     let backtracks: Vec<i64> = rows.iter().map(|r| r.backtracks as i64).collect();
     d.set_item("backtracks", PyArray1::from_vec(py, backtracks))?;
+    let rejections: Vec<i64> = rows.iter().map(|r| r.rejections as i64).collect();
+    d.set_item("rejections", PyArray1::from_vec(py, rejections))?;
+    let spectral: Vec<f64> = rows
+        .iter()
+        .map(|r| r.spectral_radius.unwrap_or(f64::NAN))
+        .collect();
+    d.set_item("spectral_radius", PyArray1::from_vec(py, spectral))?;
     if rows.iter().all(|r| r.trace.is_some()) && !rows.is_empty() {
         let traces: Vec<Bound<'py, PyArray1<f64>>> = rows
             .iter()
@@ -253,7 +334,7 @@ fn solve_typed<'py, T: SolverFloat + Element>(
 /// Solves `z = fun(z)` for every row of `z0` (`[B, D]`, float32 or float64, C-contiguous: the
 /// Python wrapper makes it so). Returns the fields of `elm_solver.SolveResult` as a dict.
 #[pyfunction]
-#[pyo3(signature = (fun, z0, solver, params_json, abs_tol, rel_tol, rel_eps, max_iter, divergence_factor, return_best, trace, active_only))]
+#[pyo3(signature = (fun, z0, solver, params_json, abs_tol, rel_tol, rel_eps, max_iter, divergence_factor, norm, combine, return_best, trace, spectral_radius_iters, active_only))]
 #[allow(clippy::too_many_arguments)]
 fn solve<'py>(
     py: Python<'py>,
@@ -266,14 +347,27 @@ fn solve<'py>(
     rel_eps: Option<f64>,
     max_iter: Option<usize>,
     divergence_factor: Option<f64>,
+    norm: &str,
+    combine: &str,
     return_best: bool,
     trace: bool,
+    spectral_radius_iters: usize,
     active_only: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let stop = stop_criteria(abs_tol, rel_tol, rel_eps, max_iter, divergence_factor);
+    let stop = stop_criteria(
+        abs_tol,
+        rel_tol,
+        rel_eps,
+        max_iter,
+        divergence_factor,
+        norm,
+        combine,
+    )
+    .map_err(|e| to_py_err(py, e))?;
     let output = OutputOptions {
         return_best,
         trace,
+        spectral_radius_iters,
         ..OutputOptions::default()
     };
     if let Ok(z) = z0.extract::<PyReadonlyArray2<'py, f64>>() {
@@ -325,7 +419,7 @@ fn linear_typed<'py, T: SolverFloat + Element>(
 /// Solves `A x = b` for every row of `b` with a matrix-free `A` (`matvec`, and `rmatvec` for
 /// `Aᵀ` where the solver needs it). `config_json`: the linear solver's JSON config.
 #[pyfunction]
-#[pyo3(signature = (matvec, b, x0, rmatvec, config_json, abs_tol, rel_tol, rel_eps, max_iter, divergence_factor, active_only))]
+#[pyo3(signature = (matvec, b, x0, rmatvec, config_json, abs_tol, rel_tol, rel_eps, max_iter, divergence_factor, norm, combine, active_only))]
 #[allow(clippy::too_many_arguments)]
 fn linear_solve<'py>(
     py: Python<'py>,
@@ -339,9 +433,20 @@ fn linear_solve<'py>(
     rel_eps: Option<f64>,
     max_iter: Option<usize>,
     divergence_factor: Option<f64>,
+    norm: &str,
+    combine: &str,
     active_only: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let stop = stop_criteria(abs_tol, rel_tol, rel_eps, max_iter, divergence_factor);
+    let stop = stop_criteria(
+        abs_tol,
+        rel_tol,
+        rel_eps,
+        max_iter,
+        divergence_factor,
+        norm,
+        combine,
+    )
+    .map_err(|e| to_py_err(py, e))?;
     let bad = || {
         error_class(
             py,
@@ -444,7 +549,8 @@ impl CanonicalProblem {
         Vec<usize>,
         usize,
     )> {
-        let stop = stop_criteria(abs_tol, rel_tol, None, max_iter, None);
+        let stop = stop_criteria(abs_tol, rel_tol, None, max_iter, None, "l2", "any")
+            .map_err(|e| to_py_err(py, e))?;
         let cfg = solver_config(solver, params_json, OutputOptions::default())
             .map_err(|e| to_py_err(py, e))?;
         let z0 = self.problem.z0();

@@ -9,6 +9,21 @@
 //! row/column per step, `m` dot products of length D); the `m × m` system is solved by Cholesky in
 //! f64. When Cholesky fails or the estimated condition number exceeds `max_condition`, that row's
 //! history is dropped (restart) and a Picard step is taken.
+//!
+//! **Safeguard** (`safeguard: true`, off by default): an accelerated point is kept only when its
+//! residual is at most `safeguard_factor` times the residual of the last accepted point;
+//! otherwise the map evaluation it cost is written off, the history is dropped and the plain
+//! (damped) step from the last accepted point is taken instead. This is the residual test of
+//! the safeguarded, globally convergent Anderson variants (Zhang, O'Donoghue & Boyd, "Globally
+//! convergent type-I Anderson acceleration for nonsmooth fixed-point iterations", SIAM J. Optim.
+//! 30(4), 2020, Alg. 3, with the bound held constant; Peng et al., "Anderson acceleration for
+//! geometry optimization and physics simulation", ACM TOG 37(4), 2018, which falls back to the
+//! plain step when the merit increases): with a contractive map the accepted residuals never
+//! grow. What it does **not** do is choose a branch: near a fold both the plain and the
+//! safeguarded Anderson can reach a fixed point that repels the plain iteration (the
+//! Chandrasekhar H-equation at c = 0.9999 in `tests/solver.rs`), with residuals that shrink all
+//! the way; `OutputOptions::spectral_radius_iters` tells such a point (ρ ≥ 1) from one on the
+//! start's branch.
 
 use ndarray::{ArrayView1, ArrayViewMut1};
 
@@ -32,6 +47,11 @@ pub struct AndersonConfig {
     /// Restart a row's history when the estimated condition number of its (ridged) Gram matrix
     /// exceeds this.
     pub max_condition: f64,
+    /// Keep an accelerated point only when its residual is at most `safeguard_factor` × the
+    /// last accepted point's, else take the plain step from that point (see the module doc).
+    pub safeguard: bool,
+    /// The safeguard's bound on the residual ratio (> 0; 1 = the residual may not grow).
+    pub safeguard_factor: f64,
     pub output: OutputOptions,
 }
 
@@ -42,6 +62,8 @@ impl Default for AndersonConfig {
             lambda: 1e-10,
             beta: 1.0,
             max_condition: 1e12,
+            safeguard: false,
+            safeguard_factor: 1.0,
             output: OutputOptions::default(),
         }
     }
@@ -61,6 +83,12 @@ impl AndersonConfig {
         }
         if self.max_condition.is_nan() || self.max_condition <= 1.0 {
             return Err(SolverError::config("max_condition", "must be > 1"));
+        }
+        if !(self.safeguard_factor.is_finite() && self.safeguard_factor > 0.0) {
+            return Err(SolverError::config(
+                "safeguard_factor",
+                format!("must be finite and > 0, got {}", self.safeguard_factor),
+            ));
         }
         Ok(())
     }
@@ -84,6 +112,8 @@ pub struct AndersonRule<T> {
     lambda: f64,
     beta: T,
     max_condition: f64,
+    /// `safeguard_factor` when the safeguard is on.
+    safeguard: Option<f64>,
     dim: usize,
     /// `[B, m, D]` mixing directions `w_j = Δz_j + β Δg_j`.
     w: Vec<T>,
@@ -95,6 +125,10 @@ pub struct AndersonRule<T> {
     z_prev: Vec<T>,
     g_prev: Vec<T>,
     has_prev: Vec<bool>,
+    /// `[B]` residual of the last accepted point (the anchor `z_prev`), and whether the point
+    /// being evaluated came from an accelerated step (only those can be rejected).
+    anchor_res: Vec<f64>,
+    pending: Vec<bool>,
     count: Vec<usize>,
     head: Vec<usize>,
     /// Scratch: current residual `[D]`, system `[m, m]`, rhs/γ `[m]`.
@@ -110,6 +144,7 @@ impl<T: SolverFloat> AndersonRule<T> {
             lambda: cfg.lambda,
             beta: cast(cfg.beta),
             max_condition: cfg.max_condition,
+            safeguard: cfg.safeguard.then_some(cfg.safeguard_factor),
             dim: 0,
             w: Vec::new(),
             dg: Vec::new(),
@@ -117,6 +152,8 @@ impl<T: SolverFloat> AndersonRule<T> {
             z_prev: Vec::new(),
             g_prev: Vec::new(),
             has_prev: Vec::new(),
+            anchor_res: Vec::new(),
+            pending: Vec::new(),
             count: Vec::new(),
             head: Vec::new(),
             g: Vec::new(),
@@ -200,6 +237,8 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
         refill(&mut self.z_prev, batch * dim, T::zero());
         refill(&mut self.g_prev, batch * dim, T::zero());
         refill(&mut self.has_prev, batch, false);
+        refill(&mut self.anchor_res, batch, f64::INFINITY);
+        refill(&mut self.pending, batch, false);
         refill(&mut self.count, batch, 0);
         refill(&mut self.head, batch, 0);
         refill(&mut self.g, dim, T::zero());
@@ -212,10 +251,18 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
         row: usize,
         mut z: ArrayViewMut1<T>,
         fz: ArrayView1<T>,
-        _res: f64,
+        residual: f64,
     ) -> StepEvent {
         let z = z.as_slice_mut().expect("solver rows are contiguous");
         let fz = fz.as_slice().expect("solver rows are contiguous");
+        if let Some(factor) = self.safeguard {
+            let accelerated = std::mem::replace(&mut self.pending[row], false);
+            if accelerated && residual > factor * self.anchor_res[row] {
+                self.reject(row, z);
+                return StepEvent::Rejected;
+            }
+            self.anchor_res[row] = residual;
+        }
         #[cfg(target_arch = "x86_64")]
         if super::has_avx2() {
             // SAFETY: the CPU has AVX2.
@@ -226,6 +273,21 @@ impl<T: SolverFloat> IterationRule<T> for AndersonRule<T> {
 }
 
 impl<T: SolverFloat> AndersonRule<T> {
+    /// The safeguard refused the point just evaluated: back to the last accepted point
+    /// (`z_prev`, residual `g_prev`), its plain step, and an empty history.
+    fn reject(&mut self, row: usize, z: &mut [T]) {
+        let d = self.dim;
+        let (zp, gp) = (
+            &self.z_prev[row * d..(row + 1) * d],
+            &self.g_prev[row * d..(row + 1) * d],
+        );
+        for i in 0..d {
+            z[i] = zp[i] + self.beta * gp[i];
+        }
+        self.count[row] = 0;
+        self.head[row] = 0;
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn step_avx2(&mut self, row: usize, z: &mut [T], fz: &[T]) -> StepEvent {
@@ -312,6 +374,7 @@ impl<T: SolverFloat> AndersonRule<T> {
                         z[i] = z[i] - gj * wj[i];
                     }
                 }
+                self.pending[row] = self.safeguard.is_some();
                 return StepEvent::Normal;
             }
             // Singular / ill-conditioned: restart this row's history, keep (z, g) as anchor.
@@ -349,7 +412,18 @@ impl RuleSolver for Anderson {
     // The kept buffers are resized by `init`; only the settings are taken anew.
     fn configure<T: SolverFloat>(&self, rule: &mut AndersonRule<T>) {
         let fresh = AndersonRule::<T>::new(&self.config);
-        (rule.m, rule.lambda, rule.beta, rule.max_condition) =
-            (fresh.m, fresh.lambda, fresh.beta, fresh.max_condition);
+        (
+            rule.m,
+            rule.lambda,
+            rule.beta,
+            rule.max_condition,
+            rule.safeguard,
+        ) = (
+            fresh.m,
+            fresh.lambda,
+            fresh.beta,
+            fresh.max_condition,
+            fresh.safeguard,
+        );
     }
 }

@@ -185,10 +185,14 @@ impl SolverConfig {
                 .filter(|k| serde_json::to_value(k.default_config()).is_ok_and(|j| has(&j)))
                 .map(SolverKind::name)
                 .collect();
+            let this = self.name();
             let msg = if owners.is_empty() {
                 format!("no solver has a parameter `{key}`")
             } else {
-                format!("only applies to --solver {}", owners.join("|"))
+                format!(
+                    "`{key}` is a parameter of {}, not of {this}",
+                    owners.join(" and ")
+                )
             };
             return Err(SolverError::config(key, msg));
         }
@@ -196,11 +200,12 @@ impl SolverConfig {
             // serde_json writes NaN and ±∞ as null.
             return Err(SolverError::config(key, "must be a finite number"));
         }
+        let given = value.to_string();
         json[key] = value;
-        let cfg: SolverConfig = serde_json::from_value(json).map_err(|e| SolverError::Json {
-            what: format!("solver config `{key}`"),
-            msg: e.to_string(),
-        })?;
+        // A value of the wrong type (a negative count, a string) is the parameter's fault: a
+        // config error naming it, not a JSON error.
+        let cfg: SolverConfig = serde_json::from_value(json)
+            .map_err(|e| SolverError::config(key, format!("invalid value {given}: {e}")))?;
         cfg.validate()?;
         Ok(cfg)
     }

@@ -14,7 +14,7 @@ use super::{
     RowStatus, Solution, SolverFloat,
 };
 use crate::error::{Result, SolverError};
-use crate::options::{OutputOptions, StopCriteria};
+use crate::options::{OutputOptions, ResidualNorm, StopCriteria};
 
 /// What a step did besides moving the row; counted into the row's [`RowOutcome`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +25,9 @@ pub enum StepEvent {
     Restart,
     /// Step halved back towards the last accepted point.
     Backtrack,
+    /// The point just evaluated (an accelerated step) failed the safeguard: the plain step from
+    /// the last accepted point is taken instead (Anderson's `safeguard`).
+    Rejected,
 }
 
 /// How a solver moves one row. State is per row; the driver calls `step` only for rows that are
@@ -133,6 +136,7 @@ pub struct SolveWorkspace<T> {
     iterations: Vec<usize>,
     restarts: Vec<usize>,
     backtracks: Vec<usize>,
+    rejections: Vec<usize>,
     status: Vec<Option<RowStatus>>,
     active: Vec<bool>,
     traces: Vec<Vec<f64>>,
@@ -181,6 +185,7 @@ impl<T: SolverFloat> SolveWorkspace<T> {
             iterations: vec![],
             restarts: vec![],
             backtracks: vec![],
+            rejections: vec![],
             status: vec![],
             active: vec![],
             traces: vec![],
@@ -291,6 +296,7 @@ impl<T: SolverFloat> SolveWorkspace<T> {
         refill(&mut self.iterations, batch, 0);
         refill(&mut self.restarts, batch, 0);
         refill(&mut self.backtracks, batch, 0);
+        refill(&mut self.rejections, batch, 0);
         refill(&mut self.status, batch, None);
         refill(&mut self.active, batch, true);
         refill(&mut self.spectral, batch, None);
@@ -318,6 +324,7 @@ impl<T: SolverFloat> SolveWorkspace<T> {
             iterations,
             restarts,
             backtracks,
+            rejections,
             status,
             active,
             traces,
@@ -335,13 +342,13 @@ impl<T: SolverFloat> SolveWorkspace<T> {
                     continue;
                 }
                 iterations[b] += 1;
-                let (abs, rel_b) = residual_norms(z.row(b), fz.row(b), stop.rel_eps);
+                let (abs, rel_b) = residual_norms(z.row(b), fz.row(b), stop.rel_eps, stop.norm);
                 res[b] = abs;
                 rel[b] = rel_b;
                 if output.trace {
                     traces[b].push(abs);
                 }
-                let verdict = if !abs.is_finite() || !rel_b.is_finite() {
+                let verdict = if abs.is_nan() || rel_b.is_nan() {
                     Some(RowStatus::NonFinite)
                 } else {
                     if first_res[b].is_nan() {
@@ -352,11 +359,11 @@ impl<T: SolverFloat> SolveWorkspace<T> {
                         best_rel[b] = rel_b;
                         best_z.row_mut(b).assign(&z.row(b));
                     }
-                    if (stop.abs_tol > 0.0 && abs <= stop.abs_tol)
-                        || (stop.rel_tol > 0.0 && rel_b <= stop.rel_tol)
-                    {
+                    if stop.met(abs, rel_b) {
                         Some(RowStatus::Converged)
-                    } else if abs > stop.divergence_factor * first_res[b].max(1e-30) {
+                    } else if abs.is_infinite()
+                        || abs > stop.divergence_factor * first_res[b].max(1e-30)
+                    {
                         Some(RowStatus::Diverged)
                     } else if iterations[b] >= stop.max_iter {
                         Some(RowStatus::MaxIter)
@@ -375,6 +382,7 @@ impl<T: SolverFloat> SolveWorkspace<T> {
                         StepEvent::Normal => {}
                         StepEvent::Restart => restarts[b] += 1,
                         StepEvent::Backtrack => backtracks[b] += 1,
+                        StepEvent::Rejected => rejections[b] += 1,
                     },
                 }
             }
@@ -424,6 +432,7 @@ impl<T: SolverFloat> SolveWorkspace<T> {
             spectral_radius: spectral[b],
             restarts: restarts[b],
             backtracks: backtracks[b],
+            rejections: rejections[b],
         }));
         self.map_evals = map_evals;
         self.spectral_map_evals = spectral_map_evals;
@@ -456,26 +465,91 @@ pub fn run_fixed_point<T: SolverFloat>(
     Ok(ws.into_solution())
 }
 
-/// `(‖fz − z‖₂, ‖fz − z‖₂ / (‖fz‖₂ + eps))`, accumulated in f64.
-fn residual_norms<T: SolverFloat>(z: ArrayView1<T>, fz: ArrayView1<T>, eps: f64) -> (f64, f64) {
-    match (z.as_slice(), fz.as_slice()) {
-        (Some(z), Some(fz)) => {
-            let (r2, f2) = super::kernels::residual_sums(z, fz);
-            let abs = r2.sqrt();
-            (abs, abs / (f2.sqrt() + eps))
-        }
-        _ => {
-            let (mut r2, mut f2) = (0.0f64, 0.0f64);
-            for (&zi, &fi) in z.iter().zip(fz.iter()) {
-                let f = fi.widen();
-                let d = f - zi.widen();
-                r2 += d * d;
-                f2 += f * f;
+/// Below this a sum of squares may have lost digits to underflow (and above `f64::MAX` it
+/// overflowed): the row is measured again, scaled.
+const TINY_SUM: f64 = 1e-280;
+
+/// `(‖fz − z‖, ‖fz − z‖ / (‖fz‖ + eps))` in `norm`, accumulated in f64 without overflow or
+/// underflow: the plain sums serve while they stay in range, else the row is measured again
+/// scaled by its largest entry (as LAPACK's `dnrm2` does), so a finite row never reads as
+/// non-finite and an overflowing `‖fz‖` never makes a relative residual 0. Returns NaN when `z`
+/// or `fz` holds NaN or ∞; an absolute residual beyond f64's range (finite entries) is `inf`.
+pub(crate) fn residual_norms<T: SolverFloat>(
+    z: ArrayView1<T>,
+    fz: ArrayView1<T>,
+    eps: f64,
+    norm: ResidualNorm,
+) -> (f64, f64) {
+    match norm {
+        ResidualNorm::L2 => {
+            let (r2, f2) = match (z.as_slice(), fz.as_slice()) {
+                (Some(z), Some(fz)) => super::kernels::residual_sums(z, fz),
+                _ => z
+                    .iter()
+                    .zip(fz.iter())
+                    .fold((0.0, 0.0), |(r2, f2), (&zi, &fi)| {
+                        let f = fi.widen();
+                        let d = f - zi.widen();
+                        (r2 + d * d, f2 + f * f)
+                    }),
+            };
+            let in_range = |x: f64| x.is_finite() && (x >= TINY_SUM);
+            if in_range(r2) && in_range(f2) {
+                let abs = r2.sqrt();
+                return (abs, abs / (f2.sqrt() + eps));
             }
-            let abs = r2.sqrt();
-            (abs, abs / (f2.sqrt() + eps))
+            scaled_l2(z, fz, eps)
+        }
+        ResidualNorm::Max => {
+            let (mut d, mut fmax) = (0.0f64, 0.0f64);
+            for (&zi, &fi) in z.iter().zip(fz.iter()) {
+                let (zw, fw) = (zi.widen(), fi.widen());
+                if !(zw.is_finite() && fw.is_finite()) {
+                    return (f64::NAN, f64::NAN);
+                }
+                d = d.max((fw - zw).abs());
+                fmax = fmax.max(fw.abs());
+            }
+            if d == 0.0 {
+                return (0.0, 0.0);
+            }
+            if d.is_infinite() {
+                // f − z overflowed: the halves do not, and their ratio is the same.
+                let half = z.iter().zip(fz.iter()).fold(0.0f64, |m, (&zi, &fi)| {
+                    m.max((0.5 * fi.widen() - 0.5 * zi.widen()).abs())
+                });
+                return (f64::INFINITY, half / (0.5 * fmax + 0.5 * eps));
+            }
+            (d, d / (fmax + eps))
         }
     }
+}
+
+/// The 2-norm residuals of one row scaled by its largest entry (see [`residual_norms`]).
+fn scaled_l2<T: SolverFloat>(z: ArrayView1<T>, fz: ArrayView1<T>, eps: f64) -> (f64, f64) {
+    let mut scale = 0.0f64;
+    for (&zi, &fi) in z.iter().zip(fz.iter()) {
+        let (zw, fw) = (zi.widen(), fi.widen());
+        if !(zw.is_finite() && fw.is_finite()) {
+            return (f64::NAN, f64::NAN);
+        }
+        scale = scale.max(zw.abs()).max(fw.abs());
+    }
+    if scale == 0.0 {
+        return (0.0, 0.0);
+    }
+    let (mut r2, mut f2) = (0.0f64, 0.0f64);
+    for (&zi, &fi) in z.iter().zip(fz.iter()) {
+        let f = fi.widen() / scale;
+        let d = f - zi.widen() / scale;
+        r2 += d * d;
+        f2 += f * f;
+    }
+    if r2 == 0.0 {
+        return (0.0, 0.0);
+    }
+    // abs may still exceed f64 (entries near f64::MAX): then it is inf, the ratio is not.
+    (scale * r2.sqrt(), r2.sqrt() / (f2.sqrt() + eps / scale))
 }
 
 /// Per-row spectral radius of `J = ∂f/∂z` at `z` by power iteration on finite differences

@@ -11,14 +11,20 @@
 //!
 //! ## Stop criteria (shared by every solver)
 //!
-//! With residual `g(z) = f(z) − z`, after each map evaluation every active row computes, in f64,
+//! With residual `g(z) = f(z) − z`, after each map evaluation every active row computes, in f64
+//! and without overflow or underflow (rescaled by the row's largest entry when a plain sum of
+//! squares would leave f64's range),
 //!
-//! * `abs = ‖f(z) − z‖₂` and `rel = ‖f(z) − z‖₂ / (‖f(z)‖₂ + rel_eps)`.
+//! * `abs = ‖f(z) − z‖` and `rel = ‖f(z) − z‖ / (‖f(z)‖ + rel_eps)`, in the 2-norm
+//!   ([`ResidualNorm::L2`], default) or the max-norm ([`ResidualNorm::Max`], SciPy's).
 //!
-//! The row is **Converged** when `abs ≤ abs_tol` (if `abs_tol > 0`) or `rel ≤ rel_tol` (if
-//! `rel_tol > 0`); **NonFinite** when `f(z)` or the residual contains NaN/∞; **Diverged** when
-//! `abs > divergence_factor · max(abs₀, 1e-30)` (`abs₀` = first residual); **MaxIter** when it has
-//! used `max_iter` map evaluations. A row that stops is *frozen*: its state never changes again and
+//! The row is **Converged** when the enabled tests hold — `abs ≤ abs_tol` (if `abs_tol > 0`),
+//! `rel ≤ rel_tol` (if `rel_tol > 0`) — either of them ([`Combine::Any`], default) or both
+//! ([`Combine::All`]); **NonFinite** when `f(z)` or `z` contains NaN/∞; **Diverged** when `abs`
+//! exceeds `divergence_factor · max(abs₀, 1e-30)` (`abs₀` = first residual) or f64's range;
+//! **MaxIter** when it has used `max_iter` map evaluations. Only the tolerances a caller names
+//! are used ([`StopCriteria::named`], the JSON form): naming `abs_tol` alone switches the
+//! default `rel_tol` off. A row that stops is *frozen*: its state never changes again and
 //! the map sees it as inactive. One bad row never fails the batch. See [`StopCriteria`], which is
 //! passed with every solve (a solver config describes the algorithm only).
 //!
@@ -104,7 +110,7 @@ pub use linear::{
     LinearSolverKind, MatrixOperator, BUILTIN_LINEAR_SOLVERS, DEFAULT_GMRES_RESTART,
     DEFAULT_NEUMANN_TERMS,
 };
-pub use options::{OutputOptions, StopCriteria};
+pub use options::{Combine, OutputOptions, ResidualNorm, StopCriteria, DEFAULT_REL_TOL};
 pub use picard::{Picard, PicardConfig};
 
 use std::fmt::Debug;
@@ -278,6 +284,9 @@ pub struct RowOutcome {
     /// Broyden's step halvings (backtracking).
     #[cfg_attr(feature = "serde", serde(default))]
     pub backtracks: usize,
+    /// Accelerated points refused by Anderson's safeguard (each cost one map evaluation).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub rejections: usize,
 }
 
 /// Result of a batched solve.

@@ -49,6 +49,7 @@ impl<T: SolverFloat> FixedPointSolver<T> for MyPicard {
                     spectral_radius: None,
                     restarts: 0,
                     backtracks: 0,
+                    rejections: 0,
                 };
                 return Ok(Solution {
                     z,

@@ -13,6 +13,7 @@ use crate::linear::driver::{run_rows, LinearSolution};
 use crate::linear::gmres::Gmres;
 use crate::linear::neumann::Neumann;
 use crate::linear::operator::LinearOperator;
+use crate::options::ResidualNorm;
 use crate::options::StopCriteria;
 use crate::{FnMap, SolverFloat};
 
@@ -172,6 +173,17 @@ impl LinearSolverConfig {
     ) -> Result<LinearSolution<T>> {
         self.validate()?;
         stop.validate()?;
+        if stop.norm != ResidualNorm::L2 && !matches!(self, LinearSolverConfig::FixedPoint(_)) {
+            // Krylov methods minimise (and estimate) the 2-norm of the residual.
+            return Err(SolverError::config(
+                "stop.norm",
+                format!(
+                    "{} measures residuals in the 2-norm (norm \"l2\"); only a fixed-point \
+                     solver on x = b + (I − A) x takes norm \"max\"",
+                    self.name()
+                ),
+            ));
+        }
         let (batch, dim) = b.dim();
         if x0.dim() != b.dim() || op.dim() != dim {
             return Err(SolverError::shape(

@@ -116,16 +116,14 @@ pub(super) fn row_outcome(
         spectral_radius: None,
         restarts,
         backtracks: 0,
+        rejections: 0,
     }
 }
 
 /// Whether a residual of norm `rn` against a right-hand side of norm `bnorm` meets `stop`'s
 /// absolute or relative tolerance (a zero residual always does).
 pub(super) fn meets_tolerance(rn: f64, bnorm: f64, stop: &StopCriteria) -> bool {
-    let rel = relative_residual(rn, bnorm, stop);
-    rn == 0.0
-        || (stop.abs_tol > 0.0 && rn <= stop.abs_tol)
-        || (stop.rel_tol > 0.0 && rel <= stop.rel_tol)
+    rn == 0.0 || stop.met(rn, relative_residual(rn, bnorm, stop))
 }
 
 impl Rows {
