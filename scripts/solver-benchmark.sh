@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The solver benchmark (issue 41): every fixed-point solver of elm_solver, cvxgrp's aa and SciPy's anderson,
-# broyden1, linearmixing and newton_krylov on every problem of elm_solver.BENCHMARKS, one run;
-# writes results/solver_benchmark/ (benchmark.json, benchmark.md, benchmark.svg) and the README
-# block `solver-benchmark`. Builds the Python package into the venv of scripts/python-test.sh and
-# adds SciPy and matplotlib there (from PyPI). About a minute with the package already built.
+# The solver benchmark (issues 41 and 58): every fixed-point solver of elm_solver (its defaults),
+# cvxgrp's aa, and SciPy's anderson, broyden1 and linearmixing (their default alpha and a grid of
+# alpha, the best kept per problem) and newton_krylov on every problem of elm_solver.BENCHMARKS
+# (SciPy's test problems, DEQ layers posed to SciPy coupled and row by row, the Chandrasekhar
+# H-equation, 1-D Bratu), one run; wins/ties/losses, geometric means, wall times; writes
+# results/solver_benchmark/ (benchmark.json, benchmark.md, benchmark.svg) and the README block
+# `solver-benchmark`. Builds the Python package into the venv of scripts/python-test.sh and adds
+# SciPy and matplotlib there (from PyPI). About 3 minutes on 2 cores with the package already built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${ELM_PY_VENV:-$PWD/target/py-venv}"
