@@ -169,8 +169,8 @@ impl StopCriteria {
     /// `max_iter`: a fixed number of iterations); otherwise a zero residual always does.
     pub fn met(&self, abs: f64, rel: f64) -> bool {
         let tests = [
-            (self.abs_tol > 0.0).then(|| abs <= self.abs_tol),
-            (self.rel_tol > 0.0).then(|| rel <= self.rel_tol),
+            (self.abs_tol > 0.0).then_some(abs <= self.abs_tol),
+            (self.rel_tol > 0.0).then_some(rel <= self.rel_tol),
         ];
         let mut enabled = tests.iter().flatten().peekable();
         if enabled.peek().is_none() {
