@@ -399,7 +399,7 @@ fn epoch_permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
 
 /// The text of a plain or jsonl file (jsonl records joined by blank lines).
 pub fn read_text_file(path: &Path) -> Result<String> {
-    let raw = std::fs::read_to_string(path).map_err(|e| ElmError::io(path, e))?;
+    let raw = crate::io::read_text_capped(path, crate::limits::MAX_TEXT_FILE_BYTES)?;
     if path.extension().is_some_and(|e| e == "jsonl") {
         let mut parts = Vec::new();
         for (n, line) in raw

@@ -88,3 +88,7 @@ pub fn check_output_file(field: &str, path: &Path, force: bool) -> Result<()> {
         Ok(_) => Ok(()),
     }
 }
+
+/// Largest text file (`--file`, a data set) read into memory: a FIFO or `/dev/zero` given as a
+/// text file stops here with an error instead of reading without bound.
+pub const MAX_TEXT_FILE_BYTES: u64 = 256 << 20;

@@ -432,6 +432,14 @@ pub fn run_logits(args: LogitsArgs) -> Result<()> {
     let ids = args.input.encode(&tok)?;
     let logits = model.prompt_logits(std::slice::from_ref(&ids))?;
     let row = logits.row(0);
+    // NaN logits would sort as "top" ids 0, 1, 2, ... and print as null: an invalid model.
+    if let Some(i) = row.iter().position(|v| !v.is_finite()) {
+        return Err(ElmError::NonFinite(format!(
+            "logit of token {i} is {} (NaN or infinite weights in {}?)",
+            row[i],
+            path.display()
+        )));
+    }
     let mut order: Vec<usize> = (0..row.len()).collect();
     let k = args.top.min(row.len());
     order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
@@ -483,11 +491,12 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
         return Err(ElmError::config("--context", "must be >= 2"));
     }
     let inference = args.infer.inference_config()?;
+    // The text first: a missing or unreadable file is refused before hundreds of MB load.
+    let text = read_text_file(&args.file)?;
     let path = args.model.clone().unwrap_or_else(default_model_path);
     let pb = spinner(&format!("loading {}", path.display()));
     let (model, tok) = ElmModel::load_with(&path, args.infer.elm.as_deref(), args.weights)?;
     pb.finish_and_clear();
-    let text = read_text_file(&args.file)?;
     let mut ids = tok.encode(&text, false)?;
     ids.truncate(args.max_tokens);
     if ids.len() < 2 {

@@ -94,6 +94,17 @@ impl GgmlType {
     }
 }
 
+/// The tensor types elm reads, from the format registry ([`QFormat::ALL`]): "F32, F16, BF16,
+/// Q8_0, ..." for messages.
+pub fn supported_types() -> String {
+    [GgmlType::F32, GgmlType::F16, GgmlType::BF16]
+        .into_iter()
+        .chain(QFormat::ALL.into_iter().map(GgmlType::Block))
+        .map(GgmlType::name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The block format of a quantized ggml type (`None` for F32/F16/BF16 and unsupported ones).
 pub fn qformat_of(t: GgmlType) -> Option<QFormat> {
     match t {
@@ -102,8 +113,11 @@ pub fn qformat_of(t: GgmlType) -> Option<QFormat> {
     }
 }
 
-/// A metadata value. Arrays hold values of a single element type.
-#[derive(Clone, Debug, PartialEq)]
+/// A metadata value. Arrays hold values of a single element type: [`GgufValue::Array`] as
+/// built in code (and for arrays of arrays), [`GgufValue::Packed`] as the reader keeps an array
+/// of numbers, bools or strings, in its on-disk bytes. The two compare equal when their
+/// elements do.
+#[derive(Clone, Debug)]
 pub enum GgufValue {
     U8(u8),
     I8(i8),
@@ -118,6 +132,104 @@ pub enum GgufValue {
     U64(u64),
     I64(i64),
     F64(f64),
+    /// An array as the file stores it (see [`GgufArray`]).
+    Packed(GgufArray),
+}
+
+/// An array of scalars or strings as the file stores it: its element type, its length and
+/// its elements' bytes (little-endian scalars; strings as `u64 length | UTF-8 bytes`, checked
+/// when read). Its memory is its size on disk: a value per element (32 bytes each, whatever
+/// the element) would let a file of N bytes of `u8` array take 32·N bytes of memory.
+#[derive(Clone, Debug)]
+pub struct GgufArray {
+    elem_type: u32,
+    len: usize,
+    bytes: Vec<u8>,
+}
+
+impl GgufArray {
+    /// The element type id (`gguf.GGUFValueType`).
+    pub fn elem_type(&self) -> u32 {
+        self.elem_type
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The elements' bytes as stored.
+    pub fn raw_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+    /// The elements as strings, borrowed; `None` unless the elements are strings.
+    pub fn strs(&self) -> Option<impl Iterator<Item = &str> + '_> {
+        (self.elem_type == 8).then(|| {
+            let mut pos = 0usize;
+            (0..self.len).map(move |_| {
+                let n = u64::from_le_bytes(self.bytes[pos..pos + 8].try_into().unwrap()) as usize;
+                let text = &self.bytes[pos + 8..pos + 8 + n];
+                pos += 8 + n;
+                // Checked to be UTF-8 when read (and by `from_values`).
+                std::str::from_utf8(text).unwrap_or_default()
+            })
+        })
+    }
+    /// The elements as values (strings copied).
+    pub fn values(&self) -> impl Iterator<Item = GgufValue> + '_ {
+        let mut cur = Cursor {
+            bytes: &self.bytes,
+            pos: 0,
+            path: Path::new(""),
+        };
+        (0..self.len).map(move |_| {
+            cur.value(self.elem_type, "array element", 0)
+                .expect("checked when the array was read")
+        })
+    }
+    /// Packs `items` (scalars or strings of one type) as the file would store them; `None`
+    /// when they are empty, mixed, or arrays.
+    pub fn from_values(items: &[GgufValue]) -> Option<GgufArray> {
+        let elem_type = items.first()?.type_id();
+        if elem_type == 9 || items.iter().any(|x| x.type_id() != elem_type) {
+            return None;
+        }
+        let mut bytes = Vec::new();
+        for x in items {
+            write_value(&mut bytes, x);
+        }
+        Some(GgufArray {
+            elem_type,
+            len: items.len(),
+            bytes,
+        })
+    }
+}
+
+impl PartialEq for GgufValue {
+    fn eq(&self, other: &Self) -> bool {
+        use GgufValue as V;
+        match (self, other) {
+            (V::U8(a), V::U8(b)) => a == b,
+            (V::I8(a), V::I8(b)) => a == b,
+            (V::U16(a), V::U16(b)) => a == b,
+            (V::I16(a), V::I16(b)) => a == b,
+            (V::U32(a), V::U32(b)) => a == b,
+            (V::I32(a), V::I32(b)) => a == b,
+            (V::F32(a), V::F32(b)) => a == b,
+            (V::Bool(a), V::Bool(b)) => a == b,
+            (V::String(a), V::String(b)) => a == b,
+            (V::U64(a), V::U64(b)) => a == b,
+            (V::I64(a), V::I64(b)) => a == b,
+            (V::F64(a), V::F64(b)) => a == b,
+            (V::Array(a), V::Array(b)) => a == b,
+            (V::Packed(a), V::Packed(b)) => a.values().eq(b.values()),
+            (V::Packed(p), V::Array(a)) | (V::Array(a), V::Packed(p)) => {
+                p.len() == a.len() && p.values().zip(a).all(|(x, y)| &x == y)
+            }
+            _ => false,
+        }
+    }
 }
 
 impl GgufValue {
@@ -133,7 +245,7 @@ impl GgufValue {
             GgufValue::F32(_) => 6,
             GgufValue::Bool(_) => 7,
             GgufValue::String(_) => 8,
-            GgufValue::Array(_) => 9,
+            GgufValue::Array(_) | GgufValue::Packed(_) => 9,
             GgufValue::U64(_) => 10,
             GgufValue::I64(_) => 11,
             GgufValue::F64(_) => 12,
@@ -178,9 +290,19 @@ impl GgufValue {
         }
     }
 
+    /// The elements of an array built in code or an array of arrays; `None` for a packed
+    /// array as read from a file ([`GgufValue::as_packed`]) and for scalars.
     pub fn as_array(&self) -> Option<&[GgufValue]> {
         match self {
             GgufValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// A packed array as read from a file.
+    pub fn as_packed(&self) -> Option<&GgufArray> {
+        match self {
+            GgufValue::Packed(a) => Some(a),
             _ => None,
         }
     }
@@ -203,14 +325,52 @@ impl TensorInfo {
         self.ne.iter().rev().map(|&d| d as usize).collect()
     }
 
+    /// Elements, `Π ne`; `u64::MAX` when the product overflows (which [`GgufFile::open`]
+    /// refuses, so a tensor of an opened file never does).
     pub fn num_elements(&self) -> u64 {
-        self.ne.iter().product()
+        self.ne
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .unwrap_or(u64::MAX)
     }
 
-    /// Size of the tensor's data in bytes, or `None` if the type is unsupported.
+    /// Size of the tensor's data in bytes, or `None` if the type is unsupported or the size
+    /// overflows u64 (refused by [`GgufFile::open`]).
     pub fn num_bytes(&self) -> Option<u64> {
         let (block, bytes) = self.ggml_type.block_layout()?;
-        Some(self.num_elements() / block as u64 * bytes as u64)
+        let elements = self
+            .ne
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
+        (elements / block as u64).checked_mul(bytes as u64)
+    }
+
+    /// Why this tensor's dims and type cannot be read, or `None` when they can: the element
+    /// count and byte size must fit in u64 and in this machine's `usize`, and a block format's
+    /// rows (`ne[0]`) must be a whole number of blocks, as ggml requires (a row that ends
+    /// inside a block would be read with its neighbour's values).
+    pub fn layout_error(&self) -> Option<String> {
+        let Some(n) = self.ne.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)) else {
+            return Some(format!("dims {:?} overflow u64", self.ne));
+        };
+        if usize::try_from(n).is_err() {
+            return Some(format!("{n} elements do not fit in memory addresses"));
+        }
+        let (block, _) = self.ggml_type.block_layout()?;
+        let row = self.ne.first().copied().unwrap_or(1);
+        if row % block as u64 != 0 {
+            return Some(format!(
+                "rows of {row} elements are not a whole number of {} blocks of {block}",
+                self.ggml_type.name()
+            ));
+        }
+        match self.num_bytes() {
+            Some(b) if usize::try_from(b).is_ok() => None,
+            _ => Some(format!(
+                "{n} elements of {} overflow its byte size",
+                self.ggml_type.name()
+            )),
+        }
     }
 }
 
@@ -320,11 +480,33 @@ impl<'a> Cursor<'a> {
                     t => return Err(self.err(format!("{what}: unknown array element type {t}"))),
                 };
                 let count = self.check_count(count, min_size, what)?;
-                let mut items = Vec::with_capacity(count);
-                for _ in 0..count {
-                    items.push(self.value(elem_type, what, depth + 1)?);
+                if elem_type == 9 {
+                    // Arrays of arrays: each element is at least 12 bytes on disk, so a value
+                    // per element keeps memory within a small multiple of the file.
+                    let mut items = Vec::with_capacity(count);
+                    for _ in 0..count {
+                        items.push(self.value(elem_type, what, depth + 1)?);
+                    }
+                    return Ok(GgufValue::Array(items));
                 }
-                GgufValue::Array(items)
+                let start = self.pos;
+                if elem_type == 8 {
+                    for _ in 0..count {
+                        let len = self.u64(what)?;
+                        let len = self.check_count(len, 1, what)?;
+                        let text = self.take(len, what)?;
+                        if std::str::from_utf8(text).is_err() {
+                            return Err(self.err(format!("{what}: a string is not valid UTF-8")));
+                        }
+                    }
+                } else {
+                    self.take(count * min_size, what)?;
+                }
+                GgufValue::Packed(GgufArray {
+                    elem_type,
+                    len: count,
+                    bytes: self.bytes[start..self.pos].to_vec(),
+                })
             }
             10 => GgufValue::U64(self.u64(what)?),
             11 => GgufValue::I64(self.u64(what)? as i64),
@@ -431,12 +613,12 @@ impl GgufFile {
         let file_len = mmap.len() as u64;
 
         for t in &tensors {
-            let n =
-                t.ne.iter()
-                    .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                    .ok_or_else(|| {
-                        ElmError::format(&path, format!("tensor `{}`: dims overflow", t.name))
-                    })?;
+            if let Some(why) = t.layout_error() {
+                return Err(ElmError::format(
+                    &path,
+                    format!("tensor `{}`: {why}", t.name),
+                ));
+            }
             if t.offset % alignment != 0 {
                 return Err(ElmError::format(
                     &path,
@@ -448,18 +630,7 @@ impl GgufFile {
             }
             // Unsupported types are reported when their data is requested, not here, so
             // that metadata of any GGUF can still be inspected.
-            if let Some((block, bytes)) = t.ggml_type.block_layout() {
-                if n % block as u64 != 0 {
-                    return Err(ElmError::format(
-                        &path,
-                        format!(
-                            "tensor `{}`: {n} elements is not a multiple of the {} block size {block}",
-                            t.name,
-                            t.ggml_type.name()
-                        ),
-                    ));
-                }
-                let size = n / block as u64 * bytes as u64;
+            if let Some(size) = t.num_bytes() {
                 let end = data_start
                     .checked_add(t.offset)
                     .and_then(|s| s.checked_add(size));
@@ -577,9 +748,23 @@ impl GgufFile {
         v.as_bool().ok_or_else(|| self.wrong_type(key, "a bool", v))
     }
 
-    /// An array of strings (e.g. `tokenizer.ggml.tokens`).
+    /// An array of strings (e.g. `tokenizer.ggml.tokens`), borrowed from the file's metadata.
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
-        self.get_array_of(key, "an array of strings", GgufValue::as_str)
+        let v = self.require(key)?;
+        match v {
+            GgufValue::Packed(a) => a
+                .strs()
+                .map(Iterator::collect)
+                .ok_or_else(|| self.wrong_elements(key, "an array of strings", a)),
+            GgufValue::Array(items) => items
+                .iter()
+                .map(|x| {
+                    x.as_str()
+                        .ok_or_else(|| self.wrong_type(key, "an array of strings", x))
+                })
+                .collect(),
+            _ => Err(self.wrong_type(key, "an array", v)),
+        }
     }
 
     /// An array of integers (e.g. `tokenizer.ggml.token_type`).
@@ -594,21 +779,36 @@ impl GgufFile {
         self.get_array_of(key, "an array of numbers", |x| x.as_f64().map(|v| v as f32))
     }
 
+    fn wrong_elements(&self, key: &str, want: &str, a: &GgufArray) -> ElmError {
+        ElmError::format(
+            &self.path,
+            format!(
+                "metadata `{key}` should be {want}, found an array of value type {}",
+                a.elem_type()
+            ),
+        )
+    }
+
     /// The array at `key` with every element read by `item`; an element it refuses is a
     /// type error saying the array should be `what`.
-    fn get_array_of<'a, T>(
-        &'a self,
+    fn get_array_of<T>(
+        &self,
         key: &str,
         what: &str,
-        item: impl Fn(&'a GgufValue) -> Option<T>,
+        item: impl Fn(&GgufValue) -> Option<T>,
     ) -> Result<Vec<T>> {
         let v = self.require(key)?;
-        let arr = v
-            .as_array()
-            .ok_or_else(|| self.wrong_type(key, "an array", v))?;
-        arr.iter()
-            .map(|x| item(x).ok_or_else(|| self.wrong_type(key, what, x)))
-            .collect()
+        match v {
+            GgufValue::Packed(a) => a
+                .values()
+                .map(|x| item(&x).ok_or_else(|| self.wrong_elements(key, what, a)))
+                .collect(),
+            GgufValue::Array(items) => items
+                .iter()
+                .map(|x| item(x).ok_or_else(|| self.wrong_type(key, what, x)))
+                .collect(),
+            _ => Err(self.wrong_type(key, "an array", v)),
+        }
     }
 
     /// Tensor table in file order.
@@ -651,10 +851,11 @@ impl GgufFile {
 
     fn unsupported(&self, info: &TensorInfo) -> ElmError {
         ElmError::Unsupported(format!(
-            "tensor `{}` in {} has type {} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+            "tensor `{}` in {} has type {} (supported: {})",
             info.name,
             self.path.display(),
-            info.ggml_type.name()
+            info.ggml_type.name(),
+            supported_types()
         ))
     }
 
@@ -818,6 +1019,11 @@ fn write_value(out: &mut Vec<u8>, v: &GgufValue) {
         GgufValue::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
         GgufValue::Bool(x) => out.push(*x as u8),
         GgufValue::String(s) => write_str(out, s),
+        GgufValue::Packed(a) => {
+            out.extend_from_slice(&a.elem_type.to_le_bytes());
+            out.extend_from_slice(&(a.len as u64).to_le_bytes());
+            out.extend_from_slice(&a.bytes);
+        }
         GgufValue::Array(items) => {
             // An empty array is written as an array of u8.
             let elem = items.first().map_or(0, |x| x.type_id());
@@ -877,6 +1083,32 @@ pub fn write_gguf(
     tensors: &[GgufTensorData],
 ) -> Result<()> {
     let path = path.as_ref();
+    // Refuse what the reader would refuse, before anything is written.
+    for t in tensors {
+        let info = TensorInfo {
+            name: t.name.clone(),
+            ne: t.shape.iter().rev().map(|&d| d as u64).collect(),
+            ggml_type: t.ggml_type,
+            offset: 0,
+        };
+        let why = if t.shape.is_empty() || t.shape.len() > 4 {
+            Some(format!("{} dims (GGUF allows 1..=4)", t.shape.len()))
+        } else {
+            info.layout_error().or_else(|| match info.num_bytes() {
+                Some(b) if b != t.data.len() as u64 => Some(format!(
+                    "{} bytes of data, its dims and type need {b}",
+                    t.data.len()
+                )),
+                _ => None,
+            })
+        };
+        if let Some(why) = why {
+            return Err(ElmError::format(
+                path,
+                format!("tensor `{}`: {why}", t.name),
+            ));
+        }
+    }
     let alignment = metadata
         .iter()
         .find(|(k, _)| k == "general.alignment")

@@ -97,7 +97,16 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
             Some(_) => Ok(Some(gguf.get_usize(k)?)),
         }
     };
-    let opt_id = |k: &str| -> Result<Option<u32>> { Ok(opt_usize(k)?.map(|id| id as u32)) };
+    // Token ids are u32 everywhere downstream: a larger one is refused, never truncated.
+    let opt_id = |k: &str| -> Result<Option<u32>> {
+        opt_usize(k)?
+            .map(|id| {
+                u32::try_from(id).map_err(|_| {
+                    ElmError::format(gguf.path(), format!("metadata `{k}` = {id} exceeds u32"))
+                })
+            })
+            .transpose()
+    };
     let config = ModelConfig {
         arch,
         vocab_size,
@@ -117,7 +126,15 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
         attention_bias: gguf.tensor_info("blk.0.attn_q.bias").is_some(),
         bos_token_id: opt_id("tokenizer.ggml.bos_token_id")?,
         eos_token_id: opt_id("tokenizer.ggml.eos_token_id")?,
-        sliding_window: opt_usize(&key("attention.sliding_window"))?.filter(|&w| w > 0),
+        // Gemma 3's local layers need a window: 0 there is an invalid file (validate refuses
+        // it), not "no window". Llama and Qwen2 GGUFs have no sliding attention in llama.cpp,
+        // and 0 is what their writers store for "off".
+        sliding_window: match arch {
+            Arch::Gemma3 => opt_usize(&key("attention.sliding_window"))?,
+            Arch::Llama | Arch::Qwen2 => {
+                opt_usize(&key("attention.sliding_window"))?.filter(|&w| w > 0)
+            }
+        },
         // What the metadata does not carry, llama.cpp hard-codes for gemma3: every 6th layer
         // global, the local layers' RoPE base 10,000 (unless `rope.freq_base_swa` says).
         sliding_window_pattern: match arch {
@@ -286,11 +303,9 @@ impl<'a> Taker<'a> {
             ));
         }
         self.used.insert(name.to_string());
-        Ok(self
-            .gguf
-            .take_tensor_f32(name)?
-            .into_dimensionality()
-            .expect("2 dims checked"))
+        let w = self.gguf.take_tensor_f32(name)?;
+        check_finite(name, w.as_slice())?;
+        Ok(w.into_dimensionality().expect("2 dims checked"))
     }
 
     /// Marks every tensor of block `layer` as used without reading it: a model that drops the
@@ -452,7 +467,27 @@ impl<'a> Taker<'a> {
         }
         self.used.insert(name.to_string());
         let v = self.gguf.take_tensor_f32(name)?;
+        check_finite(name, v.as_slice())?;
         Ok(v.into_dimensionality().expect("1 dim checked"))
+    }
+}
+
+/// Refuses a tensor holding NaN or ∞ where it enters as f32: one pass over values just
+/// decoded, cheap beside the decoding. Without it a NaN weight quantized for `--weights q8_0`
+/// becomes 0 and the model prints plausible tokens; kept as f32 it makes every logit NaN.
+/// (Tensors kept in their blocks are not decoded at load; a NaN scale there shows as
+/// non-finite logits, which the sampler and `logits` refuse.)
+fn check_finite(name: &str, values: Option<&[f32]>) -> Result<()> {
+    let Some(values) = values else { return Ok(()) };
+    match values.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(ElmError::tensor(
+            name,
+            format!(
+                "element {i} is {} (a corrupt or invalid model file)",
+                values[i]
+            ),
+        )),
     }
 }
 

@@ -483,6 +483,21 @@ fn open_shard(path: &Path) -> Result<Shard> {
 
 /// Converts one safetensors tensor to f32 values (row-major).
 fn view_to_f32(name: &str, view: &TensorView<'_>) -> Result<Vec<f32>> {
+    let values = decode_view(name, view)?;
+    // NaN or ∞ weights are an invalid model: refused where they enter (see gguf_model).
+    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+        return Err(ElmError::tensor(
+            name,
+            format!(
+                "element {i} is {} (a corrupt or invalid model file)",
+                values[i]
+            ),
+        ));
+    }
+    Ok(values)
+}
+
+fn decode_view(name: &str, view: &TensorView<'_>) -> Result<Vec<f32>> {
     use rayon::prelude::*;
     let data = view.data();
     Ok(match view.dtype() {

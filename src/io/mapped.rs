@@ -29,6 +29,14 @@ pub struct MappedFile {
 impl MappedFile {
     pub fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).map_err(|e| ElmError::io(path, e))?;
+        // A FIFO or a device (`/dev/zero`) maps as nothing or without end: refuse it by name.
+        let meta = file.metadata().map_err(|e| ElmError::io(path, e))?;
+        if !meta.is_file() {
+            return Err(ElmError::format(
+                path,
+                format!("is not a regular file ({})", crate::io::file_kind(&meta)),
+            ));
+        }
         // SAFETY: the map is read-only; we never hand out references that outlive it. A
         // concurrent writer truncating the file is outside our contract (as for any mmap reader).
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ElmError::io(path, e))?;

@@ -23,3 +23,44 @@ pub use process::{
     ResidentReport, ResidentSet,
 };
 pub use run_dir::{OpenMode, RunDir, RunKind, RunStart};
+
+/// What kind of file system object `meta` describes, for messages ("a FIFO", "a character
+/// device", ...).
+pub fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    }
+}
+
+/// The UTF-8 text of `path`, at most `cap` bytes: a longer input (or one without end, as
+/// `/dev/zero`) is an error naming the file and the cap, after reading `cap + 1` bytes at most.
+pub fn read_text_capped(path: &std::path::Path, cap: u64) -> crate::error::Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| crate::error::ElmError::io(path, e))?;
+    let mut bytes = Vec::new();
+    file.take(cap.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| crate::error::ElmError::io(path, e))?;
+    if bytes.len() as u64 > cap {
+        return Err(crate::error::ElmError::format(
+            path,
+            format!("longer than the cap of {cap} bytes for a text input"),
+        ));
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| crate::error::ElmError::format(path, format!("not UTF-8 text: {e}")))
+}

@@ -43,14 +43,26 @@ pub fn load_weights(path: impl AsRef<Path>) -> Result<ModelWeights> {
     }
 }
 
+/// Neither a model file nor a model directory: missing, or something that exists but is not a
+/// regular file (a FIFO, a device such as `/dev/zero`), which is said so.
 fn not_found(path: &Path) -> ElmError {
-    ElmError::io(
-        path,
-        std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "no such model file or directory (fetch one with `elm fetch`)",
+    match std::fs::metadata(path) {
+        Ok(meta) => ElmError::format(
+            path,
+            format!(
+                "is not a regular file or a directory ({}): a model is a .gguf file or an HF \
+                 directory",
+                crate::io::file_kind(&meta)
+            ),
         ),
-    )
+        Err(_) => ElmError::io(
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such model file or directory (fetch one with `elm fetch`)",
+            ),
+        ),
+    }
 }
 
 /// Loads weights and tokenizer from a `.gguf` file or an HF directory

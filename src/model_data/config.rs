@@ -169,6 +169,19 @@ impl ModelConfig {
                 ),
             ));
         }
+        // Every writer stores these as u32 (GGUF's type for them): a larger value is refused
+        // here rather than truncated by a writer.
+        for (field, v) in positive {
+            if u32::try_from(v).is_err() {
+                return Err(ElmError::config(field, format!("{v} exceeds u32")));
+            }
+        }
+        if let Some(w) = self.sliding_window.filter(|&w| u32::try_from(w).is_err()) {
+            return Err(ElmError::config(
+                "sliding_window",
+                format!("{w} exceeds u32"),
+            ));
+        }
         // Tensor sizes from a file must not overflow where they are multiplied out.
         crate::limits::checked_product("vocab_size", &[self.vocab_size, self.hidden_size])?;
         crate::limits::checked_product(
