@@ -14,35 +14,10 @@ use elm::model_data::block_codec::QFormat;
 use elm::model_data::Arch;
 use elm::ElmError;
 
-fn tmp(name: &str) -> (tempfile_dir::Dir, PathBuf) {
-    let dir = tempfile_dir::Dir::new(name);
+fn tmp(name: &str) -> (common::TempDir, PathBuf) {
+    let dir = common::TempDir::new(name);
     let path = dir.path().join(format!("{name}.gguf"));
     (dir, path)
-}
-
-/// A scratch directory removed on drop (no tempfile crate in the tree).
-mod tempfile_dir {
-    pub struct Dir(std::path::PathBuf);
-    impl Dir {
-        pub fn new(name: &str) -> Self {
-            let p = std::env::temp_dir().join(format!(
-                "elm-hostile-{name}-{}-{:?}",
-                std::process::id(),
-                std::thread::current().id()
-            ));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
-            Dir(p)
-        }
-        pub fn path(&self) -> &std::path::Path {
-            &self.0
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 /// GGUF v3 bytes with one tensor entry written as given (dims in GGUF order, any type id, any
@@ -220,7 +195,7 @@ fn a_fifo_or_a_device_is_named_as_such() {
         msg.contains("not a regular file (a character device)"),
         "{msg}"
     );
-    let dir = tempfile_dir::Dir::new("fifo");
+    let dir = common::TempDir::new("fifo");
     let fifo = dir.path().join("model.gguf");
     let made = std::process::Command::new("mkfifo").arg(&fifo).status();
     if made.is_ok_and(|s| s.success()) {
@@ -316,4 +291,47 @@ fn gemma3_without_a_window_and_ids_beyond_u32_are_refused() {
         msg.contains("eos_token_id") && msg.contains("exceeds u32"),
         "{msg}"
     );
+}
+
+/// The same faults planted in the real files: a tensor of the real SmolLM2 (Q4_1) and Gemma 3
+/// (Q4_K_M) GGUFs given dims whose byte size wraps u64, or rows that end inside a block.
+#[test]
+fn hostile_variants_of_the_real_files_are_refused() {
+    for path in [common::real_model(), common::real_gemma3()]
+        .into_iter()
+        .flatten()
+    {
+        let real = GgufFile::open(&path).unwrap();
+        // The first 2-D block-format tensor: its ne entries are patched in a copy of the file.
+        let t = real
+            .tensors()
+            .iter()
+            .find(|t| t.ne.len() == 2 && elm::formats::qformat_of(t.ggml_type).is_some())
+            .unwrap()
+            .clone();
+        let bytes = std::fs::read(&path).unwrap();
+        let mut entry = (t.name.len() as u64).to_le_bytes().to_vec();
+        entry.extend_from_slice(t.name.as_bytes());
+        entry.extend_from_slice(&2u32.to_le_bytes());
+        let at = bytes
+            .windows(entry.len())
+            .position(|w| w == entry)
+            .expect("the tensor's table entry")
+            + entry.len();
+        let block = t.ggml_type.block_layout().unwrap().0 as u64;
+        for (what, ne0, ne1) in [
+            ("wrap", block << 40, 1u64 << 30),
+            ("half-block rows", block / 2, t.ne[1] * 2),
+        ] {
+            let mut hostile = bytes.clone();
+            hostile[at..at + 8].copy_from_slice(&ne0.to_le_bytes());
+            hostile[at + 8..at + 16].copy_from_slice(&ne1.to_le_bytes());
+            let name = format!("real-{what}");
+            let msg = open_err(&hostile, &name);
+            assert!(
+                msg.contains(&format!("tensor `{}`", t.name)),
+                "{what}: {msg}"
+            );
+        }
+    }
 }
