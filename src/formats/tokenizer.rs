@@ -16,8 +16,18 @@
 //! byte fallback: built so here. Spaces become `▁` first (and a leading one is added only with
 //! `add_space_prefix`); user-defined tokens (type 4: runs of newlines or spaces, …) are matched
 //! on the raw text before that, as llama.cpp's special-token partition does.
+//!
+//! Hostile files (issue 59): loading is linear in the vocabulary's total length. The GGUF's
+//! control and user-defined tokens are matched by `WholeTokens`, not added to the
+//! `tokenizers` crate's added vocabulary (whose `add_tokens` compares each token with every
+//! one added before it: 40,000 took 9 s, 100,000 47 s, a 262,144-token vocabulary of control
+//! tokens ~6 min); the SentencePiece-style merges are found with rolling hashes (see
+//! `vocab_splits`) instead of hashing every split of every token (a 400,000-byte token took
+//! 17-46 s). A `tokenizer.json` keeps the tokenizers crate's added vocabulary, its size
+//! bounded by [`MAX_JSON_ADDED_TOKENS`]. An empty vocabulary is refused, and
+//! [`Tokenizer::check_embedding_rows`] compares the ids with a model's embedding.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use tokenizers::decoders::byte_fallback::ByteFallback;
@@ -30,8 +40,8 @@ use tokenizers::normalizers::{Prepend, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 use tokenizers::{DecoderWrapper, NormalizerWrapper};
+use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
 
 use super::gguf::GgufFile;
 use crate::error::{ElmError, Result};
@@ -82,8 +92,15 @@ pub const TOKENIZER_CONFIG_KEY: &str = "elm.tokenizer.config";
 /// A text tokenizer with BOS/EOS ids and a ChatML prompt formatter.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// GGUF route: the control and user-defined tokens, matched whole in the raw text before
+    /// `inner` sees the pieces between them (`inner` has no added tokens then). `None` for a
+    /// `tokenizer.json`, whose added tokens live in `inner`.
+    whole: Option<WholeTokens>,
+    /// GGUF ids whose string an earlier id already has (`inner` knows only the first id of a
+    /// string): decoded as that earlier id. Empty for real vocabularies.
+    aliases: HashMap<u32, u32>,
     /// Token ids are below this: the model's vocabulary and the added tokens (see
-    /// [`id_bound`]), counted once.
+    /// [`id_bound`]), counted once; a GGUF's `tokenizer.ggml.tokens` count.
     vocab_size: usize,
     bos: Option<u32>,
     eos: Option<u32>,
@@ -112,6 +129,250 @@ fn id_bound(inner: &tokenizers::Tokenizer) -> usize {
 
 fn tok_err(e: impl std::fmt::Display) -> ElmError {
     ElmError::Tokenizer(e.to_string())
+}
+
+/// Most added tokens a `tokenizer.json` may list. The `tokenizers` crate (0.21) adds them in
+/// time quadratic in their number (`AddedVocabulary::add_tokens` compares each token with
+/// every one added before it): 20,000 take ~1.5 s, 40,000 ~9 s, 262,144 minutes. Real
+/// tokenizers list tens to a few thousand (Gemma 3's ~6,400, Llama 3's 256); GGUF
+/// vocabularies do not go through this limit (their tokens are matched by `WholeTokens`).
+pub const MAX_JSON_ADDED_TOKENS: usize = 1 << 15;
+
+/// Most text the SentencePiece-style merges may hold (the two halves of every split, summed
+/// over splits; see `vocab_splits`). Their number is at most the vocabulary's length in
+/// bytes, but a vocabulary of long tokens each made of many shorter ones (`a`, `aa`, `aaa`, …)
+/// has merges whose text grows as the 1.5th power of its own; real vocabularies' merges hold
+/// a few times the vocabulary's text (tens of MB for Gemma 3's 262,144 tokens).
+pub const MAX_MERGE_TEXT: usize = 256 << 20;
+
+/// No token ends at this trie node.
+const NO_TOKEN: u32 = u32::MAX;
+
+/// A GGUF's control (type 3) and user-defined (type 4) tokens, matched whole in the raw text
+/// before anything else, leftmost-longest: the `tokenizers` crate's added vocabulary's
+/// matching (its tokens `normalized(false)`, no strip or single-word options), built in time
+/// linear in the tokens' total length instead of quadratic in their number.
+#[derive(Clone, Debug)]
+struct WholeTokens {
+    /// Byte trie over the tokens' strings: the child of node `n` along byte `b` is
+    /// `next[&(n, b)]`; node 0 is the root.
+    next: HashMap<(u32, u8), u32>,
+    /// Per node, the id of the token ending there, or [`NO_TOKEN`].
+    id_at: Vec<u32>,
+    /// Bytes some token starts with: most text positions are skipped on one look-up.
+    starts: [bool; 256],
+    /// `(id, special)` of each token, ids ascending: what a `tokenizer.json` lists as its
+    /// `added_tokens` (special unless a user-defined token has the string).
+    listed: Vec<(u32, bool)>,
+}
+
+impl WholeTokens {
+    /// The control and user-defined tokens of a GGUF vocabulary (`first`: the first id of each
+    /// string, the id every one of its copies is encoded as); `None` when there are none.
+    fn new(tokens: &[&str], types: &[i64], first: &HashMap<&str, u32>) -> Option<WholeTokens> {
+        let mut w = WholeTokens {
+            next: HashMap::new(),
+            id_at: vec![NO_TOKEN],
+            starts: [false; 256],
+            listed: Vec::new(),
+        };
+        let mut special: BTreeMap<u32, bool> = BTreeMap::new();
+        // Control tokens first, then user-defined ones, as `from_gguf` used to add them to the
+        // `tokenizers` crate: a string of both kinds ends up listed as not special.
+        for kind in [3, 4] {
+            for (&t, _) in tokens.iter().zip(types).filter(|(_, &ty)| ty == kind) {
+                if t.is_empty() {
+                    continue; // the tokenizers crate ignores empty added tokens
+                }
+                let id = first[t];
+                w.insert(t, id);
+                special.insert(id, kind == 3);
+            }
+        }
+        w.listed = special.into_iter().collect();
+        (!w.listed.is_empty()).then_some(w)
+    }
+
+    fn insert(&mut self, token: &str, id: u32) {
+        let bytes = token.as_bytes();
+        self.starts[bytes[0] as usize] = true;
+        let mut node = 0u32;
+        for &b in bytes {
+            let fresh = self.id_at.len() as u32;
+            node = *self.next.entry((node, b)).or_insert(fresh);
+            if node == fresh {
+                self.id_at.push(NO_TOKEN);
+            }
+        }
+        self.id_at[node as usize] = id;
+    }
+
+    /// Non-overlapping `(start, end, id)` of the tokens in `text`, leftmost-longest (the
+    /// `aho-corasick` `LeftmostLongest` semantics the tokenizers crate uses). A token starts
+    /// with a UTF-8 lead byte and is whole characters, so every match is on char boundaries.
+    fn find(&self, text: &str) -> Vec<(usize, usize, u32)> {
+        let bytes = text.as_bytes();
+        let mut found = Vec::new();
+        let mut pos = 0;
+        while pos < bytes.len() {
+            if !self.starts[bytes[pos] as usize] {
+                pos += 1;
+                continue;
+            }
+            let mut node = 0u32;
+            let mut longest = None;
+            for (j, &b) in bytes[pos..].iter().enumerate() {
+                match self.next.get(&(node, b)) {
+                    Some(&child) => node = child,
+                    None => break,
+                }
+                let id = self.id_at[node as usize];
+                if id != NO_TOKEN {
+                    longest = Some((pos + j + 1, id));
+                }
+            }
+            match longest {
+                Some((end, id)) => {
+                    found.push((pos, end, id));
+                    pos = end;
+                }
+                None => pos += 1,
+            }
+        }
+        found
+    }
+}
+
+/// The Mersenne prime 2^61 - 1, modulus of [`vocab_splits`]'s rolling hashes.
+const P61: u64 = (1 << 61) - 1;
+
+fn mul61(a: u64, b: u64) -> u64 {
+    let p = a as u128 * b as u128;
+    // 2^61 = 1 (mod P61); for a, b < P61 the sum is below 2 * P61.
+    let s = (p as u64 & P61) + (p >> 61) as u64;
+    if s >= P61 {
+        s - P61
+    } else {
+        s
+    }
+}
+
+fn add61(a: u64, b: u64) -> u64 {
+    let s = a + b;
+    if s >= P61 {
+        s - P61
+    } else {
+        s
+    }
+}
+
+fn pow61(mut base: u64, mut exp: u64) -> u64 {
+    let mut acc = 1;
+    while exp > 0 {
+        if exp & 1 == 1 {
+            acc = mul61(acc, base);
+        }
+        base = mul61(base, base);
+        exp >>= 1;
+    }
+    acc
+}
+
+/// A hash base drawn per call from the process's random hasher keys, so that a file cannot
+/// be built to make [`vocab_splits`]'s hashes collide.
+fn random_base() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x5eed);
+    2 + h.finish() % (P61 - 3)
+}
+
+/// Every split of a normal token (type 1, and the first id of its string) into two
+/// vocabulary tokens, as `(id, left, right)`: ids ascending, each token's splits left to
+/// right (the order in which [`Tokenizer::from_gguf`] used to find them, one hashed string
+/// per half and split, quadratic in a token's length).
+///
+/// Here a polynomial hash mod 2^61 - 1 of every token (its key: hash and length) is looked
+/// up for each prefix and suffix, both hashed in O(1) from the token's running prefix hash,
+/// and a split is taken after comparing the two strings found with its halves: time linear in
+/// the vocabulary's total length plus the merges' text. Two different vocabulary strings with
+/// one key (chance ~1e-7 per load with `base` random) make it fall back to the plain search.
+/// `Err(id)`: with token `id` the merges' text passed [`MAX_MERGE_TEXT`].
+fn vocab_splits<'a>(
+    tokens: &[&'a str],
+    types: &[i64],
+    first: &HashMap<&str, u32>,
+    base: u64,
+) -> std::result::Result<Vec<(u32, &'a str, &'a str)>, usize> {
+    let normal = |id: usize, t: &str, ty: i64| ty == 1 && first[t] == id as u32;
+    let mut keys: HashMap<(u64, usize), u32> = HashMap::with_capacity(first.len());
+    let mut full = Vec::with_capacity(tokens.len());
+    let mut collided = false;
+    for (id, t) in tokens.iter().enumerate() {
+        let (mut h, mut pw) = (0u64, 1u64);
+        for &b in t.as_bytes() {
+            h = add61(h, mul61(b as u64 + 1, pw));
+            pw = mul61(pw, base);
+        }
+        full.push(h);
+        let first_id = *keys.entry((h, t.len())).or_insert(id as u32);
+        collided |= tokens[first_id as usize] != *t;
+    }
+    let mut splits = Vec::new();
+    let mut text = 0usize;
+    let mut take = |id: usize, l: &'a str, r: &'a str| {
+        text += l.len() + r.len();
+        splits.push((id as u32, l, r));
+        if text > MAX_MERGE_TEXT {
+            Err(id)
+        } else {
+            Ok(())
+        }
+    };
+    if collided {
+        for (id, (&t, &ty)) in tokens.iter().zip(types).enumerate() {
+            if !normal(id, t, ty) {
+                continue;
+            }
+            for (i, _) in t.char_indices().skip(1) {
+                let (l, r) = t.split_at(i);
+                if first.contains_key(l) && first.contains_key(r) {
+                    take(id, l, r)?;
+                }
+            }
+        }
+        return Ok(splits);
+    }
+    let inverse = pow61(base, P61 - 2);
+    for (id, (&t, &ty)) in tokens.iter().zip(types).enumerate() {
+        if !normal(id, t, ty) {
+            continue;
+        }
+        let bytes = t.as_bytes();
+        // After step i: h = hash(t[..i]) = sum_{j<i} (t[j] + 1) base^j, pw = base^i,
+        // inv = base^-i, and hash(t[i..]) = (full - h) base^-i.
+        let (mut h, mut pw, mut inv) = (0u64, 1u64, 1u64);
+        for i in 1..bytes.len() {
+            h = add61(h, mul61(bytes[i - 1] as u64 + 1, pw));
+            pw = mul61(pw, base);
+            inv = mul61(inv, inverse);
+            if !t.is_char_boundary(i) {
+                continue;
+            }
+            let Some(&l) = keys.get(&(h, i)) else {
+                continue;
+            };
+            let right = mul61(add61(full[id], P61 - h), inv);
+            let Some(&r) = keys.get(&(right, bytes.len() - i)) else {
+                continue;
+            };
+            let (left_str, right_str) = t.split_at(i);
+            if tokens[l as usize] == left_str && tokens[r as usize] == right_str {
+                take(id, left_str, right_str)?;
+            }
+        }
+    }
+    Ok(splits)
 }
 
 /// Pulls the default system prompt out of a ChatML Jinja template: the literal text
@@ -151,14 +412,44 @@ impl Tokenizer {
     }
 
     /// [`Tokenizer::from_file`] on the texts of a `tokenizer.json` and (optionally) its
-    /// `tokenizer_config.json`; `origin` names them in errors.
+    /// `tokenizer_config.json`; `origin` names them in errors. More than
+    /// [`MAX_JSON_ADDED_TOKENS`] added tokens, or an empty vocabulary, is an
+    /// [`ElmError::Format`] error.
     pub fn from_json_parts(json: &str, config: Option<&str>, origin: &Path) -> Result<Tokenizer> {
         let path = origin;
+        /// The one field read before the `tokenizers` crate parses the file.
+        #[derive(serde::Deserialize)]
+        struct Head {
+            #[serde(default)]
+            added_tokens: Vec<serde::de::IgnoredAny>,
+        }
+        let head: Head = serde_json::from_str(json)
+            .map_err(|e| ElmError::format(path, format!("invalid tokenizer.json: {e}")))?;
+        if head.added_tokens.len() > MAX_JSON_ADDED_TOKENS {
+            return Err(ElmError::format(
+                path,
+                format!(
+                    "tokenizer.json: added_tokens lists {} tokens, more than the \
+                     {MAX_JSON_ADDED_TOKENS} read (the tokenizers crate adds them in time \
+                     quadratic in their number)",
+                    head.added_tokens.len()
+                ),
+            ));
+        }
         let inner: tokenizers::Tokenizer = json
             .parse()
             .map_err(|e| ElmError::format(path, format!("invalid tokenizer.json: {e}")))?;
+        let vocab_size = id_bound(&inner);
+        if vocab_size == 0 {
+            return Err(ElmError::format(
+                path,
+                "tokenizer.json: the vocabulary is empty (no model tokens, no added tokens)",
+            ));
+        }
         let mut tok = Tokenizer {
-            vocab_size: id_bound(&inner),
+            vocab_size,
+            whole: None,
+            aliases: HashMap::new(),
             inner,
             bos: None,
             eos: None,
@@ -190,8 +481,12 @@ impl Tokenizer {
         Ok(tok)
     }
 
-    /// Builds the tokenizer described by a GGUF's `tokenizer.ggml.*` metadata
-    /// (byte-level BPE, `tokenizer.ggml.model = "gpt2"`).
+    /// Builds the tokenizer described by a GGUF's `tokenizer.ggml.*` metadata (byte-level BPE,
+    /// `tokenizer.ggml.model = "gpt2"`, or SentencePiece-style, `"llama"`), in time linear in
+    /// the vocabulary's total length; an empty `tokenizer.ggml.tokens` is an
+    /// [`ElmError::Format`] naming it. Without that metadata, the file's
+    /// `elm.tokenizer.json` (files written by `elm quantize`) is read as by
+    /// [`Self::from_json_parts`].
     pub fn from_gguf(gguf: &GgufFile) -> Result<Tokenizer> {
         let path = gguf.path();
         if gguf.get("tokenizer.ggml.model").is_none() {
@@ -209,6 +504,12 @@ impl Tokenizer {
         }
         let model = gguf.get_str("tokenizer.ggml.model")?;
         let tokens = gguf.get_str_array("tokenizer.ggml.tokens")?;
+        if tokens.is_empty() {
+            return Err(ElmError::format(
+                path,
+                "tokenizer.ggml.tokens is empty: a tokenizer needs at least one token",
+            ));
+        }
         let types = match gguf.get("tokenizer.ggml.token_type") {
             Some(_) => gguf.get_int_array("tokenizer.ggml.token_type")?,
             None => vec![1; tokens.len()],
@@ -223,9 +524,19 @@ impl Tokenizer {
                 ),
             ));
         }
-        let mut inner = match model {
-            "gpt2" => Self::byte_level_bpe(gguf, &tokens)?,
-            "llama" => Self::sentencepiece_bpe(gguf, &tokens, &types)?,
+        // The first id of each string; the later ones are its aliases (unreachable by encoding,
+        // decoded as the first).
+        let mut first: HashMap<&str, u32> = HashMap::with_capacity(tokens.len());
+        let mut aliases = HashMap::new();
+        for (id, &t) in tokens.iter().enumerate() {
+            let first_id = *first.entry(t).or_insert(id as u32);
+            if first_id != id as u32 {
+                aliases.insert(id as u32, first_id);
+            }
+        }
+        let inner = match model {
+            "gpt2" => Self::byte_level_bpe(gguf, &first)?,
+            "llama" => Self::sentencepiece_bpe(gguf, &tokens, &types, &first)?,
             other => {
                 return Err(ElmError::Unsupported(format!(
                     "{}: tokenizer.ggml.model `{other}` (supported: gpt2 byte-level BPE, llama \
@@ -236,20 +547,7 @@ impl Tokenizer {
         };
 
         // Control tokens stay whole; user-defined ones (type 4) too, but are not special.
-        let special: Vec<AddedToken> = tokens
-            .iter()
-            .zip(&types)
-            .filter(|(_, &ty)| ty == 3)
-            .map(|(t, _)| AddedToken::from(t.to_string(), true).normalized(false))
-            .collect();
-        let user: Vec<AddedToken> = tokens
-            .iter()
-            .zip(&types)
-            .filter(|(_, &ty)| ty == 4)
-            .map(|(t, _)| AddedToken::from(t.to_string(), false).normalized(false))
-            .collect();
-        inner.add_special_tokens(&special);
-        inner.add_tokens(&user);
+        let whole = WholeTokens::new(&tokens, &types, &first);
 
         let id = |k: &str| -> Result<Option<u32>> {
             match gguf.get(k) {
@@ -271,8 +569,10 @@ impl Tokenizer {
             None => None,
         };
         Ok(Tokenizer {
-            vocab_size: id_bound(&inner),
+            vocab_size: tokens.len(),
             inner,
+            whole,
+            aliases,
             bos: id("tokenizer.ggml.bos_token_id")?,
             eos: id("tokenizer.ggml.eos_token_id")?,
             prepend_bos: match gguf.get("tokenizer.ggml.add_bos_token") {
@@ -286,7 +586,10 @@ impl Tokenizer {
 
     /// `tokenizer.ggml.model = "gpt2"`: byte-level BPE with the file's merges, split first by
     /// llama.cpp's regexes for its `tokenizer.ggml.pre`.
-    fn byte_level_bpe(gguf: &GgufFile, tokens: &[&str]) -> Result<tokenizers::Tokenizer> {
+    fn byte_level_bpe(
+        gguf: &GgufFile,
+        first: &HashMap<&str, u32>,
+    ) -> Result<tokenizers::Tokenizer> {
         let path = gguf.path();
         let pre = match gguf.get("tokenizer.ggml.pre") {
             Some(_) => gguf.get_str("tokenizer.ggml.pre")?,
@@ -299,11 +602,7 @@ impl Tokenizer {
             ))
         })?;
 
-        let mut vocab: HashMap<String, u32> = HashMap::with_capacity(tokens.len());
-        for (id, t) in tokens.iter().enumerate() {
-            // Keep the first id of a duplicated string (later ones are unreachable anyway).
-            vocab.entry(t.to_string()).or_insert(id as u32);
-        }
+        let vocab = first;
         let merges = gguf
             .get_str_array("tokenizer.ggml.merges")?
             .into_iter()
@@ -317,7 +616,7 @@ impl Tokenizer {
                 })?;
                 if !vocab.contains_key(a)
                     || !vocab.contains_key(b)
-                    || !vocab.contains_key(&format!("{a}{b}"))
+                    || !vocab.contains_key(format!("{a}{b}").as_str())
                 {
                     return Err(ElmError::format(
                         path,
@@ -330,7 +629,7 @@ impl Tokenizer {
             })
             .collect::<Result<Vec<_>>>()?;
 
-        let vocab: Vocab = vocab.into_iter().collect();
+        let vocab: Vocab = vocab.iter().map(|(&t, &id)| (t.to_string(), id)).collect();
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
             .build()
@@ -355,12 +654,14 @@ impl Tokenizer {
     }
 
     /// `tokenizer.ggml.model = "llama"` (SentencePiece-style, see the module's note): BPE whose
-    /// merges are every split of a normal token into two vocabulary tokens, ranked by the
-    /// token's `tokenizer.ggml.scores` (highest first, then lower id), with byte fallback.
+    /// merges are every split of a normal token into two vocabulary tokens ([`vocab_splits`]),
+    /// ranked by the token's `tokenizer.ggml.scores` (highest first, then lower id), with byte
+    /// fallback.
     fn sentencepiece_bpe(
         gguf: &GgufFile,
         tokens: &[&str],
         types: &[i64],
+        first: &HashMap<&str, u32>,
     ) -> Result<tokenizers::Tokenizer> {
         let path = gguf.path();
         let scores = gguf.get_f32_array("tokenizer.ggml.scores")?;
@@ -374,24 +675,22 @@ impl Tokenizer {
                 ),
             ));
         }
-        let mut vocab: HashMap<String, u32> = HashMap::with_capacity(tokens.len());
-        for (id, t) in tokens.iter().enumerate() {
-            vocab.entry(t.to_string()).or_insert(id as u32);
-        }
         // Only normal tokens (type 1) are formed by merging: control, user-defined and byte
         // tokens are matched whole or emitted by the fallback.
-        let mut ranked: Vec<(f32, u32, &str, &str)> = Vec::new();
-        for (id, (&t, &ty)) in tokens.iter().zip(types).enumerate() {
-            if ty != 1 || vocab.get(t) != Some(&(id as u32)) {
-                continue;
-            }
-            for (i, _) in t.char_indices().skip(1) {
-                let (l, r) = t.split_at(i);
-                if vocab.contains_key(l) && vocab.contains_key(r) {
-                    ranked.push((scores[id], id as u32, l, r));
-                }
-            }
-        }
+        let splits = vocab_splits(tokens, types, first, random_base()).map_err(|id| {
+            ElmError::format(
+                path,
+                format!(
+                    "tokenizer.ggml.tokens: the merges of the normal tokens up to [{id}] (every \
+                     split into two vocabulary tokens) pass {} MiB of text",
+                    MAX_MERGE_TEXT >> 20
+                ),
+            )
+        })?;
+        let mut ranked: Vec<(f32, u32, &str, &str)> = splits
+            .into_iter()
+            .map(|(id, l, r)| (scores[id as usize], id, l, r))
+            .collect();
         ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         let merges = ranked
             .into_iter()
@@ -404,7 +703,7 @@ impl Tokenizer {
             }
             None => None,
         };
-        let vocab: Vocab = vocab.into_iter().collect();
+        let vocab: Vocab = first.iter().map(|(&t, &id)| (t.to_string(), id)).collect();
         let mut builder = BPE::builder()
             .vocab_and_merges(vocab, merges)
             .byte_fallback(true)
@@ -436,12 +735,35 @@ impl Tokenizer {
     /// always recognised. `add_special` adds what the model asks for around a sequence
     /// (BOS for GGUFs with `add_bos_token = true`; the post-processor of a tokenizer.json).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, add_special).map_err(tok_err)?;
-        let mut ids = Vec::with_capacity(enc.len() + 1);
+        let mut ids = Vec::new();
         if add_special && self.prepend_bos {
             ids.extend(self.bos);
         }
-        ids.extend_from_slice(enc.get_ids());
+        let Some(whole) = &self.whole else {
+            let enc = self.inner.encode(text, add_special).map_err(tok_err)?;
+            ids.extend_from_slice(enc.get_ids());
+            return Ok(ids);
+        };
+        // A GGUF's tokens matched whole split the text; `inner` encodes each piece between
+        // them on its own (normalizer and pre-tokenizer per piece), as the tokenizers crate
+        // does with its added tokens. A GGUF-built `inner` has no post-processor, so
+        // `add_special` adds nothing there.
+        let piece = |s: &str, ids: &mut Vec<u32>| -> Result<()> {
+            let enc = self.inner.encode(s, false).map_err(tok_err)?;
+            ids.extend_from_slice(enc.get_ids());
+            Ok(())
+        };
+        let mut start = 0;
+        for (s, e, id) in whole.find(text) {
+            if start < s {
+                piece(&text[start..s], &mut ids)?;
+            }
+            ids.push(id);
+            start = e;
+        }
+        if start < text.len() {
+            piece(&text[start..], &mut ids)?;
+        }
         Ok(ids)
     }
 
@@ -457,7 +779,9 @@ impl Tokenizer {
         Ok(ids)
     }
 
-    /// Text of `ids`, special tokens included (so `decode(encode(s)) == s`).
+    /// Text of `ids`, special tokens included (so `decode(encode(s)) == s`). An id at or past
+    /// [`Self::vocab_size`] (e.g. a padding row of a model's embedding) is an
+    /// [`ElmError::Tokenizer`] error, never silently dropped.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         let n = self.vocab_size();
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= n) {
@@ -465,7 +789,37 @@ impl Tokenizer {
                 "token id {bad} is outside the vocabulary of {n}"
             )));
         }
-        self.inner.decode(ids, false).map_err(tok_err)
+        if self.aliases.is_empty() {
+            return self.inner.decode(ids, false).map_err(tok_err);
+        }
+        let ids: Vec<u32> = ids.iter().map(|&id| self.unalias(id)).collect();
+        self.inner.decode(&ids, false).map_err(tok_err)
+    }
+
+    /// The id `inner` knows for `id` (the first id of its string).
+    fn unalias(&self, id: u32) -> u32 {
+        self.aliases.get(&id).copied().unwrap_or(id)
+    }
+
+    /// Checks this tokenizer against a model whose token embedding has `rows` rows (`file`
+    /// names the model in the error). Every id the tokenizer emits (encoding, BOS/EOS) is
+    /// below [`Self::vocab_size`], so that must not exceed `rows`, or an encoded id would
+    /// index past the embedding: an [`ElmError::Format`] error. More rows than ids is
+    /// legitimate (padding rows: HF checkpoints often round the embedding up, e.g. to a
+    /// multiple of 64 or 128); a model that then predicts such an id gets an error from
+    /// [`Self::decode`], not text.
+    pub fn check_embedding_rows(&self, rows: usize, file: &Path) -> Result<()> {
+        if self.vocab_size > rows {
+            return Err(ElmError::format(
+                file,
+                format!(
+                    "the tokenizer has {} token ids but the token embedding only {rows} rows: \
+                     ids {rows}..{} would index past it",
+                    self.vocab_size, self.vocab_size
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether the model came with a chat template (see [`crate::data::QaLayout`]).
@@ -494,7 +848,7 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
     pub fn id_to_token(&self, id: u32) -> Option<String> {
-        self.inner.id_to_token(id)
+        self.inner.id_to_token(self.unalias(id))
     }
 
     /// The system prompt inserted when a chat has no system message (from the template).
@@ -502,7 +856,9 @@ impl Tokenizer {
         self.default_system_prompt.as_deref()
     }
 
-    /// The underlying `tokenizers` tokenizer.
+    /// The underlying `tokenizers` tokenizer. Built from a GGUF's `tokenizer.ggml.*`, it does
+    /// not hold the control and user-defined tokens (this type matches them itself, see
+    /// `WholeTokens`): encode with [`Self::encode`]; [`Self::save`] writes them.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
@@ -510,7 +866,7 @@ impl Tokenizer {
     /// Writes an HF `tokenizer.json` (readable by [`Tokenizer::from_file`]).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let json = self.inner.to_string(true).map_err(tok_err)?;
+        let json = self.json(true)?;
         crate::io::write_atomic(path, json.as_bytes())
     }
 
@@ -528,8 +884,8 @@ impl Tokenizer {
     /// The texts [`Tokenizer::save_dir`] writes, `(tokenizer.json, tokenizer_config.json)`;
     /// [`Tokenizer::from_json_parts`] reads them back. `pretty`: indented `tokenizer.json`.
     pub fn to_json_parts(&self, pretty: bool) -> Result<(String, String)> {
-        let json = self.inner.to_string(pretty).map_err(tok_err)?;
-        let token = |id: Option<u32>| id.and_then(|i| self.inner.id_to_token(i));
+        let json = self.json(pretty)?;
+        let token = |id: Option<u32>| id.and_then(|i| self.id_to_token(i));
         let template = match &self.default_system_prompt {
             // The system turn is a literal, as `default_system_prompt` reads it back.
             Some(system) => format!(
@@ -551,6 +907,76 @@ impl Tokenizer {
             msg: e.to_string(),
         })?;
         Ok((json, text))
+    }
+
+    /// The `tokenizer.json` text: `inner`'s, with a GGUF's whole-matched tokens as its
+    /// `added_tokens`, byte for byte what the tokenizers crate writes for a tokenizer holding
+    /// them as added tokens (`normalized: false`, special for control tokens).
+    fn json(&self, pretty: bool) -> Result<String> {
+        let mut json = self.inner.to_string(pretty).map_err(tok_err)?;
+        let Some(whole) = &self.whole else {
+            return Ok(json);
+        };
+        /// The tokenizers crate's `AddedTokenWithId`, fields in its order.
+        #[derive(serde::Serialize)]
+        struct Added<'a> {
+            id: u32,
+            content: &'a str,
+            single_word: bool,
+            lstrip: bool,
+            rstrip: bool,
+            normalized: bool,
+            special: bool,
+        }
+        let mut entries = Vec::with_capacity(whole.listed.len());
+        for &(id, special) in &whole.listed {
+            let content = self.inner.id_to_token(id).ok_or_else(|| {
+                ElmError::Tokenizer(format!("token {id} is missing from the vocabulary"))
+            })?;
+            let added = Added {
+                id,
+                content: &content,
+                single_word: false,
+                lstrip: false,
+                rstrip: false,
+                normalized: false,
+                special,
+            };
+            let text = if pretty {
+                serde_json::to_string_pretty(&added)
+            } else {
+                serde_json::to_string(&added)
+            };
+            entries.push(text.map_err(tok_err)?);
+        }
+        // `added_tokens` is the fourth key, after `version`, `truncation` and `padding` (null
+        // here), so its first occurrence is the key. Strings hold no raw newline: indenting
+        // lines is safe.
+        let (empty, array) = if pretty {
+            let indented: Vec<String> = entries
+                .iter()
+                .map(|e| {
+                    e.lines()
+                        .map(|l| format!("    {l}"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
+                .collect();
+            (
+                "\"added_tokens\": []",
+                format!("\"added_tokens\": [\n{}\n  ]", indented.join(",\n")),
+            )
+        } else {
+            (
+                "\"added_tokens\":[]",
+                format!("\"added_tokens\":[{}]", entries.join(",")),
+            )
+        };
+        let at = json.find(empty).ok_or_else(|| {
+            ElmError::Tokenizer("tokenizer.json without an empty added_tokens list".into())
+        })?;
+        json.replace_range(at..at + empty.len(), &array);
+        Ok(json)
     }
 
     /// Renders a ChatML prompt, `<|im_start|>{role}\n{content}<|im_end|>\n` per message,
@@ -582,5 +1008,118 @@ impl Tokenizer {
             out.push_str("<|im_start|>assistant\n");
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// The search [`vocab_splits`] replaces: every split hashed as two strings.
+    fn plain_splits<'a>(
+        tokens: &[&'a str],
+        types: &[i64],
+        first: &HashMap<&str, u32>,
+    ) -> Vec<(u32, &'a str, &'a str)> {
+        let mut out = Vec::new();
+        for (id, (&t, &ty)) in tokens.iter().zip(types).enumerate() {
+            if ty != 1 || first[t] != id as u32 {
+                continue;
+            }
+            for (i, _) in t.char_indices().skip(1) {
+                let (l, r) = t.split_at(i);
+                if first.contains_key(l) && first.contains_key(r) {
+                    out.push((id as u32, l, r));
+                }
+            }
+        }
+        out
+    }
+
+    fn first_ids<'a>(tokens: &[&'a str]) -> HashMap<&'a str, u32> {
+        let mut first = HashMap::new();
+        for (id, &t) in tokens.iter().enumerate() {
+            first.entry(t).or_insert(id as u32);
+        }
+        first
+    }
+
+    #[test]
+    fn vocab_splits_match_the_plain_search() {
+        let mut rng = StdRng::seed_from_u64(59);
+        // Few symbols, some multi-byte: many tokens share prefixes, suffixes and strings.
+        let alphabet = ['a', 'b', '\u{2581}', 'é', '字'];
+        for round in 0..40 {
+            let n = rng.gen_range(1..400);
+            let owned: Vec<String> = (0..n)
+                .map(|_| {
+                    let len = rng.gen_range(if round % 7 == 0 { 0 } else { 1 }..9);
+                    (0..len)
+                        .map(|_| alphabet[rng.gen_range(0..alphabet.len())])
+                        .collect()
+                })
+                .collect();
+            let tokens: Vec<&str> = owned.iter().map(|s| s.as_str()).collect();
+            let types: Vec<i64> = (0..n)
+                .map(|_| [1, 1, 1, 3, 4, 6][rng.gen_range(0..6)])
+                .collect();
+            let first = first_ids(&tokens);
+            let want = plain_splits(&tokens, &types, &first);
+            assert_eq!(
+                vocab_splits(&tokens, &types, &first, random_base()).unwrap(),
+                want,
+                "round {round}"
+            );
+            // Base 1 hashes a string to its byte sum: `ab` and `ba` collide, and the search
+            // falls back to hashing strings.
+            assert_eq!(
+                vocab_splits(&tokens, &types, &first, 1).unwrap(),
+                want,
+                "round {round}, colliding hash"
+            );
+        }
+    }
+
+    #[test]
+    fn vocab_splits_of_a_long_token_are_fast_and_bounded() {
+        let long = "ab".repeat(200_000);
+        let tokens = ["a", "b", "ab", long.as_str(), &long[..399_998]];
+        let types = [1i64; 5];
+        let first = first_ids(&tokens);
+        let t = std::time::Instant::now();
+        let splits = vocab_splits(&tokens, &types, &first, random_base()).unwrap();
+        assert!(t.elapsed().as_secs_f64() < 2.0, "{:?}", t.elapsed());
+        // `ab` = a + b; the long token = ab + the shorter one = the shorter one + ab.
+        let lens: Vec<(u32, usize)> = splits.iter().map(|s| (s.0, s.1.len())).collect();
+        assert_eq!(lens, vec![(2, 1), (3, 2), (3, 399_998)]);
+        // A chain a, aa, aaa, ...: its merges' text grows as the cube of the chain's length.
+        let chain: Vec<String> = (1..=1200).map(|k| "a".repeat(k)).collect();
+        let tokens: Vec<&str> = chain.iter().map(|s| s.as_str()).collect();
+        let types = vec![1i64; tokens.len()];
+        let first = first_ids(&tokens);
+        let text: usize = (1..=1200usize).map(|k| k * (k - 1)).sum();
+        assert!(text > MAX_MERGE_TEXT);
+        let err = vocab_splits(&tokens, &types, &first, random_base()).unwrap_err();
+        assert!((900..1200).contains(&err), "{err}");
+    }
+
+    #[test]
+    fn whole_tokens_match_leftmost_longest() {
+        let tokens = ["<a>", "<ab>", "b", "<a", "\n\n", "\n\n\n", "é"];
+        let types = [3i64, 3, 1, 4, 4, 4, 1];
+        let first = first_ids(&tokens);
+        let w = WholeTokens::new(&tokens, &types, &first).unwrap();
+        assert_eq!(
+            w.listed,
+            vec![(0, true), (1, true), (3, false), (4, false), (5, false)]
+        );
+        // `<ab>` over `<a`, `\n\n\n` over `\n\n`; the last `\n` and `<` match nothing.
+        assert_eq!(
+            w.find("é<ab><a><a\n\n\n\n<"),
+            vec![(2, 6, 1), (6, 9, 0), (9, 11, 3), (11, 14, 5)]
+        );
+        assert!(WholeTokens::new(&["x"], &[1], &first_ids(&["x"])).is_none());
     }
 }
