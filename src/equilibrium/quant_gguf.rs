@@ -271,6 +271,7 @@ pub fn read_quant_gguf_with(
         }
     };
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    tokenizer.check_embedding_rows(cfg.vocab_size, path)?;
     let (c, v) = (cfg.hidden_size, cfg.vocab_size);
     let mut t = Taker::new(&gguf);
     let embed = t.linear("token_embd.weight", v, c, storage, None)?;

@@ -752,6 +752,8 @@ impl GgufFile {
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
         let v = self.require(key)?;
         match v {
+            // An empty array has no element to be of the wrong type (writers store it as u8).
+            GgufValue::Packed(a) if a.is_empty() => Ok(Vec::new()),
             GgufValue::Packed(a) => a
                 .strs()
                 .map(Iterator::collect)

@@ -436,9 +436,27 @@ impl Tokenizer {
                 ),
             ));
         }
-        let inner: tokenizers::Tokenizer = json
-            .parse()
-            .map_err(|e| ElmError::format(path, format!("invalid tokenizer.json: {e}")))?;
+        // The `tokenizers` crate panics on some malformed sections instead of returning an
+        // error (0.21.4: `.expect("Helper")` in its decoder and processor parsers): a hostile
+        // file must be a typed error, not a crash.
+        let parsed = std::panic::catch_unwind(|| json.parse::<tokenizers::Tokenizer>());
+        let inner = match parsed {
+            Ok(result) => result
+                .map_err(|e| ElmError::format(path, format!("invalid tokenizer.json: {e}")))?,
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                return Err(ElmError::format(
+                    path,
+                    format!(
+                        "invalid tokenizer.json: the tokenizers crate could not read it ({why})"
+                    ),
+                ));
+            }
+        };
         let vocab_size = id_bound(&inner);
         if vocab_size == 0 {
             return Err(ElmError::format(

@@ -70,12 +70,17 @@ fn not_found(path: &Path) -> ElmError {
 pub fn load_pretrained(path: impl AsRef<Path>) -> Result<(ModelWeights, Tokenizer)> {
     let path = path.as_ref();
     if path.is_dir() {
-        let weights = load_hf_model(path)?;
+        // The tokenizer first: an invalid one is refused before the weights load.
         let tokenizer = Tokenizer::from_file(path.join("tokenizer.json"))?;
+        let config = crate::formats::hf::read_hf_config(path)?;
+        tokenizer.check_embedding_rows(config.vocab_size, &path.join("tokenizer.json"))?;
+        let weights = load_hf_model(path)?;
         Ok((weights, tokenizer))
     } else if path.is_file() {
         let gguf = GgufFile::open(path)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let config = crate::formats::config_from_gguf(&gguf)?;
+        tokenizer.check_embedding_rows(config.vocab_size, path)?;
         Ok((load_gguf_weights(&gguf)?, tokenizer))
     } else {
         Err(not_found(path))
@@ -105,6 +110,7 @@ pub fn load_inference_layers(
         let mut gguf = GgufFile::open(path)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let config = crate::formats::config_from_gguf(&gguf)?;
+        tokenizer.check_embedding_rows(config.vocab_size, path)?;
         // The parsed vocabulary is not needed while the weights load (issue 42).
         gguf.release_metadata();
         Ok((
