@@ -316,13 +316,13 @@ fn all_values_gguf() -> Vec<u8> {
 
 // ---------------------------------------------------------------------------- tokenizers
 
-/// A word-level `tokenizer.json` (the tests' `word_tokenizer_json`, 16 words).
+/// A word-level `tokenizer.json` of 8 words, the micro models' vocabulary.
 fn word_level_json() -> String {
     let mut vocab = serde_json::Map::new();
     for (i, t) in ["<unk>", "<s>", "</s>"].iter().enumerate() {
         vocab.insert(t.to_string(), i.into());
     }
-    for i in 3..16 {
+    for i in 3..8 {
         vocab.insert(format!("w{i}"), i.into());
     }
     json!({

@@ -65,8 +65,13 @@ if ! cargo fuzz --version > /dev/null 2>&1; then
   cargo install cargo-fuzz --locked
 fi
 cgu=${ELM_FUZZ_CGU:-16}
-(cd fuzz && cargo fuzz build --codegen-units "$cgu" 2>&1)
-bin=$root/fuzz/target/x86_64-unknown-linux-gnu/release
+# ELM_FUZZ_SANITIZER: address (default, the long run) or none (the test tier: a faster build;
+# panics, overflow checks and the memory and time limits still hold). ELM_FUZZ_TARGET_DIR keeps
+# the two builds apart (default fuzz/target).
+sanitizer=${ELM_FUZZ_SANITIZER:-address}
+target_dir=${ELM_FUZZ_TARGET_DIR:-$root/fuzz/target}
+(cd fuzz && cargo fuzz build --codegen-units "$cgu" -s "$sanitizer" --target-dir "$target_dir" 2>&1)
+bin=$target_dir/x86_64-unknown-linux-gnu/release
 
 # The binaries are ASan builds: leak checking at exit would report rayon's parked pool.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}"
@@ -176,7 +181,7 @@ done
 } > "$summary"
 echo "summary: $summary"
 if [ $failed = 1 ]; then
-  echo "fuzzing found crashes (reproduce: fuzz/target/x86_64-unknown-linux-gnu/release/TARGET FILE;" \
+  echo "fuzzing found crashes (reproduce: $bin/TARGET FILE;" \
     "minimize: cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz tmin --codegen-units $cgu TARGET FILE)" >&2
   exit 1
 fi

@@ -47,7 +47,7 @@ fn gguf_tokenizer_reproducers_encode_within_the_vocabulary() {
         let Ok(tok) = Tokenizer::from_gguf(&g) else {
             continue;
         };
-        for text in ["hello", "llo", "lol", "o"] {
+        for text in ["hello", "llo", "lol", "o", "Hello, world! 12345"] {
             let ids = tok.encode(text, false).unwrap();
             for &id in &ids {
                 assert!(
@@ -64,9 +64,35 @@ fn gguf_tokenizer_reproducers_encode_within_the_vocabulary() {
 #[test]
 fn tokenizer_json_reproducers_are_typed_errors() {
     for file in reproducers("tokenizer_json") {
-        let json = String::from_utf8_lossy(&std::fs::read(&file).unwrap()).into_owned();
-        if let Err(e) = Tokenizer::from_json_parts(&json, None, &file) {
-            assert!(e.to_string().contains("tokenizer.json"), "{e}");
+        // As the target reads its input: the JSON, then after a NUL an optional config.
+        let bytes = std::fs::read(&file).unwrap();
+        let (json, config) = match bytes.iter().position(|&b| b == 0) {
+            Some(i) => (&bytes[..i], Some(&bytes[i + 1..])),
+            None => (&bytes[..], None),
+        };
+        let json = String::from_utf8_lossy(json).into_owned();
+        let config = config.map(|c| String::from_utf8_lossy(c).into_owned());
+        match Tokenizer::from_json_parts(&json, config.as_deref(), &file) {
+            Err(e) => assert!(e.to_string().contains("tokenizer.json"), "{e}"),
+            // Read: every id it encodes is within its bound (ids with gaps once were not).
+            Ok(tok) => {
+                // The fuzz targets' texts (fuzz/src/lib.rs TOKENIZER_TEXTS).
+                for text in [
+                    "Hello, world! 12345",
+                    "<|im_start|>user\nhéllo  wörld\n\n<|im_end|>",
+                    " \t\r\n ▁x 日本語 🦀 '' 's",
+                ] {
+                    for special in [false, true] {
+                        let Ok(ids) = tok.encode(text, special) else {
+                            continue;
+                        };
+                        for id in ids {
+                            let n = tok.vocab_size();
+                            assert!((id as usize) < n, "{}: id {id} of {n}", file.display());
+                        }
+                    }
+                }
+            }
         }
     }
 }

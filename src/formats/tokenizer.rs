@@ -124,7 +124,17 @@ fn id_bound(inner: &tokenizers::Tokenizer) -> usize {
     use tokenizers::Model;
     let added = inner.get_added_vocabulary().get_added_tokens_decoder();
     let past_added = added.keys().map(|&id| id as usize + 1).max().unwrap_or(0);
-    inner.get_model().get_vocab_size().max(past_added)
+    // One past the largest id, not the number of entries: a `tokenizer.json` whose ids have
+    // gaps encodes ids at or past its entry count (found by the tokenizer_json fuzz target).
+    // The map is built once here and dropped.
+    let past_model = inner
+        .get_model()
+        .get_vocab()
+        .values()
+        .map(|&id| id as usize + 1)
+        .max()
+        .unwrap_or(0);
+    past_model.max(past_added)
 }
 
 fn tok_err(e: impl std::fmt::Display) -> ElmError {
