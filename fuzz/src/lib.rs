@@ -48,9 +48,9 @@ pub fn input_dir(name: &str) -> PathBuf {
 /// 2 heads (1 KV head) of dimension 2, so a whole checkpoint is a few hundred bytes. Llama ties
 /// its embeddings, Qwen2 has attention biases and an `lm_head`, Gemma 3 has its extra norms.
 pub fn micro_config(arch: Arch) -> ModelConfig {
-    let gemma = arch == Arch::Gemma3;
+    // The family's own switches (tied embeddings, biases, Gemma 3's windows) from
+    // `ModelConfig::tiny`; only the sizes are smaller.
     ModelConfig {
-        arch,
         vocab_size: 8,
         hidden_size: 4,
         intermediate_size: 4,
@@ -58,16 +58,8 @@ pub fn micro_config(arch: Arch) -> ModelConfig {
         num_heads: 2,
         num_kv_heads: 1,
         head_dim: 2,
-        rope_theta: 10000.0,
-        rms_norm_eps: 1e-5,
         max_position_embeddings: 16,
-        tie_word_embeddings: arch != Arch::Qwen2,
-        attention_bias: arch == Arch::Qwen2,
-        bos_token_id: Some(1),
-        eos_token_id: Some(2),
-        sliding_window: gemma.then_some(2),
-        sliding_window_pattern: gemma.then_some(2),
-        rope_local_theta: gemma.then_some(1000.0),
+        ..ModelConfig::tiny(arch)
     }
 }
 
