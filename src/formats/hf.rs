@@ -421,6 +421,12 @@ pub fn config_to_hf_json(c: &ModelConfig) -> Value {
                 })
                 .collect::<Vec<_>>()),
         );
+        // Stated as well as implied by `layer_types`: when no layer of the model is global,
+        // the types cannot tell the pattern (the hf_config fuzz target's round trip).
+        obj.insert(
+            "sliding_window_pattern".into(),
+            json!(c.sliding_window_pattern),
+        );
         obj.insert("rope_local_base_freq".into(), json!(c.rope_local_theta));
         obj.insert("query_pre_attn_scalar".into(), json!(c.head_dim));
         obj.insert("final_logit_softcapping".into(), Value::Null);

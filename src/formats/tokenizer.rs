@@ -148,6 +148,10 @@ fn tok_err(e: impl std::fmt::Display) -> ElmError {
 /// vocabularies do not go through this limit (their tokens are matched by `WholeTokens`).
 pub const MAX_JSON_ADDED_TOKENS: usize = 1 << 15;
 
+/// Largest token id + 1 a `tokenizer.json` may use: 16× the largest real vocabulary (Gemma 3's
+/// 262,144), so that ids cannot leave a range of holes without bound.
+pub const MAX_JSON_TOKEN_ID: usize = 1 << 22;
+
 /// Most text the SentencePiece-style merges may hold (the two halves of every split, summed
 /// over splits; see `vocab_splits`). Their number is at most the vocabulary's length in
 /// bytes, but a vocabulary of long tokens each made of many shorter ones (`a`, `aa`, `aaa`, …)
@@ -468,6 +472,17 @@ impl Tokenizer {
             }
         };
         let vocab_size = id_bound(&inner);
+        if vocab_size > MAX_JSON_TOKEN_ID {
+            // An id of 134 million in a 300-entry vocabulary made writing the tokenizer back
+            // list every hole (48 s; the tokenizer_json fuzz target's timeout).
+            return Err(ElmError::format(
+                path,
+                format!(
+                    "tokenizer.json: token id {} is beyond the cap of {MAX_JSON_TOKEN_ID} ids",
+                    vocab_size - 1
+                ),
+            ));
+        }
         if vocab_size == 0 {
             return Err(ElmError::format(
                 path,
