@@ -65,12 +65,11 @@ if ! cargo fuzz --version > /dev/null 2>&1; then
   cargo install cargo-fuzz --locked
 fi
 cgu=${ELM_FUZZ_CGU:-16}
-# ELM_FUZZ_SANITIZER: address (default, the long run) or none (the test tier: a faster build;
-# panics, overflow checks and the memory and time limits still hold). ELM_FUZZ_TARGET_DIR keeps
-# the two builds apart (default fuzz/target).
-sanitizer=${ELM_FUZZ_SANITIZER:-address}
+# AddressSanitizer always: its runtime also supplies the coverage hooks that the seed generator
+# (a plain bin of the crate, built with the same instrumentation) links against, so `-s none`
+# does not link. ELM_FUZZ_TARGET_DIR moves the build (default fuzz/target).
 target_dir=${ELM_FUZZ_TARGET_DIR:-$root/fuzz/target}
-(cd fuzz && cargo fuzz build --codegen-units "$cgu" -s "$sanitizer" --target-dir "$target_dir" 2>&1)
+(cd fuzz && cargo fuzz build --codegen-units "$cgu" --target-dir "$target_dir" 2>&1)
 bin=$target_dir/x86_64-unknown-linux-gnu/release
 
 # The binaries are ASan builds: leak checking at exit would report rayon's parked pool.

@@ -87,10 +87,11 @@ fn tokenizer_json_reproducers_are_typed_errors() {
                         let Ok(ids) = tok.encode(text, special) else {
                             continue;
                         };
-                        for id in ids {
+                        for &id in &ids {
                             let n = tok.vocab_size();
                             assert!((id as usize) < n, "{}: id {id} of {n}", file.display());
                         }
+                        let _ = tok.decode(&ids);
                     }
                 }
                 tok.to_json_parts(false).unwrap();

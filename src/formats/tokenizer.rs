@@ -148,6 +148,30 @@ fn tok_err(e: impl std::fmt::Display) -> ElmError {
 /// vocabularies do not go through this limit (their tokens are matched by `WholeTokens`).
 pub const MAX_JSON_ADDED_TOKENS: usize = 1 << 15;
 
+/// Refuses decoders with which the `tokenizers` crate (0.21.4) panics while decoding: a `Strip`
+/// decoder with `stop > 0` indexes before the start of a token shorter than `stop` made of its
+/// `content` alone (`decoders/strip.rs:46`; found by the tokenizer_json fuzz target). Real
+/// tokenizers strip at the start only (`"start": 1, "stop": 0`).
+fn refuse_panicking_decoders(decoder: &serde_json::Value, path: &Path) -> Result<()> {
+    if let Some(inner) = decoder.get("decoders").and_then(|d| d.as_array()) {
+        for d in inner {
+            refuse_panicking_decoders(d, path)?;
+        }
+    }
+    let is_strip = decoder.get("type").and_then(|t| t.as_str()) == Some("Strip");
+    let stop = decoder.get("stop").and_then(|s| s.as_u64()).unwrap_or(0);
+    if is_strip && stop > 0 {
+        return Err(ElmError::format(
+            path,
+            format!(
+                "tokenizer.json: a Strip decoder with stop = {stop} is unsupported (the \
+                 tokenizers crate panics on tokens shorter than it)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Largest token id + 1 a `tokenizer.json` may use: 16× the largest real vocabulary (Gemma 3's
 /// 262,144), so that ids cannot leave a range of holes without bound.
 pub const MAX_JSON_TOKEN_ID: usize = 1 << 22;
@@ -436,9 +460,14 @@ impl Tokenizer {
         struct Head {
             #[serde(default)]
             added_tokens: Vec<serde::de::IgnoredAny>,
+            #[serde(default)]
+            decoder: Option<serde_json::Value>,
         }
         let head: Head = serde_json::from_str(json)
             .map_err(|e| ElmError::format(path, format!("invalid tokenizer.json: {e}")))?;
+        if let Some(decoder) = &head.decoder {
+            refuse_panicking_decoders(decoder, path)?;
+        }
         if head.added_tokens.len() > MAX_JSON_ADDED_TOKENS {
             return Err(ElmError::format(
                 path,
