@@ -49,8 +49,11 @@ cargo run --quiet --example deq_classifier -- --solver adaptive-picard --steps 4
 bash scripts/python-test.sh
 # The model-file readers under libFuzzer and AddressSanitizer (issue 59): every saved reproducer
 # replayed, then each of the six targets fuzzed for 10 s (about 5 minutes of build on 2 cores).
-# The long run: `bash scripts/fuzz.sh 1800` (30 minutes per target).
-bash scripts/fuzz.sh 10
+# Panics inside the `tokenizers` crate itself (upstream bugs on malformed tokenizer.json
+# sections; the ones found so far are refused before the crate sees them) are looked past here,
+# so that a random 10 s run cannot fail CI on a third-party bug; every panic of ours still fails
+# it, and the long run (`bash scripts/fuzz.sh 1800`, 30 minutes per target) reports them all.
+ELM_FUZZ_IGNORE_PANICS="tokenizers-0.21.4/src/" bash scripts/fuzz.sh 10
 # CI has no GPU and no CUDA toolkit: the feature must still build (GPU tests skip themselves).
 cargo build --lib --features cuda 2>&1
 cargo test --features cuda --test cuda 2>&1
