@@ -306,10 +306,13 @@ def solve(
     if not callable(fun):
         raise InvalidArgumentError("`fun` must be callable", "fun")
     z = _batch("z0", z0)
+    if not isinstance(solver, str):
+        # A name the crate does not know is refused there, naming the solvers it has.
+        _choice("solver", solver, SOLVERS)
     out = _native.solve(
         fun,
         z,
-        _choice("solver", solver, SOLVERS) if not isinstance(solver, str) else solver,
+        solver,
         _params_json(solver_params),
         *_stop_args(abs_tol, rel_tol, rel_eps, max_iter, divergence_factor, norm, combine),
         bool(return_best),

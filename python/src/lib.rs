@@ -39,7 +39,7 @@ fn to_py_err(py: Python<'_>, e: SolverError) -> PyErr {
                 py,
                 "ConfigError",
                 format!("`{argument}`: {msg}"),
-                argument,
+                Some(argument),
             );
         }
         SolverError::Shape { .. } => "ShapeError",
@@ -50,8 +50,13 @@ fn to_py_err(py: Python<'_>, e: SolverError) -> PyErr {
     error_class(py, class, e.to_string())
 }
 
-/// An instance of `elm_solver.errors.<class>` carrying `msg` and the argument at fault.
-fn error_with_argument(py: Python<'_>, class: &str, msg: String, argument: String) -> PyErr {
+/// An instance of `elm_solver.errors.<class>` carrying `msg` and the argument at fault, if any.
+fn error_with_argument(
+    py: Python<'_>,
+    class: &str,
+    msg: String,
+    argument: Option<String>,
+) -> PyErr {
     match py
         .import("elm_solver.errors")
         .and_then(|m| m.getattr(class))
@@ -64,14 +69,7 @@ fn error_with_argument(py: Python<'_>, class: &str, msg: String, argument: Strin
 
 /// An instance of `elm_solver.errors.<class>` carrying `msg`.
 fn error_class(py: Python<'_>, class: &str, msg: String) -> PyErr {
-    match py
-        .import("elm_solver.errors")
-        .and_then(|m| m.getattr(class))
-        .and_then(|c| c.call1((msg.clone(),)))
-    {
-        Ok(instance) => PyErr::from_value(instance),
-        Err(import_failed) => import_failed,
-    }
+    error_with_argument(py, class, msg, None)
 }
 
 /// The user's Python function as a batch map: called on the whole `[B, D]` batch (rows that have

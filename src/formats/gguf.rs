@@ -170,7 +170,7 @@ impl GgufArray {
                 let n = u64::from_le_bytes(self.bytes[pos..pos + 8].try_into().unwrap()) as usize;
                 let text = &self.bytes[pos + 8..pos + 8 + n];
                 pos += 8 + n;
-                // Checked to be UTF-8 when read (and by `from_values`).
+                // Checked to be UTF-8 when the array was read.
                 std::str::from_utf8(text).unwrap_or_default()
             })
         })
@@ -185,23 +185,6 @@ impl GgufArray {
         (0..self.len).map(move |_| {
             cur.value(self.elem_type, "array element", 0)
                 .expect("checked when the array was read")
-        })
-    }
-    /// Packs `items` (scalars or strings of one type) as the file would store them; `None`
-    /// when they are empty, mixed, or arrays.
-    pub fn from_values(items: &[GgufValue]) -> Option<GgufArray> {
-        let elem_type = items.first()?.type_id();
-        if elem_type == 9 || items.iter().any(|x| x.type_id() != elem_type) {
-            return None;
-        }
-        let mut bytes = Vec::new();
-        for x in items {
-            write_value(&mut bytes, x);
-        }
-        Some(GgufArray {
-            elem_type,
-            len: items.len(),
-            bytes,
         })
     }
 }
@@ -325,24 +308,22 @@ impl TensorInfo {
         self.ne.iter().rev().map(|&d| d as usize).collect()
     }
 
+    /// `Π ne`, or `None` when the product overflows u64.
+    fn checked_elements(&self) -> Option<u64> {
+        self.ne.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+    }
+
     /// Elements, `Π ne`; `u64::MAX` when the product overflows (which [`GgufFile::open`]
     /// refuses, so a tensor of an opened file never does).
     pub fn num_elements(&self) -> u64 {
-        self.ne
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .unwrap_or(u64::MAX)
+        self.checked_elements().unwrap_or(u64::MAX)
     }
 
     /// Size of the tensor's data in bytes, or `None` if the type is unsupported or the size
     /// overflows u64 (refused by [`GgufFile::open`]).
     pub fn num_bytes(&self) -> Option<u64> {
         let (block, bytes) = self.ggml_type.block_layout()?;
-        let elements = self
-            .ne
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
-        (elements / block as u64).checked_mul(bytes as u64)
+        (self.checked_elements()? / block as u64).checked_mul(bytes as u64)
     }
 
     /// Why this tensor's dims and type cannot be read, or `None` when they can: the element
@@ -350,7 +331,7 @@ impl TensorInfo {
     /// rows (`ne[0]`) must be a whole number of blocks, as ggml requires (a row that ends
     /// inside a block would be read with its neighbour's values).
     pub fn layout_error(&self) -> Option<String> {
-        let Some(n) = self.ne.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)) else {
+        let Some(n) = self.checked_elements() else {
             return Some(format!("dims {:?} overflow u64", self.ne));
         };
         if usize::try_from(n).is_err() {

@@ -21,7 +21,7 @@
 //! plain step when the merit increases): with a contractive map the accepted residuals never
 //! grow. What it does **not** do is choose a branch: near a fold both the plain and the
 //! safeguarded Anderson can reach a fixed point that repels the plain iteration (the
-//! Chandrasekhar H-equation at c = 0.9999 in `tests/solver.rs`), with residuals that shrink all
+//! Chandrasekhar H-equation at c = 0.9999 in `tests/anderson.rs`), with residuals that shrink all
 //! the way; `OutputOptions::spectral_radius_iters` tells such a point (ρ ≥ 1) from one on the
 //! start's branch.
 

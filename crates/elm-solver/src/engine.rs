@@ -474,7 +474,7 @@ const TINY_SUM: f64 = 1e-280;
 /// scaled by its largest entry (as LAPACK's `dnrm2` does), so a finite row never reads as
 /// non-finite and an overflowing `‖fz‖` never makes a relative residual 0. Returns NaN when `z`
 /// or `fz` holds NaN or ∞; an absolute residual beyond f64's range (finite entries) is `inf`.
-pub(crate) fn residual_norms<T: SolverFloat>(
+fn residual_norms<T: SolverFloat>(
     z: ArrayView1<T>,
     fz: ArrayView1<T>,
     eps: f64,
