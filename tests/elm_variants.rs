@@ -326,3 +326,65 @@ fn fixed_iteration_variants_train_by_unrolling() {
         assert!(e.contains("fixed_iterations"), "{e}");
     }
 }
+
+/// Prefill logits of `model` on the ragged prompts (Picard, one-step KV, δ = 0.5 at most 16).
+fn prefill_logits(model: &ElmModel) -> Array2<f32> {
+    let ps = ragged_prompts();
+    let cfg = InferenceConfig {
+        solver: SolverConfig::picard(),
+        ..InferenceConfig::default()
+    };
+    let mut s = ElmSession::new(model, cfg, ps.len(), 32).unwrap();
+    s.prefill(&ps).unwrap()
+}
+
+#[test]
+fn a_module_runs_at_any_test_depth_whatever_it_was_trained_with() {
+    use elm::equilibrium::inference_config::Depth;
+    let w = tiny_weights(Arch::Llama, 5, 41);
+    // The same initial module (its init does not read the depth), built at K = 2 and at K = 5
+    // run at depth 2: the same map applied twice, the same logits.
+    let at_two = prefill_logits(&variant(&w, true, 2));
+    let five_at_two = variant(&w, true, 5).with_depth(Depth::Fixed(2)).unwrap();
+    assert_eq!(max_abs(&at_two, &prefill_logits(&five_at_two)), 0.0);
+    // A fixed loop solved is the ELM of the same module; an ELM looped K times is the loop.
+    let solved_elm = {
+        let ec = ElmConfig::new(1, 3);
+        let module = ElmModule::init(&w, &ec).unwrap();
+        ElmModel::new(w.clone(), ec, module).unwrap()
+    };
+    let loop_solved = variant(&w, true, 3).with_depth(Depth::Solved).unwrap();
+    assert_eq!(
+        max_abs(&prefill_logits(&solved_elm), &prefill_logits(&loop_solved)),
+        0.0
+    );
+    let elm_looped = {
+        let ec = ElmConfig::new(1, 3);
+        let module = ElmModule::init(&w, &ec).unwrap();
+        ElmModel::new(w.clone(), ec, module)
+            .unwrap()
+            .with_depth(Depth::Fixed(2))
+            .unwrap()
+    };
+    assert_eq!(max_abs(&at_two, &prefill_logits(&elm_looped)), 0.0);
+    // As trained changes nothing; a model without a module has no depth to set.
+    let same = variant(&w, true, 2).with_depth(Depth::AsTrained).unwrap();
+    assert_eq!(max_abs(&at_two, &prefill_logits(&same)), 0.0);
+    let e = ElmModel::dense(w.clone())
+        .with_depth(Depth::Fixed(3))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("depth") && e.contains("no fixed-point module"),
+        "{e}"
+    );
+    // The command-line form: trained, solved, or a count of at least one.
+    assert_eq!("trained".parse::<Depth>().unwrap(), Depth::AsTrained);
+    assert_eq!("solved".parse::<Depth>().unwrap(), Depth::Solved);
+    assert_eq!("8".parse::<Depth>().unwrap(), Depth::Fixed(8));
+    for bad in ["0", "-1", "deep", ""] {
+        let e = bad.parse::<Depth>().unwrap_err().to_string();
+        assert!(e.contains("depth"), "{bad}: {e}");
+    }
+}

@@ -16,7 +16,7 @@ use elm::search::candidate::{CandidateConfig, Candidates, TeacherBatch};
 use elm::search::policy::{
     advantages, entropy, log_softmax, ppo_objective, softmax, PolicyState, Transition,
 };
-use elm::search::report::{ranks, spearman};
+use elm::search::report::{against_truth, ranks, spearman, Placement, WhereToPrune};
 use elm::search::{
     enumerate, metric_choice, where_to_prune, EnumConfig, Gppo, GppoConfig, Selector,
 };
@@ -134,6 +134,57 @@ fn spearman_matches_the_textbook_formula() {
     ));
     assert_eq!(ranks(&[5.0, 1.0, 5.0]), vec![2.5, 1.0, 2.5]);
     assert!(spearman(&[1.0, 1.0], &[1.0, 2.0]).is_none());
+}
+
+/// A report over four starts whose policy, enumeration and choice are known, against a
+/// ground truth where start 1 is best and start 3 worst.
+fn report_with(probs: Vec<f64>, choice: usize) -> WhereToPrune {
+    WhereToPrune {
+        num_layers: 6,
+        num_replaced: 2,
+        enum_ranking: vec![1, 3],
+        enum_nll: vec![(1, 2.0), (3, 5.0)],
+        enum_nll_interval: vec![None, None],
+        dense_nll: 1.0,
+        gppo: Some(Placement {
+            method: "gppo".into(),
+            choice,
+            choice_on_grid: choice,
+            enum_rank: 1,
+            nll_gap: 0.0,
+        }),
+        gppo_spearman: None,
+        gppo_probs: Some(probs),
+        metrics: vec![],
+    }
+}
+
+#[test]
+fn a_selector_is_read_against_the_fully_trained_starts() {
+    let truth = [(0, 3.0), (1, 1.0), (2, 2.0), (3, 4.0)];
+    // A policy ordered as the truth (most mass on the best start): ρ = 1; the enumeration
+    // agrees on its two starts; the choice is the best start, so no start beats it.
+    let good = against_truth(&report_with(vec![0.2, 0.4, 0.3, 0.1], 1), &truth).unwrap();
+    assert!(close(good.policy_spearman.unwrap(), 1.0, 1e-12));
+    assert!(close(good.proxy_spearman.unwrap(), 1.0, 1e-12));
+    assert_eq!(good.share_better_than_choice, Some(0.0));
+    assert!(close(good.random_nll, 2.5, 1e-12));
+    assert_eq!(good.uniform, 0.25);
+    // The uniform policy: entropy ratio exactly 1 and no rank correlation (constant); a
+    // choice of the worst start has three of four starts better.
+    let flat = against_truth(&report_with(vec![0.25; 4], 3), &truth).unwrap();
+    assert!(close(flat.policy_entropy_ratio.unwrap(), 1.0, 1e-12));
+    assert!(flat.policy_spearman.is_none());
+    assert_eq!(flat.share_better_than_choice, Some(0.75));
+    assert_eq!(flat.choice_nll, Some(4.0));
+    // Entropy of (0.2, 0.4, 0.3, 0.1) over ln 4, by hand.
+    let h = -(0.2f64 * 0.2f64.ln() + 0.4 * 0.4f64.ln() + 0.3 * 0.3f64.ln() + 0.1 * 0.1f64.ln());
+    assert!(close(
+        good.policy_entropy_ratio.unwrap(),
+        h / 4f64.ln(),
+        1e-12
+    ));
+    assert!(against_truth(&report_with(vec![0.25; 4], 3), &[]).is_none());
 }
 
 /// A model whose layers `[2, 4)` are identities (zero attention and MLP outputs) and whose

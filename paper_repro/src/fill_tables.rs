@@ -204,6 +204,10 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
             },
             flexible_em: f.map(|f| (&f.estimate).into()),
             strict_em: strict.map(|m| (&m.estimate).into()),
+            // Runs from before the metric existed have none: "not recorded".
+            truncated: em
+                .and_then(|em| em.metrics.get("truncated"))
+                .map(|m| (&m.estimate).into()),
             rp_flexible: match f {
                 Some(f) if !is_reference => pair(f, df, &model)?.ratio.as_ref().map(Into::into),
                 _ => None,
@@ -533,15 +537,10 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
         )?);
     }
     // (b) Fixed depth: the same module looped K times with injection (trained and tested at
-    // K, no solve), K = the looped baseline's and K = the headline ELM's mean iterations.
-    let mean_iterations = runs::eval(
-        ctx,
-        &Subject::elm(&headline_elm, "anderson", 0.5),
-        "gsm8k-nll",
-    )?
-    .value
-    .solver
-    .mean_iterations;
+    // K, no solve), K = the looped baseline's and K = the headline ELM's mean iterations on
+    // validation (a control's parameter never comes from test problems).
+    let mean_iterations =
+        runs::validation_nll(ctx, &Subject::elm(&headline_elm, "anderson", 0.5))?.block_evals;
     let mut ks = vec![l.looped_k];
     let k_mean = (mean_iterations.round() as usize).max(1);
     if !ks.contains(&k_mean) {
@@ -550,7 +549,7 @@ pub fn main_results(ctx: &mut Ctx<'_>, dense: &Dense) -> Result<Main, ReproError
     for k in ks {
         let t = runs::train(ctx, &Variant::elm_fixed(hw, l.m, k), &l.main, None)?;
         let why = if k == k_mean {
-            format!("the ELM's mean iterations, {mean_iterations:.1}, rounded")
+            format!("the ELM's mean iterations on validation, {mean_iterations:.1}, rounded")
         } else {
             "the looped baseline's K".to_string()
         };

@@ -16,18 +16,21 @@
 //!    (`elm bench`), [`solvers`] (table 7a's canonical problems).
 //! 3. [`tables`]: `Tables`, every table of one run, as `OUT/tables.json` stores it.
 //! 4. Filling the rows from the stages: [`fill_tables`] (tables 1–7), [`fill_curves`] (tables 8
-//!    and 9, which start from [`fill_tables`]'s dense runs and table 1). They return rows and
-//!    never see `Tables`.
+//!    and 9, which start from [`fill_tables`]'s dense runs and table 1), [`fill_grid`] (table
+//!    11, the train-K × test-K grid). They return rows and never see `Tables`.
 //! 5. Writing a `Tables`: [`table_markdown`] (each table as Markdown, from its rows), [`plots`]
-//!    (the SVG plots), [`readme`] (`OUT/README.md` and the blocks `--readme` writes into the
+//!    (the SVG plots), [`claims`] (the tables that read several runs: the paper's claims and
+//!    the two families), [`readme`] (`OUT/README.md` and the blocks `--readme` writes into the
 //!    repository's README).
 //! 6. [`study`]: the command (`--scale`, `--only`) that plans the stages, fills a `Tables` and
 //!    writes it.
 
 pub mod bench;
+pub mod claims;
 pub mod elm_cli;
 pub mod error;
 pub mod fill_curves;
+pub mod fill_grid;
 pub mod fill_tables;
 pub mod markdown;
 pub mod paper;

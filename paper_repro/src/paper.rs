@@ -63,3 +63,44 @@ start trained) and table 10 (the collapse diagnosis); its own compute time is st
 - `paper`: `--model` pointing at a local HF directory of Qwen2.5-1.5B-Instruct (config.json, safetensors, \
 tokenizer.json), the full GSM8K test set, 2000 steps × 8 × 256 tokens; days on a CPU (training runs on the CPU \
 library; a GPU speeds up only dense decoding and benchmarks).\n";
+
+/// The paper's Anderson saving over Picard at M = 14 (the claims table's threshold).
+pub const ANDERSON_SAVING: f64 = 0.386;
+
+/// The paper's claims the claims table checks, each with the paper's figure (quoted from
+/// `shared/notes/elm-reference.md` §9 where it gives one; otherwise only the claim, and
+/// "not available offline"), in the order `claims::paper_claims_table` fills them.
+pub const CLAIMS: [(&str, &str); 8] = [
+    (
+        "parameters removed",
+        "M = 8 of 28 layers of Qwen2.5-1.5B-Instruct (28.6% of the layers, 24.6% of the non-embedding parameters)",
+    ),
+    (
+        "KV cache saved",
+        "one-step KV: N − M + 1 layer caches of N (21 of 28, −25%), no loss against multi-step KV",
+    ),
+    (
+        "retention (RP) against the LoRA-tuned dense model",
+        "RP 98.9% (Qwen2.5-1.5B; GSM8K 71.8 vs 72.4), 99.0% (Llama3.2-3B, Qwen2.5-7B)",
+    ),
+    (
+        "the ELM against depth-compression baselines at the same M",
+        "the ELM retains more than every baseline of the main table",
+    ),
+    (
+        "Anderson's compute saving over Picard",
+        "38.6% less computation at M = 14",
+    ),
+    (
+        "decode speed",
+        "faster decoding than the dense model (figure not available offline)",
+    ),
+    (
+        "SJFB's training time and memory",
+        "a fraction of the time and memory of backpropagating through the iterations (figures not available offline)",
+    ),
+    (
+        "GPPO finds where to prune",
+        "a learned policy over the start layer picks the window (the official run: s = 2)",
+    ),
+];

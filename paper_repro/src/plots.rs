@@ -12,7 +12,9 @@ use plotters::prelude::*;
 use crate::elm_cli::SOLVERS;
 use crate::error::ReproError;
 use crate::markdown::count;
-use crate::rows::{CurvePoint, Curves, FullyTrained, Interval, SolverRow, SweepRow, TrainedStart};
+use crate::rows::{
+    CurvePoint, Curves, FullyTrained, Grid, GridDepth, Interval, SolverRow, SweepRow, TrainedStart,
+};
 use crate::tables::{Tables, Written};
 use elm::search::report::WhereToPrune;
 
@@ -52,7 +54,77 @@ pub fn write(t: &Tables, dir: &Path) -> Result<Written, ReproError> {
         plot_sweep(&t.sweep, d, &dir.join("compression_sweep.svg"))?;
         w.sweep = true;
     }
+    if let Some(g) = t.grid.as_ref().filter(|g| !g.rows.is_empty()) {
+        plot_grid(g, &dir.join("train_k_test_k.svg"))?;
+        w.grid = true;
+    }
     Ok(w)
+}
+
+/// Table 11: test answer NLL against block evaluations per token, one line per trained
+/// module through its fixed test depths (K' = 1, 2, …), its solved cells as separate points.
+pub fn plot_grid(g: &Grid, path: &Path) -> Result<(), ReproError> {
+    let xs: Vec<f64> = g
+        .rows
+        .iter()
+        .map(|r| r.block_evals_per_token.max(1.0).log2())
+        .collect();
+    let (x0, x1) = bounds(&xs);
+    let y = nll_axis(g.rows.iter().map(|r| &r.answer_nll), None);
+    let mut trained: Vec<GridDepth> = vec![];
+    for r in &g.rows {
+        if !trained.contains(&r.trained) {
+            trained.push(r.trained);
+        }
+    }
+    nll_plot(
+        path,
+        (720, 440),
+        "Train-K × test-K: test NLL against compute",
+        (x0..x1, y),
+        |chart| {
+            chart
+                .configure_mesh()
+                .x_desc("log2 of block evaluations per token")
+                .y_desc("answer NLL (nats/token)")
+                .draw()
+                .map_err(|e| plot_err(path, e))?;
+            let mut entries = vec![];
+            for (i, t) in trained.iter().enumerate() {
+                let l = look(i);
+                let mut pts: Vec<(f64, &Interval)> = g
+                    .rows
+                    .iter()
+                    .filter(|r| r.trained == *t && matches!(r.tested, GridDepth::Fixed(_)))
+                    .map(|r| (r.block_evals_per_token.max(1.0).log2(), &r.answer_nll))
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                draw_estimates(chart, &pts, l, path)?;
+                // The solved cells: the same colour, a larger marker, no line.
+                let solved: Vec<(f64, f64)> = g
+                    .rows
+                    .iter()
+                    .filter(|r| r.trained == *t && matches!(r.tested, GridDepth::Solved { .. }))
+                    .map(|r| (r.block_evals_per_token.max(1.0).log2(), r.answer_nll.value))
+                    .collect();
+                chart
+                    .draw_series(
+                        solved
+                            .iter()
+                            .map(|&(x, y)| Circle::new((x, y), 7, l.color.stroke_width(2))),
+                    )
+                    .map_err(|e| plot_err(path, e))?;
+                entries.push(LegendEntry {
+                    label: format!(
+                        "trained {} (line: tested at K'; open circles: solved, δ = 0.5 and 0.1)",
+                        crate::table_markdown::depth_label(t)
+                    ),
+                    look: l,
+                });
+            }
+            Ok(entries)
+        },
+    )
 }
 
 fn plot_err(path: &Path, e: impl std::fmt::Display) -> ReproError {

@@ -7,11 +7,12 @@ use std::path::Path;
 
 use crate::markdown::{float, iv, opt, pct, signed, signed_float, NOT_RECORDED};
 use crate::paper;
-use crate::rows::{ControlKind, SpeedRow, MAIN_ELM_ROW};
+use crate::rows::{Control, ControlKind, Controls, Interval, SpeedRow, MAIN_ELM_ROW};
 use crate::stage::seconds;
 use crate::table_markdown::{
-    canonical_table, collapse_table, controls_table, curves_table, curves_verdict, full_test_table,
-    fully_trained_table, gap_reading, grad_table, kv_table, main_table, precision_table,
+    against_truth_reading, canonical_table, collapse_table, controls_table, curves_rival,
+    curves_table, curves_verdict, full_test_table, fully_trained_table, gap_by_budget, gap_reading,
+    gap_sureness, grad_table, grid_sentence, grid_table, kv_table, main_table, precision_table,
     rho_sweep_table, seeds_table, solver_table, spectral_table, speed_table, sweep_table,
     trained_windows_table, where_table,
 };
@@ -36,48 +37,121 @@ fn job_of(model: &str) -> (&'static str, &'static str) {
 fn section(title: &str, ours: &str, paper: &str) -> String {
     format!("## {title}\n\n{ours}\n**Paper:** {paper}\n\n")
 }
-/// What the learning curves say about the budget, for the verdict: the gap to the first
-/// series after the reference ELM (the best healed baseline) at the smallest and the largest
-/// budget it was trained at, without extrapolation; a pointer to table 8 where it is not run.
-fn budget_reading(t: &Tables) -> String {
+/// The budget the verdict leads with: the largest the learning curves trained the best
+/// healed baseline and the ELM at (table 8), their gap there and budget by budget; else the
+/// one budget of the scale.
+fn budget_lead(t: &Tables) -> String {
+    let main_steps = &t.limits["main"]["steps"];
+    let at_main = format!(
+        "At the headline budget ({}), which the controls share",
+        budget(&t.limits["main"])
+    );
     let Some(c) = &t.curves else {
-        return "the `long` scale's learning curves (table 8)".into();
+        return format!(
+            "At the one budget this scale trains ({}; the `long` scale's table 8 has the learning curves)",
+            budget(&t.limits["main"])
+        );
     };
-    let Some(r) = c.trends.iter().find(|r| r.series != c.reference) else {
-        return "table 8 has no series besides the reference".into();
+    let Some(series) = curves_rival(c) else {
+        return at_main;
     };
-    let steps: Vec<usize> = c
-        .points
+    let gaps = gap_by_budget(c, series);
+    let Some((last_steps, last)) = gaps.last() else {
+        return at_main;
+    };
+    let by_budget = gaps
         .iter()
-        .filter(|p| p.series == r.series)
-        .map(|p| p.steps)
-        .collect();
-    match (
-        r.gap_smallest,
-        r.gap_largest,
-        steps.iter().min(),
-        steps.iter().max(),
-    ) {
-        (Some(first), Some(last), Some(lo), Some(hi)) => format!(
-            "in table 8, {} minus the ELM trained with the same steps is {} at {lo} steps and {} at {hi} steps (the gap {}; nothing is extrapolated past {hi} steps)",
-            r.series,
-            signed(&first),
-            signed(&last),
-            r.verdict
-        ),
-        _ => "table 8 has no paired gaps".into(),
-    }
+        .map(|(n, g)| format!("{n} steps {}", signed(g)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "At the largest budget this study trained ({last_steps} steps, table 8), {series} minus the ELM at the same window is {} ({}). \
+         Budget by budget the gap rises and falls, so no single budget speaks for the others: {by_budget} (paired; above 0: the ELM \
+         is better; no line is fitted and nothing is extrapolated). The controls below were trained only at {main_steps} steps. {at_main}",
+        signed(last),
+        gap_sureness(last),
+    )
 }
 
-/// The study's verdict, generated from the tables: the comparison at equal parameters and equal
-/// budget at the best window first, then the fixed-depth controls, then what changes it.
+/// `s` with its first letter in lower case (a generated sentence continued after a colon).
+fn lowercase_first(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map_or_else(String::new, |f| f.to_lowercase().chain(c).collect())
+}
+
+/// Is it the solve? The fixed-depth controls (the same module looped K times, trained and
+/// tested at K) against the solved ELM — on the whole test set where the scale scores one —
+/// in one sentence whose first words answer, then the train-K × test-K grid's reading.
+fn solve_reading(t: &Tables, c: &Controls) -> String {
+    let fixed: Vec<(&Control, Interval, usize)> = c
+        .rows
+        .iter()
+        .filter(|r| r.kind == ControlKind::FixedDepth)
+        .map(|r| {
+            let on_full = t.full_test.as_ref().and_then(|f| {
+                f.rows
+                    .iter()
+                    .find(|x| x.model == r.model)
+                    .map(|x| (x.minus_elm, f.problems))
+            });
+            let (gap, n) = on_full.unwrap_or((
+                r.minus_elm,
+                t.limits["nll_eval"].as_u64().unwrap_or(0) as usize,
+            ));
+            (r, gap, n)
+        })
+        .collect();
+    if fixed.is_empty() {
+        return String::new();
+    }
+    let answer = if fixed.iter().any(|(_, g, _)| g.lo > 0.0) {
+        "In part: the solved ELM beats at least one fixed loop of the same module"
+    } else if fixed.iter().all(|(_, g, _)| g.hi < 0.0) {
+        "No: at this budget every fixed loop of the same module beats the solved ELM"
+    } else {
+        "No: at this budget no fixed loop of the same module is worse than the solved ELM"
+    };
+    let figures = fixed
+        .iter()
+        .map(|(r, g, n)| {
+            format!(
+                "looped {} minus the solved ELM {} ({n} test problems)",
+                r.control.trim_start_matches("fixed depth: "),
+                signed(g)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let mut s = format!(" Is it the solve? {answer}: {figures}.");
+    if fixed.iter().all(|(_, g, _)| g.lo <= 0.0) {
+        s += " What the ELM gains over deleting or replacing the layers comes from the weight-tied module with input injection \
+              applied a few times, not from solving it to its fixed point.";
+    }
+    if let Some(g) = &t.grid {
+        if let Some(line) = grid_sentence(g) {
+            s += &format!(
+                " The train-K × test-K grid (table 11, {} test problems): {}",
+                g.test_problems,
+                lowercase_first(line.trim_start_matches("**Is the equilibrium worth solving?** "))
+            );
+        }
+    }
+    s
+}
+
+/// The study's verdict, generated from the tables: the largest budget first (the learning
+/// curves, where the scale has them), then the comparison at equal parameters at the headline
+/// budget and window, whether the solve matters, the prior method, the whole test set, exact
+/// match, and what changes it.
 fn verdict(t: &Tables) -> Option<String> {
     let c = t.controls.as_ref()?;
     let elm = t.main.iter().find(|r| r.model == c.elm)?;
     let of_kind = |kind: ControlKind| c.rows.iter().filter(move |r| r.kind == kind);
     let equal = of_kind(ControlKind::EqualParameters).next();
     let mut s = format!(
-        "**Verdict:** at the best window on validation (layers {}–{}) and the same training budget, the ELM's answer NLL on {} GSM8K test problems is {}",
+        "**Verdict:** {}, at the best window on validation (layers {}–{}), the ELM's answer NLL on {} GSM8K test problems is {}",
+        budget_lead(t),
         c.layers.0,
         c.layers.1,
         t.limits["nll_eval"],
@@ -115,15 +189,7 @@ fn verdict(t: &Tables) -> Option<String> {
         _ => s += "; one seed (the seeds are the `long` scale's table 9)",
     }
     s += ".";
-    for (i, r) in of_kind(ControlKind::FixedDepth).enumerate() {
-        s += &format!(
-            " {} The module looped at {} minus the solved ELM: {} ({}).",
-            if i == 0 { "Is it the solve?" } else { "And" },
-            r.control.trim_start_matches("fixed depth: "),
-            signed(&r.minus_elm),
-            gap_reading(&r.minus_elm, "the fixed loop")
-        );
-    }
+    s += &solve_reading(t, c);
     for r in of_kind(ControlKind::PriorMethod) {
         s += &format!(
             " Why not loop with per-loop LoRA? The closest prior method, {} ({} parameters), minus the ELM: {} ({}).",
@@ -158,17 +224,37 @@ fn verdict(t: &Tables) -> Option<String> {
                 .join("; ")
         );
     }
-    if let Some((a, b)) = t
-        .reference_row()
-        .and_then(|d| elm.flexible_em.as_ref().zip(d.flexible_em.as_ref()))
-    {
+    if let Some((d, (a, b))) = t.reference_row().and_then(|d| {
+        elm.flexible_em
+            .as_ref()
+            .zip(d.flexible_em.as_ref())
+            .map(|p| (d, p))
+    }) {
         if a.lo <= b.hi && b.lo <= a.hi {
             s += &format!(
                 " Exact match cannot separate the models at this size: flexible EM {} for the ELM against {} for the tuned dense model \
-                 (Wilson 95% intervals over {} test problems overlap).",
+                 (Wilson 95% intervals over {} test problems overlap); {}.",
                 iv(a),
                 iv(b),
-                t.limits["gsm8k_eval"]
+                t.limits["gsm8k_eval"],
+                match (&elm.truncated, &d.truncated) {
+                    (Some(x), Some(y)) => format!(
+                        "the generation budget ({} new tokens) cut off {} of the ELM's answers and {} of the dense model's",
+                        t.limits["em_budget"], iv(x), iv(y)
+                    ),
+                    _ => format!(
+                        "how many answers its {} new tokens cut off was not recorded in this run{}",
+                        t.limits["max_new_tokens"],
+                        match t.limits.get("generation_budget") {
+                            Some(b) if b.is_object() => format!(
+                                " (GSM8K's validation reference solutions run to a median of {} and a 99th percentile of {} of this \
+                                 model's tokens: `elm eval --max-new-tokens auto` sizes the budget from them)",
+                                b["median_tokens"], b["tokens_at_quantile"]
+                            ),
+                            _ => String::new(),
+                        }
+                    ),
+                }
             );
         }
     }
@@ -182,7 +268,11 @@ fn verdict(t: &Tables) -> Option<String> {
                     t.limits["start"].as_u64().unwrap_or(0) + t.limits["m"].as_u64().unwrap_or(1) - 1,
                     iv(&study.answer_nll),
                     signed(d),
-                    budget_reading(t)
+                    if t.curves.is_some() {
+                        "see the first sentence (table 8)"
+                    } else {
+                        "the `long` scale's learning curves (table 8)"
+                    }
                 );
             }
         }
@@ -217,7 +307,13 @@ fn precision_note(t: &Tables) -> String {
 /// The headline: the ELM against the dense model and the best baseline.
 fn headline(t: &Tables) -> String {
     let dense = t.reference_row();
-    let elm = t.main.iter().find(|r| r.model == MAIN_ELM_ROW);
+    // The verdict's ELM (the window chosen on validation) where table 1 has one, so that the
+    // headline and the verdict quote one model; else the study's default-window ELM.
+    let elm = t
+        .controls
+        .as_ref()
+        .and_then(|c| t.main.iter().find(|r| r.model == c.elm))
+        .or_else(|| t.main.iter().find(|r| r.model == MAIN_ELM_ROW));
     let best = t
         .main
         .iter()
@@ -227,10 +323,11 @@ fn headline(t: &Tables) -> String {
         (Some(d), Some(e)) => {
             let mut s = verdict(t).unwrap_or_default();
             s += &format!(
-                "**Headline ({} scale, {}):** the ELM removes {} of the dense model's parameters ({} non-embedding) and {} of its KV cache; \
+                "**Headline ({} scale, {}):** the ELM ({}) removes {} of the dense model's parameters ({} non-embedding) and {} of its KV cache; \
                  its answer NLL is {} vs the LoRA-tuned dense model's {} (Δ {}, perplexity {:.2} vs {:.2}), flexible exact match {} vs {} (RP {}).",
                 t.scale,
                 model_label(&t.model),
+                e.model,
                 pct(1.0 - e.params as f64 / d.params as f64),
                 pct(1.0 - e.non_embedding_params as f64 / d.non_embedding_params as f64),
                 pct(1.0 - e.kv_bytes_1k as f64 / d.kv_bytes_1k as f64),
@@ -385,7 +482,7 @@ pub fn readme(t: &Tables, plots: &Written) -> String {
         "Table 3 — Solver ablation (paper: solver comparison and early-exit threshold)",
         &format!(
             "The study's ELM (its M, the main budget) and, where the sweep has one, its ELM at M = 14 (the paper's setting for the \
-             38.6% Anderson saving; the ablation budget): teacher-forced GSM8K answer NLL on the ablation tables' sample; δ is the per-token absolute residual tolerance, at most 16 iterations. Iterations \
+             38.6% Anderson saving; the ablation budget): teacher-forced GSM8K answer NLL on the ablation tables' sample; δ is the per-token absolute residual tolerance, at most 16 solver iterations per token; the counts below add the commit evaluation at z* (so a row that never meets δ shows 17). Iterations \
              are those of the whole-sequence solve (every position iterated together, as in training), block evaluations per token are \
              the fixed-point block's applications per token.\n\n{}{solver_plot}",
             nonempty(&t.solver, solver_table)
@@ -442,6 +539,9 @@ pub fn readme(t: &Tables, plots: &Written) -> String {
                         },
                         fully_trained_table(f, w.num_replaced)
                     );
+                    if let Some(r) = against_truth_reading(w, f) {
+                        s += &format!("\n{r}\n");
+                    }
                 }
                 s
             },
@@ -498,6 +598,22 @@ pub fn readme(t: &Tables, plots: &Written) -> String {
                 collapse_table(&t.collapse)
             ),
             "none: the paper trains one window per model.",
+        );
+    }
+    if let Some(g) = &t.grid {
+        s += &section(
+            "Table 11 — Is the equilibrium worth solving? Train-K × test-K (no counterpart in the paper)",
+            &format!(
+                "{}{}",
+                if plots.grid {
+                    "![train-K × test-K](plots/train_k_test_k.svg)\n\n"
+                } else {
+                    ""
+                },
+                grid_table(g)
+            ),
+            "the paper solves the module at inference and compares with no fixed loop of the same module; DEQ papers claim \
+             that a solved module keeps improving with a tighter tolerance while a loop trained at K degrades past K.",
         );
     }
     s += &format!(

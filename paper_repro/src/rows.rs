@@ -251,6 +251,10 @@ pub struct MainRow {
     pub flexible_em: Option<Interval>,
     #[serde(default)]
     pub strict_em: Option<Interval>,
+    /// Share of the exact-match answers the generation budget cut off (Wilson interval;
+    /// `None` without exact match, or from a run before it was recorded).
+    #[serde(default)]
+    pub truncated: Option<Interval>,
     /// Retention RP = model / dense flexible exact match, paired over problems.
     #[serde(deserialize_with = "Option::deserialize")]
     pub rp_flexible: Option<Interval>,
@@ -421,7 +425,9 @@ pub struct CurveTrend {
     pub gap_smallest: Option<Interval>,
     #[serde(deserialize_with = "Option::deserialize")]
     pub gap_largest: Option<Interval>,
-    /// Slope of the gap against log2(tokens) (`None` for the reference).
+    /// Slope of the gap against log2(tokens) (`None` for the reference). Kept in tables.json
+    /// for a reader's own fit, never printed: a line through a gap that rises and falls (a
+    /// hump) reads as a trend that is not there.
     #[serde(deserialize_with = "Option::deserialize")]
     pub gap_slope_per_doubling: Option<f64>,
     /// The gap's change per doubling between the two largest budgets: only its sign is
@@ -481,4 +487,51 @@ pub struct Seeds {
     pub reference: String,
     pub rows: Vec<SeedRow>,
     pub summaries: Vec<SeedSummary>,
+}
+
+/// Table 11: is the equilibrium worth solving? Modules trained at the headline window and
+/// budget as fixed loops (K applications) and as the solved ELM, each tested at fixed depths
+/// K' and solved at two tolerances: validation NLL to choose, test NLL to report.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grid {
+    /// Layers `[first, last]` of the window (the headline's).
+    pub layers: (usize, usize),
+    pub validation_problems: usize,
+    pub test_problems: usize,
+    /// The cells, trained model by trained model; the first trained model's solved cell at
+    /// the ELM's default tolerance (δ = 0.5) is the reference of `minus_elm`.
+    pub rows: Vec<GridRow>,
+}
+
+/// How a module was trained or tested: `Fixed(K)` applications, or solved.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GridDepth {
+    Fixed(usize),
+    /// Solved by Anderson to the per-token tolerance δ (at most `max_iter` evaluations).
+    Solved {
+        tol: f64,
+        max_iter: usize,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GridRow {
+    pub trained: GridDepth,
+    pub tested: GridDepth,
+    /// Mean answer NLL on the validation problems (what a choice reads).
+    pub validation_nll: f64,
+    /// Block evaluations per token on the validation problems (what a matched-compute
+    /// choice reads).
+    pub validation_evals: f64,
+    /// Test answer NLL and block evaluations per token.
+    pub answer_nll: Interval,
+    pub block_evals_per_token: f64,
+    /// This cell minus the solved ELM (trained and tested solved at δ = 0.5), paired (test).
+    pub minus_elm: Interval,
+    /// This cell minus the same module tested as trained, paired (test): what testing deeper
+    /// or shallower than training changes (absent for the as-trained cell itself).
+    pub minus_as_trained: Option<Interval>,
 }

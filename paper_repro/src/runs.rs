@@ -522,6 +522,9 @@ pub enum Subject {
         tol: f64,
         kv: String,
         max_iter: usize,
+        /// `elm eval --depth`: `None` as trained; `Some("solved")` or `Some(K')` (the
+        /// train-K × test-K grid).
+        depth: Option<String>,
     },
 }
 
@@ -549,7 +552,23 @@ impl Subject {
             tol,
             kv: "one-step".into(),
             max_iter: 16,
+            depth: None,
         }
+    }
+    /// The same module solved with at most `cap` evaluations per token.
+    pub fn with_max_iter(mut self, cap: usize) -> Self {
+        if let Subject::Elm { max_iter, .. } = &mut self {
+            *max_iter = cap;
+        }
+        self
+    }
+    /// The same module run at `depth` (`elm eval --depth`: `solved` or a number of
+    /// applications) instead of as trained.
+    pub fn at_depth(mut self, at: &str) -> Self {
+        if let Subject::Elm { depth, .. } = &mut self {
+            *depth = Some(at.into());
+        }
+        self
     }
     pub fn with_kv(mut self, mode: &str) -> Self {
         if let Subject::Elm { kv, .. } = &mut self {
@@ -570,8 +589,17 @@ fn subject_config(s: &Subject) -> Value {
             tol,
             kv,
             max_iter,
+            depth,
             ..
-        } => json!({"elm": key, "solver": solver, "tol": tol, "kv": kv, "max_iter": max_iter}),
+        } => {
+            let mut v =
+                json!({"elm": key, "solver": solver, "tol": tol, "kv": kv, "max_iter": max_iter});
+            // Absent when as trained, so the keys of every other evaluation stay as they were.
+            if let Some(d) = depth {
+                v["depth"] = json!(d);
+            }
+            v
+        }
     }
 }
 
@@ -609,6 +637,9 @@ pub fn eval(ctx: &mut Ctx<'_>, subject: &Subject, task: &str) -> Result<Done<Tas
 pub struct ValidationNll {
     pub mean: f64,
     pub n: usize,
+    /// Mean fixed-point block evaluations per token on the same problems (0 without a
+    /// module): what a control's K and a matched-compute choice read.
+    pub block_evals: f64,
 }
 
 /// The answer NLL of `subject` on the validation sample.
@@ -618,6 +649,7 @@ pub fn validation_nll(ctx: &mut Ctx<'_>, subject: &Subject) -> Result<Validation
     Ok(ValidationNll {
         mean: m.estimate.value,
         n: m.estimate.n,
+        block_evals: run.value.solver.mean_iterations,
     })
 }
 
@@ -670,6 +702,12 @@ fn eval_in(
             (l.gsm8k_eval, (l.gsm8k_eval * l.max_new_tokens) as f64 / 5.0)
         }
     };
+    // Exact match generates to the scale's budget; the other tasks keep the key they always
+    // had (their `max_new_tokens` is not read).
+    let max_new_tokens = match parsed {
+        Task::Gsm8k => l.em_budget.to_string(),
+        Task::Gsm8kNll | Task::HumanEval | Task::HumanEvalNll => l.max_new_tokens.to_string(),
+    };
     let mut config = json!({
         "model": ctx.model_id,
         "data": ctx.data_dir,
@@ -678,7 +716,10 @@ fn eval_in(
         "split": split.name(),
         "sample_seed": SAMPLE_SEED,
         "limit": limit,
-        "max_new_tokens": l.max_new_tokens,
+        "max_new_tokens": match parsed {
+            Task::Gsm8k => json!(l.em_budget),
+            _ => json!(l.max_new_tokens),
+        },
     });
     if in_f32 {
         config["products"] = json!("f32");
@@ -694,7 +735,7 @@ fn eval_in(
         "--limit",
         &limit.to_string(),
         "--max-new-tokens",
-        &l.max_new_tokens.to_string(),
+        &max_new_tokens,
         "--batch",
         "8",
         "--data-dir",
@@ -709,21 +750,27 @@ fn eval_in(
             tol,
             kv,
             max_iter,
+            depth,
             ..
-        } => a.extend(args(&[
-            "--model",
-            &path_arg(&ctx.model),
-            "--elm",
-            &path_arg(checkpoint),
-            "--solver",
-            solver,
-            "--abs-tol",
-            &tol.to_string(),
-            "--kv",
-            kv,
-            "--max-iter",
-            &max_iter.to_string(),
-        ])),
+        } => {
+            a.extend(args(&[
+                "--model",
+                &path_arg(&ctx.model),
+                "--elm",
+                &path_arg(checkpoint),
+                "--solver",
+                solver,
+                "--abs-tol",
+                &tol.to_string(),
+                "--kv",
+                kv,
+                "--max-iter",
+                &max_iter.to_string(),
+            ]));
+            if let Some(d) = depth {
+                a.extend(args(&["--depth", d]));
+            }
+        }
     }
     let elm = ctx.elm;
     ctx.stages.run("eval", &config, units, |_| {
@@ -1336,6 +1383,7 @@ mod tests {
                 reference: "#### 3".into(),
                 prediction: "3".into(),
                 score: elm::eval::score_response("#### 3", "#### 3"),
+                truncated: false,
             }],
             humaneval_samples: vec![elm::eval::humaneval::HumanEvalSample {
                 task_id: "HumanEval/0".into(),

@@ -70,6 +70,28 @@ impl CurveStudy {
     }
 }
 
+/// The train-K × test-K grid's sizes (table 11).
+#[derive(Clone, Debug, Serialize)]
+pub struct GridSizes {
+    /// The fixed loops trained beside the ELM (K applications).
+    pub train_ks: Vec<usize>,
+    /// The fixed depths K' every trained module is tested at.
+    pub test_ks: Vec<usize>,
+    /// The tolerances δ every trained module is also solved to (the study's δ = 0.5 first).
+    pub test_tols: Vec<f64>,
+}
+
+impl GridSizes {
+    /// The issue's grid: K ∈ {1, 2, 4, 8} trained, K' ∈ {1, …, 32} and δ ∈ {0.5, 0.1} tested.
+    pub fn full() -> Self {
+        GridSizes {
+            train_ks: vec![1, 2, 4, 8],
+            test_ks: vec![1, 2, 4, 8, 16, 32],
+            test_tols: vec![0.5, 0.1],
+        }
+    }
+}
+
 /// Sizes of one scale.
 #[derive(Clone, Debug, Serialize)]
 pub struct Limits {
@@ -88,7 +110,12 @@ pub struct Limits {
     /// GSM8K test problems of the exact-match figures (greedy generation; the same seeded
     /// permutation).
     pub gsm8k_eval: usize,
+    /// New tokens of table 2's KV generation, and the exact-match budget's size for the ETA.
     pub max_new_tokens: usize,
+    /// The exact-match runs' generation budget (`elm eval --max-new-tokens`): `auto` sizes it
+    /// from the validation split's reference solutions (their 99th percentile), so that no
+    /// answer is cut off by a budget shorter than the answers the model was tuned on.
+    pub em_budget: elm::eval::gsm8k::MaxNewTokens,
     /// The main-results models (ELM and the trained baselines, one budget for all).
     pub main: Budget,
     /// The ablations (gradient rules, compression sweep, KV ablation), one budget for all.
@@ -135,6 +162,10 @@ pub struct Limits {
     /// Table 10, the collapse diagnosis: ELMs trained at the main budget from these starts under
     /// both distillation recipes (empty at `small`: about 15 more minutes).
     pub collapse_starts: Vec<usize>,
+    /// Table 11, the train-K × test-K grid: its sizes where the scale runs it (`long`: five
+    /// trainings and 80 evaluations, not part of `small`'s 90 minutes; `smoke`: a corner of it).
+    /// `--only grid` runs it at any scale, at `long`'s sizes where the scale has none.
+    pub grid: Option<GridSizes>,
     /// Number format of the large products of every model command (training, LoRA, pruning
     /// calibration, evaluation; `elm --precision`). `small` and `long` use bf16 (AVX-512 BF16
     /// dot products, f32 accumulation, weights and optimiser state): about 1.6× the f32 speed
@@ -235,6 +266,8 @@ impl Scale {
                 full_test: Some(3),
                 gsm8k_eval: 1,
                 max_new_tokens: 8,
+
+                em_budget: elm::eval::gsm8k::MaxNewTokens::Fixed(8),
                 main: Budget {
                     steps: 2,
                     batch_size: 1,
@@ -286,6 +319,11 @@ impl Scale {
                     seeds: vec![0, 1],
                 }),
                 collapse_starts: vec![3, 5, 12],
+                grid: Some(GridSizes {
+                    train_ks: vec![1],
+                    test_ks: vec![1, 2],
+                    test_tols: vec![0.5],
+                }),
                 precision: Precision::F32,
                 trained_starts_every: Some(11),
             },
@@ -297,6 +335,8 @@ impl Scale {
                 full_test: None,
                 gsm8k_eval: 16,
                 max_new_tokens: 96,
+
+                em_budget: elm::eval::gsm8k::MaxNewTokens::FromReferences,
                 main: Budget {
                     steps: 300,
                     batch_size: 2,
@@ -339,6 +379,7 @@ impl Scale {
                 extra_rows: false,
                 curves: None,
                 collapse_starts: vec![],
+                grid: None,
                 precision: Precision::Bf16,
                 trained_starts_every: None,
             },
@@ -356,6 +397,7 @@ impl Scale {
                 // The starts issue 40 names: the best healed baseline's window, the one GPPO
                 // picked and which collapsed (7.8 nats), and the study's.
                 collapse_starts: vec![3, 5, 12],
+                grid: Some(GridSizes::full()),
                 // Every start at the main budget: 23 trainings for SmolLM2 at M = 8.
                 trained_starts_every: Some(1),
                 extra_rows: true,
@@ -371,6 +413,8 @@ impl Scale {
                 full_test: None,
                 gsm8k_eval: 1319,
                 max_new_tokens: 256,
+
+                em_budget: elm::eval::gsm8k::MaxNewTokens::FromReferences,
                 main: Budget {
                     steps: 2000,
                     batch_size: 8,
@@ -413,6 +457,7 @@ impl Scale {
                 extra_rows: true,
                 curves: None,
                 collapse_starts: vec![3, 5, 12],
+                grid: None,
                 precision: Precision::F32,
                 trained_starts_every: Some(1),
             },

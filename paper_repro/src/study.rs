@@ -39,6 +39,8 @@ pub enum TableId {
     Seeds,
     /// Table 10: the collapse diagnosis (scales with collapse starts: `long`, `smoke`, `paper`).
     Collapse,
+    /// Table 11: the train-K × test-K grid at the headline window (is the solve worth it?).
+    Grid,
 }
 
 /// Rebuild the study's tables and plots at one scale.
@@ -59,6 +61,10 @@ pub struct Args {
     /// Only these tables (repeatable); the others keep their figures from the last tables.json.
     #[arg(long, value_enum)]
     pub only: Vec<TableId>,
+    /// Compute nothing: rewrite README.md, the plots and `--readme`'s block from the last
+    /// tables.json (after a change to the writers).
+    #[arg(long, conflicts_with_all = ["only", "force"])]
+    pub render_only: bool,
     /// Recompute the selected tables' stages (and the trainings they read) instead of reading the cache.
     #[arg(long)]
     pub force: bool,
@@ -100,8 +106,9 @@ fn elm_binary(explicit: Option<PathBuf>) -> Result<PathBuf, ReproError> {
 
 /// The tables that read the dense model's runs: every one but the canonical problems (each cuts
 /// compressed models from the LoRA-tuned dense model or compares with it).
-const NEEDS_DENSE: [TableId; 10] = [
+const NEEDS_DENSE: [TableId; 11] = [
     TableId::Main,
+    TableId::Grid,
     TableId::Collapse,
     TableId::Curves,
     TableId::Seeds,
@@ -203,6 +210,15 @@ pub fn plan_units(l: &Limits, sel: &dyn Fn(TableId) -> bool) -> f64 {
     if sel(TableId::Canonical) {
         u += 5.0;
     }
+    if sel(TableId::Grid) {
+        // Its trainings; each trained module tested at every depth on validation and the
+        // ablation sample, weighted by its block evaluations (a solved cell counted as 16).
+        let g = l.grid.clone().unwrap_or_else(crate::scale::GridSizes::full);
+        let models = (g.train_ks.len() + 1) as f64;
+        let depths: usize = g.test_ks.iter().sum::<usize>() + 16 * g.test_tols.len();
+        let per_eval = (l.validation_eval as f64 + anll / 2.0) * 2.0;
+        u += models * train(&l.main) + models * per_eval * (depths as f64 / 8.0);
+    }
     if sel(TableId::Collapse) {
         let spectral = l.spectral_sequences as f64 * 10.0;
         u += 2.0 * l.collapse_starts.len() as f64 * (train(&l.main) + anll + spectral);
@@ -270,6 +286,8 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     }
     let has_collapse = !limits.collapse_starts.is_empty();
     let has_curves = limits.curves.is_some();
+    // Asked for by name, the grid runs at any scale.
+    let has_grid = limits.grid.is_some() || only.contains(&TableId::Grid);
     if !has_curves
         && only
             .iter()
@@ -280,10 +298,13 @@ pub fn run(args: Args) -> Result<(), ReproError> {
             format!("{:?}", args.scale).to_lowercase()
         )));
     }
+    let render_only = args.render_only;
     let sel = move |t: TableId| {
-        (only.is_empty() || only.contains(&t))
+        !render_only
+            && (only.is_empty() || only.contains(&t))
             && (has_curves || !matches!(t, TableId::Curves | TableId::Seeds))
             && (has_collapse || t != TableId::Collapse)
+            && (has_grid || t != TableId::Grid)
     };
     let stages = Stages::at_precision(
         &out,
@@ -334,12 +355,31 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     };
     t.model_sha256 = elm::io::sha256_file(&weights_file).ok();
     t.limits = serde_json::to_value(&limits).map_err(|e| ReproError::Setup(e.to_string()))?;
+    // What the reference solutions call for as a generation budget (validation split, this
+    // model's tokens): the README sets the exact-match figures beside it.
+    let tokenizer = elm::model::load_tokenizer(&model).map_err(|e| ReproError::Elm {
+        what: format!("tokenizer of {}", model.display()),
+        source: e,
+    })?;
+    let references = elm::data::load_gsm8k(&data_dir, elm::data::Split::Validation)
+        .map_err(|e| ReproError::Setup(format!("GSM8K validation split: {e}")))?;
+    let generation_budget = elm::eval::gsm8k::reference_token_budget(
+        &tokenizer,
+        &references,
+        elm::eval::gsm8k::REFERENCE_BUDGET_QUANTILE,
+    )
+    .map_err(|e| ReproError::Elm {
+        what: "generation budget".into(),
+        source: e,
+    })?;
+    t.limits["generation_budget"] =
+        serde_json::to_value(&generation_budget).map_err(|e| ReproError::Setup(e.to_string()))?;
     // The distillation recipe of every ELM training of the run (the model family decides it).
     t.limits["distill_scale"] =
         serde_json::to_value(ctx.distill_scale).map_err(|e| ReproError::Setup(e.to_string()))?;
     let mut trainings = vec![];
 
-    if limits.bench {
+    if limits.bench && !render_only {
         let b = crate::bench::run(&mut ctx)?;
         t.bench = Some(BenchFigures::from(&b));
     }
@@ -477,6 +517,15 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         };
         t.where_to_prune = Some(w.value);
     }
+    if sel(TableId::Grid) {
+        // The headline window: this run's table 1, else the last run's, else the study's.
+        let start = t.controls.as_ref().map_or(limits.start, |c| c.layers.0);
+        let sizes = limits
+            .grid
+            .clone()
+            .unwrap_or_else(crate::scale::GridSizes::full);
+        t.grid = Some(crate::fill_grid::grid(&mut ctx, start, &sizes)?);
+    }
     if sel(TableId::Collapse) && !limits.collapse_starts.is_empty() {
         let d = dense.as_ref().expect("dense");
         t.collapse = fill_tables::collapse(&mut ctx, d)?;
@@ -520,7 +569,10 @@ pub fn run(args: Args) -> Result<(), ReproError> {
     }
     // A run of some tables (`--only`) keeps the other tables' stages in the record, so that the
     // README's compute time stays that of every table it shows.
-    let kept: Vec<_> = if args.only.is_empty() {
+    // A rendering computes nothing: the record of the last invocation stays as it was.
+    let kept: Vec<_> = if render_only {
+        std::mem::take(&mut t.stages)
+    } else if args.only.is_empty() {
         vec![]
     } else {
         let now: std::collections::BTreeSet<&String> =
@@ -539,11 +591,26 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         .into_iter()
         .chain(ctx.stages.log.iter().cloned())
         .collect();
-    t.seconds = ctx.stages.elapsed();
+    if !render_only {
+        t.seconds = ctx.stages.elapsed();
+    }
     elm::io::write_json_atomic(&tables_path, &t)
         .map_err(|e| ReproError::writing(&tables_path, e))?;
     let written = plots::write(&t, &out.join("plots"))?;
-    let page = readme::readme(&t, &written);
+    let mut page = readme::readme(&t, &written);
+    // The main job's page also carries the tables that read several runs: its `long` run and
+    // the second family's (`OUT/long`, `OUT/gemma3`), where they have been run.
+    let companion = |dir: &str| -> Option<Tables> {
+        let text = std::fs::read_to_string(out.join(dir).join("tables.json")).ok()?;
+        serde_json::from_str(&text).ok()
+    };
+    if args.scale != Scale::Long {
+        let (long, second) = (companion("long"), companion("gemma3"));
+        let cross = crate::claims::sections(&t, long.as_ref(), second.as_ref());
+        if !cross.is_empty() {
+            page = page.replacen("## Table 1 — ", &format!("{cross}## Table 1 — "), 1);
+        }
+    }
     let readme_path = out.join("README.md");
     elm::io::write_atomic(&readme_path, page.as_bytes())
         .map_err(|e| ReproError::writing(&readme_path, e))?;
@@ -578,10 +645,15 @@ pub fn run(args: Args) -> Result<(), ReproError> {
             .map_err(|e| ReproError::writing(path, e))?;
     }
     eprintln!(
-        "wrote {} and {} in {}",
+        "{} {} and {} ({})",
+        if render_only { "rendered" } else { "wrote" },
         readme_path.display(),
         tables_path.display(),
-        crate::stage::seconds(t.seconds)
+        if render_only {
+            "nothing computed".to_string()
+        } else {
+            format!("in {}", crate::stage::seconds(t.seconds))
+        }
     );
     Ok(())
 }

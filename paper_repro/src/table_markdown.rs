@@ -9,9 +9,9 @@ use crate::markdown::{
     count, float, iv, mib, opt, pct, signed, signed_float, Table, NOT_APPLICABLE, NOT_RECORDED,
 };
 use crate::rows::{
-    BenchFigures, CollapseRow, Controls, Curves, FullTest, FullyTrained, GradRow, Interval, KvRow,
-    MainRow, PrecisionRow, Seeds, SolverRow, SpectralRow, SpeedRow, SweepRow, TrainedStart,
-    TrainedWindow, PAPER_PROBLEMS,
+    BenchFigures, CollapseRow, Controls, Curves, FullTest, FullyTrained, GradRow, Grid, GridDepth,
+    GridRow, Interval, KvRow, MainRow, PrecisionRow, Seeds, SolverRow, SpectralRow, SpeedRow,
+    SweepRow, TrainedStart, TrainedWindow, PAPER_PROBLEMS,
 };
 use crate::runs::RhoSweep;
 use crate::solvers::CanonicalRow;
@@ -157,6 +157,7 @@ pub fn main_table(rows: &[MainRow]) -> String {
         "ΔNLL vs ELM",
         "flexible EM",
         "strict EM",
+        "cut off by the budget",
         "RP (flexible)",
     ]);
     for r in rows {
@@ -173,6 +174,11 @@ pub fn main_table(rows: &[MainRow]) -> String {
             opt(&r.delta_nll_vs_elm, signed),
             opt(&r.flexible_em, iv),
             opt(&r.strict_em, iv),
+            match (&r.truncated, &r.flexible_em) {
+                (Some(c), _) => iv(c),
+                (None, Some(_)) => NOT_RECORDED.to_string(),
+                (None, None) => NOT_APPLICABLE.to_string(),
+            },
             opt(&r.rp_flexible, iv),
         ]);
     }
@@ -505,8 +511,7 @@ pub fn curves_table(c: &Curves) -> String {
         "answer NLL per doubling of tokens",
         "gap at the smallest budget",
         "gap at the largest budget",
-        "gap per doubling",
-        "gap",
+        "gap, smallest to largest budget",
         "last segment (two largest budgets): sign of the gap's slope only",
     ]);
     for r in &c.trends {
@@ -515,8 +520,6 @@ pub fn curves_table(c: &Curves) -> String {
             signed_float(r.slope_per_doubling),
             opt(&r.gap_smallest, signed),
             opt(&r.gap_largest, signed),
-            r.gap_slope_per_doubling
-                .map_or_else(|| NOT_APPLICABLE.into(), signed_float),
             r.verdict.clone(),
             r.gap_last_segment_slope.map_or_else(
                 || NOT_APPLICABLE.into(),
@@ -546,8 +549,9 @@ pub fn curves_table(c: &Curves) -> String {
         });
     let mut s = format!(
         "Gaps are each model's answer NLL minus that of **{}** trained with the same number of steps (positive: the ELM is better). \
-         Trends are least-squares lines against log2(tokens) through each curve's budgets ({} for the reference ELM, the best healed \
-         baseline and the tuned dense model, spanning {:.0} doublings{}); nothing is extrapolated beyond them. The last column gives \
+         The NLL trend is a least-squares line of each curve's own NLL against log2(tokens) through its budgets ({} for the reference ELM, \
+         the best healed baseline and the tuned dense model, spanning {:.0} doublings{}); no line is fitted through a gap, which rises and \
+         falls (the verdict below reads it budget by budget), and nothing is extrapolated beyond them. The last column gives \
          only the sign of the gap's change between the two largest budgets (rising: the gap grows in the ELM's favour). The paper's \
          budget (two epochs of MetaMathQA, {} problems seen) lies {:.1} doublings beyond the largest budget here.\n\n{}\n{}",
         c.reference,
@@ -576,31 +580,73 @@ fn curve_span(c: &Curves) -> f64 {
     elm::eval::stats::spread(&toks).map_or(0.0, |s| (s.max / s.min.max(1.0)).log2())
 }
 
-/// The sentence a reader looks for: does the best baseline's gap to the ELM shrink, cross or
-/// grow with the budget (the first trend after the reference's own).
+/// Whether a paired gap (X minus the ELM; lower NLL is better) is sure, in the curves' words.
+pub fn gap_sureness(i: &Interval) -> &'static str {
+    if i.lo > 0.0 {
+        "the ELM is surely better"
+    } else if i.hi < 0.0 {
+        "the ELM is surely worse"
+    } else {
+        "not distinguishable"
+    }
+}
+
+/// `series`' paired gap to the reference ELM at each budget it was trained at, by steps.
+pub fn gap_by_budget(c: &Curves, series: &str) -> Vec<(usize, Interval)> {
+    let mut v: Vec<(usize, Interval)> = c
+        .points
+        .iter()
+        .filter(|p| p.series == series)
+        .filter_map(|p| p.minus_elm.map(|g| (p.steps, g)))
+        .collect();
+    v.sort_by_key(|(steps, _)| *steps);
+    v
+}
+
+/// The series the curves' verdict reads: the first with gaps besides the reference (the best
+/// healed baseline).
+pub fn curves_rival(c: &Curves) -> Option<&str> {
+    c.trends
+        .iter()
+        .find(|r| r.series != c.reference)
+        .map(|r| r.series.as_str())
+}
+
+/// The sentence a reader looks for: the best baseline's paired gap to the ELM at every budget,
+/// read from the largest budget back, and how it moves from one budget to the next (point
+/// estimates; no line is fitted through the curve, which need not be straight).
 pub fn curves_verdict(c: &Curves) -> Option<String> {
-    let r = c.trends.iter().find(|r| r.series != c.reference)?;
-    let (first, last) = (r.gap_smallest?, r.gap_largest?);
-    let sure = |i: &Interval| {
-        if i.lo > 0.0 {
-            "the ELM is surely better"
-        } else if i.hi < 0.0 {
-            "the ELM is surely worse"
-        } else {
-            "not distinguishable"
-        }
-    };
+    let series = curves_rival(c)?;
+    let gaps = gap_by_budget(c, series);
+    let (last_steps, last) = *gaps.last()?;
+    // The budget where the ELM leads by most (the top of the hump, when there is one).
+    let (peak_steps, peak) = *gaps.iter().max_by(|a, b| a.1.value.total_cmp(&b.1.value))?;
+    let by_budget = gaps
+        .iter()
+        .map(|(n, g)| format!("{n} steps {}", signed(g)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let segments = gaps
+        .windows(2)
+        .map(|w| {
+            format!(
+                "{}→{}: {}",
+                w[0].0,
+                w[1].0,
+                signed_float(w[1].1.value - w[0].1.value)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     Some(format!(
-        "**Verdict:** against {}, the gap {} with the budget: {} at the smallest budget ({}), {} at the largest ({}); \
-         it changes by {} nats/token per doubling of tokens.",
-        r.series,
-        r.verdict,
-        signed(&first),
-        sure(&first),
+        "**Verdict:** against {series}, at the largest budget ({last_steps} steps) the gap is {} ({}); the ELM's lead is largest at \
+         {peak_steps} steps ({}, {}). The gap by budget ({series} minus the ELM trained with the same steps, paired; above 0: the ELM is better): {by_budget}. \
+         From one budget to the next it moves by {segments} (point estimates). No line is fitted through the budgets and nothing is \
+         extrapolated past {last_steps} steps.",
         signed(&last),
-        sure(&last),
-        r.gap_slope_per_doubling
-            .map_or_else(|| NOT_APPLICABLE.into(), signed_float),
+        gap_sureness(&last),
+        signed(&peak),
+        gap_sureness(&peak),
     ))
 }
 
@@ -737,4 +783,186 @@ pub fn rho_sweep_table(r: &RhoSweep, solver: &[SolverRow]) -> String {
             .find(|&rho| at(rho, "anderson").is_some_and(|x| x.saving_vs_picard >= 0.386))
             .map_or_else(|| "none of the swept values".to_string(), float)
     )
+}
+
+/// A grid depth in words: `K = 4`, `solved (δ = 0.5)`.
+pub fn depth_label(d: &GridDepth) -> String {
+    match d {
+        GridDepth::Fixed(k) => format!("K = {k}"),
+        GridDepth::Solved { tol, .. } => format!("solved (δ = {tol})"),
+    }
+}
+
+/// Table 11: every cell of the train-K × test-K grid.
+pub fn grid_table(g: &Grid) -> String {
+    let mut t = Table::new(&[
+        "trained",
+        "tested",
+        "validation NLL",
+        "validation evals/token",
+        "test answer NLL",
+        "test block evals/token",
+        "minus the solved ELM (paired)",
+        "minus the same module as trained (paired)",
+    ]);
+    for r in &g.rows {
+        t.row(&[
+            depth_label(&r.trained),
+            depth_label(&r.tested),
+            float(r.validation_nll),
+            float(r.validation_evals),
+            iv(&r.answer_nll),
+            float(r.block_evals_per_token),
+            signed(&r.minus_elm),
+            opt(&r.minus_as_trained, signed),
+        ]);
+    }
+    let cap = g.rows.iter().find_map(|r| match r.tested {
+        GridDepth::Solved { max_iter, .. } => Some(max_iter),
+        GridDepth::Fixed(_) => None,
+    });
+    format!(
+        "Layers {}–{} (the headline window), the main budget. Trained: the module looped K times with injection \
+         (unrolled), or solved (the ELM: Anderson, δ = 0.5). Tested: K' applications from z⁰ = 0, or solved by Anderson to \
+         δ{}. Validation: {} problems (what the sentence below chooses by); test: the first {} problems of the test sample. \
+         \"The solved ELM\" is the module trained and tested solved at δ = 0.5.\n\n{}{}",
+        g.layers.0,
+        g.layers.1,
+        cap.map_or_else(String::new, |c| format!(" (at most {c} evaluations per token)")),
+        g.validation_problems,
+        g.test_problems,
+        t.into_markdown(),
+        grid_sentence(g).map_or_else(String::new, |s| format!("\n{s}\n")),
+    )
+}
+
+/// The grid's answer to "is the equilibrium worth solving?", chosen on validation only: the
+/// fixed loop (any trained K, any tested K') with the lowest validation NLL among those that
+/// spend no more block evaluations per token than the solved ELM does on validation (rounded
+/// up), against the solved ELM on test; then what deeper testing does to loops and to the ELM.
+pub fn grid_sentence(g: &Grid) -> Option<String> {
+    let elm_depth = |r: &GridRow| matches!(r.trained, GridDepth::Solved { .. });
+    let elm = g
+        .rows
+        .iter()
+        .find(|r| elm_depth(r) && r.tested == r.trained)?;
+    let budget = elm.validation_evals.ceil();
+    let chosen = g
+        .rows
+        .iter()
+        .filter(|r| matches!(r.tested, GridDepth::Fixed(k) if k as f64 <= budget))
+        .min_by(|a, b| a.validation_nll.total_cmp(&b.validation_nll))?;
+    let verdict = if chosen.minus_elm.lo > 0.0 {
+        "the solve beats a fixed loop at matched compute"
+    } else if chosen.minus_elm.hi < 0.0 {
+        "a fixed loop beats the solve at matched compute"
+    } else {
+        "the solve does not beat a fixed loop at matched compute (not separable at this sample)"
+    };
+    let mut s = format!(
+        "**Is the equilibrium worth solving?** At this window and budget {verdict}: the loop trained at {} and tested at {} \
+         (the lowest validation NLL among fixed loops with at most {budget} block evaluations per token, the solved ELM's {:.1} on \
+         validation rounded up) minus the solved ELM, paired on test: {}.",
+        depth_label(&chosen.trained),
+        depth_label(&chosen.tested),
+        elm.validation_evals,
+        signed(&chosen.minus_elm),
+    );
+    let deepest = g
+        .rows
+        .iter()
+        .filter_map(|r| match r.tested {
+            GridDepth::Fixed(k) => Some(k),
+            GridDepth::Solved { .. } => None,
+        })
+        .max()?;
+    let extrapolations: Vec<String> = g
+        .rows
+        .iter()
+        .filter(|r| {
+            matches!((r.trained, r.tested), (GridDepth::Fixed(k), GridDepth::Fixed(kk)) if kk == deepest && k < kk)
+        })
+        .filter_map(|r| {
+            r.minus_as_trained
+                .as_ref()
+                .map(|d| format!("{} {}", depth_label(&r.trained), signed(d)))
+        })
+        .collect();
+    if !extrapolations.is_empty() {
+        s += &format!(
+            " Tested at K' = {deepest} instead of their own K, minus as trained (paired; above 0: worse): {}.",
+            extrapolations.join(", ")
+        );
+    }
+    let tighter: Vec<String> = g
+        .rows
+        .iter()
+        .filter(|r| {
+            elm_depth(r) && matches!(r.tested, GridDepth::Solved { .. }) && r.tested != r.trained
+        })
+        .filter_map(|r| {
+            r.minus_as_trained.as_ref().map(|d| {
+                format!(
+                    "{} minus δ = 0.5: {} at {:.1} block evaluations per token",
+                    depth_label(&r.tested),
+                    signed(d),
+                    r.block_evals_per_token
+                )
+            })
+        })
+        .collect();
+    if !tighter.is_empty() {
+        s += &format!(
+            " The ELM with a tighter tolerance (the property DEQ papers claim: more compute, a better answer): {}.",
+            tighter.join("; ")
+        );
+    }
+    Some(s)
+}
+
+/// GPPO and the short-training enumeration against table 6b's fully trained starts (the only
+/// ground truth): rank correlations, how far the policy is from uniform, and whether its
+/// choice beats a start drawn at random.
+pub fn against_truth_reading(w: &WhereToPrune, f: &FullyTrained) -> Option<String> {
+    let truth: Vec<(usize, f64)> = f
+        .starts
+        .iter()
+        .map(|s| (s.start, s.validation_nll.value))
+        .collect();
+    let a = elm::search::report::against_truth(w, &truth)?;
+    let rho = |x: Option<f64>| x.map_or_else(|| NOT_APPLICABLE.to_string(), |v| format!("{v:+.3}"));
+    let mut s = format!(
+        "**Against the ground truth** ({} fully trained starts, validation NLL): GPPO's policy ranks the starts with Spearman ρ = {} \
+         (a start's probability against its negated NLL; GPPO's own ρ, {}, is against the short-training enumeration, whose ρ with \
+         full training is {} over the starts it enumerated).",
+        a.starts,
+        rho(a.policy_spearman),
+        rho(w.gppo_spearman),
+        rho(a.proxy_spearman),
+    );
+    if let (Some(h), Some(m)) = (a.policy_entropy_ratio, a.policy_max) {
+        s += &format!(
+            " The policy is close to uniform: its entropy is {:.3} of the uniform policy's, its largest probability {:.3} against 1/{} = {:.3}.",
+            h,
+            m,
+            (1.0 / a.uniform).round(),
+            a.uniform
+        );
+    }
+    if let (Some(g), Some(c), Some(share)) = (&w.gppo, a.choice_nll, a.share_better_than_choice) {
+        let beats = if c < a.random_nll {
+            "GPPO's choice beats a window drawn at random at this budget"
+        } else {
+            "GPPO's choice does not beat a window drawn at random at this budget"
+        };
+        s += &format!(
+            " Its choice, start {}, scores {} after full training, against {} expected of a start drawn at random (the mean over \
+             starts); {} of the starts are better: {beats}.",
+            g.choice,
+            float(c),
+            float(a.random_nll),
+            pct(share),
+        );
+    }
+    Some(s)
 }

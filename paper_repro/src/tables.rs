@@ -8,8 +8,8 @@ use elm::search::report::WhereToPrune;
 use serde::{Deserialize, Serialize};
 
 use crate::rows::{
-    BenchFigures, CollapseRow, Controls, Curves, FullTest, FullyTrained, GradRow, HealedElm, KvRow,
-    MainRow, PrecisionRow, SameWindow, Seeds, SolverRow, SpectralRow, SpeedRow, SweepRow,
+    BenchFigures, CollapseRow, Controls, Curves, FullTest, FullyTrained, GradRow, Grid, HealedElm,
+    KvRow, MainRow, PrecisionRow, SameWindow, Seeds, SolverRow, SpectralRow, SpeedRow, SweepRow,
     TrainedWindow, REFERENCE_KIND,
 };
 use crate::runs::RhoSweep;
@@ -24,6 +24,7 @@ pub struct Written {
     pub sweep: bool,
     pub curves: bool,
     pub fully_trained: bool,
+    pub grid: bool,
 }
 
 /// Every table of one run.
@@ -88,6 +89,9 @@ pub struct Tables {
     /// Table 6b: every start trained at the main budget (scales that have it).
     #[serde(default)]
     pub fully_trained: Option<FullyTrained>,
+    /// Table 11: the train-K × test-K grid at the headline window.
+    #[serde(default)]
+    pub grid: Option<Grid>,
 }
 
 impl Tables {
@@ -121,6 +125,7 @@ impl Tables {
             seeds: None,
             precision_check: vec![],
             fully_trained: None,
+            grid: None,
         }
     }
 

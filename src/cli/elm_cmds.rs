@@ -537,9 +537,17 @@ pub struct EvalArgs {
     /// Sequences per forward batch.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
-    /// Generation tasks: new tokens per item.
-    #[arg(long, default_value_t = 256)]
-    pub max_new_tokens: usize,
+    /// Generation tasks: new tokens per item, or `auto` (GSM8K): the 99th percentile of the
+    /// validation split's reference solutions in this model's tokens, rounded up to 16, so
+    /// that the budget does not cut answers off (the JSON's `generation_budget` says what it
+    /// measured; each sample's `truncated` and the `truncated` metric what was cut).
+    #[arg(long, default_value = "256")]
+    pub max_new_tokens: elm::eval::gsm8k::MaxNewTokens,
+    /// How deep the module runs: `trained` (as trained: its fixed K, or solved), `solved` (by
+    /// --solver to --abs-tol, also a module trained as a fixed loop) or a number K' (exactly
+    /// K' applications from z⁰, also for a module trained solved). The train-K × test-K study.
+    #[arg(long, default_value = "trained")]
+    pub depth: elm::equilibrium::inference_config::Depth,
     /// Pair against the dense model of --model on the same items (Δ with its interval).
     #[arg(long, conflicts_with_all = ["compare_elm", "compare_model"])]
     pub compare_dense: bool,
@@ -596,10 +604,31 @@ fn run_one(
 /// interval; with `--compare-dense` / `--compare-elm` also the paired difference.
 pub fn run_eval(a: EvalArgs) -> Result<()> {
     let task = a.task;
+    let dir = resolve_data_dir(a.data_dir.as_deref())?;
+    // Sized on validation, never on the problems being scored.
+    let (max_new_tokens, generation_budget) = match a.max_new_tokens {
+        elm::eval::gsm8k::MaxNewTokens::Fixed(n) => (n, None),
+        elm::eval::gsm8k::MaxNewTokens::FromReferences => {
+            if task != Task::Gsm8k {
+                return Err(ElmError::config(
+                    "max-new-tokens",
+                    "auto sizes the budget from GSM8K's reference solutions: --task gsm8k only",
+                ));
+            }
+            let tok = elm::model::load_tokenizer(&a.model)?;
+            let refs = elm::data::load_gsm8k(&dir, elm::data::Split::Validation)?;
+            let b = elm::eval::gsm8k::reference_token_budget(
+                &tok,
+                &refs,
+                elm::eval::gsm8k::REFERENCE_BUDGET_QUANTILE,
+            )?;
+            (b.max_new_tokens, Some(b))
+        }
+    };
     let opts = TaskOptions {
         limit: a.limit,
         batch: a.batch,
-        max_new_tokens: a.max_new_tokens,
+        max_new_tokens,
         inference: a.infer.inference_config()?,
         bootstrap: BootstrapConfig {
             resamples: a.bootstrap,
@@ -610,7 +639,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         run_without_sandbox: a.unsafe_run_code_without_sandbox,
     };
     opts.validate()?;
-    if task.generates() && a.max_new_tokens == 0 {
+    if task.generates() && max_new_tokens == 0 {
         return Err(ElmError::config("max-new-tokens", "must be >= 1"));
     }
     if a.compare_dense && a.infer.elm.is_none() {
@@ -619,7 +648,6 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             "needs --elm (the model compared with its dense reference)",
         ));
     }
-    let dir = resolve_data_dir(a.data_dir.as_deref())?;
     let n = a.limit.unwrap_or(usize::MAX);
     let sample = match a.sample_seed {
         Some(seed) => elm::data::ProblemSample::Seeded { n, seed },
@@ -628,6 +656,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     let data = TaskData::load(task, &dir, a.split, sample)?;
     default_blas_threads();
     let (model, tok) = ElmModel::load(&a.model, a.infer.elm.as_deref())?;
+    let model = model.with_depth(a.depth)?;
     let loaded = elm::memory::loaded_bytes_or(0);
     let comparing = a.compare_dense || a.compare_elm.is_some() || a.compare_model.is_some();
     // The reference model is loaded beside the first: counted as large as it.
@@ -646,7 +675,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     let reference_elm = a.compare_elm.as_ref();
     let reference = if a.compare_dense || reference_elm.is_some() || a.compare_model.is_some() {
         let reference_model = match (reference_elm, &a.compare_model) {
-            (Some(dir), _) => ElmModel::load(&a.model, Some(dir))?.0,
+            (Some(dir), _) => ElmModel::load(&a.model, Some(dir))?.0.with_depth(a.depth)?,
             (None, Some(other)) => {
                 let (other_model, other_tok) = ElmModel::load(other, None)?;
                 if other_tok.vocab_size() != tok.vocab_size() {
@@ -690,6 +719,8 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         v["elm"] = a.infer.elm.as_ref().map(|p| p.display().to_string()).into();
         v["data_dir"] = dir.display().to_string().into();
         v["inference"] = serde_json::to_value(&opts.inference).unwrap_or_default();
+        v["max_new_tokens"] = max_new_tokens.into();
+        v["generation_budget"] = serde_json::to_value(&generation_budget).unwrap_or_default();
         v["memory_estimate"] = serde_json::to_value(&memory).unwrap_or_default();
         v["peak_rss_bytes"] = elm::io::peak_rss_bytes().into();
         v["reference"] = match &reference {

@@ -239,7 +239,19 @@ fn draw(
             vec![(*rho, 1.0), (*rho, hi)],
             BLACK.mix(0.5).stroke_width(1),
         ))?;
-        let short = name.split(" (").next().unwrap_or(name).to_string();
+        // The short name unless another mark shares it (the main and the ablation budget's
+        // ELM at one M): then the whole name, so that no two marks read alike.
+        let short_of = |n: &str| n.split(" (").next().unwrap_or(n).to_string();
+        let short = if marks
+            .iter()
+            .filter(|(other, _)| short_of(other) == short_of(name))
+            .count()
+            > 1
+        {
+            name.clone()
+        } else {
+            short_of(name)
+        };
         chart.draw_series(std::iter::once(Text::new(
             short,
             (*rho, hi / 1.6 / 1.4f64.powi(i as i32)),

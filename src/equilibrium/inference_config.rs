@@ -45,6 +45,50 @@ impl std::str::FromStr for KvMode {
     }
 }
 
+/// How deep the module runs at inference, whatever it was trained with: the train-K × test-K
+/// study tests a module trained as a fixed loop when solved, and a solved one (the ELM) as a
+/// fixed loop of K' applications.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Depth {
+    /// As trained: `K` applications for a fixed-K module, solved for the ELM.
+    #[default]
+    AsTrained,
+    /// Exactly `K` applications from the module's `z⁰`, no solver, no tolerance.
+    Fixed(usize),
+    /// Solved by the inference config's solver to its tolerance.
+    Solved,
+}
+
+impl std::str::FromStr for Depth {
+    type Err = ElmError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "trained" => Ok(Depth::AsTrained),
+            "solved" => Ok(Depth::Solved),
+            k => match k.parse::<usize>() {
+                Ok(k) if k >= 1 => {
+                    crate::limits::check_max_iter("depth", k)?;
+                    Ok(Depth::Fixed(k))
+                }
+                _ => Err(ElmError::config(
+                    "depth",
+                    format!("`{s}`: expected trained, solved or a number of applications >= 1"),
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Depth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Depth::AsTrained => f.write_str("trained"),
+            Depth::Fixed(k) => write!(f, "{k}"),
+            Depth::Solved => f.write_str("solved"),
+        }
+    }
+}
+
 /// How the fixed-point module is solved at inference.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

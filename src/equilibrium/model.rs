@@ -16,6 +16,7 @@ use crate::model_data::quant::{
 };
 
 use super::config::ElmConfig;
+use super::inference_config::Depth;
 use super::interchange::{self, ExportParts, OfficialSettings};
 use super::map::ModuleView;
 use super::module::{load_module_for, load_relaxed_for, ElmModule};
@@ -441,6 +442,34 @@ impl ElmModel {
             ElmWeights::F32 { dense, .. } => &dense.config,
             ElmWeights::Quant(q) => &q.dense.config,
         }
+    }
+    /// The model with its module run at `depth` instead of as trained (see [`Depth`]): a
+    /// fixed loop solved, or a solved module looped a fixed number of times. A model without a
+    /// module, or a relaxed recursive one (its loops differ, so its depth is fixed at M), is
+    /// refused unless `depth` is [`Depth::AsTrained`].
+    pub fn with_depth(mut self, depth: Depth) -> Result<Self> {
+        if depth == Depth::AsTrained {
+            return Ok(self);
+        }
+        let config = self.config().clone();
+        let Some(ec) = self.elm.as_mut() else {
+            return Err(ElmError::config(
+                "depth",
+                format!("`{depth}`: the model has no fixed-point module (a dense model or one merged from relaxed loops)"),
+            ));
+        };
+        if ec.relaxed.is_some() {
+            return Err(ElmError::config(
+                "depth",
+                "a relaxed recursive module runs its M distinct loops exactly once each",
+            ));
+        }
+        ec.fixed_iterations = match depth {
+            Depth::Fixed(k) => Some(k),
+            Depth::Solved | Depth::AsTrained => None,
+        };
+        ec.validate(&config)?;
+        Ok(self)
     }
     /// Which layers the module replaces (`None`: the dense model).
     pub fn elm_config(&self) -> Option<&ElmConfig> {

@@ -29,6 +29,10 @@ pub struct Sample {
     pub reference: String,
     pub prediction: String,
     pub score: AnswerScore,
+    /// The completion reached `max_new_tokens` before an end of turn or a stop text: its
+    /// answer was cut off by the generation budget, not finished.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// GSM8K evaluation settings.
@@ -47,6 +51,8 @@ pub struct Gsm8kResult {
     pub strict_items: Vec<ItemScore>,
     /// Per problem: `value` 1 when the flexible extraction matches, weight 1.
     pub flexible_items: Vec<ItemScore>,
+    /// Per problem: `value` 1 when the generation budget cut the completion off.
+    pub truncated_items: Vec<ItemScore>,
     #[serde(flatten)]
     pub run: GenerationRun,
     pub kv_bytes_per_sequence: usize,
@@ -83,6 +89,9 @@ pub struct GreedyBatch {
     pub texts: Vec<String>,
     /// New tokens per prompt (stop token included).
     pub new_tokens: Vec<usize>,
+    /// Per prompt: cut off at `max_new_tokens`, with neither an end-of-turn token nor a stop
+    /// text in what it generated.
+    pub truncated: Vec<bool>,
     /// Fixed-point statistics of every decoded token.
     pub decode_stats: Vec<FpStat>,
     /// K/V bytes the session allocated.
@@ -122,16 +131,22 @@ pub fn greedy_batch(
         Some(&detok),
     )?;
     let new_tokens = tokens.iter().map(Vec::len).collect();
+    let ended = |out: &[u32]| out.last().is_some_and(|t| stops.contains(t));
+    let mut truncated = Vec::with_capacity(tokens.len());
     let texts = tokens
         .into_iter()
         .map(|out| {
+            let at_budget = out.len() >= max_new_tokens && !ended(&out);
             let kept: Vec<u32> = out.into_iter().filter(|t| !stops.contains(t)).collect();
-            tok.decode(&kept)
+            let text = tok.decode(&kept)?;
+            truncated.push(at_budget && !stop_strings.iter().any(|s| text.contains(s)));
+            Ok(text)
         })
         .collect::<Result<_>>()?;
     Ok(GreedyBatch {
         texts,
         new_tokens,
+        truncated,
         decode_stats: std::mem::take(&mut session.decode_stats),
         kv_bytes: session.kv_bytes(),
     })
@@ -166,7 +181,8 @@ pub struct GenerationTotals {
 
 /// The generation tasks' one loop: greedy completions of `items`, `limits.batch` at a time.
 /// `prompt(item)` tokenises each prompt; `take(item, text)` receives every completion in order
-/// (stop tokens dropped, a stop text kept: each task cuts its answer its own way);
+/// (stop tokens dropped, a stop text kept: each task cuts its answer its own way) and whether
+/// the budget cut it off ([`GreedyBatch::truncated`]);
 /// `on_progress(done)` runs after each batch. Batches are independent sessions, so they run
 /// concurrently where teacher-forced scoring's do ([`each_batch`]): a batch-8 decode step is
 /// too small to split over the cores, two batches are not.
@@ -178,7 +194,7 @@ pub fn generate_in_batches<I>(
     items: &[I],
     limits: GenerationLimits<'_>,
     prompt: impl Fn(&I) -> Result<Vec<u32>>,
-    mut take: impl FnMut(&I, String) -> Result<()>,
+    mut take: impl FnMut(&I, String, bool) -> Result<()>,
     on_progress: &mut (impl FnMut(usize) + Send),
 ) -> Result<GenerationTotals> {
     let start = Instant::now();
@@ -201,8 +217,8 @@ pub fn generate_in_batches<I>(
         kv_bytes_per_sequence = done.kv_bytes / chunk.len();
         stats.extend(done.decode_stats);
         generated += done.new_tokens.iter().sum::<usize>();
-        for (item, text) in chunk.iter().zip(done.texts) {
-            take(item, text)?;
+        for ((item, text), cut) in chunk.iter().zip(done.texts).zip(done.truncated) {
+            take(item, text, cut)?;
         }
     }
     Ok(GenerationTotals {
@@ -256,7 +272,7 @@ pub fn eval_gsm8k(
             stop_strings: &GSM8K_STOP_STRINGS,
         },
         |(_, e)| tok.encode(&qa_prompt(tok, &e.question), false),
-        |(id, e), mut prediction| {
+        |(id, e), mut prediction, truncated| {
             // As the harness: the response ends before its stop text.
             if let Some(end) = GSM8K_STOP_STRINGS
                 .iter()
@@ -271,6 +287,7 @@ pub fn eval_gsm8k(
                 reference: e.answer.clone(),
                 score: score_response(&prediction, &e.answer),
                 prediction,
+                truncated,
             });
             Ok(())
         },
@@ -291,6 +308,7 @@ pub fn eval_gsm8k(
             .iter()
             .map(|s| item(s, s.score.flexible_correct))
             .collect(),
+        truncated_items: samples.iter().map(|s| item(s, s.truncated)).collect(),
         run: totals.run,
         kv_bytes_per_sequence: totals.kv_bytes_per_sequence,
         samples,
@@ -334,4 +352,100 @@ pub fn answer_nll(
         })
         .collect::<Result<Vec<_>>>()?;
     teacher_forced_nll(model, inference, &seqs, batch, on_progress)
+}
+
+/// The generation budget the reference solutions call for: the `quantile` (e.g. 0.99) of their
+/// lengths in `tok`'s tokens, laid out as the model is tuned to answer ([`QaLayout::answer`],
+/// its end-of-turn included), rounded up to a multiple of 16. An exact-match run whose
+/// `max_new_tokens` is below it cuts off answers the model would have finished; read it on the
+/// validation split, so that no test problem sets it.
+pub fn reference_token_budget(
+    tok: &Tokenizer,
+    examples: &[QaExample],
+    quantile: f64,
+) -> Result<GenerationBudget> {
+    if examples.is_empty() {
+        return Err(ElmError::InvalidArgument(
+            "no reference solutions to size a generation budget on".into(),
+        ));
+    }
+    if !(0.0..=1.0).contains(&quantile) {
+        return Err(ElmError::config("quantile", "must be in [0, 1]"));
+    }
+    let layout = QaLayout::of(tok);
+    let mut lengths = examples
+        .iter()
+        .map(|e| Ok(tok.encode(&layout.answer(&e.answer), false)?.len()))
+        .collect::<Result<Vec<usize>>>()?;
+    lengths.sort_unstable();
+    // The nearest-rank quantile: the smallest length at least `quantile` of them reach.
+    let rank = ((quantile * lengths.len() as f64).ceil() as usize).clamp(1, lengths.len());
+    let at_quantile = lengths[rank - 1];
+    Ok(GenerationBudget {
+        problems: lengths.len(),
+        quantile,
+        tokens_at_quantile: at_quantile,
+        median_tokens: lengths[(lengths.len() - 1) / 2],
+        max_tokens: lengths[lengths.len() - 1],
+        max_new_tokens: at_quantile.div_ceil(16) * 16,
+    })
+}
+
+/// What [`reference_token_budget`] measured and the budget it sets.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationBudget {
+    pub problems: usize,
+    pub quantile: f64,
+    pub tokens_at_quantile: usize,
+    pub median_tokens: usize,
+    pub max_tokens: usize,
+    /// `tokens_at_quantile` rounded up to a multiple of 16.
+    pub max_new_tokens: usize,
+}
+
+/// A generation budget as `elm eval --max-new-tokens` takes it: a number of tokens, or `auto`,
+/// sized by [`reference_token_budget`] on the validation split's reference solutions at
+/// [`REFERENCE_BUDGET_QUANTILE`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaxNewTokens {
+    Fixed(usize),
+    FromReferences,
+}
+
+/// The quantile of the reference solutions' lengths that [`MaxNewTokens::FromReferences`]
+/// covers.
+pub const REFERENCE_BUDGET_QUANTILE: f64 = 0.99;
+
+impl std::str::FromStr for MaxNewTokens {
+    type Err = ElmError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(MaxNewTokens::FromReferences),
+            n => n.parse().map(MaxNewTokens::Fixed).map_err(|_| {
+                ElmError::config(
+                    "max-new-tokens",
+                    format!("`{s}`: expected a number of tokens or auto"),
+                )
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for MaxNewTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MaxNewTokens::Fixed(n) => write!(f, "{n}"),
+            MaxNewTokens::FromReferences => f.write_str("auto"),
+        }
+    }
+}
+
+impl Serialize for MaxNewTokens {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            MaxNewTokens::Fixed(n) => s.serialize_u64(*n as u64),
+            MaxNewTokens::FromReferences => s.serialize_str("auto"),
+        }
+    }
 }

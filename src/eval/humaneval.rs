@@ -174,7 +174,7 @@ pub fn eval_humaneval(
             stop_strings: &STOP_SEQUENCES,
         },
         |p| tok.encode(&p.prompt, false),
-        |p, text| {
+        |p, text, _cut| {
             let completion = truncate_completion(&text).to_string();
             let (run, _) = run_python(&check_program(p, &completion), &sandbox)?;
             items.push(ItemScore {

@@ -231,11 +231,15 @@ fn metric(
 
 /// A 0/1 metric (exact match, pass@1): the proportion with Wilson's interval, which stays
 /// honest at 0 or n successes where a bootstrap's collapses to a point.
-fn proportion_metric(items: Vec<ItemScore>, cfg: &BootstrapConfig) -> Result<MetricReport> {
+fn proportion_metric(
+    items: Vec<ItemScore>,
+    higher_is_better: bool,
+    cfg: &BootstrapConfig,
+) -> Result<MetricReport> {
     let successes = items.iter().filter(|it| it.value == 1.0).count();
     Ok(MetricReport {
         estimate: crate::eval::stats::wilson(successes, items.len(), cfg.level)?,
-        higher_is_better: true,
+        higher_is_better,
         paired: None,
         items,
     })
@@ -298,11 +302,17 @@ pub fn run_task(
                 metrics: BTreeMap::from([
                     (
                         "strict_match".to_string(),
-                        proportion_metric(r.strict_items, cfg)?,
+                        proportion_metric(r.strict_items, true, cfg)?,
                     ),
                     (
                         "flexible_extract".to_string(),
-                        proportion_metric(r.flexible_items, cfg)?,
+                        proportion_metric(r.flexible_items, true, cfg)?,
+                    ),
+                    // What share of the answers the generation budget cut off (lower is
+                    // better): an exact match of 0 means little where this is high.
+                    (
+                        "truncated".to_string(),
+                        proportion_metric(r.truncated_items, false, cfg)?,
                     ),
                 ]),
                 perplexity: None,
@@ -335,7 +345,7 @@ pub fn run_task(
                 n: r.samples.len(),
                 metrics: BTreeMap::from([(
                     "pass_at_1".to_string(),
-                    proportion_metric(r.items, cfg)?,
+                    proportion_metric(r.items, true, cfg)?,
                 )]),
                 perplexity: None,
                 seconds: r.run.seconds,

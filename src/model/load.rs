@@ -65,15 +65,33 @@ fn not_found(path: &Path) -> ElmError {
     }
 }
 
+/// The tokenizer of a `.gguf` file or an HF directory, without its weights (checked against
+/// the model's vocabulary size as [`load_pretrained`] checks it).
+pub fn load_tokenizer(path: impl AsRef<Path>) -> Result<Tokenizer> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        let tokenizer = Tokenizer::from_file(path.join("tokenizer.json"))?;
+        let config = crate::formats::hf::read_hf_config(path)?;
+        tokenizer.check_embedding_rows(config.vocab_size, &path.join("tokenizer.json"))?;
+        Ok(tokenizer)
+    } else if path.is_file() {
+        let gguf = GgufFile::open(path)?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let config = crate::formats::config_from_gguf(&gguf)?;
+        tokenizer.check_embedding_rows(config.vocab_size, path)?;
+        Ok(tokenizer)
+    } else {
+        Err(not_found(path))
+    }
+}
+
 /// Loads weights and tokenizer from a `.gguf` file or an HF directory
 /// (`config.json`, safetensors, `tokenizer.json`).
 pub fn load_pretrained(path: impl AsRef<Path>) -> Result<(ModelWeights, Tokenizer)> {
     let path = path.as_ref();
     if path.is_dir() {
         // The tokenizer first: an invalid one is refused before the weights load.
-        let tokenizer = Tokenizer::from_file(path.join("tokenizer.json"))?;
-        let config = crate::formats::hf::read_hf_config(path)?;
-        tokenizer.check_embedding_rows(config.vocab_size, &path.join("tokenizer.json"))?;
+        let tokenizer = load_tokenizer(path)?;
         let weights = load_hf_model(path)?;
         Ok((weights, tokenizer))
     } else if path.is_file() {

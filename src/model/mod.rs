@@ -46,7 +46,7 @@ pub use block_view::{AttnRef, BlockRef, BlockWeights};
 pub use kv_cache::{KvCache, LayerKv, Scratch};
 pub use load::{
     config_and_layer_format, default_model_path, load_config, load_inference,
-    load_inference_layers, load_pretrained, load_weights, models_dir,
+    load_inference_layers, load_pretrained, load_tokenizer, load_weights, models_dir,
 };
 pub use transformer::{
     back_linears_with_huge_pages, check_context, embed_tokens, DecoderWeights, Transformer,

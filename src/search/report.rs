@@ -285,3 +285,78 @@ pub fn where_to_prune(
         metrics,
     })
 }
+
+/// How a window selector reads against the ground truth: every start trained at the full
+/// budget and scored on validation (`truth`: `(start, NLL)`, lower is better).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgainstTruth {
+    /// Starts with a ground-truth score.
+    pub starts: usize,
+    /// Spearman's ρ between the policy's probability of a start and the negated ground-truth
+    /// NLL (1: the policy ranks the starts as full training does), over starts with both.
+    pub policy_spearman: Option<f64>,
+    /// Spearman's ρ between the enumeration's short-training NLL and the ground truth, over
+    /// the starts it enumerated (the proxy GPPO's own ρ is reported against).
+    pub proxy_spearman: Option<f64>,
+    /// The policy's entropy over ln(number of starts): 1 is the uniform policy.
+    pub policy_entropy_ratio: Option<f64>,
+    /// The policy's largest probability, and the uniform one `1 / starts`.
+    pub policy_max: Option<f64>,
+    pub uniform: f64,
+    /// Ground-truth NLL of the chosen start, and the mean over all starts (what a start drawn
+    /// uniformly at random scores in expectation).
+    pub choice_nll: Option<f64>,
+    pub random_nll: f64,
+    /// Share of the starts whose ground truth is better than the choice's (0: the best).
+    pub share_better_than_choice: Option<f64>,
+}
+
+/// [`AgainstTruth`] of `report`'s GPPO run (its policy `gppo_probs`, indexed by start, and its
+/// choice) and of its enumeration, against `truth`. `None` without ground truth.
+pub fn against_truth(report: &WhereToPrune, truth: &[(usize, f64)]) -> Option<AgainstTruth> {
+    if truth.is_empty() {
+        return None;
+    }
+    let score = |start: usize| truth.iter().find(|(s, _)| *s == start).map(|(_, v)| *v);
+    let paired = |xs: &[(usize, f64)]| -> (Vec<f64>, Vec<f64>) {
+        xs.iter()
+            .filter_map(|&(s, x)| score(s).map(|t| (x, t)))
+            .unzip()
+    };
+    let probs: Option<Vec<(usize, f64)>> = report
+        .gppo_probs
+        .as_ref()
+        .map(|p| p.iter().copied().enumerate().collect());
+    let policy_spearman = probs.as_ref().and_then(|p| {
+        let (x, t) = paired(p);
+        let neg: Vec<f64> = t.iter().map(|v| -v).collect();
+        spearman(&x, &neg)
+    });
+    let (proxy, t) = paired(&report.enum_nll);
+    let proxy_spearman = spearman(&proxy, &t);
+    let entropy = report.gppo_probs.as_ref().filter(|p| p.len() > 1).map(|p| {
+        let h: f64 = p.iter().filter(|&&q| q > 0.0).map(|&q| -q * q.ln()).sum();
+        h / (p.len() as f64).ln()
+    });
+    let choice_nll = report.gppo.as_ref().and_then(|g| score(g.choice));
+    let random_nll = truth.iter().map(|(_, v)| v).sum::<f64>() / truth.len() as f64;
+    Some(AgainstTruth {
+        starts: truth.len(),
+        policy_spearman,
+        proxy_spearman,
+        policy_entropy_ratio: entropy,
+        policy_max: report
+            .gppo_probs
+            .as_ref()
+            .and_then(|p| p.iter().copied().reduce(f64::max)),
+        uniform: 1.0
+            / report
+                .gppo_probs
+                .as_ref()
+                .map_or(truth.len(), |p| p.len().max(1)) as f64,
+        choice_nll,
+        random_nll,
+        share_better_than_choice: choice_nll
+            .map(|c| truth.iter().filter(|(_, v)| *v < c).count() as f64 / truth.len() as f64),
+    })
+}
