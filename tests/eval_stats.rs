@@ -1,6 +1,6 @@
 //! Bootstrap intervals against analytic (normal-theory) intervals, and paired comparisons.
 
-use elm::eval::stats::{estimate, paired, BootstrapConfig, ItemScore};
+use elm::eval::stats::{estimate, exact_mcnemar, paired, BootstrapConfig, ItemScore};
 
 fn bernoulli(n: usize, hits: usize) -> Vec<ItemScore> {
     (0..n)
@@ -228,4 +228,46 @@ fn wilson_intervals_and_mcnemar_match_scipy() {
         mcnemar(&m, &r).is_err(),
         "a score that is not 0/1 is refused"
     );
+}
+
+#[test]
+fn exact_mcnemar_is_the_two_sided_binomial_tail_of_the_discordant_items() {
+    // By hand: b = 3, c = 0 → 2 · (1/2)^3 = 0.25; b = 10, c = 2 → 2 · (1 + 12 + 66) / 4096;
+    // b = c → at least 1, capped at 1; no discordant item → 1.
+    assert!((exact_mcnemar(3, 0) - 0.25).abs() < 1e-15);
+    assert!((exact_mcnemar(10, 2) - 2.0 * 79.0 / 4096.0).abs() < 1e-15);
+    assert!((exact_mcnemar(2, 10) - exact_mcnemar(10, 2)).abs() < 1e-15);
+    assert_eq!(exact_mcnemar(1, 1), 1.0);
+    assert_eq!(exact_mcnemar(0, 0), 1.0);
+    // Thousands of discordant items: 2^-2000 underflows a plain sum, not the log-space one.
+    // b = 1000, c = 1000 is the centre (p = 1); b = 2000, c = 0 is 2 · 2^-2000 (0 in f64).
+    assert_eq!(exact_mcnemar(1000, 1000), 1.0);
+    let p = exact_mcnemar(1100, 900);
+    assert!(p > 0.0 && p < 1e-5 && p.is_finite(), "{p}");
+    assert_eq!(exact_mcnemar(2000, 0), 0.0);
+}
+
+#[test]
+fn paired_proportions_carry_the_exact_mcnemar_p_value() {
+    let item = |id: usize, v: f64| ItemScore {
+        id: id.to_string(),
+        value: v,
+        weight: 1.0,
+    };
+    // Model right on 0..5, reference right on 4..6: discordant b = 4 (0..4), c = 1 (5).
+    let model: Vec<ItemScore> = (0..8)
+        .map(|i| item(i, f64::from(u8::from(i < 5))))
+        .collect();
+    let reference: Vec<ItemScore> = (0..8)
+        .map(|i| item(i, f64::from(u8::from((4..6).contains(&i)))))
+        .collect();
+    let p = paired(&model, &reference, &BootstrapConfig::default()).unwrap();
+    // 2 · (C(5,0) + C(5,1)) / 32 = 12/32.
+    assert!((p.exact_mcnemar_p.unwrap() - 0.375).abs() < 1e-15, "{p:?}");
+    // Continuous scores (an NLL) have no McNemar test.
+    let nll: Vec<ItemScore> = (0..8).map(|i| item(i, 0.5 + i as f64)).collect();
+    assert!(paired(&nll, &nll, &BootstrapConfig::default())
+        .unwrap()
+        .exact_mcnemar_p
+        .is_none());
 }

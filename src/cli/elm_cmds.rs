@@ -744,7 +744,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         for (name, m) in &run.metrics {
             if let Some(p) = &m.paired {
                 say!(
-                    "{name}: Δ = {:+.4} [{:+.4}, {:+.4}] ({}){}",
+                    "{name}: Δ = {:+.4} [{:+.4}, {:+.4}] ({}){}{}",
                     p.delta.value,
                     p.delta.lo,
                     p.delta.hi,
@@ -752,7 +752,9 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
                     p.ratio.as_ref().map_or(String::new(), |q| format!(
                         ", ratio {:.3} [{:.3}, {:.3}]",
                         q.value, q.lo, q.hi
-                    ))
+                    )),
+                    p.exact_mcnemar_p
+                        .map_or(String::new(), |v| format!(", exact McNemar p = {v:.3}"))
                 );
             }
         }

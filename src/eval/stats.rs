@@ -96,6 +96,35 @@ pub struct PairedComparison {
     pub ratio: Option<Estimate>,
     /// `"higher"`, `"lower"` or `"indistinguishable"`: whether the delta interval excludes 0.
     pub verdict: String,
+    /// Two-sided exact McNemar p-value ([`exact_mcnemar`]) when every item of both sides is a
+    /// 0/1 outcome of weight 1 (exact match, pass@1): the test for a paired difference of
+    /// proportions that stays exact at the handful of discordant problems a small model gives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_mcnemar_p: Option<f64>,
+}
+
+/// Two-sided exact McNemar test of `b` items that only the model gets right against `c` that
+/// only the reference does: under no difference each discordant item is a fair coin, so the
+/// p-value is `min(1, 2 · P[Binomial(b + c, ½) ≤ min(b, c)])` (1 without discordant items).
+/// Summed in log space, so that thousands of discordant items neither underflow nor overflow.
+pub fn exact_mcnemar(b: usize, c: usize) -> f64 {
+    let n = b + c;
+    if n == 0 {
+        return 1.0;
+    }
+    let k = b.min(c);
+    // ln C(n, i) − n ln 2 for i = 0..=k, then log-sum-exp.
+    let mut terms = Vec::with_capacity(k + 1);
+    let mut ln_choose = 0.0f64;
+    for i in 0..=k {
+        if i > 0 {
+            ln_choose += ((n - i + 1) as f64).ln() - (i as f64).ln();
+        }
+        terms.push(ln_choose - n as f64 * std::f64::consts::LN_2);
+    }
+    let top = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let tail = top.exp() * terms.iter().map(|t| (t - top).exp()).sum::<f64>();
+    (2.0 * tail).min(1.0)
 }
 
 fn ratio_of(items: &[ItemScore], idx: impl Iterator<Item = usize>) -> f64 {
@@ -239,12 +268,27 @@ pub fn paired(
     };
     // The ratio's interval needs most resamples to have a non-zero reference.
     let ratio = (r0 != 0.0 && qs.len() * 10 >= cfg.resamples * 9).then(|| est(m0 / r0, &mut qs));
+    let binary = |items: &[ItemScore]| {
+        items
+            .iter()
+            .all(|it| it.weight == 1.0 && (it.value == 0.0 || it.value == 1.0))
+    };
+    let exact_mcnemar_p = (binary(model) && binary(&reference)).then(|| {
+        let only = |a: &[ItemScore], b: &[ItemScore]| {
+            a.iter()
+                .zip(b)
+                .filter(|(x, y)| x.value == 1.0 && y.value == 0.0)
+                .count()
+        };
+        exact_mcnemar(only(model, &reference), only(&reference, model))
+    });
     Ok(PairedComparison {
         model: est(m0, &mut ms),
         reference: est(r0, &mut rs),
         delta,
         ratio,
         verdict: verdict.into(),
+        exact_mcnemar_p,
     })
 }
 
