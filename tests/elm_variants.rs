@@ -388,3 +388,50 @@ fn a_module_runs_at_any_test_depth_whatever_it_was_trained_with() {
         assert!(e.contains("depth"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn the_starting_state_is_the_modules_unless_asked_otherwise() {
+    use elm::equilibrium::inference_config::{Depth, InitialState};
+    let w = tiny_weights(Arch::Llama, 5, 43);
+    let logits = |model: &ElmModel, z0: InitialState| {
+        let ps = ragged_prompts();
+        let cfg = InferenceConfig {
+            solver: SolverConfig::picard(),
+            z0,
+            ..InferenceConfig::default()
+        };
+        let mut s = ElmSession::new(model, cfg, ps.len(), 32).unwrap();
+        s.prefill(&ps).unwrap()
+    };
+    // With injection the module starts at 0; without, at h: `module` is exactly that start.
+    let one_step = variant(&w, true, 1);
+    assert_eq!(
+        max_abs(
+            &logits(&one_step, InitialState::Module),
+            &logits(&one_step, InitialState::Zero)
+        ),
+        0.0
+    );
+    let looped = variant(&w, false, 2);
+    assert_eq!(
+        max_abs(
+            &logits(&looped, InitialState::Module),
+            &logits(&looped, InitialState::Input)
+        ),
+        0.0
+    );
+    // One application from another start lands elsewhere; the random start is seeded.
+    let one = variant(&w, true, 3).with_depth(Depth::Fixed(1)).unwrap();
+    let (zero, input) = (
+        logits(&one, InitialState::Zero),
+        logits(&one, InitialState::Input),
+    );
+    assert!(max_abs(&zero, &input) > 1e-4);
+    let (r1, r2) = (
+        logits(&one, InitialState::Random),
+        logits(&one, InitialState::Random),
+    );
+    assert_eq!(max_abs(&r1, &r2), 0.0);
+    assert!(max_abs(&zero, &r1) > 1e-4);
+    assert!("sideways".parse::<InitialState>().is_err());
+}

@@ -207,6 +207,7 @@ impl ElmInferArgs {
             kv_mode: self.kv,
             adaptive_prefill: !self.fixed_prefill,
             module_activations: self.module_acts,
+            z0: elm::equilibrium::inference_config::InitialState::Module,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -548,6 +549,11 @@ pub struct EvalArgs {
     /// K' applications from z⁰, also for a module trained solved). The train-K × test-K study.
     #[arg(long, default_value = "trained")]
     pub depth: elm::equilibrium::inference_config::Depth,
+    /// Where the module's iteration starts: `module` (as trained: 0 with injection, h without),
+    /// `zero`, `input` (h) or `random` (N(0, RMS(h)²), seed 0). A solved module that is path
+    /// independent scores the same from each.
+    #[arg(long, default_value = "module")]
+    pub z0: elm::equilibrium::inference_config::InitialState,
     /// Pair against the dense model of --model on the same items (Δ with its interval).
     #[arg(long, conflicts_with_all = ["compare_elm", "compare_model"])]
     pub compare_dense: bool,
@@ -629,7 +635,10 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         limit: a.limit,
         batch: a.batch,
         max_new_tokens,
-        inference: a.infer.inference_config()?,
+        inference: InferenceConfig {
+            z0: a.z0,
+            ..a.infer.inference_config()?
+        },
         bootstrap: BootstrapConfig {
             resamples: a.bootstrap,
             seed: a.seed,

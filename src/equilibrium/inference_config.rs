@@ -89,6 +89,44 @@ impl std::fmt::Display for Depth {
     }
 }
 
+/// Where the module's iteration starts at inference (path independence: a solved module
+/// should reach the same fixed point from any of them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InitialState {
+    /// As the module was trained: z⁰ = 0 with input injection, z⁰ = h without.
+    #[default]
+    Module,
+    /// z⁰ = 0.
+    Zero,
+    /// z⁰ = h, the state entering the window.
+    Input,
+    /// z⁰ drawn from N(0, σ²), σ the RMS of h (seed 0).
+    Random,
+}
+
+impl InitialState {
+    fn is_module(&self) -> bool {
+        *self == InitialState::Module
+    }
+}
+
+impl std::str::FromStr for InitialState {
+    type Err = ElmError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "module" => Ok(InitialState::Module),
+            "zero" => Ok(InitialState::Zero),
+            "input" => Ok(InitialState::Input),
+            "random" => Ok(InitialState::Random),
+            _ => Err(ElmError::config(
+                "z0",
+                format!("`{s}`: expected module, zero, input or random"),
+            )),
+        }
+    }
+}
+
 /// How the fixed-point module is solved at inference.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -115,6 +153,10 @@ pub struct InferenceConfig {
         skip_serializing_if = "is_d_module_activations"
     )]
     pub module_activations: ActQuant,
+    /// Where the iteration starts (see [`InitialState`]); written only when it is not the
+    /// module's own start, so older configs keep their meaning and hash.
+    #[serde(default, skip_serializing_if = "InitialState::is_module")]
+    pub z0: InitialState,
 }
 
 /// δ = 0.5 per token, at most 16 evaluations.

@@ -27,7 +27,7 @@ use crate::model_data::qmatmul::QActs;
 use crate::solver::{FixedPointMap, RowStatus};
 
 use super::fixed_point::{reshape2, FpMap, FpWork};
-use super::inference_config::{InferenceConfig, KvMode};
+use super::inference_config::{InferenceConfig, InitialState, KvMode};
 use super::model::ElmModel;
 
 /// Solver statistics of one token (decode) or one prompt (prefill) of one sequence.
@@ -396,14 +396,30 @@ impl<'m> ElmSession<'m> {
                 .map_err(|e| ElmError::shape("solve_fixed_point h", e.to_string()))?;
             view.injection_term_into(h2, inj, &mut scratch.qx);
             reshape2(z, r, t * c);
-            if ec.injection {
-                z.fill(0.0);
-            } else {
-                z.assign(
-                    &x.view()
-                        .into_shape_with_order((r, t * c))
-                        .map_err(|e| ElmError::shape("solve_fixed_point h", e.to_string()))?,
-                );
+            let h_rows = x
+                .view()
+                .into_shape_with_order((r, t * c))
+                .map_err(|e| ElmError::shape("solve_fixed_point h", e.to_string()))?;
+            match (self.cfg.z0, ec.injection) {
+                (InitialState::Module, true) | (InitialState::Zero, _) => z.fill(0.0),
+                (InitialState::Module, false) | (InitialState::Input, _) => z.assign(&h_rows),
+                (InitialState::Random, _) => {
+                    // N(0, σ²) with σ the RMS of h: a start as far from 0 as h is, seeded so a
+                    // rerun draws the same one.
+                    let n = h_rows.len().max(1) as f64;
+                    let rms = (h_rows
+                        .iter()
+                        .map(|&v| f64::from(v) * f64::from(v))
+                        .sum::<f64>()
+                        / n)
+                        .sqrt();
+                    let normal = rand_distr::Normal::new(0.0, rms.max(1e-12))
+                        .map_err(|e| ElmError::InvalidArgument(format!("z0 random: {e}")))?;
+                    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0);
+                    z.iter_mut().for_each(|v| {
+                        *v = rand_distr::Distribution::sample(&normal, &mut rng) as f32
+                    });
+                }
             }
         }
         reshape2(next, r, t * c);
