@@ -60,11 +60,14 @@ pub fn grid(ctx: &mut Ctx<'_>, start: usize, sizes: &GridSizes) -> Result<Grid, 
         .chain(sizes.test_tols.iter().map(|&t| solved(t)))
         .collect();
     let mut cells = vec![];
+    let mut stage_keys: Vec<String> = trainings.iter().map(|(_, t)| t.key.clone()).collect();
     for (trained, t) in &trainings {
         for &at in &tested {
             let s = subject(t, at);
             let v = runs::validation_nll(ctx, &s)?;
             let run = runs::eval_on(ctx, &s, "gsm8k-nll", Problems::AblationTest)?;
+            stage_keys.push(run.key.clone());
+            stage_keys.push(v.key.clone());
             let what = format!("grid cell {trained:?} tested {at:?}");
             cells.push(Cell {
                 trained: *trained,
@@ -109,5 +112,6 @@ pub fn grid(ctx: &mut Ctx<'_>, start: usize, sizes: &GridSizes) -> Result<Grid, 
         validation_problems: l.validation_eval,
         test_problems: l.ablation_nll_eval.min(l.nll_eval),
         rows,
+        stage_keys,
     })
 }

@@ -502,6 +502,10 @@ pub struct Grid {
     /// The cells, trained model by trained model; the first trained model's solved cell at
     /// the ELM's default tolerance (δ = 0.5) is the reference of `minus_elm`.
     pub rows: Vec<GridRow>,
+    /// Keys of its stages (trainings and evaluations; some are table 1's too), so that a page
+    /// can state what the grid cost apart from the scale's own tables.
+    #[serde(default)]
+    pub stage_keys: Vec<String>,
 }
 
 /// How a module was trained or tested: `Fixed(K)` applications, or solved.

@@ -640,6 +640,8 @@ pub struct ValidationNll {
     /// Mean fixed-point block evaluations per token on the same problems (0 without a
     /// module): what a control's K and a matched-compute choice read.
     pub block_evals: f64,
+    /// The key of the evaluation stage it comes from.
+    pub key: String,
 }
 
 /// The answer NLL of `subject` on the validation sample.
@@ -650,6 +652,7 @@ pub fn validation_nll(ctx: &mut Ctx<'_>, subject: &Subject) -> Result<Validation
         mean: m.estimate.value,
         n: m.estimate.n,
         block_evals: run.value.solver.mean_iterations,
+        key: run.key.clone(),
     })
 }
 
