@@ -4,9 +4,10 @@
 //! writer like [`crate::readme`]: it reads [`Tables`] and returns Markdown.
 
 use crate::markdown::{float, pct, signed, Table};
-use crate::rows::{ControlKind, Interval, MAIN_ELM_ROW};
+use crate::rows::{ControlKind, GradRow, Interval, SolverRow, MAIN_ELM_ROW};
 use crate::table_markdown::{curves_rival, gap_by_budget, gap_sureness};
 use crate::tables::Tables;
+use elm::search::report::AgainstTruth;
 
 /// One family's runs: its main run, and its `long` run where there is one.
 pub struct Family<'a> {
@@ -27,6 +28,37 @@ fn headline_elm(t: &Tables) -> Option<&crate::rows::MainRow> {
                 .and_then(|w| t.main.iter().find(|r| r.model == w.elm))
         })
         .or_else(|| t.main.iter().find(|r| r.model == MAIN_ELM_ROW))
+}
+
+/// GPPO read against the fully trained starts (table 6b): the family's `long` run's, else its
+/// main run's.
+fn gppo_against_truth(f: &Family<'_>) -> Option<AgainstTruth> {
+    f.long
+        .and_then(|l| l.where_to_prune.as_ref().zip(l.fully_trained.as_ref()))
+        .or_else(|| {
+            f.main
+                .where_to_prune
+                .as_ref()
+                .zip(f.main.fully_trained.as_ref())
+        })
+        .and_then(|(w, ft)| elm::search::report::against_truth(w, &ft.validation_truth()))
+}
+
+/// Table 3's Anderson row with the largest saving over Picard.
+fn best_anderson(t: &Tables) -> Option<&SolverRow> {
+    t.solver
+        .iter()
+        .filter(|r| r.solver == "anderson")
+        .max_by(|a, b| {
+            a.compute_saved_vs_picard
+                .total_cmp(&b.compute_saved_vs_picard)
+        })
+}
+
+/// Table 4's SJFB and unrolled rows, when both ran.
+fn sjfb_and_unroll(t: &Tables) -> Option<(&GradRow, &GradRow)> {
+    let find = |p: &str| t.grad.iter().find(|r| r.rule.starts_with(p));
+    find("SJFB").zip(find("unroll"))
 }
 
 /// A paired gap "X minus the ELM" (lower NLL is better) in words.
@@ -194,22 +226,14 @@ fn ours(f: &Family<'_>) -> Vec<Option<String>> {
         }
         s
     });
-    let anderson = t
-        .solver
-        .iter()
-        .filter(|r| r.solver == "anderson")
-        .max_by(|a, b| {
-            a.compute_saved_vs_picard
-                .total_cmp(&b.compute_saved_vs_picard)
-        })
-        .map(|r| {
-            format!(
-                "at most {} fewer block evaluations than Picard (M = {}, δ = {})",
-                pct(r.compute_saved_vs_picard),
-                r.m,
-                r.tol
-            )
-        });
+    let anderson = best_anderson(t).map(|r| {
+        format!(
+            "at most {} fewer block evaluations than Picard (M = {}, δ = {})",
+            pct(r.compute_saved_vs_picard),
+            r.m,
+            r.tol
+        )
+    });
     let decode = t.kv.iter().find(|r| r.mode == "one-step").map(|r| {
         format!(
             "{} layer evaluations per decoded token against the dense model's {} (M = {}, table 2)",
@@ -220,8 +244,7 @@ fn ours(f: &Family<'_>) -> Vec<Option<String>> {
         )
     });
     let sjfb = {
-        let find = |p: &str| t.grad.iter().find(|r| r.rule.starts_with(p));
-        find("SJFB").zip(find("unroll")).map(|(s, u)| {
+        sjfb_and_unroll(t).map(|(s, u)| {
             format!(
                 "{:.2}× the unrolled rule's time per step, {:.2}× its peak memory",
                 s.seconds_per_step / u.seconds_per_step.max(1e-12),
@@ -229,18 +252,7 @@ fn ours(f: &Family<'_>) -> Vec<Option<String>> {
             )
         })
     };
-    let gppo = f
-        .long
-        .and_then(|l| l.where_to_prune.as_ref().zip(l.fully_trained.as_ref()))
-        .or_else(|| t.where_to_prune.as_ref().zip(t.fully_trained.as_ref()))
-        .and_then(|(w, ft)| {
-            let truth: Vec<(usize, f64)> = ft
-                .starts
-                .iter()
-                .map(|s| (s.start, s.validation_nll.value))
-                .collect();
-            elm::search::report::against_truth(w, &truth)
-        })
+    let gppo = gppo_against_truth(f)
         .map(|a| {
             format!(
                 "policy ρ with fully trained starts {}; choice {} after full training against {} for a random start",
@@ -294,13 +306,7 @@ pub fn paper_claims_table(families: &[Family<'_>]) -> String {
             (Some(_), _) => "not at this scale (not separable)".into(),
             (None, _) => "not testable here".into(),
         },
-        match main
-            .solver
-            .iter()
-            .filter(|r| r.solver == "anderson")
-            .map(|r| r.compute_saved_vs_picard)
-            .reduce(f64::max)
-        {
+        match best_anderson(main).map(|r| r.compute_saved_vs_picard) {
             Some(x) if x >= crate::paper::ANDERSON_SAVING => "reproduced".into(),
             Some(x) if x > 0.0 => format!(
                 "not at this scale (a saving, but {} against {})",
@@ -311,30 +317,17 @@ pub fn paper_claims_table(families: &[Family<'_>]) -> String {
             None => "not testable here".into(),
         },
         "not testable here (the paper's decode figure is not available offline; ours is the work per token)".into(),
-        match main.grad.iter().find(|r| r.rule.starts_with("SJFB")).zip(main.grad.iter().find(|r| r.rule.starts_with("unroll"))) {
+        match sjfb_and_unroll(main) {
             Some((s, u)) if s.seconds_per_step < u.seconds_per_step && s.peak_rss_bytes <= u.peak_rss_bytes => "reproduced (faster, no more memory)".into(),
             Some((s, u)) if s.seconds_per_step < u.seconds_per_step => "in part (faster; memory not lower at this size)".into(),
             Some(_) => "contradicted (not faster here)".into(),
             None => "not testable here".into(),
         },
-        match per_family[0][7].as_deref() {
-            Some(s) if s.starts_with("policy") => {
-                let beats = families[0]
-                    .long
-                    .and_then(|l| l.where_to_prune.as_ref().zip(l.fully_trained.as_ref()))
-                    .and_then(|(w, ft)| {
-                        let truth: Vec<(usize, f64)> =
-                            ft.starts.iter().map(|s| (s.start, s.validation_nll.value)).collect();
-                        elm::search::report::against_truth(w, &truth)
-                    })
-                    .and_then(|a| a.choice_nll.map(|c| c < a.random_nll));
-                match beats {
-                    Some(false) => "contradicted at this budget (its choice is no better than a random start)".into(),
-                    Some(true) => "reproduced (its choice beats a random start)".into(),
-                    None => "not testable here".into(),
-                }
-            }
-            _ => "not testable here (no fully trained starts in these runs)".into(),
+        match gppo_against_truth(&families[0]).map(|a| a.choice_nll.map(|c| c < a.random_nll)) {
+            Some(Some(false)) => "contradicted at this budget (its choice is no better than a random start)".into(),
+            Some(Some(true)) => "reproduced (its choice beats a random start)".into(),
+            Some(None) => "not testable here".into(),
+            None => "not testable here (no fully trained starts in these runs)".into(),
         },
     ];
     let paper_figures = crate::paper::CLAIMS;

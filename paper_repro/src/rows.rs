@@ -223,6 +223,17 @@ pub struct FullyTrained {
     pub placements: Vec<TrainedPlacement>,
 }
 
+impl FullyTrained {
+    /// `(start, validation NLL)` of every fully trained start: the ground truth a window
+    /// selector is read against (`elm::search::report::against_truth`).
+    pub fn validation_truth(&self) -> Vec<(usize, f64)> {
+        self.starts
+            .iter()
+            .map(|s| (s.start, s.validation_nll.value))
+            .collect()
+    }
+}
+
 /// Table 1: main results.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

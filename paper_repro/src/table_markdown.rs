@@ -780,7 +780,7 @@ pub fn rho_sweep_table(r: &RhoSweep, solver: &[SolverRow]) -> String {
             .rhos
             .iter()
             .copied()
-            .find(|&rho| at(rho, "anderson").is_some_and(|x| x.saving_vs_picard >= 0.386))
+            .find(|&rho| at(rho, "anderson").is_some_and(|x| x.saving_vs_picard >= crate::paper::ANDERSON_SAVING))
             .map_or_else(|| "none of the swept values".to_string(), float)
     )
 }
@@ -924,12 +924,7 @@ pub fn grid_sentence(g: &Grid) -> Option<String> {
 /// ground truth): rank correlations, how far the policy is from uniform, and whether its
 /// choice beats a start drawn at random.
 pub fn against_truth_reading(w: &WhereToPrune, f: &FullyTrained) -> Option<String> {
-    let truth: Vec<(usize, f64)> = f
-        .starts
-        .iter()
-        .map(|s| (s.start, s.validation_nll.value))
-        .collect();
-    let a = elm::search::report::against_truth(w, &truth)?;
+    let a = elm::search::report::against_truth(w, &f.validation_truth())?;
     let rho = |x: Option<f64>| x.map_or_else(|| NOT_APPLICABLE.to_string(), |v| format!("{v:+.3}"));
     let mut s = format!(
         "**Against the ground truth** ({} fully trained starts, validation NLL): GPPO's policy ranks the starts with Spearman ρ = {} \
