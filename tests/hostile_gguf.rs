@@ -335,3 +335,77 @@ fn hostile_variants_of_the_real_files_are_refused() {
         }
     }
 }
+
+/// A bad hyper-parameter gave a `Config` error without its file: `--json` printed `"file": null`
+/// for a head count of 0, RoPE scaling, or a partial rotary dimension.
+#[test]
+fn every_config_error_names_its_file() {
+    let cfg = elm::model_data::ModelConfig::tiny(Arch::Llama);
+    let (_dir, path) = tmp("config-file");
+    let cases: [(&str, GgufValue); 4] = [
+        ("llama.attention.head_count", GgufValue::U32(0)),
+        (
+            "llama.rope.scaling.type",
+            GgufValue::String("linear".into()),
+        ),
+        ("llama.rope.dimension_count", GgufValue::U32(1)),
+        ("llama.block_count", GgufValue::U32(0)),
+    ];
+    for (key, value) in cases {
+        let mut meta = elm::formats::gguf_model::arch_metadata(&cfg);
+        meta.retain(|(k, _)| k != key);
+        meta.push(kv(key, value));
+        write_gguf(&path, &meta, &[]).unwrap();
+        let err = elm::formats::config_from_gguf(&GgufFile::open(&path).unwrap()).unwrap_err();
+        assert_eq!(err.file().as_deref(), Some(path.as_path()), "{key}: {err}");
+        let json = err.to_json();
+        assert_eq!(
+            json["error"]["file"].as_str(),
+            Some(path.to_str().unwrap()),
+            "{key}: {json}"
+        );
+        assert!(err.to_string().contains(key), "{key}: {err}");
+    }
+    let mut meta = elm::formats::gguf_model::arch_metadata(&cfg);
+    for (k, v) in meta.iter_mut() {
+        if k == "general.architecture" {
+            *v = GgufValue::String("mamba".into());
+        }
+    }
+    write_gguf(&path, &meta, &[]).unwrap();
+    let err = elm::formats::config_from_gguf(&GgufFile::open(&path).unwrap()).unwrap_err();
+    assert_eq!(err.file().as_deref(), Some(path.as_path()), "{err}");
+    assert!(err.to_string().contains("`mamba`"), "{err}");
+}
+
+/// A NaN block scale inside a Q8_0 tensor: the file opens (blocks are decoded only as they are
+/// used, so the loader that keeps blocks never sees it), and `check_tensors` (the CLI's
+/// `--check-tensors`) finds it, naming the file, the tensor and the element. The real files pass.
+#[test]
+fn check_tensors_finds_a_nan_scale_inside_a_block() {
+    let mut data = Vec::new();
+    for scale in [0x3C00u16, 0x7E00] {
+        // Q8_0: an f16 scale (1.0, then NaN) and 32 signed bytes.
+        data.extend_from_slice(&scale.to_le_bytes());
+        data.extend_from_slice(&[1u8; 32]);
+    }
+    let bytes = raw_gguf(&[64, 1], 8, 0, &data);
+    let (_dir, path) = tmp("nan-scale");
+    std::fs::write(&path, bytes).unwrap();
+    let g = GgufFile::open(&path).unwrap();
+    let err = g.check_tensors().unwrap_err();
+    let msg = err.to_string();
+    assert_eq!(err.file().as_deref(), Some(path.as_path()), "{msg}");
+    assert!(
+        msg.contains("tensor `t`") && msg.contains("element 32 is NaN"),
+        "{msg}"
+    );
+    let err = elm::model::check_tensors(&path).unwrap_err();
+    assert!(err.to_string().contains("element 32"), "{err}");
+    for real in [common::real_model(), common::real_gemma3()]
+        .into_iter()
+        .flatten()
+    {
+        elm::model::check_tensors(&real).unwrap();
+    }
+}

@@ -536,3 +536,86 @@ fn real_tokenizers_behave_as_before() {
         assert_as_before(&tok, &vocab, &texts(4, &extra));
     }
 }
+
+/// `tokenizer.json` post-processors that the tokenizers crate reads and then panics on when
+/// encoding (it checks a `TemplateProcessing` only when one is built in code): a template naming
+/// a special token it does not define, `$B` in the single-sequence template, a special token
+/// with more ids than strings; and ids the vocabulary does not hold. Each is a typed error at
+/// load naming the problem; a sound template still encodes.
+#[test]
+fn post_processors_that_panic_on_encoding_are_refused() {
+    let with = |processor: serde_json::Value| {
+        let mut json: serde_json::Value = serde_json::from_str(&word_tokenizer_json()).unwrap();
+        json["post_processor"] = processor;
+        json.to_string()
+    };
+    let special = |name: &str, ids: &[u32], tokens: &[&str]| serde_json::json!({ name: { "id": name, "ids": ids, "tokens": tokens } });
+    let seq = |id: &str| serde_json::json!({ "Sequence": { "id": id, "type_id": 0 } });
+    let tok = |id: &str| serde_json::json!({ "SpecialToken": { "id": id, "type_id": 0 } });
+    let template = |single: Vec<serde_json::Value>, specials: serde_json::Value| {
+        serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": single,
+            "pair": [seq("A"), seq("B")],
+            "special_tokens": specials,
+        })
+    };
+    let cases = [
+        (
+            "names special token `<cls>`",
+            template(vec![tok("<cls>"), seq("A")], special("<s>", &[1], &["<s>"])),
+        ),
+        (
+            "uses sequence $B",
+            template(vec![seq("B")], special("<s>", &[1], &["<s>"])),
+        ),
+        (
+            "has 2 ids but 1 token strings",
+            template(
+                vec![tok("<s>"), seq("A")],
+                special("<s>", &[1, 2], &["<s>"]),
+            ),
+        ),
+        (
+            "has id 5000",
+            template(
+                vec![tok("<s>"), seq("A")],
+                special("<s>", &[5000], &["<s>"]),
+            ),
+        ),
+        (
+            "has id 9999",
+            serde_json::json!({
+                "type": "Sequence",
+                "processors": [{ "type": "BertProcessing", "sep": ["</s>", 2], "cls": ["<s>", 9999] }],
+            }),
+        ),
+    ];
+    for (why, processor) in cases {
+        let json = with(processor);
+        let result = std::panic::catch_unwind(|| {
+            Tokenizer::from_json_parts(&json, None, Path::new("hostile/tokenizer.json"))
+                .and_then(|t| t.encode("w3 w4", true))
+        });
+        match result {
+            Err(_) => panic!("{why}: panicked"),
+            Ok(Ok(ids)) => panic!("{why}: accepted, encoded to {ids:?}"),
+            Ok(Err(e)) => {
+                let msg = e.to_string();
+                assert!(
+                    matches!(e, ElmError::Format { .. })
+                        && msg.contains("hostile/tokenizer.json")
+                        && msg.contains(why),
+                    "{why}: {msg}"
+                );
+            }
+        }
+    }
+    // A sound template: `<s>` before the sequence.
+    let json = with(template(
+        vec![tok("<s>"), seq("A")],
+        special("<s>", &[1], &["<s>"]),
+    ));
+    let t = Tokenizer::from_json_parts(&json, None, Path::new("tokenizer.json")).unwrap();
+    assert_eq!(t.encode("w3 w4", true).unwrap(), vec![1, 3, 4]);
+}

@@ -335,6 +335,50 @@ fn runaway_generate_huge_batch_is_refused_with_the_bytes_needed() {
     assert!(out.stderr.contains("bytes"), "{}", out.stderr);
 }
 
+/// `logits` and `perplexity` (and `generate`) loaded the weights before refusing a prompt past
+/// the context: a model whose weights cannot load at all shows the order. The refusal must be
+/// about the prompt or the window, never about the weights.
+#[test]
+fn prompt_and_window_are_checked_before_the_weights_load() {
+    let dir = fresh("no-weights");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(fixture().model.join(f), dir.join(f)).unwrap();
+    }
+    // Not safetensors at all: loading the weights fails.
+    std::fs::write(dir.join("model.safetensors"), b"not weights").unwrap();
+    let long: Vec<String> = (0..200).map(|i| format!("w{}", 3 + i % 60)).collect();
+    let long = long.join(" ");
+    let text = dir.join("text.txt");
+    std::fs::write(&text, &long).unwrap();
+    for args in [
+        vec!["logits", "--model", s(&dir), "--prompt", &long],
+        vec!["generate", "--model", s(&dir), "--prompt", &long],
+        vec![
+            "perplexity",
+            "--model",
+            s(&dir),
+            "--file",
+            s(&text),
+            "--context",
+            "4096",
+        ],
+    ] {
+        let out = refused(&args, &["context"]);
+        assert!(
+            !out.stderr.contains("safetensors"),
+            "{args:?}: the weights were read first: {}",
+            out.stderr
+        );
+    }
+    // Within the context, the weights are what is refused.
+    let out = refused(
+        &["logits", "--model", s(&dir), "--prompt", "w3 w4"],
+        &["safetensors"],
+    );
+    assert!(!out.stderr.contains("context"), "{}", out.stderr);
+}
+
 #[test]
 fn runaway_prompt_and_generation_past_the_context() {
     let long: Vec<String> = (0..200).map(|i| format!("w{}", 3 + i % 60)).collect();

@@ -86,6 +86,10 @@ pub struct PromptArgs {
     /// Wrap the prompt as a user turn of the model's chat template.
     #[arg(long)]
     pub chat: bool,
+    /// Decode every weight and refuse the model if any is NaN or infinite (as llama.cpp's
+    /// --check-tensors; a GGUF's quantized blocks are otherwise decoded only as they are used).
+    #[arg(long)]
+    pub check_tensors: bool,
 }
 
 impl PromptArgs {
@@ -94,9 +98,18 @@ impl PromptArgs {
         self.model.clone().unwrap_or_else(default_model_path)
     }
 
-    /// The prompt's token ids (in the chat template with `--chat`).
-    fn encode(&self, tok: &Tokenizer) -> Result<Vec<u32>> {
-        encode_prompt(tok, &self.prompt, self.chat)
+    /// The prompt's token ids (in the chat template with `--chat`) and the model's config, read
+    /// from the model's tokenizer and metadata alone, so that a prompt that encodes to nothing
+    /// or runs past the context, or a vocabulary the embedding cannot hold, is refused before
+    /// hundreds of MB of weights load.
+    fn encode_before_load(&self, path: &Path) -> Result<(Vec<u32>, elm::model::ModelConfig)> {
+        let tok = elm::model::load_tokenizer(path)?;
+        let config = elm::model::load_config(path)?;
+        let ids = encode_prompt(&tok, &self.prompt, self.chat)?;
+        if self.check_tensors {
+            elm::model::check_tensors(path)?;
+        }
+        Ok((ids, config))
     }
 }
 
@@ -176,6 +189,8 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         ));
     }
     let path = args.input.model_path();
+    let (prompt, config) = args.input.encode_before_load(&path)?;
+    check_generation_size(&config, prompt.len(), args.max_new_tokens, args.batch)?;
     let before_load = elm::io::BeforeLoad::now();
     let pb = spinner(&format!("loading {}", path.display()));
     let (model, tok) = match (&args.elm.elm, device) {
@@ -194,13 +209,11 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
     };
     pb.finish_and_clear();
     let heap_after_load = elm::heap::counters().map(|c| c.live_bytes as u64);
-    let prompt = args.input.encode(&tok)?;
     let mc = match &model {
         Loaded::Elm(m) => m.config(),
         Loaded::Dense(m) => m.config(),
         Loaded::Gpu(w, _) => &w.config,
     };
-    check_generation_size(mc, prompt.len(), args.max_new_tokens, args.batch)?;
     let memory = generation_memory(mc, &path, prompt.len(), args.max_new_tokens, args.batch);
     check_memory(&memory, args.json)?;
     let config = SamplingConfig {
@@ -428,8 +441,9 @@ pub struct LogitsArgs {
 pub fn run_logits(args: LogitsArgs) -> Result<()> {
     default_blas_threads();
     let path = args.input.model_path();
+    let (ids, config) = args.input.encode_before_load(&path)?;
+    check_generation_size(&config, ids.len(), 0, 1)?;
     let (model, tok) = AnyTransformer::load(&path, args.weights)?;
-    let ids = args.input.encode(&tok)?;
     let logits = model.prompt_logits(std::slice::from_ref(&ids))?;
     let row = logits.row(0);
     // NaN logits would sort as "top" ids 0, 1, 2, ... and print as null: an invalid model.
@@ -481,6 +495,9 @@ pub struct PerplexityArgs {
     /// `--elm DIR` scores the ELM checkpoint (solver flags as `elm eval`).
     #[command(flatten)]
     pub infer: crate::cli::elm_cmds::ElmInferArgs,
+    /// Decode every weight of the model and refuse it if any is NaN or infinite.
+    #[arg(long)]
+    pub check_tensors: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -494,9 +511,10 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
     // The text first: a missing or unreadable file is refused before hundreds of MB load.
     let text = read_text_file(&args.file)?;
     let path = args.model.clone().unwrap_or_else(default_model_path);
-    let pb = spinner(&format!("loading {}", path.display()));
-    let (model, tok) = ElmModel::load_with(&path, args.infer.elm.as_deref(), args.weights)?;
-    pb.finish_and_clear();
+    // The tokens and the context are checked from the tokenizer and the metadata alone, before
+    // the weights load.
+    let tok = elm::model::load_tokenizer(&path)?;
+    let ctx = elm::model::load_config(&path)?.max_position_embeddings;
     let mut ids = tok.encode(&text, false)?;
     ids.truncate(args.max_tokens);
     if ids.len() < 2 {
@@ -505,7 +523,6 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
             args.file.display()
         )));
     }
-    let ctx = model.config().max_position_embeddings;
     if args.context > ctx {
         return Err(ElmError::config(
             "--context",
@@ -516,6 +533,12 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
             ),
         ));
     }
+    if args.check_tensors {
+        elm::model::check_tensors(&path)?;
+    }
+    let pb = spinner(&format!("loading {}", path.display()));
+    let (model, _) = ElmModel::load_with(&path, args.infer.elm.as_deref(), args.weights)?;
+    pb.finish_and_clear();
     // Every window scores its tokens after the first, each from the tokens before it in the
     // window: the same teacher-forced path (and ELM solve) as `elm eval`'s answer NLL.
     let windows = ids

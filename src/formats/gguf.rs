@@ -871,6 +871,45 @@ impl GgufFile {
         Ok(ArrayD::from_shape_vec(IxDyn(&info.shape()), data).expect("size checked at open"))
     }
 
+    /// Every tensor's every element decoded and checked finite, as llama.cpp's
+    /// `--check-tensors`: a NaN or infinite scale inside a quantized block (which a loader that
+    /// keeps blocks never decodes up front) is found before it turns logits into NaN. Slice by
+    /// slice, with the file's pages released behind, so memory stays at one slice of f32.
+    /// Errors name the file, the tensor and the first bad element (row-major index).
+    pub fn check_tensors(&self) -> Result<()> {
+        for info in &self.tensors {
+            let (block, block_bytes) = info
+                .ggml_type
+                .block_layout()
+                .ok_or_else(|| self.unsupported(info))?;
+            let mut scratch = Vec::new();
+            let mut first = 0usize;
+            self.mmap.convert_releasing(
+                self.tensor_bytes(&info.name)?,
+                block_bytes,
+                |_, src| {
+                    scratch.resize(src.len() / block_bytes * block, 0.0);
+                    dequantize_into(info.ggml_type, src, &mut scratch)
+                        .map_err(|_| self.unsupported(info))?;
+                    if let Some(i) = scratch.iter().position(|v| !v.is_finite()) {
+                        return Err(ElmError::tensor(
+                            &info.name,
+                            format!(
+                                "element {} is {} (non-finite weights; --check-tensors)",
+                                first + i,
+                                scratch[i]
+                            ),
+                        )
+                        .in_file(&self.path));
+                    }
+                    first += scratch.len();
+                    Ok(())
+                },
+            )?;
+        }
+        Ok(())
+    }
+
     /// The raw bytes of a tensor, copied out slice by slice with each slice's pages released
     /// once copied (see [`Self::take_tensor_f32`]).
     pub fn take_tensor_bytes(&self, name: &str) -> Result<Vec<u8>> {

@@ -27,7 +27,13 @@ pub const ELM_CONFIG_KEY: &str = "elm.config";
 ///
 /// Rejects metadata that would change the math we implement (RoPE scaling, partial
 /// rotary dims, unequal K/V head sizes) with a `Config` error naming the key.
+/// Every error names the file (a `Config` error of a bad value included: `--json` prints it as
+/// the error's `file`).
 pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
+    read_config(gguf).map_err(|e| e.in_file(gguf.path()))
+}
+
+fn read_config(gguf: &GgufFile) -> Result<ModelConfig> {
     if gguf.get(ELM_CONFIG_KEY).is_some() {
         return Err(ElmError::format(
             gguf.path(),
@@ -44,8 +50,7 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
         "gemma3" => Arch::Gemma3,
         other => {
             return Err(ElmError::Unsupported(format!(
-                "{}: general.architecture `{other}` (supported: llama, qwen2, gemma3)",
-                gguf.path().display()
+                "general.architecture `{other}` (supported: llama, qwen2, gemma3)"
             )))
         }
     };

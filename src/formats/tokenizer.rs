@@ -172,6 +172,102 @@ fn refuse_panicking_decoders(decoder: &serde_json::Value, path: &Path) -> Result
     Ok(())
 }
 
+/// Refuses post-processors the `tokenizers` crate (0.21.4) reads without complaint and then
+/// panics on when encoding, or that add ids the vocabulary does not hold. Its
+/// `TemplateProcessing` checks its templates only when built in code, not when read from JSON:
+/// a template naming a special token that `special_tokens` lacks indexes a map with a missing
+/// key, a single-sequence template with `$B` indexes the second of one encoding, and a special
+/// token with more ids than token strings makes an encoding of unequal parts. `vocab_size` is
+/// one past the largest id of the vocabulary: a post-processor's id past it would reach the
+/// embedding as a row that does not exist.
+fn refuse_panicking_post_processors(
+    processor: &serde_json::Value,
+    vocab_size: usize,
+    path: &Path,
+) -> Result<()> {
+    let refuse = |msg: String| {
+        Err(ElmError::format(
+            path,
+            format!("tokenizer.json: post_processor: {msg}"),
+        ))
+    };
+    let check_id = |id: &serde_json::Value, what: &str| -> Result<()> {
+        match id.as_u64() {
+            Some(id) if (id as usize) < vocab_size => Ok(()),
+            _ => refuse(format!(
+                "{what} has id {id}, not one of the vocabulary's ids 0..{vocab_size}"
+            )),
+        }
+    };
+    match processor.get("type").and_then(|t| t.as_str()) {
+        Some("Sequence") => {
+            for inner in processor
+                .get("processors")
+                .and_then(|p| p.as_array())
+                .into_iter()
+                .flatten()
+            {
+                refuse_panicking_post_processors(inner, vocab_size, path)?;
+            }
+        }
+        Some("BertProcessing" | "RobertaProcessing") => {
+            for key in ["sep", "cls"] {
+                if let Some(id) = processor.get(key).and_then(|pair| pair.get(1)) {
+                    check_id(id, key)?;
+                }
+            }
+        }
+        Some("TemplateProcessing") => {
+            let empty = serde_json::Map::new();
+            let specials = processor
+                .get("special_tokens")
+                .and_then(|t| t.as_object())
+                .unwrap_or(&empty);
+            for (name, token) in specials {
+                let ids = token.get("ids").and_then(|i| i.as_array());
+                let tokens = token.get("tokens").and_then(|t| t.as_array());
+                if let (Some(ids), Some(tokens)) = (ids, tokens) {
+                    if ids.len() != tokens.len() {
+                        return refuse(format!(
+                            "special token `{name}` has {} ids but {} token strings",
+                            ids.len(),
+                            tokens.len()
+                        ));
+                    }
+                    for id in ids {
+                        check_id(id, &format!("special token `{name}`"))?;
+                    }
+                }
+            }
+            for template in ["single", "pair"] {
+                let pieces = processor.get(template).and_then(|t| t.as_array());
+                for piece in pieces.into_iter().flatten() {
+                    if let Some(id) = piece
+                        .get("SpecialToken")
+                        .and_then(|t| t.get("id"))
+                        .and_then(|i| i.as_str())
+                    {
+                        if !specials.contains_key(id) {
+                            return refuse(format!(
+                                "the `{template}` template names special token `{id}`, which \
+                                 special_tokens does not define"
+                            ));
+                        }
+                    }
+                    let sequence = piece.get("Sequence").and_then(|q| q.get("id"));
+                    if template == "single" && sequence.and_then(|i| i.as_str()) == Some("B") {
+                        return refuse(
+                            "the `single` template uses sequence $B, which only a pair has".into(),
+                        );
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// Largest token id + 1 a `tokenizer.json` may use: 16× the largest real vocabulary (Gemma 3's
 /// 262,144), so that ids cannot leave a range of holes without bound.
 pub const MAX_JSON_TOKEN_ID: usize = 1 << 22;
@@ -462,6 +558,8 @@ impl Tokenizer {
             added_tokens: Vec<serde::de::IgnoredAny>,
             #[serde(default)]
             decoder: Option<serde_json::Value>,
+            #[serde(default)]
+            post_processor: Option<serde_json::Value>,
         }
         let head: Head = serde_json::from_str(json)
             .map_err(|e| ElmError::format(path, format!("invalid tokenizer.json: {e}")))?;
@@ -517,6 +615,9 @@ impl Tokenizer {
                 path,
                 "tokenizer.json: the vocabulary is empty (no model tokens, no added tokens)",
             ));
+        }
+        if let Some(processor) = &head.post_processor {
+            refuse_panicking_post_processors(processor, vocab_size, path)?;
         }
         let mut tok = Tokenizer {
             vocab_size,

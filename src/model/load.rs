@@ -43,6 +43,21 @@ pub fn load_weights(path: impl AsRef<Path>) -> Result<ModelWeights> {
     }
 }
 
+/// Every weight of a `.gguf` file or an HF directory checked finite (`--check-tensors`; see
+/// [`GgufFile::check_tensors`]). An HF directory's weights are decoded to f32 and checked as
+/// they load, so its check is that load; a GGUF's quantized blocks, which a loader keeping
+/// blocks never decodes up front, are decoded slice by slice.
+pub fn check_tensors(path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        load_hf_model(path).map(drop)
+    } else if path.is_file() {
+        GgufFile::open(path)?.check_tensors()
+    } else {
+        Err(not_found(path))
+    }
+}
+
 /// Neither a model file nor a model directory: missing, or something that exists but is not a
 /// regular file (a FIFO, a device such as `/dev/zero`), which is said so.
 fn not_found(path: &Path) -> ElmError {

@@ -45,7 +45,7 @@ pub use block::{block_forward_cached, block_forward_inplace, block_forward_rows}
 pub use block_view::{AttnRef, BlockRef, BlockWeights};
 pub use kv_cache::{KvCache, LayerKv, Scratch};
 pub use load::{
-    config_and_layer_format, default_model_path, load_config, load_inference,
+    check_tensors, config_and_layer_format, default_model_path, load_config, load_inference,
     load_inference_layers, load_pretrained, load_tokenizer, load_weights, models_dir,
 };
 pub use transformer::{
