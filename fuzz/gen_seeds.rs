@@ -236,12 +236,6 @@ fn llama_tokenizer_meta(add_space_prefix: bool) -> Vec<(String, GgufValue)> {
 fn model_gguf(arch: Arch, tokenizer: Vec<(String, GgufValue)>) -> Vec<u8> {
     let cfg = micro_config(arch);
     let mut meta = arch_metadata(&cfg);
-    if arch == Arch::Gemma3 {
-        meta.push(kv(
-            "gemma3.attention.sliding_window_pattern",
-            GgufValue::U32(cfg.sliding_window_pattern.unwrap() as u32),
-        ));
-    }
     // arch_metadata writes the BOS/EOS ids too: the tokenizer's replace them.
     meta.retain(|(k, _)| !tokenizer.iter().any(|(t, _)| t == k));
     meta.extend(tokenizer);

@@ -426,3 +426,111 @@ fn architecture_names_only_files_that_exist() {
     }
     assert!(named >= 8, "only {named} files named");
 }
+
+/// What names a family in code: its `Arch` variant, and the names its files give it (the
+/// tokenizer kinds `"llama"` and `"qwen2"` of GGUF's `tokenizer.ggml.*` share two of these
+/// names without being families, so the GGUF architecture names are caught through `Arch::`).
+const FAMILY_NEEDLES: &[&str] = &[
+    "Arch::Llama",
+    "Arch::Qwen2",
+    "Arch::Gemma3",
+    "\"gemma3\"",
+    "\"gemma3_text\"",
+    "\"LlamaForCausalLM\"",
+    "\"Qwen2ForCausalLM\"",
+    "\"Gemma3ForCausalLM\"",
+    "\"gelu_pytorch_tanh\"",
+];
+
+/// Files outside `src/model_data/family/` that may name a family, each with why.
+const FAMILY_NAMED_ELSEWHERE: &[(&str, &str)] = &[
+    (
+        "src/equilibrium/interchange.rs",
+        "the official ELM code's integrated checkpoint format is Qwen2 only: a fact of that \
+         format, not of the family",
+    ),
+    (
+        "src/cuda/bench.rs",
+        "the shapes of the named checkpoints (SmolLM2-135M, Qwen2.5-1.5B) the GPU benchmark \
+         builds with random weights",
+    ),
+];
+
+/// Code of a source file without comments and `#[cfg(test)]` modules.
+fn code_of(text: &str) -> String {
+    text.split("#[cfg(test)]")
+        .next()
+        .unwrap()
+        .lines()
+        .map(|l| l.split("//").next().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn family_mentions(code: &str) -> Vec<&'static str> {
+    FAMILY_NEEDLES
+        .iter()
+        .copied()
+        .filter(|n| code.contains(n))
+        .collect()
+}
+
+/// Issue 60 item 2: a family's facts live in its file of `src/model_data/family/` (names in
+/// each format, permutations, norms, activation, windows, RoPE rules), reached through
+/// `Arch::family()`; everywhere else decides by those facts, so a new family cannot be
+/// forgotten by a comparison the compiler does not see.
+#[test]
+fn family_facts_live_in_their_files() {
+    let root = workspace();
+    let mut files = vec![];
+    rust_files(&root.join("src"), &mut files);
+    let family_dir = root.join("src/model_data/family");
+    let mut outside = vec![];
+    let mut allowed_seen = BTreeSet::new();
+    for f in &files {
+        if f.starts_with(&family_dir) {
+            continue;
+        }
+        let rel = f.strip_prefix(root).unwrap().to_str().unwrap().to_string();
+        let found = family_mentions(&code_of(&std::fs::read_to_string(f).unwrap()));
+        if found.is_empty() {
+            continue;
+        }
+        if FAMILY_NAMED_ELSEWHERE.iter().any(|(p, _)| *p == rel) {
+            allowed_seen.insert(rel);
+        } else {
+            outside.push(format!("{rel}: {found:?}"));
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "a family named outside src/model_data/family/ (decide by `cfg.family()` facts, or \
+         add the file with its reason to FAMILY_NAMED_ELSEWHERE):\n{}",
+        outside.join("\n")
+    );
+    // The allow-list cannot go stale: each file on it still names a family.
+    for (p, why) in FAMILY_NAMED_ELSEWHERE {
+        assert!(
+            allowed_seen.contains(*p),
+            "{p} no longer names a family; drop it from the list ({why})"
+        );
+    }
+    // The checker sees a planted mention, and not one in a comment.
+    assert_eq!(
+        family_mentions(&code_of("let a = Arch::Gemma3; // Arch::Qwen2")),
+        ["Arch::Gemma3"]
+    );
+}
+
+/// Every family the enum has is in `Arch::ALL` and found by its names in both formats.
+#[test]
+fn every_family_is_listed_and_found_by_its_names() {
+    use elm::model_data::Arch;
+    for a in Arch::ALL {
+        let f = a.family();
+        assert_eq!(f.arch, a);
+        assert_eq!(Arch::from_gguf_name(f.gguf_name), Some(a));
+        assert_eq!(Arch::from_hf_model_type(f.hf_model_type), Some(a));
+        assert_eq!(elm::model_data::ModelConfig::tiny(a).arch, a);
+    }
+}

@@ -4,6 +4,7 @@
 
 use elm::eval::stats::Spread;
 use elm::search::report::{Placement, WhereToPrune};
+use elm::solver::{SolverKind, BUILTIN_SOLVERS};
 
 use crate::markdown::{
     count, float, iv, mib, opt, pct, signed, signed_float, Table, NOT_APPLICABLE, NOT_RECORDED,
@@ -701,6 +702,14 @@ pub fn seeds_table(s: &Seeds) -> String {
         u.into_markdown()
     )
 }
+/// `anderson` → `Anderson`.
+fn capitalised(name: &str) -> String {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect())
+}
+
 /// Table 7c: map evaluations against ρ at the middle tolerance of the sweep, where each trained
 /// ELM sits on that axis, and what the solver ablation measured on the real module.
 pub fn rho_sweep_table(r: &RhoSweep, solver: &[SolverRow]) -> String {
@@ -713,12 +722,24 @@ pub fn rho_sweep_table(r: &RhoSweep, solver: &[SolverRow]) -> String {
             .iter()
             .find(|x| x.rho == rho && x.rel_tol == tol && x.solver == name)
     };
-    let mut t = Table::new(&[
-        "ρ",
-        "Picard evaluations",
-        "Anderson evaluations (saved)",
-        "Broyden evaluations (saved)",
-    ]);
+    // Every built-in solver has a column (a new one cannot drop out of the table): Picard's
+    // evaluations, the others' with what they save against it.
+    let (picard, anderson) = (SolverKind::Picard.name(), SolverKind::Anderson.name());
+    let accelerated: Vec<&str> = BUILTIN_SOLVERS
+        .iter()
+        .copied()
+        .filter(|&n| n != picard)
+        .collect();
+    let mut header = vec![
+        "ρ".to_string(),
+        format!("{} evaluations", capitalised(picard)),
+    ];
+    header.extend(
+        accelerated
+            .iter()
+            .map(|n| format!("{} evaluations (saved)", capitalised(n))),
+    );
+    let mut t = Table::new(&header.iter().map(String::as_str).collect::<Vec<_>>());
     for &rho in &r.config.rhos {
         let cell = |name: &str| {
             at(rho, name).map_or_else(
@@ -732,12 +753,12 @@ pub fn rho_sweep_table(r: &RhoSweep, solver: &[SolverRow]) -> String {
                 },
             )
         };
-        t.row(&[
+        let mut row = vec![
             float(rho),
-            at(rho, "picard").map_or_else(|| NOT_APPLICABLE.into(), |x| float(x.mean_evaluations)),
-            cell("anderson"),
-            cell("broyden"),
-        ]);
+            at(rho, picard).map_or_else(|| NOT_APPLICABLE.into(), |x| float(x.mean_evaluations)),
+        ];
+        row.extend(accelerated.iter().map(|n| cell(n)));
+        t.row(&row);
     }
     // Each trained ELM at the nearest swept ρ.
     let mut marks = String::new();
@@ -748,7 +769,7 @@ pub fn rho_sweep_table(r: &RhoSweep, solver: &[SolverRow]) -> String {
             .iter()
             .copied()
             .min_by(|a, b| (a - rho).abs().total_cmp(&(b - rho).abs()));
-        if let Some(x) = nearest.and_then(|n| at(n, "anderson")) {
+        if let Some(x) = nearest.and_then(|n| at(n, anderson)) {
             marks += &format!(
                 "- {name}: ρ = {} → nearest swept ρ {}: Anderson saves {} of Picard's evaluations.\n",
                 float(*rho),
@@ -759,7 +780,7 @@ pub fn rho_sweep_table(r: &RhoSweep, solver: &[SolverRow]) -> String {
     }
     let measured: Vec<String> = solver
         .iter()
-        .filter(|s| s.solver == "anderson")
+        .filter(|s| s.solver == anderson)
         .map(|s| format!("{} at δ = {}", pct(s.compute_saved_vs_picard), s.tol))
         .collect();
     format!(
@@ -780,7 +801,7 @@ pub fn rho_sweep_table(r: &RhoSweep, solver: &[SolverRow]) -> String {
             .rhos
             .iter()
             .copied()
-            .find(|&rho| at(rho, "anderson").is_some_and(|x| x.saving_vs_picard >= crate::paper::ANDERSON_SAVING))
+            .find(|&rho| at(rho, anderson).is_some_and(|x| x.saving_vs_picard >= crate::paper::ANDERSON_SAVING))
             .map_or_else(|| "none of the swept values".to_string(), float)
     )
 }

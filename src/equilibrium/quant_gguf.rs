@@ -34,7 +34,7 @@ use crate::formats::gguf_model::{
     arch_metadata, permute_rope_qrows, permute_rope_rows, Taker, ELM_CONFIG_KEY,
 };
 use crate::formats::tokenizer::{Tokenizer, TOKENIZER_CONFIG_KEY, TOKENIZER_JSON_KEY};
-use crate::model::{Arch, ModelConfig};
+use crate::model::ModelConfig;
 use crate::model_data::quant::{Linear, QLayer, QuantWeights, WeightStorage, QK};
 
 /// Value of [`FORMAT_KEY`] in the files this module writes.
@@ -57,9 +57,9 @@ pub fn is_quant_gguf(path: &Path) -> bool {
     path.is_file() && GgufFile::open(path).is_ok_and(|g| g.get(FORMAT_KEY).is_some())
 }
 
-/// `Some(heads)` when Q/K rows are stored permuted (Llama).
+/// `Some(heads)` when the family's GGUFs store Q/K rows permuted (Llama).
 fn rope(cfg: &ModelConfig, heads: usize) -> Option<usize> {
-    (cfg.arch == Arch::Llama).then_some(heads)
+    cfg.family().gguf_permutes_qk_rows.then_some(heads)
 }
 
 fn linear_tensor(name: &str, l: &Linear, rope_heads: Option<usize>) -> Result<GgufTensorData> {

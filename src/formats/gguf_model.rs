@@ -44,16 +44,13 @@ fn read_config(gguf: &GgufFile) -> Result<ModelConfig> {
         ));
     }
     let arch_name = gguf.get_str("general.architecture")?;
-    let arch = match arch_name {
-        "llama" => Arch::Llama,
-        "qwen2" => Arch::Qwen2,
-        "gemma3" => Arch::Gemma3,
-        other => {
-            return Err(ElmError::Unsupported(format!(
-                "general.architecture `{other}` (supported: llama, qwen2, gemma3)"
-            )))
-        }
-    };
+    let arch = Arch::from_gguf_name(arch_name).ok_or_else(|| {
+        ElmError::Unsupported(format!(
+            "general.architecture `{arch_name}` (supported: {})",
+            Arch::supported(|f| f.gguf_name)
+        ))
+    })?;
+    let family = arch.family();
     let key = |k: &str| format!("{arch_name}.{k}");
     let hidden_size = gguf.get_usize(&key("embedding_length"))?;
     let num_heads = gguf.get_usize(&key("attention.head_count"))?;
@@ -131,25 +128,24 @@ fn read_config(gguf: &GgufFile) -> Result<ModelConfig> {
         attention_bias: gguf.tensor_info("blk.0.attn_q.bias").is_some(),
         bos_token_id: opt_id("tokenizer.ggml.bos_token_id")?,
         eos_token_id: opt_id("tokenizer.ggml.eos_token_id")?,
-        // Gemma 3's local layers need a window: 0 there is an invalid file (validate refuses
-        // it), not "no window". Llama and Qwen2 GGUFs have no sliding attention in llama.cpp,
-        // and 0 is what their writers store for "off".
-        sliding_window: match arch {
-            Arch::Gemma3 => opt_usize(&key("attention.sliding_window"))?,
-            Arch::Llama | Arch::Qwen2 => {
-                opt_usize(&key("attention.sliding_window"))?.filter(|&w| w > 0)
-            }
+        // A family with local layers needs a window: 0 there is an invalid file (validate
+        // refuses it), not "no window". llama.cpp gives the others no sliding attention, and 0
+        // is what their writers store for "off".
+        sliding_window: match family.windows {
+            Some(_) => opt_usize(&key("attention.sliding_window"))?,
+            None => opt_usize(&key("attention.sliding_window"))?.filter(|&w| w > 0),
         },
-        // What the metadata does not carry, llama.cpp hard-codes for gemma3: every 6th layer
-        // global, the local layers' RoPE base 10,000 (unless `rope.freq_base_swa` says).
-        sliding_window_pattern: match arch {
-            Arch::Gemma3 => Some(opt_usize(&key("attention.sliding_window_pattern"))?.unwrap_or(6)),
-            Arch::Llama | Arch::Qwen2 => None,
+        // What the metadata does not carry, the family's rules say (llama.cpp hard-codes them).
+        sliding_window_pattern: match family.windows {
+            Some(rules) => Some(
+                opt_usize(&key("attention.sliding_window_pattern"))?
+                    .unwrap_or(rules.default_pattern),
+            ),
+            None => None,
         },
-        rope_local_theta: match (arch, gguf.get(&key("rope.freq_base_swa"))) {
-            (_, Some(_)) => Some(gguf.get_f64(&key("rope.freq_base_swa"))? as f32),
-            (Arch::Gemma3, None) => Some(10_000.0),
-            (Arch::Llama | Arch::Qwen2, None) => None,
+        rope_local_theta: match gguf.get(&key("rope.freq_base_swa")) {
+            Some(_) => Some(gguf.get_f64(&key("rope.freq_base_swa"))? as f32),
+            None => family.windows.map(|rules| rules.default_local_theta),
         },
     };
     // Name the file and the GGUF key the field came from, not only our field name.
@@ -377,7 +373,7 @@ impl<'a> Taker<'a> {
         }
         let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let unrope = |b: Array1<f32>, heads: usize| {
-            if cfg.arch == Arch::Llama {
+            if cfg.family().gguf_permutes_qk_rows {
                 unpermute_rope_rows(&b.insert_axis(Axis(1)), heads).remove_axis(Axis(1))
             } else {
                 b
@@ -402,7 +398,7 @@ impl<'a> Taker<'a> {
     ) -> Result<QLayer> {
         let c = cfg.hidden_size;
         let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let rope = |heads: usize| (cfg.arch == Arch::Llama).then_some(heads);
+        let rope = |heads: usize| cfg.family().gguf_permutes_qk_rows.then_some(heads);
         let (bq, bk, bv) = self.attention_biases(cfg, &name)?;
         let ffn = self.qffn(cfg, &name, storage)?;
         Ok(QLayer {
@@ -508,7 +504,7 @@ pub fn load_gguf_weights(gguf: &GgufFile) -> Result<ModelWeights> {
         config.vocab_size,
     );
     let (h, kv, d) = (config.num_heads, config.num_kv_heads, config.head_dim);
-    let permuted = config.arch == Arch::Llama;
+    let permuted = config.family().gguf_permutes_qk_rows;
     let mut t = Taker {
         gguf,
         used: HashSet::new(),
@@ -630,9 +626,8 @@ pub fn save_gguf_model(weights: &ModelWeights, path: impl AsRef<std::path::Path>
     use super::gguf::{write_gguf, GgufTensorData};
     let cfg = &weights.config;
     cfg.validate()?;
-    cfg.require_llama_style("writing a dense f32 GGUF")?;
     let meta = arch_metadata(cfg);
-    let permuted = cfg.arch == Arch::Llama;
+    let permuted = cfg.family().gguf_permutes_qk_rows;
     let mat = |name: String, w: &Array2<f32>| {
         let w = w.as_standard_layout();
         GgufTensorData::f32(&name, w.shape(), w.as_slice().expect("standard layout"))
@@ -678,6 +673,12 @@ pub fn save_gguf_model(weights: &ModelWeights, path: impl AsRef<std::path::Path>
         tensors.push(mat(n("ffn_gate.weight"), &lw.w_gate));
         tensors.push(mat(n("ffn_up.weight"), &lw.w_up));
         tensors.push(mat(n("ffn_down.weight"), &lw.w_down));
+        if let Some(g) = &lw.gemma {
+            tensors.push(vec1(n("attn_q_norm.weight"), &g.q_norm));
+            tensors.push(vec1(n("attn_k_norm.weight"), &g.k_norm));
+            tensors.push(vec1(n("post_attention_norm.weight"), &g.post_attn_norm));
+            tensors.push(vec1(n("post_ffw_norm.weight"), &g.post_mlp_norm));
+        }
     }
     write_gguf(path, &meta, &tensors)
 }
@@ -686,11 +687,7 @@ pub fn save_gguf_model(weights: &ModelWeights, path: impl AsRef<std::path::Path>
 /// (what [`config_from_gguf`] parses back).
 pub fn arch_metadata(cfg: &ModelConfig) -> Vec<(String, super::gguf::GgufValue)> {
     use super::gguf::{kv, GgufValue as V};
-    let arch = match cfg.arch {
-        Arch::Llama => "llama",
-        Arch::Qwen2 => "qwen2",
-        Arch::Gemma3 => "gemma3",
-    };
+    let arch = cfg.family().gguf_name;
     let k = |s: &str| format!("{arch}.{s}");
     let mut meta = vec![
         kv("general.architecture", V::String(arch.into())),
@@ -727,6 +724,9 @@ pub fn arch_metadata(cfg: &ModelConfig) -> Vec<(String, super::gguf::GgufValue)>
     }
     if let Some(w) = cfg.sliding_window {
         meta.push(kv(&k("attention.sliding_window"), V::U32(w as u32)));
+    }
+    if let Some(p) = cfg.sliding_window_pattern {
+        meta.push(kv(&k("attention.sliding_window_pattern"), V::U32(p as u32)));
     }
     if let Some(t) = cfg.rope_local_theta {
         meta.push(kv(&k("rope.freq_base_swa"), V::F32(t)));

@@ -22,6 +22,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{ElmError, Result};
 use crate::io::write_atomic;
+use crate::model_data::family::{BiasRule, Family, WindowRules};
 use crate::model_data::weights::Gemma3Block;
 use crate::model_data::{Arch, LayerWeights, ModelConfig, ModelWeights};
 
@@ -104,17 +105,18 @@ pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
     };
 
     let arch = match get("model_type").and_then(Value::as_str) {
-        Some("llama") => Arch::Llama,
-        Some("qwen2") => Arch::Qwen2,
-        Some("gemma3_text") => Arch::Gemma3,
-        Some(other) => {
-            return Err(ElmError::config(
+        Some(name) => Arch::from_hf_model_type(name).ok_or_else(|| {
+            ElmError::config(
                 "model_type",
-                format!("`{other}` is unsupported (llama, qwen2, gemma3_text)"),
-            ))
-        }
+                format!(
+                    "`{name}` is unsupported ({})",
+                    Arch::supported(|f| f.hf_model_type)
+                ),
+            )
+        })?,
         None => return Err(ElmError::config("model_type", "missing from config.json")),
     };
+    let family = arch.family();
 
     let mapped: &[&str] = &[
         "vocab_size",
@@ -138,9 +140,9 @@ pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
             "an ELM in the official code's integrated format, not a dense model: give it as --elm",
         ));
     }
-    let gemma = match arch {
-        Arch::Gemma3 => Some(gemma3_attention(obj)?),
-        Arch::Llama | Arch::Qwen2 => None,
+    let windows = match family.windows {
+        Some(rules) => Some(window_attention(obj, family, rules)?),
+        None => None,
     };
     // Keys that change the math, accepted only at their neutral value.
     for (key, v) in obj {
@@ -148,11 +150,11 @@ pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
         if mapped.contains(&k) || HARMLESS_KEYS.contains(&k) {
             continue;
         }
-        if gemma.is_some() && GEMMA3_KEYS.contains(&k) {
+        if family.hf_extra_keys.contains(&k) {
             continue;
         }
         let neutral = match k {
-            "hidden_act" => v.as_str() == Some("silu"),
+            "hidden_act" => v.as_str() == Some(family.hf_activation.1),
             "rope_scaling" | "quantization_config" => v.is_null(),
             "rope_parameters" => v.is_null() || rope_parameters_neutral(v),
             "use_sliding_window" | "mlp_bias" | "rope_interleaved" => v.as_bool() == Some(false),
@@ -204,16 +206,15 @@ pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
         rms_norm_eps: f32_key("rms_norm_eps")?.unwrap_or(1e-6),
         max_position_embeddings: need("max_position_embeddings")?,
         tie_word_embeddings: bool_key("tie_word_embeddings")?.unwrap_or(false),
-        // Qwen2 always has q/k/v biases; Llama has them only with attention_bias.
-        attention_bias: match arch {
-            Arch::Qwen2 => true,
-            Arch::Llama | Arch::Gemma3 => bool_key("attention_bias")?.unwrap_or(false),
+        attention_bias: match family.attention_bias {
+            BiasRule::Always => true,
+            BiasRule::Optional => bool_key("attention_bias")?.unwrap_or(false),
         },
         bos_token_id: token_id("bos_token_id")?,
         eos_token_id: token_id("eos_token_id")?,
-        sliding_window: gemma.map(|g| g.window),
-        sliding_window_pattern: gemma.map(|g| g.pattern),
-        rope_local_theta: gemma.map(|g| g.local_theta),
+        sliding_window: windows.map(|w| w.window),
+        sliding_window_pattern: windows.map(|w| w.pattern),
+        rope_local_theta: windows.map(|w| w.local_theta),
     };
     if let Some(q) = usize_key("query_pre_attn_scalar")? {
         // Gemma 3 scales scores by `query_pre_attn_scalar^-½`; we (and llama.cpp) by `D^-½`.
@@ -224,52 +225,42 @@ pub fn config_from_hf_json(value: &Value) -> Result<ModelConfig> {
             ));
         }
     }
-    if arch == Arch::Qwen2 && bool_key("attention_bias")? == Some(false) {
+    if family.attention_bias == BiasRule::Always && bool_key("attention_bias")? == Some(false) {
         return Err(ElmError::config(
             "attention_bias",
-            "Qwen2 always uses q/k/v biases",
+            format!("{} always uses q/k/v biases", family.display_name),
         ));
     }
     config.validate()?;
     Ok(config)
 }
 
-/// The `config.json` keys a Gemma 3 text model holds at values other than a Llama's: read or
-/// checked by [`gemma3_attention`], except `query_pre_attn_scalar`, which is checked against
-/// the head dimension once the config is built. Keys whose neutral value is the same for every
-/// family (`rope_scaling`, `attention_dropout`) stay with the common check.
-const GEMMA3_KEYS: &[&str] = &[
-    "sliding_window",
-    "sliding_window_pattern",
-    "_sliding_window_pattern",
-    "layer_types",
-    "rope_local_base_freq",
-    "query_pre_attn_scalar",
-    "hidden_activation",
-    "hidden_act",
-    "final_logit_softcapping",
-    "attn_logit_softcapping",
-    "use_bidirectional_attention",
-];
-
-/// A Gemma 3 config's sliding window, local/global pattern and local RoPE base.
+/// A windowed family's sliding window, local/global pattern and local RoPE base.
 #[derive(Clone, Copy)]
-struct Gemma3Attention {
+struct WindowAttention {
     window: usize,
     pattern: usize,
     local_theta: f32,
 }
 
-/// Reads (and checks) the keys of [`GEMMA3_KEYS`]: the window; the pattern (`layer i` global
+/// Reads (and checks) a windowed family's keys (its `hf_extra_keys`): the window; the pattern (`layer i` global
 /// iff `(i + 1) % pattern == 0`) from `sliding_window_pattern` or `layer_types`, which must
 /// agree when both are given; the local layers' RoPE base; and the keys that must hold
 /// Gemma 3's defaults (GELU-tanh, no soft-capping, causal attention).
-fn gemma3_attention(obj: &Map<String, Value>) -> Result<Gemma3Attention> {
+fn window_attention(
+    obj: &Map<String, Value>,
+    family: &Family,
+    rules: WindowRules,
+) -> Result<WindowAttention> {
     let get = |k: &str| obj.get(k).filter(|v| !v.is_null());
     let window = get("sliding_window")
         .and_then(Value::as_u64)
-        .ok_or_else(|| ElmError::config("sliding_window", "a Gemma 3 config needs a window"))?
-        as usize;
+        .ok_or_else(|| {
+            ElmError::config(
+                "sliding_window",
+                format!("a {} config needs a window", family.display_name),
+            )
+        })? as usize;
     let layers = get("num_hidden_layers")
         .and_then(Value::as_u64)
         .unwrap_or(0) as usize;
@@ -327,10 +318,10 @@ fn gemma3_attention(obj: &Map<String, Value>) -> Result<Gemma3Attention> {
         }
         (Some(a), _) => a,
         (None, Some(b)) => b,
-        (None, None) => 6,
+        (None, None) => rules.default_pattern,
     };
     let local_theta = match get("rope_local_base_freq") {
-        None => 10_000.0,
+        None => rules.default_local_theta,
         Some(v) => v.as_f64().ok_or_else(|| {
             ElmError::config(
                 "rope_local_base_freq",
@@ -338,7 +329,7 @@ fn gemma3_attention(obj: &Map<String, Value>) -> Result<Gemma3Attention> {
             )
         })? as f32,
     };
-    let gelu_tanh = |v: &Value| v.as_str() == Some("gelu_pytorch_tanh");
+    let gelu_tanh = |v: &Value| v.as_str() == Some(family.hf_activation.1);
     let absent = |_: &Value| false;
     let off = |v: &Value| v.as_bool() == Some(false);
     type Check<'a> = (&'a str, &'a dyn Fn(&Value) -> bool);
@@ -359,7 +350,7 @@ fn gemma3_attention(obj: &Map<String, Value>) -> Result<Gemma3Attention> {
             }
         }
     }
-    Ok(Gemma3Attention {
+    Ok(WindowAttention {
         window,
         pattern,
         local_theta,
@@ -379,11 +370,8 @@ fn rope_parameters_neutral(v: &Value) -> bool {
 
 /// The `config.json` we write for a [`ModelConfig`] (readable by transformers).
 pub fn config_to_hf_json(c: &ModelConfig) -> Value {
-    let (model_type, class) = match c.arch {
-        Arch::Llama => ("llama", "LlamaForCausalLM"),
-        Arch::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
-        Arch::Gemma3 => ("gemma3_text", "Gemma3ForCausalLM"),
-    };
+    let family = c.family();
+    let (model_type, class) = (family.hf_model_type, family.hf_class);
     let mut v = json!({
         "architectures": [class],
         "model_type": model_type,
@@ -394,7 +382,6 @@ pub fn config_to_hf_json(c: &ModelConfig) -> Value {
         "num_attention_heads": c.num_heads,
         "num_key_value_heads": c.num_kv_heads,
         "head_dim": c.head_dim,
-        "hidden_act": "silu",
         "rope_theta": c.rope_theta,
         "rope_scaling": null,
         "rms_norm_eps": c.rms_norm_eps,
@@ -404,13 +391,13 @@ pub fn config_to_hf_json(c: &ModelConfig) -> Value {
         "eos_token_id": c.eos_token_id,
         "torch_dtype": "float32",
     });
-    if c.arch == Arch::Llama {
+    let (act_key, act) = family.hf_activation;
+    v[act_key] = json!(act);
+    if family.attention_bias == BiasRule::Optional {
         v["attention_bias"] = json!(c.attention_bias);
     }
-    if c.arch == Arch::Gemma3 {
+    if family.windows.is_some() {
         let obj = v.as_object_mut().expect("an object");
-        obj.remove("hidden_act");
-        obj.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
         obj.insert("sliding_window".into(), json!(c.sliding_window));
         obj.insert(
             "layer_types".into(),
@@ -857,10 +844,7 @@ fn check_layer_count(w: &ModelWeights) -> Result<()> {
 /// What a Gemma 3 norm gain is stored as in an HF checkpoint: HF's Gemma RMSNorm multiplies by
 /// `1 + weight`, while [`LayerWeights`] (like llama.cpp's GGUF) holds the gain itself.
 fn norm_offset(arch: Arch) -> f32 {
-    match arch {
-        Arch::Gemma3 => 1.0,
-        Arch::Llama | Arch::Qwen2 => 0.0,
-    }
+    arch.family().hf_norm_gain_offset
 }
 
 /// `w`'s tensors under their HF names with their shapes and stored values, in the order written.

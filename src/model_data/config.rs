@@ -3,27 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ElmError, Result};
-
-/// Decoder-only families we implement. Llama and Qwen2 differ only in q/k/v bias and
-/// defaults; Gemma 3 adds per-head RMSNorm of q and k, an RMSNorm after each sublayer (before
-/// the residual add), a GeGLU MLP with the tanh GELU, embeddings scaled by `√C`, and local
-/// sliding-window layers ([`ModelConfig::layer_attention`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Arch {
-    Llama,
-    Qwen2,
-    Gemma3,
-}
-
-/// The MLP's gated activation: `act(gate) · up`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    /// `silu(g) · u` (Llama, Qwen2).
-    SwiGlu,
-    /// `gelu_tanh(g) · u` (Gemma 3; GELU's tanh approximation).
-    GeGluTanh,
-}
+use crate::model_data::family::facts::Family;
+pub use crate::model_data::family::facts::{Activation, Arch};
 
 /// How one layer attends: its RoPE base and, for a local layer, its window.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -96,43 +77,27 @@ impl ModelConfig {
         }
     }
 
-    /// Refuses what needs a Gemma 3 block where only Llama-style ones exist yet: the tape
-    /// (training, LoRA, healing, the ELM module, gradient-based metrics) and the HF/GGUF writers.
-    /// `what` names the path that asked.
-    pub fn require_llama_style(&self, what: &str) -> Result<()> {
-        match self.arch {
-            Arch::Llama | Arch::Qwen2 => Ok(()),
-            Arch::Gemma3 => Err(ElmError::Unsupported(format!(
-                "{what} on a Gemma 3 model: its block (q/k norms, post-norms, GeGLU, sliding \
-                 window) runs on the CPU paths (inference, training, HF directories) but not yet \
-                 here"
-            ))),
-        }
+    /// The family's facts ([`Arch::family`]).
+    pub fn family(&self) -> &'static Family {
+        self.arch.family()
     }
 
     /// Per-head RMSNorm of q and k, and an RMSNorm after each sublayer (Gemma 3).
     pub fn has_gemma_norms(&self) -> bool {
-        match self.arch {
-            Arch::Gemma3 => true,
-            Arch::Llama | Arch::Qwen2 => false,
-        }
+        self.family().extra_norms
     }
 
     /// The MLP's activation.
     pub fn activation(&self) -> Activation {
-        match self.arch {
-            Arch::Gemma3 => Activation::GeGluTanh,
-            Arch::Llama | Arch::Qwen2 => Activation::SwiGlu,
-        }
+        self.family().activation
     }
 
     /// What the token embeddings are multiplied by before the first layer (`√C` for Gemma 3,
     /// in f32 as llama.cpp computes it).
     pub fn embedding_scale(&self) -> Option<f32> {
-        match self.arch {
-            Arch::Gemma3 => Some((self.hidden_size as f32).sqrt()),
-            Arch::Llama | Arch::Qwen2 => None,
-        }
+        self.family()
+            .scales_embeddings
+            .then(|| (self.hidden_size as f32).sqrt())
     }
 
     /// Checks internal consistency; every loader and constructor calls this.
@@ -229,10 +194,10 @@ impl ModelConfig {
         self.num_heads / self.num_kv_heads
     }
 
-    /// A tiny config for tests and examples. A tiny Gemma 3 alternates a local layer (window 2,
-    /// RoPE base 1000) with a global one, so three tokens already exercise both.
+    /// A tiny config for tests and examples: `vocab 64, C 32, I 48, 4 layers, 4 heads of 8,
+    /// 2 KV heads, context 128`, with the family's own switches ([`Family::tiny`]).
     pub fn tiny(arch: Arch) -> Self {
-        let gemma = arch == Arch::Gemma3;
+        let tiny = arch.family().tiny;
         ModelConfig {
             arch,
             vocab_size: 64,
@@ -245,13 +210,13 @@ impl ModelConfig {
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
             max_position_embeddings: 128,
-            tie_word_embeddings: arch != Arch::Qwen2,
-            attention_bias: arch == Arch::Qwen2,
+            tie_word_embeddings: tiny.tie_word_embeddings,
+            attention_bias: tiny.attention_bias,
             bos_token_id: Some(1),
             eos_token_id: Some(2),
-            sliding_window: gemma.then_some(2),
-            sliding_window_pattern: gemma.then_some(2),
-            rope_local_theta: gemma.then_some(1000.0),
+            sliding_window: tiny.windows.map(|w| w.window),
+            sliding_window_pattern: tiny.windows.map(|w| w.pattern),
+            rope_local_theta: tiny.windows.map(|w| w.local_theta),
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod block_codec;
 pub mod config;
+pub mod family;
 pub mod kernel;
 pub mod qmatmul;
 pub mod quant;

@@ -124,7 +124,7 @@ pub fn uniform_weights(config: &ModelConfig, seed: u64) -> ModelWeights {
     );
     let bias = config.attention_bias;
     let layers = (0..config.num_layers)
-        .map(|_| LayerWeights {
+        .map(|layer| LayerWeights {
             attn_norm: rand_vec(&mut rng, c),
             wq: rand_mat(&mut rng, hd, c),
             wk: rand_mat(&mut rng, kvd, c),
@@ -137,7 +137,15 @@ pub fn uniform_weights(config: &ModelConfig, seed: u64) -> ModelWeights {
             w_gate: rand_mat(&mut rng, i, c),
             w_up: rand_mat(&mut rng, i, c),
             w_down: rand_mat(&mut rng, c, i),
-            gemma: None,
+            gemma: config
+                .has_gemma_norms()
+                .then(|| elm::model_data::weights::Gemma3Block {
+                    q_norm: rand_vec(&mut rng, config.head_dim),
+                    k_norm: rand_vec(&mut rng, config.head_dim),
+                    post_attn_norm: rand_vec(&mut rng, c),
+                    post_mlp_norm: rand_vec(&mut rng, c),
+                    attention: config.layer_attention(layer),
+                }),
         })
         .collect();
     ModelWeights {
