@@ -183,12 +183,7 @@ if readme:
     paper.append("the paper's \"28.3% speedup\": its baseline is not stated in the material we could read, so "
                  "we give the ELM / dense ratios of the table and do not match it to a row")
     lines += ["", "Beside the paper's figures:", ""] + [f"- {p}" for p in paper]
-    text = open(readme).read()
-    begin, end = "<!-- elm-vs-dense:begin -->", "<!-- elm-vs-dense:end -->"
-    if begin not in text or end not in text:
-        sys.exit(f"{readme}: no {begin} … {end} block to replace")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    open(readme + ".tmp", "w").write(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
-    os.replace(readme + ".tmp", readme)
+    sys.path.insert(0, "scripts")
+    from readme_block import rewrite
+    rewrite(readme, "elm-vs-dense", lines)
 EOF

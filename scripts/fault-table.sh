@@ -25,12 +25,8 @@ for r in rows:
     did = "exit 1, JSON error `" + short(r["error"]["message"]) + "`" if r["failed"] else "finished (fault not hit)"
     same = "bit-identical, no temporary left" if r["result_equals_uninterrupted_run"] and r["temporaries_left"] == 0 else "DIFFERS"
     lines.append(f"| `{r['command']}` | `{r['fault']}` | {did} | {r['recovery']} | {same} |")
-block = "<!-- faults:begin -->\n*Written by `bash scripts/fault-table.sh` from `tests/io_faults.rs`'s results.*\n\n" + "\n".join(lines) + "\n<!-- faults:end -->"
-text = open(readme).read()
-if "<!-- faults:begin -->" in text:
-    text = re.sub(r"<!-- faults:begin -->.*?<!-- faults:end -->", lambda m: block, text, flags=re.S)
-else:
-    sys.exit(f"{readme}: no <!-- faults:begin --> block")
-open(readme, "w").write(text)
+sys.path.insert(0, "scripts")
+from readme_block import rewrite
+rewrite(readme, "faults", ["*Written by `bash scripts/fault-table.sh` from `tests/io_faults.rs`'s results.*", ""] + lines)
 print(f"{len(rows)} cases written to {readme}")
 PY

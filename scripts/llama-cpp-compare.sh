@@ -220,12 +220,7 @@ if readme:
                      + (f"{v['decode_b1_vs_roofline']:.2f}" if v.get("decode_b1_vs_roofline") else "–") + " |")
     lines += ["", "Targets:", ""]
     lines += [f"- {t}: **{'met' if r >= 1.0 else 'missed'}** ({f})" for t, r, f in targets]
-    text = open(readme).read()
-    begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
-    if begin not in text or end not in text:
-        sys.exit(f"{readme}: no {begin} … {end} block to replace")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    open(readme + ".tmp", "w").write(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
-    import os; os.replace(readme + ".tmp", readme)
+    sys.path.insert(0, "scripts")
+    from readme_block import rewrite
+    rewrite(readme, block, lines)
 EOF

@@ -61,13 +61,10 @@ for r in rows:
 json.dump(rows, open("results/memory/memory.json", "w"), indent=1)
 table = "\n".join(lines)
 open("results/memory/memory.md", "w").write(table + "\n")
-block = ("<!-- memory:begin -->\n*Written by `bash scripts/memory-table.sh` (real model, release build; peak RSS "
-         "from `/usr/bin/time -f %M`).*\n\n" + table + "\n<!-- memory:end -->")
-text = open(readme).read()
-if "<!-- memory:begin -->" not in text:
-    sys.exit(f"{readme}: no <!-- memory:begin --> block")
-text = re.sub(r"<!-- memory:begin -->.*?<!-- memory:end -->", lambda m: block, text, flags=re.S)
-open(readme, "w").write(text)
+sys.path.insert(0, "scripts")
+from readme_block import rewrite
+rewrite(readme, "memory", ["*Written by `bash scripts/memory-table.sh` (real model, release build; peak RSS "
+                           "from `/usr/bin/time -f %M`).*", ""] + lines)
 print(f"{len(rows)} commands; largest deviation of an estimate from its peak: {worst:.0%}")
 sys.exit(1 if worst > 0.25 else 0)
 PY

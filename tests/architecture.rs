@@ -534,3 +534,58 @@ fn every_family_is_listed_and_found_by_its_names() {
         assert_eq!(elm::model_data::ModelConfig::tiny(a).arch, a);
     }
 }
+
+/// Issue 62 item 2: one way to write a generated README block. Scripts (`scripts/`, shell with
+/// Python heredocs and Python files) call `scripts/readme_block.py`'s `rewrite`; the Rust study
+/// writes its blocks through `paper_repro/src/readme.rs` (`block_markers`, `replace_block`).
+/// A file that spells a block marker in code anywhere else is a second writer.
+#[test]
+fn generated_blocks_have_one_writer() {
+    let root = workspace();
+    let marker = ":begin -->";
+    let mut second = vec![];
+    // Scripts: code lines only (shell and Python comments start with `#`).
+    for entry in std::fs::read_dir(root.join("scripts")).unwrap() {
+        let p = entry.unwrap().path();
+        let rel = p.strip_prefix(root).unwrap().to_str().unwrap().to_string();
+        if rel == "scripts/readme_block.py" || !p.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap_or_default();
+        if text
+            .lines()
+            .any(|l| !l.trim_start().starts_with('#') && l.contains(marker))
+        {
+            second.push(rel);
+        }
+    }
+    // Rust sources: code without comments and test modules.
+    for dir in ["src", "paper_repro/src", "crates/elm-solver/src"] {
+        let mut files = vec![];
+        rust_files(&root.join(dir), &mut files);
+        for f in files {
+            let rel = f.strip_prefix(root).unwrap().to_str().unwrap().to_string();
+            if rel == "paper_repro/src/readme.rs" {
+                continue;
+            }
+            if code_of(&std::fs::read_to_string(&f).unwrap()).contains(marker) {
+                second.push(rel);
+            }
+        }
+    }
+    assert!(
+        second.is_empty(),
+        "README block markers written outside the one writer (scripts/readme_block.py, \
+         paper_repro/src/readme.rs): {second:?}"
+    );
+    // Every script that writes a block does it through the writer.
+    let writer_users = std::fs::read_dir(root.join("scripts"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.unwrap().path()).ok())
+        .filter(|t| t.contains("from readme_block import rewrite"))
+        .count();
+    assert!(
+        writer_users >= 7,
+        "only {writer_users} scripts use readme_block"
+    );
+}

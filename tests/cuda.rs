@@ -535,7 +535,7 @@ fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
-/// A tiny model from tests/fixtures/cuda/tiny_models.json (written by scripts/ref_cuda_tiny.py)
+/// A tiny model from tests/fixtures/cuda/tiny_models.json (written by tests/fixtures/gen/ref_cuda_tiny.py)
 /// with its float64 numpy logits `[prompt][step][V]` and greedy continuations `[prompt][step]`.
 struct FixtureModel {
     weights: ModelWeights,
@@ -603,7 +603,7 @@ fn load_fixture() -> (Vec<Vec<u32>>, Vec<FixtureModel>) {
 }
 
 /// The CPU reference used by the GPU tests is itself checked against an independent numpy
-/// float64 forward (scripts/ref_cuda_tiny.py).
+/// float64 forward (tests/fixtures/gen/ref_cuda_tiny.py).
 #[test]
 fn cpu_reference_matches_numpy_fixture() {
     let (prompts, models) = load_fixture();

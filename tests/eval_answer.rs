@@ -1,5 +1,5 @@
 //! GSM8K extraction and exact match against Python's own `re` applying lm-evaluation-harness's
-//! rules (fixture from scripts/ref_gsm8k_extract.py), hand-checked tricky answers, and the
+//! rules (fixture from tests/fixtures/gen/ref_gsm8k_extract.py), hand-checked tricky answers, and the
 //! committed GSM8K files (checksums, every reference scores itself).
 
 use elm::eval::answer::{exact_match, flexible_extract, score_response, strict_extract, INVALID};

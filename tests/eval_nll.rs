@@ -1,5 +1,5 @@
 //! Teacher-forced NLL: the batched path against a float64 numpy forward of a tiny HF Llama
-//! (fixture from scripts/ref_eval_nll.py), and batched == one sequence at a time for the dense
+//! (fixture from tests/fixtures/gen/ref_eval_nll.py), and batched == one sequence at a time for the dense
 //! model and for an ELM with adaptive Anderson stopping (padding must not reach a real token,
 //! nor a row's fixed-point solve).
 
@@ -148,7 +148,7 @@ fn bad_inputs_are_typed_errors() {
 }
 
 /// The real checkpoint's NLL tasks against llama.cpp on the same GGUF, scored by
-/// scripts/ref_harness_nll.py with lm-evaluation-harness's split (context's trailing whitespace
+/// tests/fixtures/gen/ref_harness_nll.py with lm-evaluation-harness's split (context's trailing whitespace
 /// onto the continuation, joint encoding): all 164 HumanEval solutions and 100 GSM8K answers.
 /// Same scored tokens item by item (an independent tokenizer and chat-template renderer), and
 /// NLL per token within 0.05 nats per task (llama.cpp quantizes activations to 8 bits for the

@@ -584,6 +584,17 @@ fn post_processors_that_panic_on_encoding_are_refused() {
             ),
         ),
         (
+            // The crate reads a post-processor by its fields, whatever its `type` says (found
+            // by the tokenizer_json fuzz target).
+            "names special token `<cls>`",
+            serde_json::json!({
+                "type": "TemplatePrgcessing",
+                "single": [tok("<cls>"), seq("A")],
+                "pair": [seq("A"), seq("B")],
+                "special_tokens": special("<s>", &[1], &["<s>"]),
+            }),
+        ),
+        (
             "has id 9999",
             serde_json::json!({
                 "type": "Sequence",

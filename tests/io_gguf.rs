@@ -1,6 +1,6 @@
 //! GGUF reader, dequantization, RoPE un-permutation and model loading.
-//! References: fixtures written by the PyPI `gguf` package (scripts/ref_gguf_quants.py,
-//! scripts/ref_gguf_smollm.py), the real SmolLM2 checkpoint, and RoPE algebra.
+//! References: fixtures written by the PyPI `gguf` package (tests/fixtures/gen/ref_gguf_quants.py,
+//! tests/fixtures/gen/ref_gguf_smollm.py), the real SmolLM2 checkpoint, and RoPE algebra.
 
 mod common;
 
@@ -82,7 +82,7 @@ fn dequantize_matches_gguf_python_package_bit_exact() {
 
 /// Q5_0, Q5_1 and the K-quants, block by block: random bytes in every packed field (every
 /// scale, min, nibble and high bit), an all-zero block and one with every field at its largest,
-/// against the `gguf` package's numpy decoders (scripts/ref_gguf_kquants.py), bit for bit.
+/// against the `gguf` package's numpy decoders (tests/fixtures/gen/ref_gguf_kquants.py), bit for bit.
 #[test]
 fn new_block_formats_dequantize_as_the_gguf_python_package_bit_exact() {
     let fx = fixture_json("io/kquants.json");
@@ -113,7 +113,7 @@ fn new_block_formats_dequantize_as_the_gguf_python_package_bit_exact() {
 
 /// The smallest tensor of each block type in the real Gemma 3 Q4_K_M file (Q4_K, Q5_0, Q6_K,
 /// Q8_0), dequantized whole: the FNV-1a hash of its f32 values and its first 64 values equal
-/// the `gguf` package's (scripts/ref_gguf_kquants.py on the same file).
+/// the `gguf` package's (tests/fixtures/gen/ref_gguf_kquants.py on the same file).
 #[test]
 fn real_gemma3_tensors_of_each_block_type_dequantize_as_the_gguf_python_package() {
     let Some(path) = real_gemma3() else {
@@ -168,7 +168,7 @@ fn reads_file_written_by_reference_gguf_writer() {
     assert_eq!(g.version(), 3);
     assert_eq!(g.alignment(), 64);
     assert_eq!(g.data_start() % 64, 0);
-    // Values the script wrote (constants in scripts/ref_gguf_quants.py).
+    // Values the script wrote (constants in tests/fixtures/gen/ref_gguf_quants.py).
     assert_eq!(g.get("test.u8"), Some(&GgufValue::U8(200)));
     assert_eq!(g.get("test.i8"), Some(&GgufValue::I8(-100)));
     assert_eq!(g.get("test.u16"), Some(&GgufValue::U16(60000)));

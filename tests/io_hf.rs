@@ -1,6 +1,6 @@
 //! HF `config.json` + safetensors loading/saving. References: checkpoints whose config.json
 //! was written by transformers' own config classes and whose tensors (F16/BF16/F32, sharded)
-//! were written with numpy (scripts/ref_hf_tiny.py), plus exact round trips.
+//! were written with numpy (tests/fixtures/gen/ref_hf_tiny.py), plus exact round trips.
 
 mod common;
 

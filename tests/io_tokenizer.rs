@@ -1,4 +1,4 @@
-//! GGUF tokenizer vs scripts/ref_tokenizer.py (a Python port of llama.cpp's SMOLLM BPE,
+//! GGUF tokenizer vs tests/fixtures/gen/ref_tokenizer.py (a Python port of llama.cpp's SMOLLM BPE,
 //! cross-checked against transformers' GGUF converter) and the GGUF's own Jinja chat
 //! template rendered with jinja2.
 
@@ -239,7 +239,7 @@ fn synthetic_gguf_vocab_merges_digits_split_and_bos() {
     );
 }
 
-/// The `llama-bpe` (Llama 3) and `qwen2` split regexes vs scripts/ref_tokenizer_pre.py
+/// The `llama-bpe` (Llama 3) and `qwen2` split regexes vs tests/fixtures/gen/ref_tokenizer_pre.py
 /// (llama.cpp port and transformers' converter, which agree): the SmolLM2 vocabulary and
 /// merges, plus a few digit merges that make the two digit rules differ, are written to
 /// a GGUF with each `tokenizer.ggml.pre`.

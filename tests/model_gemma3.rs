@@ -1,5 +1,5 @@
 //! The second family: the real Gemma 3 270M Q4_K_M GGUF against llama.cpp on the same file
-//! (llama-cpp-python, `scripts/ref_gemma3_llama_cpp.py`, committed small fixture): token ids
+//! (llama-cpp-python, `tests/fixtures/gen/ref_gemma3_llama_cpp.py`, committed small fixture): token ids
 //! of a corpus (GSM8K, HumanEval prompts, unicode, emoji, whitespace runs, digits, byte
 //! fallback), the last position's top-5 logits of 8 prompts (one past the 512-token sliding
 //! window, so the local layers' window is exercised) and 32-token greedy continuations. The

@@ -1,4 +1,4 @@
-//! The real SmolLM2-135M-Instruct GGUF against `scripts/ref_model.py` (gguf-package
+//! The real SmolLM2-135M-Instruct GGUF against `tests/fixtures/gen/ref_model.py` (gguf-package
 //! dequantization + numpy float64 Llama forward with interleaved RoPE on the raw GGUF
 //! Q/K weights): top-k logits of the last prompt token and 32-token greedy continuations.
 //! Token ids are fixed in the fixture, so no tokenizer is involved.

@@ -1,5 +1,5 @@
 //! The decoder training path (`elm::model::tape`) against
-//! (1) an independent numpy f64 reference (scripts/ref_llama_block.py → tests/fixtures/autograd/
+//! (1) an independent numpy f64 reference (tests/fixtures/gen/ref_llama_block.py → tests/fixtures/autograd/
 //!     tiny_{llama,qwen2}.json: logits, CE loss, and central-difference gradients of the loss
 //!     w.r.t. every weight and w.r.t. the embedded input), and
 //! (2) f64 central differences computed here through a 2-block stack (all weights + input),

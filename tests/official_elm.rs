@@ -1,5 +1,5 @@
 //! Interchange with the official ELM code (`elm::equilibrium::interchange`), against fixtures
-//! made by the official code itself (scripts/ref_official_elm.py; no PyTorch here):
+//! made by the official code itself (tests/fixtures/gen/ref_official_elm.py; no PyTorch here):
 //! - official -> ours: a tiny Qwen2 ELM trained-format checkpoint and LoRA, put through the
 //!   official `convert_to_hf.py`; our import gives the official `Qwen2ELMForCausalLM`'s logits
 //!   (within 1e-4) and greedy tokens, run as the official code runs it (M iterations, decoding
@@ -153,7 +153,7 @@ fn export_is_the_committed_file_and_the_official_code_reads_what_we_run() {
     }
 }
 
-/// Writes the committed export fixtures (then run scripts/ref_official_elm.py --check-export).
+/// Writes the committed export fixtures (then run tests/fixtures/gen/ref_official_elm.py --check-export).
 #[test]
 #[ignore]
 fn write_export_fixtures() {

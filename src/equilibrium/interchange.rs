@@ -17,7 +17,7 @@
 //! a caller can run the model as the official code does).
 //!
 //! Training checkpoints (`trainable_weights.pt` + `model_args.json` on a LoRA-merged base)
-//! are Python pickles; `scripts/ref_official_elm.py --convert` turns them into the integrated form
+//! are Python pickles; `tests/fixtures/gen/ref_official_elm.py --convert` turns them into the integrated form
 //! with the official converter itself, so only this one format is read here.
 
 use std::path::Path;

@@ -556,16 +556,9 @@ impl Tokenizer {
         struct Head {
             #[serde(default)]
             added_tokens: Vec<serde::de::IgnoredAny>,
-            #[serde(default)]
-            decoder: Option<serde_json::Value>,
-            #[serde(default)]
-            post_processor: Option<serde_json::Value>,
         }
         let head: Head = serde_json::from_str(json)
             .map_err(|e| ElmError::format(path, format!("invalid tokenizer.json: {e}")))?;
-        if let Some(decoder) = &head.decoder {
-            refuse_panicking_decoders(decoder, path)?;
-        }
         if head.added_tokens.len() > MAX_JSON_ADDED_TOKENS {
             return Err(ElmError::format(
                 path,
@@ -616,8 +609,20 @@ impl Tokenizer {
                 "tokenizer.json: the vocabulary is empty (no model tokens, no added tokens)",
             ));
         }
-        if let Some(processor) = &head.post_processor {
-            refuse_panicking_post_processors(processor, vocab_size, path)?;
+        // Decoder and post-processor checked as the crate read them, written back in its
+        // canonical form: its reader can take a section by its fields whatever its `type`
+        // says (a `TemplatePrgcessing` from the tokenizer_json fuzz target was read as a
+        // `TemplateProcessing`).
+        if let Some(decoder) = inner.get_decoder() {
+            let canonical = serde_json::to_value(decoder)
+                .map_err(|e| ElmError::format(path, format!("tokenizer.json: decoder: {e}")))?;
+            refuse_panicking_decoders(&canonical, path)?;
+        }
+        if let Some(processor) = inner.get_post_processor() {
+            let canonical = serde_json::to_value(processor).map_err(|e| {
+                ElmError::format(path, format!("tokenizer.json: post_processor: {e}"))
+            })?;
+            refuse_panicking_post_processors(&canonical, vocab_size, path)?;
         }
         let mut tok = Tokenizer {
             vocab_size,
