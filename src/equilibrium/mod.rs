@@ -46,6 +46,7 @@ pub mod relaxed;
 pub mod sequences;
 pub mod session;
 pub mod spectral;
+pub mod teacher_cache;
 pub mod train;
 
 pub use accounting::{kv_report, param_report, KvReport, ParamReport};
