@@ -7,7 +7,6 @@
 
 use std::path::{Path, PathBuf};
 
-use elm::compress::PruneReport;
 use elm::equilibrium::accounting::{KvReport, ParamReport};
 use elm::equilibrium::train::TrainOutcome;
 use elm::equilibrium::TrainConfig;
@@ -21,6 +20,12 @@ use crate::elm_cli::{args, path_arg, ElmCli, Unread};
 use crate::error::ReproError;
 use crate::scale::{Budget, Limits};
 use crate::stage::{Done, Stages};
+
+mod measure;
+mod search;
+
+pub use measure::*;
+pub use search::*;
 
 /// What every stage shares.
 pub struct Ctx<'a> {
@@ -914,297 +919,6 @@ fn lora_stage(
     })
 }
 
-// ---------------------------------------------------------------------------------------------
-// Where to prune (table 6)
-
-/// GPPO on the tuned dense model, the enumeration of windows it is checked against, and the
-/// report placing GPPO's and the metric selectors' choices in that enumeration (`elm search`).
-/// Returns the report and the directory holding its plot.
-pub fn where_to_prune(
-    ctx: &mut Ctx<'_>,
-    tuned: &Done<LoraReport>,
-    m: usize,
-) -> Result<(Done<elm::search::report::WhereToPrune>, PathBuf), ReproError> {
-    let b = ctx.limits.search;
-    let (elm, data_dir) = (ctx.elm, ctx.data_dir.clone());
-    let model = PathBuf::from(&tuned.value.out);
-    let base = json!({
-        "tuned": tuned.key,
-        "data": ctx.data_dir,
-        "train_examples": ctx.limits.train_examples,
-        "m": m,
-        "seq_len": b.seq_len,
-    });
-    let data = |a: &mut Vec<String>, dir: &Path| -> Result<(), ReproError> {
-        a.extend(args(&["--data-dir", &path_arg(&data_dir)]));
-        if let Some(n) = ctx.limits.train_examples {
-            let subset = train_subset(&data_dir, n, dir)?;
-            a.extend(args(&["--data", &path_arg(&subset)]));
-        }
-        Ok(())
-    };
-    let common = |method: &str, out: &Path| {
-        args(&[
-            "search",
-            "--model",
-            &path_arg(&model),
-            "--method",
-            method,
-            "--num-replaced",
-            &m.to_string(),
-            "--out",
-            &path_arg(out),
-        ])
-    };
-    // GPPO and the enumeration keep their state in the stage's `run` directory: a stage a kill
-    // interrupted resumes from it, a new one starts with `fresh` (its budget).
-    let resumable = |dir: &Path, method: &str, state_file: &str, what: &str, fresh: Vec<String>| {
-        let run = dir.join("run");
-        let mut a = common(method, &run);
-        if run.join(state_file).exists() {
-            eprintln!("  resuming {what} in {}", run.display());
-            a.push("--resume".into());
-        } else {
-            a.extend(fresh);
-        }
-        a
-    };
-    let gppo_config = json!({"base": base, "steps": b.gppo_steps});
-    let gppo = ctx.stages.run::<_, Value>(
-        "gppo",
-        &gppo_config,
-        (b.gppo_steps * b.seq_len) as f64 / 100.0,
-        |dir| {
-            let fresh = args(&[
-                "--steps",
-                &b.gppo_steps.to_string(),
-                "--seq-len",
-                &b.seq_len.to_string(),
-                "--force",
-            ]);
-            let mut a = resumable(
-                dir,
-                "gppo",
-                elm::search::gppo::GPPO_STATE_FILE,
-                "GPPO",
-                fresh,
-            );
-            data(&mut a, dir)?;
-            Ok(elm.run::<Unread>(&a)?.raw)
-        },
-    )?;
-    let enum_config = json!({
-        "base": base,
-        "steps": b.enum_steps,
-        "every": b.enum_every,
-        "eval": b.enum_eval,
-    });
-    // Only for the ETA: the windows of a 30-layer model (SmolLM2); Qwen2.5-1.5B has two fewer.
-    let starts = 30usize.saturating_sub(m) + 1;
-    let enumeration = ctx.stages.run::<_, Value>(
-        "enumerate",
-        &enum_config,
-        (starts * b.enum_steps * b.seq_len) as f64 / 100.0 / b.enum_every as f64,
-        |dir| {
-            let fresh = args(&[
-                "--steps",
-                &b.enum_steps.to_string(),
-                "--every",
-                &b.enum_every.to_string(),
-                "--seq-len",
-                &b.seq_len.to_string(),
-                // No saved entry: whatever a killed run left in the directory is replaced.
-                "--force",
-            ]);
-            let mut a = resumable(
-                dir,
-                "enumerate",
-                elm::search::enumerate::ENUM_FILE,
-                "the enumeration",
-                fresh,
-            );
-            a.extend(args(&["--eval-examples", &b.enum_eval.to_string()]));
-            data(&mut a, dir)?;
-            Ok(elm.run::<Unread>(&a)?.raw)
-        },
-    )?;
-    let tokens = ctx.limits.calibration_tokens;
-    let report_config = json!({
-        "gppo": gppo.key,
-        "enumeration": enumeration.key,
-        "calibration_tokens": tokens,
-    });
-    let (gppo_dir, enum_dir) = (gppo.dir.join("run"), enumeration.dir.join("run"));
-    let report = ctx
-        .stages
-        .run("where", &report_config, tokens as f64 / 50.0, |dir| {
-            let mut a = common("report", dir);
-            a.extend(args(&[
-                "--gppo",
-                &path_arg(&gppo_dir),
-                "--enumeration",
-                &path_arg(&enum_dir),
-                "--calibration-tokens",
-                &tokens.to_string(),
-                "--calibration-seq-len",
-                &tokens.min(128).to_string(),
-            ]));
-            data(&mut a, dir)?;
-            Ok(elm.run::<Unread>(&a)?.raw)
-        })?;
-    let dir = report.dir.clone();
-    Ok((report, dir))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Training-free baselines
-
-/// `elm prune --json`: the library's report and the pruned model's directory.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Pruned {
-    pub out: PathBuf,
-    #[serde(flatten)]
-    pub report: PruneReport,
-}
-
-/// `elm prune --method METHOD --num-replaced M` into the stage's directory.
-pub fn prune(ctx: &mut Ctx<'_>, method: &str, m: usize) -> Result<Done<Pruned>, ReproError> {
-    let tokens = ctx.limits.calibration_tokens;
-    let config = json!({
-        "model": ctx.model_id,
-        "data": ctx.data_dir,
-        "method": method,
-        "m": m,
-        "calibration_tokens": tokens,
-    });
-    let (elm, model, data_dir) = (ctx.elm, ctx.model.clone(), ctx.data_dir.clone());
-    ctx.stages
-        .run("prune", &config, tokens as f64 / 50.0, |dir| {
-            let out = dir.join("model");
-            Ok(elm
-                .run::<Unread>(&args(&[
-                    "prune",
-                    "--model",
-                    &path_arg(&model),
-                    "--method",
-                    method,
-                    "--num-replaced",
-                    &m.to_string(),
-                    "--calibration-tokens",
-                    &tokens.to_string(),
-                    "--seq-len",
-                    &tokens.min(128).to_string(),
-                    "--data-dir",
-                    &path_arg(&data_dir),
-                    "--out",
-                    &path_arg(&out),
-                    "--force",
-                ]))?
-                .raw)
-        })
-}
-
-// ---------------------------------------------------------------------------------------------
-// Measured KV bytes and the spectral radius
-
-/// `elm generate --json`, the figures the KV table reads (keys the command composes itself:
-/// there is no library report to decode).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct KvMeasured {
-    /// Bytes of K/V the decoding session allocated (dense layers + fixed-point caches).
-    pub kv_bytes: usize,
-    pub prompt_tokens: usize,
-    pub new_tokens: usize,
-}
-
-/// Decodes one GSM8K test question with the ELM in KV mode `kv` and reports the bytes of K/V
-/// the session allocated for it (prompt + `max_new_tokens` + 1 positions).
-pub fn kv_measure(
-    ctx: &mut Ctx<'_>,
-    t: &Done<Trained>,
-    kv: &str,
-    prompt: &str,
-) -> Result<Done<KvMeasured>, ReproError> {
-    let max_new = ctx.limits.max_new_tokens;
-    let config = json!({"model": ctx.model_id, "elm": t.key, "kv": kv, "prompt": prompt, "max_new_tokens": max_new});
-    let a = args(&[
-        "generate",
-        "--model",
-        &path_arg(&ctx.model),
-        "--elm",
-        &path_arg(&t.value.checkpoint),
-        "--kv",
-        kv,
-        "--solver",
-        "anderson",
-        "--prompt",
-        prompt,
-        "--chat",
-        "--max-new-tokens",
-        &max_new.to_string(),
-    ]);
-    let elm = ctx.elm;
-    ctx.stages.run("kv", &config, max_new as f64 / 5.0, |_| {
-        Ok(elm.run::<Unread>(&a)?.raw)
-    })
-}
-
-/// `elm spectral --json`: the library's own report.
-pub use elm::equilibrium::spectral::SpectralReport as Spectral;
-
-/// ρ(∂φ/∂z) at z* of a trained ELM over the scale's GSM8K test sequences.
-pub fn spectral(ctx: &mut Ctx<'_>, t: &Done<Trained>) -> Result<Done<Spectral>, ReproError> {
-    let n = ctx.limits.spectral_sequences;
-    let config = json!({"model": ctx.model_id, "data": ctx.data_dir, "elm": t.key, "limit": n, "iterations": 30});
-    let a = args(&[
-        "spectral",
-        "--model",
-        &path_arg(&ctx.model),
-        "--elm",
-        &path_arg(&t.value.checkpoint),
-        "--limit",
-        &n.to_string(),
-        "--iterations",
-        "30",
-        "--data-dir",
-        &path_arg(&ctx.data_dir),
-    ]);
-    let elm = ctx.elm;
-    ctx.stages.run("spectral", &config, n as f64 * 10.0, |_| {
-        Ok(elm.run::<Unread>(&a)?.raw)
-    })
-}
-
-/// `elm sweep --json`: map evaluations of Picard, Anderson and Broyden against ρ on the
-/// canonical linear problem, with the trained ELMs' measured ρ marked.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RhoSweep {
-    pub config: elm::solver::rho_sweep::RhoSweepConfig,
-    pub marks: Vec<(String, f64)>,
-    pub rows: Vec<elm::solver::rho_sweep::RhoSweepRow>,
-}
-
-/// `elm sweep` with `marks` (name, measured ρ); its plot is copied to `plots/rho_sweep.svg`.
-pub fn rho_sweep(
-    ctx: &mut Ctx<'_>,
-    marks: &[(String, f64)],
-    plots: &Path,
-) -> Result<Done<RhoSweep>, ReproError> {
-    let config = json!({ "marks": marks });
-    let elm = ctx.elm;
-    let done = ctx.stages.run("rho_sweep", &config, 1.0, |dir| {
-        let mut a = args(&["sweep", "--out", &path_arg(dir)]);
-        for (name, rho) in marks {
-            a.extend(args(&["--mark", &format!("{name}={rho}")]));
-        }
-        Ok(elm.run::<Unread>(&a)?.raw)
-    })?;
-    std::fs::create_dir_all(plots).map_err(|e| ReproError::io(plots, e))?;
-    let (from, to) = (done.dir.join("rho_sweep.svg"), plots.join("rho_sweep.svg"));
-    std::fs::copy(&from, &to).map_err(|e| ReproError::io(&from, e))?;
-    Ok(done)
-}
-
 /// Every library report paper_repro decodes, serialised from a library value as its `elm ...
 /// --json` command prints it (plus the keys the command adds), must decode into the type the
 /// stages read: a field the library renames or retypes fails here, not in the smoke run.
@@ -1212,6 +926,7 @@ pub fn rho_sweep(
 mod tests {
     use super::*;
     use crate::elm_cli::decode;
+    use elm::compress::PruneReport;
     use elm::equilibrium::train::StepLog;
     use elm::equilibrium::{kv_report, param_report, ElmConfig};
     use elm::eval::stats::{estimate, BootstrapConfig, ItemScore};
