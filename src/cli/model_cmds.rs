@@ -98,18 +98,29 @@ impl PromptArgs {
         self.model.clone().unwrap_or_else(default_model_path)
     }
 
-    /// The prompt's token ids (in the chat template with `--chat`) and the model's config, read
-    /// from the model's tokenizer and metadata alone, so that a prompt that encodes to nothing
-    /// or runs past the context, or a vocabulary the embedding cannot hold, is refused before
-    /// hundreds of MB of weights load.
-    fn encode_before_load(&self, path: &Path) -> Result<(Vec<u32>, elm::model::ModelConfig)> {
-        let tok = elm::model::load_tokenizer(path)?;
-        let config = elm::model::load_config(path)?;
-        let ids = encode_prompt(&tok, &self.prompt, self.chat)?;
-        if self.check_tensors {
-            elm::model::check_tensors(path)?;
+    /// The prompt's token ids (in the chat template with `--chat`), filled by the check that
+    /// [`Self::checked_prompt`] returns.
+    ///
+    /// The check runs in the loader once the tokenizer and config are read and before any
+    /// weight is, so that a prompt that encodes to nothing or runs past the context (with
+    /// `max_new` tokens after it, `batch` times) is refused before hundreds of MB load, with
+    /// the tokenizer built once. `--check-tensors` scans the weights there too.
+    fn checked_prompt<'a>(
+        &'a self,
+        path: &'a Path,
+        max_new: usize,
+        batch: usize,
+        ids: &'a std::cell::RefCell<Vec<u32>>,
+    ) -> impl Fn(&Tokenizer, &elm::model::ModelConfig) -> Result<()> + 'a {
+        move |tok, config| {
+            let prompt = encode_prompt(tok, &self.prompt, self.chat)?;
+            check_generation_size(config, prompt.len(), max_new, batch)?;
+            if self.check_tensors {
+                elm::model::check_tensors(path)?;
+            }
+            *ids.borrow_mut() = prompt;
+            Ok(())
         }
-        Ok((ids, config))
     }
 }
 
@@ -189,25 +200,28 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         ));
     }
     let path = args.input.model_path();
-    let (prompt, config) = args.input.encode_before_load(&path)?;
-    check_generation_size(&config, prompt.len(), args.max_new_tokens, args.batch)?;
     let before_load = elm::io::BeforeLoad::now();
     let pb = spinner(&format!("loading {}", path.display()));
+    let ids = std::cell::RefCell::new(Vec::new());
+    let check = args
+        .input
+        .checked_prompt(&path, args.max_new_tokens, args.batch, &ids);
     let (model, tok) = match (&args.elm.elm, device) {
         (Some(ckpt), _) => {
-            let (m, tok) = ElmModel::load_with(&path, Some(ckpt), storage)?;
+            let (m, tok) = ElmModel::load_with_checked(&path, Some(ckpt), storage, &check)?;
             (Loaded::Elm(Box::new(m)), tok)
         }
         (None, DeviceSpec::Cpu) => {
-            let (m, tok) = AnyTransformer::load(&path, storage)?;
+            let (m, tok) = AnyTransformer::load_checked(&path, storage, &check)?;
             (Loaded::Dense(Box::new(m)), tok)
         }
         (None, DeviceSpec::Cuda(ordinal)) => {
-            let (w, tok) = load_pretrained(&path)?;
+            let (w, tok) = elm::model::load_pretrained_checked(&path, &check)?;
             (Loaded::Gpu(Box::new(w), ordinal), tok)
         }
     };
     pb.finish_and_clear();
+    let prompt = ids.take();
     let heap_after_load = elm::heap::counters().map(|c| c.live_bytes as u64);
     let mc = match &model {
         Loaded::Elm(m) => m.config(),
@@ -441,9 +455,10 @@ pub struct LogitsArgs {
 pub fn run_logits(args: LogitsArgs) -> Result<()> {
     default_blas_threads();
     let path = args.input.model_path();
-    let (ids, config) = args.input.encode_before_load(&path)?;
-    check_generation_size(&config, ids.len(), 0, 1)?;
-    let (model, tok) = AnyTransformer::load(&path, args.weights)?;
+    let ids = std::cell::RefCell::new(Vec::new());
+    let check = args.input.checked_prompt(&path, 0, 1, &ids);
+    let (model, tok) = AnyTransformer::load_checked(&path, args.weights, &check)?;
+    let ids = ids.take();
     let logits = model.prompt_logits(std::slice::from_ref(&ids))?;
     let row = logits.row(0);
     // NaN logits would sort as "top" ids 0, 1, 2, ... and print as null: an invalid model.
@@ -502,6 +517,33 @@ pub struct PerplexityArgs {
     pub json: bool,
 }
 
+/// `perplexity`'s refusals of its input: fewer than 2 tokens to score, or windows longer than
+/// the model's context.
+fn check_perplexity_input(
+    ids: &[u32],
+    context: usize,
+    config: &elm::model::ModelConfig,
+    file: &Path,
+) -> Result<()> {
+    if ids.len() < 2 {
+        return Err(ElmError::InvalidArgument(format!(
+            "{}: fewer than 2 tokens to score",
+            file.display()
+        )));
+    }
+    let ctx = config.max_position_embeddings;
+    if context > ctx {
+        return Err(ElmError::config(
+            "--context",
+            format!(
+                "windows of {context} tokens exceed the model's context length of {ctx} tokens \
+                 (max_position_embeddings)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
     default_blas_threads();
     if args.context < 2 {
@@ -511,34 +553,24 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
     // The text first: a missing or unreadable file is refused before hundreds of MB load.
     let text = read_text_file(&args.file)?;
     let path = args.model.clone().unwrap_or_else(default_model_path);
-    // The tokens and the context are checked from the tokenizer and the metadata alone, before
-    // the weights load.
-    let tok = elm::model::load_tokenizer(&path)?;
-    let ctx = elm::model::load_config(&path)?.max_position_embeddings;
-    let mut ids = tok.encode(&text, false)?;
-    ids.truncate(args.max_tokens);
-    if ids.len() < 2 {
-        return Err(ElmError::InvalidArgument(format!(
-            "{}: fewer than 2 tokens to score",
-            args.file.display()
-        )));
-    }
-    if args.context > ctx {
-        return Err(ElmError::config(
-            "--context",
-            format!(
-                "windows of {} tokens exceed the model's context length of {ctx} tokens \
-                 (max_position_embeddings)",
-                args.context
-            ),
-        ));
-    }
-    if args.check_tensors {
-        elm::model::check_tensors(&path)?;
-    }
+    // The text's tokens and the windows against the context, checked in the loader once the
+    // tokenizer and config are read (before any weight is, for a dense model).
+    let ids = std::cell::RefCell::new(Vec::new());
+    let check = |tok: &Tokenizer, config: &elm::model::ModelConfig| -> Result<()> {
+        let mut encoded = tok.encode(&text, false)?;
+        encoded.truncate(args.max_tokens);
+        check_perplexity_input(&encoded, args.context, config, &args.file)?;
+        if args.check_tensors {
+            elm::model::check_tensors(&path)?;
+        }
+        *ids.borrow_mut() = encoded;
+        Ok(())
+    };
     let pb = spinner(&format!("loading {}", path.display()));
-    let (model, _) = ElmModel::load_with(&path, args.infer.elm.as_deref(), args.weights)?;
+    let (model, _) =
+        ElmModel::load_with_checked(&path, args.infer.elm.as_deref(), args.weights, &check)?;
     pb.finish_and_clear();
+    let ids = ids.take();
     // Every window scores its tokens after the first, each from the tokens before it in the
     // window: the same teacher-forced path (and ELM solve) as `elm eval`'s answer NLL.
     let windows = ids

@@ -8,8 +8,9 @@ use ndarray::{Array1, Array3};
 use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
 use crate::model::{
-    config_and_layer_format, embed_tokens, load_inference, load_inference_layers, load_pretrained,
-    BlockWeights, DecoderWeights, ModelConfig, ModelWeights,
+    config_and_layer_format, embed_tokens, load_inference, load_inference_checked,
+    load_inference_layers, load_pretrained, load_pretrained_checked, BeforeWeights, BlockWeights,
+    DecoderWeights, ModelConfig, ModelWeights,
 };
 use crate::model_data::quant::{
     Linear, LinearRef, QLayer, QuantWeights, WeightStorage, WriteFormat,
@@ -311,6 +312,43 @@ impl ElmModel {
     /// than its parent); the dense model and the checkpoints merged in f32 load as
     /// [`Self::load`] does for f32, and otherwise through [`Self::quantized`].
     pub fn load_with(
+        model: &Path,
+        elm: Option<&Path>,
+        storage: WeightStorage,
+    ) -> Result<(Self, Tokenizer)> {
+        Self::load_with_checked(model, elm, storage, &|_, _| Ok(()))
+    }
+
+    /// [`Self::load_with`] with `check` run on the tokenizer and config the model is used with
+    /// ([`BeforeWeights`]): before any weight is read for the dense model alone (no `elm`),
+    /// where a refusal saves the whole load; with a module, once the model is loaded (the
+    /// tokenizer is still built once).
+    pub fn load_with_checked(
+        model: &Path,
+        elm: Option<&Path>,
+        storage: WeightStorage,
+        check: BeforeWeights,
+    ) -> Result<(Self, Tokenizer)> {
+        let module_format = match storage {
+            WeightStorage::Quant(f) => Some(f),
+            _ => None,
+        };
+        if elm.is_none() {
+            return if storage == WeightStorage::F32 {
+                let (weights, tok) = load_pretrained_checked(model, check)?;
+                Ok((ElmModel::dense(weights), tok))
+            } else {
+                let (dense, tok) = load_inference_checked(model, storage, &|_| true, check)?;
+                Ok((ElmModel::quantized(dense, None, module_format)?, tok))
+            };
+        }
+        let (loaded, tok) = Self::load_module_with(model, elm, storage)?;
+        check(&tok, loaded.config())?;
+        Ok((loaded, tok))
+    }
+
+    /// [`Self::load_with`] with a module (`elm` given).
+    fn load_module_with(
         model: &Path,
         elm: Option<&Path>,
         storage: WeightStorage,

@@ -8,7 +8,7 @@ use ndarray::Array2;
 use super::bench::storage_label;
 use super::generate::Decoder;
 use super::kv_cache::KvCache;
-use super::load::{load_inference, load_pretrained};
+use super::load::{load_inference_checked, load_pretrained_checked, BeforeWeights};
 use super::transformer::{DecoderWeights, Transformer};
 use crate::error::Result;
 use crate::formats::tokenizer::Tokenizer;
@@ -34,13 +34,21 @@ macro_rules! each {
 impl AnyTransformer {
     /// Loads `path` (GGUF file or HF directory) with its matrices stored as `storage` says.
     pub fn load(path: &Path, storage: WeightStorage) -> Result<(Self, Tokenizer)> {
+        Self::load_checked(path, storage, &|_, _| Ok(()))
+    }
+    /// [`Self::load`] with `check` run before any weight is read ([`BeforeWeights`]).
+    pub fn load_checked(
+        path: &Path,
+        storage: WeightStorage,
+        check: BeforeWeights,
+    ) -> Result<(Self, Tokenizer)> {
         Ok(match storage {
             WeightStorage::F32 => {
-                let (w, tok) = load_pretrained(path)?;
+                let (w, tok) = load_pretrained_checked(path, check)?;
                 (AnyTransformer::F32(Transformer::new(w)?), tok)
             }
             _ => {
-                let (w, tok) = load_inference(path, storage)?;
+                let (w, tok) = load_inference_checked(path, storage, &|_| true, check)?;
                 (AnyTransformer::Quant(Transformer::new(w)?), tok)
             }
         })

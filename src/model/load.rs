@@ -103,10 +103,25 @@ pub fn load_tokenizer(path: impl AsRef<Path>) -> Result<Tokenizer> {
 /// Loads weights and tokenizer from a `.gguf` file or an HF directory
 /// (`config.json`, safetensors, `tokenizer.json`).
 pub fn load_pretrained(path: impl AsRef<Path>) -> Result<(ModelWeights, Tokenizer)> {
+    load_pretrained_checked(path, &|_, _| Ok(()))
+}
+
+/// What a command checks with the tokenizer and the config in hand and before any weight is
+/// read (a prompt against the context, say), so that a refusal costs no load and the
+/// tokenizer is built once.
+pub type BeforeWeights<'a> = &'a dyn Fn(&Tokenizer, &crate::model_data::ModelConfig) -> Result<()>;
+
+/// [`load_pretrained`] with `check` run once the tokenizer and config are read and before the
+/// weights load.
+pub fn load_pretrained_checked(
+    path: impl AsRef<Path>,
+    check: BeforeWeights,
+) -> Result<(ModelWeights, Tokenizer)> {
     let path = path.as_ref();
     if path.is_dir() {
         // The tokenizer first: an invalid one is refused before the weights load.
         let tokenizer = load_tokenizer(path)?;
+        check(&tokenizer, &crate::formats::read_hf_config(path)?)?;
         let weights = load_hf_model(path)?;
         Ok((weights, tokenizer))
     } else if path.is_file() {
@@ -114,6 +129,7 @@ pub fn load_pretrained(path: impl AsRef<Path>) -> Result<(ModelWeights, Tokenize
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let config = crate::formats::config_from_gguf(&gguf)?;
         tokenizer.check_embedding_rows(config.vocab_size, path)?;
+        check(&tokenizer, &config)?;
         Ok((load_gguf_weights(&gguf)?, tokenizer))
     } else {
         Err(not_found(path))
@@ -138,12 +154,24 @@ pub fn load_inference_layers(
     storage: WeightStorage,
     keep: &dyn Fn(usize) -> bool,
 ) -> Result<(QuantWeights, Tokenizer)> {
+    load_inference_checked(path, storage, keep, &|_, _| Ok(()))
+}
+
+/// [`load_inference_layers`] with `check` run once the tokenizer and config are read and
+/// before the weights load ([`BeforeWeights`]).
+pub fn load_inference_checked(
+    path: impl AsRef<Path>,
+    storage: WeightStorage,
+    keep: &dyn Fn(usize) -> bool,
+    check: BeforeWeights,
+) -> Result<(QuantWeights, Tokenizer)> {
     let path = path.as_ref();
     if path.is_file() {
         let mut gguf = GgufFile::open(path)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let config = crate::formats::config_from_gguf(&gguf)?;
         tokenizer.check_embedding_rows(config.vocab_size, path)?;
+        check(&tokenizer, &config)?;
         // The parsed vocabulary is not needed while the weights load (issue 42).
         gguf.release_metadata();
         Ok((
@@ -151,7 +179,7 @@ pub fn load_inference_layers(
             tokenizer,
         ))
     } else {
-        let (mut w, tokenizer) = load_pretrained(path)?;
+        let (mut w, tokenizer) = load_pretrained_checked(path, check)?;
         let format = match storage {
             WeightStorage::Quant(f) => Some(f),
             WeightStorage::F32 | WeightStorage::Auto => None,
