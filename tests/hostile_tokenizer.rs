@@ -630,3 +630,22 @@ fn post_processors_that_panic_on_encoding_are_refused() {
     let t = Tokenizer::from_json_parts(&json, None, Path::new("tokenizer.json")).unwrap();
     assert_eq!(t.encode("w3 w4", true).unwrap(), vec![1, 3, 4]);
 }
+
+/// A `tokenizer.json`'s truncation would cut a prompt without a word (and its stride at or past
+/// its max_length panics in the tokenizers crate: found by the tokenizer_json fuzz target); its
+/// padding would add pad ids. elm encodes whole texts and pads its own batches, so both are off:
+/// the whole text is encoded, nothing panics.
+#[test]
+fn truncation_and_padding_of_a_tokenizer_json_are_off() {
+    let mut json: serde_json::Value = serde_json::from_str(&word_tokenizer_json()).unwrap();
+    json["truncation"] = serde_json::json!({
+        "direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 5
+    });
+    json["padding"] = serde_json::json!({
+        "direction": "Right", "pad_id": 0, "pad_to_multiple_of": null, "pad_token": "<unk>",
+        "pad_type_id": 0, "strategy": {"Fixed": 8}
+    });
+    let t =
+        Tokenizer::from_json_parts(&json.to_string(), None, Path::new("tokenizer.json")).unwrap();
+    assert_eq!(t.encode("w3 w4 w5 w6", true).unwrap(), vec![3, 4, 5, 6]);
+}

@@ -214,7 +214,7 @@ impl Tokenizer {
         // error (0.21.4: `.expect("Helper")` in its decoder and processor parsers): a hostile
         // file must be a typed error, not a crash.
         let parsed = std::panic::catch_unwind(|| json.parse::<tokenizers::Tokenizer>());
-        let inner = match parsed {
+        let mut inner = match parsed {
             Ok(result) => result
                 .map_err(|e| ElmError::format(path, format!("invalid tokenizer.json: {e}")))?,
             Err(panic) => {
@@ -231,6 +231,15 @@ impl Tokenizer {
                 ));
             }
         };
+        // elm encodes whole texts and pads its own batches: a file's truncation would cut a
+        // prompt without a word (and panics in the tokenizers crate when its stride is not
+        // below its max_length: found by the tokenizer_json fuzz target), and its padding
+        // would add pad ids to every encoding. Both are switched off, as for every LM
+        // tokenizer the HF hub ships (`"truncation": null, "padding": null`).
+        inner
+            .with_truncation(None)
+            .map_err(|e| ElmError::format(path, format!("tokenizer.json: truncation: {e}")))?;
+        inner.with_padding(None);
         let vocab_size = id_bound(&inner);
         if vocab_size > MAX_JSON_TOKEN_ID {
             // An id of 134 million in a 300-entry vocabulary made writing the tokenizer back
