@@ -292,10 +292,7 @@ impl ElmModel {
     fn load_official_dir(dir: &Path, storage: WeightStorage) -> Result<(Self, Tokenizer)> {
         // The transformer layers and the module quantized as requested; the embedding and head
         // stay f32 (as imported).
-        let layer_format = match storage {
-            WeightStorage::Quant(format) => Some(format),
-            _ => None,
-        };
+        let layer_format = storage.forced_format();
         let (model, tok, _) = ElmModel::import_official_as(dir, layer_format)?;
         let tok = tok.ok_or_else(|| {
             ElmError::format(
@@ -329,10 +326,7 @@ impl ElmModel {
         storage: WeightStorage,
         check: BeforeWeights,
     ) -> Result<(Self, Tokenizer)> {
-        let module_format = match storage {
-            WeightStorage::Quant(f) => Some(f),
-            _ => None,
-        };
+        let module_format = storage.forced_format();
         if elm.is_none() {
             return if storage == WeightStorage::F32 {
                 let (weights, tok) = load_pretrained_checked(model, check)?;
@@ -367,10 +361,7 @@ impl ElmModel {
         if storage == WeightStorage::F32 && !replaces_only {
             return Self::load(model, elm);
         }
-        let module_format = match storage {
-            WeightStorage::Quant(f) => Some(f),
-            _ => None,
-        };
+        let module_format = storage.forced_format();
         let Some(dir) = elm else {
             let (dense, tok) = load_inference(model, storage)?;
             return Ok((ElmModel::quantized(dense, None, module_format)?, tok));

@@ -180,10 +180,7 @@ pub fn load_inference_checked(
         ))
     } else {
         let (mut w, tokenizer) = load_pretrained_checked(path, check)?;
-        let format = match storage {
-            WeightStorage::Quant(f) => Some(f),
-            WeightStorage::F32 | WeightStorage::Auto => None,
-        };
+        let format = storage.forced_format();
         w.layers = std::mem::take(&mut w.layers)
             .into_iter()
             .enumerate()
@@ -205,10 +202,7 @@ pub fn config_and_layer_format(
     let path = path.as_ref();
     if !path.is_file() {
         // An HF directory's matrices are f32: `auto` keeps them so.
-        let format = match storage {
-            WeightStorage::Quant(f) => Some(f),
-            WeightStorage::F32 | WeightStorage::Auto => None,
-        };
+        let format = storage.forced_format();
         return Ok((load_config(path)?, format));
     }
     let gguf = GgufFile::open(path)?;

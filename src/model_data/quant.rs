@@ -35,6 +35,17 @@ pub enum WeightStorage {
     Quant(WriteFormat),
 }
 
+impl WeightStorage {
+    /// The block format every matrix is requantized to, `None` for f32 and for `auto` (which
+    /// keeps each matrix's own).
+    pub fn forced_format(self) -> Option<WriteFormat> {
+        match self {
+            WeightStorage::Quant(format) => Some(format),
+            WeightStorage::F32 | WeightStorage::Auto => None,
+        }
+    }
+}
+
 impl std::str::FromStr for WeightStorage {
     type Err = ElmError;
     fn from_str(s: &str) -> Result<Self> {
