@@ -1029,6 +1029,30 @@ fn a_run_request_reads_back_and_refuses_another_command_or_model() {
         serde_json::to_value(&back).unwrap(),
         serde_json::to_value(&c).unwrap()
     );
+    // The process-wide settings of the products are recorded beside it (issue 60), and a
+    // request written before they were reads back.
+    let raw: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(RUN_REQUEST_FILE)).unwrap())
+            .unwrap();
+    assert_eq!(
+        raw["compute"]["precision"],
+        serde_json::to_value(elm::gemm::precision()).unwrap()
+    );
+    assert_eq!(
+        raw["compute"]["gemm_kernel"],
+        elm::gemm::detected_kernel().name()
+    );
+    let set_here: Vec<String> = elm::io::run_dir::COMPUTE_OVERRIDES
+        .iter()
+        .filter_map(|n| std::env::var(n).ok().map(|v| format!("{n}={v}")))
+        .collect();
+    assert_eq!(raw["compute"]["overrides"], serde_json::json!(set_here));
+    let mut old = raw.clone();
+    old.as_object_mut().unwrap().remove("compute");
+    std::fs::write(dir.join(RUN_REQUEST_FILE), old.to_string()).unwrap();
+    let back: TrainConfig = read_run_request(&dir, "train", &mc).unwrap().unwrap();
+    assert_eq!(back.steps, 7);
+    write_run_request(&dir, "train", &mc, &c).unwrap();
     let e = read_run_request::<TrainConfig>(&dir, "lora", &mc)
         .unwrap_err()
         .to_string();

@@ -221,6 +221,46 @@ pub struct RunRequest<M, T> {
     pub model_config: M,
     /// The command's settings as the fresh run resolved them.
     pub request: T,
+    /// The process-wide settings its numbers depend on (absent in requests written before
+    /// they were recorded).
+    #[serde(default)]
+    pub compute: Option<ComputeSettings>,
+}
+
+/// The environment variables that override a process-wide choice of the products: recorded in
+/// every run request, so that a run's numbers can be traced to the kernels that made them.
+pub const COMPUTE_OVERRIDES: [&str; 5] = [
+    "ELM_GEMM",
+    "ELM_QKERNEL",
+    "ELM_HUGE_PAGES",
+    "ELM_KEEP_HEAP",
+    "OPENBLAS_NUM_THREADS",
+];
+
+/// What the large products of a run were computed with: the precision (`--precision`), the
+/// f32 kernel this machine chose, and the overrides in its environment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComputeSettings {
+    pub precision: crate::gemm::Precision,
+    /// The kernel large f32 products run ([`crate::gemm::detected_kernel`]).
+    pub gemm_kernel: String,
+    /// `NAME=value` of each of [`COMPUTE_OVERRIDES`] set in the environment.
+    pub overrides: Vec<String>,
+}
+
+impl ComputeSettings {
+    /// This process's settings now.
+    pub fn current() -> Self {
+        ComputeSettings {
+            precision: crate::gemm::precision(),
+            gemm_kernel: crate::gemm::detected_kernel().name().to_string(),
+            overrides: COMPUTE_OVERRIDES
+                .iter()
+                .filter_map(|name| std::env::var(name).ok().map(|v| format!("{name}={v}")))
+                .collect(),
+        }
+    }
 }
 
 /// Writes `request` of `command` into run directory `dir` (atomically).
@@ -234,6 +274,7 @@ pub fn write_run_request<M: Serialize, T: Serialize>(
         command: command.to_string(),
         model_config,
         request,
+        compute: Some(ComputeSettings::current()),
     };
     write_json_atomic(&dir.join(RUN_REQUEST_FILE), &r)
 }
