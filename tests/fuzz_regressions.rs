@@ -61,9 +61,36 @@ fn gguf_tokenizer_reproducers_encode_within_the_vocabulary() {
     }
 }
 
+/// Threads on which a panic began, recorded by a panic hook that then defers to the previous
+/// one: the readers catch some of the `tokenizers` crate's panics, but a caller's hook (the
+/// fuzzer's aborts) still sees them, so a reproducer must be refused without any.
+fn panicked_threads() -> &'static std::sync::Mutex<Vec<std::thread::ThreadId>> {
+    static SEEN: std::sync::OnceLock<std::sync::Mutex<Vec<std::thread::ThreadId>>> =
+        std::sync::OnceLock::new();
+    SEEN.get_or_init(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if let Some(seen) = SEEN.get() {
+                seen.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(std::thread::current().id());
+            }
+            previous(info);
+        }));
+        std::sync::Mutex::new(Vec::new())
+    })
+}
+
 #[test]
 fn tokenizer_json_reproducers_are_typed_errors() {
+    let me = std::thread::current().id();
     for file in reproducers("tokenizer_json") {
+        let panics_before = panicked_threads()
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|&&t| t == me)
+            .count();
         let started = std::time::Instant::now();
         // As the target reads its input: the JSON, then after a NUL an optional config.
         let bytes = std::fs::read(&file).unwrap();
@@ -97,6 +124,18 @@ fn tokenizer_json_reproducers_are_typed_errors() {
                 tok.to_json_parts(false).unwrap();
             }
         }
+        let panics_after = panicked_threads()
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|&&t| t == me)
+            .count();
+        assert_eq!(
+            panics_after,
+            panics_before,
+            "{}: a panic began while reading it (even if caught)",
+            file.display()
+        );
         // The fuzz targets' timeout is 10 s (a 134-million id once took 48 s to write back).
         let took = started.elapsed();
         assert!(took.as_secs() < 5, "{}: {took:?}", file.display());

@@ -196,6 +196,13 @@ impl Tokenizer {
         struct Head {
             #[serde(default)]
             added_tokens: Vec<serde::de::IgnoredAny>,
+            /// Read as a JSON value first: the `tokenizers` crate panics (`.expect("Helper")`)
+            /// on a decoder section that is not one, e.g. a number out of range (found by the
+            /// tokenizer_json fuzz target). A panic is caught below, but a refusal without one
+            /// is what a caller's panic hook (libFuzzer's aborts) can live with.
+            #[serde(default)]
+            #[allow(dead_code)]
+            decoder: Option<serde_json::Value>,
         }
         let head: Head = serde_json::from_str(json)
             .map_err(|e| ElmError::format(path, format!("invalid tokenizer.json: {e}")))?;
