@@ -129,7 +129,14 @@ fn k_quant_position(format: QFormat, g: &TileGeometry, r: usize, i: usize) -> us
             192..208 => g.scales_at.expect("Q6_K has scales") + TILE_ROWS * (i - 192) + r,
             _ => 2 * r + i - 208,
         },
-        _ => unreachable!("{} is not a byte permutation", format.name()),
+        QFormat::Q8_0
+        | QFormat::Q4_0
+        | QFormat::Q4_1
+        | QFormat::Q5_0
+        | QFormat::Q5_1
+        | QFormat::Q2K
+        | QFormat::Q3K
+        | QFormat::Q5K => unreachable!("{} is not a byte permutation", format.name()),
     }
 }
 
@@ -160,7 +167,10 @@ pub fn preferred(format: QFormat, rows: usize, tiles_wanted: bool) -> Layout {
 fn code_groups(format: QFormat) -> usize {
     match format {
         QFormat::Q8_0 => QK / 4,
-        _ => QK / 8,
+        QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q5_1 => QK / 8,
+        QFormat::Q2K | QFormat::Q3K | QFormat::Q4K | QFormat::Q5K | QFormat::Q6K => {
+            unreachable!("{} has no 32-value tile", format.name())
+        }
     }
 }
 
@@ -304,10 +314,7 @@ mod tests {
     fn every_tiled_format_has_the_bytes_of_its_blocks() {
         for f in QFormat::ALL.into_iter().filter(|f| f.block_elems() == QK) {
             if let Some(g) = geometry(f) {
-                let codes = match f {
-                    QFormat::Q8_0 => 32,
-                    _ => 16,
-                };
+                let codes = code_groups(f) * 4;
                 assert_eq!(g.codes_at + TILE_ROWS * codes, g.bytes, "{}", f.name());
             }
         }

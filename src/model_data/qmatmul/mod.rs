@@ -496,9 +496,11 @@ impl IntBlock {
             }
             QFormat::Q4_0 | QFormat::Q4_1 => {
                 let d = f16_at(b, 0);
-                let (at, offset) = match format {
-                    QFormat::Q4_1 => (4, f16_at(b, 2)),
-                    _ => (2, -8.0 * d),
+                // Q4_1 stores its minimum after the scale; Q4_0 is centred at 8.
+                let (at, offset) = if format == QFormat::Q4_1 {
+                    (4, f16_at(b, 2))
+                } else {
+                    (2, -8.0 * d)
                 };
                 set(0, d, offset);
                 for (j, &q) in b[at..at + 16].iter().enumerate() {
@@ -508,9 +510,11 @@ impl IntBlock {
             }
             QFormat::Q5_0 | QFormat::Q5_1 => {
                 let d = f16_at(b, 0);
-                let (at, offset) = match format {
-                    QFormat::Q5_1 => (4, f16_at(b, 2)),
-                    _ => (2, -16.0 * d),
+                // Q5_1 stores its minimum after the scale; Q5_0 is centred at 16.
+                let (at, offset) = if format == QFormat::Q5_1 {
+                    (4, f16_at(b, 2))
+                } else {
+                    (2, -16.0 * d)
                 };
                 set(0, d, offset);
                 let qh = u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
