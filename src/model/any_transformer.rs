@@ -47,7 +47,7 @@ impl AnyTransformer {
                 let (w, tok) = load_pretrained_checked(path, check)?;
                 (AnyTransformer::F32(Transformer::new(w)?), tok)
             }
-            _ => {
+            WeightStorage::Auto | WeightStorage::Quant(_) => {
                 let (w, tok) = load_inference_checked(path, storage, &|_| true, check)?;
                 (AnyTransformer::Quant(Transformer::new(w)?), tok)
             }
