@@ -409,3 +409,16 @@ fn check_tensors_finds_a_nan_scale_inside_a_block() {
         elm::model::check_tensors(&real).unwrap();
     }
 }
+
+/// The embedding rows a prompt touches are checked as they are read (always on, C values a
+/// token): a NaN there is refused naming the token, not turned into NaN logits.
+#[test]
+fn a_non_finite_embedding_row_touched_by_the_prompt_is_refused() {
+    let mut w = common::tiny_weights(Arch::Llama, 2, 5);
+    w.embed[[7, 3]] = f32::NAN;
+    let t = elm::model::AnyTransformer::F32(elm::model::Transformer::new(w).unwrap());
+    let ok = t.prompt_logits(&[vec![5, 6]]);
+    assert!(ok.is_ok(), "{:?}", ok.err());
+    let msg = t.prompt_logits(&[vec![5, 7]]).unwrap_err().to_string();
+    assert!(msg.contains("token 7") && msg.contains("NaN"), "{msg}");
+}

@@ -165,6 +165,16 @@ fn embedding_row_into<W: DecoderWeights + ?Sized>(
         )));
     }
     weights.embed_row_into(token as usize, out);
+    // Cheap beside the layers (C values per token), and the one place every prompt's rows pass:
+    // a NaN scale in a kept quantized block is found here, naming the token, instead of
+    // surfacing as non-finite logits.
+    if let Some(i) = out.iter().position(|x| !x.is_finite()) {
+        return Err(ElmError::NonFinite(format!(
+            "embedding row of token {token} (element {i} is {}): the model's weights hold NaN or \
+             infinity (--check-tensors scans them all)",
+            out[i]
+        )));
+    }
     if let Some(scale) = weights.config().embedding_scale() {
         out.iter_mut().for_each(|x| *x *= scale);
     }
