@@ -98,15 +98,21 @@ fn use_tree(text: &str) -> (Vec<Vec<String>>, &str) {
     (out, rest)
 }
 
-/// Paths after `crate::` / `super::` in code (comments and `#[cfg(test)]` modules dropped),
-/// brace groups expanded: `(is_super, segments)`.
-fn references(code: &str) -> Vec<(bool, Vec<String>)> {
-    let code = code.split("#[cfg(test)]").next().unwrap();
-    let code: String = code
+/// Code of a source file without comments and `#[cfg(test)]` modules.
+fn code_of(text: &str) -> String {
+    text.split("#[cfg(test)]")
+        .next()
+        .unwrap()
         .lines()
         .map(|l| l.split("//").next().unwrap())
         .collect::<Vec<_>>()
-        .join("\n");
+        .join("\n")
+}
+
+/// Paths after `crate::` / `super::` in code (comments and `#[cfg(test)]` modules dropped),
+/// brace groups expanded: `(is_super, segments)`.
+fn references(code: &str) -> Vec<(bool, Vec<String>)> {
+    let code = code_of(code);
     let mut out = vec![];
     for start in ["crate::", "super::"] {
         let mut rest = code.as_str();
@@ -455,17 +461,6 @@ const FAMILY_NAMED_ELSEWHERE: &[(&str, &str)] = &[
          builds with random weights",
     ),
 ];
-
-/// Code of a source file without comments and `#[cfg(test)]` modules.
-fn code_of(text: &str) -> String {
-    text.split("#[cfg(test)]")
-        .next()
-        .unwrap()
-        .lines()
-        .map(|l| l.split("//").next().unwrap())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
 
 fn family_mentions(code: &str) -> Vec<&'static str> {
     FAMILY_NEEDLES

@@ -8,9 +8,9 @@ use ndarray::{Array1, Array3};
 use crate::error::{ElmError, Result};
 use crate::formats::tokenizer::Tokenizer;
 use crate::model::{
-    config_and_layer_format, embed_tokens, load_inference, load_inference_checked,
-    load_inference_layers, load_pretrained, load_pretrained_checked, BeforeWeights, BlockWeights,
-    DecoderWeights, ModelConfig, ModelWeights,
+    config_and_layer_format, embed_tokens, load_inference_checked, load_inference_layers,
+    load_pretrained, load_pretrained_checked, BeforeWeights, BlockWeights, DecoderWeights,
+    ModelConfig, ModelWeights,
 };
 use crate::model_data::quant::{
     Linear, LinearRef, QLayer, QuantWeights, WeightStorage, WriteFormat,
@@ -326,46 +326,41 @@ impl ElmModel {
         storage: WeightStorage,
         check: BeforeWeights,
     ) -> Result<(Self, Tokenizer)> {
-        let module_format = storage.forced_format();
-        if elm.is_none() {
+        let Some(elm) = elm else {
             return if storage == WeightStorage::F32 {
                 let (weights, tok) = load_pretrained_checked(model, check)?;
                 Ok((ElmModel::dense(weights), tok))
             } else {
                 let (dense, tok) = load_inference_checked(model, storage, &|_| true, check)?;
+                let module_format = storage.forced_format();
                 Ok((ElmModel::quantized(dense, None, module_format)?, tok))
             };
-        }
+        };
         let (loaded, tok) = Self::load_module_with(model, elm, storage)?;
         check(&tok, loaded.config())?;
         Ok((loaded, tok))
     }
 
-    /// [`Self::load_with`] with a module (`elm` given).
+    /// [`Self::load_with`] of the module checkpoint, official directory or quantized file `elm`.
     fn load_module_with(
         model: &Path,
-        elm: Option<&Path>,
+        elm: &Path,
         storage: WeightStorage,
     ) -> Result<(Self, Tokenizer)> {
-        if let Some(file) = elm.filter(|p| p.is_file()) {
+        if elm.is_file() {
             // A deployable file from `elm quantize`: it holds the whole model.
-            return ElmModel::load_quant_gguf_with(file, storage);
+            return ElmModel::load_quant_gguf_with(elm, storage);
         }
-        if let Some(dir) = elm.filter(|p| interchange::is_official_dir(p)) {
-            return ElmModel::load_official_dir(dir, storage);
+        if interchange::is_official_dir(elm) {
+            return ElmModel::load_official_dir(elm, storage);
         }
-        let replaces_only = elm.is_some_and(|dir| {
-            super::module::read_module_meta(dir)
-                .is_ok_and(|m| !m.elm.is_relaxed() && m.heal.is_none())
-        });
+        let dir = elm;
+        let replaces_only = super::module::read_module_meta(dir)
+            .is_ok_and(|m| !m.elm.is_relaxed() && m.heal.is_none());
         if storage == WeightStorage::F32 && !replaces_only {
-            return Self::load(model, elm);
+            return Self::load(model, Some(dir));
         }
         let module_format = storage.forced_format();
-        let Some(dir) = elm else {
-            let (dense, tok) = load_inference(model, storage)?;
-            return Ok((ElmModel::quantized(dense, None, module_format)?, tok));
-        };
         let meta = super::module::read_module_meta(dir)?;
         if meta.elm.is_relaxed() {
             // Merged in f32, then stored as asked (`auto` keeps the merged layers f32).

@@ -329,14 +329,14 @@ fn window_attention(
             )
         })? as f32,
     };
-    let gelu_tanh = |v: &Value| v.as_str() == Some(family.hf_activation.1);
+    let own_activation = |v: &Value| v.as_str() == Some(family.hf_activation.1);
     let absent = |_: &Value| false;
     let off = |v: &Value| v.as_bool() == Some(false);
     type Check<'a> = (&'a str, &'a dyn Fn(&Value) -> bool);
     let checks: [Check; 5] = [
         ("use_bidirectional_attention", &off),
-        ("hidden_activation", &gelu_tanh),
-        ("hidden_act", &gelu_tanh),
+        ("hidden_activation", &own_activation),
+        ("hidden_act", &own_activation),
         ("final_logit_softcapping", &absent),
         ("attn_logit_softcapping", &absent),
     ];

@@ -85,19 +85,29 @@ fn not_found(path: &Path) -> ElmError {
 pub fn load_tokenizer(path: impl AsRef<Path>) -> Result<Tokenizer> {
     let path = path.as_ref();
     if path.is_dir() {
-        let tokenizer = Tokenizer::from_file(path.join("tokenizer.json"))?;
-        let config = crate::formats::hf::read_hf_config(path)?;
-        tokenizer.check_embedding_rows(config.vocab_size, &path.join("tokenizer.json"))?;
-        Ok(tokenizer)
+        Ok(hf_tokenizer(path)?.0)
     } else if path.is_file() {
-        let gguf = GgufFile::open(path)?;
-        let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        let config = crate::formats::config_from_gguf(&gguf)?;
-        tokenizer.check_embedding_rows(config.vocab_size, path)?;
-        Ok(tokenizer)
+        Ok(gguf_tokenizer(&GgufFile::open(path)?)?.0)
     } else {
         Err(not_found(path))
     }
+}
+
+/// An HF directory's tokenizer and config, the tokenizer checked against the embedding's rows.
+fn hf_tokenizer(dir: &Path) -> Result<(Tokenizer, crate::model_data::ModelConfig)> {
+    let file = dir.join("tokenizer.json");
+    let tokenizer = Tokenizer::from_file(&file)?;
+    let config = crate::formats::hf::read_hf_config(dir)?;
+    tokenizer.check_embedding_rows(config.vocab_size, &file)?;
+    Ok((tokenizer, config))
+}
+
+/// A GGUF's tokenizer and config, the tokenizer checked against the embedding's rows.
+fn gguf_tokenizer(gguf: &GgufFile) -> Result<(Tokenizer, crate::model_data::ModelConfig)> {
+    let tokenizer = Tokenizer::from_gguf(gguf)?;
+    let config = crate::formats::config_from_gguf(gguf)?;
+    tokenizer.check_embedding_rows(config.vocab_size, gguf.path())?;
+    Ok((tokenizer, config))
 }
 
 /// Loads weights and tokenizer from a `.gguf` file or an HF directory
@@ -120,15 +130,13 @@ pub fn load_pretrained_checked(
     let path = path.as_ref();
     if path.is_dir() {
         // The tokenizer first: an invalid one is refused before the weights load.
-        let tokenizer = load_tokenizer(path)?;
-        check(&tokenizer, &crate::formats::read_hf_config(path)?)?;
+        let (tokenizer, config) = hf_tokenizer(path)?;
+        check(&tokenizer, &config)?;
         let weights = load_hf_model(path)?;
         Ok((weights, tokenizer))
     } else if path.is_file() {
         let gguf = GgufFile::open(path)?;
-        let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        let config = crate::formats::config_from_gguf(&gguf)?;
-        tokenizer.check_embedding_rows(config.vocab_size, path)?;
+        let (tokenizer, config) = gguf_tokenizer(&gguf)?;
         check(&tokenizer, &config)?;
         Ok((load_gguf_weights(&gguf)?, tokenizer))
     } else {
@@ -168,9 +176,7 @@ pub fn load_inference_checked(
     let path = path.as_ref();
     if path.is_file() {
         let mut gguf = GgufFile::open(path)?;
-        let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        let config = crate::formats::config_from_gguf(&gguf)?;
-        tokenizer.check_embedding_rows(config.vocab_size, path)?;
+        let (tokenizer, config) = gguf_tokenizer(&gguf)?;
         check(&tokenizer, &config)?;
         // The parsed vocabulary is not needed while the weights load (issue 42).
         gguf.release_metadata();

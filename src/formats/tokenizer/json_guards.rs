@@ -14,6 +14,17 @@ use crate::error::{ElmError, Result};
 /// vocabularies do not go through this limit (their tokens are matched by `WholeTokens`).
 pub const MAX_JSON_ADDED_TOKENS: usize = 1 << 15;
 
+/// A section of a parsed tokenizer (`what`: its key) as the `tokenizers` crate writes it back:
+/// the form the checks below read, whatever spelling the file used.
+pub(super) fn canonical(
+    section: &impl serde::Serialize,
+    what: &str,
+    path: &Path,
+) -> Result<serde_json::Value> {
+    serde_json::to_value(section)
+        .map_err(|e| ElmError::format(path, format!("tokenizer.json: {what}: {e}")))
+}
+
 /// Refuses decoders with which the `tokenizers` crate (0.21.4) panics while decoding: a `Strip`
 /// decoder with `stop > 0` indexes before the start of a token shorter than `stop` made of its
 /// `content` alone (`decoders/strip.rs:46`; found by the tokenizer_json fuzz target). Real

@@ -49,7 +49,7 @@ use crate::error::{ElmError, Result};
 mod json_guards;
 mod linear;
 
-use json_guards::{refuse_panicking_decoders, refuse_panicking_post_processors};
+use json_guards::{canonical, refuse_panicking_decoders, refuse_panicking_post_processors};
 pub use json_guards::{MAX_JSON_ADDED_TOKENS, MAX_JSON_TOKEN_ID};
 pub use linear::MAX_MERGE_TEXT;
 use linear::{random_base, vocab_splits, WholeTokens};
@@ -191,7 +191,7 @@ impl Tokenizer {
     /// [`ElmError::Format`] error.
     pub fn from_json_parts(json: &str, config: Option<&str>, origin: &Path) -> Result<Tokenizer> {
         let path = origin;
-        /// The one field read before the `tokenizers` crate parses the file.
+        /// What is read before the `tokenizers` crate parses the file.
         #[derive(serde::Deserialize)]
         struct Head {
             #[serde(default)]
@@ -218,8 +218,8 @@ impl Tokenizer {
             ));
         }
         // The `tokenizers` crate panics on some malformed sections instead of returning an
-        // error (0.21.4: `.expect("Helper")` in its decoder and processor parsers): a hostile
-        // file must be a typed error, not a crash.
+        // error (0.21.4: `.expect("Helper")` in its decoder parser, which the JSON read above
+        // keeps from firing): a panic not yet found must still be a typed error, not a crash.
         let parsed = std::panic::catch_unwind(|| json.parse::<tokenizers::Tokenizer>());
         let mut inner = match parsed {
             Ok(result) => result
@@ -270,15 +270,11 @@ impl Tokenizer {
         // says (a `TemplatePrgcessing` from the tokenizer_json fuzz target was read as a
         // `TemplateProcessing`).
         if let Some(decoder) = inner.get_decoder() {
-            let canonical = serde_json::to_value(decoder)
-                .map_err(|e| ElmError::format(path, format!("tokenizer.json: decoder: {e}")))?;
-            refuse_panicking_decoders(&canonical, path)?;
+            refuse_panicking_decoders(&canonical(decoder, "decoder", path)?, path)?;
         }
         if let Some(processor) = inner.get_post_processor() {
-            let canonical = serde_json::to_value(processor).map_err(|e| {
-                ElmError::format(path, format!("tokenizer.json: post_processor: {e}"))
-            })?;
-            refuse_panicking_post_processors(&canonical, vocab_size, path)?;
+            let processor = canonical(processor, "post_processor", path)?;
+            refuse_panicking_post_processors(&processor, vocab_size, path)?;
         }
         let mut tok = Tokenizer {
             vocab_size,
