@@ -35,6 +35,7 @@ pub mod io;
 pub mod model;
 pub mod model_data;
 pub mod nn;
+pub mod quant;
 /// The fixed-point solvers: the `elm-solver` crate (no system libraries), re-exported so that
 /// `elm::solver::...` paths keep working.
 pub use elm_solver as solver;

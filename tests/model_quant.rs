@@ -1,4 +1,4 @@
-//! Quantized inference (`elm::model::quant`): every kernel against the
+//! Quantized inference (`elm::quant`): every kernel against the
 //! dequantize-then-f32 reference, on random blocks (extreme scales, odd lengths) and the real
 //! checkpoint's first layer; the real model quantized against its f32 path (logits, greedy).
 
@@ -6,12 +6,12 @@ mod common;
 
 use elm::model::generate::{generate, SamplingConfig};
 use elm::model::ops::linears_into;
-use elm::model::qmatmul::{detected_kernel, qmatmul_rows, ActQuant, Kernel, QActs};
-use elm::model::quant::{Layout, LinearRef};
 use elm::model::{
     load_inference, ModelConfig, ModelWeights, QFormat, QMatrix, QuantWeights, Transformer,
     WeightStorage, WriteFormat,
 };
+use elm::quant::{detected_kernel, qmatmul_rows, ActQuant, Kernel, QActs};
+use elm::quant::{Layout, LinearRef};
 use ndarray::{Array2, ArrayView2};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 

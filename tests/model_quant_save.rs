@@ -18,10 +18,11 @@ use elm::error::ElmError;
 use elm::formats::gguf::{kv, write_gguf, GgufFile, GgufTensorData};
 use elm::formats::tokenizer::Tokenizer;
 use elm::model::generate::{generate, SamplingConfig};
-use elm::model::quant::{Linear, QLayer};
+use elm::model::QLayer;
 use elm::model::{
     load_inference, Arch, ModelConfig, ModelWeights, QuantWeights, WeightStorage, WriteFormat,
 };
+use elm::quant::Linear;
 use elm::solver::{SolverConfig, StopCriteria};
 use ndarray::Array2;
 

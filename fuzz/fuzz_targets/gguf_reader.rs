@@ -8,7 +8,7 @@
 use elm::equilibrium::quant_gguf::read_quant_gguf_with;
 use elm::formats::gguf::{GgufFile, GgufValue};
 use elm::formats::{config_from_gguf, load_gguf_quant, load_gguf_weights, stored_linear_format};
-use elm::model_data::{WeightStorage, WriteFormat};
+use elm::quant::{WeightStorage, WriteFormat};
 use elm_fuzz::{input_file, MAX_TENSOR_BYTES};
 use libfuzzer_sys::fuzz_target;
 

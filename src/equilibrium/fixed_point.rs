@@ -5,7 +5,7 @@ use ndarray::{s, Array2, ArrayView1, ArrayView2, ArrayView3, ArrayViewMut2};
 
 use crate::error::{ElmError, Result};
 use crate::model::{BlockWeights, LayerKv, ModelConfig, Scratch};
-use crate::model_data::qmatmul::QActs;
+use crate::quant::QActs;
 use crate::solver::{FixedPointMap, FixedPointSolver, MapError, SolveWorkspace, StopCriteria};
 
 use super::config::ElmConfig;

@@ -10,4 +10,4 @@ pub use super::model::ElmModel;
 pub use super::quant_module::{QuantElm, QuantModule, QuantProjection};
 pub use super::sequences::solve_sequences;
 pub use super::session::{ElmSession, FpStat};
-pub use crate::model_data::qmatmul::ActQuant;
+pub use crate::quant::ActQuant;

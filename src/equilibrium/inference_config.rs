@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ElmError, Result};
-use crate::model_data::qmatmul::ActQuant;
+use crate::quant::ActQuant;
 use crate::solver::{FixedPointSolver, SolverConfig, StopCriteria};
 
 /// KV-cache policy of the fixed-point block.

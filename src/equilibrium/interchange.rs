@@ -32,7 +32,8 @@ use crate::formats::hf::{
 use crate::formats::tokenizer::Tokenizer;
 use crate::model::{LayerWeights, ModelConfig, ModelWeights};
 use crate::model_data::config::Arch;
-use crate::model_data::quant::{QLayer, QuantWeights, WriteFormat};
+use crate::model_data::{QLayer, QuantWeights};
+use crate::quant::WriteFormat;
 
 use super::config::ElmConfig;
 use super::module::{ElmModule, ModuleBlock, ProjectionWeights};

@@ -21,8 +21,8 @@ use crate::model::dense_pass::fresh_cache;
 use crate::model::ops::linear_any_into;
 use crate::model::tape::{block_forward, ffn_forward, view_rank};
 use crate::model::{block_forward_rows, BlockWeights, LayerKv, ModelConfig, Scratch};
-use crate::model_data::qmatmul::QActs;
-use crate::model_data::quant::LinearRef;
+use crate::quant::LinearRef;
+use crate::quant::QActs;
 
 use super::config::ElmConfig;
 use super::module::{ElmModule, ElmParams, ModuleBlock};

@@ -12,9 +12,8 @@ use crate::model::{
     load_pretrained, load_pretrained_checked, BeforeWeights, BlockWeights, DecoderWeights,
     ModelConfig, ModelWeights,
 };
-use crate::model_data::quant::{
-    Linear, LinearRef, QLayer, QuantWeights, WeightStorage, WriteFormat,
-};
+use crate::model_data::{QLayer, QuantWeights};
+use crate::quant::{Linear, LinearRef, WeightStorage, WriteFormat};
 
 use super::config::ElmConfig;
 use super::inference_config::Depth;

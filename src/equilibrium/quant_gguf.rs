@@ -35,7 +35,8 @@ use crate::formats::gguf_model::{
 };
 use crate::formats::tokenizer::{Tokenizer, TOKENIZER_CONFIG_KEY, TOKENIZER_JSON_KEY};
 use crate::model::ModelConfig;
-use crate::model_data::quant::{Linear, QLayer, QuantWeights, WeightStorage, QK};
+use crate::model_data::{QLayer, QuantWeights};
+use crate::quant::{Linear, WeightStorage, QK};
 
 /// Value of [`FORMAT_KEY`] in the files this module writes.
 pub const QUANT_FORMAT: &str = "elm-quant-v1";

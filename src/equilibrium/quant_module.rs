@@ -2,7 +2,8 @@
 //! and [`QuantModule`] / [`QuantProjection`].
 
 use crate::model::BlockWeights;
-use crate::model_data::quant::{Linear, QFfn, QLayer, QuantWeights, WriteFormat};
+use crate::model_data::{QFfn, QLayer, QuantWeights};
+use crate::quant::{Linear, WriteFormat};
 
 use super::map::ModuleView;
 use super::module::{ElmModule, ModuleBlock, ProjectionWeights};

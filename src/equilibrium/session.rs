@@ -23,7 +23,7 @@ use serde::Serialize;
 use crate::error::{ElmError, Result};
 use crate::model::ops::{linear_any_into, rms_norm_into};
 use crate::model::{block_forward_rows, check_context, KvCache, LayerKv};
-use crate::model_data::qmatmul::QActs;
+use crate::quant::QActs;
 use crate::solver::{FixedPointMap, RowStatus};
 
 use super::fixed_point::{reshape2, FpMap, FpWork};

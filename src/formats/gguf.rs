@@ -21,7 +21,8 @@ use ndarray::{Array2, ArrayD, IxDyn};
 use rayon::prelude::*;
 
 use crate::error::{ElmError, Result};
-use crate::model_data::block_codec::{bf16_at, dequantize_block, f16_at, QFormat};
+use crate::quant::blocks::{bf16_at, f16_at};
+use crate::quant::format::{dequantize_block, QFormat};
 
 /// The GGUF magic, `"GGUF"` read as a little-endian u32.
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";

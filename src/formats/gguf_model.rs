@@ -13,11 +13,10 @@ use ndarray::{Array1, Array2, Axis};
 use super::gguf::{qformat_of, GgufFile};
 use crate::error::{ElmError, Result};
 use crate::model_data::config::LayerAttention;
-use crate::model_data::quant::{
-    Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage, WriteFormat,
-};
 use crate::model_data::weights::Gemma3Block;
 use crate::model_data::{Arch, LayerWeights, ModelConfig, ModelWeights};
+use crate::model_data::{QFfn, QLayer, QuantWeights};
+use crate::quant::{Linear, QFormat, QMatrix, WeightStorage, WriteFormat};
 
 /// GGUF metadata key of a saved quantized ELM's [`crate::equilibrium::ElmConfig`] (JSON); a file
 /// with it is not a dense model (see `elm::quant_gguf`).

@@ -13,7 +13,8 @@ use super::transformer::{DecoderWeights, Transformer};
 use crate::error::Result;
 use crate::formats::tokenizer::Tokenizer;
 use crate::model_data::config::ModelConfig;
-use crate::model_data::quant::{QuantWeights, WeightStorage};
+use crate::model_data::QuantWeights;
+use crate::quant::WeightStorage;
 
 /// A dense transformer with f32 or quantized matrices.
 pub enum AnyTransformer {

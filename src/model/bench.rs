@@ -125,7 +125,7 @@ pub fn decode_weight_bytes(w: &ModelWeights) -> usize {
 /// attention (`QKᵀ` and `PV` over positions `≤ p`), and the LM head for the last token.
 pub fn prefill_flops<W: DecoderWeights + ?Sized>(w: &W, t: usize) -> f64 {
     let cfg = w.config();
-    let elems = |l: crate::model_data::quant::LinearRef<'_>| l.dim().0 * l.dim().1;
+    let elems = |l: crate::quant::LinearRef<'_>| l.dim().0 * l.dim().1;
     let linear: usize = w
         .layers()
         .iter()
@@ -364,10 +364,10 @@ pub struct BenchRun {
 /// `storage`, with the block formats the model actually holds (e.g. `auto` on a Q4_1 file whose
 /// embedding is Q8_0 gives `auto (q4_1+q8_0)`).
 pub fn storage_label<W: DecoderWeights>(
-    storage: &crate::model_data::quant::WeightStorage,
+    storage: &crate::quant::WeightStorage,
     weights: &W,
 ) -> String {
-    use crate::model_data::quant::LinearRef;
+    use crate::quant::LinearRef;
     let mut names: Vec<&str> = Vec::new();
     let mut add = |l: LinearRef<'_>| {
         let n = match l {

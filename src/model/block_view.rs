@@ -6,8 +6,9 @@
 use ndarray::{Array1, ArrayView1};
 
 use crate::model_data::config::LayerAttention;
-use crate::model_data::quant::{LinearRef, QFfn, QLayer};
 use crate::model_data::weights::{FfnWeights, Gemma3Block, LayerWeights};
+use crate::model_data::{QFfn, QLayer};
+use crate::quant::LinearRef;
 
 /// Borrowed weights of one block, whatever their storage: what [`super::block`] runs on.
 /// A decoder block has both sublayers; a feed-forward-only block ([`FfnWeights`], [`QFfn`])

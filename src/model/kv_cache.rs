@@ -5,7 +5,7 @@ use ndarray::Array4;
 use super::ops::RopeTable;
 use crate::error::{ElmError, Result};
 use crate::model_data::config::ModelConfig;
-use crate::model_data::qmatmul::QActs;
+use crate::quant::QActs;
 
 /// K/V of one attention layer for a batch of sequences, with per-sequence lengths.
 ///

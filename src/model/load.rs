@@ -7,8 +7,9 @@ use crate::formats::tokenizer::Tokenizer;
 use crate::formats::{
     load_gguf_quant_layers, load_gguf_weights, load_hf_model, stored_linear_format, GgufFile,
 };
-use crate::model_data::quant::{QuantWeights, WeightStorage, WriteFormat};
 use crate::model_data::weights::ModelWeights;
+use crate::model_data::QuantWeights;
+use crate::quant::{WeightStorage, WriteFormat};
 
 /// File name of the default real model.
 pub const DEFAULT_MODEL_FILE: &str = crate::formats::SMOLLM2_GGUF;

@@ -32,14 +32,13 @@ pub mod tape;
 pub mod transformer;
 
 // The plain model data lives below the file formats (`crate::model_data`); these keep the
-// paths `model::config`, `model::weights`, `model::quant`, `model::qmatmul` working.
-pub use crate::model_data::{config, qmatmul, quant, weights};
+// paths `model::config` and `model::weights` working.
+pub use crate::model_data::{config, weights};
 
 pub use crate::model_data::config::{Arch, ModelConfig};
-pub use crate::model_data::quant::{
-    Linear, QFfn, QFormat, QLayer, QMatrix, QuantWeights, WeightStorage, WriteFormat,
-};
 pub use crate::model_data::weights::{FfnWeights, LayerWeights, ModelWeights};
+pub use crate::model_data::{QFfn, QLayer, QuantWeights};
+pub use crate::quant::{Linear, QFormat, QMatrix, WeightStorage, WriteFormat};
 pub use any_transformer::AnyTransformer;
 pub use block::{block_forward_cached, block_forward_inplace, block_forward_rows};
 pub use block_view::{AttnRef, BlockRef, BlockWeights};

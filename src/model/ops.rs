@@ -5,8 +5,8 @@
 use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 
-use crate::model_data::qmatmul::{detected_kernel, qmatmul_rows, QActs};
-use crate::model_data::quant::{LinearRef, QMatrix};
+use crate::quant::{detected_kernel, qmatmul_rows, QActs};
+use crate::quant::{LinearRef, QMatrix};
 use crate::team::SpinTeam;
 
 /// Rows from which a product is a prefill / training one rather than a decode batch.
@@ -118,7 +118,7 @@ pub type LinearJob<'a, 'b> = (
 ///
 /// f32 weights take exactly the f32 path ([`matvecs_split`] for one row, sgemm for more);
 /// quantized weights share one quantization of `x` (into `qx`) and one fork-join over the
-/// rows of every quantized matrix (see [`crate::model::quant`]).
+/// rows of every quantized matrix (see [`crate::quant::matrix`]).
 pub fn linears_into(x: ArrayView2<f32>, jobs: &mut [LinearJob<'_, '_>], qx: &mut QActs) {
     let n = x.nrows();
     let all_f32 = jobs.iter().all(|(w, _, _)| matches!(w, LinearRef::F32(_)));

@@ -23,9 +23,9 @@ use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
 use crate::model::{FfnWeights, LayerWeights, ModelConfig, ModelWeights};
 use crate::model_data::config::{Activation, LayerAttention};
-use crate::model_data::quant::LinearRef;
 use crate::model_data::weights::Gemma3Block;
 use crate::nn::{self, RopeLayout};
+use crate::quant::LinearRef;
 
 /// Per-block hyper-parameters (copied from [`ModelConfig`]).
 #[derive(Clone, Copy, Debug, PartialEq)]

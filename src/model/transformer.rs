@@ -10,9 +10,10 @@ use super::kv_cache::{take, KvCache, LayerKv, Scratch};
 use super::ops::{linear_any_into, rms_norm_into};
 use crate::error::{ElmError, Result};
 use crate::model_data::config::ModelConfig;
-use crate::model_data::qmatmul::QActs;
-use crate::model_data::quant::{Linear, LinearRef, QLayer, QuantWeights};
 use crate::model_data::weights::{LayerWeights, ModelWeights};
+use crate::model_data::{QLayer, QuantWeights};
+use crate::quant::QActs;
+use crate::quant::{Linear, LinearRef};
 
 /// A decoder ready for inference: owns its weights (checked against the config), f32
 /// [`ModelWeights`] by default or quantized [`QuantWeights`].
@@ -604,10 +605,7 @@ fn check_shapes<L: BlockWeights>(
 
 impl Transformer<QuantWeights> {
     /// Quantizes a dense f32 model's matrices to `format` (norms and biases stay f32).
-    pub fn quantized(
-        weights: &ModelWeights,
-        format: crate::model_data::quant::WriteFormat,
-    ) -> Result<Self> {
+    pub fn quantized(weights: &ModelWeights, format: crate::quant::WriteFormat) -> Result<Self> {
         Transformer::new(QuantWeights::quantize(weights, format))
     }
 }

@@ -1,8 +1,8 @@
 //! Which integer kernel the quantized products run on, detected once per process: the one
-//! choice both the products (`super::qmatmul`) and the weights' layout (`super::quant`, which
+//! choice both the products (`super::matmul`) and the weights' layout (`super::matrix`, which
 //! tiles its rows for the VNNI kernel) read.
 
-/// Which kernel [`super::qmatmul::qmatmul_rows`] uses; detected once.
+/// Which kernel [`super::matmul::qmatmul_rows`] uses; detected once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     /// The AVX2 kernels with their block products on AVX-512 VNNI's `vpdpbusd` (256-bit).

@@ -12,7 +12,7 @@
 //! not a multiple of 32 are zero-padded to whole blocks, in the weights and the activations.
 //!
 //! Every other format (Q5_0, Q5_1 and the K-quants, whose 256-element super-blocks span eight
-//! activation blocks) goes through one integer decode ([`IntBlock`]: `w = scale·q + offset` per
+//! activation blocks) goes through one integer decode (`IntBlock`, each format's `decode_int`: `w = scale·q + offset` per
 //! group of 16 or 32) and the same block products in the portable kernel; every format also has
 //! an AVX2 kernel (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q2_K … Q6_K; those with 16-value
 //! scale groups take each group's scale per i32 lane of the block product).
@@ -25,9 +25,10 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use super::block_codec::{f16_at, k3_scales, k4_scale_min, QFormat, QK, QK_K};
+use super::blocks::{IntBlock, QK};
+use super::format::{decode_int_block, QFormat};
 pub use super::kernel::{detected_kernel, Kernel};
-use super::quant::QMatrix;
+use super::matrix::QMatrix;
 use super::tiles::{self, Layout, TILE_ROWS};
 
 /// How [`QActs`] quantizes an activation block: what precision the integer products see.
@@ -458,137 +459,6 @@ fn dot_group<const R: usize>(
     out[..R].copy_from_slice(&res);
 }
 
-/// One weight block as integers: element `e` is `scale[g]·q[e] + offset[g]` with
-/// `g = e / group` (`group` 32, or 16 for the K-quants whose scales cover 16 values).
-pub struct IntBlock {
-    pub q: [i32; QK_K],
-    pub scale: [f32; QK_K / 16],
-    pub offset: [f32; QK_K / 16],
-    pub group: usize,
-}
-
-impl Default for IntBlock {
-    fn default() -> Self {
-        IntBlock {
-            q: [0; QK_K],
-            scale: [0.0; QK_K / 16],
-            offset: [0.0; QK_K / 16],
-            group: QK,
-        }
-    }
-}
-
-impl IntBlock {
-    /// Decodes block `b` of `format` (the layouts of `block_codec`). The scales are formed as
-    /// the dequantizer forms them (`d·sc`, `dmin·m`), so `scale·q + offset` is its value up to
-    /// the one rounding of the final sum.
-    pub fn decode(&mut self, format: QFormat, b: &[u8]) {
-        let mut set = |g: usize, scale: f32, offset: f32| {
-            self.scale[g] = scale;
-            self.offset[g] = offset;
-        };
-        match format {
-            QFormat::Q8_0 => {
-                set(0, f16_at(b, 0), 0.0);
-                for (w, &q) in self.q.iter_mut().zip(&b[2..34]) {
-                    *w = (q as i8) as i32;
-                }
-            }
-            QFormat::Q4_0 | QFormat::Q4_1 => {
-                let d = f16_at(b, 0);
-                // Q4_1 stores its minimum after the scale; Q4_0 is centred at 8.
-                let (at, offset) = if format == QFormat::Q4_1 {
-                    (4, f16_at(b, 2))
-                } else {
-                    (2, -8.0 * d)
-                };
-                set(0, d, offset);
-                for (j, &q) in b[at..at + 16].iter().enumerate() {
-                    self.q[j] = (q & 0x0F) as i32;
-                    self.q[j + 16] = (q >> 4) as i32;
-                }
-            }
-            QFormat::Q5_0 | QFormat::Q5_1 => {
-                let d = f16_at(b, 0);
-                // Q5_1 stores its minimum after the scale; Q5_0 is centred at 16.
-                let (at, offset) = if format == QFormat::Q5_1 {
-                    (4, f16_at(b, 2))
-                } else {
-                    (2, -16.0 * d)
-                };
-                set(0, d, offset);
-                let qh = u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
-                for (j, &q) in b[at + 4..at + 20].iter().enumerate() {
-                    self.q[j] = (q & 0x0F) as i32 | ((((qh >> j) & 1) as i32) << 4);
-                    self.q[j + 16] = (q >> 4) as i32 | ((((qh >> (j + 16)) & 1) as i32) << 4);
-                }
-            }
-            QFormat::Q2K => {
-                let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
-                for (g, &sc) in b[0..16].iter().enumerate() {
-                    set(g, d * (sc & 0x0F) as f32, -(dmin * (sc >> 4) as f32));
-                }
-                for (e, w) in self.q.iter_mut().enumerate() {
-                    let (half, s, l) = (e / 128, (e % 128) / 32, e % 32);
-                    *w = ((b[16 + half * 32 + l] >> (2 * s)) & 3) as i32;
-                }
-            }
-            QFormat::Q3K => {
-                let d = f16_at(b, 108);
-                for (g, sc) in k3_scales(&b[96..108]).into_iter().enumerate() {
-                    set(g, d * sc as f32, 0.0);
-                }
-                for (e, w) in self.q.iter_mut().enumerate() {
-                    let (half, s, l) = (e / 128, (e % 128) / 32, e % 32);
-                    let low = ((b[32 + half * 32 + l] >> (2 * s)) & 3) as i32;
-                    let high_set = (b[l] >> (half * 4 + s)) & 1 == 1;
-                    *w = if high_set { low } else { low - 4 };
-                }
-            }
-            QFormat::Q4K | QFormat::Q5K => {
-                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-                let q5 = format == QFormat::Q5K;
-                let qs = if q5 { &b[48..176] } else { &b[16..144] };
-                for j in 0..8 {
-                    let (sc, m) = k4_scale_min(&b[4..16], j);
-                    set(j, d * sc as f32, -(dmin * m as f32));
-                    for l in 0..32 {
-                        let byte = qs[32 * (j / 2) + l];
-                        let mut q = if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
-                        if q5 {
-                            q |= ((b[16 + l] >> j) & 1) << 4;
-                        }
-                        self.q[32 * j + l] = q as i32;
-                    }
-                }
-            }
-            QFormat::Q6K => {
-                let d = f16_at(b, 208);
-                for (g, &sc) in b[192..208].iter().enumerate() {
-                    set(g, d * (sc as i8) as f32, 0.0);
-                }
-                for (e, w) in self.q.iter_mut().enumerate() {
-                    let (half, g, l) = (e / 128, (e % 128) / 32, e % 32);
-                    let lbyte = b[64 * half + 32 * (g % 2) + l];
-                    let low = if g < 2 { lbyte & 0x0F } else { lbyte >> 4 };
-                    let high = (b[128 + 32 * half + l] >> (2 * g)) & 3;
-                    *w = (low | (high << 4)) as i32 - 32;
-                }
-            }
-        }
-        self.group = match format {
-            QFormat::Q2K | QFormat::Q3K | QFormat::Q6K => 16,
-            QFormat::Q8_0
-            | QFormat::Q4_0
-            | QFormat::Q4_1
-            | QFormat::Q5_0
-            | QFormat::Q5_1
-            | QFormat::Q4K
-            | QFormat::Q5K => QK,
-        };
-    }
-}
-
 /// Scalar integer kernel (any CPU, every format); for Q8_0 / Q4_0 / Q4_1 the same arithmetic
 /// as the AVX2 kernels up to the order of the f32 additions. `nb` counts activation blocks.
 fn portable_dot<const R: usize>(
@@ -603,7 +473,7 @@ fn portable_dot<const R: usize>(
     let (bb, per) = (format.block_bytes(), format.block_elems() / QK);
     let mut w = IntBlock::default();
     for (wb, blk) in row.chunks_exact(bb).take(nb / per).enumerate() {
-        w.decode(format, blk);
+        decode_int_block(format, blk, &mut w);
         for a in 0..per {
             let b = wb * per + a;
             let wq = &w.q[a * QK..(a + 1) * QK];

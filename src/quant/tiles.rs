@@ -1,4 +1,4 @@
-//! The second row layout of a [`super::quant::QMatrix`]: rows in groups of [`TILE_ROWS`],
+//! The second row layout of a [`super::QMatrix`]: rows in groups of [`TILE_ROWS`],
 //! each group's blocks interleaved so that one 256-bit load holds four weight codes of each of
 //! eight rows, and the eight rows' scales sit side by side.
 //!
@@ -35,12 +35,13 @@
 //! A tile has exactly the bytes of the eight blocks it holds, so a matrix takes the same
 //! memory in either layout, and [`unpack_row`] gives back a row's GGUF bytes exactly.
 
-use super::block_codec::{QFormat, QK};
+use super::blocks::{Q4K, Q4_0, Q4_1, Q5_0, Q5_1, Q6K, Q8_0, QK};
+use super::format::QFormat;
 
 /// Weight rows per tile (the i32 lanes of a 256-bit register).
 pub const TILE_ROWS: usize = 8;
 
-/// How a [`super::quant::QMatrix`] stores its blocks.
+/// How a [`super::QMatrix`] stores its blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {
     /// GGUF order: row after row, each row its blocks.
@@ -79,15 +80,15 @@ pub fn geometry(format: QFormat) -> Option<TileGeometry> {
                 min_at: Some(scales),
                 high_at: None,
                 scales_at: Some(2 * scales),
-                codes_at: 2 * scales + 12 * TILE_ROWS,
+                codes_at: 2 * scales + (Q4K::CODES - Q4K::SCALES) * TILE_ROWS,
                 bytes,
             })
         }
         QFormat::Q6K => {
-            let codes_at = scales + 16 * TILE_ROWS;
+            let codes_at = scales + (Q6K::D - Q6K::SCALES) * TILE_ROWS;
             return Some(TileGeometry {
                 min_at: None,
-                high_at: Some(codes_at + 128 * TILE_ROWS),
+                high_at: Some(codes_at + (Q6K::HIGH - Q6K::LOW) * TILE_ROWS),
                 scales_at: Some(scales),
                 codes_at,
                 bytes,
@@ -117,17 +118,25 @@ fn k_quant_position(format: QFormat, g: &TileGeometry, r: usize, i: usize) -> us
     let group = |at: usize, n: usize, e: usize| at + 32 * n + 4 * r + e;
     match format {
         QFormat::Q4K => match i {
-            0..2 => 2 * r + i,
-            2..4 => g.min_at.expect("Q4_K has dmin") + 2 * r + i - 2,
-            4..16 => g.scales_at.expect("Q4_K has scales") + TILE_ROWS * (i - 4) + r,
-            _ => group(g.codes_at, (i - 16) / 4, (i - 16) % 4),
+            Q4K::D..Q4K::DMIN => 2 * r + i - Q4K::D,
+            Q4K::DMIN..Q4K::SCALES => g.min_at.expect("Q4_K has dmin") + 2 * r + i - Q4K::DMIN,
+            Q4K::SCALES..Q4K::CODES => {
+                g.scales_at.expect("Q4_K has scales") + TILE_ROWS * (i - Q4K::SCALES) + r
+            }
+            _ => group(g.codes_at, (i - Q4K::CODES) / 4, (i - Q4K::CODES) % 4),
         },
         QFormat::Q6K => match i {
             // `ql`: groups (h, q, k) are simply its 4-byte runs in order.
-            0..128 => group(g.codes_at, i / 4, i % 4),
-            128..192 => group(g.high_at.expect("Q6_K has qh"), (i - 128) / 4, i % 4),
-            192..208 => g.scales_at.expect("Q6_K has scales") + TILE_ROWS * (i - 192) + r,
-            _ => 2 * r + i - 208,
+            Q6K::LOW..Q6K::HIGH => group(g.codes_at, (i - Q6K::LOW) / 4, (i - Q6K::LOW) % 4),
+            Q6K::HIGH..Q6K::SCALES => group(
+                g.high_at.expect("Q6_K has qh"),
+                (i - Q6K::HIGH) / 4,
+                (i - Q6K::HIGH) % 4,
+            ),
+            Q6K::SCALES..Q6K::D => {
+                g.scales_at.expect("Q6_K has scales") + TILE_ROWS * (i - Q6K::SCALES) + r
+            }
+            _ => 2 * r + i - Q6K::D,
         },
         QFormat::Q8_0
         | QFormat::Q4_0
@@ -140,13 +149,18 @@ fn k_quant_position(format: QFormat, g: &TileGeometry, r: usize, i: usize) -> us
     }
 }
 
+// Every tiled 32-element format starts with its f16 scale `d`, which `pack_group` and
+// `unpack_row` move as the block's first two bytes.
+const _: () = assert!(Q8_0::D == 0 && Q4_0::D == 0 && Q4_1::D == 0 && Q5_0::D == 0 && Q5_1::D == 0);
+
 /// Where a GGUF block of `format` keeps its parts: `(min, qh, codes)` offsets.
 fn block_parts(format: QFormat) -> (Option<usize>, Option<usize>, usize) {
     match format {
-        QFormat::Q8_0 | QFormat::Q4_0 => (None, None, 2),
-        QFormat::Q4_1 => (Some(2), None, 4),
-        QFormat::Q5_0 => (None, Some(2), 6),
-        QFormat::Q5_1 => (Some(2), Some(4), 8),
+        QFormat::Q8_0 => (None, None, Q8_0::CODES),
+        QFormat::Q4_0 => (None, None, Q4_0::CODES),
+        QFormat::Q4_1 => (Some(Q4_1::MIN), None, Q4_1::CODES),
+        QFormat::Q5_0 => (None, Some(Q5_0::HIGH), Q5_0::CODES),
+        QFormat::Q5_1 => (Some(Q5_1::MIN), Some(Q5_1::HIGH), Q5_1::CODES),
         QFormat::Q2K | QFormat::Q3K | QFormat::Q4K | QFormat::Q5K | QFormat::Q6K => {
             unreachable!("{} has no 32-value tile", format.name())
         }

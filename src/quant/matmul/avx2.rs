@@ -2,8 +2,10 @@
 //! AVX-512 VNNI twins (the `twins!` lines), and the tile kernels. Kept in their own file, beside
 //! the portable kernel and the dispatch in `mod.rs`.
 
-use super::tiles::TileGeometry;
-use super::{k3_scales, k4_scale_min, QK};
+use crate::quant::blocks::{
+    k3_scales, k4_scale_min, BlockFormat, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, QK,
+};
+use crate::quant::tiles::TileGeometry;
 use std::arch::x86_64::*;
 
 /// `$body` for each block `$b in 0..$nb`, with `$acc` / `$off` the accumulators of
@@ -389,14 +391,24 @@ unsafe fn dot_q5_with<D: U8I8Dot, const R: usize, const Q51: bool>(
     xd: &[&[f32]; R],
     xs: &[&[f32]; R],
 ) -> [f32; R] {
-    let (bb, qh_at) = if Q51 { (24, 4) } else { (22, 2) };
+    let (bb, qh_at) = if Q51 {
+        (Q5_1::BYTES, Q5_1::HIGH)
+    } else {
+        (Q5_0::BYTES, Q5_0::HIGH)
+    };
+    // Both keep their codes right after `qh`, and Q5_1 its min at Q4_1's place.
+    const _: () = assert!(Q5_1::CODES == Q5_1::HIGH + 4 && Q5_0::CODES == Q5_0::HIGH + 4);
     let mut sums = Sums::<R>::new();
     let (low, bit4) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
     let p = row.as_ptr();
     over_blocks!(nb, sums, |b, acc, off| {
         let blk = p.add(b * bb);
-        let d = f16_at(blk);
-        let o = if Q51 { f16_at(blk.add(2)) } else { -16.0 * d };
+        let d = f16_at(blk.add(Q5_0::D));
+        let o = if Q51 {
+            f16_at(blk.add(Q5_1::MIN))
+        } else {
+            -16.0 * d
+        };
         let raw = _mm_loadu_si128(blk.add(qh_at + 4) as *const __m128i);
         let nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
         let qh = (blk.add(qh_at) as *const u32).read_unaligned();
@@ -422,14 +434,14 @@ unsafe fn dot_q4k_with<D: U8I8Dot, const R: usize>(
     let low = _mm256_set1_epi8(0x0F);
     let p = row.as_ptr();
     for sb in 0..nb / 8 {
-        let blk = p.add(sb * 144);
-        let (d, dmin) = (f16_at(blk), f16_at(blk.add(2)));
-        let scales = std::slice::from_raw_parts(blk.add(4), 12);
+        let blk = p.add(sb * Q4K::BYTES);
+        let (d, dmin) = (f16_at(blk.add(Q4K::D)), f16_at(blk.add(Q4K::DMIN)));
+        let scales = std::slice::from_raw_parts(blk.add(Q4K::SCALES), Q4K::CODES - Q4K::SCALES);
         // Sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32 bytes; each
         // goes to its own accumulators (see `Sums`).
         for i in 0..4 {
             let (b, j) = (sb * 8 + 2 * i, 2 * i);
-            let bytes = _mm256_loadu_si256(blk.add(16 + 32 * i) as *const __m256i);
+            let bytes = _mm256_loadu_si256(blk.add(Q4K::CODES + 32 * i) as *const __m256i);
             // Codes ≤ 15; a sub-block's offset is `−dmin·m`.
             let (sc, m) = k4_scale_min(scales, j);
             let wq = _mm256_and_si256(bytes, low);
@@ -462,15 +474,15 @@ unsafe fn dot_q5k_with<D: U8I8Dot, const R: usize>(
     let (low, one) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x01));
     let p = row.as_ptr();
     for sb in 0..nb / 8 {
-        let blk = p.add(sb * 176);
-        let (d, dmin) = (f16_at(blk), f16_at(blk.add(2)));
-        let scales = std::slice::from_raw_parts(blk.add(4), 12);
-        let hbytes = _mm256_loadu_si256(blk.add(16) as *const __m256i);
+        let blk = p.add(sb * Q5K::BYTES);
+        let (d, dmin) = (f16_at(blk.add(Q5K::D)), f16_at(blk.add(Q5K::DMIN)));
+        let scales = std::slice::from_raw_parts(blk.add(Q5K::SCALES), Q5K::HIGH - Q5K::SCALES);
+        let hbytes = _mm256_loadu_si256(blk.add(Q5K::HIGH) as *const __m256i);
         for j in 0..8 {
             let b = sb * 8 + j;
             let (sc, m) = k4_scale_min(scales, j);
             let (dl, ml) = (d * sc as f32, dmin * m as f32);
-            let bytes = _mm256_loadu_si256(blk.add(48 + 32 * (j / 2)) as *const __m256i);
+            let bytes = _mm256_loadu_si256(blk.add(Q5K::CODES + 32 * (j / 2)) as *const __m256i);
             let lo = if j % 2 == 0 {
                 _mm256_and_si256(bytes, low)
             } else {
@@ -545,12 +557,13 @@ unsafe fn dot_q2k_with<D: U8I8Dot, const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     let p = row.as_ptr();
     for sb in 0..nb / 8 {
-        let blk = p.add(sb * 84);
-        let (d, dmin) = (f16_at(blk.add(80)), f16_at(blk.add(82)));
+        let blk = p.add(sb * Q2K::BYTES);
+        let (d, dmin) = (f16_at(blk.add(Q2K::D)), f16_at(blk.add(Q2K::DMIN)));
         for a in 0..8 {
             let b = sb * 8 + a;
-            let wq = two_bit_codes(blk.add(16), a);
-            let (sc_lo, sc_hi) = (*blk.add(2 * a), *blk.add(2 * a + 1));
+            let wq = two_bit_codes(blk.add(Q2K::CODES), a);
+            let scales = blk.add(Q2K::SCALES);
+            let (sc_lo, sc_hi) = (*scales.add(2 * a), *scales.add(2 * a + 1));
             let scale = _mm256_set_m128(
                 _mm_set1_ps(d * (sc_hi & 0x0F) as f32),
                 _mm_set1_ps(d * (sc_lo & 0x0F) as f32),
@@ -581,13 +594,16 @@ unsafe fn dot_q3k_with<D: U8I8Dot, const R: usize>(
     let one = _mm256_set1_epi8(0x01);
     let p = row.as_ptr();
     for sb in 0..nb / 8 {
-        let blk = p.add(sb * 110);
-        let d = f16_at(blk.add(108));
-        let scales = k3_scales(std::slice::from_raw_parts(blk.add(96), 12));
-        let hbytes = _mm256_loadu_si256(blk as *const __m256i);
+        let blk = p.add(sb * Q3K::BYTES);
+        let d = f16_at(blk.add(Q3K::D));
+        let scales = k3_scales(std::slice::from_raw_parts(
+            blk.add(Q3K::SCALES),
+            Q3K::D - Q3K::SCALES,
+        ));
+        let hbytes = _mm256_loadu_si256(blk.add(Q3K::HIGH_MASK) as *const __m256i);
         for a in 0..8 {
             let b = sb * 8 + a;
-            let lo = two_bit_codes(blk.add(32), a);
+            let lo = two_bit_codes(blk.add(Q3K::CODES), a);
             let hi = _mm256_and_si256(_mm256_srl_epi16(hbytes, _mm_cvtsi32_si128(a as i32)), one);
             // hi ≤ 1: shifting 16-bit lanes by 2 keeps it inside its byte.
             let wq = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
@@ -615,8 +631,8 @@ unsafe fn dot_q6k_with<D: U8I8Dot, const R: usize>(
     let mut sums = Sums::<R>::new();
     let p = row.as_ptr();
     for sb in 0..nb / 8 {
-        let blk = p.add(sb * 210);
-        let d = f16_at(blk.add(208));
+        let blk = p.add(sb * Q6K::BYTES);
+        let d = f16_at(blk.add(Q6K::D));
         // Even and odd sub-blocks into their own accumulators (see `Sums`).
         for pair in 0..4 {
             let [acc0, acc1] = &mut sums.acc;
@@ -640,16 +656,16 @@ unsafe fn q6k_sub_block<D: U8I8Dot, const R: usize>(
     acc: &mut [__m256; R],
 ) {
     let (low, two) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x03));
-    let scales = blk.add(192) as *const i8;
+    let scales = blk.add(Q6K::SCALES) as *const i8;
     let b = b0 + a;
     let (half, g) = (a / 4, a % 4);
-    let lbytes = _mm256_loadu_si256(blk.add(64 * half + 32 * (g % 2)) as *const __m256i);
+    let lbytes = _mm256_loadu_si256(blk.add(Q6K::LOW + 64 * half + 32 * (g % 2)) as *const __m256i);
     let lo = if g < 2 {
         _mm256_and_si256(lbytes, low)
     } else {
         _mm256_and_si256(_mm256_srli_epi16(lbytes, 4), low)
     };
-    let hbytes = _mm256_loadu_si256(blk.add(128 + 32 * half) as *const __m256i);
+    let hbytes = _mm256_loadu_si256(blk.add(Q6K::HIGH + 32 * half) as *const __m256i);
     let hi = _mm256_and_si256(
         _mm256_srl_epi16(hbytes, _mm_cvtsi32_si128(2 * g as i32)),
         two,
@@ -753,8 +769,10 @@ unsafe fn dot_q4_with<D: U8I8Dot, const R: usize, const Q41: bool>(
     xd: &[&[f32]; R],
     xs: &[&[f32]; R],
 ) -> [f32; R] {
-    let bb = if Q41 { 20 } else { 18 };
-    let qoff = if Q41 { 4 } else { 2 };
+    let bb = if Q41 { Q4_1::BYTES } else { Q4_0::BYTES };
+    let qoff = if Q41 { Q4_1::CODES } else { Q4_0::CODES };
+    // d (and Q4_1's m right after it) are read as one word at the block's start.
+    const _: () = assert!(Q4_0::D == 0 && Q4_1::D == 0 && Q4_1::MIN == 2);
     let mut sums = Sums::<R>::new();
     let low = _mm256_set1_epi8(0x0F);
     let p = row.as_ptr();
@@ -786,14 +804,14 @@ unsafe fn dot_q4_with<D: U8I8Dot, const R: usize, const Q41: bool>(
 /// The f16 scale bits of the Q8_0 block at `blk`.
 #[inline(always)]
 unsafe fn q8_0_scale_bits(blk: *const u8) -> i16 {
-    (blk as *const u16).read_unaligned() as i16
+    (blk.add(Q8_0::D) as *const u16).read_unaligned() as i16
 }
 
 /// The Q8_0 block at `blk` as `(|w|, w)`: |w| ≤ 128 as u8; with x ∈ [−127, 127]
 /// (activations never hold −128) a pair sums to at most 2·128·127 < 2^15.
 #[inline(always)]
 unsafe fn q8_0_weights(blk: *const u8) -> (__m256i, __m256i) {
-    let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+    let w = _mm256_loadu_si256(blk.add(Q8_0::CODES) as *const __m256i);
     (_mm256_sign_epi8(w, w), w)
 }
 
@@ -823,12 +841,12 @@ unsafe fn dot_q8_0_with<D: U8I8Dot, const R: usize>(
     let p = row.as_ptr();
     let mut b = 0;
     while b + 4 <= nb {
-        let blk = p.add(b * 34);
+        let blk = p.add(b * Q8_0::BYTES);
         let dw = _mm_cvtph_ps(_mm_setr_epi16(
             q8_0_scale_bits(blk),
-            q8_0_scale_bits(blk.add(34)),
-            q8_0_scale_bits(blk.add(68)),
-            q8_0_scale_bits(blk.add(102)),
+            q8_0_scale_bits(blk.add(Q8_0::BYTES)),
+            q8_0_scale_bits(blk.add(2 * Q8_0::BYTES)),
+            q8_0_scale_bits(blk.add(3 * Q8_0::BYTES)),
             0,
             0,
             0,
@@ -840,7 +858,7 @@ unsafe fn dot_q8_0_with<D: U8I8Dot, const R: usize>(
             s8[r] = _mm256_set_m128(s4, s4);
         }
         for i in 0..4 {
-            let w = q8_0_weights(blk.add(i * 34));
+            let w = q8_0_weights(blk.add(i * Q8_0::BYTES));
             let lane = _mm256_set1_epi32(i as i32);
             let acc = &mut sums.acc[i % 2];
             for r in 0..R {
@@ -852,8 +870,8 @@ unsafe fn dot_q8_0_with<D: U8I8Dot, const R: usize>(
         b += 4;
     }
     for b in b..nb {
-        let blk = p.add(b * 34);
-        let d = f16_at(blk);
+        let blk = p.add(b * Q8_0::BYTES);
+        let d = f16_at(blk.add(Q8_0::D));
         let w = q8_0_weights(blk);
         let acc = &mut sums.acc[0];
         for r in 0..R {
