@@ -584,3 +584,41 @@ fn generated_blocks_have_one_writer() {
         "only {writer_users} scripts use readme_block"
     );
 }
+
+/// Tests mirror modules: every `tests/<name>.rs` of the library is named for the top-level
+/// module it tests (`<module>.rs` or `<module>_<part>.rs`, a module of ARCHITECTURE.md's layer
+/// list for `src`, or `solver`, the solver crate `elm::solver` re-exports), or is one of the
+/// few that test across modules by design.
+#[test]
+fn tests_mirror_modules() {
+    const ACROSS: [&str; 7] = [
+        "architecture",      // the layout itself
+        "refuse",            // the CLI's typed refusals, command by command
+        "api_refuse",        // the same refusals through the library's calls
+        "hostile_gguf",      // hostile GGUF files through every loader
+        "hostile_tokenizer", // hostile tokenizer.json files through every loader
+        "fuzz_regressions",  // what the fuzzers found, replayed
+        "official_elm",      // elm against the official ELM code's own files
+    ];
+    let layers = layer_order();
+    let mut modules: Vec<String> = layers["src"].iter().flatten().cloned().collect();
+    modules.push("solver".into());
+    let mut strays = vec![];
+    for entry in std::fs::read_dir(workspace().join("tests")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let mirrors = modules
+            .iter()
+            .any(|m| name == *m || name.starts_with(&format!("{m}_")));
+        if !mirrors && !ACROSS.contains(&name.as_str()) {
+            strays.push(name);
+        }
+    }
+    assert!(
+        strays.is_empty(),
+        "tests named for no module (name them tests/<module>_<part>.rs): {strays:?}"
+    );
+}

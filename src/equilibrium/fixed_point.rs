@@ -20,7 +20,7 @@ pub(crate) fn reshape2(a: &mut Array2<f32>, rows: usize, cols: usize) {
 }
 
 /// The buffers of a session's fixed-point solves, kept across tokens: after the first decode
-/// step of a batch shape, the solve allocates nothing (see `tests/elm_decode_alloc.rs`).
+/// step of a batch shape, the solve allocates nothing (see `tests/equilibrium_decode_alloc.rs`).
 pub(crate) struct FpWork {
     /// Built once per session (with `return_best`: the committed K/V are the best iterate's).
     pub(crate) solver: Box<dyn FixedPointSolver<f32>>,

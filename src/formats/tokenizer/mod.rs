@@ -78,7 +78,7 @@ const QWEN2_SPLIT: &str = concat!(
 const SUPPORTED_PRE: &str = "smollm, starcoder, refact, codeshell, gpt2, llama-bpe, llama3, qwen2";
 
 /// llama.cpp's split regexes per `tokenizer.ggml.pre`, applied in order.
-/// Only families verified against a reference (tests/io_tokenizer.rs) or identical to
+/// Only families verified against a reference (tests/formats_tokenizer.rs) or identical to
 /// one are listed.
 fn split_regexes(pre: &str) -> Option<Vec<&'static str>> {
     match pre {
