@@ -114,7 +114,15 @@ fn ppo_update_moves_probability_to_the_better_action() {
             old_logp: lp[a],
         })
         .collect();
-    pol.ppo_update(&batch, 2, 0.5, 0.0, 0.1).unwrap();
+    pol.ppo_update(
+        &batch,
+        2,
+        0.5,
+        0.0,
+        &elm::train::AdamWConfig::default(),
+        0.1,
+    )
+    .unwrap();
     let p = softmax(&pol.theta);
     assert!(
         p[0] > 1.0 / 3.0 + 0.01 && p[0] > p[1] && p[0] > p[2],
@@ -327,6 +335,7 @@ fn gppo_and_enumeration_find_the_identity_window() {
         clip_eps: 0.5,
         entropy_coef: 0.0,
         policy_lr: 0.3,
+        policy_optim: elm::train::AdamWConfig::default(),
         checkpoint_every: 0,
     };
     gcfg.candidate.seed = 4;
@@ -382,6 +391,7 @@ fn gppo_resume_equals_uninterrupted() {
         clip_eps: 0.2,
         entropy_coef: 0.01,
         policy_lr: 0.1,
+        policy_optim: elm::train::AdamWConfig::default(),
         checkpoint_every: 0,
     };
     let tmp = common::TempDir::new("gppo-resume");

@@ -52,6 +52,49 @@ fn store_with(names: &[(&str, ArrayD<f32>)]) -> ParamStore {
 }
 
 #[test]
+fn the_vector_step_is_the_textbook_rule_in_f64() {
+    // A plain f64 vector (GPPO's policy logits) steps by the same config as the tensors:
+    // against the independent reference, descending and (gradient negated) ascending.
+    let grads = [0.3, -1.2, 0.05, 2.0];
+    let lrs = [0.1, 0.05, 0.02, 0.01];
+    for wd in [0.0, 0.01] {
+        let cfg = AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: wd,
+            ..Default::default()
+        };
+        let want = reference_adamw(1.5, &grads, &lrs, 0.9, 0.95, 1e-8, wd);
+        for ascend in [false, true] {
+            let (mut p, mut m, mut v) = ([1.5f64], [0.0f64], [0.0f64]);
+            for (t, (&g, &lr)) in grads.iter().zip(&lrs).enumerate() {
+                let g = if ascend { -g } else { g };
+                cfg.step_vector(&mut p, (&mut m, &mut v), t as u64, &[g], lr, ascend)
+                    .unwrap();
+                assert_close(
+                    &format!("wd {wd} ascend {ascend} step {t}"),
+                    p[0],
+                    want[t],
+                    1e-12,
+                );
+            }
+        }
+    }
+    let err = AdamWConfig::default()
+        .step_vector(
+            &mut [0.0],
+            (&mut [0.0], &mut [0.0]),
+            0,
+            &[f64::NAN],
+            0.1,
+            false,
+        )
+        .unwrap_err();
+    assert!(matches!(err, ElmError::NonFinite(_)), "{err}");
+}
+
+#[test]
 fn adamw_constant_gradient_matches_closed_form() {
     // With a constant gradient g, bias correction makes m̂ = g and v̂ = g² exactly, so each step
     // moves p by −lr·g/(|g|+ε) (no decay) — a closed form independent of β1, β2.

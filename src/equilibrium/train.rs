@@ -44,6 +44,7 @@ use crate::io::run_dir::{begin_step, commit_step, read_state};
 use crate::io::write_json_atomic;
 use crate::model::dense_pass::{embed, run_dense_layers};
 use crate::train::{load_params_and_optimizer, save_params_and_optimizer, step_seed};
+use crate::train::{run_steps, Checkpointed, LoopEvent};
 
 /// The module's parameters registered on `tape`, typed (store order = [`ElmParams`] order).
 fn params_on_tape(cfg: &ModelConfig, elm: &ElmConfig, vars: &[Var]) -> Result<ElmParams<Var>> {
@@ -899,25 +900,16 @@ impl<'a> Trainer<'a> {
         if let Some(d) = distill_before {
             on_event(TrainEvent::EvalBefore(d));
         }
-        let (total, start_step, every) = (self.cfg.steps, self.step, self.cfg.checkpoint_every);
-        if self.step == 0 && !out.join(STATE_FILE).exists() {
-            // A fresh run saves its starting point first: if a later save fails (a full disk
-            // at the first checkpoint), `--resume` still finds a run to continue instead of a
-            // directory that is neither resumable nor empty.
-            self.save(out)?;
-        }
-        let t0 = Instant::now();
-        while self.step < total {
-            let log = self.train_step(data, pad_id)?;
-            on_event(TrainEvent::Step(&log));
-            if every > 0 && self.step.is_multiple_of(every) && self.step < total {
-                self.save(out)?;
-                on_event(TrainEvent::Checkpoint { step: self.step });
-            }
-        }
-        self.save(out)?;
-        on_event(TrainEvent::Checkpoint { step: self.step });
-        let seconds = t0.elapsed().as_secs_f64();
+        let looped = run_steps(
+            self,
+            out,
+            |t| t.train_step(data, pad_id),
+            |e| match e {
+                LoopEvent::Step(log) => on_event(TrainEvent::Step(log)),
+                LoopEvent::Checkpoint { step } => on_event(TrainEvent::Checkpoint { step }),
+            },
+        )?;
+        let seconds = looped.seconds;
         let distill_after = eval(self)?;
         if let Some(d) = distill_after {
             on_event(TrainEvent::EvalAfter(d));
@@ -935,7 +927,7 @@ impl<'a> Trainer<'a> {
             .transpose()?;
         Ok(TrainOutcome {
             steps: self.step,
-            steps_this_run: self.step - start_step,
+            steps_this_run: looped.steps_this_run,
             seconds,
             seconds_all_runs: self.history.iter().map(|s| s.seconds).sum(),
             tokens: self.history.iter().map(|s| s.tokens).sum(),
@@ -952,6 +944,22 @@ impl<'a> Trainer<'a> {
 
     /// Writes a resumable checkpoint into `dir` (see module doc).
     pub fn save(&self, dir: &Path) -> Result<()> {
+        Checkpointed::save(self, dir)
+    }
+}
+
+impl Checkpointed for Trainer<'_> {
+    const STATE_FILE: &'static str = STATE_FILE;
+    fn steps_done(&self) -> usize {
+        self.step
+    }
+    fn steps_total(&self) -> usize {
+        self.cfg.steps
+    }
+    fn checkpoint_every(&self) -> usize {
+        self.cfg.checkpoint_every
+    }
+    fn save(&self, dir: &Path) -> Result<()> {
         let step = begin_step(dir, self.step)?;
         let sd = &step.path;
         save_params_and_optimizer(sd, &self.store, &self.opt)?;
@@ -1005,7 +1013,9 @@ impl<'a> Trainer<'a> {
         };
         save_module(dir, &self.module()?, &meta)
     }
+}
 
+impl<'a> Trainer<'a> {
     /// Resumes from `dir/train_state.json` with the run's own config (the lr schedule and
     /// the λ schedule depend on the total step count, so it cannot change on resume).
     pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {

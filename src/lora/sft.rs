@@ -24,6 +24,7 @@ use crate::train::{
     load_params_and_optimizer, read_config_file, save_params_and_optimizer, AdamW, OptimConfig,
     ParamStore, ScheduleConfig,
 };
+use crate::train::{run_steps, Checkpointed, LoopEvent};
 
 use crate::model::lora_adapter::{
     block_lora, insert_adapters, lora_block_forward, merge_model, LoraRun, LoraSpec,
@@ -311,28 +312,36 @@ impl<'a> LoraTrainer<'a> {
                 "training data has no usable sequence".into(),
             ));
         }
-        if self.step == 0 && !out.join(LORA_STATE_FILE).exists() {
-            // A fresh run saves its starting point first, so a run killed (or whose disk
-            // fills) before its first checkpoint is resumable from step 0.
-            self.save(out)?;
-        }
-        let t0 = Instant::now();
-        let every = self.cfg.checkpoint_every;
-        while self.step < self.cfg.steps {
-            let log = self.train_step(data, pad_id)?;
-            on_event(LoraEvent::Step(&log));
-            if every > 0 && self.step.is_multiple_of(every) && self.step < self.cfg.steps {
-                self.save(out)?;
-                on_event(LoraEvent::Checkpoint { step: self.step });
-            }
-        }
-        self.save(out)?;
-        on_event(LoraEvent::Checkpoint { step: self.step });
-        Ok(t0.elapsed().as_secs_f64())
+        let looped = run_steps(
+            self,
+            out,
+            |t| t.train_step(data, pad_id),
+            |e| match e {
+                LoopEvent::Step(log) => on_event(LoraEvent::Step(log)),
+                LoopEvent::Checkpoint { step } => on_event(LoraEvent::Checkpoint { step }),
+            },
+        )?;
+        Ok(looped.seconds)
     }
 
     /// Writes a resumable checkpoint into `dir`.
     pub fn save(&self, dir: &Path) -> Result<()> {
+        Checkpointed::save(self, dir)
+    }
+}
+
+impl Checkpointed for LoraTrainer<'_> {
+    const STATE_FILE: &'static str = LORA_STATE_FILE;
+    fn steps_done(&self) -> usize {
+        self.step
+    }
+    fn steps_total(&self) -> usize {
+        self.cfg.steps
+    }
+    fn checkpoint_every(&self) -> usize {
+        self.cfg.checkpoint_every
+    }
+    fn save(&self, dir: &Path) -> Result<()> {
         let step = begin_step(dir, self.step)?;
         save_params_and_optimizer(&step.path, &self.store, &self.opt)?;
         let state = LoraState {
@@ -346,7 +355,9 @@ impl<'a> LoraTrainer<'a> {
         };
         commit_step(dir, &step, LORA_STATE_FILE, &state)
     }
+}
 
+impl<'a> LoraTrainer<'a> {
     /// Resumes from `dir/lora_state.json` with the run's own config.
     pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {
         let (state, sd): (LoraState, _) = read_state(dir, LORA_STATE_FILE, &dense.config)?;

@@ -11,7 +11,6 @@
 //! then `gppo_state.json` (the commit point).
 
 use std::path::Path;
-use std::time::Instant;
 
 use rand::{rngs::StdRng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -21,9 +20,9 @@ use crate::error::{ElmError, Result};
 use crate::io::run_dir::{begin_step, commit_step, read_state};
 use crate::io::write_json_atomic;
 use crate::model::{ModelConfig, ModelWeights};
-use crate::train::read_config_file;
 use crate::train::step_seed;
 use crate::train::{load_params_and_optimizer, save_params_and_optimizer, ScheduleConfig};
+use crate::train::{read_config_file, run_steps, AdamWConfig, Checkpointed, LoopEvent};
 
 use super::candidate::{CandidateConfig, CandidateStep, Candidates, TeacherBatch};
 use super::policy::{log_softmax, sample, softmax, PolicyState, Transition};
@@ -50,6 +49,17 @@ pub struct GppoConfig {
     /// Adam learning rate of θ.
     #[serde(default = "d_policy_lr")]
     pub policy_lr: f64,
+    /// The Adam rule of θ: the crate's one optimiser config. By default β1 0.9, β2 0.999, ε 1e-8
+    /// and no decay (elm's choice, with `policy_lr` 0.05 held constant); the official code steps
+    /// θ with `AdamW(betas=(0.9, 0.95))`, torch's default decay 0.01 and the reward model's
+    /// cosine schedule from 2e-4, and a config can set those betas and that decay here. Left
+    /// out of a written config while it is the default, so the settings (and stage keys) of
+    /// earlier runs read the same.
+    #[serde(
+        default = "d_policy_optim",
+        skip_serializing_if = "is_default_policy_optim"
+    )]
+    pub policy_optim: AdamWConfig,
     /// Resumable checkpoint every this many steps (0 = only at the end).
     #[serde(default = "d_ckpt")]
     pub checkpoint_every: usize,
@@ -63,6 +73,12 @@ fn d_q() -> usize {
 }
 fn d_eps() -> f64 {
     0.5
+}
+fn d_policy_optim() -> AdamWConfig {
+    AdamWConfig::default()
+}
+fn is_default_policy_optim(c: &AdamWConfig) -> bool {
+    *c == d_policy_optim()
 }
 fn d_policy_lr() -> f64 {
     0.05
@@ -117,6 +133,7 @@ impl GppoConfig {
                 ));
             }
         }
+        self.policy_optim.validate()?;
         self.candidate.validate(model)
     }
 }
@@ -298,6 +315,7 @@ impl<'a> Gppo<'a> {
                 self.cfg.ppo_epochs,
                 self.cfg.clip_eps,
                 self.cfg.entropy_coef,
+                &self.cfg.policy_optim,
                 self.cfg.policy_lr,
             )?;
             let u = PolicyUpdate {
@@ -329,30 +347,23 @@ impl<'a> Gppo<'a> {
                 "training data has no usable sequence".into(),
             ));
         }
-        if self.step == 0 && !out.join(GPPO_STATE_FILE).exists() {
-            // As `elm train`: the starting point first, so a run stopped before its first
-            // checkpoint is resumable from step 0.
-            self.save(out)?;
-        }
-        let start = self.step;
-        let t0 = Instant::now();
-        let every = self.cfg.checkpoint_every;
-        while self.step < self.cfg.steps {
-            let (log, upd) = self.train_step(data, pad_id)?;
-            on_event(GppoEvent::Step(&log));
-            if let Some(u) = &upd {
-                on_event(GppoEvent::Update(u));
-            }
-            if every > 0 && self.step.is_multiple_of(every) && self.step < self.cfg.steps {
-                self.save(out)?;
-                on_event(GppoEvent::Checkpoint { step: self.step });
-            }
-        }
-        self.save(out)?;
-        on_event(GppoEvent::Checkpoint { step: self.step });
+        let looped = run_steps(
+            self,
+            out,
+            |t| t.train_step(data, pad_id),
+            |e| match e {
+                LoopEvent::Step((log, update)) => {
+                    on_event(GppoEvent::Step(log));
+                    if let Some(u) = update {
+                        on_event(GppoEvent::Update(u));
+                    }
+                }
+                LoopEvent::Checkpoint { step } => on_event(GppoEvent::Checkpoint { step }),
+            },
+        )?;
         let mut out = self.outcome();
-        out.steps_this_run = self.step - start;
-        out.seconds = t0.elapsed().as_secs_f64();
+        out.steps_this_run = looped.steps_this_run;
+        out.seconds = looped.seconds;
         Ok(out)
     }
 
@@ -386,6 +397,22 @@ impl<'a> Gppo<'a> {
 
     /// Writes a resumable checkpoint into `dir` (and `gppo_trace.json`).
     pub fn save(&self, dir: &Path) -> Result<()> {
+        Checkpointed::save(self, dir)
+    }
+}
+
+impl Checkpointed for Gppo<'_> {
+    const STATE_FILE: &'static str = GPPO_STATE_FILE;
+    fn steps_done(&self) -> usize {
+        self.step
+    }
+    fn steps_total(&self) -> usize {
+        self.cfg.steps
+    }
+    fn checkpoint_every(&self) -> usize {
+        self.cfg.checkpoint_every
+    }
+    fn save(&self, dir: &Path) -> Result<()> {
         let step = begin_step(dir, self.step)?;
         save_params_and_optimizer(&step.path, &self.cands.store, &self.cands.opt)?;
         let state = GppoState {
@@ -403,7 +430,9 @@ impl<'a> Gppo<'a> {
         commit_step(dir, &step, GPPO_STATE_FILE, &state)?;
         write_json_atomic(&dir.join("gppo_trace.json"), &self.outcome())
     }
+}
 
+impl<'a> Gppo<'a> {
     /// Resumes from `dir/gppo_state.json` with the run's own config.
     pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {
         let (state, sd): (GppoState, _) = read_state(dir, GPPO_STATE_FILE, &dense.config)?;

@@ -5,6 +5,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ElmError, Result};
+use crate::train::AdamWConfig;
 
 /// `softmax(θ)`.
 pub fn softmax(theta: &[f64]) -> Vec<f64> {
@@ -131,20 +132,21 @@ impl PolicyState {
         }
     }
 
-    /// One Adam ascent step along `grad` with learning rate `lr`, betas `(b1, b2)`.
-    pub fn adam_ascent(&mut self, grad: &[f64], lr: f64, b1: f64, b2: f64) -> Result<()> {
+    /// One ascent step of the shared Adam rule (`opt`, [`AdamWConfig::step_vector`]) along
+    /// `grad` with learning rate `lr`.
+    pub fn adam_ascent(&mut self, opt: &AdamWConfig, grad: &[f64], lr: f64) -> Result<()> {
         if grad.len() != self.theta.len() || grad.iter().any(|g| !g.is_finite()) {
             return Err(ElmError::NonFinite("policy gradient".into()));
         }
+        opt.step_vector(
+            &mut self.theta,
+            (&mut self.m, &mut self.v),
+            self.t,
+            grad,
+            lr,
+            true,
+        )?;
         self.t += 1;
-        let t = self.t as i32;
-        for (j, &g) in grad.iter().enumerate() {
-            self.m[j] = b1 * self.m[j] + (1.0 - b1) * g;
-            self.v[j] = b2 * self.v[j] + (1.0 - b2) * g * g;
-            let mh = self.m[j] / (1.0 - b1.powi(t));
-            let vh = self.v[j] / (1.0 - b2.powi(t));
-            self.theta[j] += lr * mh / (vh.sqrt() + 1e-8);
-        }
         Ok(())
     }
 
@@ -156,6 +158,7 @@ impl PolicyState {
         epochs: usize,
         clip_eps: f64,
         entropy_coef: f64,
+        opt: &AdamWConfig,
         lr: f64,
     ) -> Result<f64> {
         let rewards: Vec<f64> = batch.iter().map(|t| t.reward).collect();
@@ -164,7 +167,7 @@ impl PolicyState {
         for _ in 0..epochs {
             let (obj, grad) = ppo_objective(&self.theta, batch, &adv, clip_eps, entropy_coef);
             first.get_or_insert(obj);
-            self.adam_ascent(&grad, lr, 0.9, 0.999)?;
+            self.adam_ascent(opt, &grad, lr)?;
         }
         Ok(first.unwrap_or(0.0))
     }

@@ -105,6 +105,51 @@ impl AdamWConfig {
         Ok(())
     }
 
+    /// One step of this rule on a plain f64 vector that lives outside a [`ParamStore`] (a
+    /// policy's logits, say): `moments` are its `(m, v)` and `t` the steps taken before this
+    /// one. `ascend` climbs the gradient instead of descending it. The update is the textbook
+    /// form `p ∓= lr·m̂/(√v̂ + ε)` with bias-corrected moments, after a decoupled decay
+    /// `p −= lr·wd·p` (no exclusions: a vector is one tensor).
+    pub fn step_vector(
+        &self,
+        params: &mut [f64],
+        (m, v): (&mut [f64], &mut [f64]),
+        t: u64,
+        grad: &[f64],
+        lr: f64,
+        ascend: bool,
+    ) -> Result<()> {
+        if grad.len() != params.len() || m.len() != params.len() || v.len() != params.len() {
+            return Err(ElmError::shape(
+                "AdamWConfig::step_vector",
+                format!(
+                    "{} gradients, {} and {} moments for {} parameters",
+                    grad.len(),
+                    m.len(),
+                    v.len(),
+                    params.len()
+                ),
+            ));
+        }
+        if grad.iter().any(|g| !g.is_finite()) {
+            return Err(ElmError::NonFinite("gradient of a vector parameter".into()));
+        }
+        let (b1, b2) = (self.beta1, self.beta2);
+        let t = (t + 1) as i32;
+        let sign = if ascend { 1.0 } else { -1.0 };
+        for (j, &g) in grad.iter().enumerate() {
+            if self.weight_decay != 0.0 {
+                params[j] -= lr * self.weight_decay * params[j];
+            }
+            m[j] = b1 * m[j] + (1.0 - b1) * g;
+            v[j] = b2 * v[j] + (1.0 - b2) * g * g;
+            let mh = m[j] / (1.0 - b1.powi(t));
+            let vh = v[j] / (1.0 - b2.powi(t));
+            params[j] += sign * lr * mh / (vh.sqrt() + self.eps);
+        }
+        Ok(())
+    }
+
     /// Whether weight decay applies to a tensor with this name and rank.
     pub fn decays(&self, name: &str, rank: usize) -> bool {
         if self.weight_decay == 0.0 || (self.no_decay_rank1 && rank <= 1) {

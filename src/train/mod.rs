@@ -1,4 +1,4 @@
-//! Training utilities: [`AdamW`] (decoupled weight decay with exclusions for norms/biases),
+//! Training utilities: the one training loop ([`run_steps`]), [`AdamW`] (decoupled weight decay with exclusions for norms/biases),
 //! global-norm gradient clipping ([`ParamGrads::clip_global_norm`]), the warmup + cosine
 //! [`ScheduleConfig`], and the [`ParamStore`] of named f32 tensors the tape registers each step.
 //! Optimiser state and parameters save to safetensors (+ JSON), written atomically.
@@ -17,6 +17,7 @@
 mod adamw;
 pub mod checkpoint;
 pub mod defaults;
+mod executor;
 mod optim;
 mod params;
 mod schedule;
@@ -25,6 +26,7 @@ mod tape_glue;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use checkpoint::{load_params_and_optimizer, save_params_and_optimizer};
+pub use executor::{run_steps, Checkpointed, LoopEvent, LoopOutcome};
 pub use optim::{read_config_file, OptimConfig, OPTIM_KEYS};
 pub use params::{ParamGrads, ParamStore};
 pub use schedule::ScheduleConfig;
