@@ -9,7 +9,7 @@
 # bf16 − f32 difference gets a t interval over seeds: that is the interval that covers training.
 # PARTS="elm lora" (default both) picks what is trained again (PARTS=none: only the table); the
 # table is built from every result present in OUT. Writes results/bf16_quality/*.json and
-# bf16_quality.md and, with README=README.md, the README's bf16-quality block. About 10 minutes
+# bf16_quality.md and, with README=docs/performance.md, its bf16-quality block. About 10 minutes
 # per ELM seed (52 for five, with the seed-to-seed pairings) and 22 for the LoRA part on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -8,7 +8,7 @@
 #   bash scripts/fault-table.sh [README.md]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-readme=${1:-README.md}
+readme=${1:-docs/faults.md}
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 ELM_FAULT_REPORT="$out" cargo test --quiet --test io_faults >&2
 python3 - "$out" "$readme" <<'PY'

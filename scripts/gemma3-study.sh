@@ -12,8 +12,8 @@ scale="${SCALE:-small}"
 out="results/gemma3"
 [ "$scale" = small ] || out="results/gemma3-$scale"
 cargo build --release --workspace
-# A `small` run also writes its headline into the README's `headline-gemma3` block.
+# A `small` run also writes its headline into docs/study.md's `headline-gemma3` block.
 readme=()
-[ "$scale" = small ] && readme=(--readme README.md --readme-block headline-gemma3)
+[ "$scale" = small ] && readme=(--readme docs/study.md --readme-block headline-gemma3)
 cargo run --release -p paper_repro -- --scale "$scale" --only main \
   --model "$ELM_MODELS_DIR/gemma-3-270m-q4_k_m.gguf" --out "$out" "${readme[@]}"

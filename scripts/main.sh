@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job (README): installs system needs, fetches SmolLM2-135M, builds in release mode and rebuilds the
 # paper's tables and plots at the `small` scale (CPU) into results/. Override with SCALE=smoke|small|long|paper.
-# `long` (small + learning curves and seeds) writes results/long/ and the README's long block (the headline stays
+# `long` (small + learning curves and seeds) writes results/long/ and docs/study.md's long block (the README's headline stays
 # `small`'s); it
 # starts from the stage records `small` left in results/stages (the same stages, same keys), so after a `small`
 # run it computes only what it adds.
@@ -22,6 +22,6 @@ if [ "$scale" = long ]; then
       [ -e "results/long/work/$(basename "$d")" ] || ln -s "$PWD/$d" results/long/work/
     done
   fi
-  exec cargo run --release -p paper_repro -- --scale long --out results/long --readme README.md
+  exec cargo run --release -p paper_repro -- --scale long --out results/long --readme docs/study.md
 fi
 cargo run --release -p paper_repro -- --scale "$scale" --out results --readme README.md

@@ -9,7 +9,7 @@
 #   bash scripts/memory-table.sh [README.md]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-readme=${1:-README.md}
+readme=${1:-docs/faults.md}
 model=${ELM_MODELS_DIR:-$PWD/models}/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$model" ] || bash scripts/setup.sh
 cargo build --release --quiet --bin elm

@@ -14,5 +14,5 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/python}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q numpy scipy matplotlib anderson-acceleration 2>&1
 "$venv/bin/pip" install -q --force-reinstall --no-deps ./python 2>&1
-"$venv/bin/python" scripts/solver_benchmark.py --out results/solver_benchmark --readme README.md \
+"$venv/bin/python" scripts/solver_benchmark.py --out results/solver_benchmark --readme docs/solvers.md \
   --command "bash scripts/solver-benchmark.sh"

@@ -610,7 +610,9 @@ def main():
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from readme_block import rewrite
 
-        rewrite(args.readme, "solver-benchmark", lines + ["", f"![solver benchmark]({args.out}/benchmark.svg)"])
+        # The plot as the block's own file links to it (docs/solvers.md: ../results/...).
+        svg = os.path.relpath(os.path.join(args.out, "benchmark.svg"), os.path.dirname(os.path.abspath(args.readme)))
+        rewrite(args.readme, "solver-benchmark", lines + ["", f"![solver benchmark]({svg})"])
     print(json.dumps({k: summ[k] for k in ("wins_ties_losses", "geometric_mean_ratio_ours_over_scipy", "ratio_count")}, indent=1))
     print(f"{time.perf_counter() - t0:.0f} s")
 

@@ -47,6 +47,9 @@ part "cargo fmt --check" cargo fmt --all -- --check
 part "clippy" cargo clippy --workspace --all-targets -- -D warnings 2>&1
 part "clippy --features cuda" cargo clippy --workspace --all-targets --features cuda -- -D warnings 2>&1
 part "cargo test --workspace" cargo test --workspace --all-targets --no-fail-fast 2>&1
+# `--all-targets` leaves doc-tests out: the API's examples and the README's and docs/'s Rust
+# snippets (src/lib.rs's doc_snippets) run here.
+part "doc-tests (API, README.md, docs/)" cargo test --workspace --doc 2>&1
 # The solver crate on its own: no BLAS, LAPACK or tokenizer crate in its tree, its tests built
 # in a target dir of their own (so no workspace feature reaches them), and no test binary linked
 # against OpenBLAS or LAPACK.

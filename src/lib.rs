@@ -54,3 +54,13 @@ pub mod compress;
 
 pub mod lora;
 pub mod search;
+
+/// The Rust snippets of the README and of `docs/`, compiled and run as doc-tests (`cargo test
+/// --workspace --doc`, a part of `scripts/test.sh`), so that an example cannot rot.
+#[cfg(doctest)]
+pub mod doc_snippets {
+    #[doc = include_str!("../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../docs/solvers.md")]
+    pub struct Solvers;
+}

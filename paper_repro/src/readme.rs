@@ -12,9 +12,9 @@ use crate::stage::seconds;
 use crate::table_markdown::{
     against_truth_reading, canonical_table, collapse_table, controls_table, curves_rival,
     curves_table, curves_verdict, full_test_table, fully_trained_table, gap_by_budget, gap_reading,
-    gap_sureness, grad_table, grid_sentence, grid_table, kv_table, main_table, precision_table,
-    rho_sweep_table, seeds_table, solver_table, spectral_table, speed_table, sweep_table,
-    trained_windows_table, where_table,
+    gap_sureness, grad_table, grid_sentence, grid_table, kv_table, main_table, main_table_short,
+    precision_table, rho_sweep_table, seeds_table, solver_table, spectral_table, speed_table,
+    sweep_table, trained_windows_table, where_table,
 };
 use crate::tables::{Tables, Written};
 
@@ -296,7 +296,7 @@ fn precision_note(t: &Tables) -> String {
                  (AVX-512 BF16 dot products; sums, weights, gradients and optimiser state in f32; `--precision bf16`, \
                  what fits `small` in 90 minutes on 2 cores); the spectral radii and the speed benchmark stay f32. \
                  Scoring in bf16 instead of f32 moves the answer NLL by {} (bf16 − f32, paired; the precision check); what bf16 \
-                 training changes: the README's bf16-quality block.",
+                 training changes: the bf16-quality block of docs/performance.md.",
                 if check.is_empty() { "n/a".to_string() } else { check }
             )
         }
@@ -495,7 +495,7 @@ pub fn readme(t: &Tables, plots: &Written) -> String {
             "## Precision check (no counterpart in the paper)\n\nEvery model of this run was trained and scored with bf16 products \
              (f32 sums, weights and optimiser state). Here two of them are scored again with f32 products on the ablation tables' {} test \
              problems and paired with their own bf16 scores on the same problems: the size of what bf16 scoring moves, against the gaps \
-             the tables report. What bf16 *training* changes is measured by `scripts/bf16-quality.sh` (the repository README's \
+             the tables report. What bf16 *training* changes is measured by `scripts/bf16-quality.sh` (docs/performance.md's \
              bf16-quality block).\n\n{}\n",
             t.limits["ablation_nll_eval"],
             precision_table(&t.precision_check)
@@ -704,21 +704,21 @@ pub fn block_markers(name: &str) -> (String, String) {
 /// The headline and table 1 of a run, for the repository README (`--readme`), between the
 /// markers of the block `name` ([`block_markers`]; the main job's is `headline`, a second
 /// model family's its own, e.g. `headline-gemma3`).
-pub fn headline_block(t: &Tables, full: &Path, name: &str) -> String {
+pub fn headline_block(t: &Tables, link: &str, name: &str) -> String {
     let (begin, end) = block_markers(name);
     format!(
         "{begin}\n*Written by `paper_repro --scale {}`: {} stages that took {} to compute on this machine \
-         (this invocation computed {} of them); all tables: [{}]({}).*\n\n{}{}{end}",
+         (this invocation computed {} of them); all tables: [{link}]({link}).*\n\n{}{}\n\
+         Table 1 in short: \"ΔNLL vs ELM\" is each row's answer NLL minus the headline ELM's, paired over the \
+         same test problems (above 0: the ELM is better). The whole table (parameters without embeddings, KV \
+         bytes, training tokens and compute, strict exact match, the share cut off by the generation budget, \
+         retention) and the controls are on [the run's page]({link}).\n{end}",
         t.scale,
         t.stages.len(),
         seconds(unique_stage_seconds(t)),
         t.stages.iter().filter(|s| !s.cached).count(),
-        full.file_name().map_or("README.md".into(), |f| f.to_string_lossy().to_string()),
-        full.parent()
-            .and_then(|p| p.file_name())
-            .map_or_else(|| "README.md".to_string(), |d| format!("{}/README.md", d.to_string_lossy())),
         headline(t),
-        table_one(t),
+        nonempty(&t.main, main_table_short),
     )
 }
 

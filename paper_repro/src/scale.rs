@@ -169,7 +169,7 @@ pub struct Limits {
     /// Number format of the large products of every model command (training, LoRA, pruning
     /// calibration, evaluation; `elm --precision`). `small` and `long` use bf16 (AVX-512 BF16
     /// dot products, f32 accumulation, weights and optimiser state): about 1.6× the f32 speed
-    /// on a 2-core Zen 4, where f32 alone would not fit 90 minutes; the README's bf16-quality
+    /// on a 2-core Zen 4, where f32 alone would not fit 90 minutes; docs/performance.md's bf16-quality
     /// block measures what it changes in a trained model. `smoke` and `paper` keep f32.
     pub precision: Precision,
     /// Table 6b: the ELM trained at the main budget from every `n`-th start (and the last),

@@ -87,6 +87,35 @@ pub struct Args {
     pub precision: Option<elm::gemm::Precision>,
 }
 
+/// `target` as a Markdown link from the file `from` (both made absolute): the path from
+/// `from`'s folder, with `..` for each folder it must climb.
+pub fn relative_link(from: &std::path::Path, target: &std::path::Path) -> String {
+    let absolute = |p: &std::path::Path| {
+        p.canonicalize().unwrap_or_else(|_| {
+            std::env::current_dir()
+                .map(|d| d.join(p))
+                .unwrap_or_else(|_| p.to_path_buf())
+        })
+    };
+    let from_dir = absolute(from)
+        .parent()
+        .map(|d| d.to_path_buf())
+        .unwrap_or_default();
+    let target = absolute(target);
+    let (a, b): (Vec<_>, Vec<_>) = (
+        from_dir.components().collect(),
+        target.components().collect(),
+    );
+    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let mut parts: Vec<String> = vec!["..".into(); a.len() - common];
+    parts.extend(
+        b[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    parts.join("/")
+}
+
 /// The `elm` binary: `--elm-bin`, else the one built next to this executable.
 fn elm_binary(explicit: Option<PathBuf>) -> Result<PathBuf, ReproError> {
     let bin = match explicit {
@@ -616,19 +645,15 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         .map_err(|e| ReproError::writing(&readme_path, e))?;
     if let Some(path) = &args.readme {
         let text = std::fs::read_to_string(path).map_err(|e| ReproError::io(path, e))?;
-        let link = out.join("README.md");
+        // The run's page as the block's file links to it (`results/README.md` from the
+        // repository's README, `../results/long/README.md` from `docs/study.md`).
+        let link = relative_link(path, &out.join("README.md"));
         // `long` writes its own block; the headline stays the main job's.
         let (begin, end, block) = if args.scale == Scale::Long {
-            let rel = path
-                .canonicalize()
-                .ok()
-                .and_then(|p| p.parent().map(|d| d.to_path_buf()))
-                .and_then(|d| link.strip_prefix(d).ok().map(|r| r.display().to_string()))
-                .unwrap_or_else(|| link.display().to_string());
             (
                 readme::LONG_BEGIN.to_string(),
                 readme::LONG_END.to_string(),
-                readme::long_block(&t, &rel),
+                readme::long_block(&t, &link),
             )
         } else {
             let (begin, end) = readme::block_markers(&args.readme_block);
@@ -656,4 +681,30 @@ pub fn run(args: Args) -> Result<(), ReproError> {
         }
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::relative_link;
+    use std::path::Path;
+
+    #[test]
+    fn links_climb_out_of_the_block_file_folder() {
+        let root = std::env::temp_dir().join("elm-relative-link");
+        assert_eq!(
+            relative_link(&root.join("README.md"), &root.join("results/README.md")),
+            "results/README.md"
+        );
+        assert_eq!(
+            relative_link(
+                &root.join("docs/study.md"),
+                &root.join("results/long/README.md")
+            ),
+            "../results/long/README.md"
+        );
+        assert_eq!(
+            relative_link(Path::new("/a/b/c.md"), Path::new("/x/y.md")),
+            "../../x/y.md"
+        );
+    }
 }

@@ -186,6 +186,28 @@ pub fn main_table(rows: &[MainRow]) -> String {
     t.into_markdown()
 }
 
+/// Table 1 in the five columns a reader of the repository's README needs (the whole table is
+/// on the run's page).
+pub fn main_table_short(rows: &[MainRow]) -> String {
+    let mut t = Table::new(&[
+        "model",
+        "params",
+        "answer NLL",
+        "ΔNLL vs ELM",
+        "flexible EM",
+    ]);
+    for r in rows {
+        t.row(&[
+            r.model.clone(),
+            r.params.to_string(),
+            iv(&r.answer_nll),
+            opt(&r.delta_nll_vs_elm, signed),
+            opt(&r.flexible_em, iv),
+        ]);
+    }
+    t.into_markdown()
+}
+
 pub fn kv_table(rows: &[KvRow]) -> String {
     let mut t = Table::new(&[
         "M",
