@@ -2,6 +2,8 @@
 an example a reader copies cannot rot. Rust snippets are doc-tests and shell snippets are parsed
 by tests/docs.rs."""
 
+import importlib.util
+import os
 import pathlib
 import re
 
@@ -21,6 +23,11 @@ def snippets():
 
 @pytest.mark.parametrize("code", list(snippets()))
 def test_snippet_runs(code):
+    # As tests/test_torch.py: a PyTorch snippet skips where PyTorch is not installed, unless
+    # ELM_REQUIRE_TORCH=1 (scripts/python-test.sh) makes its absence a failure.
+    if re.search(r"^\s*(import|from) torch\b", code, re.M) and importlib.util.find_spec("torch") is None:
+        if os.environ.get("ELM_REQUIRE_TORCH") != "1":
+            pytest.skip("PyTorch is not installed")
     exec(compile(code, "<snippet>", "exec"), {"__name__": "__snippet__"})
 
 
