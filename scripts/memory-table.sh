@@ -41,30 +41,4 @@ done
 run "train (start 12, M 8, batch 4 x 256, CE phase)" train --model "$model" --start 12 --m 8 --config "$work/train.json" --out "$work/elm" --eval-examples 0
 run "eval gsm8k-nll with that ELM, batch 8" eval --model "$model" --elm "$work/elm" --task gsm8k-nll --limit 100 --batch 8
 run "lora (all layers, batch 1 x 256, merge and save)" lora --model "$model" --steps 3 --out "$work/lora" --eval-examples 0
-python3 - "$rows" "$readme" <<'PY'
-import json, re, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-readme = sys.argv[2]
-mib = lambda b: f"{b / 2**20:,.0f}"
-lines = ["| command | estimate (MiB) | largest part of it | measured peak RSS (MiB) | estimate / peak |",
-         "|---|---|---|---|---|"]
-worst = 0.0
-for r in rows:
-    e = r["estimate"]
-    parts = e["held"] + [p for ph in e["phases"] for p in ph["parts"]]
-    big = max(parts, key=lambda p: p["bytes"])
-    ratio = e["total_bytes"] / r["peak_rss_bytes"]
-    r["ratio"] = ratio
-    worst = max(worst, abs(ratio - 1))
-    lines.append(f"| `{r['label']}` | {mib(e['total_bytes'])} | {big['name']} {mib(big['bytes'])} | "
-                 f"{mib(r['peak_rss_bytes'])} | {ratio:.2f} |")
-json.dump(rows, open("results/memory/memory.json", "w"), indent=1)
-table = "\n".join(lines)
-open("results/memory/memory.md", "w").write(table + "\n")
-sys.path.insert(0, "scripts")
-from readme_block import rewrite
-rewrite(readme, "memory", ["*Written by `bash scripts/memory-table.sh` (real model, release build; peak RSS "
-                           "from `/usr/bin/time -f %M`).*", ""] + lines)
-print(f"{len(rows)} commands; largest deviation of an estimate from its peak: {worst:.0%}")
-sys.exit(1 if worst > 0.25 else 0)
-PY
+python3 scripts/analysis/memory_table.py "$rows" "$readme"

@@ -30,6 +30,8 @@ esac
 (cd "$venv" && bin/python -c "import elm_solver; print('elm_solver', elm_solver.__file__, elm_solver.SOLVERS, elm_solver.LINEAR_SOLVERS)")
 # ELM_REQUIRE_TORCH: a missing torch fails the torch tests instead of skipping them.
 (cd "$venv" && ELM_REQUIRE_TORCH=1 bin/python -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" 2>&1)
+# The scripts' analysis modules have small tests of their own.
+(cd "$venv" && bin/python -m pytest -q -p no:cacheprovider "$OLDPWD/scripts/analysis" 2>&1)
 # The examples: a DEQ layer on NumPy (forward, implicit backward against finite differences, the
 # ρ reading of "which solver when") and a DEQ classifier trained with elm_solver.torch on
 # scikit-learn's digits beside unrolled steps; each asserts its figures with --check.

@@ -534,16 +534,80 @@ fn every_family_is_listed_and_found_by_its_names() {
 /// Python heredocs and Python files) call `scripts/readme_block.py`'s `rewrite`; the Rust study
 /// writes its blocks through `paper_repro/src/readme.rs` (`block_markers`, `replace_block`).
 /// A file that spells a block marker in code anywhere else is a second writer.
+/// Every file under `scripts/`, its subfolders included.
+fn script_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                if p.file_name().is_some_and(|n| n != "__pycache__") {
+                    walk(&p, out);
+                }
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    let mut out = vec![];
+    walk(&workspace().join("scripts"), &mut out);
+    out.sort();
+    out
+}
+
+/// `scripts/` shows its shape: runners there, analysis as Python modules (`scripts/analysis/`),
+/// no heredoc of more than 20 lines, and no fixture generator (those live beside their
+/// fixtures, in `tests/fixtures/gen/`).
+#[test]
+fn scripts_keep_their_shape() {
+    let mut problems = vec![];
+    for p in script_files() {
+        let rel = p.strip_prefix(workspace()).unwrap().display().to_string();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("ref_") {
+            problems.push(format!(
+                "{rel}: a fixture generator (move it to tests/fixtures/gen/)"
+            ));
+        }
+        if p.extension().is_none_or(|e| e != "sh") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let mut i = 0;
+        while i < lines.len() {
+            let line = lines[i].trim_end();
+            let tag = line
+                .rsplit_once("<<")
+                .map(|(_, t)| t.trim().trim_start_matches('-').trim_matches('\''))
+                .filter(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_uppercase()));
+            if let Some(tag) = tag {
+                let end = (i + 1..lines.len())
+                    .find(|&j| lines[j].trim() == tag)
+                    .unwrap_or(lines.len());
+                if end - i - 1 > 20 {
+                    problems.push(format!(
+                        "{rel}:{}: a heredoc of {} lines (make it a module)",
+                        i + 1,
+                        end - i - 1
+                    ));
+                }
+                i = end;
+            }
+            i += 1;
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
 #[test]
 fn generated_blocks_have_one_writer() {
     let root = workspace();
     let marker = ":begin -->";
     let mut second = vec![];
     // Scripts: code lines only (shell and Python comments start with `#`).
-    for entry in std::fs::read_dir(root.join("scripts")).unwrap() {
-        let p = entry.unwrap().path();
+    for p in script_files() {
         let rel = p.strip_prefix(root).unwrap().to_str().unwrap().to_string();
-        if rel == "scripts/readme_block.py" || !p.is_file() {
+        if rel == "scripts/readme_block.py" {
             continue;
         }
         let text = std::fs::read_to_string(&p).unwrap_or_default();
@@ -574,9 +638,9 @@ fn generated_blocks_have_one_writer() {
          paper_repro/src/readme.rs): {second:?}"
     );
     // Every script that writes a block does it through the writer.
-    let writer_users = std::fs::read_dir(root.join("scripts"))
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.unwrap().path()).ok())
+    let writer_users = script_files()
+        .into_iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
         .filter(|t| t.contains("from readme_block import rewrite"))
         .count();
     assert!(
