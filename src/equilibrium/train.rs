@@ -44,7 +44,7 @@ use crate::io::run_dir::{begin_step, commit_step, read_state};
 use crate::io::write_json_atomic;
 use crate::model::dense_pass::{embed, run_dense_layers};
 use crate::train::{load_params_and_optimizer, save_params_and_optimizer, step_seed};
-use crate::train::{run_steps, Checkpointed, LoopEvent};
+use crate::train::{run_steps, LoopEvent};
 
 /// The module's parameters registered on `tape`, typed (store order = [`ElmParams`] order).
 fn params_on_tape(cfg: &ModelConfig, elm: &ElmConfig, vars: &[Var]) -> Result<ElmParams<Var>> {
@@ -176,6 +176,7 @@ pub const TRAIN_FORMAT: &str = "elm-train-v1";
 pub const STATE_FILE: &str = "train_state.json";
 
 crate::impl_run_state!(TrainState, format: TRAIN_FORMAT, model: ModelConfig);
+crate::impl_checkpointed!(Trainer<'_>, STATE_FILE);
 
 /// What [`Trainer::loss_and_grads`] computed besides the gradients.
 struct StepTerms {
@@ -944,22 +945,6 @@ impl<'a> Trainer<'a> {
 
     /// Writes a resumable checkpoint into `dir` (see module doc).
     pub fn save(&self, dir: &Path) -> Result<()> {
-        Checkpointed::save(self, dir)
-    }
-}
-
-impl Checkpointed for Trainer<'_> {
-    const STATE_FILE: &'static str = STATE_FILE;
-    fn steps_done(&self) -> usize {
-        self.step
-    }
-    fn steps_total(&self) -> usize {
-        self.cfg.steps
-    }
-    fn checkpoint_every(&self) -> usize {
-        self.cfg.checkpoint_every
-    }
-    fn save(&self, dir: &Path) -> Result<()> {
         let step = begin_step(dir, self.step)?;
         let sd = &step.path;
         save_params_and_optimizer(sd, &self.store, &self.opt)?;
@@ -1013,9 +998,7 @@ impl Checkpointed for Trainer<'_> {
         };
         save_module(dir, &self.module()?, &meta)
     }
-}
 
-impl<'a> Trainer<'a> {
     /// Resumes from `dir/train_state.json` with the run's own config (the lr schedule and
     /// the λ schedule depend on the total step count, so it cannot change on resume).
     pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {

@@ -24,7 +24,7 @@ use crate::train::{
     load_params_and_optimizer, read_config_file, save_params_and_optimizer, AdamW, OptimConfig,
     ParamStore, ScheduleConfig,
 };
-use crate::train::{run_steps, Checkpointed, LoopEvent};
+use crate::train::{run_steps, LoopEvent};
 
 use crate::model::lora_adapter::{
     block_lora, insert_adapters, lora_block_forward, merge_model, LoraRun, LoraSpec,
@@ -113,6 +113,7 @@ pub struct LoraState {
 pub const LORA_FORMAT: &str = "elm-lora-v1";
 
 crate::impl_run_state!(LoraState, format: LORA_FORMAT, model: ModelConfig);
+crate::impl_checkpointed!(LoraTrainer<'_>, LORA_STATE_FILE);
 pub const LORA_STATE_FILE: &str = "lora_state.json";
 
 /// What [`LoraTrainer::run`] reports as it goes.
@@ -326,22 +327,6 @@ impl<'a> LoraTrainer<'a> {
 
     /// Writes a resumable checkpoint into `dir`.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        Checkpointed::save(self, dir)
-    }
-}
-
-impl Checkpointed for LoraTrainer<'_> {
-    const STATE_FILE: &'static str = LORA_STATE_FILE;
-    fn steps_done(&self) -> usize {
-        self.step
-    }
-    fn steps_total(&self) -> usize {
-        self.cfg.steps
-    }
-    fn checkpoint_every(&self) -> usize {
-        self.cfg.checkpoint_every
-    }
-    fn save(&self, dir: &Path) -> Result<()> {
         let step = begin_step(dir, self.step)?;
         save_params_and_optimizer(&step.path, &self.store, &self.opt)?;
         let state = LoraState {
@@ -355,9 +340,7 @@ impl Checkpointed for LoraTrainer<'_> {
         };
         commit_step(dir, &step, LORA_STATE_FILE, &state)
     }
-}
 
-impl<'a> LoraTrainer<'a> {
     /// Resumes from `dir/lora_state.json` with the run's own config.
     pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {
         let (state, sd): (LoraState, _) = read_state(dir, LORA_STATE_FILE, &dense.config)?;

@@ -22,7 +22,7 @@ use crate::io::write_json_atomic;
 use crate::model::{ModelConfig, ModelWeights};
 use crate::train::step_seed;
 use crate::train::{load_params_and_optimizer, save_params_and_optimizer, ScheduleConfig};
-use crate::train::{read_config_file, run_steps, AdamWConfig, Checkpointed, LoopEvent};
+use crate::train::{read_config_file, run_steps, AdamWConfig, LoopEvent};
 
 use super::candidate::{CandidateConfig, CandidateStep, Candidates, TeacherBatch};
 use super::policy::{log_softmax, sample, softmax, PolicyState, Transition};
@@ -183,6 +183,7 @@ pub struct GppoState {
 pub const GPPO_FORMAT: &str = "elm-gppo-v1";
 
 crate::impl_run_state!(GppoState, format: GPPO_FORMAT, model: ModelConfig);
+crate::impl_checkpointed!(Gppo<'_>, GPPO_STATE_FILE);
 pub const GPPO_STATE_FILE: &str = "gppo_state.json";
 
 /// What a GPPO run found.
@@ -397,22 +398,6 @@ impl<'a> Gppo<'a> {
 
     /// Writes a resumable checkpoint into `dir` (and `gppo_trace.json`).
     pub fn save(&self, dir: &Path) -> Result<()> {
-        Checkpointed::save(self, dir)
-    }
-}
-
-impl Checkpointed for Gppo<'_> {
-    const STATE_FILE: &'static str = GPPO_STATE_FILE;
-    fn steps_done(&self) -> usize {
-        self.step
-    }
-    fn steps_total(&self) -> usize {
-        self.cfg.steps
-    }
-    fn checkpoint_every(&self) -> usize {
-        self.cfg.checkpoint_every
-    }
-    fn save(&self, dir: &Path) -> Result<()> {
         let step = begin_step(dir, self.step)?;
         save_params_and_optimizer(&step.path, &self.cands.store, &self.cands.opt)?;
         let state = GppoState {
@@ -430,9 +415,7 @@ impl Checkpointed for Gppo<'_> {
         commit_step(dir, &step, GPPO_STATE_FILE, &state)?;
         write_json_atomic(&dir.join("gppo_trace.json"), &self.outcome())
     }
-}
 
-impl<'a> Gppo<'a> {
     /// Resumes from `dir/gppo_state.json` with the run's own config.
     pub fn resume(dense: &'a ModelWeights, dir: &Path) -> Result<Self> {
         let (state, sd): (GppoState, _) = read_state(dir, GPPO_STATE_FILE, &dense.config)?;

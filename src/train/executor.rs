@@ -24,6 +24,30 @@ pub trait Checkpointed {
     fn save(&self, dir: &Path) -> Result<()>;
 }
 
+/// Implements [`Checkpointed`] for a trainer with the fields every trainer of the crate has
+/// (`step`, `cfg.steps`, `cfg.checkpoint_every`) and an inherent `save(&self, dir)`, its state
+/// file named by `$state_file`.
+#[macro_export]
+macro_rules! impl_checkpointed {
+    ($ty:ty, $state_file:expr) => {
+        impl $crate::train::Checkpointed for $ty {
+            const STATE_FILE: &'static str = $state_file;
+            fn steps_done(&self) -> usize {
+                self.step
+            }
+            fn steps_total(&self) -> usize {
+                self.cfg.steps
+            }
+            fn checkpoint_every(&self) -> usize {
+                self.cfg.checkpoint_every
+            }
+            fn save(&self, dir: &std::path::Path) -> $crate::error::Result<()> {
+                <$ty>::save(self, dir)
+            }
+        }
+    };
+}
+
 /// What the loop reports to its observer.
 pub enum LoopEvent<'a, L> {
     /// A step completed, with what it logged.
