@@ -668,3 +668,102 @@ fn one_optimiser_config_for_every_trainer() {
         (1e-3, 1.0, 0.02)
     );
 }
+
+/// A trainer that only counts: what the one loop does around its steps.
+struct Counter {
+    step: usize,
+    total: usize,
+    every: usize,
+    saves: std::cell::RefCell<Vec<usize>>,
+}
+
+impl elm::train::Checkpointed for Counter {
+    const STATE_FILE: &'static str = "counter_state.json";
+    fn steps_done(&self) -> usize {
+        self.step
+    }
+    fn steps_total(&self) -> usize {
+        self.total
+    }
+    fn checkpoint_every(&self) -> usize {
+        self.every
+    }
+    fn save(&self, dir: &std::path::Path) -> elm::Result<()> {
+        self.saves.borrow_mut().push(self.step);
+        std::fs::write(dir.join(Self::STATE_FILE), self.step.to_string()).unwrap();
+        Ok(())
+    }
+}
+
+#[test]
+fn the_one_loop_saves_the_start_every_k_steps_and_the_end() {
+    use elm::train::{run_steps, LoopEvent};
+    let dir = TempDir::new("run-steps");
+    let mut t = Counter {
+        step: 0,
+        total: 7,
+        every: 3,
+        saves: Default::default(),
+    };
+    let mut events = vec![];
+    let data = [10u32, 20];
+    let out = run_steps(
+        &mut t,
+        &data,
+        dir.path(),
+        |t, d| {
+            t.step += 1;
+            Ok(d[t.step % 2])
+        },
+        |e| match e {
+            LoopEvent::Step(v) => events.push(format!("step {v}")),
+            LoopEvent::Checkpoint { step } => events.push(format!("checkpoint {step}")),
+        },
+    )
+    .unwrap();
+    // The starting point, steps 3 and 6, and the end (7); no second save at 7.
+    assert_eq!(*t.saves.borrow(), vec![0, 3, 6, 7]);
+    assert_eq!(out.steps_this_run, 7);
+    assert_eq!(events.iter().filter(|e| e.starts_with("step")).count(), 7);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.starts_with("checkpoint"))
+            .collect::<Vec<_>>(),
+        ["checkpoint 3", "checkpoint 6", "checkpoint 7"]
+    );
+    // Resumed (state committed, steps taken): no new starting point, and only what is left.
+    t.total = 9;
+    t.saves.borrow_mut().clear();
+    let out = run_steps(
+        &mut t,
+        &data,
+        dir.path(),
+        |t, _| {
+            t.step += 1;
+            Ok(())
+        },
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(*t.saves.borrow(), vec![9]);
+    assert_eq!(out.steps_this_run, 2);
+    // No data: refused before anything is written.
+    let empty = TempDir::new("run-steps-empty");
+    let mut fresh = Counter {
+        step: 0,
+        total: 2,
+        every: 1,
+        saves: Default::default(),
+    };
+    let err = run_steps(
+        &mut fresh,
+        &[] as &[u32],
+        empty.path(),
+        |_, _| Ok(()),
+        |_| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("no usable sequence"), "{err}");
+    assert!(fresh.saves.borrow().is_empty());
+}

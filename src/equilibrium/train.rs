@@ -886,6 +886,7 @@ impl<'a> Trainer<'a> {
         held_out: Option<&HeldOut<'_>>,
         mut on_event: impl FnMut(TrainEvent<'_>),
     ) -> Result<TrainOutcome> {
+        // Refused here too (run_steps refuses it as well), before the held-out evaluation.
         if data.is_empty() {
             return Err(ElmError::InvalidArgument(
                 "training data has no usable sequence".into(),
@@ -903,8 +904,9 @@ impl<'a> Trainer<'a> {
         }
         let looped = run_steps(
             self,
+            data,
             out,
-            |t| t.train_step(data, pad_id),
+            |t, data| t.train_step(data, pad_id),
             |e| match e {
                 LoopEvent::Step(log) => on_event(TrainEvent::Step(log)),
                 LoopEvent::Checkpoint { step } => on_event(TrainEvent::Checkpoint { step }),

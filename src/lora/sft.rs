@@ -308,15 +308,11 @@ impl<'a> LoraTrainer<'a> {
         out: &Path,
         mut on_event: impl FnMut(LoraEvent<'_>),
     ) -> Result<f64> {
-        if data.is_empty() {
-            return Err(ElmError::InvalidArgument(
-                "training data has no usable sequence".into(),
-            ));
-        }
         let looped = run_steps(
             self,
+            data,
             out,
-            |t| t.train_step(data, pad_id),
+            |t, data| t.train_step(data, pad_id),
             |e| match e {
                 LoopEvent::Step(log) => on_event(LoraEvent::Step(log)),
                 LoopEvent::Checkpoint { step } => on_event(LoraEvent::Checkpoint { step }),

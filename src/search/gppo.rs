@@ -343,15 +343,11 @@ impl<'a> Gppo<'a> {
         out: &Path,
         mut on_event: impl FnMut(GppoEvent<'_>),
     ) -> Result<GppoOutcome> {
-        if data.is_empty() {
-            return Err(ElmError::InvalidArgument(
-                "training data has no usable sequence".into(),
-            ));
-        }
         let looped = run_steps(
             self,
+            data,
             out,
-            |t| t.train_step(data, pad_id),
+            |t, data| t.train_step(data, pad_id),
             |e| match e {
                 LoopEvent::Step((log, update)) => {
                     on_event(GppoEvent::Step(log));

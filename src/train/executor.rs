@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use crate::error::Result;
+use crate::error::{ElmError, Result};
 
 /// What the loop needs of a trainer besides its step: where it stands and how it saves.
 pub trait Checkpointed {
@@ -65,16 +65,23 @@ pub struct LoopOutcome {
     pub seconds: f64,
 }
 
-/// Runs `trainer` to its total with `step` (one training step, returning its log), saving into
-/// `out`. A fresh run (no step taken, no committed state in `out`) saves its starting point
+/// Runs `trainer` to its total with `step` (one training step on `data`, returning its log),
+/// saving into `out`; training data without a usable item is refused before anything is
+/// written. A fresh run (no step taken, no committed state in `out`) saves its starting point
 /// first: if a later save fails (a full disk at the first checkpoint), a resume still finds a
 /// run to continue instead of a directory that is neither resumable nor empty.
-pub fn run_steps<T: Checkpointed, L>(
+pub fn run_steps<T: Checkpointed, D, L>(
     trainer: &mut T,
+    data: &[D],
     out: &Path,
-    mut step: impl FnMut(&mut T) -> Result<L>,
+    mut step: impl FnMut(&mut T, &[D]) -> Result<L>,
     mut on_event: impl FnMut(LoopEvent<'_, L>),
 ) -> Result<LoopOutcome> {
+    if data.is_empty() {
+        return Err(ElmError::InvalidArgument(
+            "training data has no usable sequence".into(),
+        ));
+    }
     if trainer.steps_done() == 0 && !out.join(T::STATE_FILE).exists() {
         trainer.save(out)?;
     }
@@ -85,7 +92,7 @@ pub fn run_steps<T: Checkpointed, L>(
     );
     let t0 = Instant::now();
     while trainer.steps_done() < total {
-        let log = step(trainer)?;
+        let log = step(trainer, data)?;
         on_event(LoopEvent::Step(&log));
         let done = trainer.steps_done();
         if every > 0 && done.is_multiple_of(every) && done < total {
