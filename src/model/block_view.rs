@@ -1,17 +1,16 @@
 //! Borrowed views of a block's weights, whatever their storage: what the block kernels
-//! ([`super::block`]) run on. The plain data ([`LayerWeights`], [`FfnWeights`], [`QLayer`],
-//! [`QFfn`]) lives below the model (`crate::model_data`); the view over it is the model's own
+//! ([`super::block`]) run on. The plain data (`model_data::Block<W>` and `Ffn<W>`: `LayerWeights`,
+//! `FfnWeights`, `QLayer`, `QFfn`) lives below the model (`crate::model_data`); the view over it is the model's own
 //! notion, so it lives here and the data folder knows nothing of it.
 
 use ndarray::{Array1, ArrayView1};
 
 use crate::model_data::config::LayerAttention;
-use crate::model_data::weights::{FfnWeights, Gemma3Block, LayerWeights};
-use crate::model_data::{QFfn, QLayer};
-use crate::quant::LinearRef;
+use crate::model_data::weights::{Block, Ffn, Gemma3Block};
+use crate::quant::{AsLinearRef, LinearRef};
 
 /// Borrowed weights of one block, whatever their storage: what [`super::block`] runs on.
-/// A decoder block has both sublayers; a feed-forward-only block ([`FfnWeights`], [`QFfn`])
+/// A decoder block has both sublayers; a feed-forward-only block (`FfnWeights`, `QFfn`)
 /// has no attention.
 #[derive(Clone, Copy, Debug)]
 pub struct BlockRef<'a> {
@@ -90,8 +89,8 @@ impl<'a> BlockRef<'a> {
     }
 }
 
-/// Weights of a block in any storage (f32 [`LayerWeights`] or [`QLayer`], and their
-/// feed-forward-only twins [`FfnWeights`] and [`QFfn`]).
+/// Weights of a block in any storage (a [`Block`] or [`Ffn`] of f32 matrices or of
+/// `Linear`s in any format, a [`BlockRef`] itself, an ELM's module block).
 pub trait BlockWeights: Sync {
     fn block_ref(&self) -> BlockRef<'_>;
 }
@@ -127,72 +126,37 @@ impl BlockWeights for BlockRef<'_> {
     }
 }
 
-impl BlockWeights for LayerWeights {
+impl<W: AsLinearRef + Sync> BlockWeights for Block<W> {
     fn block_ref(&self) -> BlockRef<'_> {
         BlockRef {
             attn: Some(AttnRef {
                 attn_norm: self.attn_norm.view(),
-                wq: LinearRef::F32(self.wq.view()),
-                wk: LinearRef::F32(self.wk.view()),
-                wv: LinearRef::F32(self.wv.view()),
-                wo: LinearRef::F32(self.wo.view()),
+                wq: self.wq.linear_ref(),
+                wk: self.wk.linear_ref(),
+                wv: self.wv.linear_ref(),
+                wo: self.wo.linear_ref(),
                 bq: self.bq.as_ref().map(Array1::view),
                 bk: self.bk.as_ref().map(Array1::view),
                 bv: self.bv.as_ref().map(Array1::view),
             }),
             mlp_norm: self.mlp_norm.view(),
-            w_gate: LinearRef::F32(self.w_gate.view()),
-            w_up: LinearRef::F32(self.w_up.view()),
-            w_down: LinearRef::F32(self.w_down.view()),
+            w_gate: self.w_gate.linear_ref(),
+            w_up: self.w_up.linear_ref(),
+            w_down: self.w_down.linear_ref(),
             gemma: self.gemma.as_ref().map(Gemma3Ref::of),
         }
     }
 }
 
-impl BlockWeights for FfnWeights {
+impl<W: AsLinearRef + Sync> BlockWeights for Ffn<W> {
     fn block_ref(&self) -> BlockRef<'_> {
         BlockRef {
             attn: None,
             mlp_norm: self.mlp_norm.view(),
-            w_gate: LinearRef::F32(self.w_gate.view()),
-            w_up: LinearRef::F32(self.w_up.view()),
-            w_down: LinearRef::F32(self.w_down.view()),
+            w_gate: self.w_gate.linear_ref(),
+            w_up: self.w_up.linear_ref(),
+            w_down: self.w_down.linear_ref(),
             gemma: None,
-        }
-    }
-}
-
-impl BlockWeights for QFfn {
-    fn block_ref(&self) -> BlockRef<'_> {
-        BlockRef {
-            attn: None,
-            mlp_norm: self.mlp_norm.view(),
-            w_gate: self.w_gate.as_ref(),
-            w_up: self.w_up.as_ref(),
-            w_down: self.w_down.as_ref(),
-            gemma: None,
-        }
-    }
-}
-
-impl BlockWeights for QLayer {
-    fn block_ref(&self) -> BlockRef<'_> {
-        BlockRef {
-            attn: Some(AttnRef {
-                attn_norm: self.attn_norm.view(),
-                wq: self.wq.as_ref(),
-                wk: self.wk.as_ref(),
-                wv: self.wv.as_ref(),
-                wo: self.wo.as_ref(),
-                bq: self.bq.as_ref().map(Array1::view),
-                bk: self.bk.as_ref().map(Array1::view),
-                bv: self.bv.as_ref().map(Array1::view),
-            }),
-            mlp_norm: self.mlp_norm.view(),
-            w_gate: self.w_gate.as_ref(),
-            w_up: self.w_up.as_ref(),
-            w_down: self.w_down.as_ref(),
-            gemma: self.gemma.as_ref().map(Gemma3Ref::of),
         }
     }
 }

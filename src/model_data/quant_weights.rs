@@ -2,41 +2,24 @@
 //! ([`QFfn`], [`QLayer`], [`QuantWeights`]): the model's parts as `crate::quant`'s
 //! [`Linear`]s, next to their f32 twins in `super::weights`.
 
-use ndarray::{Array1, Array2};
+use ndarray::Array1;
 
 use super::config::ModelConfig;
-use super::weights::{FfnWeights, Gemma3Block, LayerWeights, ModelWeights};
+use super::weights::{Block, Ffn, FfnWeights, LayerWeights, ModelWeights};
 use crate::quant::{Linear, WriteFormat};
 
-/// A feed-forward-only block ([`FfnWeights`]) with its matrices in any storage.
-#[derive(Clone, Debug)]
-pub struct QFfn {
-    pub mlp_norm: Array1<f32>,
-    pub w_gate: Linear,
-    pub w_up: Linear,
-    pub w_down: Linear,
-}
+/// A feed-forward-only block with its matrices in any storage.
+pub type QFfn = Ffn<Linear>;
 
 impl QFfn {
     /// Every matrix of `f` quantized to `format` (`None`: kept f32).
     pub fn from_f32(f: &FfnWeights, format: Option<WriteFormat>) -> Self {
-        let q = |w: &Array2<f32>| Linear::from_f32(w, format);
-        QFfn {
-            mlp_norm: f.mlp_norm.clone(),
-            w_gate: q(&f.w_gate),
-            w_up: q(&f.w_up),
-            w_down: q(&f.w_down),
-        }
+        f.map_projections(|w| Linear::from_f32(w, format))
     }
 
     /// The block's f32 weights (dequantized).
     pub fn to_f32(&self) -> FfnWeights {
-        FfnWeights {
-            mlp_norm: self.mlp_norm.clone(),
-            w_gate: self.w_gate.to_f32(),
-            w_up: self.w_up.to_f32(),
-            w_down: self.w_down.to_f32(),
-        }
+        self.map_projections(Linear::to_f32)
     }
 
     /// Bytes of weights held (the same count as the block's view, `BlockRef::bytes`).
@@ -45,80 +28,23 @@ impl QFfn {
     }
 }
 
-/// One decoder block for inference with each projection in any storage (norms and biases
-/// stay f32: they are tiny).
-#[derive(Clone, Debug)]
-pub struct QLayer {
-    pub attn_norm: Array1<f32>,
-    pub wq: Linear,
-    pub wk: Linear,
-    pub wv: Linear,
-    pub wo: Linear,
-    pub bq: Option<Array1<f32>>,
-    pub bk: Option<Array1<f32>>,
-    pub bv: Option<Array1<f32>>,
-    pub mlp_norm: Array1<f32>,
-    pub w_gate: Linear,
-    pub w_up: Linear,
-    pub w_down: Linear,
-    /// Gemma 3 only (f32, tiny).
-    pub gemma: Option<Gemma3Block>,
-}
-
-/// `$ty` built from the block `$src` (a [`LayerWeights`] or a [`QLayer`]: the same field names)
-/// with every projection mapped by `$proj` and the norms and biases cloned.
-macro_rules! map_projections {
-    ($ty:ident, $src:expr, $proj:expr) => {{
-        let (l, proj) = ($src, $proj);
-        $ty {
-            attn_norm: l.attn_norm.clone(),
-            wq: proj(&l.wq),
-            wk: proj(&l.wk),
-            wv: proj(&l.wv),
-            wo: proj(&l.wo),
-            bq: l.bq.clone(),
-            bk: l.bk.clone(),
-            bv: l.bv.clone(),
-            mlp_norm: l.mlp_norm.clone(),
-            w_gate: proj(&l.w_gate),
-            w_up: proj(&l.w_up),
-            w_down: proj(&l.w_down),
-            gemma: l.gemma.clone(),
-        }
-    }};
-}
+/// One decoder block for inference with each projection in any storage.
+pub type QLayer = Block<Linear>;
 
 impl QLayer {
     /// Every projection of `l` quantized to `format` (`None`: kept f32).
     pub fn from_f32(l: &LayerWeights, format: Option<WriteFormat>) -> Self {
-        map_projections!(QLayer, l, |w: &Array2<f32>| Linear::from_f32(w, format))
+        l.map_projections(|w| Linear::from_f32(w, format))
     }
 
     /// The block's f32 weights (dequantized): the training / reference representation.
     pub fn to_f32(&self) -> LayerWeights {
-        map_projections!(LayerWeights, self, Linear::to_f32)
+        self.map_projections(Linear::to_f32)
     }
 
     /// Bytes of weights held (the same count as the block's view, `BlockRef::bytes`).
     pub fn bytes(&self) -> usize {
-        let matrices = [
-            &self.wq,
-            &self.wk,
-            &self.wv,
-            &self.wo,
-            &self.w_gate,
-            &self.w_up,
-            &self.w_down,
-        ];
-        let biases = [&self.bq, &self.bk, &self.bv];
-        let vectors = self.attn_norm.len()
-            + self.mlp_norm.len()
-            + biases
-                .iter()
-                .map(|b| b.as_ref().map_or(0, Array1::len))
-                .sum::<usize>();
-        linear_bytes(&matrices)
-            + 4 * (vectors + self.gemma.as_ref().map_or(0, Gemma3Block::num_params))
+        linear_bytes(&self.projections()) + 4 * self.vector_params()
     }
 }
 

@@ -31,19 +31,23 @@ impl Gemma3Block {
     }
 }
 
-/// Weights of one decoder block.
+/// One decoder block, described once for every storage of its projections: `W` is an f32
+/// matrix ([`LayerWeights`], the training and reference form) or a `crate::quant::Linear` in any
+/// block format (`super::QLayer`, the inference form). Norm gains and biases stay f32 in every
+/// storage: they are tiny. The tape's parameters (`model::tape::BlockParams`) and the kernels'
+/// borrowed view (`model::block_view::BlockRef`) are built from it.
 #[derive(Clone, Debug)]
-pub struct LayerWeights {
+pub struct Block<W> {
     /// `[C]` RMSNorm gain before attention.
     pub attn_norm: Array1<f32>,
     /// `[H*D, C]`
-    pub wq: Array2<f32>,
+    pub wq: W,
     /// `[KV*D, C]`
-    pub wk: Array2<f32>,
+    pub wk: W,
     /// `[KV*D, C]`
-    pub wv: Array2<f32>,
+    pub wv: W,
     /// `[C, H*D]`
-    pub wo: Array2<f32>,
+    pub wo: W,
     /// `[H*D]` (Qwen2 only)
     pub bq: Option<Array1<f32>>,
     /// `[KV*D]` (Qwen2 only)
@@ -53,13 +57,63 @@ pub struct LayerWeights {
     /// `[C]` RMSNorm gain before the MLP.
     pub mlp_norm: Array1<f32>,
     /// `[I, C]`
-    pub w_gate: Array2<f32>,
+    pub w_gate: W,
     /// `[I, C]`
-    pub w_up: Array2<f32>,
+    pub w_up: W,
     /// `[C, I]`
-    pub w_down: Array2<f32>,
+    pub w_down: W,
     /// Gemma 3 only: its extra norms and its layer's attention.
     pub gemma: Option<Gemma3Block>,
+}
+
+/// Weights of one decoder block in f32.
+pub type LayerWeights = Block<Array2<f32>>;
+
+impl<W> Block<W> {
+    /// The same block with every projection mapped by `proj` (norms, biases and Gemma's parts
+    /// cloned): quantizing a block, or dequantizing one.
+    pub fn map_projections<V>(&self, mut proj: impl FnMut(&W) -> V) -> Block<V> {
+        Block {
+            attn_norm: self.attn_norm.clone(),
+            wq: proj(&self.wq),
+            wk: proj(&self.wk),
+            wv: proj(&self.wv),
+            wo: proj(&self.wo),
+            bq: self.bq.clone(),
+            bk: self.bk.clone(),
+            bv: self.bv.clone(),
+            mlp_norm: self.mlp_norm.clone(),
+            w_gate: proj(&self.w_gate),
+            w_up: proj(&self.w_up),
+            w_down: proj(&self.w_down),
+            gemma: self.gemma.clone(),
+        }
+    }
+
+    /// The seven projections, in the one order (q, k, v, o, gate, up, down).
+    pub fn projections(&self) -> [&W; 7] {
+        [
+            &self.wq,
+            &self.wk,
+            &self.wv,
+            &self.wo,
+            &self.w_gate,
+            &self.w_up,
+            &self.w_down,
+        ]
+    }
+
+    /// Scalars outside the projections: norm gains, biases and Gemma 3's norms (f32 in every
+    /// storage).
+    pub fn vector_params(&self) -> usize {
+        let opt = |b: &Option<Array1<f32>>| b.as_ref().map_or(0, |b| b.len());
+        self.attn_norm.len()
+            + opt(&self.bq)
+            + opt(&self.bk)
+            + opt(&self.bv)
+            + self.mlp_norm.len()
+            + self.gemma.as_ref().map_or(0, Gemma3Block::num_params)
+    }
 }
 
 /// All weights of a decoder-only model.
@@ -115,35 +169,38 @@ impl ModelWeights {
 impl LayerWeights {
     /// Number of scalar parameters in this block.
     pub fn num_params(&self) -> usize {
-        let opt = |b: &Option<Array1<f32>>| b.as_ref().map_or(0, |b| b.len());
-        self.attn_norm.len()
-            + self.wq.len()
-            + self.wk.len()
-            + self.wv.len()
-            + self.wo.len()
-            + opt(&self.bq)
-            + opt(&self.bk)
-            + opt(&self.bv)
-            + self.mlp_norm.len()
-            + self.w_gate.len()
-            + self.w_up.len()
-            + self.w_down.len()
-            + self.gemma.as_ref().map_or(0, Gemma3Block::num_params)
+        self.projections().iter().map(|w| w.len()).sum::<usize>() + self.vector_params()
     }
 }
 
-/// Weights of a feed-forward-only block `x + MLP(RMSNorm(x))`: a decoder block without its
-/// attention sublayer (LLM-Streamline's FFN replacement). Names as in [`LayerWeights`].
+/// A feed-forward-only block `x + MLP(RMSNorm(x))`: a decoder block without its attention
+/// sublayer (LLM-Streamline's FFN replacement), names as in [`Block`], for every storage of its
+/// projections ([`FfnWeights`] in f32, `super::QFfn` in any format).
 #[derive(Clone, Debug)]
-pub struct FfnWeights {
+pub struct Ffn<W> {
     /// `[C]` RMSNorm gain before the MLP.
     pub mlp_norm: Array1<f32>,
     /// `[I, C]`
-    pub w_gate: Array2<f32>,
+    pub w_gate: W,
     /// `[I, C]`
-    pub w_up: Array2<f32>,
+    pub w_up: W,
     /// `[C, I]`
-    pub w_down: Array2<f32>,
+    pub w_down: W,
+}
+
+/// A feed-forward-only block in f32.
+pub type FfnWeights = Ffn<Array2<f32>>;
+
+impl<W> Ffn<W> {
+    /// The same block with every projection mapped by `proj` (the norm cloned).
+    pub fn map_projections<V>(&self, mut proj: impl FnMut(&W) -> V) -> Ffn<V> {
+        Ffn {
+            mlp_norm: self.mlp_norm.clone(),
+            w_gate: proj(&self.w_gate),
+            w_up: proj(&self.w_up),
+            w_down: proj(&self.w_down),
+        }
+    }
 }
 
 impl FfnWeights {

@@ -364,6 +364,24 @@ impl Linear {
     }
 }
 
+/// A weight that lends itself as a [`LinearRef`]: an f32 matrix or a [`Linear`] (what a block
+/// generic over its storage, `model_data::Block<W>`, needs of `W` to be run by the kernels).
+pub trait AsLinearRef {
+    fn linear_ref(&self) -> LinearRef<'_>;
+}
+
+impl AsLinearRef for Array2<f32> {
+    fn linear_ref(&self) -> LinearRef<'_> {
+        LinearRef::F32(self.view())
+    }
+}
+
+impl AsLinearRef for Linear {
+    fn linear_ref(&self) -> LinearRef<'_> {
+        self.as_ref()
+    }
+}
+
 impl<'a> LinearRef<'a> {
     /// The memory a product with this weight streams (`None`: an f32 view that is not
     /// one contiguous slice).

@@ -18,5 +18,5 @@ pub use blocks::{QK, QK_K};
 pub use format::{QFormat, WriteFormat};
 pub use kernel::{detected_kernel, Kernel};
 pub use matmul::{qmatmul_rows, ActQuant, QActs};
-pub use matrix::{Linear, LinearRef, QMatrix, WeightStorage};
+pub use matrix::{AsLinearRef, Linear, LinearRef, QMatrix, WeightStorage};
 pub use tiles::Layout;
