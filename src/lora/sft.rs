@@ -116,12 +116,8 @@ crate::impl_run_state!(LoraState, format: LORA_FORMAT, model: ModelConfig);
 crate::impl_checkpointed!(LoraTrainer<'_>, LORA_STATE_FILE);
 pub const LORA_STATE_FILE: &str = "lora_state.json";
 
-/// What [`LoraTrainer::run`] reports as it goes.
-#[derive(Clone, Debug)]
-pub enum LoraEvent<'a> {
-    Step(&'a LoraStepLog),
-    Checkpoint { step: usize },
-}
+/// What a LoRA run reports: its steps and checkpoints, as the one loop does.
+pub type LoraEvent<'a> = LoopEvent<'a, LoraStepLog>;
 
 /// A LoRA SFT run in progress.
 pub struct LoraTrainer<'a> {
@@ -313,10 +309,7 @@ impl<'a> LoraTrainer<'a> {
             data,
             out,
             |t, data| t.train_step(data, pad_id),
-            |e| match e {
-                LoopEvent::Step(log) => on_event(LoraEvent::Step(log)),
-                LoopEvent::Checkpoint { step } => on_event(LoraEvent::Checkpoint { step }),
-            },
+            &mut on_event,
         )?;
         Ok(looped.seconds)
     }
