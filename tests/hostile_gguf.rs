@@ -419,6 +419,20 @@ fn check_tensors_finds_a_nan_scale_inside_a_block() {
     );
     let err = elm::model::check_tensors(&path).unwrap_err();
     assert!(err.to_string().contains("element 32"), "{err}");
+    // What `--check-tensors` runs before a load: the scan for a GGUF, and for an HF directory
+    // nothing (its load decodes every weight and refuses the NaN itself, naming the tensor).
+    let err = elm::model::check_tensors_before_load(&path).unwrap_err();
+    assert!(err.to_string().contains("element 32"), "{err}");
+    let mut w = common::tiny_weights(Arch::Llama, 2, 3);
+    w.layers[0].wq[[1, 2]] = f32::NAN;
+    let hf = _dir.path().join("hf");
+    elm::formats::save_hf_model(&w, &hf).unwrap();
+    elm::model::check_tensors_before_load(&hf).unwrap();
+    let msg = match elm::formats::load_hf_model(&hf) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("an HF directory with a NaN weight loaded"),
+    };
+    assert!(msg.contains("q_proj") && msg.contains("NaN"), "{msg}");
     for real in [common::real_model(), common::real_gemma3()]
         .into_iter()
         .flatten()

@@ -116,7 +116,7 @@ impl PromptArgs {
             let prompt = encode_prompt(tok, &self.prompt, self.chat)?;
             check_generation_size(config, prompt.len(), max_new, batch)?;
             if self.check_tensors {
-                elm::model::check_tensors(path)?;
+                elm::model::check_tensors_before_load(path)?;
             }
             *ids.borrow_mut() = prompt;
             Ok(())
@@ -561,7 +561,7 @@ pub fn run_perplexity(args: PerplexityArgs) -> Result<()> {
         encoded.truncate(args.max_tokens);
         check_perplexity_input(&encoded, args.context, config, &args.file)?;
         if args.check_tensors {
-            elm::model::check_tensors(&path)?;
+            elm::model::check_tensors_before_load(&path)?;
         }
         *ids.borrow_mut() = encoded;
         Ok(())

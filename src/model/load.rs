@@ -59,6 +59,19 @@ pub fn check_tensors(path: impl AsRef<Path>) -> Result<()> {
     }
 }
 
+/// The scan `--check-tensors` adds before a model loads: [`check_tensors`] for a `.gguf` file,
+/// whose quantized blocks a loader keeping blocks never decodes up front; nothing for an HF
+/// directory, whose load decodes every weight to f32 and refuses a non-finite one as it goes
+/// (scanning it first would load it twice).
+pub fn check_tensors_before_load(path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        Ok(())
+    } else {
+        check_tensors(path)
+    }
+}
+
 /// Neither a model file nor a model directory: missing, or something that exists but is not a
 /// regular file (a FIFO, a device such as `/dev/zero`), which is said so.
 fn not_found(path: &Path) -> ElmError {

@@ -44,9 +44,9 @@ pub use block::{block_forward_cached, block_forward_inplace, block_forward_rows}
 pub use block_view::{AttnRef, BlockRef, BlockWeights};
 pub use kv_cache::{KvCache, LayerKv, Scratch};
 pub use load::{
-    check_tensors, config_and_layer_format, default_model_path, load_config, load_inference,
-    load_inference_checked, load_inference_layers, load_pretrained, load_pretrained_checked,
-    load_tokenizer, load_weights, models_dir, BeforeWeights,
+    check_tensors, check_tensors_before_load, config_and_layer_format, default_model_path,
+    load_config, load_inference, load_inference_checked, load_inference_layers, load_pretrained,
+    load_pretrained_checked, load_tokenizer, load_weights, models_dir, BeforeWeights,
 };
 pub use transformer::{
     back_linears_with_huge_pages, check_context, embed_tokens, DecoderWeights, Transformer,
