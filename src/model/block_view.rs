@@ -5,8 +5,7 @@
 
 use ndarray::{Array1, ArrayView1};
 
-use crate::model_data::config::LayerAttention;
-use crate::model_data::weights::{Block, Ffn, Gemma3Block};
+use crate::model_data::weights::{Block, Ffn, Gemma3Block, GemmaParts};
 use crate::quant::{AsLinearRef, LinearRef};
 
 /// Borrowed weights of one block, whatever their storage: what [`super::block`] runs on.
@@ -24,25 +23,12 @@ pub struct BlockRef<'a> {
     pub gemma: Option<Gemma3Ref<'a>>,
 }
 
-/// A borrowed [`Gemma3Block`].
-#[derive(Clone, Copy, Debug)]
-pub struct Gemma3Ref<'a> {
-    pub q_norm: ArrayView1<'a, f32>,
-    pub k_norm: ArrayView1<'a, f32>,
-    pub post_attn_norm: ArrayView1<'a, f32>,
-    pub post_mlp_norm: ArrayView1<'a, f32>,
-    pub attention: LayerAttention,
-}
+/// A borrowed [`Gemma3Block`]: its gains as views.
+pub type Gemma3Ref<'a> = GemmaParts<ArrayView1<'a, f32>>;
 
 impl<'a> Gemma3Ref<'a> {
     pub fn of(g: &'a Gemma3Block) -> Self {
-        Gemma3Ref {
-            q_norm: g.q_norm.view(),
-            k_norm: g.k_norm.view(),
-            post_attn_norm: g.post_attn_norm.view(),
-            post_mlp_norm: g.post_mlp_norm.view(),
-            attention: g.attention,
-        }
+        g.map(|v| v.view())
     }
 }
 
@@ -115,13 +101,7 @@ impl BlockWeights for BlockRef<'_> {
             w_gate: self.w_gate.reborrow(),
             w_up: self.w_up.reborrow(),
             w_down: self.w_down.reborrow(),
-            gemma: self.gemma.as_ref().map(|g| Gemma3Ref {
-                q_norm: g.q_norm.view(),
-                k_norm: g.k_norm.view(),
-                post_attn_norm: g.post_attn_norm.view(),
-                post_mlp_norm: g.post_mlp_norm.view(),
-                attention: g.attention,
-            }),
+            gemma: self.gemma.as_ref().map(|g| g.map(|v| v.view())),
         }
     }
 }

@@ -14,4 +14,4 @@ pub mod weights;
 
 pub use config::{Arch, ModelConfig};
 pub use quant_weights::{QFfn, QLayer, QuantWeights};
-pub use weights::{Block, Ffn, FfnWeights, LayerWeights, ModelWeights};
+pub use weights::{Block, Ffn, FfnWeights, GemmaParts, LayerWeights, ModelWeights};

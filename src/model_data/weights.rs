@@ -8,20 +8,37 @@ use ndarray::{Array1, Array2};
 
 use super::config::{LayerAttention, ModelConfig};
 
-/// What a Gemma 3 block adds to a Llama-style one (its tensors and how it attends).
-#[derive(Clone, Debug)]
-pub struct Gemma3Block {
+/// What a Gemma 3 block adds to a Llama-style one (its norm gains and how it attends), for
+/// any storage of the gains: owned ([`Gemma3Block`]) or borrowed (`model::block_view::Gemma3Ref`).
+#[derive(Clone, Copy, Debug)]
+pub struct GemmaParts<V> {
     /// `[D]` RMSNorm gain applied to every query head before RoPE.
-    pub q_norm: Array1<f32>,
+    pub q_norm: V,
     /// `[D]` RMSNorm gain applied to every key head before RoPE.
-    pub k_norm: Array1<f32>,
+    pub k_norm: V,
     /// `[C]` RMSNorm gain of the attention output, before the residual add.
-    pub post_attn_norm: Array1<f32>,
+    pub post_attn_norm: V,
     /// `[C]` RMSNorm gain of the MLP output, before the residual add.
-    pub post_mlp_norm: Array1<f32>,
+    pub post_mlp_norm: V,
     /// The layer's window (local layers) and RoPE base: an ELM module cut from this layer
     /// attends the same way.
     pub attention: LayerAttention,
+}
+
+/// Gemma 3's additions to a block, owned.
+pub type Gemma3Block = GemmaParts<Array1<f32>>;
+
+impl<V> GemmaParts<V> {
+    /// The same parts with every gain mapped by `f` (borrowing them, say).
+    pub fn map<'a, U>(&'a self, mut f: impl FnMut(&'a V) -> U) -> GemmaParts<U> {
+        GemmaParts {
+            q_norm: f(&self.q_norm),
+            k_norm: f(&self.k_norm),
+            post_attn_norm: f(&self.post_attn_norm),
+            post_mlp_norm: f(&self.post_mlp_norm),
+            attention: self.attention,
+        }
+    }
 }
 
 impl Gemma3Block {
