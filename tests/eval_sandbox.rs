@@ -9,12 +9,9 @@ use std::time::{Duration, Instant};
 use elm::eval::humaneval::{check_program, load_problems, problems_path, truncate_completion};
 use elm::eval::sandbox::{isolation, run_python, SandboxConfig, Verdict};
 
-/// The sandbox tests run one at a time: a fork bomb fills the sandbox user's process limit,
-/// which every other sandboxed program of the same user shares while it lasts.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
+// The sandbox tests run one at a time (`common::one_at_a_time`): a fork bomb fills the sandbox
+// user's process limit, which every other sandboxed program of the same user shares while it
+// lasts.
 
 /// Whether generated code runs inside bubblewrap here; if not, the skip policy of
 /// tests/common/skip.rs (a failure under CI or `ELM_REQUIRE_REAL_MODEL=1`, else a counted skip).
@@ -37,7 +34,7 @@ fn cfg(secs: u64) -> SandboxConfig {
 
 #[test]
 fn passing_and_failing_programs() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     if !bwrap() {
         return;
     }
@@ -54,7 +51,7 @@ fn passing_and_failing_programs() {
 
 #[test]
 fn infinite_loop_is_killed_at_the_timeout() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     if !bwrap() {
         return;
     }
@@ -85,7 +82,7 @@ fn tagged_processes(tag: &str) -> usize {
 
 #[test]
 fn fork_bomb_and_its_children_are_killed() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     if !bwrap() {
         return;
     }
@@ -133,7 +130,7 @@ fn fork_bomb_and_its_children_are_killed() {
 
 #[test]
 fn writes_outside_the_sandbox_dir_and_network_are_refused() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     if !bwrap() {
         return;
     }
@@ -171,7 +168,7 @@ fn writes_outside_the_sandbox_dir_and_network_are_refused() {
 
 #[test]
 fn canonical_solutions_pass_and_a_wrong_one_fails() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     if !bwrap() {
         return;
     }
@@ -209,7 +206,7 @@ fn canonical_solutions_pass_and_a_wrong_one_fails() {
 /// Inside bubblewrap every attempt stays inside: the host file system is checked afterwards.
 #[test]
 fn escapes_around_the_audit_hook_are_contained() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     if !bwrap() {
         return;
     }
@@ -310,7 +307,7 @@ attempt('network', lambda: subprocess.run(['bash', '-c', 'echo hi > /dev/tcp/127
 /// generated code unconfined; with the opt-out it runs with the remaining layers and says so.
 #[test]
 fn no_bubblewrap_is_refused_unless_the_user_opts_out() {
-    let _one = one_at_a_time();
+    let _one = common::one_at_a_time();
     let missing = SandboxConfig {
         bubblewrap: "/nonexistent/bwrap".into(),
         ..cfg(5)

@@ -8,17 +8,13 @@ use elm::gemm::{detected_kernel, sgemm_with, GemmKernel};
 use ndarray::{s, Array2, ArrayView2};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+// Every test of this file runs alone (`common::one_at_a_time`):
+// `precision_switch_selects_the_kernel` flips the process-wide precision that `sgemm` and the
+// frozen-weight packer read, so no sibling test may multiply meanwhile.
+
 /// Whether this CPU runs the AVX-512 f32 kernel (without it `sgemm_with` runs BLAS in its
 /// place); if not, the skip policy of tests/common/skip.rs: a test that claims the kernel fails
 /// under CI or `ELM_REQUIRE_REAL_MODEL=1`, elsewhere it skips (its AVX-512 part).
-/// Held by every test of this file: `precision_switch_selects_the_kernel` flips the
-/// process-wide precision that `sgemm` and the frozen-weight packer read, so no sibling test may
-/// multiply meanwhile.
-fn alone() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     let has = std::arch::is_x86_feature_detected!("avx512f");
@@ -115,7 +111,7 @@ fn check(
 
 #[test]
 fn random_shapes_transposes_alpha_beta_match_the_f64_reference() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     let mut rng = StdRng::seed_from_u64(7);
     println!("kernel on this machine: {:?}", detected_kernel());
     let kernels = kernels_to_check();
@@ -156,7 +152,7 @@ fn random_shapes_transposes_alpha_beta_match_the_f64_reference() {
 
 #[test]
 fn strided_output_and_extreme_values() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     if !avx512() {
         return;
     }
@@ -250,7 +246,7 @@ fn strided_output_and_extreme_values() {
 /// exactly once and sums in f32. And it stays within bf16's own error of the f32 product.
 #[test]
 fn bf16_kernel_is_the_exact_product_of_bf16_rounded_inputs() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     if !avx512_bf16() {
         return;
     }
@@ -331,7 +327,7 @@ fn bf16_kernel_is_the_exact_product_of_bf16_rounded_inputs() {
 /// `--precision bf16` is a process-wide switch that `sgemm` follows, and `f32` turns it off.
 #[test]
 fn precision_switch_selects_the_kernel() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     use elm::gemm::{precision, set_precision, sgemm, Precision};
     assert_eq!("bf16".parse::<Precision>().unwrap(), Precision::Bf16);
     assert!("fp8"
@@ -373,7 +369,7 @@ fn precision_switch_selects_the_kernel() {
 /// the registration is dropped products pack again and still agree.
 #[test]
 fn frozen_weights_are_packed_once_and_give_the_same_product() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     use elm::gemm::FrozenWeights;
     let mut kernels = vec![];
     if detected_kernel() == GemmKernel::Avx512 {

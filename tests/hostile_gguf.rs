@@ -14,12 +14,9 @@ use elm::model_data::Arch;
 use elm::quant::QFormat;
 use elm::ElmError;
 
-/// Held by every test of this file: one measures the process's resident memory, which the
-/// real-model tests beside it would otherwise grow while it reads (a flake seen once).
-fn alone() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
+// Every test of this file runs alone (`common::one_at_a_time`): one measures the process's
+// resident memory, which the real-model tests beside it would otherwise grow while it reads (a
+// flake seen once).
 
 fn tmp(name: &str) -> (common::TempDir, PathBuf) {
     let dir = common::TempDir::new(name);
@@ -67,7 +64,7 @@ fn open_err(bytes: &[u8], name: &str) -> String {
 /// elements "needed" 0 bytes; reading it panicked with "capacity overflow".
 #[test]
 fn a_byte_size_that_wraps_u64_is_refused() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     let msg = open_err(&raw_gguf(&[1 << 62], 0, 0, &[0; 32]), "wrap-f32");
     assert!(msg.contains("overflow") || msg.contains("memory"), "{msg}");
     // F16: 2^63 elements of 2 bytes wrap to 0 bytes too.
@@ -82,7 +79,7 @@ fn a_byte_size_that_wraps_u64_is_refused() {
 /// total element count was a whole number of blocks (NaN logits, or plausible tokens).
 #[test]
 fn rows_that_are_not_whole_blocks_are_refused() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     for q in QFormat::ALL {
         let (block, bytes) = (q.block_elems(), q.block_bytes());
         if block == 1 {
@@ -100,7 +97,7 @@ fn rows_that_are_not_whole_blocks_are_refused() {
 
 #[test]
 fn the_writer_refuses_what_the_reader_refuses() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     let (_dir, path) = tmp("writer");
     let short = GgufTensorData {
         name: "w".into(),
@@ -129,7 +126,7 @@ fn the_writer_refuses_what_the_reader_refuses() {
 /// arrays are now kept as their bytes on disk.
 #[test]
 fn metadata_arrays_take_memory_in_proportion_to_the_file() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     let n = 30 << 20;
     let (_dir, path) = tmp("big-array");
     let meta = vec![kv(
@@ -164,7 +161,7 @@ fn metadata_arrays_take_memory_in_proportion_to_the_file() {
 
 #[test]
 fn packed_arrays_round_trip_and_compare_equal_to_built_ones() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     let (_dir, path) = tmp("roundtrip");
     let strings = GgufValue::Array(vec![
         GgufValue::String("a".into()),
@@ -199,7 +196,7 @@ fn packed_arrays_round_trip_and_compare_equal_to_built_ones() {
 
 #[test]
 fn a_fifo_or_a_device_is_named_as_such() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     let msg = match GgufFile::open("/dev/zero") {
         Err(e) => e.to_string(),
         Ok(_) => panic!("/dev/zero opened as a GGUF"),
@@ -227,7 +224,7 @@ fn a_fifo_or_a_device_is_named_as_such() {
 
 #[test]
 fn the_unsupported_type_list_comes_from_the_format_registry() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     let list = supported_types();
     for q in QFormat::ALL {
         assert!(
@@ -248,7 +245,7 @@ fn the_unsupported_type_list_comes_from_the_format_registry() {
 /// became 0 and the model printed pad tokens. Refused where they enter, naming the tensor.
 #[test]
 fn non_finite_weights_are_refused_naming_the_tensor() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     let mut w = common::tiny_weights(Arch::Llama, 2, 3);
     w.layers[1].w_up[[3, 5]] = f32::NAN;
     let (_dir, path) = tmp("nan");
@@ -275,7 +272,7 @@ fn non_finite_weights_are_refused_naming_the_tensor() {
 /// need one; token ids beyond u32 were truncated.
 #[test]
 fn gemma3_without_a_window_and_ids_beyond_u32_are_refused() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     let cfg = elm::model_data::ModelConfig::tiny(Arch::Gemma3);
     let (_dir, path) = tmp("window");
     let mut meta = elm::formats::gguf_model::arch_metadata(&cfg);
@@ -311,7 +308,7 @@ fn gemma3_without_a_window_and_ids_beyond_u32_are_refused() {
 /// (Q4_K_M) GGUFs given dims whose byte size wraps u64, or rows that end inside a block.
 #[test]
 fn hostile_variants_of_the_real_files_are_refused() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     for path in [common::real_model(), common::real_gemma3()]
         .into_iter()
         .flatten()
@@ -355,7 +352,7 @@ fn hostile_variants_of_the_real_files_are_refused() {
 /// for a head count of 0, RoPE scaling, or a partial rotary dimension.
 #[test]
 fn every_config_error_names_its_file() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     let cfg = elm::model_data::ModelConfig::tiny(Arch::Llama);
     let (_dir, path) = tmp("config-file");
     let cases: [(&str, GgufValue); 4] = [
@@ -399,7 +396,7 @@ fn every_config_error_names_its_file() {
 /// `--check-tensors`) finds it, naming the file, the tensor and the element. The real files pass.
 #[test]
 fn check_tensors_finds_a_nan_scale_inside_a_block() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     let mut data = Vec::new();
     for scale in [0x3C00u16, 0x7E00] {
         // Q8_0: an f16 scale (1.0, then NaN) and 32 signed bytes.
@@ -445,7 +442,7 @@ fn check_tensors_finds_a_nan_scale_inside_a_block() {
 /// token): a NaN there is refused naming the token, not turned into NaN logits.
 #[test]
 fn a_non_finite_embedding_row_touched_by_the_prompt_is_refused() {
-    let _alone = alone();
+    let _alone = common::one_at_a_time();
     let mut w = common::tiny_weights(Arch::Llama, 2, 5);
     w.embed[[7, 3]] = f32::NAN;
     let t = elm::model::AnyTransformer::F32(elm::model::Transformer::new(w).unwrap());

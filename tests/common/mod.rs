@@ -322,3 +322,12 @@ pub fn huge_page_collapse_expected() -> bool {
     }
     supported
 }
+
+/// A lock the tests of one file take to run one at a time (each test binary compiles its own
+/// copy of this module, so the lock is per file): for a file whose tests share something
+/// process-wide — the GEMM precision, the resident-memory counter, a sandbox user's process
+/// limit. The caller's comment says what.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
