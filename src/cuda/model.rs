@@ -16,6 +16,7 @@ use super::device::{cuda_err, device_count, CudaDevice, GpuBuffer};
 use super::kernels::raw::{self, AttnGeometry, MAX_ATTN_SMEM_BYTES};
 use crate::error::{ElmError, Result};
 use crate::model::config::LayerAttention;
+use crate::model::weights::GemmaParts;
 use crate::model::{ModelConfig, ModelWeights};
 
 /// Device copy of one decoder block (fused projections).
@@ -41,17 +42,9 @@ struct GpuLayer {
     gemma: Option<GpuGemmaNorms>,
 }
 
-/// Device copy of a Gemma 3 layer's extra RMSNorm gains.
-struct GpuGemmaNorms {
-    /// `[D]`, applied to every query head.
-    q_norm: GpuBuffer<f32>,
-    /// `[D]`, applied to every key head.
-    k_norm: GpuBuffer<f32>,
-    /// `[C]`, the attention output before its residual add.
-    post_attn_norm: GpuBuffer<f32>,
-    /// `[C]`, the MLP output before its residual add.
-    post_mlp_norm: GpuBuffer<f32>,
-}
+/// Device copy of a Gemma 3 layer's additions: the block description's own Gemma part
+/// ([`GemmaParts`]) over device buffers.
+type GpuGemmaNorms = GemmaParts<GpuBuffer<f32>>;
 
 /// Activation buffers for up to `tokens` packed rows and `batch` sequences.
 struct Scratch {
@@ -205,15 +198,11 @@ impl GpuModel for CudaModel {
                     .gemma
                     .as_ref()
                     .map_or_else(|| cfg.layer_attention(l), |g| g.attention),
-                gemma: match &lw.gemma {
-                    Some(g) => Some(GpuGemmaNorms {
-                        q_norm: upload1(&dev, &g.q_norm)?,
-                        k_norm: upload1(&dev, &g.k_norm)?,
-                        post_attn_norm: upload1(&dev, &g.post_attn_norm)?,
-                        post_mlp_norm: upload1(&dev, &g.post_mlp_norm)?,
-                    }),
-                    None => None,
-                },
+                gemma: lw
+                    .gemma
+                    .as_ref()
+                    .map(|g| g.try_map(|gain| upload1(&dev, gain)))
+                    .transpose()?,
             });
         }
         let embed = upload2(&dev, &weights.embed)?;

@@ -5,7 +5,7 @@
 
 use ndarray::{Array1, ArrayView1};
 
-use crate::model_data::weights::{Block, Ffn, Gemma3Block, GemmaParts};
+use crate::model_data::weights::{Block, BlockMapper, Ffn, Gemma3Block, GemmaParts};
 use crate::quant::{AsLinearRef, LinearRef};
 
 /// Borrowed weights of one block, whatever their storage: what [`super::block`] runs on.
@@ -106,37 +106,75 @@ impl BlockWeights for BlockRef<'_> {
     }
 }
 
-impl<W: AsLinearRef + Sync> BlockWeights for Block<W> {
-    fn block_ref(&self) -> BlockRef<'_> {
+/// Every tensor of a block borrowed as the kernels read it: projections as [`LinearRef`]s of
+/// their storage, vectors as views.
+struct Borrowed;
+
+impl<'a, W: AsLinearRef + 'a> BlockMapper<'a, W, Array1<f32>> for Borrowed {
+    type Weight = LinearRef<'a>;
+    type Vector = ArrayView1<'a, f32>;
+    type Error = std::convert::Infallible;
+    fn weight(&mut self, _: &'static str, w: &'a W) -> Result<LinearRef<'a>, Self::Error> {
+        Ok(w.linear_ref())
+    }
+    fn vector(
+        &mut self,
+        _: &'static str,
+        v: &'a Array1<f32>,
+    ) -> Result<ArrayView1<'a, f32>, Self::Error> {
+        Ok(v.view())
+    }
+}
+
+impl<'a> BlockRef<'a> {
+    /// A decoder block's kernel view from its description over borrowed tensors.
+    pub fn of_block(b: Block<LinearRef<'a>, ArrayView1<'a, f32>>) -> Self {
         BlockRef {
             attn: Some(AttnRef {
-                attn_norm: self.attn_norm.view(),
-                wq: self.wq.linear_ref(),
-                wk: self.wk.linear_ref(),
-                wv: self.wv.linear_ref(),
-                wo: self.wo.linear_ref(),
-                bq: self.bq.as_ref().map(Array1::view),
-                bk: self.bk.as_ref().map(Array1::view),
-                bv: self.bv.as_ref().map(Array1::view),
+                attn_norm: b.attn_norm,
+                wq: b.wq,
+                wk: b.wk,
+                wv: b.wv,
+                wo: b.wo,
+                bq: b.bq,
+                bk: b.bk,
+                bv: b.bv,
             }),
-            mlp_norm: self.mlp_norm.view(),
-            w_gate: self.w_gate.linear_ref(),
-            w_up: self.w_up.linear_ref(),
-            w_down: self.w_down.linear_ref(),
-            gemma: self.gemma.as_ref().map(Gemma3Ref::of),
+            mlp_norm: b.mlp_norm,
+            w_gate: b.w_gate,
+            w_up: b.w_up,
+            w_down: b.w_down,
+            gemma: b.gemma,
+        }
+    }
+
+    /// A feed-forward-only block's kernel view (no attention).
+    pub fn of_ffn(f: Ffn<LinearRef<'a>, ArrayView1<'a, f32>>) -> Self {
+        BlockRef {
+            attn: None,
+            mlp_norm: f.mlp_norm,
+            w_gate: f.w_gate,
+            w_up: f.w_up,
+            w_down: f.w_down,
+            gemma: None,
+        }
+    }
+}
+
+impl<W: AsLinearRef + Sync> BlockWeights for Block<W> {
+    fn block_ref(&self) -> BlockRef<'_> {
+        match self.try_map_with(&mut Borrowed) {
+            Ok(b) => BlockRef::of_block(b),
+            Err(never) => match never {},
         }
     }
 }
 
 impl<W: AsLinearRef + Sync> BlockWeights for Ffn<W> {
     fn block_ref(&self) -> BlockRef<'_> {
-        BlockRef {
-            attn: None,
-            mlp_norm: self.mlp_norm.view(),
-            w_gate: self.w_gate.linear_ref(),
-            w_up: self.w_up.linear_ref(),
-            w_down: self.w_down.linear_ref(),
-            gemma: None,
+        match self.try_map_with(&mut Borrowed) {
+            Ok(f) => BlockRef::of_ffn(f),
+            Err(never) => match never {},
         }
     }
 }

@@ -8,7 +8,7 @@
 //! Shapes: `x: [B, T, C]`, `q: [B, T, H, D]`, `k, v: [B, T, KV, D]`, logits `[B, T, V]`.
 //! RoPE uses the HF half-split layout (the layout of [`LayerWeights`]).
 //!
-//! A Gemma 3 block ([`GemmaNorms`] present) adds, as the inference path does
+//! A Gemma 3 block ([`GemmaParts`] present) adds, as the inference path does
 //! ([`crate::model::block`]): RMSNorm of every q and k head before RoPE, its layer's RoPE base
 //! and sliding window ([`BlockSpec::of_layer`]), an RMSNorm of each sublayer's output before the
 //! residual add, and a GeGLU MLP; the model scales its embeddings by `√C`.
@@ -16,14 +16,14 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use ndarray::{Array2, ArrayD, ArrayViewD, Dimension};
+use ndarray::{Array1, Array2, ArrayD, ArrayView1, ArrayViewD, Dimension};
 
-use super::block_view::{AttnRef, BlockRef, Gemma3Ref};
+use super::block_view::BlockRef;
 use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
 use crate::model::{FfnWeights, LayerWeights, ModelConfig, ModelWeights};
 use crate::model_data::config::{Activation, LayerAttention};
-use crate::model_data::weights::Gemma3Block;
+use crate::model_data::weights::{Block, BlockMapper, Ffn, GemmaParts};
 use crate::nn::{self, RopeLayout};
 use crate::quant::LinearRef;
 
@@ -71,40 +71,30 @@ impl BlockSpec {
     }
 }
 
-/// Gemma 3's four extra norm gains of a block, over any handle type (see [`Gemma3Block`]).
-#[derive(Clone, Debug)]
-pub struct GemmaNorms<H> {
-    /// `[D]`, every query head before RoPE.
-    pub q_norm: H,
-    /// `[D]`, every key head before RoPE.
-    pub k_norm: H,
-    /// `[C]`, the attention output before the residual add.
-    pub post_attn_norm: H,
-    /// `[C]`, the MLP output before the residual add.
-    pub post_mlp_norm: H,
-}
-
 /// One block's parameters over any handle type: tape vars ([`BlockVars`]), shared tensors
-/// ([`BlockTensors`]), or named arrays for checkpoints. Names and order are written once, in
-/// [`BlockParams::try_map`]; everything that lists a block's parameters goes through it.
+/// ([`BlockTensors`]), shapes, or named arrays for checkpoints. The tensors are the block
+/// description of every storage ([`Block`], with one handle type for projections and vectors,
+/// names and order written once in [`Block::try_map_with`]); the spec is what the tape's forward
+/// reads of the layer's hyper-parameters (its window and RoPE base included, also for a Gemma 3
+/// block, whose [`GemmaParts::attention`] the constructors here keep equal to it).
 #[derive(Clone, Debug)]
 pub struct BlockParams<H> {
     pub spec: BlockSpec,
-    pub attn_norm: H,
-    pub wq: H,
-    pub wk: H,
-    pub wv: H,
-    pub wo: H,
-    /// Q/K/V biases (Qwen2 only).
-    pub bq: Option<H>,
-    pub bk: Option<H>,
-    pub bv: Option<H>,
-    pub mlp_norm: H,
-    pub w_gate: H,
-    pub w_up: H,
-    pub w_down: H,
-    /// Gemma 3's extra norms (`None` for Llama / Qwen2).
-    pub gemma: Option<GemmaNorms<H>>,
+    pub tensors: Block<H, H>,
+}
+
+/// The tensors are read by name (`params.wq`, `params.gemma`): the spec only adds to them.
+impl<H> std::ops::Deref for BlockParams<H> {
+    type Target = Block<H, H>;
+    fn deref(&self) -> &Block<H, H> {
+        &self.tensors
+    }
+}
+
+impl<H> std::ops::DerefMut for BlockParams<H> {
+    fn deref_mut(&mut self) -> &mut Block<H, H> {
+        &mut self.tensors
+    }
 }
 
 /// One block's weights as shared tape-ready tensors (same names/shapes as [`LayerWeights`]).
@@ -118,48 +108,20 @@ impl<H> BlockParams<H> {
     /// [`LayerWeights`]); the first error stops the walk.
     pub fn try_map<'a, G, E>(
         &'a self,
-        mut f: impl FnMut(&'static str, &'a H) -> std::result::Result<G, E>,
+        f: impl FnMut(&'static str, &'a H) -> std::result::Result<G, E>,
     ) -> std::result::Result<BlockParams<G>, E> {
-        // Struct fields are evaluated in the order written: this is the order.
         Ok(BlockParams {
             spec: self.spec,
-            attn_norm: f("attn_norm", &self.attn_norm)?,
-            wq: f("wq", &self.wq)?,
-            wk: f("wk", &self.wk)?,
-            wv: f("wv", &self.wv)?,
-            wo: f("wo", &self.wo)?,
-            bq: self.bq.as_ref().map(|h| f("bq", h)).transpose()?,
-            bk: self.bk.as_ref().map(|h| f("bk", h)).transpose()?,
-            bv: self.bv.as_ref().map(|h| f("bv", h)).transpose()?,
-            mlp_norm: f("mlp_norm", &self.mlp_norm)?,
-            w_gate: f("w_gate", &self.w_gate)?,
-            w_up: f("w_up", &self.w_up)?,
-            w_down: f("w_down", &self.w_down)?,
-            gemma: match &self.gemma {
-                Some(g) => Some(GemmaNorms {
-                    q_norm: f("q_norm", &g.q_norm)?,
-                    k_norm: f("k_norm", &g.k_norm)?,
-                    post_attn_norm: f("post_attn_norm", &g.post_attn_norm)?,
-                    post_mlp_norm: f("post_mlp_norm", &g.post_mlp_norm)?,
-                }),
-                None => None,
-            },
+            tensors: self.tensors.try_map(f)?,
         })
     }
 
     /// Infallible [`Self::try_map`].
-    pub fn map<'a, G>(&'a self, mut f: impl FnMut(&'static str, &'a H) -> G) -> BlockParams<G> {
-        match self.try_map(|n, h| Ok::<G, std::convert::Infallible>(f(n, h))) {
-            Ok(p) => p,
-            Err(never) => match never {},
+    pub fn map<'a, G>(&'a self, f: impl FnMut(&'static str, &'a H) -> G) -> BlockParams<G> {
+        BlockParams {
+            spec: self.spec,
+            tensors: self.tensors.map(f),
         }
-    }
-
-    /// `(name, handle)` pairs in the fixed order.
-    pub fn named(&self) -> Vec<(&'static str, &H)> {
-        let mut v = Vec::with_capacity(16);
-        self.map(|n, h| v.push((n, h)));
-        v
     }
 }
 
@@ -176,51 +138,56 @@ impl BlockParams<Vec<usize>> {
         let bias = |n: usize| cfg.attention_bias.then(|| vec![n]);
         BlockParams {
             spec: BlockSpec::of_layer(cfg, layer),
-            attn_norm: vec![c],
-            wq: vec![q, c],
-            wk: vec![kv, c],
-            wv: vec![kv, c],
-            wo: vec![c, q],
-            bq: bias(q),
-            bk: bias(kv),
-            bv: bias(kv),
-            mlp_norm: vec![c],
-            w_gate: vec![i, c],
-            w_up: vec![i, c],
-            w_down: vec![c, i],
-            gemma: cfg.has_gemma_norms().then(|| GemmaNorms {
-                q_norm: vec![cfg.head_dim],
-                k_norm: vec![cfg.head_dim],
-                post_attn_norm: vec![c],
-                post_mlp_norm: vec![c],
-            }),
+            tensors: Block {
+                attn_norm: vec![c],
+                wq: vec![q, c],
+                wk: vec![kv, c],
+                wv: vec![kv, c],
+                wo: vec![c, q],
+                bq: bias(q),
+                bk: bias(kv),
+                bv: bias(kv),
+                mlp_norm: vec![c],
+                w_gate: vec![i, c],
+                w_up: vec![i, c],
+                w_down: vec![c, i],
+                gemma: cfg.has_gemma_norms().then(|| GemmaParts {
+                    q_norm: vec![cfg.head_dim],
+                    k_norm: vec![cfg.head_dim],
+                    post_attn_norm: vec![c],
+                    post_mlp_norm: vec![c],
+                    attention: cfg.layer_attention(layer),
+                }),
+            },
         }
     }
 }
 
 /// A feed-forward-only block's parameters over any handle type ([`FfnWeights`]' tape and
-/// checkpoint forms): a decoder block's MLP half, with the same names.
+/// checkpoint forms): a decoder block's MLP half ([`Ffn`]), with the same names.
 #[derive(Clone, Debug)]
 pub struct FfnParams<H> {
     pub spec: BlockSpec,
-    pub mlp_norm: H,
-    pub w_gate: H,
-    pub w_up: H,
-    pub w_down: H,
+    pub tensors: Ffn<H, H>,
+}
+
+/// As for [`BlockParams`]: the tensors by name, the spec beside them.
+impl<H> std::ops::Deref for FfnParams<H> {
+    type Target = Ffn<H, H>;
+    fn deref(&self) -> &Ffn<H, H> {
+        &self.tensors
+    }
 }
 
 impl<H> FfnParams<H> {
     /// `f(name, handle)` for every parameter in the fixed order (names as in [`FfnWeights`]).
     pub fn try_map<'a, G, E>(
         &'a self,
-        mut f: impl FnMut(&'static str, &'a H) -> std::result::Result<G, E>,
+        f: impl FnMut(&'static str, &'a H) -> std::result::Result<G, E>,
     ) -> std::result::Result<FfnParams<G>, E> {
         Ok(FfnParams {
             spec: self.spec,
-            mlp_norm: f("mlp_norm", &self.mlp_norm)?,
-            w_gate: f("w_gate", &self.w_gate)?,
-            w_up: f("w_up", &self.w_up)?,
-            w_down: f("w_down", &self.w_down)?,
+            tensors: self.tensors.try_map(f)?,
         })
     }
 }
@@ -238,11 +205,62 @@ impl<H: Clone> BlockParams<H> {
     pub fn ffn(&self) -> FfnParams<H> {
         FfnParams {
             spec: self.spec,
-            mlp_norm: self.mlp_norm.clone(),
-            w_gate: self.w_gate.clone(),
-            w_up: self.w_up.clone(),
-            w_down: self.w_down.clone(),
+            tensors: self.tensors.ffn(),
         }
+    }
+}
+
+/// Every tensor of an f32 block as a rank-free view (the tape's and the checkpoints' form).
+struct DynViews;
+
+impl<'a> BlockMapper<'a, Array2<f32>, Array1<f32>> for DynViews {
+    type Weight = ArrayViewD<'a, f32>;
+    type Vector = ArrayViewD<'a, f32>;
+    type Error = std::convert::Infallible;
+    fn weight(
+        &mut self,
+        _: &'static str,
+        w: &'a Array2<f32>,
+    ) -> std::result::Result<Self::Weight, Self::Error> {
+        Ok(w.view().into_dyn())
+    }
+    fn vector(
+        &mut self,
+        _: &'static str,
+        v: &'a Array1<f32>,
+    ) -> std::result::Result<Self::Vector, Self::Error> {
+        Ok(v.view().into_dyn())
+    }
+}
+
+/// Every tensor of a handle block viewed as an f32 array of its storage's rank: projections as
+/// f32 matrices for the kernels, vectors as vectors. Errors name the tensor whose rank is wrong.
+struct RankedViews;
+
+/// [`RankedViews`], copied into owned arrays.
+struct RankedCopies;
+
+impl<'a, H: AsArray + 'a> BlockMapper<'a, H, H> for RankedViews {
+    type Weight = LinearRef<'a>;
+    type Vector = ArrayView1<'a, f32>;
+    type Error = ElmError;
+    fn weight(&mut self, name: &'static str, w: &'a H) -> Result<Self::Weight> {
+        view_rank(name, w).map(LinearRef::F32)
+    }
+    fn vector(&mut self, name: &'static str, v: &'a H) -> Result<Self::Vector> {
+        view_rank(name, v)
+    }
+}
+
+impl<'a, H: AsArray + 'a> BlockMapper<'a, H, H> for RankedCopies {
+    type Weight = Array2<f32>;
+    type Vector = Array1<f32>;
+    type Error = ElmError;
+    fn weight(&mut self, name: &'static str, w: &'a H) -> Result<Self::Weight> {
+        to_rank(name, w)
+    }
+    fn vector(&mut self, name: &'static str, v: &'a H) -> Result<Self::Vector> {
+        to_rank(name, v)
     }
 }
 
@@ -252,22 +270,14 @@ impl FfnWeights {
         FfnParams {
             // Attention settings do not reach a block without attention.
             spec: BlockSpec::of_layer(cfg, 0),
-            mlp_norm: self.mlp_norm.view().into_dyn(),
-            w_gate: self.w_gate.view().into_dyn(),
-            w_up: self.w_up.view().into_dyn(),
-            w_down: self.w_down.view().into_dyn(),
+            tensors: infallible(self.try_map_with(&mut DynViews)),
         }
     }
 
     /// The inverse of [`Self::views`] from any handle holding an f32 array; errors name the
     /// tensor whose rank is wrong.
     pub fn from_params<H: AsArray>(p: &FfnParams<H>) -> Result<Self> {
-        Ok(FfnWeights {
-            mlp_norm: to_rank("mlp_norm", &p.mlp_norm)?,
-            w_gate: to_rank("w_gate", &p.w_gate)?,
-            w_up: to_rank("w_up", &p.w_up)?,
-            w_down: to_rank("w_down", &p.w_down)?,
-        })
+        p.tensors.try_map_with(&mut RankedCopies)
     }
 }
 
@@ -281,53 +291,34 @@ pub(crate) fn view_rank<'a, H: AsArray, D: Dimension>(
         .map_err(|e| ElmError::tensor(name, e.to_string()))
 }
 
+/// The value of a conversion that cannot fail.
+fn infallible<T>(r: std::result::Result<T, std::convert::Infallible>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(never) => match never {},
+    }
+}
+
 impl<H: AsArray> BlockParams<H> {
     /// The block's weights read in place from its handles (shared tape values, checkpoint
     /// tensors): what the no-tape kernels run on, without the copy of [`LayerWeights::from_block`].
     /// Errors name the tensor whose rank is wrong.
     pub fn borrowed<'a>(&'a self) -> Result<BlockRef<'a>> {
-        let bias =
-            |name: &str, h: &'a Option<H>| h.as_ref().map(|h| view_rank(name, h)).transpose();
-        Ok(BlockRef {
-            attn: Some(AttnRef {
-                attn_norm: view_rank("attn_norm", &self.attn_norm)?,
-                wq: LinearRef::F32(view_rank("wq", &self.wq)?),
-                wk: LinearRef::F32(view_rank("wk", &self.wk)?),
-                wv: LinearRef::F32(view_rank("wv", &self.wv)?),
-                wo: LinearRef::F32(view_rank("wo", &self.wo)?),
-                bq: bias("bq", &self.bq)?,
-                bk: bias("bk", &self.bk)?,
-                bv: bias("bv", &self.bv)?,
-            }),
-            mlp_norm: view_rank("mlp_norm", &self.mlp_norm)?,
-            w_gate: LinearRef::F32(view_rank("w_gate", &self.w_gate)?),
-            w_up: LinearRef::F32(view_rank("w_up", &self.w_up)?),
-            w_down: LinearRef::F32(view_rank("w_down", &self.w_down)?),
-            gemma: match &self.gemma {
-                Some(g) => Some(Gemma3Ref {
-                    q_norm: view_rank("q_norm", &g.q_norm)?,
-                    k_norm: view_rank("k_norm", &g.k_norm)?,
-                    post_attn_norm: view_rank("post_attn_norm", &g.post_attn_norm)?,
-                    post_mlp_norm: view_rank("post_mlp_norm", &g.post_mlp_norm)?,
-                    attention: self.spec.attention(),
-                }),
-                None => None,
-            },
-        })
+        let mut views = self.tensors.try_map_with(&mut RankedViews)?;
+        // The spec is the tape's word on how the block attends.
+        if let Some(g) = &mut views.gemma {
+            g.attention = self.spec.attention();
+        }
+        Ok(BlockRef::of_block(views))
     }
 }
 
 impl<H: AsArray> FfnParams<H> {
     /// The feed-forward-only block read in place (see [`BlockParams::borrowed`]).
     pub fn borrowed(&self) -> Result<BlockRef<'_>> {
-        Ok(BlockRef {
-            attn: None,
-            mlp_norm: view_rank("mlp_norm", &self.mlp_norm)?,
-            w_gate: LinearRef::F32(view_rank("w_gate", &self.w_gate)?),
-            w_up: LinearRef::F32(view_rank("w_up", &self.w_up)?),
-            w_down: LinearRef::F32(view_rank("w_down", &self.w_down)?),
-            gemma: None,
-        })
+        Ok(BlockRef::of_ffn(
+            self.tensors.try_map_with(&mut RankedViews)?,
+        ))
     }
 }
 
@@ -346,55 +337,18 @@ impl LayerWeights {
         };
         BlockParams {
             spec: BlockSpec::with_attention(cfg, attention),
-            attn_norm: self.attn_norm.view().into_dyn(),
-            wq: self.wq.view().into_dyn(),
-            wk: self.wk.view().into_dyn(),
-            wv: self.wv.view().into_dyn(),
-            wo: self.wo.view().into_dyn(),
-            bq: self.bq.as_ref().map(|b| b.view().into_dyn()),
-            bk: self.bk.as_ref().map(|b| b.view().into_dyn()),
-            bv: self.bv.as_ref().map(|b| b.view().into_dyn()),
-            mlp_norm: self.mlp_norm.view().into_dyn(),
-            w_gate: self.w_gate.view().into_dyn(),
-            w_up: self.w_up.view().into_dyn(),
-            w_down: self.w_down.view().into_dyn(),
-            gemma: self.gemma.as_ref().map(|g| GemmaNorms {
-                q_norm: g.q_norm.view().into_dyn(),
-                k_norm: g.k_norm.view().into_dyn(),
-                post_attn_norm: g.post_attn_norm.view().into_dyn(),
-                post_mlp_norm: g.post_mlp_norm.view().into_dyn(),
-            }),
+            tensors: infallible(self.try_map_with(&mut DynViews)),
         }
     }
 
     /// The inverse of [`Self::block_views`]: any handle that gives an f32 array (owned tensors
     /// of a checkpoint, shared tape values). Errors name the tensor whose rank is wrong.
     pub fn from_block<H: AsArray>(p: &BlockParams<H>) -> Result<Self> {
-        let bias = |name: &str, h: &Option<H>| h.as_ref().map(|h| to_rank(name, h)).transpose();
-        Ok(LayerWeights {
-            attn_norm: to_rank("attn_norm", &p.attn_norm)?,
-            wq: to_rank("wq", &p.wq)?,
-            wk: to_rank("wk", &p.wk)?,
-            wv: to_rank("wv", &p.wv)?,
-            wo: to_rank("wo", &p.wo)?,
-            bq: bias("bq", &p.bq)?,
-            bk: bias("bk", &p.bk)?,
-            bv: bias("bv", &p.bv)?,
-            mlp_norm: to_rank("mlp_norm", &p.mlp_norm)?,
-            w_gate: to_rank("w_gate", &p.w_gate)?,
-            w_up: to_rank("w_up", &p.w_up)?,
-            w_down: to_rank("w_down", &p.w_down)?,
-            gemma: match &p.gemma {
-                Some(g) => Some(Gemma3Block {
-                    q_norm: to_rank("q_norm", &g.q_norm)?,
-                    k_norm: to_rank("k_norm", &g.k_norm)?,
-                    post_attn_norm: to_rank("post_attn_norm", &g.post_attn_norm)?,
-                    post_mlp_norm: to_rank("post_mlp_norm", &g.post_mlp_norm)?,
-                    attention: p.spec.attention(),
-                }),
-                None => None,
-            },
-        })
+        let mut w = p.tensors.try_map_with(&mut RankedCopies)?;
+        if let Some(g) = &mut w.gemma {
+            g.attention = p.spec.attention();
+        }
+        Ok(w)
     }
 }
 
@@ -484,8 +438,8 @@ impl BlockLinear {
         BlockLinear::Up,
         BlockLinear::Down,
     ];
-    /// Its weight in `layer`.
-    pub fn weight(self, layer: &LayerWeights) -> &Array2<f32> {
+    /// Its weight in `layer` (in any storage).
+    pub fn weight<W, V>(self, layer: &Block<W, V>) -> &W {
         match self {
             BlockLinear::Q => &layer.wq,
             BlockLinear::K => &layer.wk,
@@ -496,8 +450,8 @@ impl BlockLinear {
             BlockLinear::Down => &layer.w_down,
         }
     }
-    /// Its weight in `layer`, to change.
-    pub fn weight_mut(self, layer: &mut LayerWeights) -> &mut Array2<f32> {
+    /// Its weight in `layer` (in any storage), to change.
+    pub fn weight_mut<W, V>(self, layer: &mut Block<W, V>) -> &mut W {
         match self {
             BlockLinear::Q => &mut layer.wq,
             BlockLinear::K => &mut layer.wk,

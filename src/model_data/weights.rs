@@ -29,15 +29,24 @@ pub struct GemmaParts<V> {
 pub type Gemma3Block = GemmaParts<Array1<f32>>;
 
 impl<V> GemmaParts<V> {
+    /// The same parts with every gain mapped by `f` (uploading them, say); the first error
+    /// stops the walk.
+    pub fn try_map<'a, U, E>(
+        &'a self,
+        mut f: impl FnMut(&'a V) -> Result<U, E>,
+    ) -> Result<GemmaParts<U>, E> {
+        Ok(GemmaParts {
+            q_norm: f(&self.q_norm)?,
+            k_norm: f(&self.k_norm)?,
+            post_attn_norm: f(&self.post_attn_norm)?,
+            post_mlp_norm: f(&self.post_mlp_norm)?,
+            attention: self.attention,
+        })
+    }
+
     /// The same parts with every gain mapped by `f` (borrowing them, say).
     pub fn map<'a, U>(&'a self, mut f: impl FnMut(&'a V) -> U) -> GemmaParts<U> {
-        GemmaParts {
-            q_norm: f(&self.q_norm),
-            k_norm: f(&self.k_norm),
-            post_attn_norm: f(&self.post_attn_norm),
-            post_mlp_norm: f(&self.post_mlp_norm),
-            attention: self.attention,
-        }
+        infallible(self.try_map(|v| Ok(f(v))))
     }
 }
 
@@ -48,15 +57,18 @@ impl Gemma3Block {
     }
 }
 
-/// One decoder block, described once for every storage of its projections: `W` is an f32
-/// matrix ([`LayerWeights`], the training and reference form) or a `crate::quant::Linear` in any
-/// block format (`super::QLayer`, the inference form). Norm gains and biases stay f32 in every
-/// storage: they are tiny. The tape's parameters (`model::tape::BlockParams`) and the kernels'
-/// borrowed view (`model::block_view::BlockRef`) are built from it.
+/// One decoder block, described once for every storage: `W` is what a projection is, `V` what a
+/// norm gain or a bias is. The f32 reference form ([`LayerWeights`]: f32 matrices, f32 vectors)
+/// and the inference form (`super::QLayer`: a `crate::quant::Linear` in any block format, f32
+/// vectors) keep the vectors as f32 arrays, since they are tiny; the tape's parameters
+/// (`model::tape::BlockParams`: one handle type for every tensor, a tape variable, a shared
+/// tensor or a shape) and the kernels' borrowed view (`model::block_view::BlockRef`, built by
+/// [`Block::try_map_with`]) are the same description over other types. The names and their
+/// order are written once, in [`Block::try_map_with`].
 #[derive(Clone, Debug)]
-pub struct Block<W> {
+pub struct Block<W, V = Array1<f32>> {
     /// `[C]` RMSNorm gain before attention.
-    pub attn_norm: Array1<f32>,
+    pub attn_norm: V,
     /// `[H*D, C]`
     pub wq: W,
     /// `[KV*D, C]`
@@ -66,13 +78,13 @@ pub struct Block<W> {
     /// `[C, H*D]`
     pub wo: W,
     /// `[H*D]` (Qwen2 only)
-    pub bq: Option<Array1<f32>>,
+    pub bq: Option<V>,
     /// `[KV*D]` (Qwen2 only)
-    pub bk: Option<Array1<f32>>,
+    pub bk: Option<V>,
     /// `[KV*D]` (Qwen2 only)
-    pub bv: Option<Array1<f32>>,
+    pub bv: Option<V>,
     /// `[C]` RMSNorm gain before the MLP.
-    pub mlp_norm: Array1<f32>,
+    pub mlp_norm: V,
     /// `[I, C]`
     pub w_gate: W,
     /// `[I, C]`
@@ -80,31 +92,103 @@ pub struct Block<W> {
     /// `[C, I]`
     pub w_down: W,
     /// Gemma 3 only: its extra norms and its layer's attention.
-    pub gemma: Option<Gemma3Block>,
+    pub gemma: Option<GemmaParts<V>>,
 }
 
 /// Weights of one decoder block in f32.
 pub type LayerWeights = Block<Array2<f32>>;
 
-impl<W> Block<W> {
+/// How [`Block::try_map_with`] and [`Ffn::try_map_with`] turn each tensor of a block into
+/// another form: projections by [`Self::weight`], norm gains and biases by [`Self::vector`],
+/// each with the tensor's name. One value carries the state both need (a tape, a device, a
+/// list being filled), so the two can share it.
+pub trait BlockMapper<'a, W: 'a, V: 'a> {
+    type Weight;
+    type Vector;
+    type Error;
+    fn weight(&mut self, name: &'static str, w: &'a W) -> Result<Self::Weight, Self::Error>;
+    fn vector(&mut self, name: &'static str, v: &'a V) -> Result<Self::Vector, Self::Error>;
+}
+
+/// A [`BlockMapper`] for a block whose every tensor has one type `H`: one function serves both.
+struct SameMapper<F>(F);
+
+impl<'a, H: 'a, G, E, F: FnMut(&'static str, &'a H) -> Result<G, E>> BlockMapper<'a, H, H>
+    for SameMapper<F>
+{
+    type Weight = G;
+    type Vector = G;
+    type Error = E;
+    fn weight(&mut self, name: &'static str, w: &'a H) -> Result<G, E> {
+        (self.0)(name, w)
+    }
+    fn vector(&mut self, name: &'static str, v: &'a H) -> Result<G, E> {
+        (self.0)(name, v)
+    }
+}
+
+/// The value of a mapping that cannot fail.
+fn infallible<T>(r: Result<T, std::convert::Infallible>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(never) => match never {},
+    }
+}
+
+impl<W, V> Block<W, V> {
+    /// The block with every tensor mapped by `m`, in the one fixed order of the block's tensors
+    /// (the order checkpoints and the tape list them; names as the fields); the first error
+    /// stops the walk. Gemma 3's attention (window, RoPE base) is copied.
+    pub fn try_map_with<'a, M: BlockMapper<'a, W, V>>(
+        &'a self,
+        m: &mut M,
+    ) -> Result<Block<M::Weight, M::Vector>, M::Error> {
+        // Struct fields are evaluated in the order written: this is the order.
+        Ok(Block {
+            attn_norm: m.vector("attn_norm", &self.attn_norm)?,
+            wq: m.weight("wq", &self.wq)?,
+            wk: m.weight("wk", &self.wk)?,
+            wv: m.weight("wv", &self.wv)?,
+            wo: m.weight("wo", &self.wo)?,
+            bq: self.bq.as_ref().map(|b| m.vector("bq", b)).transpose()?,
+            bk: self.bk.as_ref().map(|b| m.vector("bk", b)).transpose()?,
+            bv: self.bv.as_ref().map(|b| m.vector("bv", b)).transpose()?,
+            mlp_norm: m.vector("mlp_norm", &self.mlp_norm)?,
+            w_gate: m.weight("w_gate", &self.w_gate)?,
+            w_up: m.weight("w_up", &self.w_up)?,
+            w_down: m.weight("w_down", &self.w_down)?,
+            gemma: match &self.gemma {
+                Some(g) => Some(GemmaParts {
+                    q_norm: m.vector("q_norm", &g.q_norm)?,
+                    k_norm: m.vector("k_norm", &g.k_norm)?,
+                    post_attn_norm: m.vector("post_attn_norm", &g.post_attn_norm)?,
+                    post_mlp_norm: m.vector("post_mlp_norm", &g.post_mlp_norm)?,
+                    attention: g.attention,
+                }),
+                None => None,
+            },
+        })
+    }
+
     /// The same block with every projection mapped by `proj` (norms, biases and Gemma's parts
     /// cloned): quantizing a block, or dequantizing one.
-    pub fn map_projections<V>(&self, mut proj: impl FnMut(&W) -> V) -> Block<V> {
-        Block {
-            attn_norm: self.attn_norm.clone(),
-            wq: proj(&self.wq),
-            wk: proj(&self.wk),
-            wv: proj(&self.wv),
-            wo: proj(&self.wo),
-            bq: self.bq.clone(),
-            bk: self.bk.clone(),
-            bv: self.bv.clone(),
-            mlp_norm: self.mlp_norm.clone(),
-            w_gate: proj(&self.w_gate),
-            w_up: proj(&self.w_up),
-            w_down: proj(&self.w_down),
-            gemma: self.gemma.clone(),
+    pub fn map_projections<U>(&self, proj: impl FnMut(&W) -> U) -> Block<U, V>
+    where
+        V: Clone,
+    {
+        struct Projections<F>(F);
+        impl<'a, W: 'a, V: Clone + 'a, U, F: FnMut(&W) -> U> BlockMapper<'a, W, V> for Projections<F> {
+            type Weight = U;
+            type Vector = V;
+            type Error = std::convert::Infallible;
+            fn weight(&mut self, _: &'static str, w: &'a W) -> Result<U, Self::Error> {
+                Ok((self.0)(w))
+            }
+            fn vector(&mut self, _: &'static str, v: &'a V) -> Result<V, Self::Error> {
+                Ok(v.clone())
+            }
         }
+        infallible(self.try_map_with(&mut Projections(proj)))
     }
 
     /// The seven projections, in the one order (q, k, v, o, gate, up, down).
@@ -120,6 +204,44 @@ impl<W> Block<W> {
         ]
     }
 
+    /// The block's MLP half as a feed-forward-only block (same names).
+    pub fn ffn(&self) -> Ffn<W, V>
+    where
+        W: Clone,
+        V: Clone,
+    {
+        Ffn {
+            mlp_norm: self.mlp_norm.clone(),
+            w_gate: self.w_gate.clone(),
+            w_up: self.w_up.clone(),
+            w_down: self.w_down.clone(),
+        }
+    }
+}
+
+impl<H> Block<H, H> {
+    /// [`Self::try_map_with`] for a block whose every tensor has one type: `f(name, tensor)`.
+    pub fn try_map<'a, G, E>(
+        &'a self,
+        f: impl FnMut(&'static str, &'a H) -> Result<G, E>,
+    ) -> Result<Block<G, G>, E> {
+        self.try_map_with(&mut SameMapper(f))
+    }
+
+    /// Infallible [`Self::try_map`].
+    pub fn map<'a, G>(&'a self, mut f: impl FnMut(&'static str, &'a H) -> G) -> Block<G, G> {
+        infallible(self.try_map(|n, h| Ok(f(n, h))))
+    }
+
+    /// `(name, tensor)` pairs in the fixed order.
+    pub fn named(&self) -> Vec<(&'static str, &H)> {
+        let mut v = Vec::with_capacity(16);
+        self.map(|n, h| v.push((n, h)));
+        v
+    }
+}
+
+impl<W> Block<W> {
     /// Scalars outside the projections: norm gains, biases and Gemma 3's norms (f32 in every
     /// storage).
     pub fn vector_params(&self) -> usize {
@@ -191,12 +313,12 @@ impl LayerWeights {
 }
 
 /// A feed-forward-only block `x + MLP(RMSNorm(x))`: a decoder block without its attention
-/// sublayer (LLM-Streamline's FFN replacement), names as in [`Block`], for every storage of its
-/// projections ([`FfnWeights`] in f32, `super::QFfn` in any format).
+/// sublayer (LLM-Streamline's FFN replacement), names and storages as in [`Block`]
+/// ([`FfnWeights`] in f32, `super::QFfn` in any format, the tape's `FfnParams`).
 #[derive(Clone, Debug)]
-pub struct Ffn<W> {
+pub struct Ffn<W, V = Array1<f32>> {
     /// `[C]` RMSNorm gain before the MLP.
-    pub mlp_norm: Array1<f32>,
+    pub mlp_norm: V,
     /// `[I, C]`
     pub w_gate: W,
     /// `[I, C]`
@@ -208,9 +330,34 @@ pub struct Ffn<W> {
 /// A feed-forward-only block in f32.
 pub type FfnWeights = Ffn<Array2<f32>>;
 
+impl<W, V> Ffn<W, V> {
+    /// The block with every tensor mapped by `m`, in the order of [`Block::try_map_with`].
+    pub fn try_map_with<'a, M: BlockMapper<'a, W, V>>(
+        &'a self,
+        m: &mut M,
+    ) -> Result<Ffn<M::Weight, M::Vector>, M::Error> {
+        Ok(Ffn {
+            mlp_norm: m.vector("mlp_norm", &self.mlp_norm)?,
+            w_gate: m.weight("w_gate", &self.w_gate)?,
+            w_up: m.weight("w_up", &self.w_up)?,
+            w_down: m.weight("w_down", &self.w_down)?,
+        })
+    }
+}
+
+impl<H> Ffn<H, H> {
+    /// [`Self::try_map_with`] for a block whose every tensor has one type: `f(name, tensor)`.
+    pub fn try_map<'a, G, E>(
+        &'a self,
+        f: impl FnMut(&'static str, &'a H) -> Result<G, E>,
+    ) -> Result<Ffn<G, G>, E> {
+        self.try_map_with(&mut SameMapper(f))
+    }
+}
+
 impl<W> Ffn<W> {
     /// The same block with every projection mapped by `proj` (the norm cloned).
-    pub fn map_projections<V>(&self, mut proj: impl FnMut(&W) -> V) -> Ffn<V> {
+    pub fn map_projections<U>(&self, mut proj: impl FnMut(&W) -> U) -> Ffn<U> {
         Ffn {
             mlp_norm: self.mlp_norm.clone(),
             w_gate: proj(&self.w_gate),
@@ -223,12 +370,7 @@ impl<W> Ffn<W> {
 impl FfnWeights {
     /// The MLP half (norm and SwiGLU) of a decoder block.
     pub fn from_layer(l: &LayerWeights) -> Self {
-        FfnWeights {
-            mlp_norm: l.mlp_norm.clone(),
-            w_gate: l.w_gate.clone(),
-            w_up: l.w_up.clone(),
-            w_down: l.w_down.clone(),
-        }
+        l.ffn()
     }
 
     /// Number of scalar parameters in this block.
