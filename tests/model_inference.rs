@@ -546,7 +546,9 @@ fn bad_inputs_are_typed_errors() {
 fn training_path_equals_inference_path() {
     use elm::autograd::Tape;
     use elm::model::tape::{ModelTensors, ModelVars, Trainable};
-    for arch in [Arch::Llama, Arch::Qwen2] {
+    // Gemma 3's tiny model attends through a window of 2 on its local layers: both paths
+    // read the window from the one block description.
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Gemma3] {
         let m = tiny_transformer(arch, 4, 37);
         let toks = vec![vec![3u32, 1, 4, 1, 5, 9, 2], vec![6, 5, 3, 5, 8, 9, 7]];
         let (b, t) = (toks.len(), toks[0].len());
@@ -639,4 +641,185 @@ fn single_row_linear_matches_f64_for_both_blas_thread_settings() {
         );
     }
     set_blas_threads(before);
+}
+
+/// A tiny Gemma 3 (a local layer, then a global one) with room for long prompts and local
+/// window `window`.
+fn windowed_gemma(window: usize, max_seq: usize) -> ModelConfig {
+    ModelConfig {
+        num_layers: 2,
+        max_position_embeddings: max_seq,
+        sliding_window: Some(window),
+        ..ModelConfig::tiny(Arch::Gemma3)
+    }
+}
+
+/// The sliding cache of a local layer (`Transformer::new_cache`) keeps `window − 1 +
+/// PREFILL_CHUNK` positions instead of all of them, and gives the full cache's logits past
+/// the window: a chunked prefill of two ragged prompts longer than two chunks, then decode
+/// steps of which one sequence takes only the first.
+#[test]
+fn sliding_window_cache_equals_the_full_cache_past_the_window() {
+    use elm::model::PREFILL_CHUNK;
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(57);
+    for window in [2usize, 40] {
+        let cfg = windowed_gemma(window, 1600);
+        let m = Transformer::new(ModelWeights::random(&cfg, 43)).unwrap();
+        let seqs: Vec<Vec<u32>> = [1310usize, 905]
+            .iter()
+            .map(|&n| (0..n).map(|_| rng.gen_range(3..64)).collect())
+            .collect();
+        let prompt_lens = [1300usize, 900];
+        let prompts: Vec<Vec<u32>> = seqs
+            .iter()
+            .zip(prompt_lens)
+            .map(|(s, n)| s[..n].to_vec())
+            .collect();
+        let mut sliding = m.new_cache(2, 1600).unwrap();
+        let mut full = KvCache::new(&cfg, 2, 1600).unwrap();
+        assert_eq!(sliding.layers[0].window(), Some(window));
+        assert_eq!(sliding.layers[0].slots(), window - 1 + PREFILL_CHUNK);
+        assert_eq!(
+            sliding.layers[1].window(),
+            None,
+            "the global layer keeps everything"
+        );
+        assert!(sliding.bytes() < full.bytes());
+        let a = m.prefill(&prompts, &mut sliding).unwrap();
+        let b = m.prefill(&prompts, &mut full).unwrap();
+        assert_close(
+            &format!("window {window}: prefill"),
+            a.view(),
+            f64v(b.view()).view(),
+            TOL,
+        );
+        // The local layer dropped what no query can see any more: before the third chunk
+        // (positions 1024..1300) it kept the last window − 1 positions before 1024.
+        assert_eq!(sliding.layers[0].first()[0], 1024 + 1 - window);
+        let mut la = Array2::zeros((2, cfg.vocab_size));
+        let mut lb = Array2::zeros((2, cfg.vocab_size));
+        for step in 0..10 {
+            let active = [true, step == 0];
+            let tokens: Vec<u32> = (0..2)
+                .map(|b| seqs[b][(prompt_lens[b] + step).min(seqs[b].len() - 1)])
+                .collect();
+            m.decode_step_into(&tokens, &active, &mut sliding, &mut la)
+                .unwrap();
+            m.decode_step_into(&tokens, &active, &mut full, &mut lb)
+                .unwrap();
+            for b in 0..2 {
+                if active[b] {
+                    assert_close(
+                        &format!("window {window}: sequence {b}, decode step {step}"),
+                        la.slice(s![b..b + 1, ..]),
+                        f64v(lb.slice(s![b..b + 1, ..])).view(),
+                        TOL,
+                    );
+                }
+            }
+        }
+        assert_eq!(sliding.lens(), &[1310, 901]);
+        assert_eq!(
+            sliding.layers[0].slots(),
+            window - 1 + PREFILL_CHUNK,
+            "no growth"
+        );
+    }
+}
+
+/// One call of more new tokens than a sliding cache's spare slots grows it; uncommitted calls
+/// (a fixed-point solve's iterates) leave the history alone; what the cache dropped cannot be
+/// truncated back to; and a block whose window is wider than the cache's (or that has none) is
+/// refused rather than given too few keys.
+#[test]
+fn sliding_cache_grows_keeps_uncommitted_calls_apart_and_refuses_what_it_dropped() {
+    let window = 40;
+    let cfg = windowed_gemma(window, 2000);
+    let w = ModelWeights::random(&cfg, 47);
+    let local = &w.layers[0];
+    let mut scratch = Scratch::new(&cfg, 2000);
+    let x = |t: usize, seed: f32| {
+        Array3::from_shape_fn((1, t, cfg.hidden_size), |(_, t, c)| {
+            ((t * 13 + c) as f32 * 0.11 + seed).sin()
+        })
+    };
+    let mut sliding = LayerKv::sliding(&cfg, 1, 2000, window).unwrap();
+    let mut full = LayerKv::new(&cfg, 1, 2000).unwrap();
+    let flat = |a: &Array3<f32>| {
+        let t = a.dim().1;
+        a.clone()
+            .into_shape_with_order((t, cfg.hidden_size))
+            .unwrap()
+    };
+    let mut compare =
+        |what: &str, xs: &Array3<f32>, commit: bool, s: &mut LayerKv, f: &mut LayerKv| {
+            let a = block_forward_cached(local, &cfg, xs.view(), s, commit, &mut scratch).unwrap();
+            let b = block_forward_cached(local, &cfg, xs.view(), f, commit, &mut scratch).unwrap();
+            assert_close(what, flat(&a).view(), f64v(flat(&b).view()).view(), TOL);
+        };
+    compare(
+        "700 tokens at once",
+        &x(700, 0.0),
+        true,
+        &mut sliding,
+        &mut full,
+    );
+    assert_eq!(sliding.slots(), 700, "grown to the call");
+    for it in 0..3 {
+        compare(
+            &format!("uncommitted iterate {it}"),
+            &x(600, it as f32),
+            false,
+            &mut sliding,
+            &mut full,
+        );
+        assert_eq!(sliding.lens(), &[700]);
+    }
+    compare(
+        "committed iterate",
+        &x(600, 5.0),
+        true,
+        &mut sliding,
+        &mut full,
+    );
+    assert_eq!(sliding.lens(), &[1300]);
+    assert_eq!(sliding.first(), &[700 + 1 - window]);
+    compare(
+        "after the commit",
+        &x(3, 9.0),
+        true,
+        &mut sliding,
+        &mut full,
+    );
+
+    // From position 700 on, a query still sees only kept keys (661..); from 650 it would not.
+    let err = sliding.truncate(0, 650).unwrap_err().to_string();
+    assert!(err.contains("sliding"), "{err}");
+    sliding.truncate(0, 700).unwrap();
+
+    let mut narrow = LayerKv::sliding(&cfg, 1, 2000, window - 1).unwrap();
+    let err = block_forward_cached(
+        local,
+        &cfg,
+        x(3, 0.0).view(),
+        &mut narrow,
+        true,
+        &mut scratch,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("sliding KV cache of window 39"), "{err}");
+    let global = &w.layers[1];
+    let err = block_forward_cached(
+        global,
+        &cfg,
+        x(3, 0.0).view(),
+        &mut narrow,
+        true,
+        &mut scratch,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("every earlier key"), "{err}");
 }

@@ -112,7 +112,11 @@ fn forward_rows<W: BlockWeights + ?Sized>(
 ) -> Result<()> {
     let (b, t, c) = x.dim();
     let seq = |bi: usize| seqs.map_or(bi, |s| s[bi]);
-    check_inputs(cfg, (b, t, c), seqs, new_lens, cache, scratch)?;
+    let w = w.block_ref();
+    let gemma = w.gemma;
+    // The block's RoPE table and window: its layer's (Gemma 3), else the model's.
+    let window = gemma.and_then(|g| g.attention.window);
+    check_inputs(cfg, (b, t, c), seqs, new_lens, cache, scratch, window)?;
     let (h, kv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
     let n = b * t;
     let Scratch {
@@ -129,10 +133,6 @@ fn forward_rows<W: BlockWeights + ?Sized>(
         tmp,
         qx,
     } = scratch;
-    let w = w.block_ref();
-    let gemma = w.gemma;
-    // The block's RoPE table and window: its layer's (Gemma 3), else the model's.
-    let window = gemma.and_then(|g| g.attention.window);
     let rope: &RopeTable = match gemma.map(|g| g.attention.rope_theta) {
         Some(theta) if theta != rope.theta() => rope_local
             .as_ref()
@@ -189,7 +189,12 @@ fn forward_rows<W: BlockWeights + ?Sized>(
         }
         for bi in 0..b {
             let cb = seq(bi);
+            // A sliding cache drops the keys no query of this call can see.
+            if new_lens[bi] > 0 {
+                cache.make_room(cb, new_lens[bi])?;
+            }
             let p0 = cache.lens()[cb];
+            let slot0 = p0 - cache.first()[cb];
             for ti in 0..new_lens[bi] {
                 let row = bi * t + ti;
                 rope.apply(
@@ -204,11 +209,11 @@ fn forward_rows<W: BlockWeights + ?Sized>(
                     let cols = kh * d..(kh + 1) * d;
                     cache
                         .k
-                        .slice_mut(s![cb, kh, p0 + ti, ..])
+                        .slice_mut(s![cb, kh, slot0 + ti, ..])
                         .assign(&k.slice(s![row, cols.clone()]));
                     cache
                         .v
-                        .slice_mut(s![cb, kh, p0 + ti, ..])
+                        .slice_mut(s![cb, kh, slot0 + ti, ..])
                         .assign(&v.slice(s![row, cols]));
                 }
             }
@@ -245,28 +250,30 @@ fn forward_rows<W: BlockWeights + ?Sized>(
                 }
                 let cb = seq(bi);
                 let p0 = cache.lens()[cb];
-                let total = p0 + nl;
+                // Slot `s` holds position `offset + s` (0 but in a sliding cache).
+                let offset = cache.first()[cb];
+                let slots = p0 + nl - offset;
                 for hi in 0..h {
                     let kh = hi / group;
                     let cols = hi * d..(hi + 1) * d;
                     let q_h = qv.slice(s![bi, ..nl, cols.clone()]);
-                    let k_h = cache.k.slice(s![cb, kh, ..total, ..]);
-                    let v_h = cache.v.slice(s![cb, kh, ..total, ..]);
+                    let k_h = cache.k.slice(s![cb, kh, ..slots, ..]);
+                    let v_h = cache.v.slice(s![cb, kh, ..slots, ..]);
                     let mut out_h = attn.slice_mut(s![bi, ..nl, cols]);
                     if nl <= FEW_QUERIES {
-                        let sc = take(scores, total);
-                        attend_few(q_h, k_h, v_h, p0, scale, window, sc, out_h)?;
+                        let sc = take(scores, slots);
+                        attend_few(q_h, k_h, v_h, p0, offset, scale, window, sc, out_h)?;
                         continue;
                     }
-                    let mut sc = ArrayViewMut2::from_shape((nl, total), take(scores, nl * total))
+                    let mut sc = ArrayViewMut2::from_shape((nl, slots), take(scores, nl * slots))
                         .map_err(layout)?;
                     crate::gemm::sgemm_with(kernel, scale, &q_h, &k_h.t(), 0.0, &mut sc);
                     for (ti, mut row) in sc.rows_mut().into_iter().enumerate() {
                         let visible = p0 + ti + 1;
                         windowed_softmax_inplace(
                             row.as_slice_mut().ok_or_else(not_contiguous)?,
-                            first_visible(visible, window),
-                            visible,
+                            first_visible(visible, window) - offset,
+                            visible - offset,
                         );
                     }
                     crate::gemm::sgemm_with(kernel, 1.0, &sc.view(), &v_h, 0.0, &mut out_h);
@@ -391,7 +398,11 @@ impl FewQueryAttention<'_> {
         let b = self.q.dim().0;
         let width = self.q.dim().2;
         let seq = |bi: usize| self.seqs.map_or(bi, |s| s[bi]);
-        let total = |bi: usize| self.cache.lens()[seq(bi)] + self.new_lens[bi];
+        // Slots each sequence's attention reads (its keys, new ones included).
+        let total = |bi: usize| {
+            let cb = seq(bi);
+            self.cache.lens()[cb] + self.new_lens[bi] - self.cache.first()[cb]
+        };
         let stride = (0..b).map(total).max().unwrap_or(0);
         let work: usize = (0..b)
             .map(|bi| self.new_lens[bi] * total(bi))
@@ -435,11 +446,12 @@ impl FewQueryAttention<'_> {
         let (_, t, width) = self.q.dim();
         let d = width / self.heads;
         let p0 = self.cache.lens()[cb];
-        let total = p0 + nl;
+        let offset = self.cache.first()[cb];
+        let slots = p0 + nl - offset;
         let kh = hi / self.group;
         let q_h = self.q.slice(s![bi, ..nl, hi * d..(hi + 1) * d]);
-        let k_h = self.cache.k.slice(s![cb, kh, ..total, ..]);
-        let v_h = self.cache.v.slice(s![cb, kh, ..total, ..]);
+        let k_h = self.cache.k.slice(s![cb, kh, ..slots, ..]);
+        let v_h = self.cache.v.slice(s![cb, kh, ..slots, ..]);
         // SAFETY: `out` is `[B, T, H·D]` contiguous, `bi < B`, `nl ≤ T`, the head's columns
         // lie inside a row; this unit alone writes them (see `FewQueryAttention::out`).
         let out = unsafe {
@@ -453,23 +465,26 @@ impl FewQueryAttention<'_> {
             k_h,
             v_h,
             p0,
+            offset,
             self.scale,
             self.window,
-            &mut scores[..total],
+            &mut scores[..slots],
             out,
         )
     }
 }
 
 /// Causal attention of `nl ≤ FEW_QUERIES` query rows `q` `[nl, D]` at positions
-/// `p0..p0+nl` over keys/values `[p0+nl, D]` (only the last `window` of them when given);
-/// writes `out` `[nl, D]`. `scores` holds at least `p0 + nl` values.
+/// `p0..p0+nl` over keys/values `[p0+nl−offset, D]` of positions `offset..p0+nl` (only the
+/// last `window` of them when given); writes `out` `[nl, D]`. `scores` holds at least
+/// `p0 + nl − offset` values.
 #[allow(clippy::too_many_arguments)]
 fn attend_few(
     q: ArrayView2<f32>,
     k: ArrayView2<f32>,
     v: ArrayView2<f32>,
     p0: usize,
+    offset: usize,
     scale: f32,
     window: Option<usize>,
     scores: &mut [f32],
@@ -483,10 +498,11 @@ fn attend_few(
         let first = first_visible(visible, window);
         let q_row = q_row.to_slice().ok_or_else(not_contiguous)?;
         let sc = &mut scores[..visible - first];
-        crate::simd::scaled_row_dots(q_row, &keys[first * d..visible * d], scale, sc);
+        let rows = (first - offset) * d..(visible - offset) * d;
+        crate::simd::scaled_row_dots(q_row, &keys[rows.clone()], scale, sc);
         masked_softmax_inplace(sc, visible - first);
         let o = o_row.as_slice_mut().ok_or_else(not_contiguous)?;
-        crate::simd::weighted_row_sum(sc, &values[first * d..visible * d], o);
+        crate::simd::weighted_row_sum(sc, &values[rows], o);
     }
     Ok(())
 }
@@ -508,6 +524,7 @@ fn check_inputs(
     new_lens: &[usize],
     cache: &LayerKv,
     scratch: &Scratch,
+    window: Option<usize>,
 ) -> Result<()> {
     if c != cfg.hidden_size {
         return Err(ElmError::shape(
@@ -524,6 +541,18 @@ fn check_inputs(
                 new_lens.len()
             ),
         ));
+    }
+    // A sliding cache keeps the keys of its own window only: a wider (or no) window would
+    // attend to keys it has dropped.
+    if let Some(kept) = cache.window() {
+        if window.is_none_or(|w| w > kept) {
+            return Err(ElmError::InvalidArgument(format!(
+                "a sliding KV cache of window {kept} for a block that attends {}",
+                window.map_or("to every earlier key".to_string(), |w| format!(
+                    "to its last {w} keys"
+                ))
+            )));
+        }
     }
     for (bi, &nl) in new_lens.iter().enumerate() {
         let bi = seqs.map_or(bi, |s| s[bi]);

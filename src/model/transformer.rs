@@ -6,7 +6,7 @@ use ndarray::{s, Array2, Array3, ArrayView1, ArrayView2, ArrayView3, ArrayViewMu
 
 use super::block::block_forward_inplace;
 use super::block_view::BlockWeights;
-use super::kv_cache::{take, KvCache, LayerKv, Scratch};
+use super::kv_cache::{take, KvCache, LayerKv, Scratch, PREFILL_CHUNK};
 use super::ops::{linear_any_into, rms_norm_into};
 use crate::error::{ElmError, Result};
 use crate::model_data::config::ModelConfig;
@@ -211,9 +211,17 @@ impl<W: DecoderWeights> Transformer<W> {
         self.weights.config()
     }
 
-    /// A KV cache for all layers.
+    /// A KV cache for all layers: a sliding one for each layer that attends to a window
+    /// (Gemma 3's local layers keep `window − 1 +` [`PREFILL_CHUNK`] positions, not
+    /// `max_seq`), a full one for the others.
     pub fn new_cache(&self, batch: usize, max_seq: usize) -> Result<KvCache> {
-        KvCache::new(self.config(), batch, max_seq)
+        let windows: Vec<Option<usize>> = self
+            .weights
+            .layers()
+            .iter()
+            .map(|l| l.block_ref().gemma.and_then(|g| g.attention.window))
+            .collect();
+        KvCache::with_windows(self.config(), &windows, batch, max_seq)
     }
 
     /// Token embeddings, right-padded to the longest sequence: `[B, T, C]` and the
@@ -351,11 +359,26 @@ impl<W: DecoderWeights> Transformer<W> {
             let cached = cache.lens().get(bi).copied().unwrap_or(0);
             check_context(self.config(), cached + t.len(), "prompt")?;
         }
-        let (mut x, lens) = self.embed(tokens)?;
-        self.run_all_layers(x.view_mut(), &lens, cache)?;
-        let last = Array2::from_shape_fn((tokens.len(), self.config().hidden_size), |(bi, ci)| {
-            x[[bi, lens[bi] - 1, ci]]
-        });
+        // In chunks of PREFILL_CHUNK positions: the activations, the attention scores and a
+        // sliding cache's slots are sized by the chunk, not by the prompt (a prompt that fits
+        // one chunk runs as one call, as before chunking).
+        let longest = tokens.iter().map(Vec::len).max().unwrap_or(0);
+        let mut last = Array2::zeros((tokens.len(), self.config().hidden_size));
+        for start in (0..longest).step_by(PREFILL_CHUNK) {
+            let end = (start + PREFILL_CHUNK).min(longest);
+            let piece: Vec<&[u32]> = tokens
+                .iter()
+                .map(|t| &t[start.min(t.len())..end.min(t.len())])
+                .collect();
+            let (mut x, lens) = embed_tokens(&self.weights, &piece)?;
+            self.run_all_layers(x.view_mut(), &lens, cache)?;
+            for (bi, t) in tokens.iter().enumerate() {
+                // The chunk that holds the sequence's last token gives its logits.
+                if (start + 1..=end).contains(&t.len()) {
+                    last.row_mut(bi).assign(&x.slice(s![bi, lens[bi] - 1, ..]));
+                }
+            }
+        }
         Ok(self.logits_from_hidden(last.view()))
     }
 
@@ -448,7 +471,8 @@ impl<W: DecoderWeights> Transformer<W> {
     /// Logits at every position of equal-length sequences: `[B, T, V]`.
     pub fn forward_logits(&self, tokens: &[Vec<u32>]) -> Result<Array3<f32>> {
         let t = tokens.first().map_or(0, |s| s.len());
-        let mut cache = self.new_cache(tokens.len(), t.max(1))?;
+        // Full caches: one call brings every token, so a sliding cache would only grow.
+        let mut cache = KvCache::new(self.config(), tokens.len(), t.max(1))?;
         let (mut x, lens) = self.embed(tokens)?;
         if lens.iter().any(|&l| l != t) || t == 0 {
             return Err(ElmError::InvalidArgument(format!(
