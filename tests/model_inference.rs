@@ -708,8 +708,8 @@ fn sliding_window_cache_equals_the_full_cache_past_the_window() {
                 .unwrap();
             m.decode_step_into(&tokens, &active, &mut full, &mut lb)
                 .unwrap();
-            for b in 0..2 {
-                if active[b] {
+            for (b, &on) in active.iter().enumerate() {
+                if on {
                     assert_close(
                         &format!("window {window}: sequence {b}, decode step {step}"),
                         la.slice(s![b..b + 1, ..]),
