@@ -756,6 +756,12 @@ fn grid_seconds(t: &Tables) -> String {
         .filter(|s| keys.contains(&s.key) && seen.insert(&s.key))
         .map(|s| s.seconds)
         .sum();
+    if seen.is_empty() {
+        // Kept from an earlier run (`--only` leaves the other tables' figures as they were).
+        return "; table 11 (the train-K × test-K grid, which this scale runs only when asked for by name: \
+                `--only grid`) is not part of this run: its figures are those of the run that last computed it"
+            .to_string();
+    }
     format!(
         ", of which {} for table 11's {} stages (the train-K × test-K grid{}; its trainings at K = 4 and 8 and of the ELM \
          are table 1's too)",
