@@ -5,7 +5,7 @@
 # process's peak RSS, each from the command's own --json report. With OLD_BIN (an earlier `elm`),
 # the two binaries alternate, repetition by repetition, so both see the same machine.
 # Writes results/long_context/long_context.json and the `long-context` block of
-# docs/performance.md (README=... for another file). About 25 minutes on 2 cores with OLD_BIN.
+# docs/performance.md (README=... for another file). About 8 minutes on 2 cores with OLD_BIN.
 #   [OLD_BIN=/path/to/old/elm] bash scripts/long-context.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,13 +26,17 @@ rows="$work/rows.jsonl"
 prompt() {
   python3 scripts/analysis/long_context.py text 2000 >"$work/probe.txt"
   local per
-  per=$("$new_bin" generate --model "$3" --prompt "$(cat "$work/probe.txt")" --max-new-tokens 1 --json |
+  per=$("$new_bin" generate --model "$3" --prompt-file "$work/probe.txt" --max-new-tokens 1 --json |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["prompt_tokens"] / 2000)')
   python3 scripts/analysis/long_context.py text "$(python3 -c "print(int($2 / $per))")" >"$1"
 }
 # run LABEL BIN MODEL LENGTH PROMPT_FILE: one row.
+# A prompt past 128 KiB does not fit one argument: this binary reads it from the file; an
+# OLD_BIN from before --prompt-file gets it as --prompt (it runs up to OLD_MAX_TOKENS only).
 run() {
-  "$2" generate --model "$3" --prompt "$(cat "$5")" --max-new-tokens "$new_tokens" --ignore-eos \
+  local source=(--prompt-file "$5")
+  if [ "$1" = old ]; then source=(--prompt "$(cat "$5")"); fi
+  "$2" generate --model "$3" "${source[@]}" --max-new-tokens "$new_tokens" --ignore-eos \
     --weights auto --json >"$work/out"
   python3 scripts/analysis/long_context.py row "$1" "$3" "$4" "$work/out" >>"$rows"
   echo "measured: $1 $(basename "$3") ~$4 tokens" >&2

@@ -188,6 +188,29 @@ pub fn kv_cache_bytes(cfg: &ModelConfig, batch: usize, tokens: usize) -> u64 {
     4 * 2 * cfg.num_layers as u64 * kv_dim * batch as u64 * tokens as u64
 }
 
+/// f32 bytes of the KV cache that generation allocates (`Transformer::new_cache`) for `batch`
+/// rows × `tokens` positions: a windowed layer of `cfg`'s pattern holds only
+/// [`crate::model::kv_slots`] positions, the others every one.
+pub fn generation_kv_cache_bytes(cfg: &ModelConfig, batch: usize, tokens: usize) -> u64 {
+    let kv_dim = (cfg.num_kv_heads * cfg.head_dim) as u64;
+    let slots: u64 = (0..cfg.num_layers)
+        .map(|l| crate::model::kv_slots(cfg.layer_attention(l).window, tokens) as u64)
+        .sum();
+    4 * 2 * kv_dim * batch as u64 * slots
+}
+
+/// f32 bytes live in one layer of a prefill of `tokens` positions, which runs in chunks of
+/// [`crate::model::PREFILL_CHUNK`]: a chunk's rows, and their attention scores over the
+/// whole context, plus `logit_rows` rows of logits (see [`forward_bytes`]).
+pub fn prefill_bytes(cfg: &ModelConfig, batch: usize, tokens: usize, logit_rows: usize) -> u64 {
+    let rows = tokens.min(crate::model::PREFILL_CHUNK) as u64;
+    let (b, t) = (batch as u64, tokens as u64);
+    let c = cfg.hidden_size as u64;
+    let i = cfg.intermediate_size as u64;
+    let h = cfg.num_heads as u64;
+    4 * (b * rows * (6 * c + 3 * i) + h * rows * t + logit_rows as u64 * cfg.vocab_size as u64)
+}
+
 /// f32 bytes live in one layer of an untaped forward over `[batch, tokens]` (the residual
 /// stream, its norm, q/k/v, the attention scores of one row's heads and the MLP's
 /// gate/up/product), plus `logit_rows` rows of logits.

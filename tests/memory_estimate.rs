@@ -195,3 +195,32 @@ fn an_estimate_is_what_it_holds_plus_its_largest_phase() {
         (2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 3 * 7 * 4) as u64
     );
 }
+
+/// The generation estimate's KV cache is the cache `Transformer::new_cache` allocates, to the
+/// byte: sliding on a windowed model's local layers past `window − 1 + PREFILL_CHUNK`
+/// tokens, full below that and on a model without windows.
+#[test]
+fn the_generation_kv_estimate_is_the_allocated_cache() {
+    use elm::memory::generation_kv_cache_bytes;
+    use elm::model::Transformer;
+    for (arch, window) in [(Arch::Gemma3, Some(40)), (Arch::Llama, None)] {
+        let cfg = ModelConfig {
+            num_layers: 4,
+            max_position_embeddings: 2000,
+            sliding_window: window.or(ModelConfig::tiny(arch).sliding_window),
+            ..ModelConfig::tiny(arch)
+        };
+        let m = Transformer::new(ModelWeights::random(&cfg, 5)).unwrap();
+        for (batch, tokens) in [(1, 100), (2, 1600)] {
+            let cache = m.new_cache(batch, tokens).unwrap();
+            assert_eq!(
+                generation_kv_cache_bytes(&cfg, batch, tokens),
+                cache.bytes() as u64,
+                "{arch:?}, batch {batch}, {tokens} tokens"
+            );
+            if window.is_some() && tokens > 600 {
+                assert!(cache.bytes() < kv_cache_bytes(&cfg, batch, tokens) as usize);
+            }
+        }
+    }
+}

@@ -231,3 +231,38 @@ fn ignore_eos_generates_every_requested_token() {
         "the control reached the limit too: {stops}"
     );
 }
+
+/// `--prompt-file` gives the same tokens and greedy text as the same prompt on the command
+/// line; a missing file is refused naming it, and so is a prompt given both ways.
+#[test]
+fn a_prompt_file_reads_as_the_prompt_argument() {
+    let Some(path) = real_model() else { return };
+    let path = path.to_str().unwrap();
+    let dir = TempDir::new("prompt-file");
+    let file = dir.path().join("prompt.txt");
+    let text = "The capital of France is";
+    std::fs::write(&file, text).unwrap();
+    let file = file.to_str().unwrap();
+    let run = |source: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            path,
+            "--max-new-tokens",
+            "6",
+            "--json",
+        ];
+        args.extend_from_slice(source);
+        elm(&args)
+    };
+    let (ok, from_file, err) = run(&["--prompt-file", file]);
+    assert!(ok, "{err}");
+    let (ok, from_arg, err) = run(&["--prompt", text]);
+    assert!(ok, "{err}");
+    assert_eq!(from_file["prompt_tokens"], from_arg["prompt_tokens"]);
+    assert_eq!(from_file["text"], from_arg["text"]);
+    let (ok, _, err) = run(&["--prompt-file", "/nonexistent/prompt.txt"]);
+    assert!(!ok && err.contains("/nonexistent/prompt.txt"), "{err}");
+    let (ok, _, err) = run(&["--prompt", text, "--prompt-file", file]);
+    assert!(!ok && err.contains("--prompt-file"), "{err}");
+}

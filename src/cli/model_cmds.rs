@@ -81,8 +81,16 @@ pub struct PromptArgs {
     /// A .gguf file or an HF directory (default: the fetched SmolLM2).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    #[arg(
+        long,
+        required_unless_present = "prompt_file",
+        conflicts_with = "prompt_file"
+    )]
+    pub prompt: Option<String>,
+    /// Read the prompt from this UTF-8 file instead (a long context does not fit one
+    /// command-line argument, which Linux caps at 128 KiB).
     #[arg(long)]
-    pub prompt: String,
+    pub prompt_file: Option<PathBuf>,
     /// Wrap the prompt as a user turn of the model's chat template.
     #[arg(long)]
     pub chat: bool,
@@ -96,6 +104,18 @@ impl PromptArgs {
     /// `--model`, or the fetched SmolLM2 when it is not given.
     fn model_path(&self) -> PathBuf {
         self.model.clone().unwrap_or_else(default_model_path)
+    }
+
+    /// `--prompt`, or the contents of `--prompt-file` (an error names the file).
+    fn prompt_text(&self) -> Result<String> {
+        match (&self.prompt, &self.prompt_file) {
+            (Some(text), _) => Ok(text.clone()),
+            (None, Some(path)) => std::fs::read_to_string(path).map_err(|e| ElmError::io(path, e)),
+            (None, None) => Err(ElmError::config(
+                "--prompt",
+                "give --prompt or --prompt-file",
+            )),
+        }
     }
 
     /// The prompt's token ids (in the chat template with `--chat`), filled by the check that
@@ -113,7 +133,7 @@ impl PromptArgs {
         ids: &'a std::cell::RefCell<Vec<u32>>,
     ) -> impl Fn(&Tokenizer, &elm::model::ModelConfig) -> Result<()> + 'a {
         move |tok, config| {
-            let prompt = encode_prompt(tok, &self.prompt, self.chat)?;
+            let prompt = encode_prompt(tok, &self.prompt_text()?, self.chat)?;
             check_generation_size(config, prompt.len(), max_new, batch)?;
             if self.check_tensors {
                 elm::model::check_tensors_before_load(path)?;
@@ -228,7 +248,17 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         Loaded::Dense(m) => m.config(),
         Loaded::Gpu(w, _) => &w.config,
     };
-    let memory = generation_memory(mc, &path, prompt.len(), args.max_new_tokens, args.batch);
+    // The dense path's caches slide on windowed layers and its prefill runs in chunks; an
+    // ELM session keeps full caches and prefills in one call.
+    let dense = matches!(model, Loaded::Dense(_));
+    let memory = generation_memory(
+        mc,
+        &path,
+        prompt.len(),
+        args.max_new_tokens,
+        args.batch,
+        dense,
+    );
     check_memory(&memory, args.json)?;
     let config = SamplingConfig {
         max_new_tokens: args.max_new_tokens,
@@ -284,7 +314,7 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
         ),
         Loaded::Dense(m) => (
             m.weight_bytes() as u64,
-            elm::memory::kv_cache_bytes(m.config(), args.batch, kv_tokens),
+            elm::memory::generation_kv_cache_bytes(m.config(), args.batch, kv_tokens),
         ),
         Loaded::Gpu(w, _) => (4 * w.num_params() as u64, 0),
     };
@@ -294,26 +324,36 @@ pub fn run_generate(args: GenerateArgs) -> Result<()> {
 
 /// `generate`'s estimate: what is loaded, the model file while it was read, and the decode
 /// (KV cache of every row over prompt + new tokens, one layer's prefill activations, a row of
-/// logits per sequence).
+/// logits per sequence). `dense`: the dense path, whose windowed layers' caches slide and whose
+/// prefill runs in chunks.
 fn generation_memory(
     mc: &elm::model::ModelConfig,
     path: &std::path::Path,
     prompt_tokens: usize,
     max_new_tokens: usize,
     batch: usize,
+    dense: bool,
 ) -> MemoryEstimate {
-    use elm::memory::{forward_bytes, kv_cache_bytes, loaded_bytes_or, mapped_model_bytes};
+    use elm::memory::{
+        forward_bytes, generation_kv_cache_bytes, kv_cache_bytes, loaded_bytes_or,
+        mapped_model_bytes, prefill_bytes,
+    };
     let tokens = prompt_tokens + max_new_tokens;
+    let (kv, activations) = if dense {
+        (
+            generation_kv_cache_bytes(mc, batch, tokens),
+            prefill_bytes(mc, batch, prompt_tokens, batch),
+        )
+    } else {
+        (
+            kv_cache_bytes(mc, batch, tokens),
+            forward_bytes(mc, batch, prompt_tokens, batch),
+        )
+    };
     MemoryEstimate::loaded_model("generate", loaded_bytes_or(0), mapped_model_bytes(path))
         .with_phase(
             "decoding",
-            &[
-                ("KV cache", kv_cache_bytes(mc, batch, tokens)),
-                (
-                    "activations",
-                    forward_bytes(mc, batch, prompt_tokens, batch),
-                ),
-            ],
+            &[("KV cache", kv), ("activations", activations)],
         )
 }
 

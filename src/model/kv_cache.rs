@@ -13,6 +13,16 @@ use crate::quant::QActs;
 /// `window − 1 + PREFILL_CHUNK` slots.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// Slots per sequence of a layer's cache for contexts up to `max_seq` tokens: a sliding
+/// cache's `window − 1 +` [`PREFILL_CHUNK`] for a layer that sees its last `window` keys
+/// (until it grows for a longer call), every position otherwise.
+pub fn kv_slots(window: Option<usize>, max_seq: usize) -> usize {
+    match window {
+        Some(w) if w > 0 && w < max_seq => (w - 1 + PREFILL_CHUNK).min(max_seq),
+        _ => max_seq,
+    }
+}
+
 /// K/V of one attention layer for a batch of sequences, with per-sequence lengths.
 ///
 /// Keys are stored after RoPE. Slots `lens[b]..lens[b] + pending[b]` hold the K/V of
@@ -68,7 +78,7 @@ impl LayerKv {
         if window >= max_seq {
             return Self::new(config, batch, max_seq);
         }
-        let slots = (window - 1 + PREFILL_CHUNK).min(max_seq);
+        let slots = kv_slots(Some(window), max_seq);
         Self::with_slots(config, batch, max_seq, slots, Some(window))
     }
 
@@ -378,13 +388,7 @@ impl KvCache {
         max_seq: usize,
     ) -> Result<Self> {
         // K and V of every layer, f32: refuse before allocating what cannot fit.
-        let slots: usize = windows
-            .iter()
-            .map(|w| match w {
-                Some(w) if *w > 0 => (w - 1 + PREFILL_CHUNK).min(max_seq),
-                _ => max_seq,
-            })
-            .sum();
+        let slots: usize = windows.iter().map(|&w| kv_slots(w, max_seq)).sum();
         let bytes =
             crate::limits::bytes_of(2 * 4, &[batch, config.num_kv_heads, slots, config.head_dim]);
         crate::limits::check_alloc("KV cache (batch x tokens)", bytes)?;

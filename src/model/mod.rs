@@ -42,7 +42,7 @@ pub use crate::quant::{Linear, QFormat, QMatrix, WeightStorage, WriteFormat};
 pub use any_transformer::AnyTransformer;
 pub use block::{block_forward_cached, block_forward_inplace, block_forward_rows};
 pub use block_view::{AttnRef, BlockRef, BlockWeights};
-pub use kv_cache::{KvCache, LayerKv, Scratch, PREFILL_CHUNK};
+pub use kv_cache::{kv_slots, KvCache, LayerKv, Scratch, PREFILL_CHUNK};
 pub use load::{
     check_tensors, check_tensors_before_load, config_and_layer_format, default_model_path,
     load_config, load_inference, load_inference_checked, load_inference_layers, load_pretrained,
