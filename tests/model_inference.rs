@@ -186,7 +186,7 @@ fn cached_decode_equals_full_recompute() {
 /// sits a step out, with Gemma 3's sliding window too.
 #[test]
 fn long_context_decode_splits_attention_and_equals_prefill() {
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
     let mut rng = rand::rngs::StdRng::seed_from_u64(31);
     for arch in [Arch::Llama, Arch::Qwen2, Arch::Gemma3] {
         let cfg = ModelConfig {
@@ -195,16 +195,8 @@ fn long_context_decode_splits_attention_and_equals_prefill() {
             ..ModelConfig::tiny(arch)
         };
         let m = Transformer::new(ModelWeights::random(&cfg, 41)).unwrap();
-        let seqs: Vec<Vec<u32>> = [1104usize, 1051]
-            .iter()
-            .map(|&n| (0..n).map(|_| rng.gen_range(3..64)).collect())
-            .collect();
         let prompt_lens = [1100usize, 1050];
-        let prompts: Vec<Vec<u32>> = seqs
-            .iter()
-            .zip(prompt_lens)
-            .map(|(s, n)| s[..n].to_vec())
-            .collect();
+        let (seqs, prompts) = random_sequences(&mut rng, [1104, 1051], prompt_lens);
         let mut cache = m.new_cache(2, 1200).unwrap();
         m.prefill(&prompts, &mut cache).unwrap();
         let mut logits = Array2::zeros((2, cfg.vocab_size));
@@ -643,6 +635,24 @@ fn single_row_linear_matches_f64_for_both_blas_thread_settings() {
     set_blas_threads(before);
 }
 
+/// Two random sequences of `lens` tokens (ids 3..64) and their first `prompt_lens` tokens.
+fn random_sequences(
+    rng: &mut impl rand::Rng,
+    lens: [usize; 2],
+    prompt_lens: [usize; 2],
+) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let seqs: Vec<Vec<u32>> = lens
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.gen_range(3..64)).collect())
+        .collect();
+    let prompts = seqs
+        .iter()
+        .zip(prompt_lens)
+        .map(|(s, n)| s[..n].to_vec())
+        .collect();
+    (seqs, prompts)
+}
+
 /// A tiny Gemma 3 (a local layer, then a global one) with room for long prompts and local
 /// window `window`.
 fn windowed_gemma(window: usize, max_seq: usize) -> ModelConfig {
@@ -661,21 +671,13 @@ fn windowed_gemma(window: usize, max_seq: usize) -> ModelConfig {
 #[test]
 fn sliding_window_cache_equals_the_full_cache_past_the_window() {
     use elm::model::PREFILL_CHUNK;
-    use rand::{Rng, SeedableRng};
+    use rand::SeedableRng;
     let mut rng = rand::rngs::StdRng::seed_from_u64(57);
     for window in [2usize, 40] {
         let cfg = windowed_gemma(window, 1600);
         let m = Transformer::new(ModelWeights::random(&cfg, 43)).unwrap();
-        let seqs: Vec<Vec<u32>> = [1310usize, 905]
-            .iter()
-            .map(|&n| (0..n).map(|_| rng.gen_range(3..64)).collect())
-            .collect();
         let prompt_lens = [1300usize, 900];
-        let prompts: Vec<Vec<u32>> = seqs
-            .iter()
-            .zip(prompt_lens)
-            .map(|(s, n)| s[..n].to_vec())
-            .collect();
+        let (seqs, prompts) = random_sequences(&mut rng, [1310, 905], prompt_lens);
         let mut sliding = m.new_cache(2, 1600).unwrap();
         let mut full = KvCache::new(&cfg, 2, 1600).unwrap();
         assert_eq!(sliding.layers[0].window(), Some(window));
