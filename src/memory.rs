@@ -203,24 +203,37 @@ pub fn generation_kv_cache_bytes(cfg: &ModelConfig, batch: usize, tokens: usize)
 /// [`crate::model::PREFILL_CHUNK`]: a chunk's rows, and their attention scores over the
 /// whole context, plus `logit_rows` rows of logits (see [`forward_bytes`]).
 pub fn prefill_bytes(cfg: &ModelConfig, batch: usize, tokens: usize, logit_rows: usize) -> u64 {
-    let rows = tokens.min(crate::model::PREFILL_CHUNK) as u64;
-    let (b, t) = (batch as u64, tokens as u64);
-    let c = cfg.hidden_size as u64;
-    let i = cfg.intermediate_size as u64;
-    let h = cfg.num_heads as u64;
-    4 * (b * rows * (6 * c + 3 * i) + h * rows * t + logit_rows as u64 * cfg.vocab_size as u64)
+    layer_bytes(
+        cfg,
+        batch,
+        tokens.min(crate::model::PREFILL_CHUNK),
+        tokens,
+        logit_rows,
+    )
 }
 
 /// f32 bytes live in one layer of an untaped forward over `[batch, tokens]` (the residual
 /// stream, its norm, q/k/v, the attention scores of one row's heads and the MLP's
 /// gate/up/product), plus `logit_rows` rows of logits.
 pub fn forward_bytes(cfg: &ModelConfig, batch: usize, tokens: usize, logit_rows: usize) -> u64 {
-    let (b, t) = (batch as u64, tokens as u64);
+    layer_bytes(cfg, batch, tokens, tokens, logit_rows)
+}
+
+/// f32 bytes live in one layer for `rows` query rows per sequence attending over `keys`
+/// positions: the rows' activations, their attention scores, `logit_rows` rows of logits.
+fn layer_bytes(
+    cfg: &ModelConfig,
+    batch: usize,
+    rows: usize,
+    keys: usize,
+    logit_rows: usize,
+) -> u64 {
+    let (b, r, k) = (batch as u64, rows as u64, keys as u64);
     let c = cfg.hidden_size as u64;
     let i = cfg.intermediate_size as u64;
     let h = cfg.num_heads as u64;
     let per_token = 6 * c + 3 * i;
-    4 * (b * t * per_token + h * t * t + logit_rows as u64 * cfg.vocab_size as u64)
+    4 * (b * r * per_token + h * r * k + logit_rows as u64 * cfg.vocab_size as u64)
 }
 
 /// A trainer whose step can be measured before its run (the ELM trainer, the LoRA trainer).

@@ -5,7 +5,7 @@
 
 use ndarray::{Array1, ArrayView1};
 
-use crate::model_data::weights::{Block, BlockMapper, Ffn, Gemma3Block, GemmaParts};
+use crate::model_data::weights::{infallible, Block, BlockMapper, Ffn, GemmaParts};
 use crate::quant::{AsLinearRef, LinearRef};
 
 /// Borrowed weights of one block, whatever their storage: what [`super::block`] runs on.
@@ -19,18 +19,12 @@ pub struct BlockRef<'a> {
     pub w_gate: LinearRef<'a>,
     pub w_up: LinearRef<'a>,
     pub w_down: LinearRef<'a>,
-    /// Gemma 3's additions ([`Gemma3Block`]).
+    /// Gemma 3's additions ([`Gemma3Block`](crate::model_data::weights::Gemma3Block)).
     pub gemma: Option<Gemma3Ref<'a>>,
 }
 
-/// A borrowed [`Gemma3Block`]: its gains as views.
+/// A borrowed [`Gemma3Block`](crate::model_data::weights::Gemma3Block): its gains as views.
 pub type Gemma3Ref<'a> = GemmaParts<ArrayView1<'a, f32>>;
-
-impl<'a> Gemma3Ref<'a> {
-    pub fn of(g: &'a Gemma3Block) -> Self {
-        g.map(|v| v.view())
-    }
-}
 
 /// Borrowed weights of a block's attention sublayer.
 #[derive(Clone, Copy, Debug)]
@@ -163,18 +157,12 @@ impl<'a> BlockRef<'a> {
 
 impl<W: AsLinearRef + Sync> BlockWeights for Block<W> {
     fn block_ref(&self) -> BlockRef<'_> {
-        match self.try_map_with(&mut Borrowed) {
-            Ok(b) => BlockRef::of_block(b),
-            Err(never) => match never {},
-        }
+        BlockRef::of_block(infallible(self.try_map_with(&mut Borrowed)))
     }
 }
 
 impl<W: AsLinearRef + Sync> BlockWeights for Ffn<W> {
     fn block_ref(&self) -> BlockRef<'_> {
-        match self.try_map_with(&mut Borrowed) {
-            Ok(f) => BlockRef::of_ffn(f),
-            Err(never) => match never {},
-        }
+        BlockRef::of_ffn(infallible(self.try_map_with(&mut Borrowed)))
     }
 }

@@ -23,7 +23,7 @@ use crate::autograd::{AdFloat, Tape, Var};
 use crate::error::{ElmError, Result};
 use crate::model::{FfnWeights, LayerWeights, ModelConfig, ModelWeights};
 use crate::model_data::config::{Activation, LayerAttention};
-use crate::model_data::weights::{Block, BlockMapper, Ffn, GemmaParts};
+use crate::model_data::weights::{infallible, Block, BlockMapper, Ffn, GemmaParts};
 use crate::nn::{self, RopeLayout};
 use crate::quant::LinearRef;
 
@@ -289,14 +289,6 @@ pub(crate) fn view_rank<'a, H: AsArray, D: Dimension>(
     h.as_array()
         .into_dimensionality()
         .map_err(|e| ElmError::tensor(name, e.to_string()))
-}
-
-/// The value of a conversion that cannot fail.
-fn infallible<T>(r: std::result::Result<T, std::convert::Infallible>) -> T {
-    match r {
-        Ok(v) => v,
-        Err(never) => match never {},
-    }
 }
 
 impl<H: AsArray> BlockParams<H> {

@@ -127,8 +127,8 @@ impl<'a, H: 'a, G, E, F: FnMut(&'static str, &'a H) -> Result<G, E>> BlockMapper
     }
 }
 
-/// The value of a mapping that cannot fail.
-fn infallible<T>(r: Result<T, std::convert::Infallible>) -> T {
+/// The value of a mapping that cannot fail (`Result<T, Infallible>`).
+pub(crate) fn infallible<T>(r: Result<T, std::convert::Infallible>) -> T {
     match r {
         Ok(v) => v,
         Err(never) => match never {},
